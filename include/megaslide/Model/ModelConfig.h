@@ -1,0 +1,95 @@
+//===- ModelConfig.h - DiT model configuration ------------------*- C++ -*-===//
+//
+// The architecture of a video (or image) Diffusion Transformer, parsed from
+// JSON (docs/ModelConfig.md). Diffusers' Wan 2.1 `config.json` keys are
+// accepted as they are.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_MODEL_MODELCONFIG_H
+#define MEGASLIDE_MODEL_MODELCONFIG_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megaslide {
+
+/// The two block families the builder knows.
+enum class Architecture {
+  /// Wan 2.1: text cross-attention, shared time projection plus a learned
+  /// per-block modulation table, QK-norm, 3D RoPE.
+  Wan,
+  /// DiT (Peebles & Xie): class-conditional adaLN-Zero blocks, fixed
+  /// sin-cos position embedding, fused qkv.
+  DiT,
+};
+
+struct ModelConfig {
+  std::string name;
+  Architecture architecture = Architecture::Wan;
+  int64_t numLayers = 0;
+  int64_t numHeads = 0;
+  int64_t headDim = 0;
+  int64_t ffnDim = 0;
+  int64_t inChannels = 0;
+  int64_t outChannels = 0;
+  std::array<int64_t, 3> patch = {1, 2, 2};
+  /// Width of the text encoder's embeddings (Wan) and tokens per prompt.
+  int64_t textDim = 0;
+  int64_t textLen = 0;
+  int64_t freqDim = 256;
+  bool qkNorm = true;
+  bool crossAttnNorm = true;
+  double eps = 1e-6;
+  double ropeTheta = 10000.0;
+  /// Pixels per latent element along (frames, height, width).
+  std::array<int64_t, 3> vaeStride = {4, 8, 8};
+  /// DiT: class count; the label table has one more row when classifier-
+  /// free guidance dropout is on (the "null" class).
+  int64_t numClasses = 0;
+  bool classDropout = false;
+
+  int64_t dim() const { return numHeads * headDim; }
+  int64_t patchVolume() const { return patch[0] * patch[1] * patch[2]; }
+};
+
+/// Parses a JSON model config; errors are one line naming the field and
+/// the fix. `source` names the config in messages.
+llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef json,
+                                             llvm::StringRef source);
+
+/// Loads a built-in preset by name (see `presetNames`) or a JSON file.
+llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef nameOrPath);
+
+/// Names of the built-in presets (configs/*.json, compiled in).
+std::vector<std::string> presetNames();
+
+/// A video size: in pixels (converted with the VAE stride) or in latent
+/// elements.
+struct VideoShape {
+  int64_t frames = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  bool latentUnits = false;
+};
+
+/// Latent and token extents of one sample.
+struct Geometry {
+  std::array<int64_t, 3> latent; ///< (T, H, W) latent elements
+  std::array<int64_t, 3> grid;   ///< (T, Y, X) tokens after patchify
+  int64_t tokens() const { return grid[0] * grid[1] * grid[2]; }
+};
+
+/// Converts a video size to latents and tokens, or explains which size
+/// does not divide and what would.
+llvm::Expected<Geometry> computeGeometry(const ModelConfig &config,
+                                         const VideoShape &video);
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_MODEL_MODELCONFIG_H

@@ -1,0 +1,415 @@
+//===- ModelBuilder.cpp - Training-step IR from a model config ------------===//
+//
+// Emits the forward of DiT / Wan 2.1 blocks with the exact parameter names
+// and shapes of their reference implementations (diffusers' Wan 2.1
+// transformer, facebookresearch/DiT), then differentiates it and appends an
+// AdamW update per parameter.
+//
+// Precision: persistent state is fp32 (master, moments); compute runs on
+// bf16 working copies cast from the masters, so gradients are bf16 and are
+// cast to fp32 inside the AdamW update.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Model/ModelBuilder.h"
+
+#include "Graph/GraphOps.h"
+#include "megaslide/Transforms/Autodiff.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/Twine.h"
+
+using namespace mlir;
+using namespace megaslide;
+using namespace megaslide::graph;
+
+namespace {
+
+class TrainingStepBuilder {
+public:
+  TrainingStepBuilder(MLIRContext &ctx, const ModelConfig &config,
+                      const Geometry &geometry, const TrainingOptions &options)
+      : ctx(ctx), config(config), geometry(geometry), options(options),
+        loc(UnknownLoc::get(&ctx)), b(&ctx), decl(&ctx),
+        bf16(BFloat16Type::get(&ctx)), f32(Float32Type::get(&ctx)) {
+    batch = options.batch;
+    dim = config.dim();
+    tokens = geometry.tokens();
+    textLen = options.textLen.value_or(config.textLen);
+  }
+
+  llvm::Expected<OwningOpRef<ModuleOp>> build();
+
+private:
+  // Types and shape helpers.
+  RankedTensorType act(ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, bf16);
+  }
+  static ArrayRef<int64_t> shapeOf(Value v) {
+    return cast<RankedTensorType>(v.getType()).getShape();
+  }
+  RankedTensorType withLast(Value v, int64_t last) {
+    SmallVector<int64_t> s(shapeOf(v));
+    s.back() = last;
+    return act(s);
+  }
+
+  /// Declares a parameter named `name` in the current group and returns
+  /// its bf16 working copy.
+  Value param(const Twine &name, ArrayRef<int64_t> shape, bool frozen = false);
+
+  // Layers with reference-implementation parameter names.
+  Value linear(const Twine &name, Value x, int64_t out, bool bias = true);
+  Value layerNorm(Value x, const Twine &affineName = Twine());
+  Value rmsNorm(const Twine &name, Value x);
+  Value reshape(Value x, ArrayRef<int64_t> shape) {
+    return ReshapeOp::create(b, loc, act(shape), x);
+  }
+  SmallVector<Value> split(Value x, int64_t n) {
+    SmallVector<Type> types(n, withLast(x, shapeOf(x).back() / n));
+    return SplitOp::create(b, loc, types, x).getResults();
+  }
+  Value heads(Value x) {
+    int64_t n = shapeOf(x)[1];
+    return reshape(x, {batch, n, config.numHeads, config.headDim});
+  }
+  Value merge(Value x) { return reshape(x, {batch, shapeOf(x)[1], dim}); }
+  Value attention(Value q, Value k, Value v) {
+    return AttentionOp::create(b, loc, q.getType(), q, k, v, FloatAttr());
+  }
+  Value rope(Value x);
+  Value modulate(Value x, Value shift, Value scale) {
+    return ModulateOp::create(b, loc, x.getType(), x, shift, scale);
+  }
+  Value gate(Value x, Value g) {
+    return GateOp::create(b, loc, x.getType(), x, g);
+  }
+  Value add(Value x, Value y) { return AddOp::create(b, loc, x, y); }
+  Value gelu(Value x) { return GeluOp::create(b, loc, x); }
+  Value silu(Value x) { return SiluOp::create(b, loc, x); }
+  Value timestepEmbedding(Value t) {
+    return TimestepEmbeddingOp::create(
+        b, loc, act({batch, config.freqDim}), t, b.getF64FloatAttr(10000.0),
+        b.getF64FloatAttr(1000.0));
+  }
+
+  /// Patch-embeds `xt` with a conv weight of diffusers shape `weightShape`.
+  Value patchEmbed(const Twine &prefix, Value xt,
+                   ArrayRef<int64_t> weightShape);
+  Value unpatchify(Value tokens);
+
+  // Architectures: return the velocity prediction [B, Cout, T, H, W].
+  Value wanForward(Value xt, Value t, Value text);
+  Value wanAttention(const Twine &prefix, Value h, Value context);
+  Value ditForward(Value xt, Value t, Value labels);
+
+  void emitOptimizer(ArrayRef<Value> grads, Value step);
+
+  MLIRContext &ctx;
+  const ModelConfig &config;
+  const Geometry &geometry;
+  const TrainingOptions &options;
+  Location loc;
+  OpBuilder b;    ///< inside @train_step
+  OpBuilder decl; ///< module level, before @train_step
+  Type bf16, f32;
+  int64_t batch, dim, tokens, textLen;
+
+  ParamGroup group = ParamGroup::embeddings;
+  std::optional<int64_t> layer;
+  struct Trainable {
+    ParamOp master;
+    Value masterValue; ///< fp32, loaded once
+    Value working;     ///< bf16 copy used by compute
+  };
+  SmallVector<Trainable> trainables;
+};
+
+Value TrainingStepBuilder::param(const Twine &name, ArrayRef<int64_t> shape,
+                                 bool frozen) {
+  auto type = RankedTensorType::get(shape, f32);
+  std::string symbol = name.str();
+  auto decl_ = ParamOp::create(
+      decl, loc, symbol, frozen ? ParamRole::frozen : ParamRole::master, group,
+      layer ? decl.getI64IntegerAttr(*layer) : IntegerAttr(),
+      FlatSymbolRefAttr(), type);
+  Value master = LoadOp::create(b, loc, type, symbol);
+  Value working = CastOp::create(b, loc, act(shape), master);
+  if (!frozen)
+    trainables.push_back({decl_, master, working});
+  return working;
+}
+
+Value TrainingStepBuilder::linear(const Twine &name, Value x, int64_t out,
+                                  bool bias) {
+  int64_t in = shapeOf(x).back();
+  Value w = param(name + ".weight", {out, in});
+  Value bv = bias ? param(name + ".bias", {out}) : Value();
+  return LinearOp::create(b, loc, withLast(x, out), x, w, bv);
+}
+
+Value TrainingStepBuilder::layerNorm(Value x, const Twine &affineName) {
+  SmallVector<Value> affine;
+  if (!affineName.isTriviallyEmpty()) {
+    int64_t d = shapeOf(x).back();
+    affine.push_back(param(affineName + ".weight", {d}));
+    affine.push_back(param(affineName + ".bias", {d}));
+  }
+  return LayerNormOp::create(b, loc, x.getType(), x, affine,
+                             b.getF64FloatAttr(config.eps));
+}
+
+Value TrainingStepBuilder::rmsNorm(const Twine &name, Value x) {
+  Value g = param(name + ".weight", {shapeOf(x).back()});
+  return RMSNormOp::create(b, loc, x.getType(), x, g,
+                           b.getF64FloatAttr(config.eps));
+}
+
+Value TrainingStepBuilder::rope(Value x) {
+  // Wan 2.1's split of the head dim between t, y and x.
+  int64_t spatial = 2 * (config.headDim / 6);
+  int64_t temporal = config.headDim - 2 * spatial;
+  return Rope3dOp::create(b, loc, x, b.getDenseI64ArrayAttr(geometry.grid),
+                          b.getDenseI64ArrayAttr({temporal, spatial, spatial}),
+                          b.getF64FloatAttr(config.ropeTheta), UnitAttr());
+}
+
+Value TrainingStepBuilder::patchEmbed(const Twine &prefix, Value xt,
+                                      ArrayRef<int64_t> weightShape) {
+  Value w = param(prefix + ".weight", weightShape);
+  SmallVector<int64_t> conv5d = {dim, config.inChannels, config.patch[0],
+                                 config.patch[1], config.patch[2]};
+  if (weightShape.size() != 5)
+    w = reshape(w, conv5d);
+  Value bias = param(prefix + ".bias", {dim});
+  return PatchEmbedOp::create(b, loc, act({batch, tokens, dim}), xt, w, bias);
+}
+
+Value TrainingStepBuilder::unpatchify(Value x) {
+  const auto &l = geometry.latent;
+  return UnpatchifyOp::create(
+      b, loc, act({batch, config.outChannels, l[0], l[1], l[2]}), x,
+      b.getDenseI64ArrayAttr(geometry.grid),
+      b.getDenseI64ArrayAttr(config.patch));
+}
+
+Value TrainingStepBuilder::wanAttention(const Twine &prefix, Value h,
+                                        Value context) {
+  Value kv = context ? context : h;
+  Value q = linear(prefix + ".to_q", h, dim);
+  Value k = linear(prefix + ".to_k", kv, dim);
+  Value v = linear(prefix + ".to_v", kv, dim);
+  if (config.qkNorm) {
+    q = rmsNorm(prefix + ".norm_q", q);
+    k = rmsNorm(prefix + ".norm_k", k);
+  }
+  q = heads(q);
+  k = heads(k);
+  v = heads(v);
+  if (!context) {
+    q = rope(q);
+    k = rope(k);
+  }
+  return linear(prefix + ".to_out.0", merge(attention(q, k, v)), dim);
+}
+
+Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
+  // diffusers WanTransformer3DModel.
+  Value x = patchEmbed("patch_embedding", xt,
+                       {dim, config.inChannels, config.patch[0],
+                        config.patch[1], config.patch[2]});
+  Value temb = linear("condition_embedder.time_embedder.linear_2",
+                      silu(linear("condition_embedder.time_embedder.linear_1",
+                                  timestepEmbedding(t), dim)),
+                      dim);
+  Value timestepProj =
+      linear("condition_embedder.time_proj", silu(temb), 6 * dim);
+  Value context =
+      linear("condition_embedder.text_embedder.linear_2",
+             gelu(linear("condition_embedder.text_embedder.linear_1", text,
+                         dim)),
+             dim);
+
+  group = ParamGroup::blocks;
+  for (int64_t i = 0; i < config.numLayers; ++i) {
+    layer = i;
+    std::string p = "blocks." + std::to_string(i);
+    Value table = reshape(param(p + ".scale_shift_table", {1, 6, dim}),
+                          {6 * dim});
+    Value modulation =
+        BiasAddOp::create(b, loc, timestepProj.getType(), timestepProj, table);
+    SmallVector<Value> m = split(modulation, 6);
+    // m: shift, scale, gate (self-attention); shift, scale, gate (FFN).
+    Value h = modulate(layerNorm(x), m[0], m[1]);
+    x = add(x, gate(wanAttention(p + ".attn1", h, Value()), m[2]));
+    h = config.crossAttnNorm ? layerNorm(x, p + ".norm2") : x;
+    x = add(x, wanAttention(p + ".attn2", h, context));
+    h = modulate(layerNorm(x), m[3], m[4]);
+    Value ffn = linear(p + ".ffn.net.2",
+                       gelu(linear(p + ".ffn.net.0.proj", h, config.ffnDim)),
+                       dim);
+    x = add(x, gate(ffn, m[5]));
+  }
+  layer.reset();
+
+  group = ParamGroup::head;
+  SmallVector<Value> rows =
+      split(reshape(param("scale_shift_table", {1, 2, dim}), {2 * dim}), 2);
+  Value shift = BiasAddOp::create(b, loc, temb.getType(), temb, rows[0]);
+  Value scale = BiasAddOp::create(b, loc, temb.getType(), temb, rows[1]);
+  Value h = modulate(layerNorm(x), shift, scale);
+  return unpatchify(
+      linear("proj_out", h, config.patchVolume() * config.outChannels));
+}
+
+Value TrainingStepBuilder::ditForward(Value xt, Value t, Value labels) {
+  // facebookresearch/DiT models.py: DiT.
+  Value x = patchEmbed("x_embedder.proj", xt,
+                       {dim, config.inChannels, config.patch[1],
+                        config.patch[2]});
+  // Fixed 2D sin-cos table, stored as a frozen parameter as in the
+  // reference (nn.Parameter with requires_grad=False).
+  Value pos = reshape(param("pos_embed", {1, tokens, dim}, /*frozen=*/true),
+                      {tokens, dim});
+  x = BiasAddOp::create(b, loc, x.getType(), x, pos);
+  Value temb = linear("t_embedder.mlp.2",
+                      silu(linear("t_embedder.mlp.0", timestepEmbedding(t), dim)),
+                      dim);
+  int64_t rows = config.numClasses + (config.classDropout ? 1 : 0);
+  Value table = param("y_embedder.embedding_table.weight", {rows, dim});
+  Value yemb = EmbeddingOp::create(b, loc, act({batch, dim}), labels, table);
+  Value c = silu(add(temb, yemb));
+
+  group = ParamGroup::blocks;
+  for (int64_t i = 0; i < config.numLayers; ++i) {
+    layer = i;
+    std::string p = "blocks." + std::to_string(i);
+    SmallVector<Value> m = split(linear(p + ".adaLN_modulation.1", c, 6 * dim), 6);
+    Value h = modulate(layerNorm(x), m[0], m[1]);
+    SmallVector<Value> qkv = split(linear(p + ".attn.qkv", h, 3 * dim), 3);
+    Value o = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
+    x = add(x, gate(linear(p + ".attn.proj", merge(o), dim), m[2]));
+    h = modulate(layerNorm(x), m[3], m[4]);
+    Value mlp = linear(p + ".mlp.fc2",
+                       gelu(linear(p + ".mlp.fc1", h, config.ffnDim)), dim);
+    x = add(x, gate(mlp, m[5]));
+  }
+  layer.reset();
+
+  group = ParamGroup::head;
+  SmallVector<Value> m =
+      split(linear("final_layer.adaLN_modulation.1", c, 2 * dim), 2);
+  Value h = modulate(layerNorm(x), m[0], m[1]);
+  return unpatchify(linear("final_layer.linear", h,
+                           config.patchVolume() * config.outChannels));
+}
+
+void TrainingStepBuilder::emitOptimizer(ArrayRef<Value> grads, Value step) {
+  // Last layers first: their gradients are ready first.
+  for (int64_t i = trainables.size() - 1; i >= 0; --i) {
+    Trainable &t = trainables[i];
+    ParamOp master = t.master;
+    auto type = master.getTensorType();
+    auto symbol = FlatSymbolRefAttr::get(master.getSymNameAttr());
+    SmallVector<Value> moments;
+    for (StringRef suffix : {".exp_avg", ".exp_avg_sq"}) {
+      std::string name = (master.getSymName() + suffix).str();
+      ParamOp::create(decl, loc, name, ParamRole::moment, master.getGroup(),
+                      master.getLayerAttr(), symbol, type);
+      moments.push_back(LoadOp::create(b, loc, type, name));
+    }
+    auto update = AdamWOp::create(
+        b, loc, t.masterValue, grads[i], moments[0], moments[1], step,
+        b.getF64FloatAttr(options.learningRate),
+        b.getF64FloatAttr(options.beta1), b.getF64FloatAttr(options.beta2),
+        b.getF64FloatAttr(options.adamEps),
+        b.getF64FloatAttr(options.weightDecay));
+    StoreOp::create(b, loc, update.getNewParam(), symbol);
+    StoreOp::create(b, loc, update.getNewM(), master.getSymName().str() + ".exp_avg");
+    StoreOp::create(b, loc, update.getNewV(),
+                    master.getSymName().str() + ".exp_avg_sq");
+  }
+}
+
+llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
+  ctx.loadDialect<GraphDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  module->setSymNameAttr(StringAttr::get(&ctx, config.name));
+
+  const auto &l = geometry.latent;
+  auto latents = act({batch, config.inChannels, l[0], l[1], l[2]});
+  auto timesteps = RankedTensorType::get({batch}, f32);
+  Type condition =
+      config.architecture == Architecture::Wan
+          ? Type(act({batch, textLen, config.textDim}))
+          : Type(RankedTensorType::get({batch}, IntegerType::get(&ctx, 64)));
+  auto stepType = RankedTensorType::get({}, IntegerType::get(&ctx, 64));
+  auto lossType = RankedTensorType::get({}, f32);
+  auto fnType = FunctionType::get(
+      &ctx, {latents, latents, timesteps, condition, stepType}, {lossType});
+
+  OpBuilder top(module->getBodyRegion());
+  auto fn = func::FuncOp::create(top, loc, kTrainStepName, fnType);
+  static const char *argNames[] = {"latents", "noise", "timesteps",
+                                   "condition", "step"};
+  for (int i = 0; i < 5; ++i)
+    fn.setArgAttr(i, "megaslide.name", top.getStringAttr(argNames[i]));
+  Block *body = fn.addEntryBlock();
+  b.setInsertionPointToEnd(body);
+  decl.setInsertionPoint(fn);
+
+  Value x0 = body->getArgument(0), noise = body->getArgument(1);
+  Value t = body->getArgument(2), cond = body->getArgument(3);
+  Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
+  Value prediction = config.architecture == Architecture::Wan
+                         ? wanForward(xt, t, cond)
+                         : ditForward(xt, t, cond);
+  Value loss = FlowMatchingLossOp::create(b, loc, lossType, prediction, x0,
+                                          noise);
+
+  SmallVector<Value> working;
+  for (const Trainable &tr : trainables)
+    working.push_back(tr.working);
+  FailureOr<SmallVector<Value>> grads = emitBackward(b, loss, working);
+  if (failed(grads))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "internal error: backward pass failed");
+  emitOptimizer(*grads, body->getArgument(4));
+  func::ReturnOp::create(b, loc, loss);
+
+  std::string diagnostics;
+  {
+    ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &d) {
+      diagnostics += d.str() + "\n";
+      return success();
+    });
+    if (failed(verify(*module)))
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "internal error: the built module does not verify:\n%s",
+          diagnostics.c_str());
+  }
+  return std::move(module);
+}
+
+} // namespace
+
+llvm::Expected<OwningOpRef<ModuleOp>>
+megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
+                             const Geometry &geometry,
+                             const TrainingOptions &options) {
+  if (options.batch <= 0)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "option 'batch': must be positive, got %lld",
+                                   static_cast<long long>(options.batch));
+  if (options.textLen && *options.textLen <= 0)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "option 'text_len': must be positive, got %lld",
+        static_cast<long long>(*options.textLen));
+  TrainingStepBuilder builder(context, config, geometry, options);
+  return builder.build();
+}

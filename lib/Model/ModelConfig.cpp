@@ -1,0 +1,480 @@
+//===- ModelConfig.cpp - Parse and validate DiT model configs -------------===//
+
+#include "megaslide/Model/ModelConfig.h"
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <functional>
+
+using namespace megaslide;
+using llvm::Error;
+using llvm::Expected;
+using llvm::StringRef;
+
+namespace {
+
+/// The built-in presets, generated from configs/*.json by CMake.
+struct Preset {
+  const char *name;
+  const char *json;
+};
+const Preset kPresets[] = {
+#include "megaslide/Model/Presets.inc"
+};
+
+/// Builds the single-line error every config problem ends in.
+class ConfigError {
+public:
+  explicit ConfigError(StringRef source) : source(source.str()) {}
+  Error field(StringRef key, const llvm::Twine &problem) const {
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("{0}: config field '{1}': {2}", source, key, problem.str())
+            .str());
+  }
+
+private:
+  std::string source;
+};
+
+/// Reads the fields of one JSON object into a ModelConfig.
+class ConfigReader {
+public:
+  ConfigReader(const ConfigError &err) : err(err) {}
+
+  Expected<ModelConfig> read(const llvm::json::Object &obj);
+
+private:
+  using Handler = std::function<Error(const llvm::json::Value &)>;
+
+  Error integer(StringRef key, const llvm::json::Value &v, int64_t &out) {
+    std::optional<int64_t> i = v.getAsInteger();
+    if (!i)
+      return err.field(key, "expected an integer");
+    out = *i;
+    return Error::success();
+  }
+  Error number(StringRef key, const llvm::json::Value &v, double &out) {
+    std::optional<double> d = v.getAsNumber();
+    if (!d)
+      return err.field(key, "expected a number");
+    out = *d;
+    return Error::success();
+  }
+  Error boolean(StringRef key, const llvm::json::Value &v, bool &out) {
+    std::optional<bool> b = v.getAsBoolean();
+    if (!b)
+      return err.field(key, "expected true or false");
+    out = *b;
+    return Error::success();
+  }
+  /// An integer n (meaning (1, n, n) for patches) or a list of three.
+  Error triple(StringRef key, const llvm::json::Value &v,
+               std::array<int64_t, 3> &out, bool scalarIsSpatial) {
+    if (std::optional<int64_t> i = v.getAsInteger()) {
+      out = {scalarIsSpatial ? 1 : *i, *i, *i};
+      return Error::success();
+    }
+    const llvm::json::Array *a = v.getAsArray();
+    if (!a || a->size() != 3)
+      return err.field(key, "expected an integer or a list [t, h, w]");
+    for (int i = 0; i < 3; ++i)
+      if (Error e = integer(key, (*a)[i], out[i]))
+        return e;
+    return Error::success();
+  }
+  Error mustBeNull(StringRef key, const llvm::json::Value &v,
+                   StringRef feature) {
+    if (v.kind() == llvm::json::Value::Null)
+      return Error::success();
+    return err.field(key, llvm::formatv("{0} is not supported; set it to null",
+                                        feature));
+  }
+
+  Error validate(ModelConfig &c);
+
+  const ConfigError &err;
+  // Values whose meaning depends on other keys, resolved after reading.
+  std::optional<int64_t> hiddenSize, headDim, outChannels;
+  std::optional<double> mlpRatio;
+  std::optional<bool> learnSigma;
+  std::optional<std::string> architecture, className;
+};
+
+Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
+  ModelConfig c;
+  std::optional<int64_t> textLen, freqDim;
+  std::optional<std::array<int64_t, 3>> vaeStride;
+  llvm::StringMap<Handler> handlers;
+  auto intField = [&](StringRef key, int64_t &out) {
+    handlers[key] = [&, key](const llvm::json::Value &v) -> Error {
+      return integer(key, v, out);
+    };
+  };
+  auto optIntField = [&](StringRef key, std::optional<int64_t> &out) {
+    handlers[key] = [&, key](const llvm::json::Value &v) -> Error {
+      int64_t i = 0;
+      if (Error e = integer(key, v, i))
+        return e;
+      out = i;
+      return Error::success();
+    };
+  };
+  auto stringField = [&](StringRef key, std::optional<std::string> &out) {
+    handlers[key] = [&, key](const llvm::json::Value &v) -> Error {
+      std::optional<StringRef> s = v.getAsString();
+      if (!s)
+        return err.field(key, "expected a string");
+      out = s->str();
+      return Error::success();
+    };
+  };
+
+  std::optional<std::string> name;
+  stringField("name", name);
+  stringField("architecture", architecture);
+  stringField("_class_name", className);
+  handlers["_diffusers_version"] = [](const llvm::json::Value &) -> Error {
+    return Error::success();
+  };
+  intField("num_layers", c.numLayers);
+  handlers["depth"] = handlers["num_layers"];
+  intField("num_attention_heads", c.numHeads);
+  handlers["num_heads"] = handlers["num_attention_heads"];
+  optIntField("attention_head_dim", headDim);
+  optIntField("hidden_size", hiddenSize);
+  intField("ffn_dim", c.ffnDim);
+  handlers["mlp_ratio"] = [&](const llvm::json::Value &v) -> Error {
+    double r = 0;
+    if (Error e = number("mlp_ratio", v, r))
+      return e;
+    mlpRatio = r;
+    return Error::success();
+  };
+  intField("in_channels", c.inChannels);
+  optIntField("out_channels", outChannels);
+  handlers["learn_sigma"] = [&](const llvm::json::Value &v) -> Error {
+    bool b = false;
+    if (Error e = boolean("learn_sigma", v, b))
+      return e;
+    learnSigma = b;
+    return Error::success();
+  };
+  handlers["patch_size"] = [&](const llvm::json::Value &v) -> Error {
+    return triple("patch_size", v, c.patch, /*scalarIsSpatial=*/true);
+  };
+  handlers["vae_stride"] = [&](const llvm::json::Value &v) -> Error {
+    std::array<int64_t, 3> s = {};
+    if (Error e = triple("vae_stride", v, s, /*scalarIsSpatial=*/false))
+      return e;
+    vaeStride = s;
+    return Error::success();
+  };
+  intField("text_dim", c.textDim);
+  optIntField("text_len", textLen);
+  optIntField("freq_dim", freqDim);
+  handlers["qk_norm"] = [&](const llvm::json::Value &v) -> Error {
+    if (v.kind() == llvm::json::Value::Null) {
+      c.qkNorm = false;
+      return Error::success();
+    }
+    if (std::optional<bool> b = v.getAsBoolean()) {
+      c.qkNorm = *b;
+      return Error::success();
+    }
+    std::optional<StringRef> s = v.getAsString();
+    if (s && *s == "rms_norm_across_heads") {
+      c.qkNorm = true;
+      return Error::success();
+    }
+    return err.field("qk_norm", "only \"rms_norm_across_heads\", true, false "
+                                "or null are supported");
+  };
+  handlers["cross_attn_norm"] = [&](const llvm::json::Value &v) -> Error {
+    return boolean("cross_attn_norm", v, c.crossAttnNorm);
+  };
+  handlers["eps"] = [&](const llvm::json::Value &v) -> Error {
+    return number("eps", v, c.eps);
+  };
+  handlers["rope_theta"] = [&](const llvm::json::Value &v) -> Error {
+    return number("rope_theta", v, c.ropeTheta);
+  };
+  // RoPE angles are computed from positions, so the table length of
+  // diffusers is only checked for sanity.
+  handlers["rope_max_seq_len"] = [&](const llvm::json::Value &v) -> Error {
+    int64_t n = 0;
+    if (Error e = integer("rope_max_seq_len", v, n))
+      return e;
+    if (n <= 0)
+      return err.field("rope_max_seq_len", "must be positive");
+    return Error::success();
+  };
+  intField("num_classes", c.numClasses);
+  handlers["class_dropout_prob"] = [&](const llvm::json::Value &v) -> Error {
+    double p = 0;
+    if (Error e = number("class_dropout_prob", v, p))
+      return e;
+    if (p < 0 || p >= 1)
+      return err.field("class_dropout_prob", "must lie in [0, 1)");
+    c.classDropout = p > 0;
+    return Error::success();
+  };
+  handlers["image_dim"] = [&](const llvm::json::Value &v) -> Error {
+    return mustBeNull("image_dim", v, "image conditioning (I2V)");
+  };
+  handlers["added_kv_proj_dim"] = [&](const llvm::json::Value &v) -> Error {
+    return mustBeNull("added_kv_proj_dim", v, "image conditioning (I2V)");
+  };
+  handlers["pos_embed_seq_len"] = [&](const llvm::json::Value &v) -> Error {
+    return mustBeNull("pos_embed_seq_len", v, "a learned position embedding");
+  };
+
+  for (const auto &[key, value] : obj) {
+    auto it = handlers.find(key);
+    if (it == handlers.end()) {
+      std::string best;
+      unsigned bestDistance = 4;
+      for (const auto &h : handlers) {
+        unsigned d = StringRef(key).edit_distance(h.getKey());
+        if (d < bestDistance) {
+          bestDistance = d;
+          best = h.getKey().str();
+        }
+      }
+      return err.field(key, best.empty()
+                                ? std::string("unknown key; see docs/ModelConfig.md")
+                                : "unknown key; did you mean '" + best + "'?");
+    }
+    if (Error e = it->second(value))
+      return std::move(e);
+  }
+
+  if (name)
+    c.name = *name;
+  bool isDiT = architecture ? *architecture == "dit" : className && *className == "DiT";
+  if (architecture && *architecture != "wan" && *architecture != "dit")
+    return err.field("architecture", "must be \"wan\" or \"dit\", got \"" +
+                                         *architecture + "\"");
+  if (!architecture && className && *className != "WanTransformer3DModel" &&
+      *className != "DiT")
+    return err.field("_class_name",
+                     "'" + *className +
+                         "' is not supported; use WanTransformer3DModel or "
+                         "set \"architecture\" to \"wan\" or \"dit\"");
+  c.architecture = isDiT ? Architecture::DiT : Architecture::Wan;
+  c.vaeStride = vaeStride ? *vaeStride
+                          : (isDiT ? std::array<int64_t, 3>{1, 8, 8}
+                                   : std::array<int64_t, 3>{4, 8, 8});
+  c.textLen = textLen ? *textLen : (isDiT ? 0 : 512);
+  c.freqDim = freqDim ? *freqDim : 256;
+  if (Error e = validate(c))
+    return std::move(e);
+  return c;
+}
+
+Error ConfigReader::validate(ModelConfig &c) {
+  auto positive = [&](StringRef key, int64_t v) -> Error {
+    if (v > 0)
+      return Error::success();
+    return err.field(key, llvm::formatv("must be a positive integer, got {0}"
+                                        " (missing keys count as 0)",
+                                        v));
+  };
+  if (Error e = positive("num_layers", c.numLayers))
+    return e;
+  if (Error e = positive("num_attention_heads", c.numHeads))
+    return e;
+  if (hiddenSize) {
+    if (Error e = positive("hidden_size", *hiddenSize))
+      return e;
+    if (*hiddenSize % c.numHeads != 0)
+      return err.field("num_attention_heads",
+                       llvm::formatv("{0} heads do not divide hidden_size {1}; "
+                                     "choose a head count that divides it",
+                                     c.numHeads, *hiddenSize));
+    int64_t derived = *hiddenSize / c.numHeads;
+    if (headDim && *headDim != derived)
+      return err.field("attention_head_dim",
+                       llvm::formatv("{0} contradicts hidden_size / heads = "
+                                     "{1}; give only one of them",
+                                     *headDim, derived));
+    headDim = derived;
+  }
+  if (!headDim)
+    return err.field("attention_head_dim",
+                     "missing; give attention_head_dim or hidden_size");
+  c.headDim = *headDim;
+  if (Error e = positive("attention_head_dim", c.headDim))
+    return e;
+  if (c.architecture == Architecture::Wan && c.headDim % 2 != 0)
+    return err.field("attention_head_dim",
+                     llvm::formatv("{0} is odd; 3D RoPE rotates channel "
+                                   "pairs, use an even head dim",
+                                   c.headDim));
+  if (mlpRatio) {
+    if (c.ffnDim)
+      return err.field("mlp_ratio", "give either ffn_dim or mlp_ratio, not both");
+    double ffn = *mlpRatio * c.dim();
+    if (*mlpRatio <= 0 || ffn != static_cast<double>(static_cast<int64_t>(ffn)))
+      return err.field("mlp_ratio",
+                       llvm::formatv("{0} x dim {1} is not a positive integer",
+                                     *mlpRatio, c.dim()));
+    c.ffnDim = static_cast<int64_t>(ffn);
+  }
+  if (Error e = positive("ffn_dim", c.ffnDim))
+    return e;
+  if (Error e = positive("in_channels", c.inChannels))
+    return e;
+  c.outChannels =
+      outChannels ? *outChannels
+                  : (learnSigma.value_or(false) ? 2 : 1) * c.inChannels;
+  if (outChannels && learnSigma)
+    return err.field("learn_sigma", "give either out_channels or learn_sigma");
+  if (c.outChannels < c.inChannels)
+    return err.field("out_channels",
+                     llvm::formatv("{0} is fewer than in_channels {1}; the "
+                                   "velocity needs one output per latent "
+                                   "channel",
+                                   c.outChannels, c.inChannels));
+  for (int i = 0; i < 3; ++i) {
+    if (c.patch[i] <= 0)
+      return err.field("patch_size", "every extent must be positive");
+    if (c.vaeStride[i] <= 0)
+      return err.field("vae_stride", "every stride must be positive");
+  }
+  if (c.freqDim <= 0 || c.freqDim % 2 != 0)
+    return err.field("freq_dim", llvm::formatv("{0} must be positive and even",
+                                               c.freqDim));
+  if (c.eps <= 0)
+    return err.field("eps", "must be positive");
+  if (c.ropeTheta <= 1)
+    return err.field("rope_theta", "must exceed 1");
+  if (c.architecture == Architecture::Wan) {
+    if (Error e = positive("text_dim", c.textDim))
+      return e;
+    if (Error e = positive("text_len", c.textLen))
+      return e;
+  } else {
+    if (Error e = positive("num_classes", c.numClasses))
+      return e;
+    if (c.patch[0] != 1)
+      return err.field("patch_size", "DiT patches images: use a temporal "
+                                     "patch of 1");
+  }
+  return Error::success();
+}
+
+} // namespace
+
+Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
+                                                  StringRef source) {
+  ConfigError err(source);
+  Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  if (!parsed)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "%s: invalid JSON: %s",
+        source.str().c_str(), llvm::toString(parsed.takeError()).c_str());
+  const llvm::json::Object *obj = parsed->getAsObject();
+  if (!obj)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: a model config must be a JSON object",
+                                   source.str().c_str());
+  ConfigReader reader(err);
+  return reader.read(*obj);
+}
+
+std::vector<std::string> megaslide::presetNames() {
+  std::vector<std::string> names;
+  for (const Preset &p : kPresets)
+    names.push_back(p.name);
+  return names;
+}
+
+Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
+  for (const Preset &p : kPresets)
+    if (nameOrPath == p.name) {
+      Expected<ModelConfig> c = parseModelConfig(p.json, p.name);
+      if (c && c->name.empty())
+        c->name = p.name;
+      return c;
+    }
+  if (!nameOrPath.ends_with(".json")) {
+    std::string names;
+    for (const Preset &p : kPresets)
+      names += std::string(names.empty() ? "" : ", ") + p.name;
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "unknown model preset '%s'; use one of %s, or a path to a .json "
+        "config",
+        nameOrPath.str().c_str(), names.c_str());
+  }
+  auto buffer = llvm::MemoryBuffer::getFile(nameOrPath);
+  if (!buffer)
+    return llvm::createStringError(buffer.getError(),
+                                   "cannot read model config '%s': %s",
+                                   nameOrPath.str().c_str(),
+                                   buffer.getError().message().c_str());
+  Expected<ModelConfig> c = parseModelConfig((*buffer)->getBuffer(), nameOrPath);
+  if (c && c->name.empty())
+    c->name = nameOrPath.str();
+  return c;
+}
+
+namespace {
+
+/// Converts one pixel extent to latents, or says which sizes would work.
+Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
+                           int64_t patch, bool causalTime, bool latentUnits) {
+  auto fail = [&](const llvm::Twine &msg) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "video field '%s': %s", field.str().c_str(),
+                                   msg.str().c_str());
+  };
+  if (pixels <= 0)
+    return fail(llvm::formatv("must be positive, got {0}", pixels));
+  int64_t latent = pixels;
+  if (!latentUnits) {
+    // A causal video VAE keeps the first frame: F = 1 + stride * (T - 1).
+    int64_t offset = causalTime ? 1 : 0;
+    if ((pixels - offset) % stride != 0) {
+      int64_t lower = (pixels - offset) / stride * stride + offset;
+      return fail(llvm::formatv(
+          "{0} is not {1}a multiple of the VAE stride {2}; use {3} or {4}",
+          pixels, causalTime ? "1 + " : "", stride,
+          lower >= std::max<int64_t>(offset, 1) ? lower : lower + stride,
+          lower + stride));
+    }
+    latent = (pixels - offset) / stride + offset;
+  }
+  if (latent % patch != 0) {
+    int64_t unit = latentUnits ? patch : stride * patch;
+    int64_t lower = pixels / unit * unit;
+    return fail(llvm::formatv(
+        "{0} gives {1} latent elements, not divisible by the patch {2}; use "
+        "a multiple of {3} such as {4}",
+        pixels, latent, patch, unit, lower > 0 ? lower : unit));
+  }
+  return latent;
+}
+
+} // namespace
+
+Expected<Geometry> megaslide::computeGeometry(const ModelConfig &c,
+                                              const VideoShape &v) {
+  Geometry g;
+  const char *fields[] = {"frames", "height", "width"};
+  int64_t pixels[] = {v.frames, v.height, v.width};
+  for (int i = 0; i < 3; ++i) {
+    bool causal = i == 0 && c.vaeStride[0] > 1;
+    Expected<int64_t> latent = toLatent(fields[i], pixels[i], c.vaeStride[i],
+                                        c.patch[i], causal, v.latentUnits);
+    if (!latent)
+      return latent.takeError();
+    g.latent[i] = *latent;
+    g.grid[i] = *latent / c.patch[i];
+  }
+  return g;
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything MegaSlide needs to build and test on Debian 12.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+
+APT_PACKAGES=(
+  # MLIR/LLVM 22: all four are needed (MLIRTargets.cmake wants the tools).
+  llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
+  # Build.
+  cmake ninja-build lld ccache g++
+  # Tests and bindings.
+  libgtest-dev pybind11-dev python3-dev python3-pip
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Python test packages, pinned. Installed for the interpreter the build uses.
+PYTHON="${PYTHON:-$(command -v python3)}"
+"$PYTHON" -m pip install -q --disable-pip-version-check \
+  -r "$(dirname "$0")/requirements-test.txt"

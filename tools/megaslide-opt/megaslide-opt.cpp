@@ -1,0 +1,29 @@
+//===- megaslide-opt.cpp - MegaSlide optimizer driver ---------------------===//
+//
+// mlir-opt for MegaSlide: every dialect and pass of the project, plus the
+// upstream passes a pipeline author needs (canonicalize, cse, ...).
+//
+//===----------------------------------------------------------------------===//
+
+#include "Graph/GraphOps.h"
+#include "megaslide/Version.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+namespace megaslide::test {
+void registerTestPasses();
+} // namespace megaslide::test
+
+int main(int argc, char **argv) {
+  megaslide::addVersionPrinter("megaslide-opt");
+  mlir::registerTransformsPasses();
+  megaslide::test::registerTestPasses();
+
+  mlir::DialectRegistry registry;
+  registry.insert<megaslide::graph::GraphDialect, mlir::func::FuncDialect>();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(
+      argc, argv, "MegaSlide optimizer driver\n", registry));
+}
