@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Times building + verifying each preset's training-step module.
+
+Side by side in one run, so the ratios between presets hold on a noisy
+machine. Three figures per preset, median of --repeat runs:
+  build      in-process build + verify + analysis (`ir.build_seconds`)
+  plan       whole `megaslide-plan --emit-mlir` process (incl. printing)
+  reparse    `megaslide-opt` parsing and re-verifying the emitted module
+
+Usage: benchmarks/build_training_step.py [--build-dir build] [--repeat 5]
+"""
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import tempfile
+import time
+
+PRESETS = [
+    ("tiny", (5, 32, 32)),
+    ("dit-xl-2", (1, 256, 256)),
+    ("wan2.1-t2v-14b", (81, 720, 1280)),
+    ("megaslide-105b", (81, 720, 1280)),
+]
+
+
+def timed(cmd):
+    start = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return time.perf_counter() - start, out
+
+
+def main():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build-dir", default=root / "build", type=pathlib.Path)
+    parser.add_argument("--repeat", default=5, type=int)
+    args = parser.parse_args()
+    plan = args.build_dir / "bin" / "megaslide-plan"
+    opt = args.build_dir / "bin" / "megaslide-opt"
+
+    print(f"{'preset':<16} {'video':>14} {'ops':>8} {'MB':>6} "
+          f"{'build s':>8} {'plan s':>8} {'reparse s':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (f, h, w) in PRESETS:
+            mlir = pathlib.Path(tmp) / f"{name}.mlir"
+            builds, plans, reparses = [], [], []
+            for _ in range(args.repeat):
+                seconds, out = timed([plan, "--model", name, "--frames", str(f),
+                                      "--height", str(h), "--width", str(w),
+                                      "--format", "json", "--emit-mlir", mlir])
+                info = json.loads(out)
+                plans.append(seconds)
+                builds.append(info["ir"]["build_seconds"])
+                reparses.append(timed([opt, mlir, "-o", "/dev/null"])[0])
+            print(f"{name:<16} {f'{f}x{h}x{w}':>14} {info['ir']['ops']:>8} "
+                  f"{mlir.stat().st_size / 1e6:>6.1f} "
+                  f"{statistics.median(builds):>8.3f} "
+                  f"{statistics.median(plans):>8.3f} "
+                  f"{statistics.median(reparses):>9.3f}")
+
+
+if __name__ == "__main__":
+    main()

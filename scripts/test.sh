@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine: installs what is
+# missing, builds, then runs lit, GoogleTest and pytest, each printing its
+# summary. Exits non-zero if any of them fails.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${MEGASLIDE_BUILD_DIR:-$root/build}
+python=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
+
+"$root/scripts/install-deps.sh" || exit 1
+"$root/scripts/build.sh" || exit 1
+
+status=0
+run() {
+  echo
+  echo "==== $1"
+  shift
+  "$@" || status=1
+}
+run "lit (IR and tool tests)" /usr/lib/llvm-22/bin/lit -sv "$build/test"
+run "GoogleTest (C++ unit tests)" "$build/bin/megaslide-unit-tests" --gtest_brief=1
+run "pytest (Python module)" env PYTHONPATH="$build/python_packages" \
+  "$python" -m pytest -q "$root/test/python"
+echo
+[ $status -eq 0 ] && echo "All test suites passed." || echo "Some test suites FAILED."
+exit $status
