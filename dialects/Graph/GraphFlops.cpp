@@ -48,8 +48,8 @@ FlopCount elementwise(uint64_t flops) {
 namespace per_element {
 constexpr uint64_t adamw = 14, rope = 3, modulate = 3, modulateGrad = 5,
                    gate = 1, gateGrad = 4, gelu = 9, geluGrad = 15, silu = 4,
-                   siluGrad = 6, layerNorm = 7, layerNormGrad = 11,
-                   rmsNorm = 4, rmsNormGrad = 8, affine = 2, flow = 3;
+                   siluGrad = 6, layerNorm = 7, layerNormGrad = 11, rmsNorm = 4,
+                   rmsNormGrad = 8, affine = 2, flow = 3;
 } // namespace per_element
 
 /// Score and value products of attention with `keys` keys per query.
@@ -104,8 +104,8 @@ FlopCount LinearGradParamsOp::getFlopCount() {
 }
 
 FlopCount LayerNormOp::getFlopCount() {
-  uint64_t k = per_element::layerNorm +
-               (getAffine().empty() ? 0 : per_element::affine);
+  uint64_t k =
+      per_element::layerNorm + (getAffine().empty() ? 0 : per_element::affine);
   return elementwise(k * numel(getInput()));
 }
 
@@ -121,7 +121,8 @@ FlopCount RMSNormOp::getFlopCount() {
 }
 
 FlopCount RMSNormGradOp::getFlopCount() {
-  uint64_t k = per_element::rmsNormGrad + (getGamma() ? per_element::affine : 0);
+  uint64_t k =
+      per_element::rmsNormGrad + (getGamma() ? per_element::affine : 0);
   return elementwise(k * numel(getInput()));
 }
 
@@ -195,9 +196,8 @@ FlopCount Dsa3dOffsetsOp::getFlopCount() {
   uint64_t tiles = ((g[0] + t[0] - 1) / t[0]) * ((g[1] + t[1] - 1) / t[1]) *
                    ((g[2] + t[2] - 1) / t[2]);
   uint64_t candidates = (2 * getRadius() + 1) * (2 * getRadius() + 1);
-  return attention(3 * numel(getQuery()) +
-                   batchHeads * tiles * getWindow()[0] * candidates * 5 *
-                       headDim);
+  return attention(3 * numel(getQuery()) + batchHeads * tiles * getWindow()[0] *
+                                               candidates * 5 * headDim);
 }
 
 FlopCount FlowInterpolateOp::getFlopCount() {

@@ -132,9 +132,9 @@ LogicalResult RMSNormOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                        ArrayRef<bool> needed,
                                        SmallVectorImpl<Value> &out) {
   Type gammaType = getGamma() ? getGamma().getType() : Type();
-  auto grad = RMSNormGradOp::create(b, getLoc(), getInput().getType(),
-                                    gammaType, getInput(), dys[0], getGamma(),
-                                    getEpsAttr());
+  auto grad =
+      RMSNormGradOp::create(b, getLoc(), getInput().getType(), gammaType,
+                            getInput(), dys[0], getGamma(), getEpsAttr());
   SmallVector<Value> grads = {grad.getInputGrad()};
   if (getGamma())
     grads.push_back(grad.getGammaGrad());
@@ -145,9 +145,9 @@ LogicalResult RMSNormOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
 LogicalResult ModulateOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                         ArrayRef<bool> needed,
                                         SmallVectorImpl<Value> &out) {
-  auto grad = ModulateGradOp::create(
-      b, getLoc(), getInput().getType(), getShift().getType(),
-      getScale().getType(), getInput(), getScale(), dys[0]);
+  auto grad = ModulateGradOp::create(b, getLoc(), getInput().getType(),
+                                     getShift().getType(), getScale().getType(),
+                                     getInput(), getScale(), dys[0]);
   assign(out, needed,
          {grad.getInputGrad(), grad.getShiftGrad(), grad.getScaleGrad()});
   return success();
@@ -156,9 +156,9 @@ LogicalResult ModulateOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
 LogicalResult GateOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                     ArrayRef<bool> needed,
                                     SmallVectorImpl<Value> &out) {
-  auto grad = GateGradOp::create(b, getLoc(), getInput().getType(),
-                                 getGate().getType(), getInput(), getGate(),
-                                 dys[0]);
+  auto grad =
+      GateGradOp::create(b, getLoc(), getInput().getType(), getGate().getType(),
+                         getInput(), getGate(), dys[0]);
   assign(out, needed, {grad.getInputGrad(), grad.getGateGrad()});
   return success();
 }
@@ -210,10 +210,10 @@ LogicalResult Rope3dOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
 LogicalResult AttentionOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                          ArrayRef<bool> needed,
                                          SmallVectorImpl<Value> &out) {
-  auto grad = AttentionGradOp::create(
-      b, getLoc(), getQuery().getType(), getKey().getType(),
-      getValue().getType(), getQuery(), getKey(), getValue(), getResult(),
-      dys[0], getScaleAttr());
+  auto grad = AttentionGradOp::create(b, getLoc(), getQuery().getType(),
+                                      getKey().getType(), getValue().getType(),
+                                      getQuery(), getKey(), getValue(),
+                                      getResult(), dys[0], getScaleAttr());
   assign(out, needed,
          {grad.getQueryGrad(), grad.getKeyGrad(), grad.getValueGrad()});
   return success();
@@ -228,8 +228,9 @@ LogicalResult Dsa3dOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
       getResult(), dys[0], getGridAttr(), getWindowAttr(), getTileAttr(),
       getScaleAttr());
   // Offsets are integers: no gradient flows into offset estimation.
-  assign(out, needed,
-         {grad.getQueryGrad(), grad.getKeyGrad(), grad.getValueGrad(), Value()});
+  assign(
+      out, needed,
+      {grad.getQueryGrad(), grad.getKeyGrad(), grad.getValueGrad(), Value()});
   return success();
 }
 
@@ -242,10 +243,9 @@ LogicalResult FlowMatchingLossOp::emitGradients(OpBuilder &b,
     return emitOpError() << "must be the root of differentiation";
   if (needed[1] || needed[2])
     return noGradientFor(*this, needed[1] ? "latents" : "noise");
-  Value dp = FlowMatchingLossGradOp::create(b, getLoc(),
-                                            getPrediction().getType(),
-                                            getPrediction(), getLatents(),
-                                            getNoise());
+  Value dp =
+      FlowMatchingLossGradOp::create(b, getLoc(), getPrediction().getType(),
+                                     getPrediction(), getLatents(), getNoise());
   assign(out, needed, {dp, Value(), Value()});
   return success();
 }

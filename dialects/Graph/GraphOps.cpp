@@ -82,6 +82,15 @@ SmallVector<int64_t> withLast(ArrayRef<int64_t> shape, int64_t last) {
 
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// Norms reduce over the last dimension, so their input needs one.
+LogicalResult verifyNormInput(Operation *op, Value input) {
+  if (tensorType(input).getRank() >= 1)
+    return success();
+  return op->emitOpError()
+         << "'input' must have rank >= 1 to normalise over its last "
+            "dimension, got []";
+}
+
 /// Checks a norm's optional per-channel parameter: shape [D].
 LogicalResult verifyChannelParam(Operation *op, StringRef what, Value param,
                                  Value input) {
@@ -132,8 +141,12 @@ LogicalResult verifyDsaOperands(Operation *op, Value q, Value k, Value v,
 //===----------------------------------------------------------------------===//
 
 LogicalResult ParamOp::verify() {
-  bool needsOf = getRole() == ParamRole::moment || getRole() == ParamRole::gradient;
-  if (needsOf != static_cast<bool>(getOf()))
+  // Moments and gradients belong to a parameter; a persistent bf16 copy
+  // may name its master.
+  bool needsOf =
+      getRole() == ParamRole::moment || getRole() == ParamRole::gradient;
+  bool allowsOf = needsOf || getRole() == ParamRole::weight;
+  if ((needsOf && !getOf()) || (!allowsOf && getOf()))
     return emitOpError() << "role '" << stringifyParamRole(getRole()) << "' "
                          << (needsOf ? "requires" : "does not take")
                          << " an 'of' parameter";
@@ -183,11 +196,12 @@ LogicalResult AdamWOp::verify() {
     return failure();
   double beta1 = getBeta1().convertToDouble();
   double beta2 = getBeta2().convertToDouble();
-  if (beta1 < 0 || beta1 >= 1 || beta2 < 0 || beta2 >= 1)
+  // Written so that NaN fails too.
+  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     return emitOpError() << "betas must lie in [0, 1), got (" << beta1 << ", "
                          << beta2 << ")";
-  if (getLr().convertToDouble() < 0 || getEps().convertToDouble() <= 0 ||
-      getWeightDecay().convertToDouble() < 0)
+  if (!(getLr().convertToDouble() >= 0) || !(getEps().convertToDouble() > 0) ||
+      !(getWeightDecay().convertToDouble() >= 0))
     return emitOpError() << "needs lr >= 0, eps > 0, weight_decay >= 0";
   return success();
 }
@@ -277,6 +291,9 @@ LogicalResult PatchEmbedOp::verify() {
       failed(expectRank(*this, "weight", getWeight(), 5, "[D, C, pt, ph, pw]")))
     return failure();
   ArrayRef<int64_t> w = tensorType(getWeight()).getShape();
+  if (w[0] <= 0)
+    return emitOpError() << "weight " << shapeString(w)
+                         << " must have at least one output channel";
   if (w[1] != tensorType(getInput()).getShape()[1])
     return emitOpError() << "weight has " << w[1] << " input channels but the "
                          << "latents have " << tensorType(getInput()).getShape()[1];
@@ -294,6 +311,9 @@ LogicalResult PatchEmbedGradOp::verify() {
                         "[D, C, pt, ph, pw]")))
     return failure();
   ArrayRef<int64_t> w = tensorType(getWeightGrad()).getShape();
+  if (w[0] <= 0)
+    return emitOpError() << "weight_grad " << shapeString(w)
+                         << " must have at least one output channel";
   SmallVector<int64_t> tokens;
   if (failed(tokenShape(*this, getInput(), patchOf(getWeightGrad()), w[0],
                         tokens)) ||
@@ -352,7 +372,7 @@ LogicalResult TimestepEmbeddingOp::verify() {
   if (r[1] % 2 != 0 || r[1] <= 0)
     return emitOpError() << "embedding width must be positive and even, got "
                          << r[1];
-  if (getMaxPeriod().convertToDouble() <= 1)
+  if (!(getMaxPeriod().convertToDouble() > 1))
     return emitOpError() << "max_period must exceed 1, got "
                          << getMaxPeriod().convertToDouble();
   return success();
@@ -436,6 +456,8 @@ static LogicalResult verifyEps(Operation *op, double eps) {
 }
 
 LogicalResult LayerNormOp::verify() {
+  if (failed(verifyNormInput(*this, getInput())))
+    return failure();
   if (getAffine().size() != 0 && getAffine().size() != 2)
     return emitOpError() << "takes either no affine operands or both gamma "
                             "and beta, got "
@@ -451,6 +473,8 @@ LogicalResult LayerNormOp::verify() {
 }
 
 LogicalResult LayerNormGradOp::verify() {
+  if (failed(verifyNormInput(*this, getInput())))
+    return failure();
   if (getAffine().size() != 0 && getAffine().size() != 2)
     return emitOpError() << "takes either no affine operands or both gamma "
                             "and beta, got "
@@ -471,6 +495,8 @@ LogicalResult LayerNormGradOp::verify() {
 }
 
 LogicalResult RMSNormOp::verify() {
+  if (failed(verifyNormInput(*this, getInput())))
+    return failure();
   if (getGamma() &&
       failed(verifyChannelParam(*this, "gamma", getGamma(), getInput())))
     return failure();
@@ -482,6 +508,8 @@ LogicalResult RMSNormOp::verify() {
 }
 
 LogicalResult RMSNormGradOp::verify() {
+  if (failed(verifyNormInput(*this, getInput())))
+    return failure();
   if (static_cast<bool>(getGamma()) != static_cast<bool>(getGammaGrad()))
     return emitOpError() << "returns a gamma gradient exactly when gamma is given";
   ArrayRef<int64_t> x = tensorType(getInput()).getShape();
@@ -576,7 +604,7 @@ LogicalResult Rope3dOp::verify() {
       llvm::any_of(dims, [](int64_t d) { return d < 0 || d % 2 != 0; }))
     return emitOpError() << "dims " << shapeString(dims)
                          << " must be even and sum to the head dim " << s[3];
-  if (getTheta().convertToDouble() <= 1)
+  if (!(getTheta().convertToDouble() > 1))
     return emitOpError() << "theta must exceed 1";
   return success();
 }

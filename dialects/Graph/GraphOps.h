@@ -34,6 +34,11 @@ struct FlopCount {
   }
 };
 
+/// Discardable attribute naming the transformer block (i64) an op belongs
+/// to; set by the model builder and propagated by autodiff, read by the
+/// per-layer planning passes.
+inline constexpr llvm::StringLiteral kLayerAttrName = "megaslide.layer";
+
 /// Tags ops of the backward pass (gradient computations).
 template <typename ConcreteType>
 class BackwardOp : public mlir::OpTrait::TraitBase<ConcreteType, BackwardOp> {};

@@ -16,8 +16,8 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 
-def Graph_FloatTensor : RankedTensorOf<[F32, BF16, F16]>;
-def Graph_IndexTensor : RankedTensorOf<[I32, I64]>;
+def Graph_FloatTensor : StaticShapeTensorOf<[F32, BF16, F16]>;
+def Graph_IndexTensor : StaticShapeTensorOf<[I32, I64]>;
 def Graph_ScalarF32 : 0DTensorOf<[F32]>;
 def Graph_StepTensor : 0DTensorOf<[I64]>;
 def Graph_Triple : ConfinedAttr<DenseI64ArrayAttr, [DenseArrayCount<3>]>;

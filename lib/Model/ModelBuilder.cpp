@@ -28,6 +28,18 @@ using namespace megaslide::graph;
 
 namespace {
 
+/// Tags every op inserted while a block is being built with its index.
+struct LayerTagger : OpBuilder::Listener {
+  const std::optional<int64_t> *layer = nullptr;
+  void notifyOperationInserted(Operation *op,
+                               OpBuilder::InsertPoint) override {
+    if (*layer)
+      op->setAttr(kLayerAttrName,
+                  IntegerAttr::get(IntegerType::get(op->getContext(), 64),
+                                   **layer));
+  }
+};
+
 class TrainingStepBuilder {
 public:
   TrainingStepBuilder(MLIRContext &ctx, const ModelConfig &config,
@@ -39,6 +51,8 @@ public:
     dim = config.dim();
     tokens = geometry.tokens();
     textLen = options.textLen.value_or(config.textLen);
+    tagger.layer = &layer;
+    b.setListener(&tagger);
   }
 
   llvm::Expected<OwningOpRef<ModuleOp>> build();
@@ -91,9 +105,9 @@ private:
   Value gelu(Value x) { return GeluOp::create(b, loc, x); }
   Value silu(Value x) { return SiluOp::create(b, loc, x); }
   Value timestepEmbedding(Value t) {
-    return TimestepEmbeddingOp::create(
-        b, loc, act({batch, config.freqDim}), t, b.getF64FloatAttr(10000.0),
-        b.getF64FloatAttr(1000.0));
+    return TimestepEmbeddingOp::create(b, loc, act({batch, config.freqDim}), t,
+                                       b.getF64FloatAttr(10000.0),
+                                       b.getF64FloatAttr(1000.0));
   }
 
   /// Patch-embeds `xt` with a conv weight of diffusers shape `weightShape`.
@@ -120,6 +134,7 @@ private:
 
   ParamGroup group = ParamGroup::embeddings;
   std::optional<int64_t> layer;
+  LayerTagger tagger;
   struct Trainable {
     ParamOp master;
     Value masterValue; ///< fp32, loaded once
@@ -227,18 +242,17 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
                       dim);
   Value timestepProj =
       linear("condition_embedder.time_proj", silu(temb), 6 * dim);
-  Value context =
-      linear("condition_embedder.text_embedder.linear_2",
-             gelu(linear("condition_embedder.text_embedder.linear_1", text,
-                         dim)),
-             dim);
+  Value context = linear(
+      "condition_embedder.text_embedder.linear_2",
+      gelu(linear("condition_embedder.text_embedder.linear_1", text, dim)),
+      dim);
 
   group = ParamGroup::blocks;
   for (int64_t i = 0; i < config.numLayers; ++i) {
     layer = i;
     std::string p = "blocks." + std::to_string(i);
-    Value table = reshape(param(p + ".scale_shift_table", {1, 6, dim}),
-                          {6 * dim});
+    Value table =
+        reshape(param(p + ".scale_shift_table", {1, 6, dim}), {6 * dim});
     Value modulation =
         BiasAddOp::create(b, loc, timestepProj.getType(), timestepProj, table);
     SmallVector<Value> m = split(modulation, 6);
@@ -248,9 +262,9 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
     h = config.crossAttnNorm ? layerNorm(x, p + ".norm2") : x;
     x = add(x, wanAttention(p + ".attn2", h, context));
     h = modulate(layerNorm(x), m[3], m[4]);
-    Value ffn = linear(p + ".ffn.net.2",
-                       gelu(linear(p + ".ffn.net.0.proj", h, config.ffnDim)),
-                       dim);
+    Value ffn =
+        linear(p + ".ffn.net.2",
+               gelu(linear(p + ".ffn.net.0.proj", h, config.ffnDim)), dim);
     x = add(x, gate(ffn, m[5]));
   }
   layer.reset();
@@ -267,17 +281,17 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
 
 Value TrainingStepBuilder::ditForward(Value xt, Value t, Value labels) {
   // facebookresearch/DiT models.py: DiT.
-  Value x = patchEmbed("x_embedder.proj", xt,
-                       {dim, config.inChannels, config.patch[1],
-                        config.patch[2]});
+  Value x =
+      patchEmbed("x_embedder.proj", xt,
+                 {dim, config.inChannels, config.patch[1], config.patch[2]});
   // Fixed 2D sin-cos table, stored as a frozen parameter as in the
   // reference (nn.Parameter with requires_grad=False).
   Value pos = reshape(param("pos_embed", {1, tokens, dim}, /*frozen=*/true),
                       {tokens, dim});
   x = BiasAddOp::create(b, loc, x.getType(), x, pos);
-  Value temb = linear("t_embedder.mlp.2",
-                      silu(linear("t_embedder.mlp.0", timestepEmbedding(t), dim)),
-                      dim);
+  Value temb =
+      linear("t_embedder.mlp.2",
+             silu(linear("t_embedder.mlp.0", timestepEmbedding(t), dim)), dim);
   int64_t rows = config.numClasses + (config.classDropout ? 1 : 0);
   Value table = param("y_embedder.embedding_table.weight", {rows, dim});
   Value yemb = EmbeddingOp::create(b, loc, act({batch, dim}), labels, table);
@@ -287,7 +301,8 @@ Value TrainingStepBuilder::ditForward(Value xt, Value t, Value labels) {
   for (int64_t i = 0; i < config.numLayers; ++i) {
     layer = i;
     std::string p = "blocks." + std::to_string(i);
-    SmallVector<Value> m = split(linear(p + ".adaLN_modulation.1", c, 6 * dim), 6);
+    SmallVector<Value> m =
+        split(linear(p + ".adaLN_modulation.1", c, 6 * dim), 6);
     Value h = modulate(layerNorm(x), m[0], m[1]);
     SmallVector<Value> qkv = split(linear(p + ".attn.qkv", h, 3 * dim), 3);
     Value o = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
@@ -312,6 +327,9 @@ void TrainingStepBuilder::emitOptimizer(ArrayRef<Value> grads, Value step) {
   for (int64_t i = trainables.size() - 1; i >= 0; --i) {
     Trainable &t = trainables[i];
     ParamOp master = t.master;
+    layer.reset();
+    if (IntegerAttr l = master.getLayerAttr())
+      layer = l.getInt();
     auto type = master.getTensorType();
     auto symbol = FlatSymbolRefAttr::get(master.getSymNameAttr());
     SmallVector<Value> moments;
@@ -328,10 +346,12 @@ void TrainingStepBuilder::emitOptimizer(ArrayRef<Value> grads, Value step) {
         b.getF64FloatAttr(options.adamEps),
         b.getF64FloatAttr(options.weightDecay));
     StoreOp::create(b, loc, update.getNewParam(), symbol);
-    StoreOp::create(b, loc, update.getNewM(), master.getSymName().str() + ".exp_avg");
+    StoreOp::create(b, loc, update.getNewM(),
+                    master.getSymName().str() + ".exp_avg");
     StoreOp::create(b, loc, update.getNewV(),
                     master.getSymName().str() + ".exp_avg_sq");
   }
+  layer.reset();
 }
 
 llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
@@ -353,8 +373,8 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
 
   OpBuilder top(module->getBodyRegion());
   auto fn = func::FuncOp::create(top, loc, kTrainStepName, fnType);
-  static const char *argNames[] = {"latents", "noise", "timesteps",
-                                   "condition", "step"};
+  static const char *argNames[] = {"latents", "noise", "timesteps", "condition",
+                                   "step"};
   for (int i = 0; i < 5; ++i)
     fn.setArgAttr(i, "megaslide.name", top.getStringAttr(argNames[i]));
   Block *body = fn.addEntryBlock();
@@ -367,8 +387,8 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   Value prediction = config.architecture == Architecture::Wan
                          ? wanForward(xt, t, cond)
                          : ditForward(xt, t, cond);
-  Value loss = FlowMatchingLossOp::create(b, loc, lossType, prediction, x0,
-                                          noise);
+  Value loss =
+      FlowMatchingLossOp::create(b, loc, lossType, prediction, x0, noise);
 
   SmallVector<Value> working;
   for (const Trainable &tr : trainables)

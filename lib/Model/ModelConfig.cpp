@@ -30,10 +30,10 @@ class ConfigError {
 public:
   explicit ConfigError(StringRef source) : source(source.str()) {}
   Error field(StringRef key, const llvm::Twine &problem) const {
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        llvm::formatv("{0}: config field '{1}': {2}", source, key, problem.str())
-            .str());
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   llvm::formatv("{0}: config field '{1}': {2}",
+                                                 source, key, problem.str())
+                                       .str());
   }
 
 private:
@@ -90,8 +90,8 @@ private:
                    StringRef feature) {
     if (v.kind() == llvm::json::Value::Null)
       return Error::success();
-    return err.field(key, llvm::formatv("{0} is not supported; set it to null",
-                                        feature));
+    return err.field(
+        key, llvm::formatv("{0} is not supported; set it to null", feature));
   }
 
   Error validate(ModelConfig &c);
@@ -244,9 +244,10 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
           best = h.getKey().str();
         }
       }
-      return err.field(key, best.empty()
-                                ? std::string("unknown key; see docs/ModelConfig.md")
-                                : "unknown key; did you mean '" + best + "'?");
+      return err.field(key,
+                       best.empty()
+                           ? std::string("unknown key; see docs/ModelConfig.md")
+                           : "unknown key; did you mean '" + best + "'?");
     }
     if (Error e = it->second(value))
       return std::move(e);
@@ -254,7 +255,8 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
 
   if (name)
     c.name = *name;
-  bool isDiT = architecture ? *architecture == "dit" : className && *className == "DiT";
+  bool isDiT =
+      architecture ? *architecture == "dit" : className && *className == "DiT";
   if (architecture && *architecture != "wan" && *architecture != "dit")
     return err.field("architecture", "must be \"wan\" or \"dit\", got \"" +
                                          *architecture + "\"");
@@ -316,7 +318,8 @@ Error ConfigReader::validate(ModelConfig &c) {
                                    c.headDim));
   if (mlpRatio) {
     if (c.ffnDim)
-      return err.field("mlp_ratio", "give either ffn_dim or mlp_ratio, not both");
+      return err.field("mlp_ratio",
+                       "give either ffn_dim or mlp_ratio, not both");
     double ffn = *mlpRatio * c.dim();
     if (*mlpRatio <= 0 || ffn != static_cast<double>(static_cast<int64_t>(ffn)))
       return err.field("mlp_ratio",
@@ -328,9 +331,9 @@ Error ConfigReader::validate(ModelConfig &c) {
     return e;
   if (Error e = positive("in_channels", c.inChannels))
     return e;
-  c.outChannels =
-      outChannels ? *outChannels
-                  : (learnSigma.value_or(false) ? 2 : 1) * c.inChannels;
+  c.outChannels = outChannels
+                      ? *outChannels
+                      : (learnSigma.value_or(false) ? 2 : 1) * c.inChannels;
   if (outChannels && learnSigma)
     return err.field("learn_sigma", "give either out_channels or learn_sigma");
   if (c.outChannels < c.inChannels)
@@ -346,8 +349,8 @@ Error ConfigReader::validate(ModelConfig &c) {
       return err.field("vae_stride", "every stride must be positive");
   }
   if (c.freqDim <= 0 || c.freqDim % 2 != 0)
-    return err.field("freq_dim", llvm::formatv("{0} must be positive and even",
-                                               c.freqDim));
+    return err.field("freq_dim",
+                     llvm::formatv("{0} must be positive and even", c.freqDim));
   if (c.eps <= 0)
     return err.field("eps", "must be positive");
   if (c.ropeTheta <= 1)
@@ -374,9 +377,9 @@ Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
   ConfigError err(source);
   Expected<llvm::json::Value> parsed = llvm::json::parse(json);
   if (!parsed)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(), "%s: invalid JSON: %s",
-        source.str().c_str(), llvm::toString(parsed.takeError()).c_str());
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: invalid JSON: %s", source.str().c_str(),
+                                   llvm::toString(parsed.takeError()).c_str());
   const llvm::json::Object *obj = parsed->getAsObject();
   if (!obj)
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -413,11 +416,11 @@ Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
   }
   auto buffer = llvm::MemoryBuffer::getFile(nameOrPath);
   if (!buffer)
-    return llvm::createStringError(buffer.getError(),
-                                   "cannot read model config '%s': %s",
-                                   nameOrPath.str().c_str(),
-                                   buffer.getError().message().c_str());
-  Expected<ModelConfig> c = parseModelConfig((*buffer)->getBuffer(), nameOrPath);
+    return llvm::createStringError(
+        buffer.getError(), "cannot read model config '%s': %s",
+        nameOrPath.str().c_str(), buffer.getError().message().c_str());
+  Expected<ModelConfig> c =
+      parseModelConfig((*buffer)->getBuffer(), nameOrPath);
   if (c && c->name.empty())
     c->name = nameOrPath.str();
   return c;

@@ -65,11 +65,9 @@ ModelInfo megaslide::analyzeTrainingStep(ModuleOp module) {
   return info;
 }
 
-llvm::Expected<ModelInfo>
-megaslide::computeModelInfo(MLIRContext &context, StringRef model,
-                            const VideoShape &video,
-                            const TrainingOptions &options,
-                            OwningOpRef<ModuleOp> *moduleOut) {
+llvm::Expected<ModelInfo> megaslide::computeModelInfo(
+    MLIRContext &context, StringRef model, const VideoShape &video,
+    const TrainingOptions &options, OwningOpRef<ModuleOp> *moduleOut) {
   llvm::Expected<ModelConfig> config = loadModelConfig(model);
   if (!config)
     return config.takeError();
@@ -81,9 +79,9 @@ megaslide::computeModelInfo(MLIRContext &context, StringRef model,
   if (!module)
     return module.takeError();
   ModelInfo info = analyzeTrainingStep(**module);
-  info.buildSeconds = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+  info.buildSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   info.config = *config;
   info.video = video;
   info.geometry = *geometry;
@@ -157,11 +155,12 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
     breakdown[name] = n;
   llvm::json::Array policies;
   for (const HostPolicy &p : kHostPolicies)
-    policies.push_back(llvm::json::Object{
-        {"name", p.name},
-        {"description", p.what},
-        {"bytes_per_param", p.bytesPerParam},
-        {"bytes", p.bytesPerParam * info.trainableParams + 4 * info.frozenParams}});
+    policies.push_back(
+        llvm::json::Object{{"name", p.name},
+                           {"description", p.what},
+                           {"bytes_per_param", p.bytesPerParam},
+                           {"bytes", p.bytesPerParam * info.trainableParams +
+                                         4 * info.frozenParams}});
   FlopCount total = info.forward;
   total += info.backward;
   return llvm::json::Object{
@@ -177,15 +176,16 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
                           {"in_channels", c.inChannels},
                           {"out_channels", c.outChannels},
                           {"patch_size", tripleArray(c.patch)}}},
-      {"video",
-       llvm::json::Object{{"frames", info.video.frames},
-                          {"height", info.video.height},
-                          {"width", info.video.width},
-                          {"units", info.video.latentUnits ? "latent" : "pixels"},
-                          {"batch", info.options.batch},
-                          {"text_len", *info.options.textLen}}},
-      {"latent", llvm::json::Object{{"shape", tripleArray(info.geometry.latent)},
-                                    {"vae_stride", tripleArray(c.vaeStride)}}},
+      {"video", llvm::json::Object{{"frames", info.video.frames},
+                                   {"height", info.video.height},
+                                   {"width", info.video.width},
+                                   {"units", info.video.latentUnits ? "latent"
+                                                                    : "pixels"},
+                                   {"batch", info.options.batch},
+                                   {"text_len", *info.options.textLen}}},
+      {"latent",
+       llvm::json::Object{{"shape", tripleArray(info.geometry.latent)},
+                          {"vae_stride", tripleArray(c.vaeStride)}}},
       {"grid", tripleArray(info.geometry.grid)},
       {"tokens", info.geometry.tokens()},
       {"params",
@@ -209,12 +209,11 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
            {"forward_by_kind", flopObject(info.forward)},
            {"backward_by_kind", flopObject(info.backward)}}},
       {"memory",
-       llvm::json::Object{
-           {"bf16_weights_bytes", 2 * info.totalParams},
-           {"fp32_master_bytes", 4 * info.trainableParams},
-           {"adamw_moments_bytes", 8 * info.trainableParams},
-           {"frozen_bytes", 4 * info.frozenParams},
-           {"host_state_policies", std::move(policies)}}},
+       llvm::json::Object{{"bf16_weights_bytes", 2 * info.totalParams},
+                          {"fp32_master_bytes", 4 * info.trainableParams},
+                          {"adamw_moments_bytes", 8 * info.trainableParams},
+                          {"frozen_bytes", 4 * info.frozenParams},
+                          {"host_state_policies", std::move(policies)}}},
       {"ir", llvm::json::Object{{"ops", info.numOps},
                                 {"build_seconds", info.buildSeconds}}},
   };
@@ -259,28 +258,29 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
   os << "FLOPs per training step (1 multiply-add = 2 FLOPs)\n";
   os << llvm::formatv("  {0,-10} {1,12} {2,12} {3,12} {4,12}\n", "", "matmul",
                       "attention", "other", "total");
-  for (auto [name, f] : {std::pair<const char *, const FlopCount *>{
-                             "forward", &info.forward},
-                         {"backward", &info.backward}})
+  for (auto [name, f] :
+       {std::pair<const char *, const FlopCount *>{"forward", &info.forward},
+        {"backward", &info.backward}})
     os << llvm::formatv("  {0,-10} {1,12} {2,12} {3,12} {4,12}\n", name,
                         flops(f->matmul), flops(f->attention), flops(f->other),
                         flops(f->total()));
-  os << llvm::formatv("  {0,-10} {1,51}\n", "AdamW", flops(info.optimizerFlops));
+  os << llvm::formatv("  {0,-10} {1,51}\n", "AdamW",
+                      flops(info.optimizerFlops));
   os << llvm::formatv("  {0,-10} {1,51}\n\n", "step",
                       flops(info.forward.total() + info.backward.total() +
                             info.optimizerFlops));
 
   os << "Host memory for model state (GB = 10^9 B, GiB = 2^30 B)\n";
-  os << llvm::formatv("  bf16 weights         {0}\n", bytes(2 * info.totalParams));
+  os << llvm::formatv("  bf16 weights         {0}\n",
+                      bytes(2 * info.totalParams));
   os << llvm::formatv("  fp32 master          {0}\n",
                       bytes(4 * info.trainableParams));
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       bytes(8 * info.trainableParams));
   for (const HostPolicy &p : kHostPolicies)
-    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam,
-                        p.what,
-                        bytes(p.bytesPerParam * info.trainableParams +
-                              4 * info.frozenParams));
+    os << llvm::formatv(
+        "  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam, p.what,
+        bytes(p.bytesPerParam * info.trainableParams + 4 * info.frozenParams));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);
 }

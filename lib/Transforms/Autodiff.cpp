@@ -6,9 +6,25 @@
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/ScopeExit.h"
 
 using namespace mlir;
 using namespace megaslide::graph;
+
+namespace {
+
+/// Copies the block index of the op being differentiated onto every op its
+/// backward inserts, so per-layer planning sees forward and backward alike.
+struct LayerPropagator : OpBuilder::Listener {
+  Attribute layer;
+  void notifyOperationInserted(Operation *op,
+                               OpBuilder::InsertPoint) override {
+    if (layer)
+      op->setAttr(kLayerAttrName, layer);
+  }
+};
+
+} // namespace
 
 FailureOr<SmallVector<Value>>
 megaslide::emitBackward(OpBuilder &builder, Value loss, ArrayRef<Value> wrt) {
@@ -35,6 +51,11 @@ megaslide::emitBackward(OpBuilder &builder, Value loss, ArrayRef<Value> wrt) {
       it->second = AddOp::create(builder, loc, it->second, g);
   };
 
+  LayerPropagator propagator;
+  OpBuilder::Listener *previousListener = builder.getListener();
+  builder.setListener(&propagator);
+  llvm::scope_exit restore([&] { builder.setListener(previousListener); });
+
   for (Operation *op = root; op; op = op->getPrevNode()) {
     bool isRoot = op == root;
     SmallVector<Value> resultGrads;
@@ -55,6 +76,7 @@ megaslide::emitBackward(OpBuilder &builder, Value loss, ArrayRef<Value> wrt) {
       return op->emitOpError() << "is on the path to the loss but has no "
                                   "gradient (DifferentiableOpInterface)";
     SmallVector<Value> operandGrads;
+    propagator.layer = op->getAttr(kLayerAttrName);
     if (failed(differentiable.emitGradients(builder, resultGrads, needed,
                                             operandGrads)))
       return failure();
@@ -66,7 +88,8 @@ megaslide::emitBackward(OpBuilder &builder, Value loss, ArrayRef<Value> wrt) {
   SmallVector<Value> result;
   for (Value v : wrt) {
     Value g = grads.lookup(v);
-    result.push_back(g ? g : ZerosOp::create(builder, loss.getLoc(), v.getType()));
+    result.push_back(g ? g
+                       : ZerosOp::create(builder, loss.getLoc(), v.getType()));
   }
   return result;
 }

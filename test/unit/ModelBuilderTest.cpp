@@ -24,7 +24,7 @@ uint64_t wanParams(uint64_t layers, uint64_t dim, uint64_t ffn,
                    uint64_t textDim, uint64_t channels) {
   uint64_t patchEmbed = channels * dim * 4 + dim;
   uint64_t condition = linear(256, dim) + linear(dim, dim) // time_embedder
-                       + linear(dim, 6 * dim)             // time_proj
+                       + linear(dim, 6 * dim)              // time_proj
                        + linear(textDim, dim) + linear(dim, dim);
   uint64_t attention = 4 * linear(dim, dim) + 2 * dim; // q,k,v,out + qk norms
   uint64_t block = 2 * attention + 2 * dim /*norm2*/ + linear(dim, ffn) +

@@ -75,8 +75,8 @@ TEST(ModelConfig, AllPresetsLoad) {
   EXPECT_EQ(names.size(), 4u);
   for (const std::string &name : names) {
     llvm::Expected<ModelConfig> c = loadModelConfig(name);
-    EXPECT_TRUE(static_cast<bool>(c)) << name << ": "
-                                      << llvm::toString(c.takeError());
+    EXPECT_TRUE(static_cast<bool>(c))
+        << name << ": " << llvm::toString(c.takeError());
   }
 }
 

@@ -6,6 +6,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "Graph/GraphOps.h"
+#include "Schedule/ScheduleOps.h"
+#include "megaslide/Pipelines/Pipelines.h"
+#include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -20,10 +23,13 @@ void registerTestPasses();
 int main(int argc, char **argv) {
   megaslide::addVersionPrinter("megaslide-opt");
   mlir::registerTransformsPasses();
+  megaslide::registerMegaSlidePasses();
+  megaslide::registerPipelines();
   megaslide::test::registerTestPasses();
 
   mlir::DialectRegistry registry;
-  registry.insert<megaslide::graph::GraphDialect, mlir::func::FuncDialect>();
-  return mlir::asMainReturnCode(mlir::MlirOptMain(
-      argc, argv, "MegaSlide optimizer driver\n", registry));
+  registry.insert<megaslide::graph::GraphDialect,
+                  megaslide::sched::ScheduleDialect, mlir::func::FuncDialect>();
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "MegaSlide optimizer driver\n", registry));
 }

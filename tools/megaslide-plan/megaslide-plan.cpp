@@ -38,11 +38,11 @@ cl::opt<int64_t> batch("batch", cl::init(1), cl::cat(category),
 cl::opt<int64_t> textLen("text-len", cl::init(0), cl::cat(category),
                          cl::desc("Text tokens per prompt (default: config)"));
 enum class Format { Text, Json };
-cl::opt<Format> reportFormat("format", cl::init(Format::Text), cl::cat(category),
-                       cl::desc("Report format"),
-                       cl::values(clEnumValN(Format::Text, "text", "readable"),
-                                  clEnumValN(Format::Json, "json",
-                                             "docs/PlanSchema.md")));
+cl::opt<Format> reportFormat(
+    "format", cl::init(Format::Text), cl::cat(category),
+    cl::desc("Report format"),
+    cl::values(clEnumValN(Format::Text, "text", "readable"),
+               clEnumValN(Format::Json, "json", "docs/PlanSchema.md")));
 cl::opt<std::string> output("o", cl::init("-"), cl::cat(category),
                             cl::desc("Report file"), cl::value_desc("FILE"));
 cl::opt<std::string> emitMlir("emit-mlir", cl::cat(category),

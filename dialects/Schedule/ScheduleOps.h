@@ -1,0 +1,30 @@
+//===- ScheduleOps.h - MegaSlide schedule dialect ---------------*- C++ -*-===//
+
+#ifndef MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
+#define MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
+
+#include "Graph/GraphOps.h"
+
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+
+namespace megaslide::sched {
+
+/// Discardable attributes written by the planning passes.
+inline constexpr llvm::StringLiteral kStreamAttrName = "msched.stream";
+inline constexpr llvm::StringLiteral kOffsetsAttrName = "msched.offsets";
+inline constexpr llvm::StringLiteral kWorkspaceAttrName = "msched.workspace";
+inline constexpr llvm::StringLiteral kCheckpointAttrName = "msched.checkpoint";
+
+} // namespace megaslide::sched
+
+#include "Schedule/ScheduleDialect.h.inc"
+#include "Schedule/ScheduleEnums.h.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "Schedule/ScheduleTypes.h.inc"
+
+#define GET_OP_CLASSES
+#include "Schedule/ScheduleOps.h.inc"
+
+#endif // MEGASLIDE_SCHEDULE_SCHEDULEOPS_H

@@ -1,0 +1,56 @@
+//===- DeviceBuffers.h - Device buffers of a scheduled step -----*- C++ -*-===//
+//
+// Every device buffer of a training step after insert-transfers, with its
+// live range in program order, size, category and block: the input of
+// memory packing, budget checks and the memory report.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_ANALYSIS_DEVICEBUFFERS_H
+#define MEGASLIDE_ANALYSIS_DEVICEBUFFERS_H
+
+#include "megaslide/Analysis/Packing.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+#include <optional>
+#include <string>
+
+namespace megaslide {
+
+struct DeviceBuffer {
+  mlir::Value value;      ///< the tensor; null for an attention workspace
+  mlir::Operation *owner; ///< op defining it (or using the workspace)
+  Slice slice;
+  llvm::StringRef category; ///< weights, activations, gradients, ...
+  std::optional<int64_t> layer;
+  /// e.g. "weights blocks.3.ffn.net.0.proj.weight [32768, 12288] bf16".
+  std::string describe() const;
+};
+
+struct DeviceBuffers {
+  std::vector<DeviceBuffer> buffers;
+  /// Program-order index of every op of the step but the bookkeeping ops
+  /// msched.pack and msched.budget_check.
+  llvm::DenseMap<mlir::Operation *, int64_t> index;
+  /// Buffer of each device value (reshapes alias their input).
+  llvm::DenseMap<mlir::Value, size_t> bufferOf;
+  int64_t numSteps = 0;
+};
+
+/// Device values are the tensors produced on the compute and h2d streams
+/// (`msched.stream`); attention ops add a workspace for their softmax
+/// statistics, live during the op.
+DeviceBuffers collectDeviceBuffers(mlir::func::FuncOp step);
+
+/// Bytes of scratch an attention op needs beside its results: the fp32
+/// log-sum-exp per query and head (forward), plus the fp32 row sums of
+/// dO * O (backward). Zero for other ops.
+uint64_t workspaceBytes(mlir::Operation *op);
+
+/// The categories, in report order.
+llvm::ArrayRef<llvm::StringRef> deviceCategories();
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_ANALYSIS_DEVICEBUFFERS_H

@@ -1,0 +1,61 @@
+//===- Pipelines.h - Named planning pipelines -------------------*- C++ -*-===//
+
+#ifndef MEGASLIDE_PIPELINES_PIPELINES_H
+#define MEGASLIDE_PIPELINES_PIPELINES_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+#include <string>
+
+namespace megaslide {
+
+struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
+  Option<std::string> gpuMemory{*this, "gpu-mem",
+                                llvm::cl::desc("Device memory budget"),
+                                llvm::cl::init("141GB")};
+  Option<std::string> hostMemory{*this, "host-mem",
+                                 llvm::cl::desc("Host memory budget"),
+                                 llvm::cl::init("1.5TB")};
+  Option<std::string> osAllowance{
+      *this, "os-allowance",
+      llvm::cl::desc("Host memory reserved for the OS and runtime"),
+      llvm::cl::init("64GB")};
+  Option<int64_t> buffers{*this, "buffers",
+                          llvm::cl::desc("Weight-shard buffers on device"),
+                          llvm::cl::init(2)};
+  Option<int64_t> prefetchDistance{
+      *this, "prefetch-distance",
+      llvm::cl::desc("Blocks ahead that weights are fetched"),
+      llvm::cl::init(1)};
+  Option<std::string> activationPolicy{
+      *this, "activation-policy",
+      llvm::cl::desc("keep | recompute | offload | auto"),
+      llvm::cl::init("auto")};
+  Option<std::string> hostStatePolicy{
+      *this, "host-state-policy",
+      llvm::cl::desc("master-moments | persistent-bf16 | bf16-moments"),
+      llvm::cl::init("master-moments")};
+  Option<std::string> attention{*this, "attention",
+                                llvm::cl::desc("dsa | global"),
+                                llvm::cl::init("dsa")};
+  Option<std::string> target{*this, "target",
+                             llvm::cl::desc("Kernel target (sm_90a)"),
+                             llvm::cl::init("sm_90a")};
+};
+
+/// Graph phase: attention rewrite (3D-DSA unless attention=global).
+void buildGraphPipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
+/// Schedule phase: residency, activations, transfers, streams.
+void buildSchedulePipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
+/// Memory phase: packing and budget checks.
+void buildMemoryPipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
+/// The whole planning pipeline, `megaslide-pipeline`.
+void buildMegaSlidePipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
+
+/// Registers the pipelines above by name with megaslide-opt.
+void registerPipelines();
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_PIPELINES_PIPELINES_H

@@ -1,0 +1,27 @@
+//===- Units.h - Byte quantities with decimal and binary units --*- C++ -*-===//
+
+#ifndef MEGASLIDE_SUPPORT_UNITS_H
+#define MEGASLIDE_SUPPORT_UNITS_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <string>
+
+namespace megaslide {
+
+/// Parses "141GB", "1.5TB", "80GiB", "1.5 TiB", "512MB" or a plain byte
+/// count. Decimal suffixes (KB, MB, GB, TB) are powers of 1000, binary
+/// ones (KiB, MiB, GiB, TiB) powers of 1024.
+llvm::Expected<uint64_t> parseBytes(llvm::StringRef text);
+
+/// "141.00 GB (131.32 GiB)": both units, saying which is which.
+std::string formatBytes(uint64_t bytes);
+
+/// Storage bytes of one element of `type` (bf16 2, f32 4, i64 8, ...).
+uint64_t elementBytes(unsigned bitWidth);
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_SUPPORT_UNITS_H

@@ -1,0 +1,165 @@
+//===- Passes.td - MegaSlide planning passes ---------------*- tablegen -*-===//
+//
+// The passes that turn a `megaslide` training step into a schedule: where
+// each value lives, what is transferred when, on which stream, at which
+// device offset, and whether it fits. The order is the pipeline's
+// (lib/Pipelines/Pipelines.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_TRANSFORMS_PASSES
+#define MEGASLIDE_TRANSFORMS_PASSES
+
+include "mlir/Pass/PassBase.td"
+
+def RewriteAttentionToDsaPass : Pass<"megaslide-rewrite-attention-to-dsa",
+                                     "mlir::ModuleOp"> {
+  let summary = "Rewrites global self-attention into 3D Deformable Slide Attention";
+  let description = [{
+    Replaces every `megaslide.attention` whose queries and keys carry 3D
+    RoPE over a token grid (self-attention over video tokens) by
+    `megaslide.dsa3d_offsets` + `megaslide.dsa3d`, and its
+    `megaslide.attention_grad` by `megaslide.dsa3d_grad`. Cross-attention
+    to text is left alone. A remark says why an attention is kept global
+    (e.g. a grid smaller than the window).
+  }];
+  let dependentDialects = ["megaslide::graph::GraphDialect"];
+  let options = [
+    ListOption<"window", "window", "int64_t",
+               "Key window (kt, ky, kx) in tokens">,
+    ListOption<"tile", "tile", "int64_t",
+               "Query tile (tt, ty, tx) in tokens">,
+    Option<"radius", "radius", "int64_t", "4",
+           "Largest displacement searched by offset estimation">,
+    ListOption<"layers", "layers", "int64_t",
+               "Blocks to rewrite (default: all)">,
+  ];
+}
+
+def PlanResidencyPass : Pass<"megaslide-plan-residency", "mlir::ModuleOp"> {
+  let summary = "Gives every persistent tensor and value a home";
+  let description = [{
+    Applies the host-state policy: persistent state stays on the host
+    (`master-moments`: fp32 master + AdamW m + v, 12 B/param;
+    `persistent-bf16`: plus a bf16 working copy, 14 B/param;
+    `bf16-moments`: moments in bf16, 8 B/param). Records the policy on the
+    module and declares the host resources that are not tensors of the
+    model (data batch, OS and runtime allowance).
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"hostStatePolicy", "host-state-policy", "std::string",
+           "\"master-moments\"",
+           "master-moments | persistent-bf16 | bf16-moments">,
+    Option<"osAllowance", "os-allowance", "std::string", "\"64GB\"",
+           "Host memory reserved for the OS and the runtime">,
+  ];
+}
+
+def PlanActivationsPass : Pass<"megaslide-plan-activations",
+                               "mlir::ModuleOp"> {
+  let summary = "Chooses, per block, how activations survive until backward";
+  let description = [{
+    `keep`: every activation stays on device until its gradient use.
+    `recompute`: only the block input (the checkpoint) is kept on device;
+    the block's forward is cloned before its backward and recomputed.
+    `offload`: like recompute, with the checkpoint moved to host memory
+    between forward and backward. `auto` keeps everything when that fits
+    `gpu-mem`, else recomputes, and offloads the checkpoints of as many
+    leading blocks as needed to fit (they live longest).
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"policy", "policy", "std::string", "\"auto\"",
+           "keep | recompute | offload | auto">,
+    Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
+           "Device budget that `auto` must meet">,
+    Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
+           "Passed on to the trial schedules of `auto`">,
+  ];
+}
+
+def InsertTransfersPass : Pass<"megaslide-insert-transfers",
+                               "mlir::ModuleOp"> {
+  let summary = "Makes every host/device crossing an explicit transfer";
+  let description = [{
+    Each device use of host state becomes a `msched.fetch` (cast into
+    pinned staging, then copied); the batch is copied in with
+    `msched.h2d`; gradients leave per layer with `msched.d2h`, and each
+    layer's `msched.host_adamw` is placed right after its gradient lands,
+    overlapping the rest of backward. Offloaded checkpoints get a
+    `msched.d2h` after their forward and a `msched.h2d` before the
+    recomputation.
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+}
+
+def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
+  let summary = "Assigns streams, prefetches weight shards and adds events";
+  let description = [{
+    Compute runs on the compute stream, host-to-device copies on `h2d`,
+    device-to-host copies on `d2h`, the optimizer on `host`. Weight
+    fetches of block `i` are issued `prefetch-distance` blocks ahead
+    (bounded by `buffers` - 1 shards in flight), so transfers hide behind
+    compute; every cross-stream dependency becomes `msched.record` +
+    `msched.wait`. A remark names each transfer that cannot be overlapped
+    and why.
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
+           "Blocks ahead that weight shards are fetched">,
+    Option<"buffers", "buffers", "int64_t", "2",
+           "Weight-shard buffers on device (2 = double buffering)">,
+  ];
+}
+
+def PlanMemoryPass : Pass<"megaslide-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Packs every device buffer into one arena at static offsets";
+  let description = [{
+    Computes the live interval of every device value (and of attention
+    workspaces) in program order, reifies the packing problem as a
+    `msched.pack` op, solves it (best-fit linear scan, aligned slices),
+    and annotates each defining op with `msched.offsets`. The arena size
+    is the planned device peak.
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"alignment", "alignment", "int64_t", "256",
+           "Byte alignment of every slice">,
+  ];
+}
+
+def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
+  let summary = "Fails when the plan exceeds the device or host budget";
+  let description = [{
+    Compares the arena (device) and the host total (persistent state,
+    staging, offloaded checkpoints, batch, allowance) to the budgets. Over
+    budget: an error on the largest consumer with notes naming the largest
+    live buffers and what would make it fit. Within budget: inserts
+    `msched.budget_check` guards the runtime evaluates before allocating.
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
+           "Device memory budget (GB/GiB/TB/TiB...)">,
+    Option<"hostMemory", "host-mem", "std::string", "\"1.5TB\"",
+           "Host memory budget">,
+  ];
+}
+
+def VerifySchedulePass : Pass<"megaslide-verify-schedule", "mlir::ModuleOp"> {
+  let summary = "Verify gate: checks the invariants a planning phase promises";
+  let description = [{
+    `transfers`: no graph op reads host state directly (no
+    `megaslide.load`, `megaslide.store`, `megaslide.adamw` left in the
+    step). `streams`: every op of the step has a stream. `memory`: every
+    device value has an offset inside the arena.
+  }];
+  let options = [
+    Option<"phase", "phase", "std::string", "\"memory\"",
+           "transfers | streams | memory">,
+  ];
+}
+
+#endif // MEGASLIDE_TRANSFORMS_PASSES

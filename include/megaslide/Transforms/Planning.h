@@ -1,0 +1,62 @@
+//===- Planning.h - Shared pieces of the planning passes --------*- C++ -*-===//
+//
+// The planning passes are thin wrappers over these functions, so that
+// `auto` policies can try a plan on a copy of the module.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_TRANSFORMS_PLANNING_H
+#define MEGASLIDE_TRANSFORMS_PLANNING_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <optional>
+
+namespace megaslide {
+
+/// The training step of a module built by the model builder; emits an
+/// error on the module when there is none.
+mlir::FailureOr<mlir::func::FuncOp> getTrainStep(mlir::ModuleOp module);
+
+/// The transformer block an op belongs to (`megaslide.layer`).
+std::optional<int64_t> getLayer(mlir::Operation *op);
+
+/// Number of transformer blocks (1 + the largest layer index).
+int64_t countLayers(mlir::func::FuncOp step);
+
+/// The loss op of the step: ops after it form the backward half.
+mlir::Operation *findLoss(mlir::func::FuncOp step);
+
+/// Name of a module attribute recording each block's activation policy.
+inline constexpr llvm::StringLiteral kActivationPolicyAttr =
+    "msched.activation_policy";
+inline constexpr llvm::StringLiteral kHostStatePolicyAttr =
+    "msched.host_state_policy";
+
+enum class ActivationPolicy { Keep, Recompute, Offload };
+llvm::StringRef stringify(ActivationPolicy policy);
+std::optional<ActivationPolicy> parseActivationPolicy(llvm::StringRef name);
+
+/// Rewrites the step so that each block follows its policy (see
+/// PlanActivationsPass).
+mlir::LogicalResult applyActivationPolicies(
+    mlir::ModuleOp module, llvm::ArrayRef<ActivationPolicy> policies);
+
+mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
+
+mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,
+                                    int64_t prefetchDistance, int64_t buffers,
+                                    bool emitRemarks);
+
+/// Packs device buffers; returns the arena size (the planned peak).
+mlir::FailureOr<int64_t> planMemory(mlir::ModuleOp module, int64_t alignment);
+
+/// Parses a --gpu-mem style option, emitting an error naming `option`.
+mlir::FailureOr<uint64_t> parseBudget(mlir::Operation *anchor,
+                                      llvm::StringRef option,
+                                      llvm::StringRef text);
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_TRANSFORMS_PLANNING_H

@@ -1,0 +1,150 @@
+//===- DeviceBuffers.cpp - Device buffers of a scheduled step -------------===//
+
+#include "megaslide/Analysis/DeviceBuffers.h"
+
+#include "megaslide/Analysis/CostModel.h"
+
+#include "Graph/GraphOps.h"
+#include "Schedule/ScheduleOps.h"
+
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/EquivalenceClasses.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+std::optional<int64_t> getLayer(Operation *op) {
+  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
+    return layer.getInt();
+  return std::nullopt;
+}
+
+bool onDevice(Operation *op) {
+  auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
+  return stream && (stream.getValue() == sched::Stream::compute ||
+                    stream.getValue() == sched::Stream::h2d);
+}
+
+llvm::StringRef categorize(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (isa<sched::FetchOp>(def))
+    return "weights";
+  if (auto copy = dyn_cast<sched::HostToDeviceOp>(def))
+    return isa<BlockArgument>(copy.getInput()) ? "data batch" : "checkpoints";
+  if (def->hasAttr(sched::kCheckpointAttrName))
+    return "checkpoints";
+  for (Operation *user : v.getUsers())
+    if (isa<sched::DeviceToHostOp>(user) &&
+        llvm::any_of(user->getUsers(),
+                     [](Operation *u) { return isa<sched::HostAdamWOp>(u); }))
+      return "gradients";
+  return "activations";
+}
+
+} // namespace
+
+llvm::ArrayRef<llvm::StringRef> megaslide::deviceCategories() {
+  static const llvm::StringRef categories[] = {
+      "weights",   "activations",         "checkpoints",
+      "gradients", "attention workspace", "data batch"};
+  return categories;
+}
+
+uint64_t megaslide::workspaceBytes(Operation *op) {
+  Value q;
+  uint64_t rows = 0;
+  if (auto a = dyn_cast<graph::AttentionOp>(op))
+    q = a.getQuery(), rows = 1;
+  else if (auto a = dyn_cast<graph::AttentionGradOp>(op))
+    q = a.getQuery(), rows = 2;
+  else if (auto a = dyn_cast<graph::Dsa3dOp>(op))
+    q = a.getQuery(), rows = 1;
+  else if (auto a = dyn_cast<graph::Dsa3dGradOp>(op))
+    q = a.getQuery(), rows = 2;
+  if (!q)
+    return 0;
+  auto shape = cast<RankedTensorType>(q.getType()).getShape();
+  // [B, N, H, Dh] -> one fp32 per (batch, token, head) and statistic.
+  return rows * 4 * shape[0] * shape[1] * shape[2];
+}
+
+std::string DeviceBuffer::describe() const {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << category << " ";
+  if (!value) {
+    os << owner->getName().stripDialect();
+  } else if (auto fetch = value.getDefiningOp<sched::FetchOp>()) {
+    os << fetch.getParam();
+  } else {
+    os << value.getDefiningOp()->getName().stripDialect() << " output";
+  }
+  if (layer)
+    os << " of block " << *layer;
+  if (value) {
+    auto type = cast<RankedTensorType>(value.getType());
+    os << " [";
+    llvm::interleaveComma(type.getShape(), os);
+    os << "] " << type.getElementType();
+  }
+  return s;
+}
+
+DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
+  DeviceBuffers result;
+  Block &body = step.getBody().front();
+  for (Operation &op : body)
+    if (!isa<sched::PackOp, sched::BudgetCheckOp>(op))
+      result.index[&op] = result.numSteps++;
+
+  // Reshapes are views: they share their input's buffer.
+  llvm::EquivalenceClasses<Value> aliases;
+  SmallVector<Value> values;
+  for (Operation &op : body) {
+    if (!onDevice(&op))
+      continue;
+    for (Value r : op.getResults()) {
+      aliases.insert(r);
+      values.push_back(r);
+    }
+    if (auto reshape = dyn_cast<graph::ReshapeOp>(op))
+      aliases.unionSets(reshape.getInput(), reshape.getResult());
+  }
+  DenseMap<Value, size_t> bufferOfLeader;
+  for (Value v : values) {
+    Value leader = aliases.getLeaderValue(v);
+    int64_t start = result.index[v.getDefiningOp()], end = start;
+    for (Operation *user : v.getUsers())
+      end = std::max(end, result.index.lookup(user));
+    auto [it, inserted] = bufferOfLeader.try_emplace(leader, result.buffers.size());
+    if (inserted) {
+      DeviceBuffer b;
+      b.value = leader;
+      b.owner = leader.getDefiningOp();
+      b.slice = {static_cast<int64_t>(tensorBytes(leader.getType())), start,
+                 end};
+      b.category = categorize(leader);
+      b.layer = getLayer(b.owner);
+      result.buffers.push_back(b);
+    } else {
+      Slice &s = result.buffers[it->second].slice;
+      s.start = std::min(s.start, start);
+      s.end = std::max(s.end, end);
+    }
+    result.bufferOf[v] = it->second;
+  }
+  for (Operation &op : body)
+    if (uint64_t bytes = workspaceBytes(&op)) {
+      DeviceBuffer b;
+      b.owner = &op;
+      int64_t at = result.index[&op];
+      b.slice = {static_cast<int64_t>(bytes), at, at};
+      b.category = "attention workspace";
+      b.layer = getLayer(&op);
+      result.buffers.push_back(b);
+    }
+  return result;
+}

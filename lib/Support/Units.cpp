@@ -1,0 +1,48 @@
+//===- Units.cpp - Byte quantities with decimal and binary units ----------===//
+
+#include "megaslide/Support/Units.h"
+
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+
+using namespace megaslide;
+
+llvm::Expected<uint64_t> megaslide::parseBytes(llvm::StringRef text) {
+  llvm::StringRef trimmed = text.trim();
+  size_t split = trimmed.find_first_not_of("0123456789.eE+");
+  llvm::StringRef number = trimmed.substr(0, split);
+  llvm::StringRef unit =
+      split == llvm::StringRef::npos ? "" : trimmed.substr(split).trim();
+  double value = 0;
+  double scale = llvm::StringSwitch<double>(unit)
+                     .Cases({"", "B"}, 1.0)
+                     .Case("KB", 1e3)
+                     .Case("MB", 1e6)
+                     .Case("GB", 1e9)
+                     .Case("TB", 1e12)
+                     .Case("KiB", 1024.0)
+                     .Case("MiB", 1024.0 * 1024)
+                     .Case("GiB", 1024.0 * 1024 * 1024)
+                     .Case("TiB", 1024.0 * 1024 * 1024 * 1024)
+                     .Default(0);
+  if (number.empty() || number.getAsDouble(value) || scale == 0 ||
+      !std::isfinite(value) || value <= 0)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "'%s' is not a memory size; write e.g. 141GB, 1.5TB (decimal) or "
+        "80GiB, 1.5TiB (binary)",
+        text.str().c_str());
+  return static_cast<uint64_t>(std::llround(value * scale));
+}
+
+std::string megaslide::formatBytes(uint64_t bytes) {
+  return llvm::formatv("{0:F2} GB ({1:F2} GiB)", bytes / 1e9,
+                       bytes / double(1ull << 30))
+      .str();
+}
+
+uint64_t megaslide::elementBytes(unsigned bitWidth) {
+  return (bitWidth + 7) / 8;
+}

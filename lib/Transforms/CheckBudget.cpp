@@ -1,0 +1,147 @@
+//===- CheckBudget.cpp - Device and host budgets --------------------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Support/Units.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Diagnostics.h"
+
+#include <map>
+
+namespace megaslide {
+#define GEN_PASS_DEF_CHECKBUDGETPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-check-budget"
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+/// Names the buffers live at the device peak, largest first, and says what
+/// would shrink them.
+void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
+                       uint64_t budget) {
+  DeviceBuffers buffers = collectDeviceBuffers(step);
+  std::vector<int64_t> live(buffers.numSteps + 1, 0);
+  for (const DeviceBuffer &b : buffers.buffers) {
+    live[b.slice.start] += b.slice.size;
+    live[b.slice.end + 1] -= b.slice.size;
+  }
+  int64_t peakStep = 0, running = 0, peak = -1;
+  for (int64_t t = 0; t < buffers.numSteps; ++t) {
+    running += live[t];
+    if (running > peak)
+      peak = running, peakStep = t;
+  }
+  std::vector<const DeviceBuffer *> atPeak;
+  std::map<std::string, int64_t> byCategory;
+  for (const DeviceBuffer &b : buffers.buffers)
+    if (b.slice.start <= peakStep && peakStep <= b.slice.end) {
+      atPeak.push_back(&b);
+      byCategory[b.category.str()] += b.slice.size;
+    }
+  llvm::stable_sort(atPeak, [](auto *a, auto *b) {
+    return a->slice.size > b->slice.size;
+  });
+  Operation *culprit = atPeak.empty() ? step.getOperation() : atPeak[0]->owner;
+  InFlightDiagnostic diag =
+      culprit->emitError()
+      << "device memory plan needs " << formatBytes(arena)
+      << " at its peak but the GPU budget is " << formatBytes(budget);
+  std::string categories;
+  for (const auto &[name, bytes] : byCategory)
+    categories += (categories.empty() ? "" : ", ") + name + " " +
+                  formatBytes(bytes);
+  diag.attachNote() << "live at the peak: " << categories;
+  for (const DeviceBuffer *b : llvm::ArrayRef(atPeak).take_front(5))
+    diag.attachNote(b->owner->getLoc())
+        << "largest consumer: " << formatBytes(b->slice.size) << " "
+        << b->describe();
+  // What would make it fit, from what dominates.
+  double ratio = double(budget) / double(arena);
+  std::string advice;
+  auto policies = module->getAttrOfType<ArrayAttr>(kActivationPolicyAttr);
+  bool allOffloaded =
+      policies && llvm::all_of(policies, [](Attribute a) {
+        return cast<StringAttr>(a).getValue() == "offload";
+      });
+  if (!allOffloaded)
+    advice += "offload activation checkpoints to the host "
+              "(--activation-policy offload); ";
+  advice += llvm::formatv("activations scale with the token count: about "
+                          "{0:P0} of the tokens (fewer frames or a smaller "
+                          "resolution) would fit; a smaller 3D-DSA window "
+                          "shrinks attention work",
+                          ratio)
+                .str();
+  diag.attachNote() << "to fit: " << advice;
+}
+
+struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
+  using CheckBudgetPassBase::CheckBudgetPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<func::FuncOp> step = getTrainStep(module);
+    FailureOr<uint64_t> gpu = parseBudget(module, "gpu-mem", gpuMemory);
+    FailureOr<uint64_t> host = parseBudget(module, "host-mem", hostMemory);
+    if (failed(step) || failed(gpu) || failed(host))
+      return signalPassFailure();
+    auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena");
+    if (!arena) {
+      module.emitError() << "no device arena: run megaslide-plan-memory first";
+      return signalPassFailure();
+    }
+
+    bool fits = true;
+    if (static_cast<uint64_t>(arena.getSize()) > *gpu) {
+      explainDevicePeak(*step, module, arena.getSize(), *gpu);
+      fits = false;
+    }
+
+    // Host: persistent state plus every host or pinned resource.
+    std::map<std::string, uint64_t> hostByCategory;
+    for (auto param : module.getOps<graph::ParamOp>())
+      hostByCategory[graph::stringifyParamRole(param.getRole()).str()] +=
+          tensorBytes(param.getType());
+    for (auto resource : module.getOps<sched::ResourceOp>())
+      if (resource.getResidency() != sched::Residency::device)
+        hostByCategory[resource.getCategory().str()] += resource.getSize();
+    uint64_t hostTotal = 0;
+    for (const auto &entry : hostByCategory)
+      hostTotal += entry.second;
+    if (hostTotal > *host) {
+      InFlightDiagnostic diag =
+          module.emitError() << "host memory plan needs "
+                             << formatBytes(hostTotal)
+                             << " but the host budget is "
+                             << formatBytes(*host);
+      for (const auto &[name, bytes] : hostByCategory)
+        diag.attachNote() << name << ": " << formatBytes(bytes);
+      diag.attachNote() << "to fit: keep AdamW moments in bf16 "
+                           "(--host-state-policy bf16-moments), or use a "
+                           "host with more memory";
+      fits = false;
+    }
+    if (!fits)
+      return signalPassFailure();
+
+    // The runtime re-checks before it allocates the arena.
+    Block &body = step->getBody().front();
+    for (auto check : llvm::make_early_inc_range(
+             body.getOps<sched::BudgetCheckOp>()))
+      check.erase();
+    OpBuilder b(&body, body.begin());
+    sched::BudgetCheckOp::create(b, step->getLoc(), "device_arena",
+                                 static_cast<int64_t>(*gpu));
+  }
+};
+
+} // namespace

@@ -1,0 +1,152 @@
+//===- InsertTransfers.cpp - Explicit host/device crossings ---------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_INSERTTRANSFERSPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-insert-transfers"
+
+using namespace mlir;
+using namespace megaslide;
+using namespace megaslide::graph;
+
+namespace {
+
+void copyLayer(Operation *from, Operation *to) {
+  if (Attribute layer = from->getAttr(kLayerAttrName))
+    to->setAttr(kLayerAttrName, layer);
+}
+
+bool isDeviceCompute(Operation *op) {
+  return isa<GraphDialect>(op->getDialect()) && !isa<AdamWOp, LoadOp, StoreOp>(op);
+}
+
+/// The batch arrives in pinned memory and is copied in at the start.
+void copyInBatch(func::FuncOp step) {
+  Block &body = step.getBody().front();
+  OpBuilder b(&body, body.begin());
+  for (BlockArgument arg : body.getArguments()) {
+    if (llvm::none_of(arg.getUsers(), isDeviceCompute))
+      continue;
+    auto copy = sched::HostToDeviceOp::create(b, arg.getLoc(), arg);
+    arg.replaceUsesWithIf(copy, [](OpOperand &use) {
+      return isDeviceCompute(use.getOwner());
+    });
+  }
+}
+
+/// load + cast of host state becomes one fetch (cast in pinned staging).
+LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
+  bool persistentCopies =
+      module->getAttrOfType<StringAttr>(kHostStatePolicyAttr) &&
+      module->getAttrOfType<StringAttr>(kHostStatePolicyAttr).getValue() ==
+          "persistent-bf16";
+  SymbolTable symbols(module);
+  for (auto load : llvm::make_early_inc_range(step.getOps<LoadOp>())) {
+    auto param = symbols.lookup<ParamOp>(load.getParam());
+    if (param.getRole() == ParamRole::moment)
+      continue; // read by the optimizer, which moves to the host
+    for (OpOperand &use : llvm::make_early_inc_range(load->getUses())) {
+      Operation *user = use.getOwner();
+      if (!isDeviceCompute(user))
+        continue;
+      OpBuilder b(user);
+      auto cast = dyn_cast<CastOp>(user);
+      Type type = cast ? cast.getType() : load.getType();
+      std::string source = param.getSymName().str();
+      if (persistentCopies && param.getRole() == ParamRole::master &&
+          mlir::getElementTypeOrSelf(type).isBF16())
+        source += ".bf16";
+      auto fetch = sched::FetchOp::create(b, load.getLoc(), type, source);
+      copyLayer(user, fetch);
+      if (cast) {
+        cast.replaceAllUsesWith(fetch.getResult());
+        cast.erase();
+      } else {
+        use.set(fetch);
+      }
+    }
+    if (load->use_empty())
+      load.erase();
+  }
+  return success();
+}
+
+/// Each AdamW moves to the host: the gradient leaves right after it is
+/// produced and the update follows at once, overlapping the rest of the
+/// backward.
+void moveOptimizerToHost(func::FuncOp step) {
+  DenseMap<Operation *, Operation *> lastAfter; // grad producer -> last op
+  Block &body = step.getBody().front();
+  for (auto adamw : llvm::make_early_inc_range(step.getOps<AdamWOp>())) {
+    auto master = adamw.getParam().getDefiningOp<LoadOp>();
+    Value grad = adamw.getGrad();
+    Operation *producer = grad.getDefiningOp();
+    Operation *anchor = producer ? lastAfter.lookup(producer) : nullptr;
+    if (!anchor)
+      anchor = producer;
+    OpBuilder b(step.getContext());
+    if (anchor)
+      b.setInsertionPointAfter(anchor);
+    else
+      b.setInsertionPointToStart(&body);
+    auto out = sched::DeviceToHostOp::create(b, adamw.getLoc(), grad);
+    auto update = sched::HostAdamWOp::create(
+        b, adamw.getLoc(), master.getParamAttr(), out, adamw.getStep(),
+        adamw.getLrAttr(), adamw.getBeta1Attr(), adamw.getBeta2Attr(),
+        adamw.getEpsAttr(), adamw.getWeightDecayAttr());
+    copyLayer(adamw, out);
+    copyLayer(adamw, update);
+    if (producer)
+      lastAfter[producer] = update;
+
+    SmallVector<Operation *> dead(adamw->getUsers().begin(),
+                                  adamw->getUsers().end()); // the stores
+    for (Operation *store : dead)
+      store->erase();
+    SmallVector<Operation *> loads;
+    for (Value v : {adamw.getParam(), adamw.getM(), adamw.getV()})
+      if (auto load = v.getDefiningOp<LoadOp>())
+        loads.push_back(load);
+    adamw.erase();
+    for (Operation *load : loads)
+      if (load->use_empty())
+        load->erase();
+  }
+}
+
+} // namespace
+
+LogicalResult megaslide::insertTransfers(ModuleOp module) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step))
+    return failure();
+  copyInBatch(*step);
+  if (failed(fetchParameters(module, *step)))
+    return failure();
+  moveOptimizerToHost(*step);
+  // The loss is read on the host.
+  auto ret = cast<func::ReturnOp>(step->getBody().front().getTerminator());
+  OpBuilder b(ret);
+  for (OpOperand &operand : ret->getOpOperands())
+    operand.set(sched::DeviceToHostOp::create(b, ret.getLoc(), operand.get()));
+  return success();
+}
+
+namespace {
+
+struct InsertTransfersPass
+    : megaslide::impl::InsertTransfersPassBase<InsertTransfersPass> {
+  void runOnOperation() override {
+    if (failed(insertTransfers(getOperation())))
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,233 @@
+//===- PlanActivations.cpp - Keep, recompute or offload per block ---------===//
+//
+// Recompute clones a block's forward in front of its backward and points
+// the backward at the clones, so the originals die within the forward;
+// only the block input (the checkpoint) survives, on device or, for
+// offload, on the host.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/CostModel.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_PLANACTIVATIONSPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-plan-activations"
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+/// A block's forward ops, where its backward starts, and its checkpoint:
+/// the values from outside the block that only this block reads (its
+/// input activation), unlike conditioning shared by all blocks.
+struct BlockSlice {
+  SmallVector<Operation *> forward;
+  Operation *firstBackward = nullptr;
+  llvm::SetVector<Value> checkpoints;
+};
+
+BlockSlice sliceBlock(func::FuncOp step, Operation *loss, int64_t layer) {
+  BlockSlice slice;
+  for (Operation &op : step.getBody().front()) {
+    if (getLayer(&op) != layer)
+      continue;
+    if (op.isBeforeInBlock(loss))
+      slice.forward.push_back(&op);
+    else if (!slice.firstBackward)
+      slice.firstBackward = &op;
+  }
+  llvm::SmallPtrSet<Operation *, 32> forwardSet(slice.forward.begin(),
+                                                slice.forward.end());
+  for (Operation *op : slice.forward)
+    for (Value v : op->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def || forwardSet.contains(def))
+        continue;
+      if (llvm::all_of(v.getUsers(),
+                       [&](Operation *u) { return getLayer(u) == layer; }))
+        slice.checkpoints.insert(v);
+    }
+  return slice;
+}
+
+/// Applies one block's policy; returns the offloaded checkpoint bytes.
+uint64_t applyToBlock(func::FuncOp step, Operation *loss, int64_t layer,
+                      ActivationPolicy policy) {
+  BlockSlice slice = sliceBlock(step, loss, layer);
+  SmallVector<Operation *> &forward = slice.forward;
+  Operation *firstBackward = slice.firstBackward;
+  llvm::SetVector<Value> &checkpoints = slice.checkpoints;
+  if (forward.empty() || !firstBackward)
+    return 0;
+  llvm::SmallPtrSet<Operation *, 32> forwardSet(forward.begin(), forward.end());
+  auto inBlockBackward = [&](Operation *user) {
+    return getLayer(user) == layer && loss->isBeforeInBlock(user);
+  };
+
+  OpBuilder b(step.getContext());
+  for (Value c : checkpoints)
+    c.getDefiningOp()->setAttr(sched::kCheckpointAttrName,
+                               b.getI64IntegerAttr(layer));
+
+  IRMapping map;
+  uint64_t offloaded = 0;
+  b.setInsertionPoint(firstBackward);
+  if (policy == ActivationPolicy::Offload) {
+    for (Value c : checkpoints) {
+      Operation *lastForwardUse = nullptr;
+      for (Operation *u : c.getUsers())
+        if (forwardSet.contains(u) &&
+            (!lastForwardUse || lastForwardUse->isBeforeInBlock(u)))
+          lastForwardUse = u;
+      OpBuilder after(lastForwardUse->getBlock(),
+                      ++Block::iterator(lastForwardUse));
+      auto out = sched::DeviceToHostOp::create(after, c.getLoc(), c);
+      auto back = sched::HostToDeviceOp::create(b, c.getLoc(), out);
+      for (Operation *op : {out.getOperation(), back.getOperation()})
+        op->setAttr(graph::kLayerAttrName, b.getI64IntegerAttr(layer));
+      c.replaceUsesWithIf(back, [&](OpOperand &use) {
+        return inBlockBackward(use.getOwner());
+      });
+      map.map(c, back);
+      offloaded += tensorBytes(c.getType());
+    }
+  }
+
+  SmallVector<Operation *> clones;
+  for (Operation *op : forward)
+    clones.push_back(b.clone(*op, map));
+  for (Operation *op : forward)
+    for (Value r : op->getResults())
+      r.replaceUsesWithIf(map.lookup(r), [&](OpOperand &use) {
+        return inBlockBackward(use.getOwner()) &&
+               !llvm::is_contained(clones, use.getOwner());
+      });
+  // Clones the backward does not need (e.g. the block output) go away.
+  for (Operation *clone : llvm::reverse(clones))
+    if (clone->use_empty())
+      clone->erase();
+  return offloaded;
+}
+
+} // namespace
+
+LogicalResult
+megaslide::applyActivationPolicies(ModuleOp module,
+                                   ArrayRef<ActivationPolicy> policies) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step))
+    return failure();
+  Operation *loss = findLoss(*step);
+  if (!loss)
+    return step->emitError() << "the training step has no loss";
+  uint64_t offloaded = 0;
+  SmallVector<Attribute> names;
+  OpBuilder b(module.getContext());
+  for (auto [layer, policy] : llvm::enumerate(policies)) {
+    names.push_back(b.getStringAttr(stringify(policy)));
+    if (policy != ActivationPolicy::Keep)
+      offloaded += applyToBlock(*step, loss, layer, policy);
+  }
+  module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
+  b.setInsertionPointToStart(module.getBody());
+  sched::ResourceOp::create(b, module.getLoc(), "checkpoint_pool",
+                            sched::Residency::host, offloaded,
+                            "offloaded checkpoints");
+  return success();
+}
+
+namespace {
+
+struct PlanActivationsPass
+    : megaslide::impl::PlanActivationsPassBase<PlanActivationsPass> {
+  using PlanActivationsPassBase::PlanActivationsPassBase;
+
+  /// Device peak of the plan `policies` would give, on a copy.
+  FailureOr<int64_t> tryPolicies(ArrayRef<ActivationPolicy> policies) {
+    OwningOpRef<ModuleOp> trial = getOperation().clone();
+    if (failed(applyActivationPolicies(*trial, policies)) ||
+        failed(insertTransfers(*trial)) ||
+        failed(scheduleOverlap(*trial, prefetchDistance, prefetchDistance + 1,
+                               /*emitRemarks=*/false)))
+      return failure();
+    return planMemory(*trial, /*alignment=*/256);
+  }
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<func::FuncOp> step = getTrainStep(module);
+    if (failed(step))
+      return signalPassFailure();
+    int64_t layers = countLayers(*step);
+    std::optional<ActivationPolicy> fixed = parseActivationPolicy(policy);
+    if (!fixed && policy != "auto") {
+      module.emitError() << "option 'policy': unknown activation policy '"
+                         << policy
+                         << "'; use keep, recompute, offload or auto";
+      return signalPassFailure();
+    }
+    SmallVector<ActivationPolicy> policies(
+        layers, fixed.value_or(ActivationPolicy::Keep));
+    if (!fixed && failed(chooseAutomatically(policies)))
+      return signalPassFailure();
+    if (failed(applyActivationPolicies(module, policies)))
+      return signalPassFailure();
+  }
+
+  /// Cheapest first: keep everything, recompute everything, then offload
+  /// the checkpoints of leading blocks (live longest) until it fits.
+  LogicalResult chooseAutomatically(SmallVectorImpl<ActivationPolicy> &policies) {
+    FailureOr<uint64_t> budget =
+        parseBudget(getOperation(), "gpu-mem", gpuMemory);
+    if (failed(budget))
+      return failure();
+    int64_t layers = policies.size();
+    FailureOr<int64_t> peak = tryPolicies(policies);
+    if (failed(peak))
+      return failure();
+    if (static_cast<uint64_t>(*peak) <= *budget)
+      return success();
+    std::fill(policies.begin(), policies.end(), ActivationPolicy::Recompute);
+    peak = tryPolicies(policies);
+    if (failed(peak))
+      return failure();
+    int64_t perBlock = checkpointBytes();
+    int64_t offloaded = 0;
+    while (static_cast<uint64_t>(*peak) > *budget && offloaded < layers) {
+      int64_t excess = *peak - static_cast<int64_t>(*budget);
+      offloaded = std::min(
+          layers, offloaded + std::max<int64_t>(
+                                  1, perBlock ? (excess + perBlock - 1) /
+                                                    perBlock
+                                              : layers));
+      for (int64_t i = 0; i < offloaded; ++i)
+        policies[i] = ActivationPolicy::Offload;
+      peak = tryPolicies(policies);
+      if (failed(peak))
+        return failure();
+    }
+    return success();
+  }
+
+  /// Bytes of block 0's checkpoint (all blocks share its shape).
+  int64_t checkpointBytes() {
+    FailureOr<func::FuncOp> step = getTrainStep(getOperation());
+    int64_t bytes = 0;
+    for (Value v : sliceBlock(*step, findLoss(*step), 0).checkpoints)
+      bytes += tensorBytes(v.getType());
+    return bytes;
+  }
+};
+
+} // namespace

@@ -1,0 +1,93 @@
+//===- PlanMemory.cpp - Static offsets in one device arena ----------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/DeviceBuffers.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_PLANMEMORYPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-plan-memory"
+
+using namespace mlir;
+using namespace megaslide;
+
+FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step))
+    return failure();
+  if (alignment <= 0 || (alignment & (alignment - 1)) != 0)
+    return module.emitError() << "option 'alignment': " << alignment
+                              << " is not a positive power of two";
+  Block &body = step->getBody().front();
+  for (auto pack : llvm::make_early_inc_range(body.getOps<sched::PackOp>()))
+    pack.erase();
+
+  DeviceBuffers buffers = collectDeviceBuffers(*step);
+  SmallVector<Slice> slices;
+  SmallVector<int64_t> sizes, starts, ends;
+  for (const DeviceBuffer &b : buffers.buffers) {
+    slices.push_back(b.slice);
+    sizes.push_back(b.slice.size);
+    starts.push_back(b.slice.start);
+    ends.push_back(b.slice.end);
+  }
+  Packing packing = packSlices(slices, alignment);
+
+  // The problem and its solution, reified for tests and the plan file.
+  OpBuilder b(&body, body.begin());
+  sched::PackOp::create(b, step->getLoc(), b.getI64IntegerAttr(alignment),
+                        b.getDenseI64ArrayAttr(sizes),
+                        b.getDenseI64ArrayAttr(starts),
+                        b.getDenseI64ArrayAttr(ends),
+                        b.getDenseI64ArrayAttr(packing.offsets),
+                        b.getI64IntegerAttr(packing.arenaSize));
+
+  for (Operation &op : body) {
+    if (op.getNumResults() == 0)
+      continue;
+    SmallVector<int64_t> offsets;
+    bool any = false;
+    for (Value r : op.getResults()) {
+      auto it = buffers.bufferOf.find(r);
+      offsets.push_back(it == buffers.bufferOf.end()
+                            ? -1
+                            : packing.offsets[it->second]);
+      any |= it != buffers.bufferOf.end();
+    }
+    if (any)
+      op.setAttr(sched::kOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
+  }
+  for (auto [i, buffer] : llvm::enumerate(buffers.buffers))
+    if (!buffer.value)
+      buffer.owner->setAttr(
+          sched::kWorkspaceAttrName,
+          b.getDenseI64ArrayAttr({packing.offsets[i], buffer.slice.size}));
+
+  if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena")) {
+    arena.setSize(packing.arenaSize);
+  } else {
+    b.setInsertionPointToStart(module.getBody());
+    sched::ResourceOp::create(b, module.getLoc(), "device_arena",
+                              sched::Residency::device, packing.arenaSize,
+                              "device arena");
+  }
+  return packing.arenaSize;
+}
+
+namespace {
+
+struct PlanMemoryPass : megaslide::impl::PlanMemoryPassBase<PlanMemoryPass> {
+  using PlanMemoryPassBase::PlanMemoryPassBase;
+  void runOnOperation() override {
+    if (failed(planMemory(getOperation(), alignment)))
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,113 @@
+//===- PlanResidency.cpp - Host-state policy and host resources -----------===//
+//
+// Persistent state lives on the host; this pass applies the chosen policy
+// to its declarations and declares the host buffers that are not model
+// tensors. Device residency of values follows in insert-transfers.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/CostModel.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_PLANRESIDENCYPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-plan-residency"
+
+using namespace mlir;
+using namespace megaslide;
+using namespace megaslide::graph;
+
+namespace {
+
+/// Moments in bf16: the declarations, their loads and the AdamW results
+/// change type together.
+void narrowMoments(ModuleOp module) {
+  Type bf16 = BFloat16Type::get(module.getContext());
+  DenseSet<StringRef> moments;
+  for (auto param : module.getOps<ParamOp>())
+    if (param.getRole() == ParamRole::moment) {
+      param.setType(param.getTensorType().clone(bf16));
+      moments.insert(param.getSymName());
+    }
+  module.walk([&](LoadOp load) {
+    if (!moments.contains(load.getParam()))
+      return;
+    load.getResult().setType(load.getType().clone(bf16));
+    for (Operation *user : load->getUsers())
+      if (auto adamw = dyn_cast<AdamWOp>(user)) {
+        adamw.getNewM().setType(adamw.getM().getType());
+        adamw.getNewV().setType(adamw.getV().getType());
+      }
+  });
+}
+
+/// Declares `<name>.bf16`, a persistent bf16 copy of every trainable
+/// parameter, refreshed by the host optimizer and fetched instead of a
+/// cast of the master.
+void addPersistentCopies(ModuleOp module) {
+  Type bf16 = BFloat16Type::get(module.getContext());
+  for (auto param : llvm::make_early_inc_range(module.getOps<ParamOp>())) {
+    if (param.getRole() != ParamRole::master)
+      continue;
+    OpBuilder b(param);
+    b.setInsertionPointAfter(param);
+    ParamOp::create(b, param.getLoc(), (param.getSymName() + ".bf16").str(),
+                    ParamRole::weight, param.getGroup(), param.getLayerAttr(),
+                    FlatSymbolRefAttr::get(param.getSymNameAttr()),
+                    param.getTensorType().clone(bf16));
+  }
+}
+
+struct PlanResidencyPass
+    : megaslide::impl::PlanResidencyPassBase<PlanResidencyPass> {
+  using PlanResidencyPassBase::PlanResidencyPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<func::FuncOp> step = getTrainStep(module);
+    FailureOr<uint64_t> allowance =
+        parseBudget(module, "os-allowance", osAllowance);
+    if (failed(step) || failed(allowance))
+      return signalPassFailure();
+    if (module->hasAttr(kHostStatePolicyAttr)) {
+      module.emitError() << "residency is already planned ("
+                         << module->getAttr(kHostStatePolicyAttr) << ")";
+      return signalPassFailure();
+    }
+    if (hostStatePolicy == "bf16-moments") {
+      narrowMoments(module);
+    } else if (hostStatePolicy == "persistent-bf16") {
+      addPersistentCopies(module);
+    } else if (hostStatePolicy != "master-moments") {
+      module.emitError() << "option 'host-state-policy': unknown policy '"
+                         << hostStatePolicy
+                         << "'; use master-moments, persistent-bf16 or "
+                            "bf16-moments";
+      return signalPassFailure();
+    }
+    OpBuilder b(module.getContext());
+    module->setAttr(kHostStatePolicyAttr, b.getStringAttr(hostStatePolicy));
+
+    // The data batch is staged in pinned memory; the allowance covers the
+    // OS, the CUDA driver and the runtime's own heap.
+    uint64_t batchBytes = 0;
+    for (Type t : step->getArgumentTypes())
+      batchBytes += tensorBytes(t);
+    b.setInsertionPointToStart(module.getBody());
+    sched::ResourceOp::create(b, module.getLoc(), "data_batch",
+                              sched::Residency::pinned, batchBytes,
+                              "data batch");
+    sched::ResourceOp::create(b, module.getLoc(), "os_allowance",
+                              sched::Residency::host, *allowance,
+                              "OS and runtime allowance");
+  }
+};
+
+} // namespace

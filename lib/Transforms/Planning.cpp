@@ -1,0 +1,71 @@
+//===- Planning.cpp - Shared pieces of the planning passes ----------------===//
+
+#include "megaslide/Transforms/Planning.h"
+
+#include "Graph/GraphOps.h"
+#include "megaslide/Model/ModelBuilder.h"
+#include "megaslide/Support/Units.h"
+
+using namespace mlir;
+using namespace megaslide;
+
+FailureOr<func::FuncOp> megaslide::getTrainStep(ModuleOp module) {
+  auto step = module.lookupSymbol<func::FuncOp>(kTrainStepName);
+  if (!step || step.isExternal())
+    return module.emitError() << "planning needs a '@" << kTrainStepName
+                              << "' function (as built by megaslide-plan "
+                                 "--emit-mlir)";
+  return step;
+}
+
+std::optional<int64_t> megaslide::getLayer(Operation *op) {
+  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
+    return layer.getInt();
+  return std::nullopt;
+}
+
+int64_t megaslide::countLayers(func::FuncOp step) {
+  int64_t layers = 0;
+  step.walk([&](Operation *op) {
+    if (std::optional<int64_t> l = getLayer(op))
+      layers = std::max(layers, *l + 1);
+  });
+  return layers;
+}
+
+Operation *megaslide::findLoss(func::FuncOp step) {
+  for (Operation &op : step.getBody().front())
+    if (isa<graph::FlowMatchingLossOp>(op))
+      return &op;
+  return nullptr;
+}
+
+StringRef megaslide::stringify(ActivationPolicy policy) {
+  switch (policy) {
+  case ActivationPolicy::Keep:
+    return "keep";
+  case ActivationPolicy::Recompute:
+    return "recompute";
+  case ActivationPolicy::Offload:
+    return "offload";
+  }
+  return "";
+}
+
+std::optional<ActivationPolicy>
+megaslide::parseActivationPolicy(StringRef name) {
+  for (ActivationPolicy p : {ActivationPolicy::Keep, ActivationPolicy::Recompute,
+                             ActivationPolicy::Offload})
+    if (stringify(p) == name)
+      return p;
+  return std::nullopt;
+}
+
+FailureOr<uint64_t> megaslide::parseBudget(Operation *anchor, StringRef option,
+                                           StringRef text) {
+  llvm::Expected<uint64_t> bytes = parseBytes(text);
+  if (!bytes)
+    return anchor->emitError() << "option '" << option
+                               << "': " << llvm::toString(bytes.takeError());
+  return *bytes;
+}

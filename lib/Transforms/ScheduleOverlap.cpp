@@ -1,0 +1,212 @@
+//===- ScheduleOverlap.cpp - Streams, prefetch and events -----------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Support/Units.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_SCHEDULEOVERLAPPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-schedule-overlap"
+
+using namespace mlir;
+using namespace megaslide;
+using sched::Stream;
+
+namespace {
+
+std::optional<Stream> streamFor(Operation *op) {
+  if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
+    return Stream::h2d;
+  if (isa<sched::DeviceToHostOp>(op))
+    return Stream::d2h;
+  if (isa<sched::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
+    return Stream::host;
+  if (isa<graph::GraphDialect>(op->getDialect()))
+    return Stream::compute;
+  return std::nullopt;
+}
+
+std::optional<Stream> getStream(Operation *op) {
+  if (auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
+    return attr.getValue();
+  return std::nullopt;
+}
+
+/// Issues the weight fetches of each block `distance` blocks early within
+/// its half of the step (forward: ascending blocks; backward: descending),
+/// so they stream while earlier blocks compute.
+void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
+              bool emitRemarks) {
+  Block &body = step.getBody().front();
+  for (bool backward : {false, true}) {
+    // Blocks in the order this half computes them, with their first op.
+    SmallVector<std::pair<int64_t, Operation *>> segments;
+    Operation *firstCompute = nullptr;
+    for (Operation &op : body) {
+      if (op.isBeforeInBlock(loss) == backward || &op == loss ||
+          getStream(&op) != Stream::compute)
+        continue;
+      if (!firstCompute)
+        firstCompute = &op;
+      std::optional<int64_t> layer = getLayer(&op);
+      if (layer && llvm::none_of(segments, [&](auto &s) {
+            return s.first == *layer;
+          }))
+        segments.push_back({*layer, &op});
+    }
+    if (segments.empty())
+      continue;
+    SmallVector<sched::FetchOp> fetches;
+    for (Operation &op : body)
+      if (auto fetch = dyn_cast<sched::FetchOp>(op))
+        if (fetch->isBeforeInBlock(loss) != backward && getLayer(fetch))
+          fetches.push_back(fetch);
+    for (sched::FetchOp fetch : fetches) {
+      int64_t layer = *getLayer(fetch);
+      auto it = llvm::find_if(segments,
+                              [&](auto &s) { return s.first == layer; });
+      if (it == segments.end())
+        continue;
+      int64_t index = it - segments.begin();
+      Operation *target = index - distance >= 0
+                              ? segments[index - distance].second
+                              : firstCompute;
+      if (target->isBeforeInBlock(fetch))
+        fetch->moveBefore(target);
+    }
+    if (!emitRemarks)
+      continue;
+    // A block's shard cannot overlap when nothing computes between its
+    // first fetch and its first use.
+    DenseSet<int64_t> reported;
+    for (sched::FetchOp fetch : fetches) {
+      int64_t layer = *getLayer(fetch);
+      if (!reported.insert(layer).second)
+        continue;
+      bool overlapped = false;
+      for (Operation *op = fetch->getNextNode(); op; op = op->getNextNode()) {
+        if (getStream(op) != Stream::compute)
+          continue;
+        overlapped = !llvm::is_contained(op->getOperands(), fetch.getResult()) &&
+                     getLayer(op) != layer;
+        break;
+      }
+      if (!overlapped)
+        fetch.emitRemark()
+            << "weights of block " << layer << " ("
+            << (backward ? "backward" : "forward")
+            << ") are not overlapped with compute: "
+            << (distance == 0 ? "prefetch-distance is 0"
+                              : "no earlier compute in this half of the step");
+    }
+  }
+}
+
+/// Makes every cross-stream dependency explicit: a timepoint recorded
+/// after the producer, waited for by the consumer's stream.
+void insertEvents(func::FuncOp step) {
+  DenseMap<Operation *, Value> recorded;
+  DenseSet<std::pair<Value, int>> waited;
+  Block &body = step.getBody().front();
+  for (Operation &op : llvm::make_early_inc_range(body)) {
+    std::optional<Stream> consumer = getStream(&op);
+    if (!consumer)
+      continue;
+    for (Value v : op.getOperands()) {
+      Operation *producer = v.getDefiningOp();
+      if (!producer)
+        continue;
+      std::optional<Stream> source = getStream(producer);
+      if (!source || *source == *consumer)
+        continue;
+      Value &tp = recorded[producer];
+      if (!tp) {
+        OpBuilder b(producer->getBlock(), ++Block::iterator(producer));
+        tp = sched::RecordOp::create(b, producer->getLoc(), *source);
+      }
+      if (!waited.insert({tp, static_cast<int>(*consumer)}).second)
+        continue;
+      OpBuilder b(&op);
+      sched::WaitOp::create(b, op.getLoc(), tp, *consumer);
+    }
+  }
+}
+
+} // namespace
+
+LogicalResult megaslide::scheduleOverlap(ModuleOp module,
+                                         int64_t prefetchDistance,
+                                         int64_t buffers, bool emitRemarks) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step))
+    return failure();
+  Operation *loss = findLoss(*step);
+  if (buffers < 1 || prefetchDistance < 0)
+    return module.emitError() << "options 'buffers' (>= 1) and "
+                                 "'prefetch-distance' (>= 0) are out of range";
+  int64_t distance = std::min(prefetchDistance, buffers - 1);
+  if (distance < prefetchDistance && emitRemarks)
+    module.emitRemark() << "prefetch-distance " << prefetchDistance
+                        << " needs " << prefetchDistance + 1
+                        << " weight buffers; using " << distance
+                        << " with buffers=" << buffers;
+
+  OpBuilder b(module.getContext());
+  for (Operation &op : step->getBody().front())
+    if (std::optional<Stream> s = streamFor(&op))
+      op.setAttr(sched::kStreamAttrName,
+                 sched::StreamAttr::get(module.getContext(), *s));
+  if (loss)
+    prefetch(*step, loss, distance, emitRemarks);
+  insertEvents(*step);
+
+  // Pinned staging: weight shards in flight, and gradients on their way
+  // out, sized by the largest block.
+  DenseMap<int64_t, uint64_t> weights, grads; // per (block, half), block
+  uint64_t largestWeights = 0, largestGrads = 0;
+  for (Operation &op : step->getBody().front()) {
+    std::optional<int64_t> layer = getLayer(&op);
+    if (!layer)
+      continue;
+    if (auto fetch = dyn_cast<sched::FetchOp>(op)) {
+      int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
+      largestWeights = std::max(
+          largestWeights, weights[key] += tensorBytes(fetch.getType()));
+    }
+    if (auto out = dyn_cast<sched::DeviceToHostOp>(op))
+      if (llvm::any_of(out->getUsers(), [](Operation *u) {
+            return isa<sched::HostAdamWOp>(u);
+          }))
+        largestGrads = std::max(largestGrads,
+                                grads[*layer] += tensorBytes(out.getType()));
+  }
+  b.setInsertionPointToStart(module.getBody());
+  sched::ResourceOp::create(b, module.getLoc(), "weight_staging",
+                            sched::Residency::pinned,
+                            (distance + 1) * largestWeights, "pinned staging");
+  sched::ResourceOp::create(b, module.getLoc(), "gradient_staging",
+                            sched::Residency::pinned, 2 * largestGrads,
+                            "pinned staging");
+  return success();
+}
+
+namespace {
+
+struct ScheduleOverlapPass
+    : megaslide::impl::ScheduleOverlapPassBase<ScheduleOverlapPass> {
+  using ScheduleOverlapPassBase::ScheduleOverlapPassBase;
+  void runOnOperation() override {
+    if (failed(scheduleOverlap(getOperation(), prefetchDistance, buffers,
+                               /*emitRemarks=*/true)))
+      signalPassFailure();
+  }
+};
+
+} // namespace

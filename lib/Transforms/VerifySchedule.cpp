@@ -1,0 +1,96 @@
+//===- VerifySchedule.cpp - Gates between planning phases -----------------===//
+
+#include "megaslide/Transforms/Passes.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "megaslide/Analysis/CostModel.h"
+
+namespace megaslide {
+#define GEN_PASS_DEF_VERIFYSCHEDULEPASS
+#include "megaslide/Transforms/Passes.h.inc"
+} // namespace megaslide
+
+#define DEBUG_TYPE "megaslide-verify-schedule"
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+bool isBookkeeping(Operation *op) {
+  return isa<sched::PackOp, sched::BudgetCheckOp, sched::RecordOp,
+             sched::WaitOp, sched::JoinOp>(op);
+}
+
+LogicalResult verifyTransfers(func::FuncOp step) {
+  WalkResult r = step.walk([](Operation *op) {
+    if (isa<graph::LoadOp, graph::StoreOp, graph::AdamWOp>(op)) {
+      op->emitOpError() << "reads or writes host state inside the step; "
+                           "run megaslide-insert-transfers";
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return failure(r.wasInterrupted());
+}
+
+LogicalResult verifyStreams(func::FuncOp step) {
+  for (Operation &op : step.getBody().front())
+    if (!isBookkeeping(&op) && !op.hasAttr(sched::kStreamAttrName))
+      return op.emitOpError() << "has no stream; run "
+                                 "megaslide-schedule-overlap";
+  return success();
+}
+
+LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
+  auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena");
+  if (!arena)
+    return module.emitError() << "has no device arena; run "
+                                 "megaslide-plan-memory";
+  for (Operation &op : step.getBody().front()) {
+    auto stream = op.getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
+    if (!stream || (stream.getValue() != sched::Stream::compute &&
+                    stream.getValue() != sched::Stream::h2d) ||
+        op.getNumResults() == 0)
+      continue;
+    auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
+    if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
+      return op.emitOpError() << "produces device values without offsets";
+    for (auto [offset, result] : llvm::zip(offsets.asArrayRef(), op.getResults()))
+      if (offset < 0 ||
+          offset + static_cast<int64_t>(tensorBytes(result.getType())) >
+              static_cast<int64_t>(arena.getSize()))
+        return op.emitOpError() << "result at offset " << offset
+                                << " does not fit the arena of "
+                                << arena.getSize() << " bytes";
+  }
+  return success();
+}
+
+struct VerifySchedulePass
+    : megaslide::impl::VerifySchedulePassBase<VerifySchedulePass> {
+  using VerifySchedulePassBase::VerifySchedulePassBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<func::FuncOp> step = getTrainStep(module);
+    if (failed(step))
+      return signalPassFailure();
+    LogicalResult ok = failure();
+    if (phase == "transfers")
+      ok = verifyTransfers(*step);
+    else if (phase == "streams")
+      ok = success(succeeded(verifyTransfers(*step)) &&
+                   succeeded(verifyStreams(*step)));
+    else if (phase == "memory")
+      ok = success(succeeded(verifyTransfers(*step)) &&
+                   succeeded(verifyStreams(*step)) &&
+                   succeeded(verifyMemory(module, *step)));
+    else
+      module.emitError() << "option 'phase': unknown phase '" << phase
+                         << "'; use transfers, streams or memory";
+    if (failed(ok))
+      signalPassFailure();
+  }
+};
+
+} // namespace
