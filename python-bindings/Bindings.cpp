@@ -32,6 +32,19 @@ std::string modelInfoJson(const std::string &model, int64_t frames,
   return json;
 }
 
+std::string planJson(const std::string &model, int64_t frames, int64_t height,
+                     int64_t width, bool latent, int64_t batch,
+                     int64_t textLen, const std::string &options) {
+  char *json = nullptr, *error = nullptr;
+  int rc = megaslidePlanJson(model.c_str(), frames, height, width, latent,
+                             batch, textLen, options.c_str(), &json, &error);
+  OwnedString jsonOwner(json, megaslideFreeString);
+  OwnedString errorOwner(error, megaslideFreeString);
+  if (rc != 0)
+    throw std::invalid_argument(error);
+  return json;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_megaslide, m) {
@@ -40,5 +53,9 @@ PYBIND11_MODULE(_megaslide, m) {
   m.def("model_info_json", &modelInfoJson, py::arg("model"), py::arg("frames"),
         py::arg("height"), py::arg("width"), py::arg("latent"),
         py::arg("batch"), py::arg("text_len"),
+        "JSON text of the model part of megaslide-plan --format json.");
+  m.def("plan_json", &planJson, py::arg("model"), py::arg("frames"),
+        py::arg("height"), py::arg("width"), py::arg("latent"),
+        py::arg("batch"), py::arg("text_len"), py::arg("options"),
         "JSON text of megaslide-plan --format json.");
 }

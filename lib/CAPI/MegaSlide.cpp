@@ -3,9 +3,11 @@
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include "megaslide/Model/ModelInfo.h"
+#include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Version.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cstdlib>
@@ -35,6 +37,72 @@ int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
     return 1;
   }
   *json = copyString(llvm::formatv("{0}", toJson(*info)).str());
+  return 0;
+}
+
+/// Reads the plan options object; unknown keys are errors naming the key.
+static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
+  PlanOptions options;
+  if (!text || !*text)
+    return options;
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
+  if (!parsed)
+    return parsed.takeError();
+  const llvm::json::Object *obj = parsed->getAsObject();
+  if (!obj)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "plan options must be a JSON object");
+  for (const auto &[key, value] : *obj) {
+    std::string *text = llvm::StringSwitch<std::string *>(key)
+                            .Case("gpu_mem", &options.gpuMemory)
+                            .Case("host_mem", &options.hostMemory)
+                            .Case("os_allowance", &options.osAllowance)
+                            .Case("hw", &options.hardwarePath)
+                            .Case("activation_policy", &options.activationPolicy)
+                            .Case("host_state_policy", &options.hostStatePolicy)
+                            .Case("attention", &options.attention)
+                            .Default(nullptr);
+    int64_t *number = llvm::StringSwitch<int64_t *>(key)
+                          .Case("buffers", &options.buffers)
+                          .Case("prefetch_distance", &options.prefetchDistance)
+                          .Default(nullptr);
+    if (text && value.getAsString()) {
+      *text = value.getAsString()->str();
+    } else if (number && value.getAsInteger()) {
+      *number = *value.getAsInteger();
+    } else {
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(), "plan option '%s': %s",
+          key.str().c_str(),
+          text || number ? (text ? "expected a string" : "expected an integer")
+                         : "unknown option");
+    }
+  }
+  return options;
+}
+
+int megaslidePlanJson(const char *model, int64_t frames, int64_t height,
+                      int64_t width, int latentUnits, int64_t batch,
+                      int64_t textLen, const char *optionsJson, char **json,
+                      char **error) {
+  llvm::Expected<PlanOptions> options = parsePlanOptions(optionsJson);
+  if (!options) {
+    *error = copyString(llvm::toString(options.takeError()));
+    return 1;
+  }
+  TrainingOptions training;
+  training.batch = batch;
+  if (textLen != 0)
+    training.textLen = textLen;
+  VideoShape video{frames, height, width, latentUnits != 0};
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  llvm::Expected<PlanResult> plan =
+      planModel(context, model ? model : "", video, training, *options);
+  if (!plan) {
+    *error = copyString(llvm::toString(plan.takeError()));
+    return 1;
+  }
+  *json = copyString(llvm::formatv("{0}", toJson(*plan)).str());
   return 0;
 }
 

@@ -425,6 +425,11 @@ megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "option 'batch': must be positive, got %lld",
                                    static_cast<long long>(options.batch));
+  if (options.textLen && config.architecture != Architecture::Wan)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "option 'text_len': %s is class-conditional and has no text tokens",
+        config.name.c_str());
   if (options.textLen && *options.textLen <= 0)
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),

@@ -253,6 +253,11 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
       return std::move(e);
   }
 
+  for (auto [a, b] : {std::pair<StringRef, StringRef>{"num_layers", "depth"},
+                      {"num_attention_heads", "num_heads"}})
+    if (obj.get(a) && obj.get(b))
+      return err.field(b, "'" + a.str() + "' is given too; give only one of "
+                              "the two");
   if (name)
     c.name = *name;
   bool isDiT =
@@ -267,6 +272,19 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
                          "' is not supported; use WanTransformer3DModel or "
                          "set \"architecture\" to \"wan\" or \"dit\"");
   c.architecture = isDiT ? Architecture::DiT : Architecture::Wan;
+  // Keys of the other family would be silently ignored: refuse them.
+  static const char *ditOnly[] = {"num_classes", "class_dropout_prob",
+                                  "learn_sigma"};
+  static const char *wanOnly[] = {"text_dim",        "text_len",
+                                  "qk_norm",         "cross_attn_norm",
+                                  "rope_theta",      "rope_max_seq_len",
+                                  "added_kv_proj_dim", "image_dim",
+                                  "pos_embed_seq_len"};
+  for (const char *key : isDiT ? llvm::ArrayRef(wanOnly) : llvm::ArrayRef(ditOnly))
+    if (obj.get(key))
+      return err.field(key, llvm::formatv("only applies to {0} models; remove "
+                                          "it or set \"architecture\"",
+                                          isDiT ? "Wan" : "DiT"));
   c.vaeStride = vaeStride ? *vaeStride
                           : (isDiT ? std::array<int64_t, 3>{1, 8, 8}
                                    : std::array<int64_t, 3>{4, 8, 8});
@@ -428,45 +446,76 @@ Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
 
 namespace {
 
-/// Converts one pixel extent to latents, or says which sizes would work.
-Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
-                           int64_t patch, bool causalTime, bool latentUnits) {
-  auto fail = [&](const llvm::Twine &msg) {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "video field '%s': %s", field.str().c_str(),
-                                   msg.str().c_str());
-  };
+/// Latent elements of `pixels` along one axis, if the VAE and the patch
+/// divide it: a causal video VAE keeps the first frame, F = 1 + s (T - 1).
+std::optional<int64_t> latentExtent(int64_t pixels, int64_t stride,
+                                    int64_t patch, bool causal,
+                                    bool latentUnits) {
   if (pixels <= 0)
-    return fail(llvm::formatv("must be positive, got {0}", pixels));
+    return std::nullopt;
   int64_t latent = pixels;
   if (!latentUnits) {
-    // A causal video VAE keeps the first frame: F = 1 + stride * (T - 1).
-    int64_t offset = causalTime ? 1 : 0;
-    if ((pixels - offset) % stride != 0) {
-      int64_t lower = (pixels - offset) / stride * stride + offset;
-      return fail(llvm::formatv(
-          "{0} is not {1}a multiple of the VAE stride {2}; use {3} or {4}",
-          pixels, causalTime ? "1 + " : "", stride,
-          lower >= std::max<int64_t>(offset, 1) ? lower : lower + stride,
-          lower + stride));
-    }
+    int64_t offset = causal ? 1 : 0;
+    if ((pixels - offset) % stride != 0)
+      return std::nullopt;
     latent = (pixels - offset) / stride + offset;
   }
-  if (latent % patch != 0) {
-    int64_t unit = latentUnits ? patch : stride * patch;
-    int64_t lower = pixels / unit * unit;
-    return fail(llvm::formatv(
-        "{0} gives {1} latent elements, not divisible by the patch {2}; use "
-        "a multiple of {3} such as {4}",
-        pixels, latent, patch, unit, lower > 0 ? lower : unit));
-  }
+  if (latent % patch != 0)
+    return std::nullopt;
   return latent;
+}
+
+/// Converts one extent to latents, or names the nearest sizes that work.
+Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
+                           int64_t patch, bool causal, bool latentUnits) {
+  if (std::optional<int64_t> latent =
+          latentExtent(pixels, stride, patch, causal, latentUnits))
+    return *latent;
+  auto valid = [&](int64_t p) {
+    return latentExtent(p, stride, patch, causal, latentUnits).has_value();
+  };
+  std::string rule =
+      latentUnits ? llvm::formatv("a multiple of the patch {0}", patch).str()
+      : causal
+          ? llvm::formatv("1 + {0} k with (k + 1) divisible by the patch {1}",
+                          stride, patch)
+                .str()
+          : llvm::formatv("a multiple of the VAE stride {0} x patch {1}",
+                          stride, patch)
+                .str();
+  int64_t period = (latentUnits ? 1 : stride) * patch;
+  std::string suggestion;
+  if (pixels > 0) {
+    int64_t lower = pixels, upper = pixels;
+    while (lower > 0 && !valid(lower))
+      --lower;
+    while (!valid(upper) && upper < pixels + 2 * period)
+      ++upper;
+    suggestion = lower > 0 ? llvm::formatv("; use {0} or {1}", lower, upper).str()
+                           : llvm::formatv("; use {0}", upper).str();
+  }
+  std::string problem =
+      pixels <= 0
+          ? llvm::formatv("must be positive, got {0}", pixels).str()
+          : llvm::formatv("{0} does not fit the VAE and patch; it must be "
+                          "{1}{2}",
+                          pixels, rule, suggestion)
+                .str();
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "video field '%s': %s", field.str().c_str(),
+                                 problem.c_str());
 }
 
 } // namespace
 
 Expected<Geometry> megaslide::computeGeometry(const ModelConfig &c,
                                               const VideoShape &v) {
+  if (c.architecture == Architecture::DiT && v.frames != 1)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "video field 'frames': %lld frames given, but DiT models images; use "
+        "--frames 1",
+        static_cast<long long>(v.frames));
   Geometry g;
   const char *fields[] = {"frames", "height", "width"};
   int64_t pixels[] = {v.frames, v.height, v.width};

@@ -49,18 +49,22 @@ ModelInfo megaslide::analyzeTrainingStep(ModuleOp module) {
     }
     }
   }
+  // Everything after the loss is backward work, including helpers that
+  // are not gradient ops themselves (accumulating adds, inverse RoPE).
+  bool afterLoss = false;
   module.walk([&](Operation *op) {
     ++info.numOps;
     auto counted = dyn_cast<FlopCountOpInterface>(op);
-    if (!counted)
-      return;
-    FlopCount c = counted.getFlopCount();
-    if (isa<AdamWOp>(op))
-      info.optimizerFlops += c.total();
-    else if (op->hasTrait<BackwardOp>())
-      info.backward += c;
-    else
-      info.forward += c;
+    if (counted) {
+      FlopCount c = counted.getFlopCount();
+      if (isa<AdamWOp>(op))
+        info.optimizerFlops += c.total();
+      else if (afterLoss)
+        info.backward += c;
+      else
+        info.forward += c;
+    }
+    afterLoss |= isa<FlowMatchingLossOp>(op);
   });
   return info;
 }

@@ -1,12 +1,13 @@
 //===- megaslide-plan.cpp - Size a model before touching a GPU ------------===//
 //
-// Model config + video shape -> parameter counts, tokens, FLOPs and memory
-// figures, as text or JSON (docs/PlanSchema.md); optionally the training-
-// step IR for megaslide-opt.
+// Model config + video shape + budgets -> parameter counts, FLOPs, the
+// planned host and device memory, transfers and the predicted step time,
+// as text, JSON (docs/PlanSchema.md) or a self-contained HTML report.
+// Exit status: 0 fits, 3 does not fit, 1 bad input.
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Model/ModelInfo.h"
+#include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Version.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -37,21 +38,62 @@ cl::opt<int64_t> batch("batch", cl::init(1), cl::cat(category),
                        cl::desc("Samples per training step"));
 cl::opt<int64_t> textLen("text-len", cl::init(0), cl::cat(category),
                          cl::desc("Text tokens per prompt (default: config)"));
-enum class Format { Text, Json };
+cl::opt<std::string> gpuMem("gpu-mem", cl::init("141GB"), cl::cat(category),
+                            cl::desc("GPU memory budget (GB, GiB, TB, TiB)"));
+cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"), cl::cat(category),
+                             cl::desc("Host memory budget"));
+cl::opt<std::string> osAllowance(
+    "os-allowance", cl::init("64GB"), cl::cat(category),
+    cl::desc("Host memory reserved for the OS and runtime"));
+cl::opt<std::string> hardware("hw", cl::cat(category),
+                              cl::desc("Hardware description (JSON; default: "
+                                       "built-in H200 + 1.5 TB host)"),
+                              cl::value_desc("FILE"));
+cl::opt<std::string> activationPolicy(
+    "activation-policy", cl::init("auto"), cl::cat(category),
+    cl::desc("keep | recompute | offload | auto"));
+cl::opt<std::string> hostStatePolicy(
+    "host-state-policy", cl::init("master-moments"), cl::cat(category),
+    cl::desc("master-moments | persistent-bf16 | bf16-moments"));
+cl::opt<std::string> attention("attention", cl::init("dsa"), cl::cat(category),
+                               cl::desc("dsa | global"));
+cl::opt<int64_t> buffers("buffers", cl::init(2), cl::cat(category),
+                         cl::desc("Weight-shard buffers on device"));
+cl::opt<int64_t> prefetch("prefetch", cl::init(1), cl::cat(category),
+                          cl::desc("Blocks ahead that weights are fetched"));
+enum class Format { Text, Json, Html };
 cl::opt<Format> reportFormat(
     "format", cl::init(Format::Text), cl::cat(category),
     cl::desc("Report format"),
     cl::values(clEnumValN(Format::Text, "text", "readable"),
-               clEnumValN(Format::Json, "json", "docs/PlanSchema.md")));
+               clEnumValN(Format::Json, "json", "docs/PlanSchema.md"),
+               clEnumValN(Format::Html, "html", "self-contained page")));
 cl::opt<std::string> output("o", cl::init("-"), cl::cat(category),
                             cl::desc("Report file"), cl::value_desc("FILE"));
 cl::opt<std::string> emitMlir("emit-mlir", cl::cat(category),
-                              cl::desc("Also write the training-step module"),
+                              cl::desc("Also write the training-step module "
+                                       "as built (before planning)"),
+                              cl::value_desc("FILE"));
+cl::opt<std::string> emitPlan("emit-plan-mlir", cl::cat(category),
+                              cl::desc("Also write the planned module"),
                               cl::value_desc("FILE"));
 
 int fail(const Twine &message) {
   WithColor::error(errs(), "megaslide-plan") << message << "\n";
   return 1;
+}
+
+bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
+               std::string &error) {
+  std::error_code ec;
+  ToolOutputFile file(path, ec, sys::fs::OF_None);
+  if (ec) {
+    error = "cannot write '" + path.str() + "': " + ec.message();
+    return false;
+  }
+  write(file.os());
+  file.keep();
+  return true;
 }
 
 } // namespace
@@ -61,41 +103,77 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
       argc, argv,
-      "megaslide-plan: parameters, tokens, FLOPs and memory of a DiT "
-      "training step\n\n"
+      "megaslide-plan: does a DiT training step fit this GPU and host, and "
+      "how long will it take?\n\n"
       "Example:\n  megaslide-plan --model megaslide-105b --frames 81 "
-      "--height 720 --width 1280\n");
+      "--height 720 --width 1280 --gpu-mem 141GB --host-mem 1.5TB\n\n"
+      "Exit status: 0 fits, 3 does not fit, 1 bad input.\n");
 
   VideoShape video{frames, height, width, latent};
-  TrainingOptions options;
-  options.batch = batch;
+  TrainingOptions training;
+  training.batch = batch;
   if (textLen.getNumOccurrences())
-    options.textLen = textLen;
+    training.textLen = textLen;
+  PlanOptions options;
+  options.gpuMemory = gpuMem;
+  options.hostMemory = hostMem;
+  options.osAllowance = osAllowance;
+  options.hardwarePath = hardware;
+  options.activationPolicy = activationPolicy;
+  options.hostStatePolicy = hostStatePolicy;
+  options.attention = attention;
+  options.buffers = buffers;
+  options.prefetchDistance = prefetch;
 
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
-  mlir::OwningOpRef<mlir::ModuleOp> module;
-  Expected<ModelInfo> info =
-      computeModelInfo(context, model, video, options, &module);
-  if (!info)
-    return fail(toString(info.takeError()));
-
+  std::string error;
   if (!emitMlir.empty()) {
-    std::error_code ec;
-    ToolOutputFile file(emitMlir, ec, sys::fs::OF_None);
-    if (ec)
-      return fail("cannot write '" + emitMlir + "': " + ec.message());
-    module->print(file.os());
-    file.keep();
+    // The module as built, before any planning pass rewrites it.
+    mlir::OwningOpRef<mlir::ModuleOp> built;
+    Expected<ModelInfo> info =
+        computeModelInfo(context, model, video, training, &built);
+    if (!info)
+      return fail(toString(info.takeError()));
+    if (!writeFile(emitMlir, [&](raw_ostream &os) { built->print(os); },
+                   error))
+      return fail(error);
   }
+  Expected<PlanResult> plan =
+      planModel(context, model, video, training, options);
+  if (!plan)
+    return fail(toString(plan.takeError()));
+  if (!emitPlan.empty() &&
+      !writeFile(emitPlan, [&](raw_ostream &os) { plan->module->print(os); },
+                 error))
+    return fail(error);
 
-  std::error_code ec;
-  ToolOutputFile out(output, ec, sys::fs::OF_None);
-  if (ec)
-    return fail("cannot write '" + output + "': " + ec.message());
-  if (reportFormat == Format::Json)
-    out.os() << formatv("{0:2}", toJson(*info)) << "\n";
-  else
-    printText(*info, out.os());
-  out.keep();
+  bool written = writeFile(
+      output,
+      [&](raw_ostream &os) {
+        switch (reportFormat) {
+        case Format::Json:
+          os << formatv("{0:2}", toJson(*plan)) << "\n";
+          break;
+        case Format::Html:
+          os << renderHtmlReport(toJson(*plan));
+          break;
+        case Format::Text:
+          printText(plan->info, os);
+          os << "\n";
+          printText(plan->report, os);
+          break;
+        }
+      },
+      error);
+  if (!written)
+    return fail(error);
+  if (!plan->report.fits()) {
+    // Say why on stderr whatever the format (first lines; the report has
+    // the notes), so scripts and users of --format json see it.
+    for (const std::string &v : plan->report.violations)
+      WithColor::error(errs(), "megaslide-plan")
+          << StringRef(v).split('\n').first << "\n";
+    return 3;
+  }
   return 0;
 }

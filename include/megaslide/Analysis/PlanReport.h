@@ -1,0 +1,88 @@
+//===- PlanReport.h - What a planned training step costs --------*- C++ -*-===//
+//
+// Reads a module after `megaslide-pipeline` and reports host and device
+// memory by category and per block, transfer volume, and the step time
+// predicted by replaying the schedule on a hardware model, next to its
+// lower bound. Schema: docs/PlanSchema.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_ANALYSIS_PLANREPORT_H
+#define MEGASLIDE_ANALYSIS_PLANREPORT_H
+
+#include "megaslide/Analysis/CostModel.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace megaslide {
+
+struct PlanReport {
+  HardwareModel hardware;
+  uint64_t gpuBudget = 0, hostBudget = 0;
+  std::vector<std::string> violations;
+  bool fits() const { return violations.empty(); }
+
+  std::string hostStatePolicy;
+  std::vector<std::string> activationPolicy; ///< per block
+
+  uint64_t hostTotal = 0;
+  std::vector<std::pair<std::string, uint64_t>> hostByCategory;
+
+  int64_t devicePeak = 0;   ///< arena size: the planned device peak
+  int64_t peakStep = 0;     ///< op index where live bytes peak
+  std::vector<std::pair<std::string, uint64_t>> deviceByCategory;
+  /// The largest buffers live at the peak: (bytes, description).
+  std::vector<std::pair<uint64_t, std::string>> topConsumers;
+
+  struct Layer {
+    int64_t index;
+    uint64_t params = 0;
+    uint64_t hostBytes = 0;     ///< persistent state of the block
+    uint64_t shardBytes = 0;    ///< weights fetched per pass
+    uint64_t devicePeak = 0;    ///< live device bytes while it computes
+    uint64_t checkpointBytes = 0;
+    std::string activationPolicy;
+  };
+  std::vector<Layer> layers;
+
+  uint64_t h2dBytes = 0, d2hBytes = 0;
+  std::vector<std::pair<std::string, uint64_t>> h2dByKind, d2hByKind;
+
+  uint64_t deviceFlops = 0; ///< incl. recomputation
+  double predictedSeconds = 0, lowerBoundSeconds = 0;
+  double busySeconds[4] = {}; ///< compute, h2d, d2h, host
+
+  /// Live device bytes over predicted time, downsampled: (seconds, bytes).
+  std::vector<std::pair<double, uint64_t>> memoryTimeline;
+  /// Busy intervals per stream, merged per block: (stream, start, end, label).
+  struct Interval {
+    int stream;
+    double start, end;
+    std::string label;
+  };
+  std::vector<Interval> streamTimeline;
+};
+
+/// Builds the report of a planned module. `violations` are the budget
+/// errors the pipeline reported (empty when it fits).
+PlanReport buildPlanReport(mlir::ModuleOp module, const HardwareModel &hw,
+                           uint64_t gpuBudget, uint64_t hostBudget,
+                           std::vector<std::string> violations);
+
+/// Adds the report's fields to `out` (docs/PlanSchema.md).
+void addToJson(const PlanReport &report, llvm::json::Object &out);
+void printText(const PlanReport &report, llvm::raw_ostream &os);
+
+/// One self-contained HTML page (inline SVG plots, no network) of a plan
+/// JSON as `megaslide-plan --format json` prints it.
+std::string renderHtmlReport(const llvm::json::Value &plan);
+
+} // namespace megaslide
+
+#endif // MEGASLIDE_ANALYSIS_PLANREPORT_H

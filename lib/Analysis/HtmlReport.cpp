@@ -1,0 +1,745 @@
+//===- HtmlReport.cpp - A plan as one self-contained HTML page ------------===//
+//
+// Renders the plan JSON of `megaslide-plan --format json` as a single HTML
+// page: inline CSS and inline SVG plots, no script and no URL, so the file
+// can be attached to a ticket and opened offline. Every field is read
+// defensively because the page is also wanted for partial plans: a missing
+// figure prints "n/a" and a plot without data says so.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Analysis/PlanReport.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <optional>
+
+using namespace megaslide;
+using llvm::raw_ostream;
+using llvm::StringRef;
+namespace json = llvm::json;
+
+namespace {
+
+constexpr double kBytesPerGB = 1e9;
+constexpr double kSvgWidth = 900;
+
+/// Lanes of the stream plot, in the order of `step.busy_seconds`.
+constexpr std::array<StringRef, 4> kStreams = {"compute", "h2d", "d2h", "host"};
+/// Fills of the stream lanes; no red, which marks budgets.
+constexpr std::array<StringRef, 4> kStreamFills = {"#4e79a7", "#f28e2b",
+                                                   "#59a14f", "#b07aa1"};
+
+/// Fills of stacked categories; cycled when there are more categories.
+constexpr std::array<StringRef, 8> kPalette = {"#4e79a7", "#f28e2b", "#59a14f",
+                                               "#e15759", "#76b7b2", "#edc948",
+                                               "#b07aa1", "#9c755f"};
+
+//===----------------------------------------------------------------------===//
+// Reading the plan
+//===----------------------------------------------------------------------===//
+
+// Each accessor takes a possibly null object, so that a chain of lookups
+// into a partial plan ends in "absent" instead of a crash.
+
+const json::Object *objectAt(const json::Object *o, StringRef key) {
+  return o ? o->getObject(key) : nullptr;
+}
+
+const json::Array *arrayAt(const json::Object *o, StringRef key) {
+  return o ? o->getArray(key) : nullptr;
+}
+
+std::optional<double> numberAt(const json::Object *o, StringRef key) {
+  return o ? o->getNumber(key) : std::nullopt;
+}
+
+std::optional<StringRef> stringAt(const json::Object *o, StringRef key) {
+  return o ? o->getString(key) : std::nullopt;
+}
+
+/// The entries of a `{name: number}` object, largest first. JSON objects
+/// have no order, and largest first is what a reader looks for.
+std::vector<std::pair<std::string, double>>
+sortedEntries(const json::Object *o) {
+  std::vector<std::pair<std::string, double>> entries;
+  if (!o)
+    return entries;
+  for (const auto &entry : *o)
+    if (std::optional<double> value = entry.second.getAsNumber())
+      entries.emplace_back(StringRef(entry.first).str(), *value);
+  llvm::sort(entries, [](const auto &a, const auto &b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  return entries;
+}
+
+//===----------------------------------------------------------------------===//
+// Formatting
+//===----------------------------------------------------------------------===//
+
+/// Escapes text for HTML element content and double-quoted attributes.
+std::string escape(StringRef text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    default:
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string escapedOr(std::optional<StringRef> text) {
+  return text ? escape(*text) : "n/a";
+}
+
+/// Bytes as decimal gigabytes with two decimals.
+std::string formatGB(std::optional<double> bytes) {
+  if (!bytes)
+    return "n/a";
+  return llvm::formatv("{0:F2} GB", *bytes / kBytesPerGB).str();
+}
+
+std::string formatSeconds(std::optional<double> seconds) {
+  if (!seconds)
+    return "n/a";
+  return llvm::formatv("{0:F3} s", *seconds).str();
+}
+
+/// An exact count with digit grouping (1,234,567).
+std::string formatCount(const json::Object *o, StringRef key) {
+  if (!o)
+    return "n/a";
+  if (std::optional<int64_t> count = o->getInteger(key))
+    return llvm::formatv("{0:N}", *count).str();
+  if (std::optional<double> count = o->getNumber(key))
+    return llvm::formatv("{0:F0}", *count).str();
+  return "n/a";
+}
+
+/// `used` as GB next to its budget and the share of the budget it takes;
+/// flagged when over budget.
+std::string formatUsage(std::optional<double> used,
+                        std::optional<double> budget) {
+  std::string text = formatGB(used) + " of " + formatGB(budget) + " budget";
+  if (!used || !budget || *budget <= 0)
+    return text;
+  text += llvm::formatv(" ({0:F0}%)", 100 * *used / *budget).str();
+  if (*used > *budget)
+    return "<span class=\"bad\">" + text + "</span>";
+  return text;
+}
+
+/// The label of a tick at `value`, with as many decimals as `step` needs.
+std::string tickLabel(double value, double step) {
+  int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step))));
+  if (std::abs(value) < step * 1e-6)
+    value = 0; // no "-0.0"
+  std::string label;
+  llvm::raw_string_ostream(label) << llvm::format("%.*f", decimals, value);
+  return label;
+}
+
+//===----------------------------------------------------------------------===//
+// SVG building blocks
+//===----------------------------------------------------------------------===//
+
+/// A data interval; an empty or inverted one widens to one unit so that
+/// mapping into it never divides by zero.
+struct Range {
+  double min, max;
+  Range(double min, double max) : min(min), max(max > min ? max : min + 1) {}
+  double span() const { return max - min; }
+};
+
+/// A plot area in SVG pixels and the data window it shows.
+struct Frame {
+  double left, top, width, height;
+  Range x, y;
+
+  double px(double value) const {
+    return left + (value - x.min) / x.span() * width;
+  }
+  double py(double value) const {
+    return top + height - (value - y.min) / y.span() * height;
+  }
+  double right() const { return left + width; }
+  double bottom() const { return top + height; }
+};
+
+/// Round tick spacing (1, 2 or 5 times a power of ten) giving about
+/// `count` ticks over `span`, but never closer than `minStep`.
+double tickStep(double span, int count, double minStep) {
+  double raw = span / count;
+  double power = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * power;
+  for (double multiple : {1.0, 2.0, 5.0})
+    if (multiple * power >= raw) {
+      step = multiple * power;
+      break;
+    }
+  return std::max(step, minStep);
+}
+
+/// Calls `draw(value)` for each multiple of `step` inside `range`.
+template <typename Fn>
+void forEachTick(const Range &range, double step, Fn draw) {
+  for (double i = std::ceil(range.min / step - 1e-9);
+       i * step <= range.max + step * 1e-9; ++i)
+    draw(i * step);
+}
+
+void drawLine(raw_ostream &os, double x1, double y1, double x2, double y2,
+              StringRef cssClass) {
+  os << llvm::format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ",
+                     x1, y1, x2, y2)
+     << "class=\"" << cssClass << "\"/>\n";
+}
+
+/// `text` must already be escaped.
+void drawText(raw_ostream &os, double x, double y, StringRef anchor,
+              StringRef text) {
+  os << llvm::format("<text x=\"%.1f\" y=\"%.1f\" ", x, y) << "text-anchor=\""
+     << anchor << "\">" << text << "</text>\n";
+}
+
+/// A filled rectangle with a hover tooltip (`tooltip` already escaped).
+void drawRect(raw_ostream &os, double x, double y, double width, double height,
+              StringRef fill, StringRef tooltip) {
+  os << llvm::format("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                     "height=\"%.1f\" ",
+                     x, y, std::max(width, 0.5), std::max(height, 0.0))
+     << "fill=\"" << fill << "\"><title>" << tooltip << "</title></rect>\n";
+}
+
+/// The x axis along the bottom of `f`: ticks, vertical grid lines and
+/// `label` centred below. `minStep` keeps integer axes on integers.
+void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
+               double minStep = 0) {
+  double step = tickStep(f.x.span(), 8, minStep);
+  forEachTick(f.x, step, [&](double value) {
+    double x = f.px(value);
+    drawLine(os, x, f.top, x, f.bottom(), "grid");
+    drawLine(os, x, f.bottom(), x, f.bottom() + 5, "axis");
+    drawText(os, x, f.bottom() + 18, "middle", tickLabel(value, step));
+  });
+  drawLine(os, f.left, f.bottom(), f.right(), f.bottom(), "axis");
+  drawText(os, f.left + f.width / 2, f.bottom() + 36, "middle", label);
+}
+
+/// The y axis along the left of `f`: ticks, horizontal grid lines and
+/// `label` written upwards beside them.
+void drawYAxis(raw_ostream &os, const Frame &f, StringRef label) {
+  double step = tickStep(f.y.span(), 5, 0);
+  forEachTick(f.y, step, [&](double value) {
+    double y = f.py(value);
+    drawLine(os, f.left, y, f.right(), y, "grid");
+    drawLine(os, f.left - 5, y, f.left, y, "axis");
+    drawText(os, f.left - 8, y + 4, "end", tickLabel(value, step));
+  });
+  drawLine(os, f.left, f.top, f.left, f.bottom(), "axis");
+  os << llvm::format("<text transform=\"translate(%.1f,%.1f) rotate(-90)\" ",
+                     f.left - 52, f.top + f.height / 2)
+     << "text-anchor=\"middle\">" << label << "</text>\n";
+}
+
+/// Horizontal room a legend entry takes, estimated from the 12px font.
+double legendEntryWidth(StringRef name) { return 30 + 7.5 * name.size(); }
+
+/// A coloured square and its (escaped) name; returns the x after it.
+double drawLegendEntry(raw_ostream &os, double x, double y, StringRef fill,
+                       StringRef name) {
+  drawRect(os, x, y - 10, 12, 12, fill, name);
+  drawText(os, x + 17, y, "start", name);
+  return x + legendEntryWidth(name);
+}
+
+/// Where legend entries go when they wrap into rows that start at `left`:
+/// (x, row) per name.
+std::vector<std::pair<double, int>>
+layoutLegend(const std::vector<std::string> &names, double left) {
+  std::vector<std::pair<double, int>> positions;
+  double x = left;
+  int row = 0;
+  for (const std::string &name : names) {
+    if (x > left && x + legendEntryWidth(name) > kSvgWidth - 20) {
+      x = left;
+      ++row;
+    }
+    positions.emplace_back(x, row);
+    x += legendEntryWidth(name);
+  }
+  return positions;
+}
+
+void openSvg(raw_ostream &os, double height, StringRef title) {
+  os << llvm::format("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" "
+                     "height=\"%.0f\" ",
+                     kSvgWidth, height, kSvgWidth, height)
+     << "role=\"img\" aria-label=\"" << title << "\">\n";
+}
+
+/// A whole (short) SVG that says the plan has no data for this plot.
+void emptySvg(raw_ostream &os, StringRef title, StringRef message) {
+  openSvg(os, 60, title);
+  drawText(os, kSvgWidth / 2, 35, "middle", message);
+  os << "</svg>\n";
+}
+
+/// The caption of a dashed budget line: `what` and the budget in GB.
+void drawBudgetLabel(raw_ostream &os, double x, double y, StringRef anchor,
+                     StringRef what, double bytes) {
+  os << llvm::format("<text x=\"%.1f\" y=\"%.1f\" ", x, y) << "text-anchor=\""
+     << anchor << "\" class=\"budget-label\">" << what << " " << formatGB(bytes)
+     << "</text>\n";
+}
+
+//===----------------------------------------------------------------------===//
+// Plots
+//===----------------------------------------------------------------------===//
+
+/// Live device bytes over the predicted step, with the GPU budget.
+void renderDeviceMemoryPlot(raw_ostream &os, const json::Object *plan) {
+  StringRef title = "Device memory over the step";
+  std::vector<std::pair<double, double>> points; // (seconds, GB)
+  if (const json::Array *memory = arrayAt(objectAt(plan, "timeline"), "memory"))
+    for (const json::Value &value : *memory) {
+      const json::Array *point = value.getAsArray();
+      if (!point || point->size() < 2)
+        continue;
+      std::optional<double> seconds = (*point)[0].getAsNumber();
+      std::optional<double> bytes = (*point)[1].getAsNumber();
+      if (seconds && bytes)
+        points.emplace_back(*seconds, *bytes / kBytesPerGB);
+    }
+  if (points.empty())
+    return emptySvg(os, title, "n/a: the plan has no memory timeline");
+
+  std::optional<double> budget =
+      numberAt(objectAt(plan, "budgets"), "gpu_bytes");
+  double yMax = budget ? *budget / kBytesPerGB : 0;
+  double tMin = points.front().first, tMax = tMin;
+  for (auto [seconds, gb] : points) {
+    tMin = std::min(tMin, seconds);
+    tMax = std::max(tMax, seconds);
+    yMax = std::max(yMax, gb);
+  }
+
+  double height = 340;
+  Frame f{80, 25, kSvgWidth - 110, height - 85, {tMin, tMax}, {0, yMax * 1.1}};
+  openSvg(os, height, title);
+  drawYAxis(os, f, "device memory (GB)");
+  drawXAxis(os, f, "time in the step (s)");
+
+  std::string line;
+  llvm::raw_string_ostream lineOs(line);
+  for (auto [seconds, gb] : points)
+    lineOs << llvm::format("%.1f,%.1f ", f.px(seconds), f.py(gb));
+  os << llvm::format("<path class=\"area\" d=\"M%.1f,%.1f L", f.px(tMin),
+                     f.bottom())
+     << line
+     << llvm::format("L%.1f,%.1f Z\"/>\n", f.px(points.back().first),
+                     f.bottom())
+     << "<polyline class=\"series\" points=\"" << line << "\"/>\n";
+
+  if (budget) {
+    double y = f.py(*budget / kBytesPerGB);
+    drawLine(os, f.left, y, f.right(), y, "budget");
+    drawBudgetLabel(os, f.right(), y - 5, "end", "GPU budget", *budget);
+  }
+  os << "</svg>\n";
+}
+
+/// Host bytes as one bar stacked by category, with the host budget.
+void renderHostMemoryPlot(raw_ostream &os, const json::Object *plan) {
+  StringRef title = "Host memory by category";
+  const json::Object *host = objectAt(plan, "host");
+  std::vector<std::pair<std::string, double>> categories =
+      sortedEntries(objectAt(host, "by_category"));
+  if (categories.empty())
+    return emptySvg(os, title, "n/a: the plan has no host categories");
+
+  double total = 0;
+  for (const auto &category : categories)
+    total += category.second;
+  total = numberAt(host, "total_bytes").value_or(total);
+  std::optional<double> budget =
+      numberAt(objectAt(plan, "budgets"), "host_bytes");
+  double xMax = std::max(total, budget.value_or(0)) / kBytesPerGB;
+
+  std::vector<std::string> names;
+  for (const auto &[name, bytes] : categories)
+    names.push_back(escape(name) + " " + formatGB(bytes));
+  std::vector<std::pair<double, int>> legend = layoutLegend(names, 20);
+  constexpr double legendRowHeight = 22;
+  double height = 150 + (legend.back().second + 1) * legendRowHeight;
+  Frame f{20, 30, kSvgWidth - 50, 44, {0, xMax * 1.05}, {0, 1}};
+  openSvg(os, height, title);
+  drawXAxis(os, f, "host memory (GB)");
+
+  double start = 0;
+  for (auto [i, category] : llvm::enumerate(categories)) {
+    double gb = category.second / kBytesPerGB;
+    drawRect(os, f.px(start), f.top, f.px(start + gb) - f.px(start), f.height,
+             kPalette[i % kPalette.size()], names[i]);
+    start += gb;
+  }
+  if (budget) {
+    double x = f.px(*budget / kBytesPerGB);
+    drawLine(os, x, f.top - 10, x, f.bottom() + 5, "budget");
+    drawBudgetLabel(os, x, f.top - 14, "end", "host budget", *budget);
+  }
+
+  for (auto [i, name] : llvm::enumerate(names)) {
+    auto [x, row] = legend[i];
+    drawLegendEntry(os, x, f.bottom() + 66 + row * legendRowHeight,
+                    kPalette[i % kPalette.size()], name);
+  }
+  os << "</svg>\n";
+}
+
+/// The fill of a block's bars, by its activation policy.
+StringRef policyFill(StringRef policy) {
+  if (policy == "keep")
+    return "#59a14f";
+  if (policy == "recompute")
+    return "#f28e2b";
+  if (policy == "offload")
+    return "#4e79a7";
+  return "#9d9d9d";
+}
+
+/// One row of `per_layer`, read defensively.
+struct LayerBars {
+  int64_t index;
+  std::optional<double> devicePeak, hostBytes;
+  std::string policy;
+};
+
+/// One bar per layer of `value(layer)` in GB, coloured by policy.
+template <typename Fn>
+void drawLayerPanel(raw_ostream &os, const std::vector<LayerBars> &layers,
+                    double top, StringRef yLabel, StringRef what, Fn value) {
+  double yMax = 0;
+  int64_t xMax = 0;
+  for (const LayerBars &layer : layers) {
+    yMax = std::max(yMax, value(layer).value_or(0) / kBytesPerGB);
+    xMax = std::max(xMax, layer.index);
+  }
+  Frame f{80, top, kSvgWidth - 110, 170, {-0.5, xMax + 0.5}, {0, yMax * 1.1}};
+  drawYAxis(os, f, yLabel);
+  drawXAxis(os, f, "layer", 1);
+  double barWidth = 0.8 * (f.px(1) - f.px(0));
+  for (const LayerBars &layer : layers) {
+    std::optional<double> bytes = value(layer);
+    if (!bytes)
+      continue;
+    double y = f.py(*bytes / kBytesPerGB);
+    std::string tooltip =
+        llvm::formatv("layer {0}: {1} {2} ({3})", layer.index, formatGB(bytes),
+                      what, escape(layer.policy))
+            .str();
+    drawRect(os, f.px(layer.index) - barWidth / 2, y, barWidth, f.bottom() - y,
+             policyFill(layer.policy), tooltip);
+  }
+}
+
+/// Device peak and host bytes of every block, coloured by the activation
+/// policy that produced them.
+void renderPerLayerPlot(raw_ostream &os, const json::Object *plan) {
+  StringRef title = "Per-layer device peak and host bytes";
+  std::vector<LayerBars> layers;
+  if (const json::Array *perLayer = arrayAt(plan, "per_layer"))
+    for (auto [i, value] : llvm::enumerate(*perLayer)) {
+      const json::Object *layer = value.getAsObject();
+      if (!layer)
+        continue;
+      layers.push_back(
+          {layer->getInteger("layer").value_or(static_cast<int64_t>(i)),
+           numberAt(layer, "device_peak_bytes"), numberAt(layer, "host_bytes"),
+           stringAt(layer, "activation_policy").value_or("n/a").str()});
+    }
+  if (layers.empty())
+    return emptySvg(os, title, "n/a: the plan has no per-layer figures");
+
+  std::vector<std::string> policies;
+  for (StringRef known : {"keep", "recompute", "offload"})
+    policies.push_back(known.str());
+  for (const LayerBars &layer : layers)
+    if (!llvm::is_contained(policies, layer.policy))
+      policies.push_back(layer.policy);
+
+  openSvg(os, 530, title);
+  double x = 80;
+  drawText(os, x, 18, "start", "activation policy:");
+  x += 135;
+  for (const std::string &policy : policies)
+    x = drawLegendEntry(os, x, 18, policyFill(policy), escape(policy));
+  drawLayerPanel(os, layers, 40, "device peak (GB)", "device peak",
+                 [](const LayerBars &l) { return l.devicePeak; });
+  drawLayerPanel(os, layers, 300, "host bytes (GB)", "host",
+                 [](const LayerBars &l) { return l.hostBytes; });
+  os << "</svg>\n";
+}
+
+/// Busy intervals of the four streams over the predicted step.
+void renderStreamPlot(raw_ostream &os, const json::Object *plan) {
+  StringRef title = "Stream timeline";
+  const json::Array *streams = arrayAt(objectAt(plan, "timeline"), "streams");
+  if (!streams || streams->empty())
+    return emptySvg(os, title, "n/a: the plan has no stream timeline");
+
+  double tMax =
+      numberAt(objectAt(plan, "step"), "predicted_seconds").value_or(0);
+  for (const json::Value &value : *streams)
+    tMax = std::max(tMax, numberAt(value.getAsObject(), "end").value_or(0));
+
+  constexpr double laneHeight = 26, laneGap = 10;
+  double lanesHeight = kStreams.size() * (laneHeight + laneGap);
+  Frame f{80, 15, kSvgWidth - 110, lanesHeight, {0, tMax}, {0, 1}};
+  openSvg(os, lanesHeight + 70, title);
+  drawXAxis(os, f, "time in the step (s)");
+  auto laneTop = [&](size_t lane) {
+    return f.top + laneGap / 2 + lane * (laneHeight + laneGap);
+  };
+  for (auto [lane, name] : llvm::enumerate(kStreams)) {
+    os << llvm::format("<rect class=\"lane\" x=\"%.1f\" y=\"%.1f\" "
+                       "width=\"%.1f\" height=\"%.1f\"/>\n",
+                       f.left, laneTop(lane), f.width, laneHeight);
+    drawText(os, f.left - 8, laneTop(lane) + laneHeight / 2 + 4, "end", name);
+  }
+
+  for (const json::Value &value : *streams) {
+    const json::Object *interval = value.getAsObject();
+    std::optional<StringRef> stream = stringAt(interval, "stream");
+    std::optional<double> start = numberAt(interval, "start");
+    std::optional<double> end = numberAt(interval, "end");
+    const auto *lane = stream ? llvm::find(kStreams, *stream) : kStreams.end();
+    if (lane == kStreams.end() || !start || !end)
+      continue;
+    size_t index = lane - kStreams.begin();
+    std::string tooltip =
+        llvm::formatv("{0}: {1} to {2}", escapedOr(stringAt(interval, "label")),
+                      formatSeconds(start), formatSeconds(end))
+            .str();
+    drawRect(os, f.px(*start), laneTop(index), f.px(*end) - f.px(*start),
+             laneHeight, kStreamFills[index], tooltip);
+  }
+  os << "</svg>\n";
+}
+
+//===----------------------------------------------------------------------===//
+// Page sections
+//===----------------------------------------------------------------------===//
+
+constexpr StringRef kStyle = R"css(
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif;
+       margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
+h1 { margin-bottom: 0.2em; }
+h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; margin: 0.2em 0; }
+.fits { font-weight: bold; padding: 0.1em 0.5em; border-radius: 4px;
+        color: #fff; }
+.fits.yes { background: #2e7d32; }
+.fits.no { background: #c62828; }
+.fits.unknown { background: #777; }
+.bad, .violations { color: #c62828; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; }
+.tables { display: flex; gap: 2em; flex-wrap: wrap; align-items: flex-start; }
+svg { max-width: 100%; height: auto; display: block; }
+svg text { font-size: 12px; fill: #333; }
+svg .axis { stroke: #333; }
+svg .grid { stroke: #e6e6e6; }
+svg .budget { stroke: #c62828; stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg text.budget-label { fill: #c62828; }
+svg .area { fill: #4e79a7; fill-opacity: 0.25; stroke: none; }
+svg .series { fill: none; stroke: #4e79a7; stroke-width: 1.5; }
+svg .lane { fill: #f6f6f6; }
+)css";
+
+void renderHeader(raw_ostream &os, const json::Object *plan) {
+  const json::Object *model = objectAt(plan, "model");
+  const json::Object *video = objectAt(plan, "video");
+  os << "<header>\n<h1>MegaSlide plan: " << escapedOr(stringAt(model, "name"))
+     << "</h1>\n";
+  os << "<p class=\"meta\">Model: "
+     << escapedOr(stringAt(model, "architecture")) << ", "
+     << formatCount(model, "num_layers") << " layers, dim "
+     << formatCount(model, "dim") << " (" << formatCount(model, "num_heads")
+     << " heads &times; " << formatCount(model, "head_dim") << "), ffn "
+     << formatCount(model, "ffn_dim") << "</p>\n";
+  os << "<p class=\"meta\">Video: " << formatCount(video, "frames")
+     << " &times; " << formatCount(video, "height") << " &times; "
+     << formatCount(video, "width") << " "
+     << escapedOr(stringAt(video, "units")) << ", batch "
+     << formatCount(video, "batch") << ", text length "
+     << formatCount(video, "text_len") << " tokens</p>\n";
+
+  std::optional<bool> fits = plan ? plan->getBoolean("fits") : std::nullopt;
+  os << "<p>Fits the budgets: ";
+  if (!fits)
+    os << "<span class=\"fits unknown\">n/a</span>";
+  else if (*fits)
+    os << "<span class=\"fits yes\">yes</span>";
+  else
+    os << "<span class=\"fits no\">no</span>";
+  os << "</p>\n";
+  if (const json::Array *violations = arrayAt(plan, "violations");
+      violations && !violations->empty()) {
+    os << "<ul class=\"violations\">\n";
+    for (const json::Value &violation : *violations)
+      os << "<li>" << escapedOr(violation.getAsString()) << "</li>\n";
+    os << "</ul>\n";
+  }
+  os << "<p class=\"meta\">GB = 10^9 bytes.</p>\n</header>\n";
+}
+
+/// A table row; `value` is HTML (already escaped).
+void renderRow(raw_ostream &os, StringRef name, StringRef value) {
+  os << "<tr><th>" << name << "</th><td>" << value << "</td></tr>\n";
+}
+
+void renderSummary(raw_ostream &os, const json::Object *plan) {
+  const json::Object *params = objectAt(plan, "params");
+  const json::Object *budgets = objectAt(plan, "budgets");
+  const json::Object *step = objectAt(plan, "step");
+  const json::Object *transfers = objectAt(plan, "transfers");
+  const json::Object *busy = objectAt(step, "busy_seconds");
+
+  std::string grid = "n/a";
+  if (const json::Array *extents = arrayAt(plan, "grid")) {
+    grid.clear();
+    for (const json::Value &extent : *extents) {
+      std::optional<int64_t> n = extent.getAsInteger();
+      grid += (grid.empty() ? "" : " &times; ") +
+              (n ? std::to_string(*n) : std::string("n/a"));
+    }
+  }
+  std::string flops = "n/a";
+  if (std::optional<double> total = numberAt(objectAt(plan, "flops"), "total"))
+    flops = llvm::formatv("{0:E3}", *total).str();
+  std::string busyText;
+  for (StringRef stream : kStreams)
+    busyText += (busyText.empty() ? "" : ", ") + stream.str() + " " +
+                formatSeconds(numberAt(busy, stream));
+
+  os << "<h2>Summary</h2>\n<table>\n";
+  renderRow(os, "Parameters",
+            formatCount(params, "total") + " (" +
+                formatCount(params, "trainable") + " trainable, " +
+                formatCount(params, "frozen") + " frozen)");
+  renderRow(os, "Tokens per sample",
+            formatCount(plan, "tokens") + " (grid " + grid + ")");
+  renderRow(os, "FLOPs per step", flops);
+  renderRow(os, "Hardware",
+            escapedOr(stringAt(objectAt(plan, "hardware"), "name")));
+  renderRow(os, "Host memory",
+            formatUsage(numberAt(objectAt(plan, "host"), "total_bytes"),
+                        numberAt(budgets, "host_bytes")));
+  renderRow(os, "Device peak",
+            formatUsage(numberAt(objectAt(plan, "device"), "peak_bytes"),
+                        numberAt(budgets, "gpu_bytes")));
+  renderRow(os, "Step time",
+            "predicted " + formatSeconds(numberAt(step, "predicted_seconds")) +
+                ", lower bound " +
+                formatSeconds(numberAt(step, "lower_bound_seconds")) +
+                " (bound by " + escapedOr(stringAt(step, "bound_by")) + ")");
+  renderRow(os, "Busy time per stream", busyText);
+  renderRow(os, "Transfers",
+            "host to device " + formatGB(numberAt(transfers, "h2d_bytes")) +
+                ", device to host " +
+                formatGB(numberAt(transfers, "d2h_bytes")));
+  renderRow(os, "Host-state policy",
+            escapedOr(stringAt(objectAt(plan, "policies"), "host_state")));
+  os << "</table>\n";
+}
+
+/// A two-column table of a `{name: bytes}` object, largest first.
+void renderBytesTable(raw_ostream &os, StringRef keyHeader,
+                      const json::Object *byName) {
+  os << "<table>\n<tr><th>" << keyHeader << "</th><th>GB</th></tr>\n";
+  std::vector<std::pair<std::string, double>> entries = sortedEntries(byName);
+  if (entries.empty())
+    os << "<tr><td colspan=\"2\">n/a</td></tr>\n";
+  for (const auto &[name, bytes] : entries)
+    os << "<tr><td>" << escape(name) << "</td><td class=\"num\">"
+       << formatGB(bytes) << "</td></tr>\n";
+  os << "</table>\n";
+}
+
+void renderTopConsumers(raw_ostream &os, const json::Array *consumers) {
+  os << "<table>\n<tr><th>live at the peak</th><th>GB</th></tr>\n";
+  if (!consumers || consumers->empty())
+    os << "<tr><td colspan=\"2\">n/a</td></tr>\n";
+  else
+    for (const json::Value &value : *consumers) {
+      const json::Object *consumer = value.getAsObject();
+      os << "<tr><td>" << escapedOr(stringAt(consumer, "what"))
+         << "</td><td class=\"num\">" << formatGB(numberAt(consumer, "bytes"))
+         << "</td></tr>\n";
+    }
+  os << "</table>\n";
+}
+
+} // namespace
+
+std::string megaslide::renderHtmlReport(const json::Value &plan) {
+  const json::Object *root = plan.getAsObject();
+  const json::Object *device = objectAt(root, "device");
+  const json::Object *transfers = objectAt(root, "transfers");
+
+  std::string html;
+  llvm::raw_string_ostream os(html);
+  os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta "
+        "charset=\"utf-8\">\n"
+     << "<title>MegaSlide plan: "
+     << escapedOr(stringAt(objectAt(root, "model"), "name")) << "</title>\n"
+     << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
+  renderHeader(os, root);
+  renderSummary(os, root);
+
+  os << "<h2>Device memory over the step</h2>\n";
+  renderDeviceMemoryPlot(os, root);
+  os << "<div class=\"tables\">\n";
+  renderBytesTable(os, "device category at the peak",
+                   objectAt(device, "by_category"));
+  renderTopConsumers(os, arrayAt(device, "top_consumers"));
+  os << "</div>\n";
+
+  os << "<h2>Host memory by category</h2>\n";
+  renderHostMemoryPlot(os, root);
+
+  os << "<h2>Per layer</h2>\n";
+  renderPerLayerPlot(os, root);
+
+  os << "<h2>Streams</h2>\n";
+  renderStreamPlot(os, root);
+  os << "<div class=\"tables\">\n";
+  renderBytesTable(os, "host to device", objectAt(transfers, "h2d_by_kind"));
+  renderBytesTable(os, "device to host", objectAt(transfers, "d2h_by_kind"));
+  os << "</div>\n</body>\n</html>\n";
+  return html;
+}

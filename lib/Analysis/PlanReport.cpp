@@ -1,0 +1,417 @@
+//===- PlanReport.cpp - What a planned training step costs ----------------===//
+
+#include "megaslide/Analysis/PlanReport.h"
+
+#include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Support/Units.h"
+
+#include "Graph/GraphOps.h"
+#include "Schedule/ScheduleOps.h"
+#include "sim/Timeline.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+std::optional<int64_t> layerOf(Operation *op) {
+  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
+    return layer.getInt();
+  return std::nullopt;
+}
+
+std::optional<sim::StreamId> streamOf(Operation *op) {
+  auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
+  if (!attr)
+    return std::nullopt;
+  switch (attr.getValue()) {
+  case sched::Stream::compute:
+    return sim::StreamId::Compute;
+  case sched::Stream::h2d:
+    return sim::StreamId::HostToDevice;
+  case sched::Stream::d2h:
+    return sim::StreamId::DeviceToHost;
+  case sched::Stream::host:
+    return sim::StreamId::Host;
+  }
+  return std::nullopt;
+}
+
+const char *roleCategory(graph::ParamRole role) {
+  switch (role) {
+  case graph::ParamRole::master:
+    return "fp32 master weights";
+  case graph::ParamRole::moment:
+    return "AdamW moments";
+  case graph::ParamRole::weight:
+    return "persistent bf16 weights";
+  case graph::ParamRole::gradient:
+    return "persistent gradients";
+  case graph::ParamRole::frozen:
+    return "frozen buffers";
+  }
+  return "?";
+}
+
+template <typename Map>
+std::vector<std::pair<std::string, uint64_t>> sorted(const Map &m) {
+  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
+  llvm::stable_sort(v, [](auto &a, auto &b) { return a.second > b.second; });
+  return v;
+}
+
+/// Host side: persistent state by role and every non-device resource.
+void accountHost(ModuleOp module, PlanReport &r) {
+  std::map<std::string, uint64_t> byCategory;
+  std::map<int64_t, PlanReport::Layer> layers;
+  for (auto param : module.getOps<graph::ParamOp>()) {
+    uint64_t bytes = tensorBytes(param.getType());
+    byCategory[roleCategory(param.getRole())] += bytes;
+    if (IntegerAttr l = param.getLayerAttr()) {
+      PlanReport::Layer &layer = r.layers[l.getInt()];
+      layer.hostBytes += bytes;
+      if (param.getRole() == graph::ParamRole::master)
+        layer.params += param.getNumElements();
+    }
+  }
+  for (auto resource : module.getOps<sched::ResourceOp>())
+    if (resource.getResidency() != sched::Residency::device)
+      byCategory[resource.getCategory().str()] += resource.getSize();
+  for (const auto &[name, bytes] : byCategory)
+    r.hostTotal += bytes;
+  r.hostByCategory = sorted(byCategory);
+}
+
+} // namespace
+
+PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
+                                      uint64_t gpuBudget, uint64_t hostBudget,
+                                      std::vector<std::string> violations) {
+  PlanReport r;
+  r.hardware = hw;
+  r.gpuBudget = gpuBudget;
+  r.hostBudget = hostBudget;
+  r.violations = std::move(violations);
+  if (auto policy = module->getAttrOfType<StringAttr>("msched.host_state_policy"))
+    r.hostStatePolicy = policy.str();
+  if (auto policies = module->getAttrOfType<ArrayAttr>("msched.activation_policy"))
+    for (Attribute p : policies)
+      r.activationPolicy.push_back(cast<StringAttr>(p).str());
+
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  int64_t numLayers = 0;
+  for (auto param : module.getOps<graph::ParamOp>())
+    if (IntegerAttr l = param.getLayerAttr())
+      numLayers = std::max<int64_t>(numLayers, l.getInt() + 1);
+  r.layers.resize(numLayers);
+  for (int64_t i = 0; i < numLayers; ++i) {
+    r.layers[i].index = i;
+    if (i < static_cast<int64_t>(r.activationPolicy.size()))
+      r.layers[i].activationPolicy = r.activationPolicy[i];
+  }
+  accountHost(module, r);
+  if (!step)
+    return r;
+
+  // Device: buffers, the peak and who is live there.
+  DeviceBuffers buffers = collectDeviceBuffers(step);
+  if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena"))
+    r.devicePeak = arena.getSize();
+  std::vector<int64_t> delta(buffers.numSteps + 1, 0), live(buffers.numSteps, 0);
+  for (const DeviceBuffer &b : buffers.buffers) {
+    delta[b.slice.start] += b.slice.size;
+    delta[b.slice.end + 1] -= b.slice.size;
+  }
+  int64_t running = 0, peakLive = -1;
+  for (int64_t t = 0; t < buffers.numSteps; ++t) {
+    live[t] = running += delta[t];
+    if (running > peakLive)
+      peakLive = running, r.peakStep = t;
+  }
+  std::map<std::string, uint64_t> byCategory;
+  std::vector<const DeviceBuffer *> atPeak;
+  for (const DeviceBuffer &b : buffers.buffers)
+    if (b.slice.start <= r.peakStep && r.peakStep <= b.slice.end) {
+      byCategory[b.category.str()] += b.slice.size;
+      atPeak.push_back(&b);
+    }
+  r.deviceByCategory = sorted(byCategory);
+  if (r.devicePeak > peakLive)
+    r.deviceByCategory.push_back(
+        {"alignment and fragmentation", r.devicePeak - std::max<int64_t>(peakLive, 0)});
+  llvm::stable_sort(atPeak, [](auto *a, auto *b) {
+    return a->slice.size > b->slice.size;
+  });
+  for (const DeviceBuffer *b : llvm::ArrayRef(atPeak).take_front(10))
+    r.topConsumers.push_back({b->slice.size, b->describe()});
+
+  // Tasks in issue order for the replay, and per-block figures.
+  std::vector<Operation *> opAt(buffers.numSteps, nullptr);
+  for (auto [op, index] : buffers.index)
+    opAt[index] = op;
+  std::vector<sim::Task> tasks;
+  DenseMap<Operation *, int64_t> taskOf;
+  std::vector<Operation *> taskOps;
+  std::map<std::string, uint64_t> h2dKinds, d2hKinds;
+  for (Operation *op : opAt) {
+    if (!op)
+      continue;
+    std::optional<sim::StreamId> stream = streamOf(op);
+    if (std::optional<int64_t> l = layerOf(op); l && *l < numLayers)
+      r.layers[*l].devicePeak =
+          std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
+    if (!stream || op->hasTrait<OpTrait::IsTerminator>())
+      continue;
+    OpCost cost = costOf(op, hw);
+    sim::Task task;
+    task.stream = *stream;
+    task.seconds = cost.seconds;
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp())
+        if (auto it = taskOf.find(def); it != taskOf.end())
+          task.deps.push_back(it->second);
+    if (*stream == sim::StreamId::Compute)
+      r.deviceFlops += cost.flops;
+    if (isa<sched::FetchOp>(op)) {
+      r.h2dBytes += cost.bytes;
+      h2dKinds["weights"] += cost.bytes;
+    } else if (auto in = dyn_cast<sched::HostToDeviceOp>(op)) {
+      r.h2dBytes += cost.bytes;
+      h2dKinds[isa<BlockArgument>(in.getInput()) ? "data batch"
+                                                 : "checkpoints"] += cost.bytes;
+    } else if (auto out = dyn_cast<sched::DeviceToHostOp>(op)) {
+      r.d2hBytes += cost.bytes;
+      bool grad = llvm::any_of(out->getUsers(), [](Operation *u) {
+        return isa<sched::HostAdamWOp>(u);
+      });
+      bool checkpoint = llvm::any_of(out->getUsers(), [](Operation *u) {
+        return isa<sched::HostToDeviceOp>(u);
+      });
+      d2hKinds[grad ? "gradients" : checkpoint ? "checkpoints" : "loss"] +=
+          cost.bytes;
+    }
+    // Results occupy their arena bytes from the producer on (reshapes are
+    // views and write nothing).
+    if (!isa<graph::ReshapeOp>(op)) {
+      if (auto offsets =
+              op->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName))
+        for (auto [offset, result] :
+             llvm::zip(offsets.asArrayRef(), op->getResults()))
+          if (offset >= 0)
+            task.writes.push_back(
+                {offset, static_cast<int64_t>(tensorBytes(result.getType()))});
+      if (auto ws =
+              op->getAttrOfType<DenseI64ArrayAttr>(sched::kWorkspaceAttrName))
+        task.writes.push_back({ws[0], ws[1]});
+    }
+    taskOf[op] = tasks.size();
+    taskOps.push_back(op);
+    tasks.push_back(std::move(task));
+  }
+  // A buffer's bytes are free once every user of it has finished; the
+  // release is attached to its last user in issue order.
+  std::vector<SmallVector<Value, 2>> members(buffers.buffers.size());
+  for (auto [v, index] : buffers.bufferOf)
+    members[index].push_back(v);
+  for (auto [bufferIndex, b] : llvm::enumerate(buffers.buffers)) {
+    Operation *last = opAt[b.slice.end];
+    auto lastTask = taskOf.find(last);
+    if (lastTask == taskOf.end())
+      continue;
+    int64_t offset = -1;
+    if (b.value) {
+      auto offsets =
+          b.owner->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
+      if (!offsets)
+        continue;
+      offset = offsets[cast<OpResult>(b.value).getResultNumber()];
+    } else if (auto ws = b.owner->getAttrOfType<DenseI64ArrayAttr>(
+                   sched::kWorkspaceAttrName)) {
+      offset = ws[0];
+    }
+    if (offset < 0)
+      continue;
+    sim::Release release{{offset, b.slice.size}, {}};
+    if (auto owner = taskOf.find(b.owner); owner != taskOf.end())
+      release.users.push_back(owner->second);
+    for (Value v : members[bufferIndex])
+      for (Operation *user : v.getUsers())
+        if (auto t = taskOf.find(user); t != taskOf.end())
+          release.users.push_back(t->second);
+    tasks[lastTask->second].frees.push_back(std::move(release));
+  }
+  sim::Timeline timeline = sim::replay(tasks);
+  r.predictedSeconds = timeline.makespan;
+  r.lowerBoundSeconds = timeline.lowerBound();
+  for (int s = 0; s < sim::kNumStreams; ++s)
+    r.busySeconds[s] = timeline.busy[s];
+
+  // Weight shard per block: bytes fetched in its forward pass.
+  Operation *loss = nullptr;
+  for (Operation *op : taskOps)
+    if (isa<graph::FlowMatchingLossOp>(op))
+      loss = op;
+  for (Operation *op : taskOps)
+    if (auto fetch = dyn_cast<sched::FetchOp>(op))
+      if (std::optional<int64_t> l = layerOf(op);
+          l && *l < numLayers && loss && op->isBeforeInBlock(loss))
+        r.layers[*l].shardBytes += tensorBytes(fetch.getType());
+  for (const DeviceBuffer &b : buffers.buffers)
+    if (b.category == "checkpoints" && b.value &&
+        !isa<sched::HostToDeviceOp>(b.owner))
+      if (auto l = b.owner->getAttrOfType<IntegerAttr>(sched::kCheckpointAttrName);
+          l && l.getInt() < numLayers)
+        r.layers[l.getInt()].checkpointBytes += b.slice.size;
+  r.h2dByKind = sorted(h2dKinds);
+  r.d2hByKind = sorted(d2hKinds);
+
+  // Plots: live bytes over predicted time, and per-block busy intervals.
+  size_t stride = std::max<size_t>(1, opAt.size() / 1500);
+  for (size_t i = 0; i < opAt.size(); i += stride) {
+    int64_t peak = 0;
+    double at = 0;
+    for (size_t j = i; j < std::min(opAt.size(), i + stride); ++j) {
+      peak = std::max(peak, live[j]);
+      if (auto t = taskOf.find(opAt[j]); t != taskOf.end())
+        at = timeline.start[t->second];
+    }
+    r.memoryTimeline.push_back({at, static_cast<uint64_t>(peak)});
+  }
+  for (size_t i = 0; i < taskOps.size(); ++i) {
+    int stream = static_cast<int>(tasks[i].stream);
+    std::optional<int64_t> l = layerOf(taskOps[i]);
+    std::string label = l ? "block " + std::to_string(*l) : "other";
+    if (!r.streamTimeline.empty()) {
+      // Merge with the last interval of the same stream and label.
+      auto it = std::find_if(r.streamTimeline.rbegin(), r.streamTimeline.rend(),
+                             [&](auto &iv) { return iv.stream == stream; });
+      if (it != r.streamTimeline.rend() && it->label == label &&
+          timeline.start[i] - it->end < 1e-3 * std::max(1.0, timeline.makespan)) {
+        it->end = std::max(it->end, timeline.end[i]);
+        continue;
+      }
+    }
+    r.streamTimeline.push_back(
+        {stream, timeline.start[i], timeline.end[i], label});
+  }
+  return r;
+}
+
+void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
+  auto categories = [](const auto &pairs) {
+    llvm::json::Object o;
+    for (const auto &[name, bytes] : pairs)
+      o[name] = bytes;
+    return o;
+  };
+  llvm::json::Array violations, activation, layers, top, memory, streams;
+  for (const std::string &v : r.violations)
+    violations.push_back(v);
+  for (const std::string &p : r.activationPolicy)
+    activation.push_back(p);
+  for (const PlanReport::Layer &l : r.layers)
+    layers.push_back(llvm::json::Object{
+        {"layer", l.index},
+        {"params", l.params},
+        {"host_bytes", l.hostBytes},
+        {"shard_bytes", l.shardBytes},
+        {"device_peak_bytes", l.devicePeak},
+        {"checkpoint_bytes", l.checkpointBytes},
+        {"activation_policy", l.activationPolicy}});
+  for (const auto &[bytes, what] : r.topConsumers)
+    top.push_back(llvm::json::Object{{"bytes", bytes}, {"what", what}});
+  for (const auto &[t, bytes] : r.memoryTimeline)
+    memory.push_back(llvm::json::Array{t, bytes});
+  for (const PlanReport::Interval &iv : r.streamTimeline)
+    streams.push_back(llvm::json::Object{
+        {"stream", sim::streamName(static_cast<sim::StreamId>(iv.stream))},
+        {"start", iv.start},
+        {"end", iv.end},
+        {"label", iv.label}});
+  static const char *streamNames[] = {"compute", "h2d", "d2h", "host"};
+  llvm::json::Object busy;
+  int boundBy = 0;
+  for (int s = 0; s < 4; ++s) {
+    busy[streamNames[s]] = r.busySeconds[s];
+    if (r.busySeconds[s] > r.busySeconds[boundBy])
+      boundBy = s;
+  }
+  out["fits"] = r.fits();
+  out["violations"] = std::move(violations);
+  out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
+                                      {"host_bytes", r.hostBudget}};
+  out["hardware"] = toJson(r.hardware);
+  out["policies"] = llvm::json::Object{{"host_state", r.hostStatePolicy},
+                                       {"activation", std::move(activation)}};
+  out["host"] = llvm::json::Object{{"total_bytes", r.hostTotal},
+                                   {"by_category", categories(r.hostByCategory)}};
+  out["device"] =
+      llvm::json::Object{{"peak_bytes", r.devicePeak},
+                         {"by_category", categories(r.deviceByCategory)},
+                         {"top_consumers", std::move(top)}};
+  out["per_layer"] = std::move(layers);
+  out["transfers"] =
+      llvm::json::Object{{"h2d_bytes", r.h2dBytes},
+                         {"d2h_bytes", r.d2hBytes},
+                         {"h2d_by_kind", categories(r.h2dByKind)},
+                         {"d2h_by_kind", categories(r.d2hByKind)}};
+  out["step"] = llvm::json::Object{
+      {"predicted_seconds", r.predictedSeconds},
+      {"lower_bound_seconds", r.lowerBoundSeconds},
+      {"bound_by", streamNames[boundBy]},
+      {"busy_seconds", std::move(busy)},
+      {"device_flops", r.deviceFlops}};
+  out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
+                                       {"streams", std::move(streams)}};
+}
+
+void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
+  os << "Plan on " << r.hardware.name << "\n";
+  os << "  host-state policy " << r.hostStatePolicy << "; activations:";
+  std::map<std::string, int> counts;
+  for (const std::string &p : r.activationPolicy)
+    ++counts[p];
+  for (const auto &[p, n] : counts)
+    os << " " << p << " x" << n;
+  os << "\n\nHost memory: " << formatBytes(r.hostTotal) << " of "
+     << formatBytes(r.hostBudget) << "\n";
+  for (const auto &[name, bytes] : r.hostByCategory)
+    os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
+  os << "\nDevice memory: peak " << formatBytes(r.devicePeak) << " of "
+     << formatBytes(r.gpuBudget) << " (at op " << r.peakStep << ")\n";
+  for (const auto &[name, bytes] : r.deviceByCategory)
+    os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
+  os << "  largest live buffers at the peak:\n";
+  for (const auto &[bytes, what] : llvm::ArrayRef(r.topConsumers).take_front(5))
+    os << llvm::formatv("    {0}  {1}\n", formatBytes(bytes), what);
+  if (!r.layers.empty()) {
+    const PlanReport::Layer &l = r.layers.front();
+    os << llvm::formatv("  per block (block 0): weight shard {0}, device peak "
+                        "{1}, checkpoint {2}\n",
+                        formatBytes(l.shardBytes), formatBytes(l.devicePeak),
+                        formatBytes(l.checkpointBytes));
+  }
+  os << "\nTransfers per step: host->device " << formatBytes(r.h2dBytes)
+     << ", device->host " << formatBytes(r.d2hBytes) << "\n";
+  os << llvm::formatv(
+      "\nStep time: predicted {0:F3} s, lower bound {1:F3} s ({2:F1}% above)\n",
+      r.predictedSeconds, r.lowerBoundSeconds,
+      r.lowerBoundSeconds > 0
+          ? 100.0 * (r.predictedSeconds / r.lowerBoundSeconds - 1)
+          : 0.0);
+  os << llvm::formatv("  busy: compute {0:F3} s, h2d {1:F3} s, d2h {2:F3} s, "
+                      "host optimizer {3:F3} s\n",
+                      r.busySeconds[0], r.busySeconds[1], r.busySeconds[2],
+                      r.busySeconds[3]);
+  if (r.fits()) {
+    os << "\nFITS.\n";
+  } else {
+    os << "\nDOES NOT FIT:\n";
+    for (const std::string &v : r.violations)
+      os << "  " << v << "\n";
+  }
+}

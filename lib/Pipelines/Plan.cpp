@@ -1,0 +1,116 @@
+//===- Plan.cpp - Model + video + budgets -> a plan and its report --------===//
+
+#include "megaslide/Pipelines/Plan.h"
+
+#include "megaslide/Pipelines/Pipelines.h"
+#include "megaslide/Support/Units.h"
+
+#include "Schedule/ScheduleOps.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <chrono>
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+llvm::Error optionError(llvm::StringRef option, llvm::Error cause) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(), "option '%s': %s", option.str().c_str(),
+      llvm::toString(std::move(cause)).c_str());
+}
+
+/// A diagnostic with its notes, as one readable message.
+std::string render(Diagnostic &diag) {
+  std::string text = diag.str();
+  for (Diagnostic &note : diag.getNotes())
+    text += "\n  note: " + note.str();
+  return text;
+}
+
+} // namespace
+
+llvm::Expected<PlanResult>
+megaslide::planModel(MLIRContext &context, llvm::StringRef model,
+                     const VideoShape &video, const TrainingOptions &training,
+                     const PlanOptions &options) {
+  llvm::Expected<uint64_t> gpu = parseBytes(options.gpuMemory);
+  if (!gpu)
+    return optionError("gpu-mem", gpu.takeError());
+  llvm::Expected<uint64_t> host = parseBytes(options.hostMemory);
+  if (!host)
+    return optionError("host-mem", host.takeError());
+  HardwareModel hw;
+  if (!options.hardwarePath.empty()) {
+    llvm::Expected<HardwareModel> loaded =
+        loadHardwareModel(options.hardwarePath);
+    if (!loaded)
+      return loaded.takeError();
+    hw = *loaded;
+  }
+
+  PlanResult result;
+  llvm::Expected<ModelInfo> info =
+      computeModelInfo(context, model, video, training, &result.module);
+  if (!info)
+    return info.takeError();
+  result.info = *info;
+
+  PipelineOptions pipeline;
+  pipeline.gpuMemory = options.gpuMemory;
+  pipeline.hostMemory = options.hostMemory;
+  pipeline.osAllowance = options.osAllowance;
+  pipeline.buffers = options.buffers;
+  pipeline.prefetchDistance = options.prefetchDistance;
+  pipeline.activationPolicy = options.activationPolicy;
+  pipeline.hostStatePolicy = options.hostStatePolicy;
+  pipeline.attention = options.attention;
+  pipeline.target = options.target;
+  PassManager pm(&context, ModuleOp::getOperationName());
+  buildMegaSlidePipeline(pm, pipeline);
+  // Violations name ops by their role; the IR dump would bury that.
+  context.printOpOnDiagnostic(false);
+
+  std::vector<std::string> diagnostics;
+  auto start = std::chrono::steady_clock::now();
+  LogicalResult ran = success();
+  {
+    ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
+      if (diag.getSeverity() == DiagnosticSeverity::Error)
+        diagnostics.push_back(render(diag));
+      return success(); // remarks of the passes are not part of the report
+    });
+    ran = pm.run(*result.module);
+  }
+  result.pipelineSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  // Budget violations come from the last phase, after memory is planned;
+  // any earlier failure is a problem with the input or options.
+  bool memoryPlanned = static_cast<bool>(
+      result.module->lookupSymbol<sched::ResourceOp>("device_arena"));
+  if (failed(ran) && !memoryPlanned) {
+    std::string all;
+    for (const std::string &d : diagnostics)
+      all += (all.empty() ? "" : "\n") + d;
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "planning failed: %s", all.c_str());
+  }
+  result.report = buildPlanReport(*result.module, hw, *gpu, *host,
+                                  failed(ran) ? diagnostics
+                                              : std::vector<std::string>());
+  return result;
+}
+
+llvm::json::Value megaslide::toJson(const PlanResult &result) {
+  llvm::json::Value value = toJson(result.info);
+  llvm::json::Object &obj = *value.getAsObject();
+  addToJson(result.report, obj);
+  if (llvm::json::Object *ir = obj.getObject("ir"))
+    (*ir)["pipeline_seconds"] = result.pipelineSeconds;
+  return value;
+}
