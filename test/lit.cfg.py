@@ -18,6 +18,8 @@ config.test_exec_root = os.path.join(config.megaslide_obj_root, "test")
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%configs", os.path.join(config.megaslide_src_root, "configs")))
 config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%megaslide_src", config.megaslide_src_root))
+config.substitutions.append(("%megaslide_obj", config.megaslide_obj_root))
 
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()

@@ -89,11 +89,13 @@ void accountHost(ModuleOp module, PlanReport &r) {
 } // namespace
 
 PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
-                                      uint64_t gpuBudget, uint64_t hostBudget,
+                                      uint64_t gpuBudget, uint64_t gpuReserve,
+                                      uint64_t hostBudget,
                                       std::vector<std::string> violations) {
   PlanReport r;
   r.hardware = hw;
   r.gpuBudget = gpuBudget;
+  r.gpuReserve = gpuReserve;
   r.hostBudget = hostBudget;
   r.violations = std::move(violations);
   if (auto policy = module->getAttrOfType<StringAttr>("msched.host_state_policy"))
@@ -343,6 +345,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
   out["fits"] = r.fits();
   out["violations"] = std::move(violations);
   out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
+                                      {"gpu_reserve_bytes", r.gpuReserve},
                                       {"host_bytes", r.hostBudget}};
   out["hardware"] = toJson(r.hardware);
   out["policies"] = llvm::json::Object{{"host_state", r.hostStatePolicy},
@@ -382,7 +385,10 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
   for (const auto &[name, bytes] : r.hostByCategory)
     os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
   os << "\nDevice memory: peak " << formatBytes(r.devicePeak) << " of "
-     << formatBytes(r.gpuBudget) << " (at op " << r.peakStep << ")\n";
+     << formatBytes(r.gpuBudget - std::min(r.gpuBudget, r.gpuReserve))
+     << " (GPU budget " << formatBytes(r.gpuBudget) << " less a runtime "
+     << "reserve of " << formatBytes(r.gpuReserve) << "; peak at op "
+     << r.peakStep << ")\n";
   for (const auto &[name, bytes] : r.deviceByCategory)
     os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
   os << "  largest live buffers at the peak:\n";

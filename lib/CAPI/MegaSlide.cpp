@@ -55,6 +55,7 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
   for (const auto &[key, value] : *obj) {
     std::string *text = llvm::StringSwitch<std::string *>(key)
                             .Case("gpu_mem", &options.gpuMemory)
+                            .Case("gpu_reserve", &options.gpuReserve)
                             .Case("host_mem", &options.hostMemory)
                             .Case("os_allowance", &options.osAllowance)
                             .Case("hw", &options.hardwarePath)

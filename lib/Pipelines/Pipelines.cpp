@@ -30,6 +30,7 @@ void megaslide::buildSchedulePipeline(OpPassManager &pm,
   PlanActivationsPassOptions activations;
   activations.policy = o.activationPolicy;
   activations.gpuMemory = o.gpuMemory;
+  activations.gpuReserve = o.gpuReserve;
   activations.prefetchDistance = o.prefetchDistance;
   pm.addPass(createPlanActivationsPass(activations));
   pm.addPass(createInsertTransfersPass());
@@ -52,6 +53,7 @@ void megaslide::buildMemoryPipeline(OpPassManager &pm,
   pm.addPass(createPlanMemoryPass());
   CheckBudgetPassOptions budget;
   budget.gpuMemory = o.gpuMemory;
+  budget.gpuReserve = o.gpuReserve;
   budget.hostMemory = o.hostMemory;
   pm.addPass(createCheckBudgetPass(budget));
   VerifySchedulePassOptions memory;

@@ -44,6 +44,9 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   llvm::Expected<uint64_t> host = parseBytes(options.hostMemory);
   if (!host)
     return optionError("host-mem", host.takeError());
+  llvm::Expected<uint64_t> reserve = parseBytes(options.gpuReserve);
+  if (!reserve)
+    return optionError("gpu-reserve", reserve.takeError());
   HardwareModel hw;
   if (!options.hardwarePath.empty()) {
     llvm::Expected<HardwareModel> loaded =
@@ -62,6 +65,7 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
 
   PipelineOptions pipeline;
   pipeline.gpuMemory = options.gpuMemory;
+  pipeline.gpuReserve = options.gpuReserve;
   pipeline.hostMemory = options.hostMemory;
   pipeline.osAllowance = options.osAllowance;
   pipeline.buffers = options.buffers;
@@ -100,7 +104,7 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "planning failed: %s", all.c_str());
   }
-  result.report = buildPlanReport(*result.module, hw, *gpu, *host,
+  result.report = buildPlanReport(*result.module, hw, *gpu, *reserve, *host,
                                   failed(ran) ? diagnostics
                                               : std::vector<std::string>());
   return result;

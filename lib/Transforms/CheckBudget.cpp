@@ -27,7 +27,8 @@ namespace {
 /// Names the buffers live at the device peak, largest first, and says what
 /// would shrink them.
 void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
-                       uint64_t budget) {
+                       uint64_t gpu, uint64_t reserve) {
+  uint64_t budget = gpu - std::min(gpu, reserve);
   DeviceBuffers buffers = collectDeviceBuffers(step);
   std::vector<int64_t> live(buffers.numSteps + 1, 0);
   for (const DeviceBuffer &b : buffers.buffers) {
@@ -54,7 +55,9 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
   InFlightDiagnostic diag =
       culprit->emitError()
       << "device memory plan needs " << formatBytes(arena)
-      << " at its peak but the GPU budget is " << formatBytes(budget);
+      << " at its peak but the GPU budget of " << formatBytes(gpu)
+      << " leaves " << formatBytes(budget) << " after the runtime reserve of "
+      << formatBytes(reserve);
   std::string categories;
   for (const auto &[name, bytes] : byCategory)
     categories += (categories.empty() ? "" : ", ") + name + " " +
@@ -92,8 +95,11 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     FailureOr<func::FuncOp> step = getTrainStep(module);
     FailureOr<uint64_t> gpu = parseBudget(module, "gpu-mem", gpuMemory);
     FailureOr<uint64_t> host = parseBudget(module, "host-mem", hostMemory);
-    if (failed(step) || failed(gpu) || failed(host))
+    FailureOr<uint64_t> reserve =
+        parseBudget(module, "gpu-reserve", gpuReserve);
+    if (failed(step) || failed(gpu) || failed(host) || failed(reserve))
       return signalPassFailure();
+    uint64_t arenaBudget = *gpu - std::min(*gpu, *reserve);
     auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena");
     if (!arena) {
       module.emitError() << "no device arena: run megaslide-plan-memory first";
@@ -101,8 +107,8 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     }
 
     bool fits = true;
-    if (static_cast<uint64_t>(arena.getSize()) > *gpu) {
-      explainDevicePeak(*step, module, arena.getSize(), *gpu);
+    if (static_cast<uint64_t>(arena.getSize()) > arenaBudget) {
+      explainDevicePeak(*step, module, arena.getSize(), *gpu, *reserve);
       fits = false;
     }
 
@@ -140,7 +146,7 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       check.erase();
     OpBuilder b(&body, body.begin());
     sched::BudgetCheckOp::create(b, step->getLoc(), "device_arena",
-                                 static_cast<int64_t>(*gpu));
+                                 static_cast<int64_t>(arenaBudget));
   }
 };
 

@@ -190,8 +190,12 @@ struct PlanActivationsPass
   LogicalResult chooseAutomatically(SmallVectorImpl<ActivationPolicy> &policies) {
     FailureOr<uint64_t> budget =
         parseBudget(getOperation(), "gpu-mem", gpuMemory);
-    if (failed(budget))
+    FailureOr<uint64_t> reserve =
+        parseBudget(getOperation(), "gpu-reserve", gpuReserve);
+    if (failed(budget) || failed(reserve))
       return failure();
+    // The arena gets what the runtime does not keep for itself.
+    *budget -= std::min(*budget, *reserve);
     int64_t layers = policies.size();
     FailureOr<int64_t> peak = tryPolicies(policies);
     if (failed(peak))

@@ -47,7 +47,7 @@ def model_info(
 
 
 _PLAN_OPTIONS = {
-    "os_allowance": str, "hw": str, "activation_policy": str,
+    "gpu_reserve": str, "os_allowance": str, "hw": str, "activation_policy": str,
     "host_state_policy": str, "attention": str, "buffers": int,
     "prefetch_distance": int,
 }
@@ -71,7 +71,8 @@ def plan(
     Returns what ``megaslide-plan --format json`` prints (docs/PlanSchema.md),
     including ``fits`` and ``violations``: a plan over budget is a result,
     not an exception. Memory sizes take decimal or binary units ("141GB",
-    "1.5TB", "80GiB"). Further options: os_allowance, hw (path to a
+    "1.5TB", "80GiB"). Further options: gpu_reserve (device memory kept
+    for the CUDA context and libraries, default "2GiB"), os_allowance, hw (path to a
     hardware JSON), activation_policy (keep|recompute|offload|auto),
     host_state_policy (master-moments|persistent-bf16|bf16-moments),
     attention (dsa|global), buffers, prefetch_distance.

@@ -40,6 +40,9 @@ cl::opt<int64_t> textLen("text-len", cl::init(0), cl::cat(category),
                          cl::desc("Text tokens per prompt (default: config)"));
 cl::opt<std::string> gpuMem("gpu-mem", cl::init("141GB"), cl::cat(category),
                             cl::desc("GPU memory budget (GB, GiB, TB, TiB)"));
+cl::opt<std::string> gpuReserve(
+    "gpu-reserve", cl::init("2GiB"), cl::cat(category),
+    cl::desc("Part of the GPU budget kept for the CUDA context and libraries"));
 cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"), cl::cat(category),
                              cl::desc("Host memory budget"));
 cl::opt<std::string> osAllowance(
@@ -116,6 +119,7 @@ int main(int argc, char **argv) {
     training.textLen = textLen;
   PlanOptions options;
   options.gpuMemory = gpuMem;
+  options.gpuReserve = gpuReserve;
   options.hostMemory = hostMem;
   options.osAllowance = osAllowance;
   options.hardwarePath = hardware;

@@ -24,7 +24,7 @@ namespace megaslide {
 
 struct PlanReport {
   HardwareModel hardware;
-  uint64_t gpuBudget = 0, hostBudget = 0;
+  uint64_t gpuBudget = 0, gpuReserve = 0, hostBudget = 0;
   std::vector<std::string> violations;
   bool fits() const { return violations.empty(); }
 
@@ -72,7 +72,8 @@ struct PlanReport {
 /// Builds the report of a planned module. `violations` are the budget
 /// errors the pipeline reported (empty when it fits).
 PlanReport buildPlanReport(mlir::ModuleOp module, const HardwareModel &hw,
-                           uint64_t gpuBudget, uint64_t hostBudget,
+                           uint64_t gpuBudget, uint64_t gpuReserve,
+                           uint64_t hostBudget,
                            std::vector<std::string> violations);
 
 /// Adds the report's fields to `out` (docs/PlanSchema.md).

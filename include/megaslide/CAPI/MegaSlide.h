@@ -23,7 +23,7 @@ int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
                            int64_t text_len, char **json, char **error);
 
 /// Plans a training step, as `megaslide-plan --format json` does.
-/// `options_json` is a JSON object with any of: gpu_mem, host_mem,
+/// `options_json` is a JSON object with any of: gpu_mem, gpu_reserve, host_mem,
 /// os_allowance, hw (path), activation_policy, host_state_policy,
 /// attention, buffers, prefetch_distance. Returns 0 with `*json` set
 /// (whether or not the plan fits: see its "fits" field), or 1 with

@@ -14,6 +14,10 @@ struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
   Option<std::string> gpuMemory{*this, "gpu-mem",
                                 llvm::cl::desc("Device memory budget"),
                                 llvm::cl::init("141GB")};
+  Option<std::string> gpuReserve{
+      *this, "gpu-reserve",
+      llvm::cl::desc("Device memory kept for the CUDA context and libraries"),
+      llvm::cl::init("2GiB")};
   Option<std::string> hostMemory{*this, "host-mem",
                                  llvm::cl::desc("Host memory budget"),
                                  llvm::cl::init("1.5TB")};

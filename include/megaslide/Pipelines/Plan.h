@@ -16,6 +16,7 @@ namespace megaslide {
 
 struct PlanOptions {
   std::string gpuMemory = "141GB";
+  std::string gpuReserve = "2GiB";
   std::string hostMemory = "1.5TB";
   std::string osAllowance = "64GB";
   std::string hardwarePath; ///< empty: built-in H200 description

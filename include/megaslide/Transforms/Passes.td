@@ -74,6 +74,9 @@ def PlanActivationsPass : Pass<"megaslide-plan-activations",
            "keep | recompute | offload | auto">,
     Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
            "Device budget that `auto` must meet">,
+    Option<"gpuReserve", "gpu-reserve", "std::string", "\"2GiB\"",
+           "Part of the device budget kept for the CUDA context, library "
+           "workspaces and kernels">,
     Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
            "Passed on to the trial schedules of `auto`">,
   ];
@@ -143,6 +146,9 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
   let options = [
     Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
            "Device memory budget (GB/GiB/TB/TiB...)">,
+    Option<"gpuReserve", "gpu-reserve", "std::string", "\"2GiB\"",
+           "Part of the device budget kept for the CUDA context, library "
+           "workspaces and kernels; the arena gets the rest">,
     Option<"hostMemory", "host-mem", "std::string", "\"1.5TB\"",
            "Host memory budget">,
   ];
