@@ -27,5 +27,9 @@ fi
 
 # Python test packages, pinned. Installed for the interpreter the build uses.
 PYTHON="${PYTHON:-$(command -v python3)}"
-"$PYTHON" -m pip install -q --disable-pip-version-check \
-  -r "$(dirname "$0")/requirements-test.txt"
+pip_flags=(-q --disable-pip-version-check)
+# Debian's own Python refuses pip installs (PEP 668) unless told otherwise.
+if "$PYTHON" -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+  pip_flags+=(--break-system-packages)
+fi
+"$PYTHON" -m pip install "${pip_flags[@]}" -r "$(dirname "$0")/requirements-test.txt"

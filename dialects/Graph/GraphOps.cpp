@@ -616,6 +616,16 @@ double AttentionOp::getEffectiveScale() {
 }
 
 /// q [B, Nq, H, Dh]; k, v [B, Nk, H, Dh].
+/// An explicit softmax scale must be a positive finite number.
+static LogicalResult verifyScale(Operation *op, std::optional<APFloat> scale) {
+  if (!scale)
+    return success();
+  double s = scale->convertToDouble();
+  if (s > 0 && std::isfinite(s))
+    return success();
+  return op->emitOpError() << "scale must be positive and finite, got " << s;
+}
+
 static LogicalResult verifyAttentionOperands(Operation *op, Value q, Value k,
                                              Value v) {
   if (failed(expectRank(op, "query", q, 4, "[B, N, H, Dh]")) ||
@@ -632,6 +642,8 @@ static LogicalResult verifyAttentionOperands(Operation *op, Value q, Value k,
 }
 
 LogicalResult AttentionOp::verify() {
+  if (failed(verifyScale(*this, getScale())))
+    return failure();
   if (failed(verifyAttentionOperands(*this, getQuery(), getKey(), getValue())))
     return failure();
   return expectShape(*this, "result", getResult(),
@@ -639,6 +651,8 @@ LogicalResult AttentionOp::verify() {
 }
 
 LogicalResult AttentionGradOp::verify() {
+  if (failed(verifyScale(*this, getScale())))
+    return failure();
   if (failed(verifyAttentionOperands(*this, getQuery(), getKey(), getValue())))
     return failure();
   ArrayRef<int64_t> qs = tensorType(getQuery()).getShape();
@@ -653,6 +667,8 @@ LogicalResult AttentionGradOp::verify() {
 }
 
 LogicalResult Dsa3dOp::verify() {
+  if (failed(verifyScale(*this, getScale())))
+    return failure();
   SmallVector<int64_t> offsets;
   if (failed(verifyDsaOperands(*this, getQuery(), getKey(), getValue(),
                                getGrid(), getWindow(), getTile(), offsets)) ||
@@ -664,6 +680,8 @@ LogicalResult Dsa3dOp::verify() {
 }
 
 LogicalResult Dsa3dGradOp::verify() {
+  if (failed(verifyScale(*this, getScale())))
+    return failure();
   SmallVector<int64_t> offsets;
   if (failed(verifyDsaOperands(*this, getQuery(), getKey(), getValue(),
                                getGrid(), getWindow(), getTile(), offsets)) ||

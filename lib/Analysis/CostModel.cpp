@@ -20,29 +20,24 @@ namespace {
 /// The JSON fields, each bound to its member.
 struct Field {
   const char *key;
-  double HardwareModel::*real = nullptr;
-  uint64_t HardwareModel::*bytes = nullptr;
+  double HardwareModel::*member;
   const char *unit;
 };
 
 const Field kFields[] = {
-    {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, nullptr, "FLOP/s"},
-    {"matmul_efficiency", &HardwareModel::matmulEfficiency, nullptr, "0..1"},
-    {"attention_efficiency", &HardwareModel::attentionEfficiency, nullptr,
-     "0..1"},
-    {"vector_flops", &HardwareModel::vectorFlops, nullptr, "FLOP/s"},
-    {"hbm_bandwidth", &HardwareModel::hbmBandwidth, nullptr, "B/s"},
-    {"hbm_efficiency", &HardwareModel::hbmEfficiency, nullptr, "0..1"},
-    {"h2d_bandwidth", &HardwareModel::h2dBandwidth, nullptr, "B/s"},
-    {"d2h_bandwidth", &HardwareModel::d2hBandwidth, nullptr, "B/s"},
-    {"transfer_latency", &HardwareModel::transferLatency, nullptr, "s"},
-    {"launch_latency", &HardwareModel::launchLatency, nullptr, "s"},
-    {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, nullptr,
-     "B/s"},
+    {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, "FLOP/s"},
+    {"matmul_efficiency", &HardwareModel::matmulEfficiency, "0..1"},
+    {"attention_efficiency", &HardwareModel::attentionEfficiency, "0..1"},
+    {"vector_flops", &HardwareModel::vectorFlops, "FLOP/s"},
+    {"hbm_bandwidth", &HardwareModel::hbmBandwidth, "B/s"},
+    {"hbm_efficiency", &HardwareModel::hbmEfficiency, "0..1"},
+    {"h2d_bandwidth", &HardwareModel::h2dBandwidth, "B/s"},
+    {"d2h_bandwidth", &HardwareModel::d2hBandwidth, "B/s"},
+    {"transfer_latency", &HardwareModel::transferLatency, "s"},
+    {"launch_latency", &HardwareModel::launchLatency, "s"},
+    {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, "B/s"},
     {"host_adamw_params_per_second",
-     &HardwareModel::hostAdamWParamsPerSecond, nullptr, "params/s"},
-    {"gpu_memory_bytes", nullptr, &HardwareModel::gpuMemory, "B"},
-    {"host_memory_bytes", nullptr, &HardwareModel::hostMemory, "B"},
+     &HardwareModel::hostAdamWParamsPerSecond, "params/s"},
 };
 
 llvm::Error fieldError(llvm::StringRef source, llvm::StringRef key,
@@ -91,10 +86,7 @@ megaslide::parseHardwareModel(llvm::StringRef json, llvm::StringRef source) {
                                       field->unit));
     if (llvm::StringRef(field->unit) == "0..1" && *number > 1)
       return fieldError(source, key, "an efficiency is a fraction in (0, 1]");
-    if (field->real)
-      hw.*(field->real) = *number;
-    else
-      hw.*(field->bytes) = static_cast<uint64_t>(*number);
+    hw.*(field->member) = *number;
   }
   return hw;
 }
@@ -112,8 +104,7 @@ llvm::Expected<HardwareModel> megaslide::loadHardwareModel(llvm::StringRef path)
 llvm::json::Value megaslide::toJson(const HardwareModel &hw) {
   llvm::json::Object obj{{"name", hw.name}};
   for (const Field &f : kFields)
-    obj[f.key] = f.real ? llvm::json::Value(hw.*(f.real))
-                        : llvm::json::Value(hw.*(f.bytes));
+    obj[f.key] = hw.*(f.member);
   return obj;
 }
 
@@ -134,8 +125,13 @@ OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
     return total;
   };
   if (auto fetch = dyn_cast<sched::FetchOp>(op)) {
+    // The host reads the fp32 master and writes the working copy into
+    // pinned staging, pipelined with the copy: the slower of the two.
     cost.bytes = tensorBytes(fetch.getType());
-    cost.seconds = hw.transferLatency + cost.bytes / hw.h2dBandwidth;
+    double elements = fetch.getType().getNumElements();
+    double staging = (4.0 * elements + cost.bytes) / hw.hostMemoryBandwidth;
+    cost.seconds = hw.transferLatency +
+                   std::max(cost.bytes / hw.h2dBandwidth, staging);
   } else if (isa<sched::HostToDeviceOp>(op)) {
     cost.bytes = sumBytes(op->getResults());
     cost.seconds = hw.transferLatency + cost.bytes / hw.h2dBandwidth;

@@ -110,8 +110,11 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
       aliases.insert(r);
       values.push_back(r);
     }
+    // A reshape of a device value is a view of it.
     if (auto reshape = dyn_cast<graph::ReshapeOp>(op))
-      aliases.unionSets(reshape.getInput(), reshape.getResult());
+      if (Operation *def = reshape.getInput().getDefiningOp();
+          def && onDevice(def))
+        aliases.unionSets(reshape.getInput(), reshape.getResult());
   }
   DenseMap<Value, size_t> bufferOfLeader;
   for (Value v : values) {

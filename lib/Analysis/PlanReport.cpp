@@ -64,29 +64,32 @@ std::vector<std::pair<std::string, uint64_t>> sorted(const Map &m) {
   return v;
 }
 
-/// Host side: persistent state by role and every non-device resource.
+/// Host side: totals by category, and each block's persistent state.
 void accountHost(ModuleOp module, PlanReport &r) {
-  std::map<std::string, uint64_t> byCategory;
-  std::map<int64_t, PlanReport::Layer> layers;
-  for (auto param : module.getOps<graph::ParamOp>()) {
-    uint64_t bytes = tensorBytes(param.getType());
-    byCategory[roleCategory(param.getRole())] += bytes;
+  for (auto param : module.getOps<graph::ParamOp>())
     if (IntegerAttr l = param.getLayerAttr()) {
       PlanReport::Layer &layer = r.layers[l.getInt()];
-      layer.hostBytes += bytes;
+      layer.hostBytes += tensorBytes(param.getType());
       if (param.getRole() == graph::ParamRole::master)
         layer.params += param.getNumElements();
     }
-  }
-  for (auto resource : module.getOps<sched::ResourceOp>())
-    if (resource.getResidency() != sched::Residency::device)
-      byCategory[resource.getCategory().str()] += resource.getSize();
-  for (const auto &[name, bytes] : byCategory)
+  r.hostByCategory = hostMemoryByCategory(module);
+  for (const auto &[name, bytes] : r.hostByCategory)
     r.hostTotal += bytes;
-  r.hostByCategory = sorted(byCategory);
 }
 
 } // namespace
+
+std::vector<std::pair<std::string, uint64_t>>
+megaslide::hostMemoryByCategory(ModuleOp module) {
+  std::map<std::string, uint64_t> byCategory;
+  for (auto param : module.getOps<graph::ParamOp>())
+    byCategory[roleCategory(param.getRole())] += tensorBytes(param.getType());
+  for (auto resource : module.getOps<sched::ResourceOp>())
+    if (resource.getResidency() != sched::Residency::device)
+      byCategory[resource.getCategory().str()] += resource.getSize();
+  return sorted(byCategory);
+}
 
 PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
                                       uint64_t gpuBudget, uint64_t gpuReserve,

@@ -113,16 +113,17 @@ llvm::json::Array tripleArray(const std::array<int64_t, 3> &t) {
   return llvm::json::Array{t[0], t[1], t[2]};
 }
 
-/// Host-state policies of DESIGN.md: bytes per trainable parameter.
+/// The host-state policies the planner offers (--host-state-policy):
+/// bytes per trainable parameter.
 struct HostPolicy {
   const char *name;
   const char *what;
   uint64_t bytesPerParam;
 };
 const HostPolicy kHostPolicies[] = {
-    {"master+moments", "fp32 master + AdamW m + v", 12},
+    {"master-moments", "fp32 master + AdamW m + v", 12},
     {"persistent-bf16", "+ persistent bf16 working copy", 14},
-    {"fp32-gradients", "+ persistent bf16 copy + fp32 gradients", 16},
+    {"bf16-moments", "fp32 master + bf16 AdamW m + v", 8},
 };
 
 /// 105968119872 -> "105,968,119,872".

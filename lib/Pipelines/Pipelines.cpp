@@ -13,7 +13,7 @@ void megaslide::buildGraphPipeline(OpPassManager &pm,
                                    const PipelineOptions &o) {
   // First, while attention is still one op: everything after plans memory
   // and time for the attention that will actually run.
-  if (o.attention == "dsa")
+  if (o.attention == AttentionKind::Dsa)
     pm.addPass(createRewriteAttentionToDsaPass());
 }
 
@@ -32,6 +32,7 @@ void megaslide::buildSchedulePipeline(OpPassManager &pm,
   activations.gpuMemory = o.gpuMemory;
   activations.gpuReserve = o.gpuReserve;
   activations.prefetchDistance = o.prefetchDistance;
+  activations.buffers = o.buffers;
   pm.addPass(createPlanActivationsPass(activations));
   pm.addPass(createInsertTransfersPass());
   VerifySchedulePassOptions transfers;

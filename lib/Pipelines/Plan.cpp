@@ -44,9 +44,35 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   llvm::Expected<uint64_t> host = parseBytes(options.hostMemory);
   if (!host)
     return optionError("host-mem", host.takeError());
+  if (*gpu == 0 || *host == 0)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "option '%s': a budget must be positive",
+        *gpu == 0 ? "gpu-mem" : "host-mem");
   llvm::Expected<uint64_t> reserve = parseBytes(options.gpuReserve);
   if (!reserve)
     return optionError("gpu-reserve", reserve.takeError());
+  // Name the flag and the choices before any work is done.
+  struct Choice {
+    const char *option;
+    const std::string &value;
+    std::vector<const char *> allowed;
+  };
+  for (const Choice &c :
+       {Choice{"attention", options.attention, {"dsa", "global"}},
+        Choice{"activation-policy", options.activationPolicy,
+               {"keep", "recompute", "offload", "auto"}},
+        Choice{"host-state-policy", options.hostStatePolicy,
+               {"master-moments", "persistent-bf16", "bf16-moments"}}})
+    if (!llvm::is_contained(c.allowed, llvm::StringRef(c.value))) {
+      std::string allowed;
+      for (const char *a : c.allowed)
+        allowed += (allowed.empty() ? "" : ", ") + std::string(a);
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "option '%s': unknown value '%s'; use "
+                                     "one of %s",
+                                     c.option, c.value.c_str(),
+                                     allowed.c_str());
+    }
   HardwareModel hw;
   if (!options.hardwarePath.empty()) {
     llvm::Expected<HardwareModel> loaded =
@@ -72,7 +98,8 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   pipeline.prefetchDistance = options.prefetchDistance;
   pipeline.activationPolicy = options.activationPolicy;
   pipeline.hostStatePolicy = options.hostStatePolicy;
-  pipeline.attention = options.attention;
+  pipeline.attention = options.attention == "dsa" ? AttentionKind::Dsa
+                                                  : AttentionKind::Global;
   pipeline.target = options.target;
   PassManager pm(&context, ModuleOp::getOperationName());
   buildMegaSlidePipeline(pm, pipeline);
@@ -86,7 +113,9 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
     ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
       if (diag.getSeverity() == DiagnosticSeverity::Error)
         diagnostics.push_back(render(diag));
-      return success(); // remarks of the passes are not part of the report
+      else if (diag.getSeverity() == DiagnosticSeverity::Remark)
+        result.remarks.push_back(diag.str());
+      return success();
     });
     ran = pm.run(*result.module);
   }
@@ -116,5 +145,9 @@ llvm::json::Value megaslide::toJson(const PlanResult &result) {
   addToJson(result.report, obj);
   if (llvm::json::Object *ir = obj.getObject("ir"))
     (*ir)["pipeline_seconds"] = result.pipelineSeconds;
+  llvm::json::Array remarks;
+  for (const std::string &r : result.remarks)
+    remarks.push_back(r);
+  obj["remarks"] = std::move(remarks);
   return value;
 }

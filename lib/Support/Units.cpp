@@ -28,7 +28,7 @@ llvm::Expected<uint64_t> megaslide::parseBytes(llvm::StringRef text) {
                      .Case("TiB", 1024.0 * 1024 * 1024 * 1024)
                      .Default(0);
   if (number.empty() || number.getAsDouble(value) || scale == 0 ||
-      !std::isfinite(value) || value <= 0)
+      !std::isfinite(value) || value < 0)
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
         "'%s' is not a memory size; write e.g. 141GB, 1.5TB (decimal) or "
@@ -38,8 +38,18 @@ llvm::Expected<uint64_t> megaslide::parseBytes(llvm::StringRef text) {
 }
 
 std::string megaslide::formatBytes(uint64_t bytes) {
-  return llvm::formatv("{0:F2} GB ({1:F2} GiB)", bytes / 1e9,
-                       bytes / double(1ull << 30))
+  // The largest unit that keeps the number at least 1, decimal and binary
+  // of the same rank, so small plans do not read "0.00 GB".
+  static const char *decimal[] = {"B", "KB", "MB", "GB", "TB"};
+  static const char *binary[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int rank = 0;
+  while (rank < 4 && bytes >= std::pow(1000.0, rank + 1))
+    ++rank;
+  if (rank == 0)
+    return llvm::formatv("{0} B", bytes).str();
+  return llvm::formatv("{0:F2} {1} ({2:F2} {3})", bytes / std::pow(1000.0, rank),
+                       decimal[rank], bytes / std::pow(1024.0, rank),
+                       binary[rank])
       .str();
 }
 

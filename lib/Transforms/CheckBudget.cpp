@@ -5,6 +5,7 @@
 
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Analysis/PlanReport.h"
 #include "megaslide/Support/Units.h"
 
 #include "mlir/IR/Builders.h"
@@ -67,8 +68,16 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
     diag.attachNote(b->owner->getLoc())
         << "largest consumer: " << formatBytes(b->slice.size) << " "
         << b->describe();
-  // What would make it fit, from what dominates.
-  double ratio = double(budget) / double(arena);
+  // What would make it fit: activations and checkpoints scale with the
+  // token count, weights and gradients do not.
+  int64_t scalable = 0, fixed = 0;
+  for (const auto &[name, bytes] : byCategory)
+    (name == "activations" || name == "checkpoints" ||
+             name == "attention workspace"
+         ? scalable
+         : fixed) += bytes;
+  double tokenFraction =
+      scalable > 0 ? (double(budget) - double(fixed)) / double(scalable) : 0;
   std::string advice;
   auto policies = module->getAttrOfType<ArrayAttr>(kActivationPolicyAttr);
   bool allOffloaded =
@@ -78,12 +87,15 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
   if (!allOffloaded)
     advice += "offload activation checkpoints to the host "
               "(--activation-policy offload); ";
-  advice += llvm::formatv("activations scale with the token count: about "
-                          "{0:P0} of the tokens (fewer frames or a smaller "
-                          "resolution) would fit; a smaller 3D-DSA window "
-                          "shrinks attention work",
-                          ratio)
-                .str();
+  if (tokenFraction > 0)
+    advice += llvm::formatv("activations and checkpoints scale with the "
+                            "tokens: at most about {0:P0} of them (fewer "
+                            "frames or a smaller resolution) could fit",
+                            std::min(tokenFraction, 1.0))
+                  .str();
+  else
+    advice += "weights and gradients in flight alone exceed the budget: use "
+              "fewer weight buffers (--buffers 1) or a GPU with more memory";
   diag.attachNote() << "to fit: " << advice;
 }
 
@@ -96,7 +108,7 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     FailureOr<uint64_t> gpu = parseBudget(module, "gpu-mem", gpuMemory);
     FailureOr<uint64_t> host = parseBudget(module, "host-mem", hostMemory);
     FailureOr<uint64_t> reserve =
-        parseBudget(module, "gpu-reserve", gpuReserve);
+        parseBudget(module, "gpu-reserve", gpuReserve, /*allowZero=*/true);
     if (failed(step) || failed(gpu) || failed(host) || failed(reserve))
       return signalPassFailure();
     uint64_t arenaBudget = *gpu - std::min(*gpu, *reserve);
@@ -113,13 +125,8 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     }
 
     // Host: persistent state plus every host or pinned resource.
-    std::map<std::string, uint64_t> hostByCategory;
-    for (auto param : module.getOps<graph::ParamOp>())
-      hostByCategory[graph::stringifyParamRole(param.getRole()).str()] +=
-          tensorBytes(param.getType());
-    for (auto resource : module.getOps<sched::ResourceOp>())
-      if (resource.getResidency() != sched::Residency::device)
-        hostByCategory[resource.getCategory().str()] += resource.getSize();
+    std::vector<std::pair<std::string, uint64_t>> hostByCategory =
+        hostMemoryByCategory(module);
     uint64_t hostTotal = 0;
     for (const auto &entry : hostByCategory)
       hostTotal += entry.second;
@@ -131,9 +138,14 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
                              << formatBytes(*host);
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
-      diag.attachNote() << "to fit: keep AdamW moments in bf16 "
-                           "(--host-state-policy bf16-moments), or use a "
-                           "host with more memory";
+      auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
+      diag.attachNote()
+          << "to fit: "
+          << (policy && policy.getValue() == "bf16-moments"
+                  ? "use a host with more memory or a smaller model"
+                  : "keep AdamW moments in bf16 (--host-state-policy "
+                    "bf16-moments, 8 B/param), or use a host with more "
+                    "memory");
       fits = false;
     }
     if (!fits)

@@ -81,11 +81,15 @@ LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
 /// Each AdamW moves to the host: the gradient leaves right after it is
 /// produced and the update follows at once, overlapping the rest of the
 /// backward.
-void moveOptimizerToHost(func::FuncOp step) {
+LogicalResult moveOptimizerToHost(func::FuncOp step) {
   DenseMap<Operation *, Operation *> lastAfter; // grad producer -> last op
   Block &body = step.getBody().front();
   for (auto adamw : llvm::make_early_inc_range(step.getOps<AdamWOp>())) {
     auto master = adamw.getParam().getDefiningOp<LoadOp>();
+    if (!master)
+      return adamw.emitOpError()
+             << "updates a value that is not a loaded megaslide.param; the "
+                "host optimizer needs the parameter's symbol";
     Value grad = adamw.getGrad();
     Operation *producer = grad.getDefiningOp();
     Operation *anchor = producer ? lastAfter.lookup(producer) : nullptr;
@@ -119,6 +123,7 @@ void moveOptimizerToHost(func::FuncOp step) {
       if (load->use_empty())
         load->erase();
   }
+  return success();
 }
 
 } // namespace
@@ -130,7 +135,8 @@ LogicalResult megaslide::insertTransfers(ModuleOp module) {
   copyInBatch(*step);
   if (failed(fetchParameters(module, *step)))
     return failure();
-  moveOptimizerToHost(*step);
+  if (failed(moveOptimizerToHost(*step)))
+    return failure();
   // The loss is read on the host.
   auto ret = cast<func::ReturnOp>(step->getBody().front().getTerminator());
   OpBuilder b(ret);

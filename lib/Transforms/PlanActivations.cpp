@@ -140,10 +140,8 @@ megaslide::applyActivationPolicies(ModuleOp module,
       offloaded += applyToBlock(*step, loss, layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
-  b.setInsertionPointToStart(module.getBody());
-  sched::ResourceOp::create(b, module.getLoc(), "checkpoint_pool",
-                            sched::Residency::host, offloaded,
-                            "offloaded checkpoints");
+  declareResource(module, "checkpoint_pool", sched::Residency::host,
+                  offloaded, "offloaded checkpoints");
   return success();
 }
 
@@ -158,7 +156,7 @@ struct PlanActivationsPass
     OwningOpRef<ModuleOp> trial = getOperation().clone();
     if (failed(applyActivationPolicies(*trial, policies)) ||
         failed(insertTransfers(*trial)) ||
-        failed(scheduleOverlap(*trial, prefetchDistance, prefetchDistance + 1,
+        failed(scheduleOverlap(*trial, prefetchDistance, buffers,
                                /*emitRemarks=*/false)))
       return failure();
     return planMemory(*trial, /*alignment=*/256);
@@ -191,7 +189,8 @@ struct PlanActivationsPass
     FailureOr<uint64_t> budget =
         parseBudget(getOperation(), "gpu-mem", gpuMemory);
     FailureOr<uint64_t> reserve =
-        parseBudget(getOperation(), "gpu-reserve", gpuReserve);
+        parseBudget(getOperation(), "gpu-reserve", gpuReserve,
+                    /*allowZero=*/true);
     if (failed(budget) || failed(reserve))
       return failure();
     // The arena gets what the runtime does not keep for itself.

@@ -69,14 +69,8 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
           sched::kWorkspaceAttrName,
           b.getDenseI64ArrayAttr({packing.offsets[i], buffer.slice.size}));
 
-  if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena")) {
-    arena.setSize(packing.arenaSize);
-  } else {
-    b.setInsertionPointToStart(module.getBody());
-    sched::ResourceOp::create(b, module.getLoc(), "device_arena",
-                              sched::Residency::device, packing.arenaSize,
-                              "device arena");
-  }
+  declareResource(module, "device_arena", sched::Residency::device,
+                  packing.arenaSize, "device arena");
   return packing.arenaSize;
 }
 

@@ -73,7 +73,7 @@ struct PlanResidencyPass
     ModuleOp module = getOperation();
     FailureOr<func::FuncOp> step = getTrainStep(module);
     FailureOr<uint64_t> allowance =
-        parseBudget(module, "os-allowance", osAllowance);
+        parseBudget(module, "os-allowance", osAllowance, /*allowZero=*/true);
     if (failed(step) || failed(allowance))
       return signalPassFailure();
     if (module->hasAttr(kHostStatePolicyAttr)) {
@@ -100,13 +100,10 @@ struct PlanResidencyPass
     uint64_t batchBytes = 0;
     for (Type t : step->getArgumentTypes())
       batchBytes += tensorBytes(t);
-    b.setInsertionPointToStart(module.getBody());
-    sched::ResourceOp::create(b, module.getLoc(), "data_batch",
-                              sched::Residency::pinned, batchBytes,
-                              "data batch");
-    sched::ResourceOp::create(b, module.getLoc(), "os_allowance",
-                              sched::Residency::host, *allowance,
-                              "OS and runtime allowance");
+    declareResource(module, "data_batch", sched::Residency::pinned,
+                    batchBytes, "data batch");
+    declareResource(module, "os_allowance", sched::Residency::host,
+                    *allowance, "OS and runtime allowance");
   }
 };
 

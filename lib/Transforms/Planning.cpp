@@ -61,11 +61,29 @@ megaslide::parseActivationPolicy(StringRef name) {
   return std::nullopt;
 }
 
+void megaslide::declareResource(ModuleOp module, StringRef name,
+                                sched::Residency residency, uint64_t size,
+                                StringRef category) {
+  if (auto existing = module.lookupSymbol<sched::ResourceOp>(name)) {
+    existing.setSize(size);
+    return;
+  }
+  // Declarations stay together, in the order the passes made them.
+  OpBuilder b(module.getBodyRegion());
+  for (auto resource : module.getOps<sched::ResourceOp>())
+    b.setInsertionPointAfter(resource);
+  sched::ResourceOp::create(b, module.getLoc(), name, residency, size,
+                            category);
+}
+
 FailureOr<uint64_t> megaslide::parseBudget(Operation *anchor, StringRef option,
-                                           StringRef text) {
+                                           StringRef text, bool allowZero) {
   llvm::Expected<uint64_t> bytes = parseBytes(text);
   if (!bytes)
     return anchor->emitError() << "option '" << option
                                << "': " << llvm::toString(bytes.takeError());
+  if (*bytes == 0 && !allowZero)
+    return anchor->emitError() << "option '" << option
+                               << "': a budget must be positive";
   return *bytes;
 }

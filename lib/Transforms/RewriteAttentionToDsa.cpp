@@ -44,9 +44,11 @@ struct RewriteAttentionToDsaPass
              "(t,y,x) and 'radius' must be non-negative";
       return signalPassFailure();
     }
-    getOperation().walk([&](AttentionOp attention) {
+    // Rewriting erases attention_grad ops, so walk first, rewrite after.
+    SmallVector<AttentionOp> attentions;
+    getOperation().walk([&](AttentionOp a) { attentions.push_back(a); });
+    for (AttentionOp attention : attentions)
       rewrite(attention, windowSize, tileSize);
-    });
   }
 
   void rewrite(AttentionOp attention, ArrayRef<int64_t> windowSize,

@@ -39,9 +39,10 @@ std::optional<Stream> getStream(Operation *op) {
   return std::nullopt;
 }
 
-/// Issues the weight fetches of each block `distance` blocks early within
-/// its half of the step (forward: ascending blocks; backward: descending),
-/// so they stream while earlier blocks compute.
+/// Issues the weight fetches and checkpoint reloads of each block
+/// `distance` blocks early within its half of the step (forward: ascending
+/// blocks; backward: descending), so they stream while earlier blocks
+/// compute.
 void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
               bool emitRemarks) {
   Block &body = step.getBody().front();
@@ -63,12 +64,12 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     }
     if (segments.empty())
       continue;
-    SmallVector<sched::FetchOp> fetches;
+    SmallVector<Operation *> fetches;
     for (Operation &op : body)
-      if (auto fetch = dyn_cast<sched::FetchOp>(op))
-        if (fetch->isBeforeInBlock(loss) != backward && getLayer(fetch))
-          fetches.push_back(fetch);
-    for (sched::FetchOp fetch : fetches) {
+      if (isa<sched::FetchOp, sched::HostToDeviceOp>(op) &&
+          op.isBeforeInBlock(loss) != backward && getLayer(&op))
+        fetches.push_back(&op);
+    for (Operation *fetch : fetches) {
       int64_t layer = *getLayer(fetch);
       auto it = llvm::find_if(segments,
                               [&](auto &s) { return s.first == layer; });
@@ -86,23 +87,24 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     // A block's shard cannot overlap when nothing computes between its
     // first fetch and its first use.
     DenseSet<int64_t> reported;
-    for (sched::FetchOp fetch : fetches) {
+    for (Operation *fetch : fetches) {
       int64_t layer = *getLayer(fetch);
-      if (!reported.insert(layer).second)
+      if (!isa<sched::FetchOp>(fetch) || !reported.insert(layer).second)
         continue;
       bool overlapped = false;
       for (Operation *op = fetch->getNextNode(); op; op = op->getNextNode()) {
         if (getStream(op) != Stream::compute)
           continue;
-        overlapped = !llvm::is_contained(op->getOperands(), fetch.getResult()) &&
-                     getLayer(op) != layer;
+        overlapped =
+            !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
+            getLayer(op) != layer;
         break;
       }
       if (!overlapped)
-        fetch.emitRemark()
+        fetch->emitRemark()
             << "weights of block " << layer << " ("
             << (backward ? "backward" : "forward")
-            << ") are not overlapped with compute: "
+            << ") are not prefetched ahead of their use: "
             << (distance == 0 ? "prefetch-distance is 0"
                               : "no earlier compute in this half of the step");
     }
@@ -187,13 +189,10 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
         largestGrads = std::max(largestGrads,
                                 grads[*layer] += tensorBytes(out.getType()));
   }
-  b.setInsertionPointToStart(module.getBody());
-  sched::ResourceOp::create(b, module.getLoc(), "weight_staging",
-                            sched::Residency::pinned,
-                            (distance + 1) * largestWeights, "pinned staging");
-  sched::ResourceOp::create(b, module.getLoc(), "gradient_staging",
-                            sched::Residency::pinned, 2 * largestGrads,
-                            "pinned staging");
+  declareResource(module, "weight_staging", sched::Residency::pinned,
+                  (distance + 1) * largestWeights, "pinned staging");
+  declareResource(module, "gradient_staging", sched::Residency::pinned,
+                  2 * largestGrads, "pinned staging");
   return success();
 }
 

@@ -35,5 +35,10 @@ struct TestFlopCountPass
 } // namespace
 
 namespace megaslide::test {
-void registerTestPasses() { PassRegistration<TestFlopCountPass>(); }
+void registerTestPrintDeviceBuffersPass();
+
+void registerTestPasses() {
+  PassRegistration<TestFlopCountPass>();
+  registerTestPrintDeviceBuffersPass();
+}
 } // namespace megaslide::test

@@ -165,6 +165,13 @@ int main(int argc, char **argv) {
           printText(plan->info, os);
           os << "\n";
           printText(plan->report, os);
+          if (!plan->remarks.empty()) {
+            os << "\nPlanner remarks (" << plan->remarks.size() << "):\n";
+            for (const std::string &r : ArrayRef(plan->remarks).take_front(5))
+              os << "  " << r << "\n";
+            if (plan->remarks.size() > 5)
+              os << "  ... (all in --format json)\n";
+          }
           break;
         }
       },

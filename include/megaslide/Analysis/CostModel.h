@@ -31,10 +31,8 @@ struct HardwareModel {
   double d2hBandwidth = 50e9;       ///< device -> pinned host, B/s
   double transferLatency = 10e-6;   ///< s per copy
   double launchLatency = 4e-6;      ///< s per kernel
-  double hostMemoryBandwidth = 350e9; ///< B/s, all sockets
+  double hostMemoryBandwidth = 350e9; ///< B/s, all sockets (staging casts)
   double hostAdamWParamsPerSecond = 12e9; ///< fused AdamW, params/s
-  uint64_t gpuMemory = 141000000000ull;
-  uint64_t hostMemory = 1500000000000ull;
 };
 
 /// Parses a hardware description; absent fields keep the built-in
@@ -47,7 +45,7 @@ llvm::json::Value toJson(const HardwareModel &hw);
 /// Bytes of a ranked tensor type.
 uint64_t tensorBytes(mlir::Type type);
 
-/// Where an op's time goes; stream and duration on `hw`.
+/// Where an op's time goes on `hw`.
 struct OpCost {
   uint64_t flops = 0;
   uint64_t bytes = 0; ///< moved through HBM, PCIe or host memory

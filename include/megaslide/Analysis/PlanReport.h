@@ -69,6 +69,11 @@ struct PlanReport {
   std::vector<Interval> streamTimeline;
 };
 
+/// Host memory of a planned module by category, largest first: persistent
+/// state by role and every host or pinned `msched.resource`.
+std::vector<std::pair<std::string, uint64_t>>
+hostMemoryByCategory(mlir::ModuleOp module);
+
 /// Builds the report of a planned module. `violations` are the budget
 /// errors the pipeline reported (empty when it fits).
 PlanReport buildPlanReport(mlir::ModuleOp module, const HardwareModel &hw,

@@ -10,6 +10,8 @@
 
 namespace megaslide {
 
+enum class AttentionKind { Dsa, Global };
+
 struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
   Option<std::string> gpuMemory{*this, "gpu-mem",
                                 llvm::cl::desc("Device memory budget"),
@@ -40,9 +42,12 @@ struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
       *this, "host-state-policy",
       llvm::cl::desc("master-moments | persistent-bf16 | bf16-moments"),
       llvm::cl::init("master-moments")};
-  Option<std::string> attention{*this, "attention",
-                                llvm::cl::desc("dsa | global"),
-                                llvm::cl::init("dsa")};
+  Option<AttentionKind> attention{
+      *this, "attention", llvm::cl::desc("Self-attention over video tokens"),
+      llvm::cl::init(AttentionKind::Dsa),
+      llvm::cl::values(
+          clEnumValN(AttentionKind::Dsa, "dsa", "3D Deformable Slide Attention"),
+          clEnumValN(AttentionKind::Global, "global", "keep global attention"))};
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("Kernel target (sm_90a)"),
                              llvm::cl::init("sm_90a")};

@@ -32,6 +32,9 @@ struct PlanResult {
   ModelInfo info;
   PlanReport report;
   mlir::OwningOpRef<mlir::ModuleOp> module;
+  /// Why the passes did not do something (e.g. a transfer that cannot
+  /// overlap compute).
+  std::vector<std::string> remarks;
   double pipelineSeconds = 0;
 };
 

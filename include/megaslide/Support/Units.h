@@ -13,10 +13,11 @@ namespace megaslide {
 
 /// Parses "141GB", "1.5TB", "80GiB", "1.5 TiB", "512MB" or a plain byte
 /// count. Decimal suffixes (KB, MB, GB, TB) are powers of 1000, binary
-/// ones (KiB, MiB, GiB, TiB) powers of 1024.
+/// ones (KiB, MiB, GiB, TiB) powers of 1024. Zero is a valid size.
 llvm::Expected<uint64_t> parseBytes(llvm::StringRef text);
 
-/// "141.00 GB (131.32 GiB)": both units, saying which is which.
+/// "141.00 GB (131.32 GiB)": decimal and binary units of the magnitude's
+/// rank ("67.11 MB (64.00 MiB)"), saying which is which.
 std::string formatBytes(uint64_t bytes);
 
 /// Storage bytes of one element of `type` (bf16 2, f32 4, i64 8, ...).

@@ -79,6 +79,8 @@ def PlanActivationsPass : Pass<"megaslide-plan-activations",
            "workspaces and kernels">,
     Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
            "Passed on to the trial schedules of `auto`">,
+    Option<"buffers", "buffers", "int64_t", "2",
+           "Passed on to the trial schedules of `auto`">,
   ];
 }
 

@@ -8,6 +8,8 @@
 #ifndef MEGASLIDE_TRANSFORMS_PLANNING_H
 #define MEGASLIDE_TRANSFORMS_PLANNING_H
 
+#include "Schedule/ScheduleOps.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 
@@ -52,10 +54,18 @@ mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,
 /// Packs device buffers; returns the arena size (the planned peak).
 mlir::FailureOr<int64_t> planMemory(mlir::ModuleOp module, int64_t alignment);
 
+/// Declares (or, when planning again, resizes) the module-level resource
+/// `name`.
+void declareResource(mlir::ModuleOp module, llvm::StringRef name,
+                     megaslide::sched::Residency residency, uint64_t size,
+                     llvm::StringRef category);
+
 /// Parses a --gpu-mem style option, emitting an error naming `option`.
+/// Budgets must be positive; reserves and allowances may be zero.
 mlir::FailureOr<uint64_t> parseBudget(mlir::Operation *anchor,
                                       llvm::StringRef option,
-                                      llvm::StringRef text);
+                                      llvm::StringRef text,
+                                      bool allowZero = false);
 
 } // namespace megaslide
 

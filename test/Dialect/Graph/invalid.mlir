@@ -1291,3 +1291,13 @@ func.func @loss_grad_shape(%p: tensor<1x32x2x8x8xbf16>, %x: tensor<1x16x2x8x8xbf
       : (tensor<1x32x2x8x8xbf16>, tensor<1x16x2x8x8xbf16>, tensor<1x16x2x8x8xbf16>) -> tensor<1x16x2x8x8xbf16>
   return
 }
+
+// -----
+
+// Tests that an explicit softmax scale must be positive.
+func.func @attention_negative_scale(%q: tensor<1x8x2x4xbf16>) -> tensor<1x8x2x4xbf16> {
+  // expected-error @+1 {{scale must be positive and finite, got -1}}
+  %o = megaslide.attention %q, %q, %q {scale = -1.0 : f64}
+      : (tensor<1x8x2x4xbf16>, tensor<1x8x2x4xbf16>, tensor<1x8x2x4xbf16>) -> tensor<1x8x2x4xbf16>
+  return %o : tensor<1x8x2x4xbf16>
+}

@@ -1,0 +1,11 @@
+// RUN: megaslide-opt %s --split-input-file --megaslide-insert-transfers --verify-diagnostics
+
+// Tests that an AdamW update of a value that is not a loaded parameter is
+// a diagnostic, not a crash: the host optimizer needs the symbol.
+func.func @train_step(%p: tensor<16xf32>, %g: tensor<16xbf16>, %m: tensor<16xf32>,
+                      %v: tensor<16xf32>, %step: tensor<i64>) -> tensor<16xf32> {
+  // expected-error @below {{updates a value that is not a loaded megaslide.param}}
+  %p2, %m2, %v2 = megaslide.adamw %p, %g, %m, %v, %step
+      : tensor<16xf32>, tensor<16xbf16>, tensor<16xf32>, tensor<16xf32>, tensor<i64>
+  return %p2 : tensor<16xf32>
+}

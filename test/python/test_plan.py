@@ -1,0 +1,231 @@
+"""megaslide.plan and megaslide-plan: the 105B model at 81x720x1280 on one
+H200 (fits with all persistent state on the host; does not fit 24 GB),
+budget units, argument checking, policies and the HTML report.
+
+The 105B plans take a few seconds each, so each is computed once per
+module and shared."""
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+import megaslide
+
+VIDEO_105B = ("megaslide-105b", 81, 720, 1280)
+TINY = ("tiny", 5, 32, 32)
+VIDEO_ARGS_105B = ["--model", "megaslide-105b", "--frames", "81",
+                   "--height", "720", "--width", "1280"]
+VIDEO_ARGS_TINY = ["--model", "tiny", "--frames", "5", "--height", "32",
+                   "--width", "32"]
+# Categories of persistent training state (PlanReport host categories).
+PERSISTENT = ("fp32 master weights", "AdamW moments")
+
+
+@pytest.fixture(scope="module")
+def plan_141gb():
+    return megaslide.plan(*VIDEO_105B, gpu_mem="141GB", host_mem="1.5TB")
+
+
+@pytest.fixture(scope="module")
+def plan_24gb():
+    return megaslide.plan(*VIDEO_105B, gpu_mem="24GB", host_mem="1.5TB")
+
+
+def run_plan(tool, *args):
+    return subprocess.run([tool, *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+# --- 105B on one H200 -------------------------------------------------------
+
+def test_105b_fits_an_h200_with_every_persistent_byte_on_the_host(plan_141gb):
+    plan = plan_141gb
+    assert plan["fits"] is True
+    assert plan["violations"] == []
+    assert plan["budgets"]["gpu_bytes"] == 141_000_000_000
+    assert plan["budgets"]["host_bytes"] == 1_500_000_000_000
+
+    host, device = plan["host"], plan["device"]
+    assert host["total_bytes"] <= 1.5e12
+    assert host["total_bytes"] == sum(host["by_category"].values())
+    # fp32 master (4 B) and AdamW m + v (8 B) of every trainable parameter
+    # live on the host, and nothing of them on the device.
+    trainable = plan["params"]["trainable"]
+    assert host["by_category"]["fp32 master weights"] == 4 * trainable
+    assert host["by_category"]["AdamW moments"] == 8 * trainable
+    for category in device["by_category"]:
+        lowered = category.lower()
+        assert "master" not in lowered and "moment" not in lowered, category
+    assert not set(PERSISTENT) & set(device["by_category"])
+
+    assert device["peak_bytes"] <= 141e9
+    # The device peak leaves the runtime its reserve.
+    assert (device["peak_bytes"]
+            <= plan["budgets"]["gpu_bytes"] - plan["budgets"]["gpu_reserve_bytes"])
+
+
+def test_105b_step_time_is_near_its_lower_bound(plan_141gb):
+    step = plan_141gb["step"]
+    lower, predicted = step["lower_bound_seconds"], step["predicted_seconds"]
+    assert 0 < lower <= predicted
+    assert predicted <= 1.05 * lower, (predicted, lower)
+    # The bound is the busiest stream.
+    assert lower == pytest.approx(max(step["busy_seconds"].values()))
+
+
+def test_105b_does_not_fit_24gb_and_says_why(plan_24gb):
+    plan = plan_24gb
+    # Over budget is a result, not an exception.
+    assert plan["fits"] is False
+    assert plan["violations"], plan["violations"]
+    assert any("device memory plan needs" in v for v in plan["violations"])
+    assert plan["budgets"]["gpu_bytes"] == 24_000_000_000
+    assert plan["device"]["peak_bytes"] > 24e9
+    # Auto has already offloaded every block's checkpoint.
+    assert set(plan["policies"]["activation"]) == {"offload"}
+
+
+def test_megaslide_plan_exit_status(megaslide_plan, tmp_path, plan_141gb):
+    report = tmp_path / "fits.json"
+    fits = run_plan(megaslide_plan, *VIDEO_ARGS_105B, "--gpu-mem", "141GB",
+                    "--host-mem", "1.5TB", "--format", "json", "-o",
+                    str(report))
+    assert fits.returncode == 0, fits.stderr
+    tool = json.loads(report.read_text())
+    # The tool and the Python module plan the same step.
+    assert tool["fits"] is True
+    for key in ("peak_bytes", "by_category"):
+        assert tool["device"][key] == plan_141gb["device"][key]
+    assert tool["host"] == plan_141gb["host"]
+
+    over = run_plan(megaslide_plan, *VIDEO_ARGS_105B, "--gpu-mem", "24GB",
+                    "--host-mem", "1.5TB")
+    assert over.returncode == 3, over.stderr
+    assert "device memory plan needs" in over.stderr
+
+
+# --- Budgets and arguments --------------------------------------------------
+
+def test_decimal_and_binary_units_differ():
+    gib = megaslide.plan(*TINY, gpu_mem="80GiB")["budgets"]
+    gb = megaslide.plan(*TINY, gpu_mem="80GB")["budgets"]
+    assert gib["gpu_bytes"] == 85_899_345_920
+    assert gb["gpu_bytes"] == 80_000_000_000
+    tib = megaslide.plan(*TINY, host_mem="1.5TiB", gpu_reserve="512MiB")
+    assert tib["budgets"]["host_bytes"] == 1_649_267_441_664
+    assert tib["budgets"]["gpu_reserve_bytes"] == 536_870_912
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(bogus=1),                    # unknown option
+    dict(gpumem="141GB"),             # misspelt option
+    dict(gpu_mem=141),                # budgets are strings with units
+    dict(host_mem=1.5e12),
+    dict(buffers="2"),
+    dict(buffers=True),               # bool is not an int here
+    dict(prefetch_distance=1.0),
+    dict(activation_policy=None),
+    dict(host_state_policy=["bf16-moments"]),
+])
+def test_bad_option_names_and_types_raise_type_error(kwargs):
+    with pytest.raises(TypeError):
+        megaslide.plan(*TINY, **kwargs)
+
+
+@pytest.mark.parametrize("option", ["gpu_mem", "host_mem"])
+def test_zero_budgets_are_refused(option):
+    with pytest.raises(ValueError, match="a budget must be positive"):
+        megaslide.plan(*TINY, **{option: "0GB"})
+
+
+def test_zero_reserve_and_allowance_are_allowed():
+    result = megaslide.plan(*TINY, gpu_reserve="0B", os_allowance="0GB")
+    assert result["budgets"]["gpu_reserve_bytes"] == 0
+    assert "OS and runtime allowance" in result["host"]["by_category"]
+
+
+def test_bad_model_argument_types_raise_type_error():
+    with pytest.raises(TypeError):
+        megaslide.plan(3, 5, 32, 32)
+    with pytest.raises(TypeError):
+        megaslide.plan("tiny", 5.0, 32, 32)
+
+
+@pytest.mark.parametrize("kwargs,option", [
+    (dict(gpu_mem="lots"), "gpu[-_]mem"),
+    (dict(gpu_mem="141 GBs"), "gpu[-_]mem"),
+    (dict(host_mem="1.5 parsecs"), "host[-_]mem"),
+    (dict(gpu_reserve="2 gibibytes"), "gpu[-_]reserve"),
+    (dict(os_allowance="-3GB"), "os[-_]allowance"),
+])
+def test_bad_units_raise_value_error_naming_the_option(kwargs, option):
+    # The option is named as the tool spells it (gpu-mem) or as Python does
+    # (gpu_mem); either tells the user which argument to fix.
+    with pytest.raises(ValueError, match=rf"'{option}'.*is not a memory size"):
+        megaslide.plan(*TINY, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(activation_policy="sometimes"),
+     "option 'activation-policy': unknown value 'sometimes'; use one of keep"),
+    (dict(host_state_policy="nope"),
+     "option 'host-state-policy': unknown value 'nope'; use one of master-moments"),
+    (dict(buffers=0), "'buffers'"),
+    (dict(prefetch_distance=-1), "'prefetch-distance'"),
+])
+def test_bad_option_values_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        megaslide.plan(*TINY, **kwargs)
+
+
+def test_unknown_attention_raises_value_error():
+    with pytest.raises(ValueError, match="option 'attention': unknown value "
+                                         "'local'; use one of dsa, global"):
+        megaslide.plan(*TINY, attention="local")
+
+
+# --- Policies ---------------------------------------------------------------
+
+def test_tiny_fits_with_every_activation_kept_under_auto():
+    plan = megaslide.plan(*TINY)
+    assert plan["fits"] is True
+    assert plan["policies"]["activation"] == ["keep", "keep"]
+    assert plan["policies"]["host_state"] == "master-moments"
+    assert [layer["activation_policy"] for layer in plan["per_layer"]] == ["keep", "keep"]
+    assert plan["host"]["by_category"]["offloaded checkpoints"] == 0
+
+
+@pytest.mark.parametrize("policy", ["keep", "recompute", "offload"])
+def test_fixed_activation_policies_are_applied(policy):
+    plan = megaslide.plan(*TINY, activation_policy=policy)
+    assert plan["policies"]["activation"] == [policy, policy]
+    offloaded = plan["host"]["by_category"]["offloaded checkpoints"]
+    assert (offloaded > 0) == (policy == "offload")
+
+
+def test_host_state_policies_change_the_host_bytes():
+    trainable = megaslide.plan(*TINY)["params"]["trainable"]
+    narrow = megaslide.plan(*TINY, host_state_policy="bf16-moments")
+    assert narrow["policies"]["host_state"] == "bf16-moments"
+    assert narrow["host"]["by_category"]["AdamW moments"] == 4 * trainable
+    assert narrow["host"]["by_category"]["fp32 master weights"] == 4 * trainable
+
+
+# --- HTML report ------------------------------------------------------------
+
+def test_html_report_is_self_contained(megaslide_plan, tmp_path):
+    out = tmp_path / "plan.html"
+    result = run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--format", "html",
+                      "-o", str(out))
+    text = out.read_text() if out.exists() else ""
+    if (result.returncode != 0 and "not implemented" in result.stderr.lower()) \
+            or not text.strip():
+        pytest.skip("renderHtmlReport is not implemented yet: "
+                    + result.stderr.strip())
+    assert result.returncode == 0, result.stderr
+    assert text.startswith("<!DOCTYPE html>")
+    assert "<svg" in text
+    # Nothing is fetched from the network: no scripts, fonts or styles by URL.
+    assert "http" not in text
