@@ -66,8 +66,26 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
     int64_t *number = llvm::StringSwitch<int64_t *>(key)
                           .Case("buffers", &options.buffers)
                           .Case("prefetch_distance", &options.prefetchDistance)
+                          .Case("dsa_radius", &options.dsaRadius)
                           .Default(nullptr);
-    if (text && value.getAsString()) {
+    std::vector<int64_t> *triple = llvm::StringSwitch<std::vector<int64_t> *>(key)
+                                       .Case("dsa_window", &options.dsaWindow)
+                                       .Case("dsa_tile", &options.dsaTile)
+                                       .Default(nullptr);
+    if (triple) {
+      const llvm::json::Array *list = value.getAsArray();
+      if (!list)
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                       "plan option '%s': expected a list",
+                                       key.str().c_str());
+      for (const llvm::json::Value &v : *list) {
+        if (!v.getAsInteger())
+          return llvm::createStringError(
+              llvm::inconvertibleErrorCode(),
+              "plan option '%s': expected integers", key.str().c_str());
+        triple->push_back(*v.getAsInteger());
+      }
+    } else if (text && value.getAsString()) {
       *text = value.getAsString()->str();
     } else if (number && value.getAsInteger()) {
       *number = *value.getAsInteger();

@@ -13,8 +13,13 @@ void megaslide::buildGraphPipeline(OpPassManager &pm,
                                    const PipelineOptions &o) {
   // First, while attention is still one op: everything after plans memory
   // and time for the attention that will actually run.
-  if (o.attention == AttentionKind::Dsa)
-    pm.addPass(createRewriteAttentionToDsaPass());
+  if (o.attention == AttentionKind::Dsa) {
+    RewriteAttentionToDsaPassOptions dsa;
+    dsa.window.assign(o.dsaWindow.begin(), o.dsaWindow.end());
+    dsa.tile.assign(o.dsaTile.begin(), o.dsaTile.end());
+    dsa.radius = o.dsaRadius;
+    pm.addPass(createRewriteAttentionToDsaPass(dsa));
+  }
 }
 
 void megaslide::buildSchedulePipeline(OpPassManager &pm,

@@ -101,6 +101,9 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   pipeline.attention = options.attention == "dsa" ? AttentionKind::Dsa
                                                   : AttentionKind::Global;
   pipeline.target = options.target;
+  pipeline.dsaWindow = llvm::ArrayRef<int64_t>(options.dsaWindow);
+  pipeline.dsaTile = llvm::ArrayRef<int64_t>(options.dsaTile);
+  pipeline.dsaRadius = options.dsaRadius;
   PassManager pm(&context, ModuleOp::getOperationName());
   buildMegaSlidePipeline(pm, pipeline);
   // Violations name ops by their role; the IR dump would bury that.

@@ -49,7 +49,8 @@ def model_info(
 _PLAN_OPTIONS = {
     "gpu_reserve": str, "os_allowance": str, "hw": str, "activation_policy": str,
     "host_state_policy": str, "attention": str, "buffers": int,
-    "prefetch_distance": int,
+    "prefetch_distance": int, "dsa_window": tuple, "dsa_tile": tuple,
+    "dsa_radius": int,
 }
 
 
@@ -75,7 +76,8 @@ def plan(
     for the CUDA context and libraries, default "2GiB"), os_allowance, hw (path to a
     hardware JSON), activation_policy (keep|recompute|offload|auto),
     host_state_policy (master-moments|persistent-bf16|bf16-moments),
-    attention (dsa|global), buffers, prefetch_distance.
+    attention (dsa|global), dsa_window and dsa_tile ((t, y, x) in tokens),
+    dsa_radius, buffers, prefetch_distance.
 
     Raises ValueError for bad configs, sizes or options, TypeError for
     arguments of the wrong type.
@@ -90,7 +92,14 @@ def plan(
         if expected is None:
             raise TypeError(f"plan() got an unexpected option '{name}'; "
                             f"known: {', '.join(sorted(_PLAN_OPTIONS))}")
-        if isinstance(value, bool) or not isinstance(value, expected):
+        if expected is tuple:
+            if (not isinstance(value, (tuple, list)) or len(value) != 3 or
+                    not all(isinstance(v, int) and not isinstance(v, bool)
+                            for v in value)):
+                raise TypeError(f"{name} must be three ints (t, y, x), got "
+                                f"{value!r}")
+            options[name] = list(value)
+        elif isinstance(value, bool) or not isinstance(value, expected):
             raise TypeError(f"{name} must be a {expected.__name__}, got "
                             f"{type(value).__name__}")
     payload = json.dumps(dict(options, gpu_mem=gpu_mem, host_mem=host_mem))

@@ -229,3 +229,14 @@ def test_html_report_is_self_contained(megaslide_plan, tmp_path):
     assert "<svg" in text
     # Nothing is fetched from the network: no scripts, fonts or styles by URL.
     assert "http" not in text
+
+
+def test_dsa_window_options_reach_the_rewrite():
+    # tiny's 2 x 2 x 2 grid is smaller than the default window: attention
+    # stays global, with a remark saying why; a window that fits rewrites it.
+    default = megaslide.plan(*TINY)
+    assert any("kept global attention" in r for r in default["remarks"])
+    fitted = megaslide.plan(*TINY, dsa_window=(2, 2, 2), dsa_tile=(1, 2, 2))
+    assert not any("kept global attention" in r for r in fitted["remarks"])
+    with pytest.raises(TypeError, match="three ints"):
+        megaslide.plan(*TINY, dsa_window=(2, 2))

@@ -60,6 +60,15 @@ cl::opt<std::string> hostStatePolicy(
     cl::desc("master-moments | persistent-bf16 | bf16-moments"));
 cl::opt<std::string> attention("attention", cl::init("dsa"), cl::cat(category),
                                cl::desc("dsa | global"));
+cl::list<int64_t> dsaWindow("dsa-window", cl::CommaSeparated, cl::cat(category),
+                            cl::desc("3D-DSA key window t,y,x in tokens "
+                                     "(default 9,15,24)"));
+cl::list<int64_t> dsaTile("dsa-tile", cl::CommaSeparated, cl::cat(category),
+                          cl::desc("3D-DSA query tile t,y,x in tokens "
+                                   "(default 3,5,8)"));
+cl::opt<int64_t> dsaRadius("dsa-radius", cl::init(4), cl::cat(category),
+                           cl::desc("Largest displacement offset estimation "
+                                    "searches"));
 cl::opt<int64_t> buffers("buffers", cl::init(2), cl::cat(category),
                          cl::desc("Weight-shard buffers on device"));
 cl::opt<int64_t> prefetch("prefetch", cl::init(1), cl::cat(category),
@@ -127,6 +136,9 @@ int main(int argc, char **argv) {
   options.hostStatePolicy = hostStatePolicy;
   options.attention = attention;
   options.buffers = buffers;
+  options.dsaWindow.assign(dsaWindow.begin(), dsaWindow.end());
+  options.dsaTile.assign(dsaTile.begin(), dsaTile.end());
+  options.dsaRadius = dsaRadius;
   options.prefetchDistance = prefetch;
 
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);

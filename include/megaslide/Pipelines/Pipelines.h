@@ -48,6 +48,16 @@ struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
       llvm::cl::values(
           clEnumValN(AttentionKind::Dsa, "dsa", "3D Deformable Slide Attention"),
           clEnumValN(AttentionKind::Global, "global", "keep global attention"))};
+  ListOption<int64_t> dsaWindow{
+      *this, "dsa-window",
+      llvm::cl::desc("3D-DSA key window (t,y,x) in tokens (default 9,15,24)")};
+  ListOption<int64_t> dsaTile{
+      *this, "dsa-tile",
+      llvm::cl::desc("3D-DSA query tile (t,y,x) in tokens (default 3,5,8)")};
+  Option<int64_t> dsaRadius{
+      *this, "dsa-radius",
+      llvm::cl::desc("Largest displacement 3D-DSA offset estimation searches"),
+      llvm::cl::init(4)};
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("Kernel target (sm_90a)"),
                              llvm::cl::init("sm_90a")};

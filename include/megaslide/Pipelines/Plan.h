@@ -24,6 +24,8 @@ struct PlanOptions {
   std::string hostStatePolicy = "master-moments";
   std::string attention = "dsa";
   std::string target = "sm_90a";
+  std::vector<int64_t> dsaWindow, dsaTile; ///< empty: the pass defaults
+  int64_t dsaRadius = 4;
   int64_t buffers = 2;
   int64_t prefetchDistance = 1;
 };

@@ -157,6 +157,7 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
 }
 
 def VerifySchedulePass : Pass<"megaslide-verify-schedule", "mlir::ModuleOp"> {
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
   let summary = "Verify gate: checks the invariants a planning phase promises";
   let description = [{
     `transfers`: no graph op reads host state directly (no
