@@ -8,6 +8,7 @@
 #define MEGASLIDE_GRAPH_GRAPHOPS_H
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
@@ -38,6 +39,13 @@ struct FlopCount {
 /// to; set by the model builder and propagated by autodiff, read by the
 /// per-layer planning passes.
 inline constexpr llvm::StringLiteral kLayerAttrName = "megaslide.layer";
+
+/// The transformer block `op` belongs to, if any.
+inline std::optional<int64_t> getLayer(mlir::Operation *op) {
+  if (auto layer = op->getAttrOfType<mlir::IntegerAttr>(kLayerAttrName))
+    return layer.getInt();
+  return std::nullopt;
+}
 
 /// Tags ops of the backward pass (gradient computations).
 template <typename ConcreteType>

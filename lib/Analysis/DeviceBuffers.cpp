@@ -16,12 +16,6 @@ using namespace megaslide;
 
 namespace {
 
-std::optional<int64_t> getLayer(Operation *op) {
-  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
-    return layer.getInt();
-  return std::nullopt;
-}
-
 bool onDevice(Operation *op) {
   auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
   return stream && (stream.getValue() == sched::Stream::compute ||
@@ -130,7 +124,7 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
       b.slice = {static_cast<int64_t>(tensorBytes(leader.getType())), start,
                  end};
       b.category = categorize(leader);
-      b.layer = getLayer(b.owner);
+      b.layer = graph::getLayer(b.owner);
       result.buffers.push_back(b);
     } else {
       Slice &s = result.buffers[it->second].slice;
@@ -146,7 +140,7 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
       int64_t at = result.index[&op];
       b.slice = {static_cast<int64_t>(bytes), at, at};
       b.category = "attention workspace";
-      b.layer = getLayer(&op);
+      b.layer = graph::getLayer(&op);
       result.buffers.push_back(b);
     }
   return result;

@@ -18,12 +18,6 @@ using namespace megaslide;
 
 namespace {
 
-std::optional<int64_t> layerOf(Operation *op) {
-  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
-    return layer.getInt();
-  return std::nullopt;
-}
-
 std::optional<sim::StreamId> streamOf(Operation *op) {
   auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
   if (!attr)
@@ -166,7 +160,7 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
     if (!op)
       continue;
     std::optional<sim::StreamId> stream = streamOf(op);
-    if (std::optional<int64_t> l = layerOf(op); l && *l < numLayers)
+    if (std::optional<int64_t> l = graph::getLayer(op); l && *l < numLayers)
       r.layers[*l].devicePeak =
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
     if (!stream || op->hasTrait<OpTrait::IsTerminator>())
@@ -262,7 +256,7 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
       loss = op;
   for (Operation *op : taskOps)
     if (auto fetch = dyn_cast<sched::FetchOp>(op))
-      if (std::optional<int64_t> l = layerOf(op);
+      if (std::optional<int64_t> l = graph::getLayer(op);
           l && *l < numLayers && loss && op->isBeforeInBlock(loss))
         r.layers[*l].shardBytes += tensorBytes(fetch.getType());
   for (const DeviceBuffer &b : buffers.buffers)
@@ -288,7 +282,7 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   }
   for (size_t i = 0; i < taskOps.size(); ++i) {
     int stream = static_cast<int>(tasks[i].stream);
-    std::optional<int64_t> l = layerOf(taskOps[i]);
+    std::optional<int64_t> l = graph::getLayer(taskOps[i]);
     std::string label = l ? "block " + std::to_string(*l) : "other";
     if (!r.streamTimeline.empty()) {
       // Merge with the last interval of the same stream and label.

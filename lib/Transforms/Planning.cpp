@@ -18,12 +18,6 @@ FailureOr<func::FuncOp> megaslide::getTrainStep(ModuleOp module) {
   return step;
 }
 
-std::optional<int64_t> megaslide::getLayer(Operation *op) {
-  if (auto layer = op->getAttrOfType<IntegerAttr>(graph::kLayerAttrName))
-    return layer.getInt();
-  return std::nullopt;
-}
-
 int64_t megaslide::countLayers(func::FuncOp step) {
   int64_t layers = 0;
   step.walk([&](Operation *op) {

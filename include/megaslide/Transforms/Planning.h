@@ -8,6 +8,7 @@
 #ifndef MEGASLIDE_TRANSFORMS_PLANNING_H
 #define MEGASLIDE_TRANSFORMS_PLANNING_H
 
+#include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -21,8 +22,7 @@ namespace megaslide {
 /// error on the module when there is none.
 mlir::FailureOr<mlir::func::FuncOp> getTrainStep(mlir::ModuleOp module);
 
-/// The transformer block an op belongs to (`megaslide.layer`).
-std::optional<int64_t> getLayer(mlir::Operation *op);
+using graph::getLayer;
 
 /// Number of transformer blocks (1 + the largest layer index).
 int64_t countLayers(mlir::func::FuncOp step);
