@@ -125,11 +125,13 @@ OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
     return total;
   };
   if (auto fetch = dyn_cast<sched::FetchOp>(op)) {
-    // The host reads the fp32 master and writes the working copy into
-    // pinned staging, pipelined with the copy: the slower of the two.
+    // The host reads the persistent tensor and writes the working copy
+    // into pinned staging, pipelined with the copy: the slower of the two.
     cost.bytes = tensorBytes(fetch.getType());
-    double elements = fetch.getType().getNumElements();
-    double staging = (4.0 * elements + cost.bytes) / hw.hostMemoryBandwidth;
+    auto source = SymbolTable::lookupNearestSymbolFrom<graph::ParamOp>(
+        fetch, fetch.getParamAttr());
+    double read = source ? tensorBytes(source.getType()) : cost.bytes;
+    double staging = (read + cost.bytes) / hw.hostMemoryBandwidth;
     cost.seconds = hw.transferLatency +
                    std::max(cost.bytes / hw.h2dBandwidth, staging);
   } else if (isa<sched::HostToDeviceOp>(op)) {

@@ -2,6 +2,8 @@
 
 #include "megaslide/Model/ModelInfo.h"
 
+#include "megaslide/Support/Units.h"
+
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -137,13 +139,6 @@ std::string grouped(uint64_t n) {
   return out;
 }
 
-/// Bytes in decimal and binary units, saying which is which.
-std::string bytes(uint64_t b) {
-  return llvm::formatv("{0:F2} GB ({1:F2} GiB)", b / 1e9,
-                       b / double(1ull << 30))
-      .str();
-}
-
 std::string flops(uint64_t f) {
   return llvm::formatv("{0:E3}", double(f)).str();
 }
@@ -277,15 +272,15 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
 
   os << "Host memory for model state (GB = 10^9 B, GiB = 2^30 B)\n";
   os << llvm::formatv("  bf16 weights         {0}\n",
-                      bytes(2 * info.totalParams));
+                      formatBytes(2 * info.totalParams));
   os << llvm::formatv("  fp32 master          {0}\n",
-                      bytes(4 * info.trainableParams));
+                      formatBytes(4 * info.trainableParams));
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
-                      bytes(8 * info.trainableParams));
+                      formatBytes(8 * info.trainableParams));
   for (const HostPolicy &p : kHostPolicies)
     os << llvm::formatv(
         "  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam, p.what,
-        bytes(p.bytesPerParam * info.trainableParams + 4 * info.frozenParams));
+        formatBytes(p.bytesPerParam * info.trainableParams + 4 * info.frozenParams));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);
 }

@@ -68,23 +68,29 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
     diag.attachNote(b->owner->getLoc())
         << "largest consumer: " << formatBytes(b->slice.size) << " "
         << b->describe();
-  // What would make it fit: activations and checkpoints scale with the
-  // token count, weights and gradients do not.
-  int64_t scalable = 0, fixed = 0;
+  // What would make it fit: activations, checkpoints and the arena's
+  // fragmentation scale with the token count; weights and gradients do not.
+  int64_t fixed = 0;
   for (const auto &[name, bytes] : byCategory)
-    (name == "activations" || name == "checkpoints" ||
-             name == "attention workspace"
-         ? scalable
-         : fixed) += bytes;
+    if (name != "activations" && name != "checkpoints" &&
+        name != "attention workspace")
+      fixed += bytes;
   double tokenFraction =
-      scalable > 0 ? (double(budget) - double(fixed)) / double(scalable) : 0;
+      arena > fixed ? (double(budget) - double(fixed)) / double(arena - fixed)
+                    : 0;
   std::string advice;
   auto policies = module->getAttrOfType<ArrayAttr>(kActivationPolicyAttr);
-  bool allOffloaded =
-      policies && llvm::all_of(policies, [](Attribute a) {
-        return cast<StringAttr>(a).getValue() == "offload";
-      });
-  if (!allOffloaded)
+  // Without a recorded policy every activation is kept.
+  auto anyPolicy = [&](StringRef name) {
+    return !policies ? name == "keep"
+                     : llvm::any_of(policies, [&](Attribute a) {
+                         return cast<StringAttr>(a).getValue() == name;
+                       });
+  };
+  if (anyPolicy("keep"))
+    advice += "recompute blocks from checkpoints instead of keeping their "
+              "activations (--activation-policy auto); ";
+  else if (anyPolicy("recompute"))
     advice += "offload activation checkpoints to the host "
               "(--activation-policy offload); ";
   if (tokenFraction > 0)

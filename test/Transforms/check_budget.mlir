@@ -26,7 +26,7 @@ module @over_device {
     // expected-error @below {{device memory plan needs 872.42 MB (832.00 MiB) at its peak but the GPU budget of 1.00 GB (0.93 GiB) leaves 463.13 MB (441.67 MiB) after the runtime reserve of 536.87 MB (512.00 MiB)}}
     // expected-note @below {{live at the peak: activations 268.44 MB (256.00 MiB), data batch 67.11 MB (64.00 MiB), weights 536.87 MB (512.00 MiB)}}
     // expected-note @below {{largest consumer: 536.87 MB (512.00 MiB) weights w of block 0 [32768, 8192] bf16}}
-    // expected-note @below {{to fit: offload activation checkpoints to the host (--activation-policy offload); weights and gradients in flight alone exceed the budget: use fewer weight buffers (--buffers 1) or a GPU with more memory}}
+    // expected-note @below {{to fit: recompute blocks from checkpoints instead of keeping their activations (--activation-policy auto); weights and gradients in flight alone exceed the budget: use fewer weight buffers (--buffers 1) or a GPU with more memory}}
     %w = msched.fetch @w {megaslide.layer = 0 : i64, msched.stream = 1 : i32} : tensor<32768x8192xbf16>
     // expected-note @below {{largest consumer: 268.44 MB (256.00 MiB) activations linear output of block 0 [4096, 32768] bf16}}
     %h = megaslide.linear %dx, %w {megaslide.layer = 0 : i64, msched.stream = 0 : i32} : (tensor<4096x8192xbf16>, tensor<32768x8192xbf16>) -> tensor<4096x32768xbf16>
@@ -128,5 +128,5 @@ module @unplanned {
 // TINY:     error: device memory plan needs {{[0-9.]+}} KB ({{[0-9.]+}} KiB) at its peak but the GPU budget of 1.00 KB (0.98 KiB) leaves 999 B after the runtime reserve of 1 B
 // TINY:     note: live at the peak: activations {{.*}}, weights
 // TINY:     note: largest consumer: {{.*}} weights
-// TINY:     note: to fit: offload activation checkpoints to the host (--activation-policy offload); weights and gradients in flight alone exceed the budget
+// TINY:     note: to fit: recompute blocks from checkpoints instead of keeping their activations (--activation-policy auto); weights and gradients in flight alone exceed the budget
 // TINY-NOT: host memory plan needs
