@@ -1,17 +1,25 @@
 //===- Bindings.cpp - The _megaslide Python extension ---------------------===//
 //
-// Thin wrappers over the C API; argument checking beyond types and the
-// dict-shaped results live in megaslide/__init__.py.
+// Thin wrappers over the C API and the CPU 3D-DSA kernels; user-facing
+// argument checking and the dict-shaped results live in
+// megaslide/__init__.py. The kernel wrappers still check dtypes and shapes
+// because a wrong buffer would be read out of bounds, not merely misread.
 //
 //===----------------------------------------------------------------------===//
 
+#include "cpu/Dsa3d.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -45,6 +53,152 @@ std::string planJson(const std::string &model, int64_t frames, int64_t height,
   return json;
 }
 
+//===----------------------------------------------------------------------===//
+// 3D-DSA over numpy arrays in the layout [B, H, T, Y, X, D]
+//===----------------------------------------------------------------------===//
+
+using megaslide::cpu::Dsa3dConfig;
+using megaslide::cpu::dsa3dPythonLayout;
+using Triple = std::array<int64_t, 3>;
+using FloatArray = py::array_t<float, py::array::c_style>;
+using IntArray = py::array_t<int32_t, py::array::c_style>;
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << shape[i];
+  os << (shape.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+std::vector<int64_t> shapeOf(const py::array &a) {
+  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+/// Requires a C-contiguous array of exactly element type Elem (no casts:
+/// a float64 array silently rounded to float32 would hide a user error).
+template <typename Elem>
+void checkArray(const py::array &a, const char *name,
+                const std::vector<int64_t> &shape) {
+  if (!py::isinstance<py::array_t<Elem>>(a))
+    throw py::type_error(std::string(name) + " must have dtype " +
+                         py::str(py::dtype::of<Elem>()).cast<std::string>() +
+                         ", got " + py::str(a.dtype()).cast<std::string>());
+  if (!py::isinstance<py::array_t<Elem, py::array::c_style>>(a))
+    throw py::value_error(std::string(name) + " must be C-contiguous");
+  if (shapeOf(a) != shape)
+    throw py::value_error(std::string(name) + " has shape " +
+                          shapeString(shapeOf(a)) + ", expected " +
+                          shapeString(shape));
+}
+
+const float *floatData(const py::array &a, const char *name,
+                       const std::vector<int64_t> &shape) {
+  checkArray<float>(a, name, shape);
+  return static_cast<const float *>(a.data());
+}
+
+/// The kernel configuration of q [B, H, T, Y, X, D]; checks it.
+Dsa3dConfig dsa3dConfig(const py::array &q, Triple window, Triple tile,
+                        double scale) {
+  if (q.ndim() != 6)
+    throw py::value_error("q must have shape (B, H, T, Y, X, D), got " +
+                          shapeString(shapeOf(q)));
+  Dsa3dConfig cfg;
+  cfg.batch = q.shape(0);
+  cfg.heads = q.shape(1);
+  cfg.T = q.shape(2);
+  cfg.Y = q.shape(3);
+  cfg.X = q.shape(4);
+  cfg.headDim = q.shape(5);
+  cfg.window = window;
+  cfg.tile = tile;
+  cfg.scale = scale;
+  std::string error = cfg.validate();
+  if (!error.empty())
+    throw py::value_error(error);
+  return cfg;
+}
+
+std::vector<int64_t> offsetsShape(const Dsa3dConfig &cfg) {
+  Triple n = cfg.numTiles();
+  return {cfg.batch, cfg.heads, n[0], n[1], n[2], cfg.window[0], 2};
+}
+
+/// Forward; returns (out [B, H, T, Y, X, D], lse [B, H, T, Y, X]).
+py::tuple dsa3dForward(const py::array &q, const py::array &k,
+                       const py::array &v, const py::array &offsets,
+                       Triple window, Triple tile, double scale) {
+  Dsa3dConfig cfg = dsa3dConfig(q, window, tile, scale);
+  std::vector<int64_t> shape = shapeOf(q);
+  const float *qd = floatData(q, "q", shape), *kd = floatData(k, "k", shape),
+              *vd = floatData(v, "v", shape);
+  checkArray<int32_t>(offsets, "offsets", offsetsShape(cfg));
+  const auto *od = static_cast<const int32_t *>(offsets.data());
+  FloatArray out(shape);
+  FloatArray lse(std::vector<int64_t>(shape.begin(), shape.end() - 1));
+  float *outd = out.mutable_data(), *lsed = lse.mutable_data();
+  {
+    py::gil_scoped_release release;
+    megaslide::cpu::dsa3dForward(
+        cfg, dsa3dPythonLayout(qd, cfg), dsa3dPythonLayout(kd, cfg),
+        dsa3dPythonLayout(vd, cfg), od, dsa3dPythonLayout(outd, cfg), lsed);
+  }
+  return py::make_tuple(out, lse);
+}
+
+/// Backward from the forward's out and lse; returns (dq, dk, dv).
+py::tuple dsa3dBackward(const py::array &q, const py::array &k,
+                        const py::array &v, const py::array &offsets,
+                        const py::array &out, const py::array &dOut,
+                        const py::array &lse, Triple window, Triple tile,
+                        double scale) {
+  Dsa3dConfig cfg = dsa3dConfig(q, window, tile, scale);
+  std::vector<int64_t> shape = shapeOf(q);
+  const float *qd = floatData(q, "q", shape), *kd = floatData(k, "k", shape),
+              *vd = floatData(v, "v", shape),
+              *outd = floatData(out, "out", shape),
+              *dOutd = floatData(dOut, "d_out", shape),
+              *lsed = floatData(
+                  lse, "lse",
+                  std::vector<int64_t>(shape.begin(), shape.end() - 1));
+  checkArray<int32_t>(offsets, "offsets", offsetsShape(cfg));
+  const auto *od = static_cast<const int32_t *>(offsets.data());
+  FloatArray dq(shape), dk(shape), dv(shape);
+  float *dqd = dq.mutable_data(), *dkd = dk.mutable_data(),
+        *dvd = dv.mutable_data();
+  {
+    py::gil_scoped_release release;
+    megaslide::cpu::dsa3dBackward(
+        cfg, dsa3dPythonLayout(qd, cfg), dsa3dPythonLayout(kd, cfg),
+        dsa3dPythonLayout(vd, cfg), od, dsa3dPythonLayout(outd, cfg),
+        dsa3dPythonLayout(dOutd, cfg), lsed, dsa3dPythonLayout(dqd, cfg),
+        dsa3dPythonLayout(dkd, cfg), dsa3dPythonLayout(dvd, cfg));
+  }
+  return py::make_tuple(dq, dk, dv);
+}
+
+/// Block-matching offsets, int32 [B, H, nT, nY, nX, kt, 2].
+IntArray dsa3dOffsets(const py::array &q, const py::array &k, Triple window,
+                      Triple tile, int64_t radius) {
+  // The scale does not enter block matching; 1 keeps validate() happy.
+  Dsa3dConfig cfg = dsa3dConfig(q, window, tile, 1.0);
+  if (radius < 0)
+    throw py::value_error("radius must be non-negative, got " +
+                          std::to_string(radius));
+  std::vector<int64_t> shape = shapeOf(q);
+  const float *qd = floatData(q, "q", shape), *kd = floatData(k, "k", shape);
+  IntArray offsets(offsetsShape(cfg));
+  int32_t *od = offsets.mutable_data();
+  {
+    py::gil_scoped_release release;
+    megaslide::cpu::dsa3dOffsets(cfg, dsa3dPythonLayout(qd, cfg),
+                                 dsa3dPythonLayout(kd, cfg), radius, od);
+  }
+  return offsets;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_megaslide, m) {
@@ -58,4 +212,15 @@ PYBIND11_MODULE(_megaslide, m) {
         py::arg("height"), py::arg("width"), py::arg("latent"),
         py::arg("batch"), py::arg("text_len"), py::arg("options"),
         "JSON text of megaslide-plan --format json.");
+  m.def("dsa3d_forward", &dsa3dForward, py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("offsets"), py::arg("window"), py::arg("tile"),
+        py::arg("scale"),
+        "3D-DSA forward on float32 [B, H, T, Y, X, D]: (out, lse).");
+  m.def("dsa3d_backward", &dsa3dBackward, py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("offsets"), py::arg("out"), py::arg("d_out"),
+        py::arg("lse"), py::arg("window"), py::arg("tile"), py::arg("scale"),
+        "3D-DSA backward from the forward's out and lse: (dq, dk, dv).");
+  m.def("dsa3d_offsets", &dsa3dOffsets, py::arg("q"), py::arg("k"),
+        py::arg("window"), py::arg("tile"), py::arg("radius"),
+        "3D-DSA block-matching offsets, int32 [B, H, nT, nY, nX, kt, 2].");
 }

@@ -1,0 +1,593 @@
+//===- DsaKernels.cpp - CUDA C++ emission of 3D-DSA kernels ---------------===//
+//
+// Source emission is a translation of the module (like upstream EmitC's
+// TranslateToCpp), not a pass: it reads the dsa3d ops and writes text. The
+// kernel bodies are one fixed CUDA C++ text (DsaKernelsBody.cpp); what
+// varies per configuration is the block of constants in front of it, so
+// every shape is a compile-time constant to NVRTC.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Target/Cuda/DsaKernels.h"
+
+#include "Graph/GraphOps.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+using namespace mlir;
+
+namespace megaslide::cuda {
+
+namespace detail {
+/// The kernels, written against the constants of emitDsaKernelSource.
+extern const char *const kDsaKernelBody;
+} // namespace detail
+
+//===----------------------------------------------------------------------===//
+// DsaConfig
+//===----------------------------------------------------------------------===//
+
+static auto tie(const DsaConfig &c) {
+  return std::tie(c.grid, c.window, c.tile, c.heads, c.headDim, c.elementType,
+                  c.radius);
+}
+
+bool DsaConfig::operator==(const DsaConfig &o) const {
+  return tie(*this) == tie(o);
+}
+bool DsaConfig::operator<(const DsaConfig &o) const {
+  return tie(*this) < tie(o);
+}
+
+static int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::array<int64_t, 3> DsaConfig::tileCounts() const {
+  return {ceilDiv(grid[0], tile[0]), ceilDiv(grid[1], tile[1]),
+          ceilDiv(grid[2], tile[2])};
+}
+
+int64_t DsaConfig::tiles() const {
+  auto n = tileCounts();
+  return n[0] * n[1] * n[2];
+}
+
+static std::string triple(const std::array<int64_t, 3> &v, StringRef sep) {
+  return llvm::formatv("{0}{3}{1}{3}{2}", v[0], v[1], v[2], sep).str();
+}
+
+std::string DsaConfig::describe() const {
+  return llvm::formatv("grid ({0}) window ({1}) tile ({2}) heads {3} head-dim "
+                       "{4} {5} radius {6}",
+                       triple(grid, ","), triple(window, ","),
+                       triple(tile, ","), heads, headDim, elementType, radius)
+      .str();
+}
+
+StringRef kindName(DsaKernelKind kind) {
+  switch (kind) {
+  case DsaKernelKind::Forward:
+    return "forward";
+  case DsaKernelKind::Backward:
+    return "backward";
+  case DsaKernelKind::BackwardFinalize:
+    return "backward_finalize";
+  case DsaKernelKind::Offsets:
+    return "offsets";
+  }
+  llvm_unreachable("unknown 3D-DSA kernel kind");
+}
+
+std::vector<DsaKernelKind> allKernelKinds() {
+  return {DsaKernelKind::Forward, DsaKernelKind::Backward,
+          DsaKernelKind::BackwardFinalize, DsaKernelKind::Offsets};
+}
+
+std::string configName(const DsaConfig &c) {
+  return llvm::formatv("dsa3d_g{0}_w{1}_t{2}_h{3}_d{4}_{5}_r{6}",
+                       triple(c.grid, "x"), triple(c.window, "x"),
+                       triple(c.tile, "x"), c.heads, c.headDim, c.elementType,
+                       c.radius)
+      .str();
+}
+
+std::string kernelName(const DsaConfig &config, DsaKernelKind kind) {
+  static const char *suffix[] = {"_fwd", "_bwd", "_bwd_finalize", "_offsets"};
+  return configName(config) + suffix[static_cast<int>(kind)];
+}
+
+//===----------------------------------------------------------------------===//
+// Planning: warps, key chunks, pipeline stages, shared memory
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+// sm_90 (H100/H200): 227 KB of shared memory per block, 228 KB per SM with
+// 1 KB reserved per block; static shared memory at most 48 KB.
+constexpr int64_t kMaxSharedPerBlock = 227 * 1024;
+constexpr int64_t kSharedPerSm = 228 * 1024;
+constexpr int64_t kSharedReservedPerBlock = 1024;
+constexpr int64_t kMaxStaticShared = 48 * 1024;
+/// Warps per CTA: 8 x 16 = 128 queries; more gives fewer registers each.
+constexpr int kMaxWarps = 8;
+
+int64_t fwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
+  int64_t rows = 16 * warps, dp = c.headDim + 8;
+  return rows * dp * 2 + 2 * stages * chunk * dp * 2 + rows * 4 +
+         c.window[0] * 4;
+}
+
+int64_t bwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
+  int64_t rows = 16 * warps, dp = c.headDim + 8;
+  return 2 * rows * dp * 2 + 2 * stages * chunk * dp * 2 +
+         2 * rows * (chunk + 8) * 2 + rows * 12 + c.window[0] * 4;
+}
+
+/// Splits the tile's 16-query warps into query blocks of at most `maxWarps`
+/// warps each, balanced.
+void splitQueries(const DsaConfig &c, int maxWarps, int &warps, int &blocks) {
+  int64_t needed = ceilDiv(c.tileQueries(), 16);
+  blocks = static_cast<int>(ceilDiv(needed, maxWarps));
+  warps = static_cast<int>(ceilDiv(needed, blocks));
+}
+
+/// Chooses (warps, chunk, stages) for a kernel whose shared memory is
+/// `shared`: the preferred chunk, two stages when there is more than one
+/// chunk; then fewer stages, smaller chunks, fewer warps until it fits.
+template <typename SharedFn>
+bool fitShared(const DsaConfig &c, int preferredChunk, SharedFn shared,
+               int &warps, int &blocks, int &chunk, int &stages,
+               int64_t &bytes) {
+  int64_t keys16 = ceilDiv(c.windowKeys(), 16) * 16;
+  for (int maxWarps = kMaxWarps; maxWarps >= 1; maxWarps /= 2) {
+    splitQueries(c, maxWarps, warps, blocks);
+    for (int kc = static_cast<int>(std::min<int64_t>(preferredChunk, keys16));
+         kc >= 16; kc /= 2) {
+      kc = kc / 16 * 16;
+      for (int st = c.windowKeys() > kc ? 2 : 1; st >= 1; --st) {
+        bytes = shared(c, warps, kc, st);
+        if (bytes <= kMaxSharedPerBlock) {
+          chunk = kc;
+          stages = st;
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+/// n-tiles (8 columns) per dK/dV work item: an even divisor of D / 8, at
+/// most 8 (32 accumulator registers), large enough to reuse each P^T / dS^T
+/// fragment but small enough to give every warp an item.
+int groupTiles(int64_t headDim, int chunk, int warps) {
+  int nt = static_cast<int>(headDim / 8);
+  int fallback = 2;
+  for (int g = 8; g >= 2; g -= 2) {
+    if (nt % g)
+      continue;
+    fallback = g;
+    if ((chunk / 16) * (nt / g) >= warps)
+      return g;
+  }
+  return fallback;
+}
+
+std::string kernelArguments(DsaKernelKind kind) {
+  switch (kind) {
+  case DsaKernelKind::Forward:
+    return "const elem_t *q, const elem_t *k, const elem_t *v, const int "
+           "*offsets, elem_t *out, float *lse, float scale";
+  case DsaKernelKind::Backward:
+    return "const elem_t *q, const elem_t *k, const elem_t *v, const int "
+           "*offsets, const elem_t *o, const elem_t *dout, const float *lse, "
+           "elem_t *dq, float *dk32, float *dv32, float scale";
+  case DsaKernelKind::BackwardFinalize:
+    return "const float *dk32, const float *dv32, elem_t *dk, elem_t *dv, "
+           "long long count";
+  case DsaKernelKind::Offsets:
+    return "const elem_t *q, const elem_t *k, int *offsets";
+  }
+  llvm_unreachable("unknown 3D-DSA kernel kind");
+}
+
+} // namespace
+
+bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
+                    std::string &error) {
+  plan = DsaKernelPlan();
+  if (c.elementType != "bf16" && c.elementType != "f16") {
+    error = "3D-DSA CUDA kernels take bf16 or f16 q/k/v (tensor-core mma), "
+            "got " +
+            c.elementType;
+    return false;
+  }
+  if (c.headDim % 16 != 0 || c.headDim < 16 || c.headDim > 256) {
+    error = llvm::formatv("head dim {0} is not supported by the 3D-DSA CUDA "
+                          "kernels: it must be a multiple of 16 in [16, 256] "
+                          "(the mma k-step is 16)",
+                          c.headDim);
+    return false;
+  }
+  for (int i = 0; i < 3; ++i)
+    if (c.grid[i] <= 0 || c.window[i] <= 0 || c.tile[i] <= 0 ||
+        c.window[i] > c.grid[i]) {
+      error = "3D-DSA configuration needs positive extents and a window "
+              "within the grid: " +
+              c.describe();
+      return false;
+    }
+  // Token indices are 32-bit inside the kernels (element offsets 64-bit).
+  if (c.tokens() >= (int64_t(1) << 31)) {
+    error = "3D-DSA grid too large for 32-bit token indexing: " + c.describe();
+    return false;
+  }
+  if (c.radius > 4096) {
+    error = llvm::formatv("offset radius {0} is too large", c.radius);
+    return false;
+  }
+
+  // Forward: with D <= 128 the 8-warp CTA fits in 128 registers per thread,
+  // so ptxas is asked for two CTAs per SM. The O accumulator takes D / 2
+  // registers and S chunk / 2: 64-key chunks fit for D <= 64 and D = 128,
+  // 32-key chunks otherwise (NVRTC 13.0: D = 112 with 64-key chunks spills
+  // 32 bytes at 128 registers; see docs/Dsa3dKernels.md).
+  int fwdChunk = c.headDim <= 64 || c.headDim == 128 ? 64 : 32;
+  if (!fitShared(c, fwdChunk, fwdShared, plan.fwdWarps, plan.fwdQueryBlocks,
+                 plan.fwdKeyChunk, plan.fwdStages, plan.fwdSharedBytes)) {
+    error = "no forward kernel shape fits in shared memory for " + c.describe();
+    return false;
+  }
+  plan.fwdMinBlocks =
+      c.headDim <= 128 && 2 * (plan.fwdSharedBytes + kSharedReservedPerBlock) <=
+                              kSharedPerSm
+          ? 2
+          : 1;
+
+  // Backward: dQ (D / 2 registers) stays live across chunks next to S and
+  // dP (chunk / 2 each); one CTA per SM, up to 255 registers.
+  int bwdChunk = c.headDim <= 128 ? 64 : 32;
+  if (!fitShared(c, bwdChunk, bwdShared, plan.bwdWarps, plan.bwdQueryBlocks,
+                 plan.bwdKeyChunk, plan.bwdStages, plan.bwdSharedBytes)) {
+    error =
+        "no backward kernel shape fits in shared memory for " + c.describe();
+    return false;
+  }
+  plan.bwdGroupTiles = groupTiles(c.headDim, plan.bwdKeyChunk, plan.bwdWarps);
+
+  // Offsets: static shared memory for the pooled query, the dot map of the
+  // union of candidate windows and one candidate per warp.
+  int64_t ry = std::min(c.window[1] + 2 * c.radius, c.grid[1]);
+  int64_t rx = std::min(c.window[2] + 2 * c.radius, c.grid[2]);
+  plan.offStaticSharedBytes =
+      c.headDim * 4 + ry * rx * 4 + (plan.offThreads / 32) * 8;
+  if (plan.offStaticSharedBytes > kMaxStaticShared) {
+    error = llvm::formatv("offset estimation needs {0} bytes of static shared "
+                          "memory (> 48 KB) for radius {1}; use a smaller "
+                          "radius",
+                          plan.offStaticSharedBytes, c.radius);
+    return false;
+  }
+
+  auto add = [&](DsaKernelKind kind, std::array<int64_t, 3> grid,
+                 std::string formula, int threads, int64_t smem) {
+    plan.launches.push_back(DsaLaunch{kind, kernelName(c, kind), grid,
+                                      std::move(formula), threads, smem,
+                                      kernelArguments(kind)});
+  };
+  add(DsaKernelKind::Forward, {c.tiles() * plan.fwdQueryBlocks, c.heads, 1},
+      llvm::formatv("(tiles {0} x query blocks {1}, heads {2}, batch B)",
+                    c.tiles(), plan.fwdQueryBlocks, c.heads),
+      32 * plan.fwdWarps, plan.fwdSharedBytes);
+  add(DsaKernelKind::Backward, {c.tiles() * plan.bwdQueryBlocks, c.heads, 1},
+      llvm::formatv("(tiles {0} x query blocks {1}, heads {2}, batch B); "
+                    "dk32 and dv32 zeroed before",
+                    c.tiles(), plan.bwdQueryBlocks, c.heads),
+      32 * plan.bwdWarps, plan.bwdSharedBytes);
+  int64_t elements = c.tokens() * c.heads * c.headDim;
+  add(DsaKernelKind::BackwardFinalize, {ceilDiv(elements, 512), 1, 1},
+      llvm::formatv("(ceil(B x {0} / 512), 1, 1), count = B x {0} "
+                    "(grid-stride: any x works)",
+                    elements),
+      256, 0);
+  add(DsaKernelKind::Offsets, {c.tiles(), c.heads, 1},
+      llvm::formatv("(tiles {0}, heads {1}, batch B)", c.tiles(), c.heads),
+      plan.offThreads, 0);
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Source
+//===----------------------------------------------------------------------===//
+
+std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  auto n = c.tileCounts();
+  os << "// 3D Deformable Slide Attention kernels, generated by MegaSlide "
+        "(megaslide-translate\n"
+     << "// --emit-dsa-kernels); do not edit. Semantics: DESIGN.md, \"3D "
+        "Deformable Slide\n"
+     << "// Attention\". Compile with NVRTC for sm_80 or newer (sm_90a on "
+        "H100/H200).\n//\n"
+     << "// Configuration " << configName(c) << ":\n"
+     << llvm::formatv("//   grid (T, Y, X)      = ({0})  {1} tokens\n",
+                      triple(c.grid, ", "), c.tokens())
+     << llvm::formatv("//   window (kt, ky, kx) = ({0})  {1} keys per query "
+                      "tile\n",
+                      triple(c.window, ", "), c.windowKeys())
+     << llvm::formatv("//   tile (tt, ty, tx)   = ({0})  {1} queries; {2} x "
+                      "{3} x {4} = {5} tiles\n",
+                      triple(c.tile, ", "), c.tileQueries(), n[0], n[1], n[2],
+                      c.tiles())
+     << llvm::formatv("//   heads {0}, head dim {1}, element type {2}, offset "
+                      "radius {3}\n//\n",
+                      c.heads, c.headDim, c.elementType, c.radius)
+     << "// Layouts: q, k, v, out, dq [B, N, H, D] (N = T*Y*X row-major); "
+        "offsets i32\n"
+     << "// [B, H, nT, nY, nX, kt, 2] (dy, dx); lse fp32 [B, H, N], natural "
+        "log of\n"
+     << "// sum exp(scale q.k); dk32, dv32 fp32 [B, N, H, D] scratch.\n//\n"
+     << "// Kernels (grid for batch B; all dynamic shared memory beyond 48 KB "
+        "needs\n"
+     << "// cudaFuncAttributeMaxDynamicSharedMemorySize):\n";
+  for (const DsaLaunch &l : p.launches)
+    os << "//   " << l.name << "\n//     grid " << l.gridFormula << ", "
+       << l.threads << " threads, " << l.dynamicSharedBytes
+       << " bytes dynamic shared memory\n";
+  os << "\n#define DSA_BF16 " << (c.elementType == "bf16" ? 1 : 0) << "\n"
+     << "#define DSA_FWD_NAME " << kernelName(c, DsaKernelKind::Forward) << "\n"
+     << "#define DSA_BWD_NAME " << kernelName(c, DsaKernelKind::Backward)
+     << "\n"
+     << "#define DSA_BWD_FINALIZE_NAME "
+     << kernelName(c, DsaKernelKind::BackwardFinalize) << "\n"
+     << "#define DSA_OFFSETS_NAME " << kernelName(c, DsaKernelKind::Offsets)
+     << "\n\n"
+     << "namespace dsa {\n"
+     << "// Configuration.\n"
+     << llvm::formatv("constexpr int T = {0}, Y = {1}, X = {2};\n", c.grid[0],
+                      c.grid[1], c.grid[2])
+     << llvm::formatv("constexpr int KT = {0}, KY = {1}, KX = {2};\n",
+                      c.window[0], c.window[1], c.window[2])
+     << llvm::formatv("constexpr int TT = {0}, TY = {1}, TX = {2};\n",
+                      c.tile[0], c.tile[1], c.tile[2])
+     << llvm::formatv("constexpr int H = {0}, D = {1}, R = {2};\n", c.heads,
+                      c.headDim, c.radius)
+     << "// Kernel shapes (chosen by the generator for registers and shared "
+        "memory).\n"
+     << llvm::formatv("constexpr int FWD_WARPS = {0}, FWD_KC = {1}, "
+                      "FWD_STAGES = {2}, FWD_QBLOCKS = {3};\n",
+                      p.fwdWarps, p.fwdKeyChunk, p.fwdStages, p.fwdQueryBlocks)
+     << llvm::formatv("constexpr int FWD_MIN_BLOCKS = {0};\n", p.fwdMinBlocks)
+     << llvm::formatv("constexpr int BWD_WARPS = {0}, BWD_KC = {1}, "
+                      "BWD_STAGES = {2}, BWD_QBLOCKS = {3};\n",
+                      p.bwdWarps, p.bwdKeyChunk, p.bwdStages, p.bwdQueryBlocks)
+     << llvm::formatv("constexpr int BWD_NGW = {0}, BWD_MIN_BLOCKS = 1;\n",
+                      p.bwdGroupTiles)
+     << llvm::formatv("constexpr int OFF_THREADS = {0};\n", p.offThreads)
+     << "} // namespace dsa\n"
+     << detail::kDsaKernelBody;
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Collecting configurations
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+std::string elementTypeName(Value v) {
+  Type t = cast<ShapedType>(v.getType()).getElementType();
+  if (t.isBF16())
+    return "bf16";
+  if (t.isF16())
+    return "f16";
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+std::array<int64_t, 3> toTriple(ArrayRef<int64_t> v) {
+  return {v[0], v[1], v[2]};
+}
+
+template <typename OpTy> DsaConfig geometryOf(OpTy op) {
+  DsaConfig c;
+  c.grid = toTriple(op.getGrid());
+  c.window = toTriple(op.getWindow());
+  c.tile = toTriple(op.getTile());
+  auto shape = cast<ShapedType>(op.getQuery().getType()).getShape();
+  c.heads = shape[2];
+  c.headDim = shape[3];
+  c.elementType = elementTypeName(op.getQuery());
+  return c;
+}
+
+bool sameGeometry(const DsaConfig &a, const DsaConfig &b) {
+  DsaConfig x = a;
+  x.radius = b.radius;
+  return x == b;
+}
+
+/// Every 3D-DSA op with its configuration; attention ops whose offsets do
+/// not come from a dsa3d_offsets op get their radius in a second step.
+std::vector<std::pair<Operation *, DsaConfig>> opsWithConfigs(ModuleOp m) {
+  std::vector<std::pair<Operation *, DsaConfig>> ops;
+  std::vector<size_t> unresolved;
+  auto attention = [&](Operation *op, DsaConfig c, Value offsets) {
+    if (auto est = offsets.getDefiningOp<graph::Dsa3dOffsetsOp>())
+      c.radius = est.getRadius();
+    else
+      unresolved.push_back(ops.size());
+    ops.emplace_back(op, c);
+  };
+  m.walk([&](Operation *op) {
+    if (auto est = dyn_cast<graph::Dsa3dOffsetsOp>(op)) {
+      DsaConfig c = geometryOf(est);
+      c.radius = est.getRadius();
+      ops.emplace_back(op, c);
+    } else if (auto fwd = dyn_cast<graph::Dsa3dOp>(op)) {
+      attention(op, geometryOf(fwd), fwd.getOffsets());
+    } else if (auto bwd = dyn_cast<graph::Dsa3dGradOp>(op)) {
+      attention(op, geometryOf(bwd), bwd.getOffsets());
+    }
+  });
+  for (size_t i : unresolved) {
+    DsaConfig &c = ops[i].second;
+    c.radius = -1;
+    for (auto &[op, other] : ops)
+      if (other.radius >= 0 && sameGeometry(c, other)) {
+        c.radius = other.radius;
+        break;
+      }
+    if (c.radius < 0)
+      c.radius = 0; // offsets supplied from outside: nothing to estimate
+  }
+  return ops;
+}
+
+} // namespace
+
+std::vector<DsaConfig> collectDsaConfigs(ModuleOp module) {
+  std::vector<DsaConfig> configs;
+  for (auto &[op, c] : opsWithConfigs(module))
+    configs.push_back(c);
+  llvm::sort(configs);
+  configs.erase(std::unique(configs.begin(), configs.end()), configs.end());
+  return configs;
+}
+
+//===----------------------------------------------------------------------===//
+// Manifest and files
+//===----------------------------------------------------------------------===//
+
+void writeDsaManifest(ArrayRef<DsaConfig> configs,
+                      ArrayRef<DsaKernelPlan> plans, llvm::raw_ostream &os) {
+  llvm::json::OStream j(os, 2);
+  auto array3 = [&](StringRef key, const std::array<int64_t, 3> &v) {
+    j.attributeArray(key, [&] {
+      for (int64_t x : v)
+        j.value(x);
+    });
+  };
+  j.object([&] {
+    j.attribute("generator", "megaslide-translate --emit-dsa-kernels");
+    j.attribute("layouts",
+                "q, k, v, out, dq, dk, dv [B, N, H, D]; offsets i32 [B, H, "
+                "nT, nY, nX, kt, 2]; lse fp32 [B, H, N]; dk32, dv32 fp32 [B, "
+                "N, H, D]");
+    j.attributeArray("configs", [&] {
+      for (auto [c, p] : llvm::zip(configs, plans)) {
+        j.object([&] {
+          j.attribute("name", configName(c));
+          j.attribute("source", configName(c) + ".cu");
+          array3("grid", c.grid);
+          array3("window", c.window);
+          array3("tile", c.tile);
+          j.attribute("heads", c.heads);
+          j.attribute("head_dim", c.headDim);
+          j.attribute("element_type", c.elementType);
+          j.attribute("radius", c.radius);
+          j.attribute("tokens", c.tokens());
+          array3("tile_counts", c.tileCounts());
+          j.attribute("tile_queries", c.tileQueries());
+          j.attribute("window_keys", c.windowKeys());
+          j.attribute("scale", "kernel argument (default 1/sqrt(head_dim))");
+          j.attributeObject("workspace_bytes_per_sample", [&] {
+            j.attribute("lse", c.heads * c.tokens() * 4);
+            j.attribute("dk32", c.tokens() * c.heads * c.headDim * 4);
+            j.attribute("dv32", c.tokens() * c.heads * c.headDim * 4);
+          });
+          j.attributeArray("kernels", [&] {
+            for (const DsaLaunch &l : p.launches)
+              j.object([&] {
+                j.attribute("kind", kindName(l.kind));
+                j.attribute("name", l.name);
+                j.attribute("grid_formula", l.gridFormula);
+                j.attributeArray("grid_for_batch_1", [&] {
+                  for (int64_t x : l.grid)
+                    j.value(x);
+                });
+                j.attributeArray("block", [&] {
+                  j.value(l.threads);
+                  j.value(1);
+                  j.value(1);
+                });
+                j.attribute("dynamic_shared_bytes", l.dynamicSharedBytes);
+                j.attribute("arguments", l.arguments);
+              });
+          });
+        });
+      }
+    });
+  });
+  os << "\n";
+}
+
+LogicalResult emitDsaKernels(ModuleOp module, StringRef dir,
+                             llvm::raw_ostream &stdoutStream,
+                             EmittedDsaKernels &emitted) {
+  emitted = EmittedDsaKernels();
+  // First op of each configuration, for diagnostics.
+  std::map<DsaConfig, Operation *> firstUse;
+  for (auto &[op, c] : opsWithConfigs(module))
+    firstUse.emplace(c, op);
+
+  bool failed = false;
+  for (auto &[c, op] : firstUse) {
+    DsaKernelPlan plan;
+    std::string error;
+    if (!planDsaKernels(c, plan, error)) {
+      op->emitError() << error;
+      failed = true;
+      continue;
+    }
+    emitted.configs.push_back(c);
+    emitted.plans.push_back(std::move(plan));
+    emitted.sources.push_back(emitDsaKernelSource(c, emitted.plans.back()));
+  }
+  if (failed)
+    return failure();
+
+  if (dir.empty()) {
+    for (auto [c, source] : llvm::zip(emitted.configs, emitted.sources))
+      stdoutStream << "//--- " << configName(c) << ".cu\n" << source;
+    return success();
+  }
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return module.emitError()
+           << "cannot create directory '" << dir << "': " << ec.message();
+  auto write = [&](StringRef name, StringRef text) -> LogicalResult {
+    llvm::SmallString<256> path(dir);
+    llvm::sys::path::append(path, name);
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec, llvm::sys::fs::OF_Text);
+    if (!ec) {
+      os << text;
+      os.close();
+      ec = os.error();
+    }
+    if (ec)
+      return module.emitError()
+             << "cannot write '" << path << "': " << ec.message();
+    emitted.paths.push_back(path.str().str());
+    return success();
+  };
+  for (auto [c, source] : llvm::zip(emitted.configs, emitted.sources))
+    if (mlir::failed(write(configName(c) + ".cu", source)))
+      return failure();
+  std::string manifest;
+  llvm::raw_string_ostream ms(manifest);
+  writeDsaManifest(emitted.configs, emitted.plans, ms);
+  return write("manifest.json", manifest);
+}
+
+} // namespace megaslide::cuda

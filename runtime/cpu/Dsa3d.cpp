@@ -1,0 +1,460 @@
+//===- Dsa3d.cpp - 3D Deformable Slide Attention on the CPU ---------------===//
+//
+// Window geometry follows DESIGN.md exactly; the test
+// (test/unit/Dsa3dCpuTest.cpp) rebuilds it from the definition and
+// compares against naive double-precision attention.
+//
+// Work is split into independent items run on std::thread workers: query
+// tiles for the forward (each writes only its own queries), (batch, head)
+// pairs for the backward (dK and dV of a head are accumulated by one thread,
+// so no atomics are needed) and for the offsets (one summed-area table per
+// worker).
+//
+//===----------------------------------------------------------------------===//
+
+#include "cpu/Dsa3d.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+using namespace megaslide::cpu;
+
+//===----------------------------------------------------------------------===//
+// Configuration
+//===----------------------------------------------------------------------===//
+
+std::array<int64_t, 3> Dsa3dConfig::numTiles() const {
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  return {ceilDiv(T, tile[0]), ceilDiv(Y, tile[1]), ceilDiv(X, tile[2])};
+}
+
+int64_t Dsa3dConfig::offsetsSize() const {
+  std::array<int64_t, 3> n = numTiles();
+  return batch * heads * n[0] * n[1] * n[2] * window[0] * 2;
+}
+
+std::string Dsa3dConfig::validate() const {
+  std::ostringstream os;
+  const std::pair<const char *, int64_t> sizes[] = {
+      {"batch", batch}, {"heads", heads}, {"T", T},
+      {"Y", Y},         {"X", X},         {"headDim", headDim}};
+  for (auto [name, value] : sizes)
+    if (value <= 0) {
+      os << name << " must be positive, got " << value;
+      return os.str();
+    }
+  static const char *axes[] = {"t", "y", "x"};
+  const int64_t grid[] = {T, Y, X};
+  for (int i = 0; i < 3; ++i) {
+    if (window[i] <= 0 || tile[i] <= 0) {
+      os << "window and tile must be positive, got window (" << window[0]
+         << ", " << window[1] << ", " << window[2] << "), tile (" << tile[0]
+         << ", " << tile[1] << ", " << tile[2] << ")";
+      return os.str();
+    }
+    if (window[i] > grid[i]) {
+      os << "window extent " << window[i] << " along " << axes[i]
+         << " exceeds the grid extent " << grid[i];
+      return os.str();
+    }
+  }
+  if (!(scale > 0) || !std::isfinite(scale)) {
+    os << "scale must be positive and finite, got " << scale;
+    return os.str();
+  }
+  return {};
+}
+
+int megaslide::cpu::dsa3dNumThreads() {
+  if (const char *env = std::getenv("MEGASLIDE_NUM_THREADS")) {
+    char *end = nullptr;
+    long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0)
+      return static_cast<int>(std::min<long>(n, 1024));
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Threading
+//===----------------------------------------------------------------------===//
+
+/// Runs items [0, count) on up to dsa3dNumThreads() threads. Each thread
+/// calls makeWorker() once, so per-thread scratch lives in the returned
+/// callable rather than being reallocated per item; items are handed out
+/// dynamically because border tiles and clamped windows make them uneven.
+template <typename MakeWorker>
+void parallelFor(int64_t count, MakeWorker makeWorker) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    auto worker = makeWorker();
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
+      worker(i);
+  };
+  if (numThreads == 1) {
+    run();
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(numThreads - 1);
+  for (int64_t i = 1; i < numThreads; ++i)
+    threads.emplace_back(run);
+  run();
+  for (std::thread &t : threads)
+    t.join();
+}
+
+//===----------------------------------------------------------------------===//
+// Vector helpers
+//===----------------------------------------------------------------------===//
+
+/// Dot product with eight independent partial sums: the lanes vectorise
+/// without -ffast-math (no single sum is reassociated) and the result does
+/// not depend on the thread count.
+inline float dot(const float *a, const float *b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int l = 0; l < 8; ++l)
+      lanes[l] += a[d + l] * b[d + l];
+  float tail = 0;
+  for (; d < n; ++d)
+    tail += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+         ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail;
+}
+
+/// y += a * x.
+inline void axpy(float *y, float a, const float *x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d)
+    y[d] += a * x[d];
+}
+
+inline void scaleInPlace(float *y, float a, int64_t n) {
+  for (int64_t d = 0; d < n; ++d)
+    y[d] *= a;
+}
+
+//===----------------------------------------------------------------------===//
+// Window geometry (DESIGN.md)
+//===----------------------------------------------------------------------===//
+
+inline int64_t clampStart(int64_t start, int64_t extent, int64_t window) {
+  return std::clamp<int64_t>(start, 0, extent - window);
+}
+
+/// A query tile: its token ranges, centre and the temporal window start.
+struct QueryTile {
+  int64_t begin[3], end[3]; ///< [begin, end) per axis (t, y, x)
+  int64_t centre[3];        ///< floor((first + last) / 2) per axis
+  int64_t keyFrameStart;    ///< s_t
+
+  QueryTile(const Dsa3dConfig &cfg, int64_t it, int64_t iy, int64_t ix) {
+    const int64_t index[3] = {it, iy, ix};
+    const int64_t grid[3] = {cfg.T, cfg.Y, cfg.X};
+    for (int a = 0; a < 3; ++a) {
+      begin[a] = index[a] * cfg.tile[a];
+      end[a] = std::min(begin[a] + cfg.tile[a], grid[a]);
+      // Border tiles are partial, so the centre is that of the frames the
+      // tile actually has, not of a padded tile.
+      centre[a] = (begin[a] + end[a] - 1) / 2;
+    }
+    keyFrameStart =
+        clampStart(centre[0] - cfg.window[0] / 2, cfg.T, cfg.window[0]);
+  }
+
+  int64_t size() const {
+    return (end[0] - begin[0]) * (end[1] - begin[1]) * (end[2] - begin[2]);
+  }
+
+  /// Spatial window start (s_y, s_x) of a key frame displaced by (dy, dx).
+  std::pair<int64_t, int64_t> spatialStart(const Dsa3dConfig &cfg, int64_t dy,
+                                           int64_t dx) const {
+    return {
+        clampStart(centre[1] + dy - cfg.window[1] / 2, cfg.Y, cfg.window[1]),
+        clampStart(centre[2] + dx - cfg.window[2] / 2, cfg.X, cfg.window[2])};
+  }
+
+  /// Calls fn(n) for every query token of the tile, in row-major order.
+  template <typename Fn>
+  void forEachQuery(const Dsa3dConfig &cfg, Fn fn) const {
+    for (int64_t t = begin[0]; t < end[0]; ++t)
+      for (int64_t y = begin[1]; y < end[1]; ++y)
+        for (int64_t x = begin[2]; x < end[2]; ++x)
+          fn((t * cfg.Y + y) * cfg.X + x);
+  }
+};
+
+/// Splits a flat tile index of one (b, h) into (it, iy, ix).
+QueryTile tileAt(const Dsa3dConfig &cfg, int64_t tileIndex) {
+  std::array<int64_t, 3> n = cfg.numTiles();
+  return QueryTile(cfg, tileIndex / (n[1] * n[2]), tileIndex / n[2] % n[1],
+                   tileIndex % n[2]);
+}
+
+/// The kt * ky * kx key tokens shared by the queries of `tile`, whose
+/// per-key-frame displacements are tileOffsets[2 * j], [2 * j + 1].
+void windowKeys(const Dsa3dConfig &cfg, const QueryTile &tile,
+                const int32_t *tileOffsets, std::vector<int64_t> &keys) {
+  keys.clear();
+  for (int64_t j = 0; j < cfg.window[0]; ++j) {
+    int64_t t = tile.keyFrameStart + j;
+    auto [sy, sx] =
+        tile.spatialStart(cfg, tileOffsets[2 * j], tileOffsets[2 * j + 1]);
+    for (int64_t y = sy; y < sy + cfg.window[1]; ++y)
+      for (int64_t x = sx; x < sx + cfg.window[2]; ++x)
+        keys.push_back((t * cfg.Y + y) * cfg.X + x);
+  }
+}
+
+/// Offsets of tile `tileIndex` of head (b, h): kt pairs (dy, dx).
+template <typename Int>
+Int *tileOffsets(const Dsa3dConfig &cfg, Int *offsets, int64_t b, int64_t h,
+                 int64_t tileIndex) {
+  std::array<int64_t, 3> n = cfg.numTiles();
+  int64_t tiles = n[0] * n[1] * n[2];
+  return offsets +
+         ((b * cfg.heads + h) * tiles + tileIndex) * cfg.window[0] * 2;
+}
+
+/// Keys whose logits are computed before the running maximum is updated:
+/// enough to amortise the rescale of the accumulator, small enough to stay
+/// in L1 next to the key rows.
+constexpr int64_t kKeyChunk = 128;
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Forward
+//===----------------------------------------------------------------------===//
+
+void megaslide::cpu::dsa3dForward(const Dsa3dConfig &cfg, Dsa3dInput q,
+                                  Dsa3dInput k, Dsa3dInput v,
+                                  const int32_t *offsets, Dsa3dOutput out,
+                                  float *lse) {
+  assert(cfg.validate().empty() && "invalid 3D-DSA configuration");
+  std::array<int64_t, 3> n = cfg.numTiles();
+  const int64_t tiles = n[0] * n[1] * n[2];
+  const int64_t D = cfg.headDim, N = cfg.tokens(), W = cfg.windowSize();
+  const float scale = static_cast<float>(cfg.scale);
+
+  parallelFor(cfg.batch * cfg.heads * tiles, [&] {
+    return [&, keys = std::vector<int64_t>(),
+            kRows = std::vector<const float *>(W),
+            vRows = std::vector<const float *>(W),
+            scores = std::vector<float>(kKeyChunk),
+            acc = std::vector<float>(D)](int64_t item) mutable {
+      int64_t b = item / (cfg.heads * tiles), h = item / tiles % cfg.heads;
+      int64_t tileIndex = item % tiles;
+      QueryTile tile = tileAt(cfg, tileIndex);
+      windowKeys(cfg, tile, tileOffsets(cfg, offsets, b, h, tileIndex), keys);
+      for (int64_t c = 0; c < W; ++c) {
+        kRows[c] = k.row(b, h, keys[c]);
+        vRows[c] = v.row(b, h, keys[c]);
+      }
+      tile.forEachQuery(cfg, [&](int64_t token) {
+        const float *qi = q.row(b, h, token);
+        // Online softmax: m is the running maximum logit, l the running
+        // sum of exp(logit - m), acc the running sum of exp(logit - m) v.
+        float m = -std::numeric_limits<float>::infinity(), l = 0;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t c0 = 0; c0 < W; c0 += kKeyChunk) {
+          int64_t cn = std::min(kKeyChunk, W - c0);
+          float chunkMax = -std::numeric_limits<float>::infinity();
+          for (int64_t c = 0; c < cn; ++c) {
+            scores[c] = scale * dot(qi, kRows[c0 + c], D);
+            chunkMax = std::max(chunkMax, scores[c]);
+          }
+          if (chunkMax > m) {
+            float alpha = std::exp(m - chunkMax); // 0 on the first chunk
+            l *= alpha;
+            scaleInPlace(acc.data(), alpha, D);
+            m = chunkMax;
+          }
+          for (int64_t c = 0; c < cn; ++c) {
+            float p = std::exp(scores[c] - m);
+            l += p;
+            axpy(acc.data(), p, vRows[c0 + c], D);
+          }
+        }
+        float *o = out.row(b, h, token);
+        float inv = 1.0f / l;
+        for (int64_t d = 0; d < D; ++d)
+          o[d] = acc[d] * inv;
+        lse[(b * cfg.heads + h) * N + token] = m + std::log(l);
+      });
+    };
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Backward
+//===----------------------------------------------------------------------===//
+
+void megaslide::cpu::dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q,
+                                   Dsa3dInput k, Dsa3dInput v,
+                                   const int32_t *offsets, Dsa3dInput out,
+                                   Dsa3dInput dout, const float *lse,
+                                   Dsa3dOutput dq, Dsa3dOutput dk,
+                                   Dsa3dOutput dv) {
+  assert(cfg.validate().empty() && "invalid 3D-DSA configuration");
+  std::array<int64_t, 3> n = cfg.numTiles();
+  const int64_t tiles = n[0] * n[1] * n[2];
+  const int64_t D = cfg.headDim, N = cfg.tokens(), W = cfg.windowSize();
+  const float scale = static_cast<float>(cfg.scale);
+
+  parallelFor(cfg.batch * cfg.heads, [&] {
+    return [&, keys = std::vector<int64_t>(), rowDot = std::vector<float>(N),
+            dqAcc = std::vector<float>(D)](int64_t item) mutable {
+      int64_t b = item / cfg.heads, h = item % cfg.heads;
+      const float *lseBH = lse + item * N;
+      for (int64_t token = 0; token < N; ++token) {
+        std::fill_n(dq.row(b, h, token), D, 0.0f);
+        std::fill_n(dk.row(b, h, token), D, 0.0f);
+        std::fill_n(dv.row(b, h, token), D, 0.0f);
+        // D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's
+        // correction term, computed once per query instead of per key.
+        rowDot[token] = dot(dout.row(b, h, token), out.row(b, h, token), D);
+      }
+      for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
+        QueryTile tile = tileAt(cfg, tileIndex);
+        windowKeys(cfg, tile, tileOffsets(cfg, offsets, b, h, tileIndex), keys);
+        tile.forEachQuery(cfg, [&](int64_t token) {
+          const float *qi = q.row(b, h, token);
+          const float *doi = dout.row(b, h, token);
+          const float lseI = lseBH[token], rowDotI = rowDot[token];
+          std::fill(dqAcc.begin(), dqAcc.end(), 0.0f);
+          for (int64_t c = 0; c < W; ++c) {
+            const float *kc = k.row(b, h, keys[c]);
+            const float *vc = v.row(b, h, keys[c]);
+            float p = std::exp(scale * dot(qi, kc, D) - lseI);
+            axpy(dv.row(b, h, keys[c]), p, doi, D);
+            float ds = p * (dot(doi, vc, D) - rowDotI);
+            axpy(dqAcc.data(), ds, kc, D);
+            axpy(dk.row(b, h, keys[c]), scale * ds, qi, D);
+          }
+          float *dqi = dq.row(b, h, token);
+          for (int64_t d = 0; d < D; ++d)
+            dqi[d] = scale * dqAcc[d];
+        });
+      }
+    };
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Offset estimation
+//===----------------------------------------------------------------------===//
+
+void megaslide::cpu::dsa3dOffsets(const Dsa3dConfig &cfg, Dsa3dInput q,
+                                  Dsa3dInput k, int64_t radius,
+                                  int32_t *offsets) {
+  assert(cfg.validate().empty() && "invalid 3D-DSA configuration");
+  assert(radius >= 0 && "negative block-matching radius");
+  std::array<int64_t, 3> n = cfg.numTiles();
+  const int64_t tiles = n[0] * n[1] * n[2];
+  const int64_t D = cfg.headDim, Y = cfg.Y, X = cfg.X;
+  const int64_t kt = cfg.window[0], ky = cfg.window[1], kx = cfg.window[2];
+
+  // Candidates in tie-break order (|dy| + |dx|, dy, dx): scanning in this
+  // order and keeping only strictly better scores implements the rule.
+  std::vector<std::pair<int32_t, int32_t>> candidates;
+  for (int64_t dy = -radius; dy <= radius; ++dy)
+    for (int64_t dx = -radius; dx <= radius; ++dx)
+      candidates.emplace_back(static_cast<int32_t>(dy),
+                              static_cast<int32_t>(dx));
+  std::sort(candidates.begin(), candidates.end(), [](auto a, auto b) {
+    int64_t la = std::abs(a.first) + std::abs(a.second);
+    int64_t lb = std::abs(b.first) + std::abs(b.second);
+    return std::make_tuple(la, a.first, a.second) <
+           std::make_tuple(lb, b.first, b.second);
+  });
+
+  parallelFor(cfg.batch * cfg.heads, [&] {
+    // One frame's summed-area table: sat[(y * (X + 1) + x) * D + d] is the
+    // sum of keys [0, y) x [0, x) of that frame, so any window sum costs
+    // four rows. Double keeps the differences of large prefix sums exact
+    // enough that equal windows always score equal.
+    return [&, sat = std::vector<double>((Y + 1) * (X + 1) * D),
+            queryMean = std::vector<double>(tiles * D),
+            windowSum = std::vector<double>(D),
+            tileList = std::vector<QueryTile>()](int64_t item) mutable {
+      int64_t b = item / cfg.heads, h = item % cfg.heads;
+      tileList.clear();
+      for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
+        tileList.push_back(tileAt(cfg, tileIndex));
+        double *mean = &queryMean[tileIndex * D];
+        std::fill_n(mean, D, 0.0);
+        tileList.back().forEachQuery(cfg, [&](int64_t token) {
+          const float *qi = q.row(b, h, token);
+          for (int64_t d = 0; d < D; ++d)
+            mean[d] += qi[d];
+        });
+        double inv = 1.0 / tileList.back().size();
+        for (int64_t d = 0; d < D; ++d)
+          mean[d] *= inv;
+      }
+      const double invArea = 1.0 / static_cast<double>(ky * kx);
+      auto satRow = [&](int64_t y, int64_t x) {
+        return &sat[(y * (X + 1) + x) * D];
+      };
+      // Frame-major so that only one table is alive: every tile whose
+      // temporal window contains frame t is matched against it.
+      for (int64_t t = 0; t < cfg.T; ++t) {
+        std::fill_n(satRow(0, 0), (X + 1) * D, 0.0);
+        for (int64_t y = 0; y < Y; ++y) {
+          std::fill_n(satRow(y + 1, 0), D, 0.0);
+          for (int64_t x = 0; x < X; ++x) {
+            const float *kr = k.row(b, h, (t * Y + y) * X + x);
+            const double *up = satRow(y, x + 1), *left = satRow(y + 1, x),
+                         *diag = satRow(y, x);
+            double *cur = satRow(y + 1, x + 1);
+            for (int64_t d = 0; d < D; ++d)
+              cur[d] = kr[d] + up[d] + left[d] - diag[d];
+          }
+        }
+        for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
+          const QueryTile &tile = tileList[tileIndex];
+          int64_t j = t - tile.keyFrameStart;
+          if (j < 0 || j >= kt)
+            continue;
+          const double *mean = &queryMean[tileIndex * D];
+          double best = -std::numeric_limits<double>::infinity();
+          std::pair<int32_t, int32_t> bestOffset{0, 0};
+          for (auto [dy, dx] : candidates) {
+            auto [sy, sx] = tile.spatialStart(cfg, dy, dx);
+            const double *a = satRow(sy + ky, sx + kx),
+                         *bl = satRow(sy + ky, sx), *tr = satRow(sy, sx + kx),
+                         *tl = satRow(sy, sx);
+            for (int64_t d = 0; d < D; ++d)
+              windowSum[d] = (a[d] - bl[d]) - (tr[d] - tl[d]);
+            double score = 0;
+            for (int64_t d = 0; d < D; ++d)
+              score += mean[d] * windowSum[d];
+            score *= invArea;
+            if (score > best) {
+              best = score;
+              bestOffset = {dy, dx};
+            }
+          }
+          int32_t *o = tileOffsets(cfg, offsets, b, h, tileIndex) + 2 * j;
+          o[0] = bestOffset.first;
+          o[1] = bestOffset.second;
+        }
+      }
+    };
+  });
+}
