@@ -85,6 +85,8 @@ megaslide::emitBackward(OpBuilder &builder, Value loss, ArrayRef<Value> wrt) {
         accumulate(op->getLoc(), operand, g);
   }
 
+  // Zero gradients of unreachable values belong to no block.
+  propagator.layer = nullptr;
   SmallVector<Value> result;
   for (Value v : wrt) {
     Value g = grads.lookup(v);
