@@ -222,11 +222,16 @@ LogicalResult AttentionOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
 LogicalResult Dsa3dOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                      ArrayRef<bool> needed,
                                      SmallVectorImpl<Value> &out) {
+  // The log-sum-exp is a by-product kept for the backward; dsa3d_grad has
+  // no term for a loss that depends on it.
+  if (dys[1])
+    return emitOpError() << "has no gradient through its 'lse' result (it "
+                            "feeds the backward only)";
   auto grad = Dsa3dGradOp::create(
       b, getLoc(), getQuery().getType(), getKey().getType(),
       getValue().getType(), getQuery(), getKey(), getValue(), getOffsets(),
-      getResult(), dys[0], getGridAttr(), getWindowAttr(), getTileAttr(),
-      getScaleAttr());
+      getResult(), getLse(), dys[0], getGridAttr(), getWindowAttr(),
+      getTileAttr(), getScaleAttr());
   // Offsets are integers: no gradient flows into offset estimation.
   assign(
       out, needed,

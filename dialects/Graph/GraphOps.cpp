@@ -666,6 +666,14 @@ LogicalResult AttentionGradOp::verify() {
   return success();
 }
 
+/// The softmax log-sum-exp of a 3D-DSA op: fp32 [B, H, N] for q [B, N, H, Dh].
+/// Its element type is fixed by the op definition (f32), and it is left out
+/// of the same-element-type check of the 16-bit tensors.
+static LogicalResult verifyDsaLse(Operation *op, Value q, Value lse) {
+  ArrayRef<int64_t> qs = tensorType(q).getShape();
+  return expectShape(op, "lse", lse, {qs[0], qs[2], qs[1]});
+}
+
 LogicalResult Dsa3dOp::verify() {
   if (failed(verifyScale(*this, getScale())))
     return failure();
@@ -674,9 +682,11 @@ LogicalResult Dsa3dOp::verify() {
                                getGrid(), getWindow(), getTile(), offsets)) ||
       failed(expectShape(*this, "offsets", getOffsets(), offsets)) ||
       failed(expectShape(*this, "result", getResult(),
-                         tensorType(getQuery()).getShape())))
+                         tensorType(getQuery()).getShape())) ||
+      failed(verifyDsaLse(*this, getQuery(), getLse())))
     return failure();
-  return expectSameElementType(*this);
+  return expectSameElementType(*this,
+                               {getQuery(), getKey(), getValue(), getResult()});
 }
 
 LogicalResult Dsa3dGradOp::verify() {
@@ -695,7 +705,11 @@ LogicalResult Dsa3dGradOp::verify() {
                          {"value_grad", getValueGrad()}})
     if (failed(expectShape(*this, name, v, qs)))
       return failure();
-  return expectSameElementType(*this);
+  if (failed(verifyDsaLse(*this, getQuery(), getLse())))
+    return failure();
+  return expectSameElementType(
+      *this, {getQuery(), getKey(), getValue(), getOutput(), getOutputGrad(),
+              getQueryGrad(), getKeyGrad(), getValueGrad()});
 }
 
 LogicalResult Dsa3dOffsetsOp::verify() {

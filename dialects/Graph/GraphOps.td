@@ -747,7 +747,7 @@ def Graph_AttentionGradOp : Graph_Op<"attention_grad", [Pure,
 
 def Graph_Dsa3dOp : Graph_Op<"dsa3d", [Pure, Graph_Differentiable,
     Graph_Flops]> {
-  let summary = "3D Deformable Slide Attention";
+  let summary = "3D Deformable Slide Attention and its softmax log-sum-exp";
   let description = [{
     Linear-cost local attention over the token grid `grid` = (T, Y, X)
     (DESIGN.md, "3D Deformable Slide Attention"). Queries are tiled by
@@ -758,18 +758,24 @@ def Graph_Dsa3dOp : Graph_Op<"dsa3d", [Pure, Graph_Differentiable,
     q, k, v, result: [B, N, H, Dh]; offsets: i32
     [B, H, ceil(T/tt), ceil(Y/ty), ceil(X/tx), kt, 2].
 
+    Like FlashAttention, the forward also returns `lse`: fp32 [B, H, N],
+    the natural-log log-sum-exp of the scaled logits of each query's
+    softmax. `dsa3d_grad` consumes it to recompute the probabilities, so
+    the backward needs neither a second forward nor a stored attention
+    matrix.
+
     ```mlir
-    %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+    %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
         window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
         : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-           tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+           tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key,
                        Graph_FloatTensor:$value, RankedTensorOf<[I32]>:$offsets,
                        Graph_Triple:$grid, Graph_Triple:$window, Graph_Triple:$tile,
                        OptionalAttr<F64Attr>:$scale);
-  let results = (outs Graph_FloatTensor:$result);
+  let results = (outs Graph_FloatTensor:$result, RankedTensorOf<[F32]>:$lse);
   let assemblyFormat = [{
     $query `,` $key `,` $value `,` $offsets attr-dict `:` functional-type(operands, results)
   }];
@@ -780,26 +786,31 @@ def Graph_Dsa3dGradOp : Graph_Op<"dsa3d_grad", [Pure, Graph_BackwardOp,
     Graph_Flops]> {
   let summary = "gradients of dsa3d with respect to q, k and v";
   let description = [{
-    Offsets are integers and carry no gradient.
+    Takes the forward's `output` and its `lse` (fp32 [B, H, N]) beside the
+    output gradient: probabilities are recomputed as
+    exp(scale q.k - lse), FlashAttention-style. Offsets are integers and
+    carry no gradient.
 
     ```mlir
-    %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %do {grid = array<i64: 2, 4, 4>,
+    %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %lse, %do {grid = array<i64: 2, 4, 4>,
         window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
         : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-           tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+           tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+           tensor<1x32x4x16xbf16>)
           -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key,
                        Graph_FloatTensor:$value, RankedTensorOf<[I32]>:$offsets,
-                       Graph_FloatTensor:$output, Graph_FloatTensor:$output_grad,
+                       Graph_FloatTensor:$output, RankedTensorOf<[F32]>:$lse,
+                       Graph_FloatTensor:$output_grad,
                        Graph_Triple:$grid, Graph_Triple:$window, Graph_Triple:$tile,
                        OptionalAttr<F64Attr>:$scale);
   let results = (outs Graph_FloatTensor:$query_grad, Graph_FloatTensor:$key_grad,
                       Graph_FloatTensor:$value_grad);
   let assemblyFormat = [{
-    $query `,` $key `,` $value `,` $offsets `,` $output `,` $output_grad attr-dict `:`
-    functional-type(operands, results)
+    $query `,` $key `,` $value `,` $offsets `,` $output `,` $lse `,` $output_grad
+    attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -84,9 +84,12 @@ struct RewriteAttentionToDsaPass
         b, attention.getLoc(),
         RankedTensorType::get(offsetsShape, b.getI32Type()), q, k, gridAttr,
         windowAttr, tileAttr, b.getI64IntegerAttr(radius));
-    auto dsa = Dsa3dOp::create(b, attention.getLoc(), attention.getType(), q,
-                               k, v, offsets, gridAttr, windowAttr, tileAttr,
-                               attention.getScaleAttr());
+    // The forward's fp32 log-sum-exp [B, H, N] is what the backward reads.
+    auto lseType =
+        RankedTensorType::get({shape[0], shape[2], shape[1]}, b.getF32Type());
+    auto dsa = Dsa3dOp::create(b, attention.getLoc(), attention.getType(),
+                               lseType, q, k, v, offsets, gridAttr, windowAttr,
+                               tileAttr, attention.getScaleAttr());
     for (Operation *op : {offsets.getOperation(), dsa.getOperation()})
       if (layer)
         op->setAttr(kLayerAttrName, attention->getAttr(kLayerAttrName));
@@ -99,8 +102,8 @@ struct RewriteAttentionToDsaPass
       auto dsaGrad = Dsa3dGradOp::create(
           gb, grad.getLoc(), grad.getQueryGrad().getType(),
           grad.getKeyGrad().getType(), grad.getValueGrad().getType(), q, k, v,
-          offsets, dsa, grad.getOutputGrad(), gridAttr, windowAttr, tileAttr,
-          attention.getScaleAttr());
+          offsets, dsa.getResult(), dsa.getLse(), grad.getOutputGrad(),
+          gridAttr, windowAttr, tileAttr, attention.getScaleAttr());
       if (Attribute l = grad->getAttr(kLayerAttrName))
         dsaGrad->setAttr(kLayerAttrName, l);
       grad.replaceAllUsesWith(dsaGrad.getResults());

@@ -108,15 +108,16 @@ func.func @dsa3d(%q: tensor<1x32x4x16xbf16>) {
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, radius = 1 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
   // expected-remark-re @below {{matmul 0 attention 65536 other 0{{$}}}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   // expected-remark @below {{matmul 0 attention 163840 other 0 backward}}
-  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %o, %o {grid = array<i64: 2, 4, 4>,
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %o, %lse, %o {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
         -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
   return
 }

@@ -12,7 +12,9 @@
 // (2, 4, 4) grid becomes dsa3d_offsets + dsa3d with the window, tile and
 // radius options (offsets [B, H, T/tt, Y/ty, X/tx, kt, 2] =
 // [1, 4, 2, 2, 2, 2, 2]), keeping the block and the softmax scale; that
-// its gradient becomes dsa3d_grad reading the same offsets and output;
+// dsa3d also yields its fp32 log-sum-exp [B, H, N] = [1, 4, 32]; that the
+// attention's uses (the cross-attention) read the dsa3d output; that its
+// gradient becomes dsa3d_grad reading the same offsets, output and lse;
 // and that cross-attention to text (keys without RoPE) and its gradient
 // are left alone.
 
@@ -23,9 +25,10 @@
 // CHECK:         %[[RK:.*]] = megaslide.rope3d %[[K]]
 // CHECK-NEXT:    %[[OFF:.*]] = megaslide.dsa3d_offsets %[[RQ]], %[[RK]] {grid = array<i64: 2, 4, 4>, megaslide.layer = 0 : i64, radius = 1 : i64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
 // CHECK-SAME:      : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
-// CHECK-NEXT:    %[[O:.*]] = megaslide.dsa3d %[[RQ]], %[[RK]], %[[V]], %[[OFF]] {grid = array<i64: 2, 4, 4>, megaslide.layer = 0 : i64, scale = 2.500000e-01 : f64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
+// CHECK-NEXT:    %[[O:[a-z0-9_]+]], %[[LSE:[a-z0-9_]+]] = megaslide.dsa3d %[[RQ]], %[[RK]], %[[V]], %[[OFF]] {grid = array<i64: 2, 4, 4>, megaslide.layer = 0 : i64, scale = 2.500000e-01 : f64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
+// CHECK-SAME:      -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
 // CHECK-NEXT:    %[[C:.*]] = megaslide.attention %[[O]], %[[TK]], %[[TV]] {megaslide.layer = 0 : i64}
-// CHECK-NEXT:    %[[DQ:.*]], %[[DK:.*]], %[[DV:.*]] = megaslide.dsa3d_grad %[[RQ]], %[[RK]], %[[V]], %[[OFF]], %[[O]], %[[DO]] {grid = array<i64: 2, 4, 4>, megaslide.layer = 0 : i64, scale = 2.500000e-01 : f64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
+// CHECK-NEXT:    %[[DQ:.*]], %[[DK:.*]], %[[DV:.*]] = megaslide.dsa3d_grad %[[RQ]], %[[RK]], %[[V]], %[[OFF]], %[[O]], %[[LSE]], %[[DO]] {grid = array<i64: 2, 4, 4>, megaslide.layer = 0 : i64, scale = 2.500000e-01 : f64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
 // CHECK-NEXT:    %{{.*}}, %{{.*}}, %{{.*}} = megaslide.attention_grad %[[O]], %[[TK]], %[[TV]], %[[C]], %[[DO]] {megaslide.layer = 0 : i64}
 // CHECK-NEXT:    return %[[C]], %[[DQ]], %[[DK]], %[[DV]]
 // CHECK-NOT:     megaslide.attention_grad %[[RQ]]

@@ -4,8 +4,8 @@
 // (the rewrite erases ops the IR walk would visit next).
 // CHECK-LABEL: func.func @adjacent
 // CHECK: %[[OFF:.*]] = megaslide.dsa3d_offsets
-// CHECK: %[[O:.*]] = megaslide.dsa3d {{.*}}, %[[OFF]]
-// CHECK-NEXT: megaslide.dsa3d_grad {{.*}}, %[[OFF]], %[[O]],
+// CHECK: %[[O:[a-z0-9_]+]], %[[LSE:[a-z0-9_]+]] = megaslide.dsa3d {{.*}}, %[[OFF]]
+// CHECK-NEXT: megaslide.dsa3d_grad {{.*}}, %[[OFF]], %[[O]], %[[LSE]],
 // CHECK-NOT: megaslide.attention
 func.func @adjacent(%q: tensor<1x32x2x8xbf16>, %k: tensor<1x32x2x8xbf16>, %v: tensor<1x32x2x8xbf16>,
                     %do: tensor<1x32x2x8xbf16>) -> tensor<1x32x2x8xbf16> {

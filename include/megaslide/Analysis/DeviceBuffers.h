@@ -39,13 +39,17 @@ struct DeviceBuffers {
 };
 
 /// Device values are the tensors produced on the compute and h2d streams
-/// (`msched.stream`); attention ops add a workspace for their softmax
-/// statistics, live during the op.
+/// (`msched.stream`); attention ops add a workspace (workspaceBytes), live
+/// during the op.
 DeviceBuffers collectDeviceBuffers(mlir::func::FuncOp step);
 
-/// Bytes of scratch an attention op needs beside its results: the fp32
-/// log-sum-exp per query and head (forward), plus the fp32 row sums of
-/// dO * O (backward). Zero for other ops.
+/// Bytes of scratch an attention op needs beside its results and operands.
+/// Global attention: the fp32 log-sum-exp per query and head (forward),
+/// plus the fp32 row sums of dO * O (backward). 3D-DSA returns its
+/// log-sum-exp as a result, so `dsa3d` needs none; `dsa3d_grad` needs the
+/// fp32 row sums of dO * O (B*H*N*4 bytes) plus the fp32 dK and dV
+/// accumulators of the CUDA backward (2*B*N*H*Dh*4 bytes). Zero for other
+/// ops.
 uint64_t workspaceBytes(mlir::Operation *op);
 
 /// The categories, in report order.

@@ -19,7 +19,8 @@ def RewriteAttentionToDsaPass : Pass<"megaslide-rewrite-attention-to-dsa",
     Replaces every `megaslide.attention` whose queries and keys carry 3D
     RoPE over a token grid (self-attention over video tokens) by
     `megaslide.dsa3d_offsets` + `megaslide.dsa3d`, and its
-    `megaslide.attention_grad` by `megaslide.dsa3d_grad`. Cross-attention
+    `megaslide.attention_grad` by `megaslide.dsa3d_grad` reading the
+    forward's output and fp32 log-sum-exp [B, H, N]. Cross-attention
     to text is left alone. A remark says why an attention is kept global
     (e.g. a grid smaller than the window).
   }];

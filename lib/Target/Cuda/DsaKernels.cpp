@@ -334,7 +334,11 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
         "offsets i32\n"
      << "// [B, H, nT, nY, nX, kt, 2] (dy, dx); lse fp32 [B, H, N], natural "
         "log of\n"
-     << "// sum exp(scale q.k); dk32, dv32 fp32 [B, N, H, D] scratch.\n//\n"
+     << "// sum exp(scale q.k): written by the forward (megaslide.dsa3d's "
+        "second result),\n"
+     << "// read by the backward (megaslide.dsa3d_grad's lse operand); dk32, "
+        "dv32 fp32\n"
+     << "// [B, N, H, D] scratch of the backward.\n//\n"
      << "// Kernels (grid for batch B; all dynamic shared memory beyond 48 KB "
         "needs\n"
      << "// cudaFuncAttributeMaxDynamicSharedMemorySize):\n";
@@ -484,6 +488,8 @@ void writeDsaManifest(ArrayRef<DsaConfig> configs,
                 "q, k, v, out, dq, dk, dv [B, N, H, D]; offsets i32 [B, H, "
                 "nT, nY, nX, kt, 2]; lse fp32 [B, H, N]; dk32, dv32 fp32 [B, "
                 "N, H, D]");
+    j.attribute("lse", "forward output (dsa3d's second result), backward "
+                       "input (dsa3d_grad's lse operand)");
     j.attributeArray("configs", [&] {
       for (auto [c, p] : llvm::zip(configs, plans)) {
         j.object([&] {
@@ -501,8 +507,9 @@ void writeDsaManifest(ArrayRef<DsaConfig> configs,
           j.attribute("tile_queries", c.tileQueries());
           j.attribute("window_keys", c.windowKeys());
           j.attribute("scale", "kernel argument (default 1/sqrt(head_dim))");
+          // lse is a graph tensor (planned like any result), not scratch.
+          j.attribute("lse_bytes_per_sample", c.heads * c.tokens() * 4);
           j.attributeObject("workspace_bytes_per_sample", [&] {
-            j.attribute("lse", c.heads * c.tokens() * 4);
             j.attribute("dk32", c.tokens() * c.heads * c.headDim * 4);
             j.attribute("dv32", c.tokens() * c.heads * c.headDim * 4);
           });

@@ -1051,10 +1051,10 @@ func.func @attention_grad_output(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x4x16
 
 func.func @dsa_window(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x3x2xi32>) {
   // expected-error @below {{window extent 3 along t exceeds the grid extent 2; use a window of at most the grid}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 3, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x3x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x3x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1064,10 +1064,10 @@ func.func @dsa_window(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x3x2xi32
 
 func.func @dsa_window_x(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @below {{window extent 5 along x exceeds the grid extent 4}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 5>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1077,10 +1077,10 @@ func.func @dsa_window_x(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi
 
 func.func @dsa_tile(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @below {{grid, window and tile must be positive, got grid [2, 4, 4], window [2, 2, 2], tile [1, 0, 2]}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 0, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1090,10 +1090,10 @@ func.func @dsa_tile(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>)
 
 func.func @dsa_tokens(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @below {{token count 32 does not match grid [2, 4, 8] (64 tokens)}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 8>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 8>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1103,10 +1103,10 @@ func.func @dsa_tokens(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32
 
 func.func @dsa_offsets(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2xi32>) {
   // expected-error @below {{'offsets' has shape [1, 4, 2, 2, 2, 2] but expected [1, 4, 2, 2, 2, 2, 2]}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1116,10 +1116,10 @@ func.func @dsa_offsets(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2xi32>
 
 func.func @dsa_offsets_ceil(%q: tensor<1x48x4x16xbf16>, %off: tensor<1x4x3x1x1x2x2xi32>) {
   // expected-error @below {{'offsets' has shape [1, 4, 3, 1, 1, 2, 2] but expected [1, 4, 2, 1, 1, 2, 2]}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 3, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 3, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 2, 4, 4>}
       : (tensor<1x48x4x16xbf16>, tensor<1x48x4x16xbf16>, tensor<1x48x4x16xbf16>,
-         tensor<1x4x3x1x1x2x2xi32>) -> tensor<1x48x4x16xbf16>
+         tensor<1x4x3x1x1x2x2xi32>) -> (tensor<1x48x4x16xbf16>, tensor<1x4x48xf32>)
   return
 }
 
@@ -1129,10 +1129,10 @@ func.func @dsa_offsets_ceil(%q: tensor<1x48x4x16xbf16>, %off: tensor<1x4x3x1x1x2
 
 func.func @dsa_key(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @below {{'key' has shape [1, 8, 4, 16] but expected [1, 32, 4, 16]}}
-  %o = megaslide.dsa3d %q, %k, %k, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %k, %k, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x8x4x16xbf16>, tensor<1x8x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1142,10 +1142,10 @@ func.func @dsa_key(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x4x16xbf16>, %off: 
 
 func.func @dsa_rank(%q: tensor<32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @below {{'query' must have rank 4 [B, N, H, Dh], got [32, 4, 16]}}
-  %o = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<32x4x16xbf16>, tensor<32x4x16xbf16>, tensor<32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -1153,12 +1153,14 @@ func.func @dsa_rank(%q: tensor<32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
 
 // Tests that dsa3d_grad's value gradient has the query's shape.
 
-func.func @dsa_grad_dv(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>, %bad: tensor<1x32x4x8xbf16>) {
+func.func @dsa_grad_dv(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>,
+                        %lse: tensor<1x4x32xf32>, %bad: tensor<1x32x4x8xbf16>) {
   // expected-error @below {{'value_grad' has shape [1, 32, 4, 8] but expected [1, 32, 4, 16]}}
-  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %q {grid = array<i64: 2, 4, 4>,
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %lse, %q {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
         -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x8xbf16>)
   return
 }
@@ -1167,12 +1169,91 @@ func.func @dsa_grad_dv(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi3
 
 // Tests that dsa3d_grad checks its window like dsa3d.
 
-func.func @dsa_grad_window(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
+func.func @dsa_grad_window(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>,
+                           %lse: tensor<1x4x32xf32>) {
   // expected-error @below {{window extent 8 along y exceeds the grid extent 4}}
-  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %q {grid = array<i64: 2, 4, 4>,
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %lse, %q {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 8, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
+        -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+  return
+}
+
+// -----
+
+// Tests that the 3D-DSA log-sum-exp is [B, H, N], not the token-major
+// [B, N, H] of the query.
+
+func.func @dsa_lse_shape(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
+  // expected-error @below {{'lse' has shape [1, 32, 4] but expected [1, 4, 32]}}
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+      window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
+      : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x32x4xf32>)
+  return
+}
+
+// -----
+
+// Tests that the 3D-DSA log-sum-exp stays fp32 whatever q's precision.
+
+func.func @dsa_lse_type(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) {
+  // expected-error @below {{result #1 must be ranked tensor of 32-bit float values, but got 'tensor<1x4x32xbf16>'}}
+  %o, %lse = megaslide.dsa3d %q, %q, %q, %off {grid = array<i64: 2, 4, 4>,
+      window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
+      : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xbf16>)
+  return
+}
+
+// -----
+
+// Tests that dsa3d_grad checks the log-sum-exp it consumes like dsa3d
+// (here one sample too many).
+
+func.func @dsa_grad_lse_shape(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>,
+                              %lse: tensor<2x4x32xf32>) {
+  // expected-error @below {{'lse' has shape [2, 4, 32] but expected [1, 4, 32]}}
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %lse, %q {grid = array<i64: 2, 4, 4>,
+      window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
+      : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<2x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
+        -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+  return
+}
+
+// -----
+
+// Tests that dsa3d_grad takes an fp32 log-sum-exp, also when q is f16.
+
+func.func @dsa_grad_lse_type(%q: tensor<1x32x4x16xf16>, %off: tensor<1x4x2x2x2x2x2xi32>,
+                             %lse: tensor<1x4x32xf16>) {
+  // expected-error @below {{operand #5 must be ranked tensor of 32-bit float values, but got 'tensor<1x4x32xf16>'}}
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %lse, %q {grid = array<i64: 2, 4, 4>,
+      window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
+      : (tensor<1x32x4x16xf16>, tensor<1x32x4x16xf16>, tensor<1x32x4x16xf16>,
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xf16>, tensor<1x4x32xf16>,
+         tensor<1x32x4x16xf16>)
+        -> (tensor<1x32x4x16xf16>, tensor<1x32x4x16xf16>, tensor<1x32x4x16xf16>)
+  return
+}
+
+// -----
+
+// Tests that the fp32 log-sum-exp is exempt from the same-element-type rule
+// but the 16-bit tensors still share one type.
+
+func.func @dsa_grad_mixed(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>,
+                          %lse: tensor<1x4x32xf32>, %do: tensor<1x32x4x16xf16>) {
+  // expected-error @below {{mixes element types 'bf16' and 'f16'; insert megaslide.cast}}
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %q, %q, %off, %q, %lse, %do {grid = array<i64: 2, 4, 4>,
+      window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
+      : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xf16>)
         -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
   return
 }

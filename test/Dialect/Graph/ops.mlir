@@ -286,29 +286,34 @@ func.func @attention(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x4x16xbf16>, %v: 
 // -----
 
 // Tests that the 3D-DSA ops dsa3d_offsets, dsa3d and dsa3d_grad round-trip
-// with their grid, window, tile, radius and scale attributes.
+// with their grid, window, tile, radius and scale attributes, the forward's
+// fp32 log-sum-exp [B, H, N] result and the backward's lse operand between
+// the output and its gradient.
 
 // CHECK-LABEL: func.func @dsa3d(
-// CHECK-SAME:      %[[Q:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[K:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[V:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>)
-func.func @dsa3d(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: tensor<1x32x4x16xbf16>) {
+// CHECK-SAME:      %[[Q:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[K:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[V:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[DO:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>)
+func.func @dsa3d(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: tensor<1x32x4x16xbf16>,
+                 %do: tensor<1x32x4x16xbf16>) {
   // CHECK: %[[OFF:.*]] = megaslide.dsa3d_offsets %[[Q]], %[[K]] {grid = array<i64: 2, 4, 4>, radius = 1 : i64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
   // CHECK-SAME: : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, radius = 1 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
-  // CHECK: %[[O:.*]] = megaslide.dsa3d %[[Q]], %[[K]], %[[V]], %[[OFF]] {grid = array<i64: 2, 4, 4>, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
-  // CHECK-SAME: : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  // CHECK: %[[O:[a-z0-9_]+]], %[[LSE:[a-z0-9_]+]] = megaslide.dsa3d %[[Q]], %[[K]], %[[V]], %[[OFF]] {grid = array<i64: 2, 4, 4>, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
+  // CHECK-SAME: : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-  // CHECK: %{{.*}}, %{{.*}}, %{{.*}} = megaslide.dsa3d_grad %[[Q]], %[[K]], %[[V]], %[[OFF]], %[[O]], %[[O]]
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
+  // CHECK: %{{.*}}, %{{.*}}, %{{.*}} = megaslide.dsa3d_grad %[[Q]], %[[K]], %[[V]], %[[OFF]], %[[O]], %[[LSE]], %[[DO]]
   // CHECK-SAME: {grid = array<i64: 2, 4, 4>, scale = 2.500000e-01 : f64, tile = array<i64: 1, 2, 2>, window = array<i64: 2, 2, 2>}
+  // CHECK-SAME: : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>, tensor<1x32x4x16xbf16>)
   // CHECK-SAME: -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
-  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %o {grid = array<i64: 2, 4, 4>,
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %lse, %do {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, scale = 0.25 : f64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
         -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
   return
 }

@@ -10,8 +10,9 @@
 // Tests that NVRTC compiles the kernels of a small and of the 105B video
 // DiT configuration to sm_90a cubins with no register spills in any kernel,
 // that the forward of the 105B configuration fits two CTAs per SM, that the
-// manifest names every kernel, and that a second run is served from the
-// on-disk kernel cache.
+// manifest names every kernel and sizes the backward's fp32 scratch apart
+// from lse (a graph tensor: dsa3d's second result), and that a second run
+// is served from the on-disk kernel cache.
 
 // TOOL:      dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1.cubin: {{[1-9][0-9]*}} bytes{{$}}
 // TOOL-NEXT: dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4.cubin: {{[1-9][0-9]*}} bytes{{$}}
@@ -60,9 +61,17 @@
 // BIG:         spill stores:      0 bytes
 // BIG-NEXT:    spill loads:       0 bytes
 
+// MANIFEST:      "lse": "forward output (dsa3d's second result), backward input (dsa3d_grad's lse operand)",
 // MANIFEST:      "name": "dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1",
 // MANIFEST:      "name": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4",
 // MANIFEST-NEXT: "source": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4.cu",
+// Per sample: lse H * N * 4 = 96 * 75600 * 4; dk32 = dv32 = N * H * D * 4 =
+// 75600 * 96 * 128 * 4.
+// MANIFEST:      "lse_bytes_per_sample": 29030400,
+// MANIFEST-NEXT: "workspace_bytes_per_sample": {
+// MANIFEST-NEXT:   "dk32": 3715891200,
+// MANIFEST-NEXT:   "dv32": 3715891200
+// MANIFEST-NEXT: },
 // MANIFEST:      "kind": "forward",
 // MANIFEST-NEXT: "name": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_fwd",
 // MANIFEST-NEXT: "grid_formula": "(tiles 630 x query blocks 1, heads 96, batch B)",
@@ -75,10 +84,10 @@ func.func @tiny(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: tens
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, radius = 1 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -86,9 +95,9 @@ func.func @video_105b(%q: tensor<1x75600x96x128xbf16>, %k: tensor<1x75600x96x128
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 21, 45, 80>,
       window = array<i64: 9, 15, 24>, tile = array<i64: 3, 5, 8>, radius = 4 : i64}
       : (tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>) -> tensor<1x96x7x9x10x9x2xi32>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 21, 45, 80>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 21, 45, 80>,
       window = array<i64: 9, 15, 24>, tile = array<i64: 3, 5, 8>}
       : (tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>,
-         tensor<1x96x7x9x10x9x2xi32>) -> tensor<1x75600x96x128xbf16>
+         tensor<1x96x7x9x10x9x2xi32>) -> (tensor<1x75600x96x128xbf16>, tensor<1x96x75600xf32>)
   return
 }

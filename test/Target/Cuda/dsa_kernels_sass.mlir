@@ -25,9 +25,9 @@ func.func @tiny(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: tens
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, radius = 1 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }

@@ -40,14 +40,15 @@ func.func @one_config(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, radius = 1 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x2x2x2x2x2xi32>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %o {grid = array<i64: 2, 4, 4>,
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
+  %dq, %dk, %dv = megaslide.dsa3d_grad %q, %k, %v, %off, %o, %lse, %o {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>, scale = 0.25 : f64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
+         tensor<1x4x2x2x2x2x2xi32>, tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>,
+         tensor<1x32x4x16xbf16>)
         -> (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>)
   return
 }
@@ -70,18 +71,18 @@ func.func @dedup(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: ten
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 2, 2, 2>, radius = 2 : i64}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>) -> tensor<1x4x1x2x2x2x2xi32>
-  %o1 = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  %o1, %lse1 = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 2, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x1x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-  %o2 = megaslide.dsa3d %o1, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+         tensor<1x4x1x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
+  %o2, %lse2 = megaslide.dsa3d %o1, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 2, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x1x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-  %o3 = megaslide.dsa3d %q, %k, %v, %ext {grid = array<i64: 2, 4, 4>,
+         tensor<1x4x1x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
+  %o3, %lse3 = megaslide.dsa3d %q, %k, %v, %ext {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x4x32xf32>)
   return
 }
 
@@ -90,13 +91,17 @@ func.func @dedup(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: ten
 // Tests the 105B video DiT configuration (720p, 21 latent frames): 630
 // tiles of 120 queries (8 warps, one CTA each), 3240-key windows streamed
 // in 64-key chunks through two shared-memory stages, two forward CTAs per
-// SM requested from ptxas, and the fp32 dK/dV scratch of the backward.
+// SM requested from ptxas, lse as the forward's output and the backward's
+// input, and the fp32 dK/dV scratch of the backward.
 
 // CHECK-LABEL: //--- dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4.cu
 // CHECK:       //   grid (T, Y, X)      = (21, 45, 80)  75600 tokens
 // CHECK-NEXT:  //   window (kt, ky, kx) = (9, 15, 24)  3240 keys per query tile
 // CHECK-NEXT:  //   tile (tt, ty, tx)   = (3, 5, 8)  120 queries; 7 x 9 x 10 = 630 tiles
 // CHECK-NEXT:  //   heads 96, head dim 128, element type bf16, offset radius 4
+// CHECK:       // sum exp(scale q.k): written by the forward (megaslide.dsa3d's second result),
+// CHECK-NEXT:  // read by the backward (megaslide.dsa3d_grad's lse operand); dk32, dv32 fp32
+// CHECK-NEXT:  // [B, N, H, D] scratch of the backward.
 // CHECK:       //   dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_fwd
 // CHECK-NEXT:  //     grid (tiles 630 x query blocks 1, heads 96, batch B), 256 threads, 104996 bytes dynamic shared memory
 // CHECK-NEXT:  //   dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_bwd
@@ -117,10 +122,10 @@ func.func @video_105b(%q: tensor<1x75600x96x128xbf16>, %k: tensor<1x75600x96x128
   %off = megaslide.dsa3d_offsets %q, %k {grid = array<i64: 21, 45, 80>,
       window = array<i64: 9, 15, 24>, tile = array<i64: 3, 5, 8>, radius = 4 : i64}
       : (tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>) -> tensor<1x96x7x9x10x9x2xi32>
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 21, 45, 80>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 21, 45, 80>,
       window = array<i64: 9, 15, 24>, tile = array<i64: 3, 5, 8>}
       : (tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>, tensor<1x75600x96x128xbf16>,
-         tensor<1x96x7x9x10x9x2xi32>) -> tensor<1x75600x96x128xbf16>
+         tensor<1x96x7x9x10x9x2xi32>) -> (tensor<1x75600x96x128xbf16>, tensor<1x96x75600xf32>)
   return
 }
 

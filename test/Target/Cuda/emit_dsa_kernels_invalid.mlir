@@ -31,9 +31,9 @@ func.func @head_dim_272(%q: tensor<1x32x4x272xbf16>, %k: tensor<1x32x4x272xbf16>
 func.func @f32(%q: tensor<1x32x4x16xf32>, %k: tensor<1x32x4x16xf32>, %v: tensor<1x32x4x16xf32>,
                %off: tensor<1x4x2x2x2x2x2xi32>) {
   // expected-error @+1 {{3D-DSA CUDA kernels take bf16 or f16 q/k/v (tensor-core mma), got f32}}
-  %o = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
+  %o, %lse = megaslide.dsa3d %q, %k, %v, %off {grid = array<i64: 2, 4, 4>,
       window = array<i64: 2, 2, 2>, tile = array<i64: 1, 2, 2>}
       : (tensor<1x32x4x16xf32>, tensor<1x32x4x16xf32>, tensor<1x32x4x16xf32>,
-         tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xf32>
+         tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xf32>, tensor<1x4x32xf32>)
   return
 }
