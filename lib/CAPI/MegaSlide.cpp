@@ -21,13 +21,19 @@ static char *copyString(const std::string &s) {
   return out;
 }
 
-int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
-                           int64_t width, int latentUnits, int64_t batch,
-                           int64_t textLen, char **json, char **error) {
+/// The C API's `batch` and `text_len` (0: the config's) as options.
+static TrainingOptions trainingOptions(int64_t batch, int64_t textLen) {
   TrainingOptions options;
   options.batch = batch;
   if (textLen != 0)
     options.textLen = textLen;
+  return options;
+}
+
+int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
+                           int64_t width, int latentUnits, int64_t batch,
+                           int64_t textLen, char **json, char **error) {
+  TrainingOptions options = trainingOptions(batch, textLen);
   VideoShape video{frames, height, width, latentUnits != 0};
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
   llvm::Expected<ModelInfo> info =
@@ -109,10 +115,7 @@ int megaslidePlanJson(const char *model, int64_t frames, int64_t height,
     *error = copyString(llvm::toString(options.takeError()));
     return 1;
   }
-  TrainingOptions training;
-  training.batch = batch;
-  if (textLen != 0)
-    training.textLen = textLen;
+  TrainingOptions training = trainingOptions(batch, textLen);
   VideoShape video{frames, height, width, latentUnits != 0};
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
   llvm::Expected<PlanResult> plan =
