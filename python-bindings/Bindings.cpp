@@ -41,8 +41,8 @@ std::string modelInfoJson(const std::string &model, int64_t frames,
 }
 
 std::string planJson(const std::string &model, int64_t frames, int64_t height,
-                     int64_t width, bool latent, int64_t batch,
-                     int64_t textLen, const std::string &options) {
+                     int64_t width, bool latent, int64_t batch, int64_t textLen,
+                     const std::string &options) {
   char *json = nullptr, *error = nullptr;
   int rc = megaslidePlanJson(model.c_str(), frames, height, width, latent,
                              batch, textLen, options.c_str(), &json, &error);

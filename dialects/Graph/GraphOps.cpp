@@ -61,9 +61,8 @@ LogicalResult expectSameElementType(Operation *op, ValueRange values) {
     if (!first)
       first = et;
     else if (et != first)
-      return op->emitOpError()
-             << "mixes element types " << first << " and " << et
-             << "; insert megaslide.cast";
+      return op->emitOpError() << "mixes element types " << first << " and "
+                               << et << "; insert megaslide.cast";
   }
   return success();
 }
@@ -113,10 +112,10 @@ LogicalResult verifyDsaOperands(Operation *op, Value q, Value k, Value v,
   static const char *axes[] = {"t", "y", "x"};
   for (int i = 0; i < 3; ++i) {
     if (grid[i] <= 0 || tile[i] <= 0 || window[i] <= 0)
-      return op->emitOpError() << "grid, window and tile must be positive, got "
-                               << "grid " << shapeString(grid) << ", window "
-                               << shapeString(window) << ", tile "
-                               << shapeString(tile);
+      return op->emitOpError()
+             << "grid, window and tile must be positive, got "
+             << "grid " << shapeString(grid) << ", window "
+             << shapeString(window) << ", tile " << shapeString(tile);
     if (window[i] > grid[i])
       return op->emitOpError()
              << "window extent " << window[i] << " along " << axes[i]
@@ -125,9 +124,9 @@ LogicalResult verifyDsaOperands(Operation *op, Value q, Value k, Value v,
   }
   int64_t tokens = grid[0] * grid[1] * grid[2];
   if (qs[1] != tokens)
-    return op->emitOpError() << "token count " << qs[1]
-                             << " does not match grid " << shapeString(grid)
-                             << " (" << tokens << " tokens)";
+    return op->emitOpError()
+           << "token count " << qs[1] << " does not match grid "
+           << shapeString(grid) << " (" << tokens << " tokens)";
   offsetsShape.assign({qs[0], qs[2], ceilDiv(grid[0], tile[0]),
                        ceilDiv(grid[1], tile[1]), ceilDiv(grid[2], tile[2]),
                        window[0], 2});
@@ -171,12 +170,12 @@ static LogicalResult verifyParamUse(Operation *op, FlatSymbolRefAttr param,
                                     SymbolTableCollection &symbolTable) {
   auto decl = symbolTable.lookupNearestSymbolFrom<ParamOp>(op, param);
   if (!decl)
-    return op->emitOpError() << "'" << param.getValue()
-                             << "' does not name a megaslide.param";
+    return op->emitOpError()
+           << "'" << param.getValue() << "' does not name a megaslide.param";
   if (decl.getType() != type)
-    return op->emitOpError() << "type " << type << " does not match "
-                             << decl.getType() << " declared by '"
-                             << param.getValue() << "'";
+    return op->emitOpError()
+           << "type " << type << " does not match " << decl.getType()
+           << " declared by '" << param.getValue() << "'";
   return success();
 }
 
@@ -232,7 +231,8 @@ LogicalResult SplitOp::verify() {
   if (in.getRank() == 0 || in.getShape().back() % n != 0)
     return emitOpError() << "last dimension of " << shapeString(in.getShape())
                          << " is not divisible into " << n << " chunks";
-  SmallVector<int64_t> chunk = withLast(in.getShape(), in.getShape().back() / n);
+  SmallVector<int64_t> chunk =
+      withLast(in.getShape(), in.getShape().back() / n);
   for (Value r : getResults())
     if (failed(expectShape(*this, "result", r, chunk)))
       return failure();
@@ -296,10 +296,12 @@ LogicalResult PatchEmbedOp::verify() {
                          << " must have at least one output channel";
   if (w[1] != tensorType(getInput()).getShape()[1])
     return emitOpError() << "weight has " << w[1] << " input channels but the "
-                         << "latents have " << tensorType(getInput()).getShape()[1];
+                         << "latents have "
+                         << tensorType(getInput()).getShape()[1];
   SmallVector<int64_t> tokens;
   if (failed(expectShape(*this, "bias", getBias(), {w[0]})) ||
-      failed(tokenShape(*this, getInput(), patchOf(getWeight()), w[0], tokens)) ||
+      failed(
+          tokenShape(*this, getInput(), patchOf(getWeight()), w[0], tokens)) ||
       failed(expectShape(*this, "result", getResult(), tokens)))
     return failure();
   return expectSameElementType(*this);
@@ -430,7 +432,8 @@ LogicalResult LinearGradDataOp::verify() {
     return emitOpError() << "result_grad " << shapeString(dy)
                          << " does not end in the weight's out-features "
                          << w[0];
-  if (failed(expectShape(*this, "input_grad", getInputGrad(), withLast(dy, w[1]))))
+  if (failed(
+          expectShape(*this, "input_grad", getInputGrad(), withLast(dy, w[1]))))
     return failure();
   return expectSameElementType(*this);
 }
@@ -511,7 +514,8 @@ LogicalResult RMSNormGradOp::verify() {
   if (failed(verifyNormInput(*this, getInput())))
     return failure();
   if (static_cast<bool>(getGamma()) != static_cast<bool>(getGammaGrad()))
-    return emitOpError() << "returns a gamma gradient exactly when gamma is given";
+    return emitOpError()
+           << "returns a gamma gradient exactly when gamma is given";
   ArrayRef<int64_t> x = tensorType(getInput()).getShape();
   if (getGamma() &&
       (failed(verifyChannelParam(*this, "gamma", getGamma(), getInput())) ||
@@ -526,9 +530,10 @@ LogicalResult RMSNormGradOp::verify() {
 }
 
 /// Checks x [B, N, D] and per-sample vectors [B, D] (adaLN shift/scale/gate).
-static LogicalResult verifyModulation(Operation *op, Value x,
-                                      ArrayRef<std::pair<StringRef, Value>> vecs,
-                                      ArrayRef<std::pair<StringRef, Value>> like) {
+static LogicalResult
+verifyModulation(Operation *op, Value x,
+                 ArrayRef<std::pair<StringRef, Value>> vecs,
+                 ArrayRef<std::pair<StringRef, Value>> like) {
   if (failed(expectRank(op, "input", x, 3, "[B, N, D]")))
     return failure();
   ArrayRef<int64_t> s = tensorType(x).getShape();
@@ -631,11 +636,12 @@ static LogicalResult verifyAttentionOperands(Operation *op, Value q, Value k,
   if (failed(expectRank(op, "query", q, 4, "[B, N, H, Dh]")) ||
       failed(expectRank(op, "key", k, 4, "[B, N, H, Dh]")))
     return failure();
-  ArrayRef<int64_t> qs = tensorType(q).getShape(), ks = tensorType(k).getShape();
+  ArrayRef<int64_t> qs = tensorType(q).getShape(),
+                    ks = tensorType(k).getShape();
   if (qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3])
-    return op->emitOpError() << "query " << shapeString(qs) << " and key "
-                             << shapeString(ks)
-                             << " differ in batch, heads or head dim";
+    return op->emitOpError()
+           << "query " << shapeString(qs) << " and key " << shapeString(ks)
+           << " differ in batch, heads or head dim";
   if (failed(expectShape(op, "value", v, ks)))
     return failure();
   return expectSameElementType(op);

@@ -17,8 +17,8 @@ LogicalResult PackOp::verify() {
   ArrayRef<int64_t> sizes = getSizes(), starts = getStarts(), ends = getEnds();
   size_t n = sizes.size();
   if (starts.size() != n || ends.size() != n)
-    return emitOpError() << "needs one start and one end per slice: "
-                         << n << " sizes, " << starts.size() << " starts, "
+    return emitOpError() << "needs one start and one end per slice: " << n
+                         << " sizes, " << starts.size() << " starts, "
                          << ends.size() << " ends";
   for (size_t i = 0; i < n; ++i) {
     if (sizes[i] < 0)
@@ -94,12 +94,12 @@ lookupParam(Operation *op, FlatSymbolRefAttr param, RankedTensorType type,
             SymbolTableCollection &symbolTable) {
   auto decl = symbolTable.lookupNearestSymbolFrom<graph::ParamOp>(op, param);
   if (!decl)
-    return op->emitOpError() << "'" << param.getValue()
-                             << "' does not name a megaslide.param";
+    return op->emitOpError()
+           << "'" << param.getValue() << "' does not name a megaslide.param";
   if (decl.getTensorType().getShape() != type.getShape())
-    return op->emitOpError() << "type " << type << " does not have the shape of "
-                             << decl.getType() << " declared by '"
-                             << param.getValue() << "'";
+    return op->emitOpError()
+           << "type " << type << " does not have the shape of "
+           << decl.getType() << " declared by '" << param.getValue() << "'";
   return decl;
 }
 
@@ -121,14 +121,14 @@ LogicalResult FetchOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 
 LogicalResult
 HostAdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
-  FailureOr<graph::ParamOp> decl = lookupParam(
-      *this, getParamAttr(), cast<RankedTensorType>(getGrad().getType()),
-      symbolTable);
+  FailureOr<graph::ParamOp> decl =
+      lookupParam(*this, getParamAttr(),
+                  cast<RankedTensorType>(getGrad().getType()), symbolTable);
   if (failed(decl))
     return failure();
   if (decl->getRole() != graph::ParamRole::master)
-    return emitOpError() << "updates trainable parameters; '"
-                         << getParam() << "' is a '"
+    return emitOpError() << "updates trainable parameters; '" << getParam()
+                         << "' is a '"
                          << graph::stringifyParamRole(decl->getRole())
                          << "' tensor";
   return success();
@@ -138,7 +138,8 @@ LogicalResult LaunchOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   auto kernel =
       symbolTable.lookupNearestSymbolFrom<func::FuncOp>(*this, getKernelAttr());
   if (!kernel)
-    return emitOpError() << "'" << getKernel() << "' does not name a kernel function";
+    return emitOpError() << "'" << getKernel()
+                         << "' does not name a kernel function";
   FunctionType type = kernel.getFunctionType();
   if (!llvm::equal(type.getInputs(), getOperands().getTypes()) ||
       !llvm::equal(type.getResults(), getResults().getTypes()))

@@ -36,17 +36,16 @@ const Field kFields[] = {
     {"transfer_latency", &HardwareModel::transferLatency, "s"},
     {"launch_latency", &HardwareModel::launchLatency, "s"},
     {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, "B/s"},
-    {"host_adamw_params_per_second",
-     &HardwareModel::hostAdamWParamsPerSecond, "params/s"},
+    {"host_adamw_params_per_second", &HardwareModel::hostAdamWParamsPerSecond,
+     "params/s"},
 };
 
 llvm::Error fieldError(llvm::StringRef source, llvm::StringRef key,
                        const llvm::Twine &problem) {
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(),
-      llvm::formatv("{0}: hardware field '{1}': {2}", source, key,
-                    problem.str())
-          .str());
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 llvm::formatv("{0}: hardware field '{1}': {2}",
+                                               source, key, problem.str())
+                                     .str());
 }
 
 } // namespace
@@ -55,9 +54,9 @@ llvm::Expected<HardwareModel>
 megaslide::parseHardwareModel(llvm::StringRef json, llvm::StringRef source) {
   llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
   if (!parsed)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(), "%s: invalid JSON: %s",
-        source.str().c_str(), llvm::toString(parsed.takeError()).c_str());
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: invalid JSON: %s", source.str().c_str(),
+                                   llvm::toString(parsed.takeError()).c_str());
   const llvm::json::Object *obj = parsed->getAsObject();
   if (!obj)
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -74,16 +73,16 @@ megaslide::parseHardwareModel(llvm::StringRef json, llvm::StringRef source) {
       }
       return fieldError(source, key, "expected a string");
     }
-    const Field *field = llvm::find_if(
-        kFields, [&](const Field &f) { return key == f.key; });
+    const Field *field =
+        llvm::find_if(kFields, [&](const Field &f) { return key == f.key; });
     if (field == std::end(kFields))
       return fieldError(source, key,
                         "unknown field; see docs/CostModel.md for the list");
     std::optional<double> number = value.getAsNumber();
     if (!number || *number <= 0)
-      return fieldError(source, key,
-                        llvm::formatv("expected a positive number in {0}",
-                                      field->unit));
+      return fieldError(
+          source, key,
+          llvm::formatv("expected a positive number in {0}", field->unit));
     if (llvm::StringRef(field->unit) == "0..1" && *number > 1)
       return fieldError(source, key, "an efficiency is a fraction in (0, 1]");
     hw.*(field->member) = *number;
@@ -91,13 +90,13 @@ megaslide::parseHardwareModel(llvm::StringRef json, llvm::StringRef source) {
   return hw;
 }
 
-llvm::Expected<HardwareModel> megaslide::loadHardwareModel(llvm::StringRef path) {
+llvm::Expected<HardwareModel>
+megaslide::loadHardwareModel(llvm::StringRef path) {
   auto buffer = llvm::MemoryBuffer::getFile(path);
   if (!buffer)
-    return llvm::createStringError(buffer.getError(),
-                                   "cannot read hardware description '%s': %s",
-                                   path.str().c_str(),
-                                   buffer.getError().message().c_str());
+    return llvm::createStringError(
+        buffer.getError(), "cannot read hardware description '%s': %s",
+        path.str().c_str(), buffer.getError().message().c_str());
   return parseHardwareModel((*buffer)->getBuffer(), path);
 }
 
@@ -132,8 +131,8 @@ OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
         fetch, fetch.getParamAttr());
     double read = source ? tensorBytes(source.getType()) : cost.bytes;
     double staging = (read + cost.bytes) / hw.hostMemoryBandwidth;
-    cost.seconds = hw.transferLatency +
-                   std::max(cost.bytes / hw.h2dBandwidth, staging);
+    cost.seconds =
+        hw.transferLatency + std::max(cost.bytes / hw.h2dBandwidth, staging);
   } else if (isa<sched::HostToDeviceOp>(op)) {
     cost.bytes = sumBytes(op->getResults());
     cost.seconds = hw.transferLatency + cost.bytes / hw.h2dBandwidth;
@@ -148,10 +147,10 @@ OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
     graph::FlopCount f = counted.getFlopCount();
     cost.flops = f.total();
     cost.bytes = sumBytes(op->getOperands()) + sumBytes(op->getResults());
-    double compute = f.matmul / (hw.bf16DenseFlops * hw.matmulEfficiency) +
-                     f.attention /
-                         (hw.bf16DenseFlops * hw.attentionEfficiency) +
-                     f.other / hw.vectorFlops;
+    double compute =
+        f.matmul / (hw.bf16DenseFlops * hw.matmulEfficiency) +
+        f.attention / (hw.bf16DenseFlops * hw.attentionEfficiency) +
+        f.other / hw.vectorFlops;
     double memory = cost.bytes / (hw.hbmBandwidth * hw.hbmEfficiency);
     cost.seconds = hw.launchLatency + std::max(compute, memory);
   } else if (isa<graph::GraphDialect>(op->getDialect()) &&

@@ -123,7 +123,8 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
     int64_t start = result.index[v.getDefiningOp()], end = start;
     for (Operation *user : v.getUsers())
       end = std::max(end, result.index.lookup(user));
-    auto [it, inserted] = bufferOfLeader.try_emplace(leader, result.buffers.size());
+    auto [it, inserted] =
+        bufferOfLeader.try_emplace(leader, result.buffers.size());
     if (inserted) {
       DeviceBuffer b;
       b.value = leader;

@@ -95,9 +95,11 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   r.gpuReserve = gpuReserve;
   r.hostBudget = hostBudget;
   r.violations = std::move(violations);
-  if (auto policy = module->getAttrOfType<StringAttr>("msched.host_state_policy"))
+  if (auto policy =
+          module->getAttrOfType<StringAttr>("msched.host_state_policy"))
     r.hostStatePolicy = policy.str();
-  if (auto policies = module->getAttrOfType<ArrayAttr>("msched.activation_policy"))
+  if (auto policies =
+          module->getAttrOfType<ArrayAttr>("msched.activation_policy"))
     for (Attribute p : policies)
       r.activationPolicy.push_back(cast<StringAttr>(p).str());
 
@@ -120,7 +122,8 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   DeviceBuffers buffers = collectDeviceBuffers(step);
   if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena"))
     r.devicePeak = arena.getSize();
-  std::vector<int64_t> delta(buffers.numSteps + 1, 0), live(buffers.numSteps, 0);
+  std::vector<int64_t> delta(buffers.numSteps + 1, 0),
+      live(buffers.numSteps, 0);
   for (const DeviceBuffer &b : buffers.buffers) {
     delta[b.slice.start] += b.slice.size;
     delta[b.slice.end + 1] -= b.slice.size;
@@ -141,10 +144,10 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   r.deviceByCategory = sorted(byCategory);
   if (r.devicePeak > peakLive)
     r.deviceByCategory.push_back(
-        {"alignment and fragmentation", r.devicePeak - std::max<int64_t>(peakLive, 0)});
-  llvm::stable_sort(atPeak, [](auto *a, auto *b) {
-    return a->slice.size > b->slice.size;
-  });
+        {"alignment and fragmentation",
+         r.devicePeak - std::max<int64_t>(peakLive, 0)});
+  llvm::stable_sort(
+      atPeak, [](auto *a, auto *b) { return a->slice.size > b->slice.size; });
   for (const DeviceBuffer *b : llvm::ArrayRef(atPeak).take_front(10))
     r.topConsumers.push_back({b->slice.size, b->describe()});
 
@@ -190,8 +193,9 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
       bool checkpoint = llvm::any_of(out->getUsers(), [](Operation *u) {
         return isa<sched::HostToDeviceOp>(u);
       });
-      d2hKinds[grad ? "gradients" : checkpoint ? "checkpoints" : "loss"] +=
-          cost.bytes;
+      d2hKinds[grad         ? "gradients"
+               : checkpoint ? "checkpoints"
+                            : "loss"] += cost.bytes;
     }
     // Results occupy their arena bytes from the producer on (reshapes are
     // views and write nothing).
@@ -262,7 +266,8 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   for (const DeviceBuffer &b : buffers.buffers)
     if (b.category == "checkpoints" && b.value &&
         !isa<sched::HostToDeviceOp>(b.owner))
-      if (auto l = b.owner->getAttrOfType<IntegerAttr>(sched::kCheckpointAttrName);
+      if (auto l =
+              b.owner->getAttrOfType<IntegerAttr>(sched::kCheckpointAttrName);
           l && l.getInt() < numLayers)
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);
@@ -289,7 +294,8 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
       auto it = std::find_if(r.streamTimeline.rbegin(), r.streamTimeline.rend(),
                              [&](auto &iv) { return iv.stream == stream; });
       if (it != r.streamTimeline.rend() && it->label == label &&
-          timeline.start[i] - it->end < 1e-3 * std::max(1.0, timeline.makespan)) {
+          timeline.start[i] - it->end <
+              1e-3 * std::max(1.0, timeline.makespan)) {
         it->end = std::max(it->end, timeline.end[i]);
         continue;
       }
@@ -313,14 +319,14 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
   for (const std::string &p : r.activationPolicy)
     activation.push_back(p);
   for (const PlanReport::Layer &l : r.layers)
-    layers.push_back(llvm::json::Object{
-        {"layer", l.index},
-        {"params", l.params},
-        {"host_bytes", l.hostBytes},
-        {"shard_bytes", l.shardBytes},
-        {"device_peak_bytes", l.devicePeak},
-        {"checkpoint_bytes", l.checkpointBytes},
-        {"activation_policy", l.activationPolicy}});
+    layers.push_back(
+        llvm::json::Object{{"layer", l.index},
+                           {"params", l.params},
+                           {"host_bytes", l.hostBytes},
+                           {"shard_bytes", l.shardBytes},
+                           {"device_peak_bytes", l.devicePeak},
+                           {"checkpoint_bytes", l.checkpointBytes},
+                           {"activation_policy", l.activationPolicy}});
   for (const auto &[bytes, what] : r.topConsumers)
     top.push_back(llvm::json::Object{{"bytes", bytes}, {"what", what}});
   for (const auto &[t, bytes] : r.memoryTimeline)
@@ -347,8 +353,9 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
   out["hardware"] = toJson(r.hardware);
   out["policies"] = llvm::json::Object{{"host_state", r.hostStatePolicy},
                                        {"activation", std::move(activation)}};
-  out["host"] = llvm::json::Object{{"total_bytes", r.hostTotal},
-                                   {"by_category", categories(r.hostByCategory)}};
+  out["host"] =
+      llvm::json::Object{{"total_bytes", r.hostTotal},
+                         {"by_category", categories(r.hostByCategory)}};
   out["device"] =
       llvm::json::Object{{"peak_bytes", r.devicePeak},
                          {"by_category", categories(r.deviceByCategory)},
@@ -359,12 +366,11 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                          {"d2h_bytes", r.d2hBytes},
                          {"h2d_by_kind", categories(r.h2dByKind)},
                          {"d2h_by_kind", categories(r.d2hByKind)}};
-  out["step"] = llvm::json::Object{
-      {"predicted_seconds", r.predictedSeconds},
-      {"lower_bound_seconds", r.lowerBoundSeconds},
-      {"bound_by", streamNames[boundBy]},
-      {"busy_seconds", std::move(busy)},
-      {"device_flops", r.deviceFlops}};
+  out["step"] = llvm::json::Object{{"predicted_seconds", r.predictedSeconds},
+                                   {"lower_bound_seconds", r.lowerBoundSeconds},
+                                   {"bound_by", streamNames[boundBy]},
+                                   {"busy_seconds", std::move(busy)},
+                                   {"device_flops", r.deviceFlops}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
                                        {"streams", std::move(streams)}};
 }

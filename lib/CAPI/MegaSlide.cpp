@@ -59,25 +59,27 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "plan options must be a JSON object");
   for (const auto &[key, value] : *obj) {
-    std::string *text = llvm::StringSwitch<std::string *>(key)
-                            .Case("gpu_mem", &options.gpuMemory)
-                            .Case("gpu_reserve", &options.gpuReserve)
-                            .Case("host_mem", &options.hostMemory)
-                            .Case("os_allowance", &options.osAllowance)
-                            .Case("hw", &options.hardwarePath)
-                            .Case("activation_policy", &options.activationPolicy)
-                            .Case("host_state_policy", &options.hostStatePolicy)
-                            .Case("attention", &options.attention)
-                            .Default(nullptr);
+    std::string *text =
+        llvm::StringSwitch<std::string *>(key)
+            .Case("gpu_mem", &options.gpuMemory)
+            .Case("gpu_reserve", &options.gpuReserve)
+            .Case("host_mem", &options.hostMemory)
+            .Case("os_allowance", &options.osAllowance)
+            .Case("hw", &options.hardwarePath)
+            .Case("activation_policy", &options.activationPolicy)
+            .Case("host_state_policy", &options.hostStatePolicy)
+            .Case("attention", &options.attention)
+            .Default(nullptr);
     int64_t *number = llvm::StringSwitch<int64_t *>(key)
                           .Case("buffers", &options.buffers)
                           .Case("prefetch_distance", &options.prefetchDistance)
                           .Case("dsa_radius", &options.dsaRadius)
                           .Default(nullptr);
-    std::vector<int64_t> *triple = llvm::StringSwitch<std::vector<int64_t> *>(key)
-                                       .Case("dsa_window", &options.dsaWindow)
-                                       .Case("dsa_tile", &options.dsaTile)
-                                       .Default(nullptr);
+    std::vector<int64_t> *triple =
+        llvm::StringSwitch<std::vector<int64_t> *>(key)
+            .Case("dsa_window", &options.dsaWindow)
+            .Case("dsa_tile", &options.dsaTile)
+            .Default(nullptr);
     if (triple) {
       const llvm::json::Array *list = value.getAsArray();
       if (!list)
@@ -86,9 +88,9 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
                                        key.str().c_str());
       for (const llvm::json::Value &v : *list) {
         if (!v.getAsInteger())
-          return llvm::createStringError(
-              llvm::inconvertibleErrorCode(),
-              "plan option '%s': expected integers", key.str().c_str());
+          return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                         "plan option '%s': expected integers",
+                                         key.str().c_str());
         triple->push_back(*v.getAsInteger());
       }
     } else if (text && value.getAsString()) {

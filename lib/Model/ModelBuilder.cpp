@@ -31,12 +31,11 @@ namespace {
 /// Tags every op inserted while a block is being built with its index.
 struct LayerTagger : OpBuilder::Listener {
   const std::optional<int64_t> *layer = nullptr;
-  void notifyOperationInserted(Operation *op,
-                               OpBuilder::InsertPoint) override {
+  void notifyOperationInserted(Operation *op, OpBuilder::InsertPoint) override {
     if (*layer)
-      op->setAttr(kLayerAttrName,
-                  IntegerAttr::get(IntegerType::get(op->getContext(), 64),
-                                   **layer));
+      op->setAttr(
+          kLayerAttrName,
+          IntegerAttr::get(IntegerType::get(op->getContext(), 64), **layer));
   }
 };
 

@@ -256,7 +256,8 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   for (auto [a, b] : {std::pair<StringRef, StringRef>{"num_layers", "depth"},
                       {"num_attention_heads", "num_heads"}})
     if (obj.get(a) && obj.get(b))
-      return err.field(b, "'" + a.str() + "' is given too; give only one of "
+      return err.field(b, "'" + a.str() +
+                              "' is given too; give only one of "
                               "the two");
   if (name)
     c.name = *name;
@@ -275,12 +276,12 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   // Keys of the other family would be silently ignored: refuse them.
   static const char *ditOnly[] = {"num_classes", "class_dropout_prob",
                                   "learn_sigma"};
-  static const char *wanOnly[] = {"text_dim",        "text_len",
-                                  "qk_norm",         "cross_attn_norm",
-                                  "rope_theta",      "rope_max_seq_len",
-                                  "added_kv_proj_dim", "image_dim",
-                                  "pos_embed_seq_len"};
-  for (const char *key : isDiT ? llvm::ArrayRef(wanOnly) : llvm::ArrayRef(ditOnly))
+  static const char *wanOnly[] = {
+      "text_dim",          "text_len",   "qk_norm",
+      "cross_attn_norm",   "rope_theta", "rope_max_seq_len",
+      "added_kv_proj_dim", "image_dim",  "pos_embed_seq_len"};
+  for (const char *key :
+       isDiT ? llvm::ArrayRef(wanOnly) : llvm::ArrayRef(ditOnly))
     if (obj.get(key))
       return err.field(key, llvm::formatv("only applies to {0} models; remove "
                                           "it or set \"architecture\"",
@@ -491,8 +492,9 @@ Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
       --lower;
     while (!valid(upper) && upper < pixels + 2 * period)
       ++upper;
-    suggestion = lower > 0 ? llvm::formatv("; use {0} or {1}", lower, upper).str()
-                           : llvm::formatv("; use {0}", upper).str();
+    suggestion = lower > 0
+                     ? llvm::formatv("; use {0} or {1}", lower, upper).str()
+                     : llvm::formatv("; use {0}", upper).str();
   }
   std::string problem =
       pixels <= 0

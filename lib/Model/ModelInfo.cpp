@@ -278,9 +278,10 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       formatBytes(8 * info.trainableParams));
   for (const HostPolicy &p : kHostPolicies)
-    os << llvm::formatv(
-        "  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam, p.what,
-        formatBytes(p.bytesPerParam * info.trainableParams + 4 * info.frozenParams));
+    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam,
+                        p.what,
+                        formatBytes(p.bytesPerParam * info.trainableParams +
+                                    4 * info.frozenParams));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);
 }

@@ -80,9 +80,9 @@ void megaslide::registerPipelines() {
       "Plans a training step: 3D-DSA, residency, activations, transfers, "
       "overlap, memory, budgets",
       buildMegaSlidePipeline);
-  PassPipelineRegistration<PipelineOptions>(
-      "megaslide-graph-pipeline", "Graph phase of megaslide-pipeline",
-      buildGraphPipeline);
+  PassPipelineRegistration<PipelineOptions>("megaslide-graph-pipeline",
+                                            "Graph phase of megaslide-pipeline",
+                                            buildGraphPipeline);
   PassPipelineRegistration<PipelineOptions>(
       "megaslide-schedule-pipeline", "Schedule phase of megaslide-pipeline",
       buildSchedulePipeline);

@@ -19,9 +19,9 @@ using namespace megaslide;
 namespace {
 
 llvm::Error optionError(llvm::StringRef option, llvm::Error cause) {
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(), "option '%s': %s", option.str().c_str(),
-      llvm::toString(std::move(cause)).c_str());
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "option '%s': %s", option.str().c_str(),
+                                 llvm::toString(std::move(cause)).c_str());
 }
 
 /// A diagnostic with its notes, as one readable message.
@@ -34,10 +34,11 @@ std::string render(Diagnostic &diag) {
 
 } // namespace
 
-llvm::Expected<PlanResult>
-megaslide::planModel(MLIRContext &context, llvm::StringRef model,
-                     const VideoShape &video, const TrainingOptions &training,
-                     const PlanOptions &options) {
+llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
+                                                llvm::StringRef model,
+                                                const VideoShape &video,
+                                                const TrainingOptions &training,
+                                                const PlanOptions &options) {
   llvm::Expected<uint64_t> gpu = parseBytes(options.gpuMemory);
   if (!gpu)
     return optionError("gpu-mem", gpu.takeError());
@@ -45,9 +46,9 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   if (!host)
     return optionError("host-mem", host.takeError());
   if (*gpu == 0 || *host == 0)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(), "option '%s': a budget must be positive",
-        *gpu == 0 ? "gpu-mem" : "host-mem");
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "option '%s': a budget must be positive",
+                                   *gpu == 0 ? "gpu-mem" : "host-mem");
   llvm::Expected<uint64_t> reserve = parseBytes(options.gpuReserve);
   if (!reserve)
     return optionError("gpu-reserve", reserve.takeError());
@@ -59,9 +60,11 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   };
   for (const Choice &c :
        {Choice{"attention", options.attention, {"dsa", "global"}},
-        Choice{"activation-policy", options.activationPolicy,
+        Choice{"activation-policy",
+               options.activationPolicy,
                {"keep", "recompute", "offload", "auto"}},
-        Choice{"host-state-policy", options.hostStatePolicy,
+        Choice{"host-state-policy",
+               options.hostStatePolicy,
                {"master-moments", "persistent-bf16", "bf16-moments"}}})
     if (!llvm::is_contained(c.allowed, llvm::StringRef(c.value))) {
       std::string allowed;
@@ -98,8 +101,8 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
   pipeline.prefetchDistance = options.prefetchDistance;
   pipeline.activationPolicy = options.activationPolicy;
   pipeline.hostStatePolicy = options.hostStatePolicy;
-  pipeline.attention = options.attention == "dsa" ? AttentionKind::Dsa
-                                                  : AttentionKind::Global;
+  pipeline.attention =
+      options.attention == "dsa" ? AttentionKind::Dsa : AttentionKind::Global;
   pipeline.target = options.target;
   pipeline.dsaWindow = llvm::ArrayRef<int64_t>(options.dsaWindow);
   pipeline.dsaTile = llvm::ArrayRef<int64_t>(options.dsaTile);
@@ -136,9 +139,9 @@ megaslide::planModel(MLIRContext &context, llvm::StringRef model,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "planning failed: %s", all.c_str());
   }
-  result.report = buildPlanReport(*result.module, hw, *gpu, *reserve, *host,
-                                  failed(ran) ? diagnostics
-                                              : std::vector<std::string>());
+  result.report =
+      buildPlanReport(*result.module, hw, *gpu, *reserve, *host,
+                      failed(ran) ? diagnostics : std::vector<std::string>());
   return result;
 }
 

@@ -47,9 +47,9 @@ std::string megaslide::formatBytes(uint64_t bytes) {
     ++rank;
   if (rank == 0)
     return llvm::formatv("{0} B", bytes).str();
-  return llvm::formatv("{0:F2} {1} ({2:F2} {3})", bytes / std::pow(1000.0, rank),
-                       decimal[rank], bytes / std::pow(1024.0, rank),
-                       binary[rank])
+  return llvm::formatv("{0:F2} {1} ({2:F2} {3})",
+                       bytes / std::pow(1000.0, rank), decimal[rank],
+                       bytes / std::pow(1024.0, rank), binary[rank])
       .str();
 }
 

@@ -17,8 +17,7 @@ namespace {
 /// backward inserts, so per-layer planning sees forward and backward alike.
 struct LayerPropagator : OpBuilder::Listener {
   Attribute layer;
-  void notifyOperationInserted(Operation *op,
-                               OpBuilder::InsertPoint) override {
+  void notifyOperationInserted(Operation *op, OpBuilder::InsertPoint) override {
     if (layer)
       op->setAttr(kLayerAttrName, layer);
   }

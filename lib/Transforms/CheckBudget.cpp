@@ -49,20 +49,20 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
       atPeak.push_back(&b);
       byCategory[b.category.str()] += b.slice.size;
     }
-  llvm::stable_sort(atPeak, [](auto *a, auto *b) {
-    return a->slice.size > b->slice.size;
-  });
+  llvm::stable_sort(
+      atPeak, [](auto *a, auto *b) { return a->slice.size > b->slice.size; });
   Operation *culprit = atPeak.empty() ? step.getOperation() : atPeak[0]->owner;
-  InFlightDiagnostic diag =
-      culprit->emitError()
-      << "device memory plan needs " << formatBytes(arena)
-      << " at its peak but the GPU budget of " << formatBytes(gpu)
-      << " leaves " << formatBytes(budget) << " after the runtime reserve of "
-      << formatBytes(reserve);
+  InFlightDiagnostic diag = culprit->emitError()
+                            << "device memory plan needs " << formatBytes(arena)
+                            << " at its peak but the GPU budget of "
+                            << formatBytes(gpu) << " leaves "
+                            << formatBytes(budget)
+                            << " after the runtime reserve of "
+                            << formatBytes(reserve);
   std::string categories;
   for (const auto &[name, bytes] : byCategory)
-    categories += (categories.empty() ? "" : ", ") + name + " " +
-                  formatBytes(bytes);
+    categories +=
+        (categories.empty() ? "" : ", ") + name + " " + formatBytes(bytes);
   diag.attachNote() << "live at the peak: " << categories;
   for (const DeviceBuffer *b : llvm::ArrayRef(atPeak).take_front(5))
     diag.attachNote(b->owner->getLoc())
@@ -137,11 +137,10 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     for (const auto &entry : hostByCategory)
       hostTotal += entry.second;
     if (hostTotal > *host) {
-      InFlightDiagnostic diag =
-          module.emitError() << "host memory plan needs "
-                             << formatBytes(hostTotal)
-                             << " but the host budget is "
-                             << formatBytes(*host);
+      InFlightDiagnostic diag = module.emitError() << "host memory plan needs "
+                                                   << formatBytes(hostTotal)
+                                                   << " but the host budget is "
+                                                   << formatBytes(*host);
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
@@ -159,8 +158,8 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
 
     // The runtime re-checks before it allocates the arena.
     Block &body = step->getBody().front();
-    for (auto check : llvm::make_early_inc_range(
-             body.getOps<sched::BudgetCheckOp>()))
+    for (auto check :
+         llvm::make_early_inc_range(body.getOps<sched::BudgetCheckOp>()))
       check.erase();
     OpBuilder b(&body, body.begin());
     sched::BudgetCheckOp::create(b, step->getLoc(), "device_arena",

@@ -24,7 +24,8 @@ void copyLayer(Operation *from, Operation *to) {
 }
 
 bool isDeviceCompute(Operation *op) {
-  return isa<GraphDialect>(op->getDialect()) && !isa<AdamWOp, LoadOp, StoreOp>(op);
+  return isa<GraphDialect>(op->getDialect()) &&
+         !isa<AdamWOp, LoadOp, StoreOp>(op);
 }
 
 /// The batch arrives in pinned memory and is copied in at the start.
@@ -35,9 +36,8 @@ void copyInBatch(func::FuncOp step) {
     if (llvm::none_of(arg.getUsers(), isDeviceCompute))
       continue;
     auto copy = sched::HostToDeviceOp::create(b, arg.getLoc(), arg);
-    arg.replaceUsesWithIf(copy, [](OpOperand &use) {
-      return isDeviceCompute(use.getOwner());
-    });
+    arg.replaceUsesWithIf(
+        copy, [](OpOperand &use) { return isDeviceCompute(use.getOwner()); });
   }
 }
 

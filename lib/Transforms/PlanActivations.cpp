@@ -140,8 +140,8 @@ megaslide::applyActivationPolicies(ModuleOp module,
       offloaded += applyToBlock(*step, loss, layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
-  declareResource(module, "checkpoint_pool", sched::Residency::host,
-                  offloaded, "offloaded checkpoints");
+  declareResource(module, "checkpoint_pool", sched::Residency::host, offloaded,
+                  "offloaded checkpoints");
   return success();
 }
 
@@ -171,8 +171,7 @@ struct PlanActivationsPass
     std::optional<ActivationPolicy> fixed = parseActivationPolicy(policy);
     if (!fixed && policy != "auto") {
       module.emitError() << "option 'policy': unknown activation policy '"
-                         << policy
-                         << "'; use keep, recompute, offload or auto";
+                         << policy << "'; use keep, recompute, offload or auto";
       return signalPassFailure();
     }
     SmallVector<ActivationPolicy> policies(
@@ -185,7 +184,8 @@ struct PlanActivationsPass
 
   /// Cheapest first: keep everything, recompute everything, then offload
   /// the checkpoints of leading blocks (live longest) until it fits.
-  LogicalResult chooseAutomatically(SmallVectorImpl<ActivationPolicy> &policies) {
+  LogicalResult
+  chooseAutomatically(SmallVectorImpl<ActivationPolicy> &policies) {
     FailureOr<uint64_t> budget =
         parseBudget(getOperation(), "gpu-mem", gpuMemory);
     FailureOr<uint64_t> reserve =
@@ -210,10 +210,10 @@ struct PlanActivationsPass
     while (static_cast<uint64_t>(*peak) > *budget && offloaded < layers) {
       int64_t excess = *peak - static_cast<int64_t>(*budget);
       offloaded = std::min(
-          layers, offloaded + std::max<int64_t>(
-                                  1, perBlock ? (excess + perBlock - 1) /
-                                                    perBlock
-                                              : layers));
+          layers,
+          offloaded +
+              std::max<int64_t>(1, perBlock ? (excess + perBlock - 1) / perBlock
+                                            : layers));
       for (int64_t i = 0; i < offloaded; ++i)
         policies[i] = ActivationPolicy::Offload;
       peak = tryPolicies(policies);

@@ -41,12 +41,11 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
 
   // The problem and its solution, reified for tests and the plan file.
   OpBuilder b(&body, body.begin());
-  sched::PackOp::create(b, step->getLoc(), b.getI64IntegerAttr(alignment),
-                        b.getDenseI64ArrayAttr(sizes),
-                        b.getDenseI64ArrayAttr(starts),
-                        b.getDenseI64ArrayAttr(ends),
-                        b.getDenseI64ArrayAttr(packing.offsets),
-                        b.getI64IntegerAttr(packing.arenaSize));
+  sched::PackOp::create(
+      b, step->getLoc(), b.getI64IntegerAttr(alignment),
+      b.getDenseI64ArrayAttr(sizes), b.getDenseI64ArrayAttr(starts),
+      b.getDenseI64ArrayAttr(ends), b.getDenseI64ArrayAttr(packing.offsets),
+      b.getI64IntegerAttr(packing.arenaSize));
 
   for (Operation &op : body) {
     if (op.getNumResults() == 0)
@@ -55,9 +54,8 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
     bool any = false;
     for (Value r : op.getResults()) {
       auto it = buffers.bufferOf.find(r);
-      offsets.push_back(it == buffers.bufferOf.end()
-                            ? -1
-                            : packing.offsets[it->second]);
+      offsets.push_back(
+          it == buffers.bufferOf.end() ? -1 : packing.offsets[it->second]);
       any |= it != buffers.bufferOf.end();
     }
     if (any)

@@ -100,10 +100,10 @@ struct PlanResidencyPass
     uint64_t batchBytes = 0;
     for (Type t : step->getArgumentTypes())
       batchBytes += tensorBytes(t);
-    declareResource(module, "data_batch", sched::Residency::pinned,
-                    batchBytes, "data batch");
-    declareResource(module, "os_allowance", sched::Residency::host,
-                    *allowance, "OS and runtime allowance");
+    declareResource(module, "data_batch", sched::Residency::pinned, batchBytes,
+                    "data batch");
+    declareResource(module, "os_allowance", sched::Residency::host, *allowance,
+                    "OS and runtime allowance");
   }
 };
 

@@ -48,8 +48,9 @@ StringRef megaslide::stringify(ActivationPolicy policy) {
 
 std::optional<ActivationPolicy>
 megaslide::parseActivationPolicy(StringRef name) {
-  for (ActivationPolicy p : {ActivationPolicy::Keep, ActivationPolicy::Recompute,
-                             ActivationPolicy::Offload})
+  for (ActivationPolicy p :
+       {ActivationPolicy::Keep, ActivationPolicy::Recompute,
+        ActivationPolicy::Offload})
     if (stringify(p) == name)
       return p;
   return std::nullopt;
@@ -77,7 +78,7 @@ FailureOr<uint64_t> megaslide::parseBudget(Operation *anchor, StringRef option,
     return anchor->emitError() << "option '" << option
                                << "': " << llvm::toString(bytes.takeError());
   if (*bytes == 0 && !allowZero)
-    return anchor->emitError() << "option '" << option
-                               << "': a budget must be positive";
+    return anchor->emitError()
+           << "option '" << option << "': a budget must be positive";
   return *bytes;
 }

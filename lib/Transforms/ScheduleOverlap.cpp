@@ -57,9 +57,8 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (!firstCompute)
         firstCompute = &op;
       std::optional<int64_t> layer = getLayer(&op);
-      if (layer && llvm::none_of(segments, [&](auto &s) {
-            return s.first == *layer;
-          }))
+      if (layer &&
+          llvm::none_of(segments, [&](auto &s) { return s.first == *layer; }))
         segments.push_back({*layer, &op});
     }
     if (segments.empty())
@@ -71,8 +70,8 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
         fetches.push_back(&op);
     for (Operation *fetch : fetches) {
       int64_t layer = *getLayer(fetch);
-      auto it = llvm::find_if(segments,
-                              [&](auto &s) { return s.first == layer; });
+      auto it =
+          llvm::find_if(segments, [&](auto &s) { return s.first == layer; });
       if (it == segments.end())
         continue;
       int64_t index = it - segments.begin();
@@ -155,10 +154,9 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                                  "'prefetch-distance' (>= 0) are out of range";
   int64_t distance = std::min(prefetchDistance, buffers - 1);
   if (distance < prefetchDistance && emitRemarks)
-    module.emitRemark() << "prefetch-distance " << prefetchDistance
-                        << " needs " << prefetchDistance + 1
-                        << " weight buffers; using " << distance
-                        << " with buffers=" << buffers;
+    module.emitRemark() << "prefetch-distance " << prefetchDistance << " needs "
+                        << prefetchDistance + 1 << " weight buffers; using "
+                        << distance << " with buffers=" << buffers;
 
   OpBuilder b(module.getContext());
   for (Operation &op : step->getBody().front())
@@ -179,15 +177,14 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
       continue;
     if (auto fetch = dyn_cast<sched::FetchOp>(op)) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
-      largestWeights = std::max(
-          largestWeights, weights[key] += tensorBytes(fetch.getType()));
+      largestWeights = std::max(largestWeights,
+                                weights[key] += tensorBytes(fetch.getType()));
     }
     if (auto out = dyn_cast<sched::DeviceToHostOp>(op))
-      if (llvm::any_of(out->getUsers(), [](Operation *u) {
-            return isa<sched::HostAdamWOp>(u);
-          }))
-        largestGrads = std::max(largestGrads,
-                                grads[*layer] += tensorBytes(out.getType()));
+      if (llvm::any_of(out->getUsers(),
+                       [](Operation *u) { return isa<sched::HostAdamWOp>(u); }))
+        largestGrads =
+            std::max(largestGrads, grads[*layer] += tensorBytes(out.getType()));
   }
   declareResource(module, "weight_staging", sched::Residency::pinned,
                   (distance + 1) * largestWeights, "pinned staging");

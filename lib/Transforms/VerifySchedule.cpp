@@ -49,20 +49,22 @@ LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
                                  "megaslide-plan-memory";
   for (Operation &op : step.getBody().front()) {
     auto stream = op.getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
-    if (!stream || (stream.getValue() != sched::Stream::compute &&
-                    stream.getValue() != sched::Stream::h2d) ||
+    if (!stream ||
+        (stream.getValue() != sched::Stream::compute &&
+         stream.getValue() != sched::Stream::h2d) ||
         op.getNumResults() == 0)
       continue;
     auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
     if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
       return op.emitOpError() << "produces device values without offsets";
-    for (auto [offset, result] : llvm::zip(offsets.asArrayRef(), op.getResults()))
+    for (auto [offset, result] :
+         llvm::zip(offsets.asArrayRef(), op.getResults()))
       if (offset < 0 ||
           offset + static_cast<int64_t>(tensorBytes(result.getType())) >
               static_cast<int64_t>(arena.getSize()))
-        return op.emitOpError() << "result at offset " << offset
-                                << " does not fit the arena of "
-                                << arena.getSize() << " bytes";
+        return op.emitOpError()
+               << "result at offset " << offset << " does not fit the arena of "
+               << arena.getSize() << " bytes";
   }
   return success();
 }

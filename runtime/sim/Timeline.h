@@ -40,8 +40,8 @@ struct Task {
 };
 
 struct Timeline {
-  std::vector<double> start, end;  ///< per task, seconds
-  double busy[kNumStreams] = {};   ///< summed task time per stream
+  std::vector<double> start, end; ///< per task, seconds
+  double busy[kNumStreams] = {};  ///< summed task time per stream
   double makespan = 0;
   /// max over streams of busy time: no schedule can be faster.
   double lowerBound() const;

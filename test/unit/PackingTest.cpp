@@ -41,8 +41,8 @@ std::string violations(const std::vector<Slice> &slices, const Packing &p,
       highestEnd = std::max(highestEnd, p.offsets[i] + size);
   }
   if (p.arenaSize != highestEnd)
-    out << "arena " << p.arenaSize << " but highest aligned end "
-        << highestEnd << "\n";
+    out << "arena " << p.arenaSize << " but highest aligned end " << highestEnd
+        << "\n";
   for (size_t i = 0; i < slices.size(); ++i)
     for (size_t j = i + 1; j < slices.size(); ++j) {
       const Slice &a = slices[i], &b = slices[j];
@@ -54,8 +54,8 @@ std::string violations(const std::vector<Slice> &slices, const Packing &p,
       bool shareBytes = p.offsets[i] < bEnd && p.offsets[j] < aEnd;
       if (liveTogether && shareBytes)
         out << "slices " << i << " [" << a.start << "," << a.end << "] @"
-            << p.offsets[i] << " and " << j << " [" << b.start << ","
-            << b.end << "] @" << p.offsets[j] << " overlap\n";
+            << p.offsets[i] << " and " << j << " [" << b.start << "," << b.end
+            << "] @" << p.offsets[j] << " overlap\n";
     }
   return out.str();
 }
@@ -83,7 +83,8 @@ std::vector<Slice> randomSlices(std::mt19937_64 &rng, int count, int steps,
   std::vector<Slice> slices;
   for (int i = 0; i < count; ++i) {
     int64_t s = start(rng);
-    slices.push_back({size(rng), s, std::min<int64_t>(steps - 1, s + length(rng))});
+    slices.push_back(
+        {size(rng), s, std::min<int64_t>(steps - 1, s + length(rng))});
   }
   return slices;
 }
@@ -99,10 +100,12 @@ TEST(PackingChecker, CatchesWhatItLooksFor) {
   // The checker itself: a valid packing passes, each kind of mistake fails.
   std::vector<Slice> slices = {{256, 0, 2}, {256, 2, 3}, {256, 3, 4}};
   EXPECT_EQ(violations(slices, Packing{{0, 256, 0}, 512}, 256), "");
-  EXPECT_NE(violations(slices, Packing{{0, 0, 256}, 512}, 256), "");   // live at 2
-  EXPECT_NE(violations(slices, Packing{{0, 255, 0}, 511}, 256), "");   // misaligned
-  EXPECT_NE(violations(slices, Packing{{0, 256, 0}, 768}, 256), "");   // arena
-  EXPECT_NE(violations(slices, Packing{{0, 256}, 512}, 256), "");      // count
+  EXPECT_NE(violations(slices, Packing{{0, 0, 256}, 512}, 256),
+            ""); // live at 2
+  EXPECT_NE(violations(slices, Packing{{0, 255, 0}, 511}, 256),
+            ""); // misaligned
+  EXPECT_NE(violations(slices, Packing{{0, 256, 0}, 768}, 256), ""); // arena
+  EXPECT_NE(violations(slices, Packing{{0, 256}, 512}, 256), "");    // count
   EXPECT_EQ(naivePeak(slices, 256), 512);
 }
 
@@ -125,8 +128,8 @@ TEST_P(PackingRandomTest, ValidAgainstNaiveChecker) {
         randomSlices(rng, c.count, c.steps, c.maxSize, c.allowZero);
     Packing p = packSlices(slices, c.alignment);
     std::string bad = violations(slices, p, c.alignment);
-    ASSERT_TRUE(bad.empty()) << "seed " << c.seed << " round " << round
-                             << "\n" << bad << describe(slices);
+    ASSERT_TRUE(bad.empty()) << "seed " << c.seed << " round " << round << "\n"
+                             << bad << describe(slices);
     int64_t peak = naivePeak(slices, c.alignment);
     ASSERT_EQ(peakLiveBytes(slices, c.alignment), peak)
         << "seed " << c.seed << " round " << round << "\n"

@@ -24,8 +24,7 @@ constexpr StreamId kD2H = StreamId::DeviceToHost;
 constexpr StreamId kHost = StreamId::Host;
 
 Task task(StreamId stream, double seconds, std::vector<int64_t> deps = {},
-          std::vector<ByteRange> writes = {},
-          std::vector<Release> frees = {}) {
+          std::vector<ByteRange> writes = {}, std::vector<Release> frees = {}) {
   Task t;
   t.stream = stream;
   t.seconds = seconds;
@@ -47,7 +46,8 @@ TEST(Timeline, EmptyScheduleTakesNoTime) {
 }
 
 TEST(Timeline, OneStreamRunsTasksBackToBack) {
-  Timeline t = replay({task(kCompute, 1), task(kCompute, 2), task(kCompute, 3)});
+  Timeline t =
+      replay({task(kCompute, 1), task(kCompute, 2), task(kCompute, 3)});
   EXPECT_EQ(t.start, (std::vector<double>{0, 1, 3}));
   EXPECT_EQ(t.end, (std::vector<double>{1, 3, 6}));
   EXPECT_DOUBLE_EQ(t.makespan, 6);
@@ -71,8 +71,8 @@ TEST(Timeline, IndependentStreamsOverlap) {
 TEST(Timeline, DependencyDelaysTheConsumer) {
   // A 2 s copy in, a compute that reads it, a compute that does not (it
   // still waits for its stream), and a copy out of the first result.
-  Timeline t = replay({task(kH2D, 2), task(kCompute, 1, {0}),
-                       task(kCompute, 1), task(kD2H, 0.5, {1})});
+  Timeline t = replay({task(kH2D, 2), task(kCompute, 1, {0}), task(kCompute, 1),
+                       task(kD2H, 0.5, {1})});
   EXPECT_EQ(t.start, (std::vector<double>{0, 2, 3, 3}));
   EXPECT_EQ(t.end, (std::vector<double>{2, 3, 4, 3.5}));
   EXPECT_DOUBLE_EQ(t.makespan, 4);
@@ -161,9 +161,9 @@ TEST(Timeline, PartialReReleaseSplitsTheRange) {
 TEST(Timeline, LowerBoundIsTheBusiestStream) {
   // Dependencies serialise the streams (makespan 7.5), but no schedule
   // can beat the 4 s of transfers in.
-  std::vector<Task> tasks = {
-      task(kH2D, 2), task(kCompute, 1, {0}), task(kH2D, 2, {1}),
-      task(kCompute, 1.5, {2}), task(kD2H, 1, {3}), task(kHost, 0.25)};
+  std::vector<Task> tasks = {task(kH2D, 2),      task(kCompute, 1, {0}),
+                             task(kH2D, 2, {1}), task(kCompute, 1.5, {2}),
+                             task(kD2H, 1, {3}), task(kHost, 0.25)};
   Timeline t = replay(tasks);
   EXPECT_DOUBLE_EQ(t.makespan, 7.5);
   EXPECT_DOUBLE_EQ(busy(t, kH2D), 4);

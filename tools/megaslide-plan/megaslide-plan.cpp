@@ -45,16 +45,16 @@ cl::opt<std::string> gpuReserve(
     cl::desc("Part of the GPU budget kept for the CUDA context and libraries"));
 cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"), cl::cat(category),
                              cl::desc("Host memory budget"));
-cl::opt<std::string> osAllowance(
-    "os-allowance", cl::init("64GB"), cl::cat(category),
-    cl::desc("Host memory reserved for the OS and runtime"));
+cl::opt<std::string>
+    osAllowance("os-allowance", cl::init("64GB"), cl::cat(category),
+                cl::desc("Host memory reserved for the OS and runtime"));
 cl::opt<std::string> hardware("hw", cl::cat(category),
                               cl::desc("Hardware description (JSON; default: "
                                        "built-in H200 + 1.5 TB host)"),
                               cl::value_desc("FILE"));
-cl::opt<std::string> activationPolicy(
-    "activation-policy", cl::init("auto"), cl::cat(category),
-    cl::desc("keep | recompute | offload | auto"));
+cl::opt<std::string>
+    activationPolicy("activation-policy", cl::init("auto"), cl::cat(category),
+                     cl::desc("keep | recompute | offload | auto"));
 cl::opt<std::string> hostStatePolicy(
     "host-state-policy", cl::init("master-moments"), cl::cat(category),
     cl::desc("master-moments | persistent-bf16 | bf16-moments"));
@@ -150,8 +150,8 @@ int main(int argc, char **argv) {
         computeModelInfo(context, model, video, training, &built);
     if (!info)
       return fail(toString(info.takeError()));
-    if (!writeFile(emitMlir, [&](raw_ostream &os) { built->print(os); },
-                   error))
+    if (!writeFile(
+            emitMlir, [&](raw_ostream &os) { built->print(os); }, error))
       return fail(error);
   }
   Expected<PlanResult> plan =
@@ -159,8 +159,8 @@ int main(int argc, char **argv) {
   if (!plan)
     return fail(toString(plan.takeError()));
   if (!emitPlan.empty() &&
-      !writeFile(emitPlan, [&](raw_ostream &os) { plan->module->print(os); },
-                 error))
+      !writeFile(
+          emitPlan, [&](raw_ostream &os) { plan->module->print(os); }, error))
     return fail(error);
 
   bool written = writeFile(

@@ -21,17 +21,17 @@ namespace megaslide {
 struct HardwareModel {
   std::string name =
       "1x NVIDIA H200 SXM 141 GB, PCIe Gen5 x16, 1.5 TB host (built-in)";
-  double bf16DenseFlops = 989e12;   ///< tensor-core peak, FLOP/s
-  double matmulEfficiency = 0.70;   ///< achievable fraction on large GEMMs
+  double bf16DenseFlops = 989e12;    ///< tensor-core peak, FLOP/s
+  double matmulEfficiency = 0.70;    ///< achievable fraction on large GEMMs
   double attentionEfficiency = 0.55; ///< fused attention kernels
-  double vectorFlops = 60e12;       ///< CUDA-core rate for elementwise work
-  double hbmBandwidth = 4.8e12;     ///< B/s
+  double vectorFlops = 60e12;        ///< CUDA-core rate for elementwise work
+  double hbmBandwidth = 4.8e12;      ///< B/s
   double hbmEfficiency = 0.80;
-  double h2dBandwidth = 53e9;       ///< pinned host -> device, B/s
-  double d2hBandwidth = 50e9;       ///< device -> pinned host, B/s
-  double transferLatency = 10e-6;   ///< s per copy
-  double launchLatency = 4e-6;      ///< s per kernel
-  double hostMemoryBandwidth = 350e9; ///< B/s, all sockets (staging casts)
+  double h2dBandwidth = 53e9;             ///< pinned host -> device, B/s
+  double d2hBandwidth = 50e9;             ///< device -> pinned host, B/s
+  double transferLatency = 10e-6;         ///< s per copy
+  double launchLatency = 4e-6;            ///< s per kernel
+  double hostMemoryBandwidth = 350e9;     ///< B/s, all sockets (staging casts)
   double hostAdamWParamsPerSecond = 12e9; ///< fused AdamW, params/s
 };
 

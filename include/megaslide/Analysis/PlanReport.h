@@ -34,8 +34,8 @@ struct PlanReport {
   uint64_t hostTotal = 0;
   std::vector<std::pair<std::string, uint64_t>> hostByCategory;
 
-  int64_t devicePeak = 0;   ///< arena size: the planned device peak
-  int64_t peakStep = 0;     ///< op index where live bytes peak
+  int64_t devicePeak = 0; ///< arena size: the planned device peak
+  int64_t peakStep = 0;   ///< op index where live bytes peak
   std::vector<std::pair<std::string, uint64_t>> deviceByCategory;
   /// The largest buffers live at the peak: (bytes, description).
   std::vector<std::pair<uint64_t, std::string>> topConsumers;
@@ -43,9 +43,9 @@ struct PlanReport {
   struct Layer {
     int64_t index;
     uint64_t params = 0;
-    uint64_t hostBytes = 0;     ///< persistent state of the block
-    uint64_t shardBytes = 0;    ///< weights fetched per pass
-    uint64_t devicePeak = 0;    ///< live device bytes while it computes
+    uint64_t hostBytes = 0;  ///< persistent state of the block
+    uint64_t shardBytes = 0; ///< weights fetched per pass
+    uint64_t devicePeak = 0; ///< live device bytes while it computes
     uint64_t checkpointBytes = 0;
     std::string activationPolicy;
   };

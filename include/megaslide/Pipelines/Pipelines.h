@@ -45,9 +45,10 @@ struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
   Option<AttentionKind> attention{
       *this, "attention", llvm::cl::desc("Self-attention over video tokens"),
       llvm::cl::init(AttentionKind::Dsa),
-      llvm::cl::values(
-          clEnumValN(AttentionKind::Dsa, "dsa", "3D Deformable Slide Attention"),
-          clEnumValN(AttentionKind::Global, "global", "keep global attention"))};
+      llvm::cl::values(clEnumValN(AttentionKind::Dsa, "dsa",
+                                  "3D Deformable Slide Attention"),
+                       clEnumValN(AttentionKind::Global, "global",
+                                  "keep global attention"))};
   ListOption<int64_t> dsaWindow{
       *this, "dsa-window",
       llvm::cl::desc("3D-DSA key window (t,y,x) in tokens (default 9,15,24)")};

@@ -1,4 +1,5 @@
-//===- Plan.h - Model + video + budgets -> a plan and its report -*- C++ -*-===//
+//===- Plan.h - Model + video + budgets -> a plan and its report -*- C++
+//-*-===//
 //
 // What megaslide-plan, the C API and Python run: build the training step,
 // run `megaslide-pipeline`, and report. Budget violations are part of the

@@ -42,8 +42,9 @@ std::optional<ActivationPolicy> parseActivationPolicy(llvm::StringRef name);
 
 /// Rewrites the step so that each block follows its policy (see
 /// PlanActivationsPass).
-mlir::LogicalResult applyActivationPolicies(
-    mlir::ModuleOp module, llvm::ArrayRef<ActivationPolicy> policies);
+mlir::LogicalResult
+applyActivationPolicies(mlir::ModuleOp module,
+                        llvm::ArrayRef<ActivationPolicy> policies);
 
 mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
 
