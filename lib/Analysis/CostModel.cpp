@@ -3,6 +3,7 @@
 #include "megaslide/Analysis/CostModel.h"
 
 #include "Graph/GraphOps.h"
+#include "megaslide/Support/Json.h"
 #include "Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinTypes.h"
@@ -52,17 +53,10 @@ llvm::Error fieldError(llvm::StringRef source, llvm::StringRef key,
 
 llvm::Expected<HardwareModel>
 megaslide::parseHardwareModel(llvm::StringRef json, llvm::StringRef source) {
-  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
-  if (!parsed)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: invalid JSON: %s", source.str().c_str(),
-                                   llvm::toString(parsed.takeError()).c_str());
-  const llvm::json::Object *obj = parsed->getAsObject();
+  llvm::Expected<llvm::json::Object> obj =
+      parseJsonObject(json, source, "a hardware description");
   if (!obj)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: a hardware description must be a "
-                                   "JSON object",
-                                   source.str().c_str());
+    return obj.takeError();
   HardwareModel hw;
   hw.name = source.str();
   for (const auto &[key, value] : *obj) {

@@ -4,6 +4,7 @@
 
 #include "megaslide/Model/ModelInfo.h"
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Support/Json.h"
 #include "megaslide/Version.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -51,13 +52,10 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
   PlanOptions options;
   if (!text || !*text)
     return options;
-  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(text);
-  if (!parsed)
-    return parsed.takeError();
-  const llvm::json::Object *obj = parsed->getAsObject();
+  llvm::Expected<llvm::json::Object> obj =
+      parseJsonObject(text, "plan options", "the plan options");
   if (!obj)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "plan options must be a JSON object");
+    return obj.takeError();
   for (const auto &[key, value] : *obj) {
     std::string *text =
         llvm::StringSwitch<std::string *>(key)

@@ -2,6 +2,8 @@
 
 #include "megaslide/Model/ModelConfig.h"
 
+#include "megaslide/Support/Json.h"
+
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -394,16 +396,10 @@ Error ConfigReader::validate(ModelConfig &c) {
 Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
                                                   StringRef source) {
   ConfigError err(source);
-  Expected<llvm::json::Value> parsed = llvm::json::parse(json);
-  if (!parsed)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: invalid JSON: %s", source.str().c_str(),
-                                   llvm::toString(parsed.takeError()).c_str());
-  const llvm::json::Object *obj = parsed->getAsObject();
+  Expected<llvm::json::Object> obj =
+      parseJsonObject(json, source, "a model config");
   if (!obj)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: a model config must be a JSON object",
-                                   source.str().c_str());
+    return obj.takeError();
   ConfigReader reader(err);
   return reader.read(*obj);
 }
