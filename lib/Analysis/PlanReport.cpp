@@ -60,16 +60,26 @@ std::vector<std::pair<std::string, uint64_t>> sorted(const Map &m) {
 
 /// Host side: totals by category, and each block's persistent state.
 void accountHost(ModuleOp module, PlanReport &r) {
-  for (auto param : module.getOps<graph::ParamOp>())
+  uint64_t params = 0;
+  for (auto param : module.getOps<graph::ParamOp>()) {
+    if (param.getRole() == graph::ParamRole::master ||
+        param.getRole() == graph::ParamRole::frozen)
+      params += param.getNumElements();
     if (IntegerAttr l = param.getLayerAttr()) {
       PlanReport::Layer &layer = r.layers[l.getInt()];
       layer.hostBytes += tensorBytes(param.getType());
       if (param.getRole() == graph::ParamRole::master)
         layer.params += param.getNumElements();
     }
+  }
   r.hostByCategory = hostMemoryByCategory(module);
   for (const auto &[name, bytes] : r.hostByCategory)
     r.hostTotal += bytes;
+  uint64_t allowance = 0;
+  if (auto os = module.lookupSymbol<sched::ResourceOp>("os_allowance"))
+    allowance = os.getSize();
+  if (params)
+    r.hostBytesPerParam = double(r.hostTotal - allowance) / double(params);
 }
 
 } // namespace
@@ -355,6 +365,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                                        {"activation", std::move(activation)}};
   out["host"] =
       llvm::json::Object{{"total_bytes", r.hostTotal},
+                         {"bytes_per_param", r.hostBytesPerParam},
                          {"by_category", categories(r.hostByCategory)}};
   out["device"] =
       llvm::json::Object{{"peak_bytes", r.devicePeak},
@@ -384,7 +395,9 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
   for (const auto &[p, n] : counts)
     os << " " << p << " x" << n;
   os << "\n\nHost memory: " << formatBytes(r.hostTotal) << " of "
-     << formatBytes(r.hostBudget) << "\n";
+     << formatBytes(r.hostBudget)
+     << llvm::formatv(" ({0:F2} B per parameter besides the OS allowance)\n",
+                      r.hostBytesPerParam);
   for (const auto &[name, bytes] : r.hostByCategory)
     os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
   os << "\nDevice memory: peak " << formatBytes(r.devicePeak) << " of "

@@ -32,6 +32,9 @@ struct PlanReport {
   std::vector<std::string> activationPolicy; ///< per block
 
   uint64_t hostTotal = 0;
+  /// Host bytes MegaSlide itself uses (all but the OS and runtime
+  /// allowance) per parameter.
+  double hostBytesPerParam = 0;
   std::vector<std::pair<std::string, uint64_t>> hostByCategory;
 
   int64_t devicePeak = 0; ///< arena size: the planned device peak
