@@ -526,5 +526,17 @@ Expected<Geometry> megaslide::computeGeometry(const ModelConfig &c,
     g.latent[i] = *latent;
     g.grid[i] = *latent / c.patch[i];
   }
+  // Tensor sizes are int64 byte counts: keep every activation far from
+  // overflowing them.
+  constexpr int64_t kMaxTokens = int64_t(1) << 31;
+  int64_t tokens = 1;
+  for (int64_t extent : g.grid)
+    if (__builtin_mul_overflow(tokens, extent, &tokens) || tokens > kMaxTokens)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "video: %lld x %lld x %lld pixels give more than 2^31 tokens per "
+          "sample; plan a smaller video",
+          static_cast<long long>(v.frames), static_cast<long long>(v.height),
+          static_cast<long long>(v.width));
   return g;
 }
