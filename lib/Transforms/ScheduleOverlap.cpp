@@ -83,12 +83,13 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     }
     if (!emitRemarks)
       continue;
-    // A block's shard cannot overlap when nothing computes between its
-    // first fetch and its first use.
-    DenseSet<int64_t> reported;
+    // A transfer cannot overlap when nothing computes between it and its
+    // first use; one remark per block and kind of transfer.
+    DenseSet<std::pair<int64_t, int>> reported;
     for (Operation *fetch : fetches) {
       int64_t layer = *getLayer(fetch);
-      if (!isa<sched::FetchOp>(fetch) || !reported.insert(layer).second)
+      bool weights = isa<sched::FetchOp>(fetch);
+      if (!reported.insert({layer, weights}).second)
         continue;
       bool overlapped = false;
       for (Operation *op = fetch->getNextNode(); op; op = op->getNextNode()) {
@@ -101,9 +102,11 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       }
       if (!overlapped)
         fetch->emitRemark()
-            << "weights of block " << layer << " ("
-            << (backward ? "backward" : "forward")
-            << ") are not prefetched ahead of their use: "
+            << (weights ? "weights" : "checkpoint reload") << " of block "
+            << layer << " (" << (backward ? "backward" : "forward") << ") "
+            << (weights ? "are" : "is")
+            << " not prefetched ahead of " << (weights ? "their" : "its")
+            << " use: "
             << (distance == 0 ? "prefetch-distance is 0"
                               : "no earlier compute in this half of the step");
     }
