@@ -1,0 +1,66 @@
+//===- AdamW.h - Host AdamW optimizer step ----------------------*- C++ -*-===//
+//
+// The runtime's host optimizer: one fused AdamW update over an fp32 master
+// copy and its moments, applied per layer as gradients arrive. The math is
+// exactly that of the graph op megaslide.adamw (dialects/Graph/GraphOps.td).
+// No MLIR: the runtime and the Python module call this on host buffers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CPU_ADAMW_H
+#define MEGASLIDE_RUNTIME_CPU_ADAMW_H
+
+#include <cstdint>
+#include <cstring>
+
+namespace megaslide::cpu {
+
+/// Hyper-parameters of one AdamW step (megaslide.adamw's attributes plus
+/// its step operand).
+struct AdamWHyper {
+  float lr = 1e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weightDecay = 0.0f;
+  int64_t step = 1; ///< 1-based: the first update uses step 1
+};
+
+/// The fp32 value of a bf16 bit pattern (exact).
+inline float bf16ToFloat(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+/// The bf16 bit pattern nearest to `f`, ties to even; NaNs stay (quiet)
+/// NaNs with their sign. Branch-free so that loops calling it vectorise.
+inline uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  uint32_t quietNan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>(f != f ? quietNan : rounded);
+}
+
+/// One AdamW update of n parameters, in place, with t = hyper.step:
+///   g  = float(grad)
+///   m  = b1 m + (1 - b1) g
+///   v  = b2 v + (1 - b2) g^2
+///   p -= lr (wd p + (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps))
+/// (decoupled weight decay, as megaslide.adamw). When `workingBf16` is not
+/// null it also receives the round-to-nearest-even bf16 of the new master.
+/// Single fused pass over contiguous chunks on up to dsa3dNumThreads()
+/// threads; the result does not depend on the thread count. Requires
+/// hyper.step >= 1 and n >= 0; buffers must not overlap.
+void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
+               float *v, const uint16_t *gradBf16, uint16_t *workingBf16);
+
+/// As above with fp32 gradients.
+void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
+               float *v, const float *grad, uint16_t *workingBf16);
+
+} // namespace megaslide::cpu
+
+#endif // MEGASLIDE_RUNTIME_CPU_ADAMW_H
