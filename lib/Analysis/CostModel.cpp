@@ -109,7 +109,8 @@ uint64_t megaslide::tensorBytes(Type type) {
   return tensor.getNumElements() * ((bits + 7) / 8);
 }
 
-OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
+OpCost megaslide::costOf(Operation *op, const HardwareModel &hw,
+                         SymbolTableCollection &symbols) {
   OpCost cost;
   auto sumBytes = [](ValueRange values) {
     uint64_t total = 0;
@@ -121,7 +122,7 @@ OpCost megaslide::costOf(Operation *op, const HardwareModel &hw) {
     // The host reads the persistent tensor and writes the working copy
     // into pinned staging, pipelined with the copy: the slower of the two.
     cost.bytes = tensorBytes(fetch.getType());
-    auto source = SymbolTable::lookupNearestSymbolFrom<graph::ParamOp>(
+    auto source = symbols.lookupNearestSymbolFrom<graph::ParamOp>(
         fetch, fetch.getParamAttr());
     double read = source ? tensorBytes(source.getType()) : cost.bytes;
     double staging = (read + cost.bytes) / hw.hostMemoryBandwidth;

@@ -40,11 +40,31 @@ llvm::StringRef categorize(Value v) {
 
 } // namespace
 
-llvm::ArrayRef<llvm::StringRef> megaslide::deviceCategories() {
-  static const llvm::StringRef categories[] = {
-      "weights",   "activations",         "checkpoints",
-      "gradients", "attention workspace", "data batch"};
-  return categories;
+DevicePeak megaslide::findDevicePeak(const DeviceBuffers &buffers) {
+  DevicePeak peak;
+  std::vector<int64_t> delta(buffers.numSteps + 1, 0);
+  for (const DeviceBuffer &b : buffers.buffers) {
+    delta[b.slice.start] += b.slice.size;
+    delta[b.slice.end + 1] -= b.slice.size;
+  }
+  peak.live.resize(buffers.numSteps);
+  int64_t running = 0;
+  peak.bytes = -1;
+  for (int64_t t = 0; t < buffers.numSteps; ++t) {
+    peak.live[t] = running += delta[t];
+    if (running > peak.bytes)
+      peak.bytes = running, peak.step = t;
+  }
+  peak.bytes = std::max<int64_t>(peak.bytes, 0);
+  for (const DeviceBuffer &b : buffers.buffers)
+    if (b.slice.start <= peak.step && peak.step <= b.slice.end) {
+      peak.buffers.push_back(&b);
+      peak.byCategory[b.category.str()] += b.slice.size;
+    }
+  llvm::stable_sort(peak.buffers, [](auto *a, auto *b) {
+    return a->slice.size > b->slice.size;
+  });
+  return peak;
 }
 
 uint64_t megaslide::workspaceBytes(Operation *op) {

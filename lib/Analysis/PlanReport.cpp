@@ -132,33 +132,14 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   DeviceBuffers buffers = collectDeviceBuffers(step);
   if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena"))
     r.devicePeak = arena.getSize();
-  std::vector<int64_t> delta(buffers.numSteps + 1, 0),
-      live(buffers.numSteps, 0);
-  for (const DeviceBuffer &b : buffers.buffers) {
-    delta[b.slice.start] += b.slice.size;
-    delta[b.slice.end + 1] -= b.slice.size;
-  }
-  int64_t running = 0, peakLive = -1;
-  for (int64_t t = 0; t < buffers.numSteps; ++t) {
-    live[t] = running += delta[t];
-    if (running > peakLive)
-      peakLive = running, r.peakStep = t;
-  }
-  std::map<std::string, uint64_t> byCategory;
-  std::vector<const DeviceBuffer *> atPeak;
-  for (const DeviceBuffer &b : buffers.buffers)
-    if (b.slice.start <= r.peakStep && r.peakStep <= b.slice.end) {
-      byCategory[b.category.str()] += b.slice.size;
-      atPeak.push_back(&b);
-    }
-  r.deviceByCategory = sorted(byCategory);
-  if (r.devicePeak > peakLive)
+  DevicePeak peak = findDevicePeak(buffers);
+  const std::vector<int64_t> &live = peak.live;
+  r.peakStep = peak.step;
+  r.deviceByCategory = sorted(peak.byCategory);
+  if (r.devicePeak > peak.bytes)
     r.deviceByCategory.push_back(
-        {"alignment and fragmentation",
-         r.devicePeak - std::max<int64_t>(peakLive, 0)});
-  llvm::stable_sort(
-      atPeak, [](auto *a, auto *b) { return a->slice.size > b->slice.size; });
-  for (const DeviceBuffer *b : llvm::ArrayRef(atPeak).take_front(10))
+        {"alignment and fragmentation", r.devicePeak - peak.bytes});
+  for (const DeviceBuffer *b : llvm::ArrayRef(peak.buffers).take_front(10))
     r.topConsumers.push_back({b->slice.size, b->describe()});
 
   // Tasks in issue order for the replay, and per-block figures.
@@ -166,6 +147,7 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   for (auto [op, index] : buffers.index)
     opAt[index] = op;
   std::vector<sim::Task> tasks;
+  SymbolTableCollection symbols;
   DenseMap<Operation *, int64_t> taskOf;
   std::vector<Operation *> taskOps;
   std::map<std::string, uint64_t> h2dKinds, d2hKinds;
@@ -178,7 +160,7 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
     if (!stream || op->hasTrait<OpTrait::IsTerminator>())
       continue;
-    OpCost cost = costOf(op, hw);
+    OpCost cost = costOf(op, hw, symbols);
     sim::Task task;
     task.stream = *stream;
     task.seconds = cost.seconds;

@@ -9,6 +9,13 @@
 using namespace mlir;
 using namespace megaslide;
 
+/// A verify gate: the invariants `phase` promises hold from here on.
+static void addVerifyGate(OpPassManager &pm, StringRef phase) {
+  VerifySchedulePassOptions gate;
+  gate.phase = phase.str();
+  pm.addPass(createVerifySchedulePass(gate));
+}
+
 void megaslide::buildGraphPipeline(OpPassManager &pm,
                                    const PipelineOptions &o) {
   // First, while attention is still one op: everything after plans memory
@@ -40,17 +47,13 @@ void megaslide::buildSchedulePipeline(OpPassManager &pm,
   activations.buffers = o.buffers;
   pm.addPass(createPlanActivationsPass(activations));
   pm.addPass(createInsertTransfersPass());
-  VerifySchedulePassOptions transfers;
-  transfers.phase = "transfers";
-  pm.addPass(createVerifySchedulePass(transfers));
+  addVerifyGate(pm, "transfers");
   // Streams and prefetch change program order, which liveness reads.
   ScheduleOverlapPassOptions overlap;
   overlap.prefetchDistance = o.prefetchDistance;
   overlap.buffers = o.buffers;
   pm.addPass(createScheduleOverlapPass(overlap));
-  VerifySchedulePassOptions streams;
-  streams.phase = "streams";
-  pm.addPass(createVerifySchedulePass(streams));
+  addVerifyGate(pm, "streams");
 }
 
 void megaslide::buildMemoryPipeline(OpPassManager &pm,
@@ -62,9 +65,7 @@ void megaslide::buildMemoryPipeline(OpPassManager &pm,
   budget.gpuReserve = o.gpuReserve;
   budget.hostMemory = o.hostMemory;
   pm.addPass(createCheckBudgetPass(budget));
-  VerifySchedulePassOptions memory;
-  memory.phase = "memory";
-  pm.addPass(createVerifySchedulePass(memory));
+  addVerifyGate(pm, "memory");
 }
 
 void megaslide::buildMegaSlidePipeline(OpPassManager &pm,

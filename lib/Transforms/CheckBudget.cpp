@@ -31,26 +31,9 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
                        uint64_t gpu, uint64_t reserve) {
   uint64_t budget = gpu - std::min(gpu, reserve);
   DeviceBuffers buffers = collectDeviceBuffers(step);
-  std::vector<int64_t> live(buffers.numSteps + 1, 0);
-  for (const DeviceBuffer &b : buffers.buffers) {
-    live[b.slice.start] += b.slice.size;
-    live[b.slice.end + 1] -= b.slice.size;
-  }
-  int64_t peakStep = 0, running = 0, peak = -1;
-  for (int64_t t = 0; t < buffers.numSteps; ++t) {
-    running += live[t];
-    if (running > peak)
-      peak = running, peakStep = t;
-  }
-  std::vector<const DeviceBuffer *> atPeak;
-  std::map<std::string, int64_t> byCategory;
-  for (const DeviceBuffer &b : buffers.buffers)
-    if (b.slice.start <= peakStep && peakStep <= b.slice.end) {
-      atPeak.push_back(&b);
-      byCategory[b.category.str()] += b.slice.size;
-    }
-  llvm::stable_sort(
-      atPeak, [](auto *a, auto *b) { return a->slice.size > b->slice.size; });
+  DevicePeak peak = findDevicePeak(buffers);
+  const std::vector<const DeviceBuffer *> &atPeak = peak.buffers;
+  const std::map<std::string, int64_t> &byCategory = peak.byCategory;
   Operation *culprit = atPeak.empty() ? step.getOperation() : atPeak[0]->owner;
   InFlightDiagnostic diag = culprit->emitError()
                             << "device memory plan needs " << formatBytes(arena)

@@ -11,6 +11,7 @@
 #define MEGASLIDE_ANALYSIS_COSTMODEL_H
 
 #include "mlir/IR/Operation.h"
+#include "mlir/IR/SymbolTable.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
@@ -54,8 +55,10 @@ struct OpCost {
 
 /// The cost of one op of a scheduled training step: graph ops on the
 /// device, `msched.fetch` / `h2d` / `d2h` on PCIe, `msched.host_adamw` on
-/// the host. Ops that do no work cost nothing.
-OpCost costOf(mlir::Operation *op, const HardwareModel &hw);
+/// the host. Ops that do no work cost nothing. `symbols` caches the
+/// lookups of fetched parameters across calls.
+OpCost costOf(mlir::Operation *op, const HardwareModel &hw,
+              mlir::SymbolTableCollection &symbols);
 
 } // namespace megaslide
 

@@ -13,6 +13,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -52,8 +53,18 @@ DeviceBuffers collectDeviceBuffers(mlir::func::FuncOp step);
 /// ops.
 uint64_t workspaceBytes(mlir::Operation *op);
 
-/// The categories, in report order.
-llvm::ArrayRef<llvm::StringRef> deviceCategories();
+/// Where live device bytes peak, and what is live there.
+struct DevicePeak {
+  std::vector<int64_t> live; ///< live bytes at every step
+  int64_t step = 0;          ///< first step with the most live bytes
+  int64_t bytes = 0;         ///< live bytes there (unaligned, no fragmentation)
+  /// Buffers live at `step`, largest first.
+  std::vector<const DeviceBuffer *> buffers;
+  /// Their bytes by category, in name order.
+  std::map<std::string, int64_t> byCategory;
+};
+
+DevicePeak findDevicePeak(const DeviceBuffers &buffers);
 
 } // namespace megaslide
 
