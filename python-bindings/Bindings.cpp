@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "cpu/AdamW.h"
 #include "cpu/Dsa3d.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
@@ -16,6 +17,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -199,7 +201,133 @@ IntArray dsa3dOffsets(const py::array &q, const py::array &k, Triple window,
   return offsets;
 }
 
+//===----------------------------------------------------------------------===//
+// Host AdamW over numpy arrays, in place (runtime/cpu/AdamW.cpp)
+//===----------------------------------------------------------------------===//
+
+/// Requires a C-contiguous, writeable float32 array of `shape` (a copy
+/// would receive the update and be thrown away, so nothing is converted).
+float *mutableFloatData(py::array &a, const char *name,
+                        const std::vector<int64_t> &shape) {
+  checkArray<float>(a, name, shape);
+  if (!a.writeable())
+    throw py::value_error(std::string(name) + " must be writeable");
+  return static_cast<float *>(a.mutable_data());
+}
+
+/// A checked, contiguous buffer: its name for errors and its byte range.
+/// (Sizes come from the checked dtype: pybind11 2.10's itemsize() misreads
+/// numpy 2's descriptors.)
+struct NamedBuffer {
+  const char *name;
+  uintptr_t begin, bytes;
+};
+
+/// Throws if two of the buffers share a byte: the kernel updates in place
+/// and assumes no aliasing.
+void checkDisjoint(const std::vector<NamedBuffer> &buffers) {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    for (size_t j = i + 1; j < buffers.size(); ++j) {
+      const NamedBuffer &a = buffers[i], &b = buffers[j];
+      if (a.bytes && b.bytes && a.begin < b.begin + b.bytes &&
+          b.begin < a.begin + a.bytes)
+        throw py::value_error(std::string(a.name) + " and " + b.name +
+                              " overlap in memory");
+    }
+}
+
+/// One AdamW step over master, exp_avg, exp_avg_sq (float32, updated in
+/// place) with grad as bf16 bits (uint16) or float32 and an optional bf16
+/// (uint16) working copy written from the new master.
+void adamwStep(py::array master, py::array expAvg, py::array expAvgSq,
+               const py::array &grad, std::optional<py::array> working,
+               int64_t step, double lr, double beta1, double beta2,
+               double eps, double weightDecay) {
+  if (step < 1)
+    throw py::value_error("step must be >= 1 (1-based), got " +
+                          std::to_string(step));
+  std::vector<int64_t> shape = shapeOf(master);
+  float *p = mutableFloatData(master, "master", shape);
+  float *m = mutableFloatData(expAvg, "exp_avg", shape);
+  float *v = mutableFloatData(expAvgSq, "exp_avg_sq", shape);
+  bool bf16Grad = py::isinstance<py::array_t<uint16_t>>(grad);
+  if (bf16Grad)
+    checkArray<uint16_t>(grad, "grad", shape);
+  else if (py::isinstance<py::array_t<float>>(grad))
+    checkArray<float>(grad, "grad", shape);
+  else
+    throw py::type_error("grad must have dtype uint16 (bf16 bits) or "
+                         "float32, got " +
+                         py::str(grad.dtype()).cast<std::string>());
+  auto range = [n = static_cast<uintptr_t>(master.size())](
+                   const char *name, const void *data, size_t elemBytes) {
+    return NamedBuffer{name, reinterpret_cast<uintptr_t>(data), n * elemBytes};
+  };
+  std::vector<NamedBuffer> buffers = {
+      range("master", p, 4), range("exp_avg", m, 4),
+      range("exp_avg_sq", v, 4), range("grad", grad.data(), bf16Grad ? 2 : 4)};
+  uint16_t *w = nullptr;
+  if (working) {
+    checkArray<uint16_t>(*working, "working", shape);
+    if (!working->writeable())
+      throw py::value_error("working must be writeable");
+    w = static_cast<uint16_t *>(working->mutable_data());
+    buffers.push_back(range("working", w, 2));
+  }
+  checkDisjoint(buffers);
+  megaslide::cpu::AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weightDecay = weightDecay;
+  h.step = step;
+  int64_t n = master.size();
+  py::gil_scoped_release release;
+  if (bf16Grad)
+    megaslide::cpu::adamwStep(h, n, p, m, v,
+                              static_cast<const uint16_t *>(grad.data()), w);
+  else
+    megaslide::cpu::adamwStep(h, n, p, m, v,
+                              static_cast<const float *>(grad.data()), w);
+}
+
+/// Registers the host AdamW binding (kept apart from the other bindings).
+void defineAdamW(py::module_ &m) {
+  m.def("adamw_step", &adamwStep, py::arg("master"), py::arg("exp_avg"),
+        py::arg("exp_avg_sq"), py::arg("grad"), py::arg("working"),
+        py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("weight_decay"),
+        "Host AdamW step in place on float32 master, exp_avg, exp_avg_sq; "
+        "grad uint16 (bf16 bits) or float32; working: None or uint16 "
+        "(bf16 of the new master). Use megaslide.adamw_step.");
+  m.def(
+      "adamw_isa",
+      [] {
+        return megaslide::cpu::adamwIsaName(megaslide::cpu::adamwBestIsa());
+      },
+      "Instruction set of the host AdamW loop on this CPU: avx512, avx2 or "
+      "generic.");
+}
+
 } // namespace
+
+void defineTrainer(py::module_ &m); // TrainerBindings.cpp
+
+std::string execPlanJson(const std::string &model, int64_t frames,
+                         int64_t height, int64_t width, bool latent,
+                         int64_t batch, int64_t textLen,
+                         const std::string &options) {
+  char *json = nullptr, *error = nullptr;
+  int rc = megaslideExecPlanJson(model.c_str(), frames, height, width, latent,
+                                 batch, textLen, options.c_str(), &json,
+                                 &error);
+  OwnedString jsonOwner(json, megaslideFreeString);
+  OwnedString errorOwner(error, megaslideFreeString);
+  if (rc != 0)
+    throw std::invalid_argument(error);
+  return json;
+}
 
 PYBIND11_MODULE(_megaslide, m) {
   m.doc() = "Native core of the megaslide package (use `import megaslide`).";
@@ -223,4 +351,10 @@ PYBIND11_MODULE(_megaslide, m) {
   m.def("dsa3d_offsets", &dsa3dOffsets, py::arg("q"), py::arg("k"),
         py::arg("window"), py::arg("tile"), py::arg("radius"),
         "3D-DSA block-matching offsets, int32 [B, H, nT, nY, nX, kt, 2].");
+  m.def("exec_plan_json", &execPlanJson, py::arg("model"), py::arg("frames"),
+        py::arg("height"), py::arg("width"), py::arg("latent"),
+        py::arg("batch"), py::arg("text_len"), py::arg("options"),
+        "The execution plan of a training step (docs/ExecutionPlan.md).");
+  defineAdamW(m);
+  defineTrainer(m);
 }

@@ -4,6 +4,7 @@
 
 #include "megaslide/Model/ModelInfo.h"
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Support/Json.h"
 #include "megaslide/Version.h"
 
@@ -11,6 +12,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -48,7 +50,9 @@ int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
 }
 
 /// Reads the plan options object; unknown keys are errors naming the key.
-static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
+/// `training` receives the training keys (lr, weight_decay) when given.
+static llvm::Expected<PlanOptions>
+parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
   PlanOptions options;
   if (!text || !*text)
     return options;
@@ -67,6 +71,7 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
             .Case("activation_policy", &options.activationPolicy)
             .Case("host_state_policy", &options.hostStatePolicy)
             .Case("attention", &options.attention)
+            .Case("precision", &options.precision)
             .Default(nullptr);
     int64_t *number = llvm::StringSwitch<int64_t *>(key)
                           .Case("buffers", &options.buffers)
@@ -78,7 +83,21 @@ static llvm::Expected<PlanOptions> parsePlanOptions(const char *text) {
             .Case("dsa_window", &options.dsaWindow)
             .Case("dsa_tile", &options.dsaTile)
             .Default(nullptr);
-    if (triple) {
+    double *real = nullptr;
+    if (training)
+      real = llvm::StringSwitch<double *>(key)
+                 .Case("lr", &training->learningRate)
+                 .Case("weight_decay", &training->weightDecay)
+                 .Default(nullptr);
+    if (real) {
+      std::optional<double> number = value.getAsNumber();
+      if (!number || !(*number >= 0) || !std::isfinite(*number))
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            "plan option '%s': expected a non-negative number",
+            key.str().c_str());
+      *real = *number;
+    } else if (triple) {
       const llvm::json::Array *list = value.getAsArray();
       if (!list)
         return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -125,6 +144,30 @@ int megaslidePlanJson(const char *model, int64_t frames, int64_t height,
     return 1;
   }
   *json = copyString(llvm::formatv("{0}", toJson(*plan)).str());
+  return 0;
+}
+
+int megaslideExecPlanJson(const char *model, int64_t frames, int64_t height,
+                          int64_t width, int latentUnits, int64_t batch,
+                          int64_t textLen, const char *optionsJson,
+                          char **json, char **error) {
+  TrainingOptions training = trainingOptions(batch, textLen);
+  llvm::Expected<PlanOptions> options =
+      parsePlanOptions(optionsJson, &training);
+  if (!options) {
+    *error = copyString(llvm::toString(options.takeError()));
+    return 1;
+  }
+  VideoShape video{frames, height, width, latentUnits != 0};
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  bool overBudget = false;
+  llvm::Expected<exec::ExecPlan> plan = compileExecPlan(
+      context, model ? model : "", video, training, *options, &overBudget);
+  if (!plan) {
+    *error = copyString(llvm::toString(plan.takeError()));
+    return overBudget ? 3 : 1;
+  }
+  *json = copyString(exec::serialize(*plan));
   return 0;
 }
 

@@ -6,8 +6,11 @@
 // AdamW update per parameter.
 //
 // Precision: persistent state is fp32 (master, moments); compute runs on
-// bf16 working copies cast from the masters, so gradients are bf16 and are
-// cast to fp32 inside the AdamW update.
+// working copies cast from the masters, bf16 by default (so gradients are
+// bf16 and are cast to fp32 inside the AdamW update) or fp32 with
+// `TrainingOptions::computeType`. The fp32 working copy is still a cast
+// (an identity one) so that both precisions have the same structure: the
+// pipeline turns each load + cast into one fetch of the working copy.
 //
 //===----------------------------------------------------------------------===//
 
@@ -45,7 +48,10 @@ public:
                       const Geometry &geometry, const TrainingOptions &options)
       : ctx(ctx), config(config), geometry(geometry), options(options),
         loc(UnknownLoc::get(&ctx)), b(&ctx), decl(&ctx),
-        bf16(BFloat16Type::get(&ctx)), f32(Float32Type::get(&ctx)) {
+        f32(Float32Type::get(&ctx)) {
+    compute = options.computeType == ComputeType::F32
+                  ? f32
+                  : Type(BFloat16Type::get(&ctx));
     batch = options.batch;
     dim = config.dim();
     tokens = geometry.tokens();
@@ -59,7 +65,7 @@ public:
 private:
   // Types and shape helpers.
   RankedTensorType act(ArrayRef<int64_t> shape) {
-    return RankedTensorType::get(shape, bf16);
+    return RankedTensorType::get(shape, compute);
   }
   static ArrayRef<int64_t> shapeOf(Value v) {
     return cast<RankedTensorType>(v.getType()).getShape();
@@ -71,7 +77,7 @@ private:
   }
 
   /// Declares a parameter named `name` in the current group and returns
-  /// its bf16 working copy.
+  /// its working copy (of the compute type).
   Value param(const Twine &name, ArrayRef<int64_t> shape, bool frozen = false);
 
   // Layers with reference-implementation parameter names.
@@ -128,7 +134,8 @@ private:
   Location loc;
   OpBuilder b;    ///< inside @train_step
   OpBuilder decl; ///< module level, before @train_step
-  Type bf16, f32;
+  Type f32;
+  Type compute; ///< activations, working copies and gradients
   int64_t batch, dim, tokens, textLen;
 
   ParamGroup group = ParamGroup::embeddings;
@@ -137,7 +144,7 @@ private:
   struct Trainable {
     ParamOp master;
     Value masterValue; ///< fp32, loaded once
-    Value working;     ///< bf16 copy used by compute
+    Value working;     ///< copy of the compute type used by compute
   };
   SmallVector<Trainable> trainables;
 };
@@ -340,7 +347,9 @@ void TrainingStepBuilder::emitOptimizer(ArrayRef<Value> grads, Value step) {
     }
     auto update = AdamWOp::create(
         b, loc, t.masterValue, grads[i], moments[0], moments[1], step,
-        b.getF64FloatAttr(options.learningRate),
+        b.getF64FloatAttr(options.learningRate > 0
+                              ? options.learningRate
+                              : config.learningRate.value_or(1e-5)),
         b.getF64FloatAttr(options.beta1), b.getF64FloatAttr(options.beta2),
         b.getF64FloatAttr(options.adamEps),
         b.getF64FloatAttr(options.weightDecay));
@@ -415,6 +424,21 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
 }
 
 } // namespace
+
+llvm::StringRef megaslide::computeTypeName(ComputeType type) {
+  return type == ComputeType::F32 ? "f32" : "bf16";
+}
+
+llvm::Expected<ComputeType> megaslide::parseComputeType(llvm::StringRef value) {
+  if (value == "bf16")
+    return ComputeType::BF16;
+  if (value == "f32")
+    return ComputeType::F32;
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      "option 'precision': unknown value '%s'; use one of bf16, f32",
+      value.str().c_str());
+}
 
 llvm::Expected<OwningOpRef<ModuleOp>>
 megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,

@@ -2,6 +2,8 @@
 
 #include "megaslide/Model/ModelConfig.h"
 
+#include <cmath>
+
 #include "megaslide/Support/Json.h"
 
 #include "llvm/ADT/StringMap.h"
@@ -200,6 +202,15 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   };
   handlers["eps"] = [&](const llvm::json::Value &v) -> Error {
     return number("eps", v, c.eps);
+  };
+  handlers["learning_rate"] = [&](const llvm::json::Value &v) -> Error {
+    double lr = 0;
+    if (Error e = number("learning_rate", v, lr))
+      return e;
+    if (!(lr > 0) || !std::isfinite(lr))
+      return err.field("learning_rate", "must be a positive number");
+    c.learningRate = lr;
+    return Error::success();
   };
   handlers["rope_theta"] = [&](const llvm::json::Value &v) -> Error {
     return number("rope_theta", v, c.ropeTheta);
@@ -401,7 +412,10 @@ Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
   if (!obj)
     return obj.takeError();
   ConfigReader reader(err);
-  return reader.read(*obj);
+  Expected<ModelConfig> config = reader.read(*obj);
+  if (config)
+    config->sourceJson = json.str();
+  return config;
 }
 
 std::vector<std::string> megaslide::presetNames() {

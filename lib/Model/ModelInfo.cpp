@@ -182,7 +182,9 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
                                    {"units", info.video.latentUnits ? "latent"
                                                                     : "pixels"},
                                    {"batch", info.options.batch},
-                                   {"text_len", *info.options.textLen}}},
+                                   {"text_len", *info.options.textLen},
+                                   {"precision", computeTypeName(
+                                                     info.options.computeType)}}},
       {"latent",
        llvm::json::Object{{"shape", tripleArray(info.geometry.latent)},
                           {"vae_stride", tripleArray(c.vaeStride)}}},
@@ -232,6 +234,8 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
                       info.options.batch);
   if (c.architecture == Architecture::Wan)
     os << llvm::formatv(", {0} text tokens", *info.options.textLen);
+  os << llvm::formatv(", {0} compute",
+                      computeTypeName(info.options.computeType));
   os << llvm::formatv("\n  latents {0} x {1} x {2} (VAE stride {3}x{4}x{5}), "
                       "patch {6}x{7}x{8}\n",
                       l[0], l[1], l[2], c.vaeStride[0], c.vaeStride[1],

@@ -76,6 +76,14 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
                                      c.option, c.value.c_str(),
                                      allowed.c_str());
     }
+  TrainingOptions step = training;
+  if (!options.precision.empty()) {
+    llvm::Expected<ComputeType> computeType =
+        parseComputeType(options.precision);
+    if (!computeType)
+      return computeType.takeError();
+    step.computeType = *computeType;
+  }
   HardwareModel hw;
   if (!options.hardwarePath.empty()) {
     llvm::Expected<HardwareModel> loaded =
@@ -87,7 +95,7 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
 
   PlanResult result;
   llvm::Expected<ModelInfo> info =
-      computeModelInfo(context, model, video, training, &result.module);
+      computeModelInfo(context, model, video, step, &result.module);
   if (!info)
     return info.takeError();
   result.info = *info;

@@ -65,6 +65,22 @@ void addPersistentCopies(ModuleOp module) {
   }
 }
 
+/// Whether compute reads a bf16 working copy of some master: steps built
+/// with f32 compute have none, so a persistent bf16 copy would be dead
+/// weight in host memory.
+bool hasBf16WorkingCopies(ModuleOp module) {
+  SymbolTable symbols(module);
+  WalkResult found = module.walk([&](CastOp cast) {
+    auto load = cast.getInput().getDefiningOp<LoadOp>();
+    auto param = load ? symbols.lookup<ParamOp>(load.getParam()) : ParamOp();
+    if (param && param.getRole() == ParamRole::master &&
+        getElementTypeOrSelf(cast.getType()).isBF16())
+      return WalkResult::interrupt();
+    return WalkResult::advance();
+  });
+  return found.wasInterrupted();
+}
+
 struct PlanResidencyPass
     : megaslide::impl::PlanResidencyPassBase<PlanResidencyPass> {
   using PlanResidencyPassBase::PlanResidencyPassBase;
@@ -84,6 +100,13 @@ struct PlanResidencyPass
     if (hostStatePolicy == "bf16-moments") {
       narrowMoments(module);
     } else if (hostStatePolicy == "persistent-bf16") {
+      if (!hasBf16WorkingCopies(module)) {
+        module.emitError()
+            << "option 'host-state-policy': 'persistent-bf16' keeps a bf16 "
+               "working copy of every weight, but this step computes in "
+               "f32 and never reads one; use master-moments or bf16-moments";
+        return signalPassFailure();
+      }
       addPersistentCopies(module);
     } else if (hostStatePolicy != "master-moments") {
       module.emitError() << "option 'host-state-policy': unknown policy '"

@@ -53,7 +53,7 @@ def model_info(
 
 _PLAN_OPTIONS = {
     "gpu_reserve": str, "os_allowance": str, "hw": str, "activation_policy": str,
-    "host_state_policy": str, "attention": str, "buffers": int,
+    "host_state_policy": str, "attention": str, "precision": str, "buffers": int,
     "prefetch_distance": int, "dsa_window": tuple, "dsa_tile": tuple,
     "dsa_radius": int,
 }
@@ -81,21 +81,30 @@ def plan(
     for the CUDA context and libraries, default "2GiB"), os_allowance, hw (path to a
     hardware JSON), activation_policy (keep|recompute|offload|auto),
     host_state_policy (master-moments|persistent-bf16|bf16-moments),
-    attention (dsa|global), dsa_window and dsa_tile ((t, y, x) in tokens),
+    attention (dsa|global), precision (bf16|f32: the compute type of
+    activations, working weights and gradients; masters and moments are
+    fp32 either way), dsa_window and dsa_tile ((t, y, x) in tokens),
     dsa_radius, buffers, prefetch_distance.
 
     Raises ValueError for bad configs, sizes or options, TypeError for
     arguments of the wrong type.
     """
     args = _common_args(model, frames, height, width, batch, text_len, latent)
-    for name, value in (("gpu_mem", gpu_mem), ("host_mem", host_mem)):
-        if not isinstance(value, str):
+    payload = _options_payload("plan", options, gpu_mem=gpu_mem,
+                               host_mem=host_mem)
+    return json.loads(_megaslide.plan_json(*args, payload))
+
+
+def _options_payload(caller: str, options: Dict[str, Any], **given: Any) -> str:
+    """The plan options as the C API's JSON object, type-checked."""
+    for name in ("gpu_mem", "host_mem"):
+        if not isinstance(given[name], str):
             raise TypeError(f"{name} must be a str such as '141GB', got "
-                            f"{type(value).__name__}")
+                            f"{type(given[name]).__name__}")
     for name, value in options.items():
         expected = _PLAN_OPTIONS.get(name)
         if expected is None:
-            raise TypeError(f"plan() got an unexpected option '{name}'; "
+            raise TypeError(f"{caller}() got an unexpected option '{name}'; "
                             f"known: {', '.join(sorted(_PLAN_OPTIONS))}")
         if expected is tuple:
             if (not isinstance(value, (tuple, list)) or len(value) != 3 or
@@ -107,8 +116,8 @@ def plan(
         elif isinstance(value, bool) or not isinstance(value, expected):
             raise TypeError(f"{name} must be a {expected.__name__}, got "
                             f"{type(value).__name__}")
-    payload = json.dumps(dict(options, gpu_mem=gpu_mem, host_mem=host_mem))
-    return json.loads(_megaslide.plan_json(*args, payload))
+    return json.dumps(dict(options, **{k: v for k, v in given.items()
+                                       if v is not None}))
 
 
 def _common_args(model, frames, height, width, batch, text_len, latent):
@@ -307,3 +316,220 @@ def dsa3d_offsets(
     if radius < 0:
         raise ValueError(f"radius must be non-negative, got {radius}")
     return _megaslide.dsa3d_offsets(q, k, window, tile, int(radius))
+
+
+# ---------------------------------------------------------------------------
+# Host AdamW (runtime/cpu/AdamW.cpp)
+# ---------------------------------------------------------------------------
+
+__all__ += ["adamw_step"]
+
+
+def _adamw_buffer(name: str, value: Any, dtypes: Tuple[Any, ...],
+                  shape: Optional[Tuple[int, ...]]) -> np.ndarray:
+    """``value`` as it is: an ndarray of one of ``dtypes``, C-contiguous, of
+    ``shape`` when given. Never copied or cast, because the step writes
+    into these arrays (a converted copy would take the update and be
+    dropped) and reads gradients at memory speed."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got "
+                        f"{type(value).__name__}")
+    if value.dtype.name == "bfloat16" and np.dtype(np.uint16) in dtypes:
+        value = value.view(np.uint16)  # ml_dtypes.bfloat16: same bits
+    if value.dtype not in dtypes:
+        names = " or ".join(np.dtype(d).name for d in dtypes)
+        raise TypeError(f"{name} must have dtype {names}, got {value.dtype}")
+    if shape is not None and value.shape != shape:
+        raise ValueError(f"{name} has shape {value.shape}, expected {shape} "
+                         f"(the shape of master)")
+    if not value.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (it is used in place; "
+                         f"pass np.ascontiguousarray(...) and keep it)")
+    return value
+
+
+def _adamw_real(name: str, value: Any, low: float, high: float,
+                high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    above = value >= high if high_open else value > high
+    if not math.isfinite(value) or value < low or above:
+        bound = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in [{low}, {high}{bound}, got "
+                         f"{value}")
+    return value
+
+
+def adamw_step(
+    master: np.ndarray,
+    exp_avg: np.ndarray,
+    exp_avg_sq: np.ndarray,
+    grad: np.ndarray,
+    *,
+    step: int,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    working: Optional[np.ndarray] = None,
+) -> None:
+    """One fused AdamW step on the host, in place (the runtime's optimizer).
+
+    With t = ``step`` (1-based: the first update uses 1) and g = grad::
+
+        exp_avg    = beta1 exp_avg + (1 - beta1) g
+        exp_avg_sq = beta2 exp_avg_sq + (1 - beta2) g^2
+        master    -= lr (weight_decay master
+                         + (exp_avg / (1 - beta1^t))
+                           / (sqrt(exp_avg_sq / (1 - beta2^t)) + eps))
+
+    which is ``torch.optim.AdamW`` (decoupled weight decay) and the graph op
+    ``megaslide.adamw``. ``master``, ``exp_avg`` and ``exp_avg_sq`` are
+    float32 arrays of one shape, C-contiguous and writeable; they are
+    updated in place. ``grad`` has their shape and is either bf16 bit
+    patterns as uint16 (or an ``ml_dtypes.bfloat16`` array) or float32.
+    ``working``, if given, is a uint16 array of that shape that receives the
+    round-to-nearest-even bf16 of the new master (the bf16 working copy).
+
+    Arithmetic is float32; the per-call coefficients (1 - beta, the bias
+    corrections) are formed in double from the hyper-parameters and each
+    rounded to float32 once. One pass over
+    memory, multithreaded (MEGASLIDE_NUM_THREADS overrides the thread
+    count); the result does not depend on the thread count. Releases the
+    GIL while it runs.
+
+    Raises TypeError naming the argument for non-arrays, wrong dtypes (never
+    cast or copied: an update into a copy would be lost) or non-numeric
+    hyper-parameters; ValueError for shape mismatches, non-contiguous or
+    read-only arrays, arrays sharing memory, step < 1, or hyper-parameters
+    outside lr >= 0, 0 <= beta < 1, eps >= 0, weight_decay >= 0.
+    """
+    master = _adamw_buffer("master", master, (np.float32,), None)
+    exp_avg = _adamw_buffer("exp_avg", exp_avg, (np.float32,), master.shape)
+    exp_avg_sq = _adamw_buffer("exp_avg_sq", exp_avg_sq, (np.float32,),
+                               master.shape)
+    grad = _adamw_buffer("grad", grad, (np.uint16, np.float32), master.shape)
+    if working is not None:
+        working = _adamw_buffer("working", working, (np.uint16,),
+                                master.shape)
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"step must be an int, got {type(step).__name__}")
+    if step < 1:
+        raise ValueError(f"step must be >= 1 (the first update is step 1), "
+                         f"got {step}")
+    inf = math.inf
+    hyper = dict(lr=_adamw_real("lr", lr, 0.0, inf, high_open=True),
+                 beta1=_adamw_real("beta1", beta1, 0.0, 1.0, high_open=True),
+                 beta2=_adamw_real("beta2", beta2, 0.0, 1.0, high_open=True),
+                 eps=_adamw_real("eps", eps, 0.0, inf, high_open=True),
+                 weight_decay=_adamw_real("weight_decay", weight_decay, 0.0,
+                                          inf, high_open=True))
+    _megaslide.adamw_step(master, exp_avg, exp_avg_sq, grad, working,
+                          int(step), **hyper)
+
+
+# ---------------------------------------------------------------------------
+# Training (runtime/train/Session: the same runs as megaslide-run)
+# ---------------------------------------------------------------------------
+
+__all__ += ["exec_plan", "Trainer"]
+
+
+def exec_plan(
+    model: str,
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    gpu_mem: str = "141GB",
+    host_mem: str = "1.5TB",
+    batch: int = 1,
+    text_len: Optional[int] = None,
+    latent: bool = False,
+    lr: Optional[float] = None,
+    **options: Any,
+) -> str:
+    """The execution plan of a training step as JSON text.
+
+    This is what ``megaslide-run --save-plan`` writes (docs/ExecutionPlan.md).
+    Options are those of :func:`plan`; ``lr`` overrides the config's
+    learning rate. Raises ValueError for bad input or a plan over budget.
+    """
+    args = _common_args(model, frames, height, width, batch, text_len, latent)
+    if lr is not None and (isinstance(lr, bool) or
+                           not isinstance(lr, numbers.Real) or not lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    payload = _options_payload("exec_plan", options, gpu_mem=gpu_mem,
+                               host_mem=host_mem,
+                               lr=None if lr is None else float(lr))
+    return _megaslide.exec_plan_json(*args, payload)
+
+
+class Trainer:
+    """A training run on the cpu (or sim) backend, numpy arrays in and out.
+
+    Compiles the model's training step (or takes ``plan_json``, e.g. read
+    from a file ``megaslide-run --save-plan`` wrote) and keeps the host
+    state: fp32 masters, AdamW moments and the optimizer step.
+
+    >>> tr = Trainer("tiny", frames=17, height=128, width=128, precision="f32")
+    >>> loss, grads = tr.gradients(**batch)   # no update
+    >>> tr.step()["loss"]                     # one step on synthetic data
+    """
+
+    def __init__(self, model: Optional[str] = None, frames: int = 17,
+                 height: int = 128, width: int = 128, *, backend: str = "cpu",
+                 seed: int = 0, plan_json: Optional[str] = None,
+                 **plan_options: Any) -> None:
+        if backend not in ("cpu", "cuda", "sim"):
+            raise ValueError(f"backend must be cpu, cuda or sim, got "
+                             f"{backend!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if plan_json is None:
+            if model is None:
+                raise ValueError("give a model or plan_json")
+            plan_json = exec_plan(model, frames, height, width, **plan_options)
+            source = f"<{model}>"
+        else:
+            source = "<plan_json>"
+        self._native = _megaslide.Trainer(plan_json, source, backend, seed)
+
+    def input_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """Shapes of the step inputs: latents, noise, timesteps, condition."""
+        return self._native.input_shapes()
+
+    def parameters(self) -> Dict[str, np.ndarray]:
+        """Copies of the fp32 masters (and frozen buffers) by diffusers name."""
+        return self._native.parameters()
+
+    def load_parameters(self, params: Dict[str, np.ndarray]) -> None:
+        """Replaces the named masters; shapes must match the plan's."""
+        self._native.load_parameters(params)
+
+    def gradients(self, latents: np.ndarray, noise: np.ndarray,
+                  timesteps: np.ndarray, condition: np.ndarray
+                  ) -> Tuple[float, Dict[str, np.ndarray]]:
+        """Loss and every trainable parameter's gradient on one batch.
+
+        The state is not updated. Arrays are float32 in input_shapes().
+        """
+        return self._native.gradients(dict(latents=latents, noise=noise,
+                                           timesteps=timesteps,
+                                           condition=condition))
+
+    def step(self, **inputs: np.ndarray) -> Dict[str, Any]:
+        """One training step (with the AdamW update).
+
+        Without arguments it draws the next synthetic batch; otherwise give
+        latents, noise, timesteps and condition. Returns loss, seconds,
+        step and the planned and measured device peaks.
+        """
+        return self._native.step(inputs if inputs else None)
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken so far."""
+        return self._native.step_count

@@ -3,9 +3,21 @@
 // The update is memory bound (five to seven streams, ~10 flops per element),
 // so it is one fused pass: each thread owns a contiguous, cache-line aligned
 // chunk and runs a branch-free loop that the compiler vectorises. The bias
-// corrections are scalars computed once per call in double precision. The
+// corrections and 1 - beta are scalars computed once per call in double
+// precision from the double hyper-parameters, then rounded to fp32. The
 // test (test/unit/AdamWTest.cpp) compares against a naive double-precision
 // reference.
+//
+// The loop is compiled three times on x86-64 -- AVX-512, AVX2 and the
+// baseline (SSE2) -- and picked at run time, because the build has no
+// -march and at baseline width the compute (sqrt, divide, the bf16
+// rounding and narrowing) no longer hides behind memory once the data sits
+// in cache or the bandwidth per core is high. This file is compiled with
+// -ffp-contract=off (runtime/CMakeLists.txt): every variant then performs
+// the same correctly rounded IEEE operations in the same order, so results
+// are bitwise equal across instruction sets, thread counts and chunkings
+// (the test checks both). benchmarks/host_adamw.py measures it against
+// torch.optim.AdamW and the memory-bandwidth bound (docs/Benchmarks.md).
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,9 +26,15 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
 #include <cmath>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MEGASLIDE_ADAMW_X86 1
+#include <immintrin.h>
+#endif
 
 using namespace megaslide::cpu;
 
@@ -27,6 +45,15 @@ namespace {
 constexpr int64_t kMinChunk = 1 << 15;
 /// Chunk boundaries are multiples of this (one 64-byte line of floats).
 constexpr int64_t kChunkAlign = 16;
+/// From this many elements on, the working copy (written, never read here)
+/// goes out with non-temporal stores: it saves the read of each line before
+/// it is written (2 of ~30 bytes per element), and its consumer -- the copy
+/// into pinned staging for the GPU -- finds it in memory either way. Smaller
+/// copies stay in cache for whoever reads them next.
+constexpr int64_t kStreamMin = 1 << 20;
+/// Elements per block of the streamed working copy: its bf16 is first
+/// written to a buffer that stays in L1, then streamed out.
+constexpr int64_t kStreamBlock = 2048;
 
 /// Per-call scalars of the update.
 struct Coefficients {
@@ -38,17 +65,12 @@ struct Coefficients {
 Coefficients makeCoefficients(const AdamWHyper &h) {
   assert(h.step >= 1 && "AdamW step is 1-based");
   double t = static_cast<double>(h.step);
-  double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
-  return {h.beta1,
-          1.0f - h.beta1,
-          h.beta2,
-          1.0f - h.beta2,
-          static_cast<float>(1.0 / bc1),
-          static_cast<float>(1.0 / bc2),
-          h.lr,
-          h.eps,
-          h.weightDecay};
+  double bc1 = 1.0 - std::pow(h.beta1, t);
+  double bc2 = 1.0 - std::pow(h.beta2, t);
+  auto f = [](double x) { return static_cast<float>(x); };
+  return {f(h.beta1),       f(1.0 - h.beta1), f(h.beta2),
+          f(1.0 - h.beta2), f(1.0 / bc1),     f(1.0 / bc2),
+          f(h.lr),          f(h.eps),         f(h.weightDecay)};
 }
 
 inline float loadGrad(const float *g, int64_t i) { return g[i]; }
@@ -57,12 +79,13 @@ inline float loadGrad(const uint16_t *g, int64_t i) {
 }
 
 /// The update of elements [begin, end). `WriteWorking` lifts the null test
-/// on the working copy out of the loop.
+/// on the working copy out of the loop. Always inlined, so that each
+/// instruction-set wrapper below vectorises its own copy.
 template <bool WriteWorking, typename Grad>
-void updateChunk(const Coefficients &c, int64_t begin, int64_t end,
-                 float *__restrict master, float *__restrict m,
-                 float *__restrict v, const Grad *__restrict grad,
-                 uint16_t *__restrict working) {
+[[gnu::always_inline]] inline void
+updateLoop(const Coefficients &c, int64_t begin, int64_t end,
+           float *__restrict master, float *__restrict m, float *__restrict v,
+           const Grad *__restrict grad, uint16_t *__restrict working) {
   for (int64_t i = begin; i < end; ++i) {
     float g = loadGrad(grad, i);
     float mi = c.beta1 * m[i] + c.oneMinusBeta1 * g;
@@ -79,17 +102,131 @@ void updateChunk(const Coefficients &c, int64_t begin, int64_t end,
   }
 }
 
+/// How the working copy is written.
+enum class Working { None, Cached, Streamed };
+
+/// dst[0, n) = src[0, n) with non-temporal 16-byte stores where dst is
+/// aligned for them.
+[[gnu::always_inline]] inline void streamOut(uint16_t *__restrict dst,
+                                             const uint16_t *__restrict src,
+                                             int64_t n) {
+  int64_t i = 0;
+#ifdef MEGASLIDE_ADAMW_X86
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i)
+    dst[i] = src[i];
+  for (; i + 8 <= n; i += 8)
+    _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i)));
+#endif
+  for (; i < n; ++i)
+    dst[i] = src[i];
+}
+
+/// The update of [begin, end) with the working copy written as `W` says.
+/// Blocking does not change the arithmetic, so the results are the same.
+template <Working W, typename Grad>
+[[gnu::always_inline]] inline void
+updateChunk(const Coefficients &c, int64_t begin, int64_t end, float *master,
+            float *m, float *v, const void *gradAny, uint16_t *working) {
+  const Grad *grad = static_cast<const Grad *>(gradAny);
+  if constexpr (W != Working::Streamed) {
+    updateLoop<W == Working::Cached>(c, begin, end, master, m, v, grad,
+                                     working);
+  } else {
+    alignas(64) uint16_t block[kStreamBlock];
+    for (int64_t b = begin; b < end; b += kStreamBlock) {
+      int64_t len = std::min(end - b, kStreamBlock);
+      updateLoop<true>(c, 0, len, master + b, m + b, v + b, grad + b, block);
+      streamOut(working + b, block, len);
+    }
+#ifdef MEGASLIDE_ADAMW_X86
+    _mm_sfence(); // non-temporal stores are weakly ordered
+#endif
+  }
+}
+
+using ChunkFn = void (*)(const Coefficients &, int64_t, int64_t, float *,
+                         float *, float *, const void *, uint16_t *);
+
+template <Working W, typename Grad>
+void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
+                   float *master, float *m, float *v, const void *grad,
+                   uint16_t *working) {
+  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+}
+
+#ifdef MEGASLIDE_ADAMW_X86
+#if defined(__clang__)
+#define MEGASLIDE_TARGET_AVX512                                                \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+// GCC's generic tuning would split AVX-512 loops into 256-bit halves.
+#define MEGASLIDE_TARGET_AVX512                                                \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,"                  \
+                        "prefer-vector-width=512")))
+#endif
+
+template <Working W, typename Grad>
+__attribute__((target("avx2"))) void
+updateAvx2(const Coefficients &c, int64_t begin, int64_t end, float *master,
+           float *m, float *v, const void *grad, uint16_t *working) {
+  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+}
+
+template <Working W, typename Grad>
+MEGASLIDE_TARGET_AVX512 void
+updateAvx512(const Coefficients &c, int64_t begin, int64_t end, float *master,
+             float *m, float *v, const void *grad, uint16_t *working) {
+  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+}
+#endif
+
+AdamWIsa detectIsa() {
+#ifdef MEGASLIDE_ADAMW_X86
+  __builtin_cpu_init();
+  // libgcc and compiler-rt also check that the OS saves the wider registers.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return AdamWIsa::Avx512;
+  if (__builtin_cpu_supports("avx2"))
+    return AdamWIsa::Avx2;
+#endif
+  return AdamWIsa::Generic;
+}
+
+/// The loop for `isa` (already resolved and supported).
+template <Working W, typename Grad> ChunkFn chunkFn(AdamWIsa isa) {
+#ifdef MEGASLIDE_ADAMW_X86
+  if (isa == AdamWIsa::Avx512)
+    return &updateAvx512<W, Grad>;
+  if (isa == AdamWIsa::Avx2)
+    return &updateAvx2<W, Grad>;
+#endif
+  return &updateGeneric<W, Grad>;
+}
+
+/// `isa` with Auto resolved and anything the CPU lacks lowered to the best
+/// it has (the enumerators are ordered by width).
+AdamWIsa resolveIsa(AdamWIsa isa) {
+  AdamWIsa best = adamwBestIsa();
+  if (isa == AdamWIsa::Auto || static_cast<int>(isa) > static_cast<int>(best))
+    return best;
+  return isa;
+}
+
 template <typename Grad>
 void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
-                   float *v, const Grad *grad, uint16_t *working) {
+                   float *v, const Grad *grad, uint16_t *working,
+                   AdamWIsa isa) {
   if (n <= 0)
     return;
   Coefficients c = makeCoefficients(hyper);
+  isa = resolveIsa(isa);
+  ChunkFn fn = !working          ? chunkFn<Working::None, Grad>(isa)
+               : n < kStreamMin ? chunkFn<Working::Cached, Grad>(isa)
+                                : chunkFn<Working::Streamed, Grad>(isa);
   auto run = [&](int64_t begin, int64_t end) {
-    if (working)
-      updateChunk<true>(c, begin, end, master, m, v, grad, working);
-    else
-      updateChunk<false>(c, begin, end, master, m, v, grad, working);
+    fn(c, begin, end, master, m, v, grad, working);
   };
 
   int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, dsa3dNumThreads());
@@ -110,15 +247,35 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
 
 } // namespace
 
-void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
-                               float *master, float *m, float *v,
-                               const uint16_t *gradBf16,
-                               uint16_t *workingBf16) {
-  adamwStepImpl(hyper, n, master, m, v, gradBf16, workingBf16);
+AdamWIsa megaslide::cpu::adamwBestIsa() {
+  static const AdamWIsa best = detectIsa();
+  return best;
+}
+
+const char *megaslide::cpu::adamwIsaName(AdamWIsa isa) {
+  switch (isa) {
+  case AdamWIsa::Auto:
+    return "auto";
+  case AdamWIsa::Generic:
+    return "generic";
+  case AdamWIsa::Avx2:
+    return "avx2";
+  case AdamWIsa::Avx512:
+    return "avx512";
+  }
+  return "unknown";
 }
 
 void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
                                float *master, float *m, float *v,
-                               const float *grad, uint16_t *workingBf16) {
-  adamwStepImpl(hyper, n, master, m, v, grad, workingBf16);
+                               const uint16_t *gradBf16, uint16_t *workingBf16,
+                               AdamWIsa isa) {
+  adamwStepImpl(hyper, n, master, m, v, gradBf16, workingBf16, isa);
+}
+
+void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
+                               float *master, float *m, float *v,
+                               const float *grad, uint16_t *workingBf16,
+                               AdamWIsa isa) {
+  adamwStepImpl(hyper, n, master, m, v, grad, workingBf16, isa);
 }

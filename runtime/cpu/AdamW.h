@@ -15,14 +15,17 @@
 
 namespace megaslide::cpu {
 
-/// Hyper-parameters of one AdamW step (megaslide.adamw's attributes plus
-/// its step operand).
+/// Hyper-parameters of one AdamW step (megaslide.adamw's f64 attributes
+/// plus its step operand). Double, like the attributes: the per-call
+/// coefficients (1 - beta, the bias corrections) are formed in double and
+/// each rounded to fp32 once; rounding beta2 = 0.999 to fp32 first would
+/// make 1 - beta2 wrong by 1.3e-5 relative.
 struct AdamWHyper {
-  float lr = 1e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weightDecay = 0.0f;
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 0.0;
   int64_t step = 1; ///< 1-based: the first update uses step 1
 };
 
@@ -44,6 +47,17 @@ inline uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>(f != f ? quietNan : rounded);
 }
 
+/// Instruction sets the update loop is compiled for (one binary serves every
+/// x86-64 host: the build has no -march). All give bitwise the same results:
+/// the same IEEE operations in the same order, with FMA contraction off.
+enum class AdamWIsa { Auto, Generic, Avx2, Avx512 };
+
+/// The instruction set AdamWIsa::Auto resolves to on this CPU.
+AdamWIsa adamwBestIsa();
+
+/// "auto", "generic" (SSE2 on x86-64), "avx2" or "avx512".
+const char *adamwIsaName(AdamWIsa isa);
+
 /// One AdamW update of n parameters, in place, with t = hyper.step:
 ///   g  = float(grad)
 ///   m  = b1 m + (1 - b1) g
@@ -52,14 +66,17 @@ inline uint16_t floatToBf16(float f) {
 /// (decoupled weight decay, as megaslide.adamw). When `workingBf16` is not
 /// null it also receives the round-to-nearest-even bf16 of the new master.
 /// Single fused pass over contiguous chunks on up to dsa3dNumThreads()
-/// threads; the result does not depend on the thread count. Requires
-/// hyper.step >= 1 and n >= 0; buffers must not overlap.
+/// threads, vectorised for `isa` (lowered to adamwBestIsa() if the CPU
+/// lacks it); the result depends on neither. Requires hyper.step >= 1 and
+/// n >= 0; buffers must not overlap.
 void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
-               float *v, const uint16_t *gradBf16, uint16_t *workingBf16);
+               float *v, const uint16_t *gradBf16, uint16_t *workingBf16,
+               AdamWIsa isa = AdamWIsa::Auto);
 
 /// As above with fp32 gradients.
 void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
-               float *v, const float *grad, uint16_t *workingBf16);
+               float *v, const float *grad, uint16_t *workingBf16,
+               AdamWIsa isa = AdamWIsa::Auto);
 
 } // namespace megaslide::cpu
 

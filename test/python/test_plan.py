@@ -180,6 +180,8 @@ def test_bad_units_raise_value_error_naming_the_option(kwargs, option):
      "option 'host-state-policy': unknown value 'nope'; use one of master-moments"),
     (dict(buffers=0), "'buffers'"),
     (dict(prefetch_distance=-1), "'prefetch-distance'"),
+    (dict(precision="fp16"),
+     "option 'precision': unknown value 'fp16'; use one of bf16, f32"),
 ])
 def test_bad_option_values_raise_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -190,6 +192,19 @@ def test_unknown_attention_raises_value_error():
     with pytest.raises(ValueError, match="option 'attention': unknown value "
                                          "'local'; use one of dsa, global"):
         megaslide.plan(*TINY, attention="local")
+
+
+def test_precision_f32_doubles_what_the_compute_type_sizes():
+    bf16, f32 = megaslide.plan(*TINY), megaslide.plan(*TINY, precision="f32")
+    assert (bf16["video"]["precision"], f32["video"]["precision"]) == (
+        "bf16", "f32")
+    assert f32["device"]["by_category"]["weights"] == (
+        2 * bf16["device"]["by_category"]["weights"])
+    assert f32["transfers"]["d2h_by_kind"]["gradients"] == (
+        2 * bf16["transfers"]["d2h_by_kind"]["gradients"])
+    for category in PERSISTENT:
+        assert f32["host"]["by_category"][category] == (
+            bf16["host"]["by_category"][category])
 
 
 # --- Policies ---------------------------------------------------------------

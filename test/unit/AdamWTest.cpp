@@ -6,15 +6,20 @@
 // gradients, weight decay 0 and > 0, n = 0 and 1, sizes that are not
 // multiples of the vector width or of the thread chunk, the bf16 working
 // copy (round-to-nearest-even, checked on hand values and ties against an
-// independent rounding), and thread-count independence.
+// independent rounding), thread-count independence, equality across the
+// instruction sets the loop is compiled for (AVX-512, AVX2, SSE2), and the
+// streamed working copy of large calls against the cached one of small ones.
 //
-// Tolerances (the kernel computes in fp32, the reference in double, with
-// the same fp32 hyper-parameters widened to double):
+// Tolerances (the kernel computes in fp32 with per-call coefficients
+// rounded to fp32, the reference in double with the same double
+// hyper-parameters):
 //   master, m, v:  |got - ref| <= 1e-7 + 1e-6 |ref|
 //   working bf16:  exactly the round-to-nearest-even bf16 of the kernel's
 //                  new fp32 master, and within half a bf16 ulp
 //                  (2^-8 |ref| + 1e-7) of the reference master
 //   1 vs 4 threads: bitwise identical
+//   each instruction set the CPU has vs the generic loop: bitwise identical
+//   one large call vs the same update in small calls: bitwise identical
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,6 +27,7 @@
 
 #include "gtest/gtest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -144,10 +150,10 @@ void runSteps(int64_t n, float weightDecay, bool bf16Grad, bool withWorking,
   State s(n, rng);
   std::uniform_real_distribution<float> gradDist(-2.0f, 2.0f);
   AdamWHyper h;
-  h.lr = 1e-2f;
-  h.beta1 = 0.9f;
-  h.beta2 = 0.999f;
-  h.eps = 1e-8f;
+  h.lr = 1e-2;
+  h.beta1 = 0.9;
+  h.beta2 = 0.999;
+  h.eps = 1e-8;
   h.weightDecay = weightDecay;
   for (int64_t t = 1; t <= 5; ++t) {
     h.step = t;
@@ -246,7 +252,7 @@ TEST(AdamWStep, WorkingCopyOfHandValues) {
     master[i] = fromBits(in[i]);
   std::vector<uint16_t> working(n, 0);
   AdamWHyper h;
-  h.lr = 0.0f;
+  h.lr = 0.0;
   adamwStep(h, n, master.data(), m.data(), v.data(), grad.data(),
             working.data());
   for (int64_t i = 0; i < n; ++i) {
@@ -298,8 +304,8 @@ TEST(AdamWStep, ThreadCountIndependent) {
     Result r{master0, std::vector<float>(n, 0.0f),
              std::vector<float>(n, 0.0f), std::vector<uint16_t>(n, 0)};
     AdamWHyper h;
-    h.lr = 1e-3f;
-    h.weightDecay = 0.01f;
+    h.lr = 1e-3;
+    h.weightDecay = 0.01;
     for (int64_t t = 1; t <= 3; ++t) {
       h.step = t;
       adamwStep(h, n, r.master.data(), r.m.data(), r.v.data(),
@@ -312,6 +318,127 @@ TEST(AdamWStep, ThreadCountIndependent) {
   EXPECT_EQ(std::memcmp(one.m.data(), four.m.data(), n * 4), 0);
   EXPECT_EQ(std::memcmp(one.v.data(), four.v.data(), n * 4), 0);
   EXPECT_EQ(one.working, four.working);
+}
+
+TEST(AdamWStep, InstructionSetsBitwiseEqual) {
+  // Misaligned starts and an odd length exercise every peel and tail loop,
+  // and more than 2^20 elements the streamed working copy (AdamW.cpp's
+  // kStreamMin); magnitudes over 2^-20..2^20 keep v away from underflow
+  // and overflow alike, and weight decay > 0 makes every term count.
+  const int64_t n = (1 << 20) + 1003;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-20.0f, 20.0f);
+  std::vector<float> master0(n + 1), grad(n + 1);
+  std::vector<uint16_t> gradBf16(n + 1);
+  for (int64_t i = 0; i <= n; ++i) {
+    master0[i] = unit(rng);
+    grad[i] = unit(rng) * std::exp2(exponent(rng));
+    gradBf16[i] = floatToBf16(grad[i]);
+  }
+  struct Result {
+    std::vector<float> master, m, v;
+    std::vector<uint16_t> working;
+  };
+  auto run = [&](AdamWIsa isa, bool bf16Grad) {
+    Result r{master0, std::vector<float>(n + 1, 0.0f),
+             std::vector<float>(n + 1, 0.0f), std::vector<uint16_t>(n + 1, 0)};
+    AdamWHyper h;
+    h.lr = 1e-3;
+    h.weightDecay = 0.01;
+    for (int64_t t = 1; t <= 3; ++t) {
+      h.step = t;
+      if (bf16Grad)
+        adamwStep(h, n, r.master.data() + 1, r.m.data() + 1, r.v.data() + 1,
+                  gradBf16.data() + 1, r.working.data() + 1, isa);
+      else
+        adamwStep(h, n, r.master.data() + 1, r.m.data() + 1, r.v.data() + 1,
+                  grad.data() + 1, r.working.data() + 1, isa);
+    }
+    return r;
+  };
+  std::vector<AdamWIsa> isas = {AdamWIsa::Avx2, AdamWIsa::Avx512};
+  for (bool bf16Grad : {true, false}) {
+    Result generic = run(AdamWIsa::Generic, bf16Grad);
+    for (AdamWIsa isa : isas) {
+      if (static_cast<int>(isa) > static_cast<int>(adamwBestIsa()))
+        continue; // the CPU lacks it (adamwStep would lower it anyway)
+      SCOPED_TRACE(std::string(adamwIsaName(isa)) +
+                   (bf16Grad ? ", bf16 grads" : ", fp32 grads"));
+      Result r = run(isa, bf16Grad);
+      EXPECT_EQ(std::memcmp(generic.master.data(), r.master.data(),
+                            (n + 1) * 4),
+                0);
+      EXPECT_EQ(std::memcmp(generic.m.data(), r.m.data(), (n + 1) * 4), 0);
+      EXPECT_EQ(std::memcmp(generic.v.data(), r.v.data(), (n + 1) * 4), 0);
+      EXPECT_EQ(generic.working, r.working);
+    }
+  }
+}
+
+TEST(AdamWStep, LargeCallMatchesSmallCalls) {
+  // One call over more than 2^20 elements streams the working copy out in
+  // blocks; calls of 1000 elements write it through the cache. The update
+  // is elementwise, so both must give the same bits, from any alignment.
+  const int64_t n = (1 << 20) + 4099, piece = 1000;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> master0(n + 3);
+  std::vector<uint16_t> gradBf16(n + 3);
+  for (int64_t i = 0; i < n + 3; ++i) {
+    master0[i] = dist(rng);
+    gradBf16[i] = floatToBf16(dist(rng));
+  }
+  for (int64_t offset : {0, 3}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    std::vector<float> p1 = master0, m1(n + 3, 0.0f), v1(n + 3, 0.0f);
+    std::vector<float> p2 = master0, m2(n + 3, 0.0f), v2(n + 3, 0.0f);
+    std::vector<uint16_t> w1(n + 3, 0), w2(n + 3, 0);
+    AdamWHyper h;
+    h.lr = 1e-3;
+    h.weightDecay = 0.01;
+    for (int64_t t = 1; t <= 2; ++t) {
+      h.step = t;
+      const uint16_t *g = gradBf16.data() + offset;
+      adamwStep(h, n, p1.data() + offset, m1.data() + offset,
+                v1.data() + offset, g, w1.data() + offset);
+      for (int64_t b = 0; b < n; b += piece) {
+        int64_t o = offset + b, len = std::min(piece, n - b);
+        adamwStep(h, len, p2.data() + o, m2.data() + o, v2.data() + o,
+                  g + b, w2.data() + o);
+      }
+    }
+    EXPECT_EQ(std::memcmp(p1.data(), p2.data(), (n + 3) * 4), 0);
+    EXPECT_EQ(std::memcmp(m1.data(), m2.data(), (n + 3) * 4), 0);
+    EXPECT_EQ(std::memcmp(v1.data(), v2.data(), (n + 3) * 4), 0);
+    ASSERT_EQ(w1, w2);
+    // And the streamed copy is the rounding of the new master.
+    for (int64_t i = offset; i < n + offset; ++i)
+      ASSERT_EQ(w1[i], referenceBf16(p1[i])) << i;
+  }
+}
+
+TEST(AdamWStep, OneMinusBetaIsFormedInDouble) {
+  // v' = (1 - b2) g^2 from v = 0: with 1 - b2 formed in double and rounded
+  // once, v' is within an ulp or two of 0.001 * 0.25; forming it from
+  // fp32(0.999) would be 1.3e-5 relative off (torch.optim.AdamW, which
+  // works with double scalars, would disagree at that level).
+  std::vector<float> master(64, 1.0f), m(64, 0.0f), v(64, 0.0f),
+      grad(64, 0.5f);
+  AdamWHyper h;
+  h.beta1 = 0.9;
+  h.beta2 = 0.999;
+  adamwStep(h, 64, master.data(), m.data(), v.data(), grad.data(), nullptr);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_NEAR(v[i], 0.00025, 0.00025 * 3e-7) << i;
+    EXPECT_NEAR(m[i], 0.05, 0.05 * 3e-7) << i;
+  }
+}
+
+TEST(AdamWStep, BestIsaIsNamed) {
+  AdamWIsa best = adamwBestIsa();
+  EXPECT_NE(best, AdamWIsa::Auto);
+  EXPECT_STRNE(adamwIsaName(best), "unknown");
 }
 
 } // namespace

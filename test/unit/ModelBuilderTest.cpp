@@ -7,9 +7,13 @@
 
 #include "megaslide/Model/ModelInfo.h"
 
+#include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/TypeUtilities.h"
 
 #include "gtest/gtest.h"
+
+#include <map>
 
 using namespace megaslide;
 
@@ -33,10 +37,13 @@ uint64_t wanParams(uint64_t layers, uint64_t dim, uint64_t ffn,
   return patchEmbed + condition + layers * block + head;
 }
 
-ModelInfo infoFor(llvm::StringRef model, VideoShape video) {
-  mlir::MLIRContext context;
-  llvm::Expected<ModelInfo> info =
-      computeModelInfo(context, model, video, TrainingOptions());
+ModelInfo infoFor(llvm::StringRef model, VideoShape video,
+                  const TrainingOptions &options = TrainingOptions(),
+                  mlir::MLIRContext *context = nullptr,
+                  mlir::OwningOpRef<mlir::ModuleOp> *module = nullptr) {
+  mlir::MLIRContext local;
+  llvm::Expected<ModelInfo> info = computeModelInfo(
+      context ? *context : local, model, video, options, module);
   EXPECT_TRUE(static_cast<bool>(info)) << llvm::toString(info.takeError());
   return info ? *info : ModelInfo();
 }
@@ -91,6 +98,93 @@ TEST(ModelBuilder, ForwardMatmulFlopsAreTwicePerParameterPerToken) {
   uint64_t crossAttn = 4 * tokens * text * dim;
   EXPECT_EQ(info.forward.attention, 2 * (selfAttn + crossAttn));
   EXPECT_EQ(info.backward.attention, 5 * info.forward.attention / 2);
+}
+
+/// Element types of every float tensor a step's ops produce, by name
+/// ("bf16", "f32"), with how many results have each.
+std::map<std::string, int> floatResultTypes(mlir::ModuleOp module) {
+  std::map<std::string, int> seen;
+  module.walk([&](mlir::Operation *op) {
+    for (mlir::Type type : op->getResultTypes()) {
+      mlir::Type element = mlir::getElementTypeOrSelf(type);
+      if (!llvm::isa<mlir::FloatType>(element))
+        continue;
+      std::string name;
+      llvm::raw_string_ostream os(name);
+      element.print(os);
+      ++seen[name];
+    }
+  });
+  return seen;
+}
+
+TEST(ModelBuilder, F32ComputeBuildsEveryTensorOfTheStepInFp32) {
+  for (llvm::StringRef model : {"tiny", "dit-xl-2"}) {
+    SCOPED_TRACE(model.str());
+    VideoShape video = model == "tiny" ? VideoShape{9, 64, 64, false}
+                                       : VideoShape{1, 256, 256, false};
+    mlir::MLIRContext context;
+    mlir::OwningOpRef<mlir::ModuleOp> bf16Module, f32Module;
+    TrainingOptions f32Options;
+    f32Options.computeType = ComputeType::F32;
+    ModelInfo bf16 = infoFor(model, video, TrainingOptions(), &context,
+                             &bf16Module);
+    ModelInfo f32 = infoFor(model, video, f32Options, &context, &f32Module);
+    ASSERT_TRUE(bf16Module && f32Module);
+
+    // Default: compute in bf16 beside the fp32 loss, masters and moments.
+    std::map<std::string, int> bf16Types = floatResultTypes(*bf16Module);
+    EXPECT_GT(bf16Types["bf16"], 0);
+    EXPECT_GT(bf16Types["f32"], 0);
+    // f32: nothing is bf16, and exactly the same ops produce the same
+    // number of float results.
+    std::map<std::string, int> f32Types = floatResultTypes(*f32Module);
+    EXPECT_EQ(f32Types.count("bf16"), 0u);
+    EXPECT_EQ(f32Types["f32"], bf16Types["f32"] + bf16Types["bf16"]);
+    EXPECT_EQ(f32.numOps, bf16.numOps);
+
+    // The persistent state is declared the same way: fp32 masters and
+    // moments (and DiT's fp32 frozen table) whatever the compute type.
+    llvm::SmallVector<std::string> bf16Params, f32Params;
+    for (auto [m, names] : {std::pair{&bf16Module, &bf16Params},
+                            std::pair{&f32Module, &f32Params}})
+      for (auto param : (*m)->getOps<graph::ParamOp>()) {
+        EXPECT_TRUE(param.getTensorType().getElementType().isF32())
+            << param.getSymName().str();
+        std::string text;
+        llvm::raw_string_ostream os(text);
+        os << param.getSymName() << " " << param.getRole() << " "
+           << param.getGroup() << " " << param.getType();
+        names->push_back(text);
+      }
+    EXPECT_EQ(f32Params, bf16Params);
+
+    // Same architecture, same work.
+    EXPECT_EQ(f32.totalParams, bf16.totalParams);
+    EXPECT_EQ(f32.trainableParams, bf16.trainableParams);
+    EXPECT_EQ(f32.forward.total(), bf16.forward.total());
+    EXPECT_EQ(f32.backward.total(), bf16.backward.total());
+    EXPECT_EQ(f32.optimizerFlops, bf16.optimizerFlops);
+    EXPECT_EQ(f32.options.computeType, ComputeType::F32);
+    EXPECT_EQ(bf16.options.computeType, ComputeType::BF16);
+  }
+}
+
+TEST(ModelBuilder, PrecisionOptionNamesTheValidValues) {
+  for (ComputeType type : {ComputeType::BF16, ComputeType::F32}) {
+    llvm::Expected<ComputeType> parsed =
+        parseComputeType(computeTypeName(type));
+    ASSERT_TRUE(static_cast<bool>(parsed)) << llvm::toString(parsed.takeError());
+    EXPECT_EQ(*parsed, type);
+  }
+  EXPECT_EQ(computeTypeName(TrainingOptions().computeType), "bf16");
+  for (llvm::StringRef bad : {"fp32", "BF16", "f16", ""}) {
+    llvm::Expected<ComputeType> parsed = parseComputeType(bad);
+    ASSERT_FALSE(static_cast<bool>(parsed)) << bad.str();
+    EXPECT_EQ(llvm::toString(parsed.takeError()),
+              "option 'precision': unknown value '" + bad.str() +
+                  "'; use one of bf16, f32");
+  }
 }
 
 } // namespace

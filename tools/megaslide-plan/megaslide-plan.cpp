@@ -60,6 +60,11 @@ cl::opt<std::string> hostStatePolicy(
     cl::desc("master-moments | persistent-bf16 | bf16-moments"));
 cl::opt<std::string> attention("attention", cl::init("dsa"), cl::cat(category),
                                cl::desc("dsa | global"));
+cl::opt<std::string>
+    precision("precision", cl::init("bf16"), cl::cat(category),
+              cl::desc("Compute precision of activations, working weights "
+                       "and gradients: bf16 | f32 (masters and moments are "
+                       "fp32 either way)"));
 cl::list<int64_t> dsaWindow("dsa-window", cl::CommaSeparated, cl::cat(category),
                             cl::desc("3D-DSA key window t,y,x in tokens "
                                      "(default 9,15,24)"));
@@ -126,6 +131,11 @@ int main(int argc, char **argv) {
   training.batch = batch;
   if (textLen.getNumOccurrences())
     training.textLen = textLen;
+  // Parsed here too: --emit-mlir builds the step before planModel runs.
+  Expected<ComputeType> computeType = parseComputeType(precision);
+  if (!computeType)
+    return fail(toString(computeType.takeError()));
+  training.computeType = *computeType;
   PlanOptions options;
   options.gpuMemory = gpuMem;
   options.gpuReserve = gpuReserve;
@@ -135,6 +145,7 @@ int main(int argc, char **argv) {
   options.activationPolicy = activationPolicy;
   options.hostStatePolicy = hostStatePolicy;
   options.attention = attention;
+  options.precision = precision;
   options.buffers = buffers;
   options.dsaWindow.assign(dsaWindow.begin(), dsaWindow.end());
   options.dsaTile.assign(dsaTile.begin(), dsaTile.end());

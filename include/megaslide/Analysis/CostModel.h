@@ -1,50 +1,46 @@
-//===- CostModel.h - Hardware description and op costs ----------*- C++ -*-===//
+//===- CostModel.h - What each op of a scheduled step costs -----*- C++ -*-===//
 //
-// A hardware description (JSON, docs/CostModel.md) with a built-in default
-// for one H200 SXM on PCIe Gen5 x16 and a 1.5 TB host, and the time each
-// op of a schedule takes on it: roofline for device compute, bandwidth for
-// transfers, parameter throughput for the host optimizer.
+// The cost inputs of an op of the planned `@train_step` (FLOPs by category,
+// bytes moved) and its time on a hardware description. The description and
+// the formula live in the runtime (runtime/sim/HardwareModel.h), shared with
+// the sim backend: the planner derives CostInputs from the IR here, the
+// execution-plan exporter stores the same CostInputs in the plan, and both
+// time them with sim::secondsFor.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MEGASLIDE_ANALYSIS_COSTMODEL_H
 #define MEGASLIDE_ANALYSIS_COSTMODEL_H
 
+#include "sim/HardwareModel.h"
+
 #include "mlir/IR/Operation.h"
 #include "mlir/IR/SymbolTable.h"
-#include "llvm/Support/Error.h"
-#include "llvm/Support/JSON.h"
-
-#include <string>
 
 namespace megaslide {
 
-struct HardwareModel {
-  std::string name =
-      "1x NVIDIA H200 SXM 141 GB, PCIe Gen5 x16, 1.5 TB host (built-in)";
-  double bf16DenseFlops = 989e12;    ///< tensor-core peak, FLOP/s
-  double matmulEfficiency = 0.70;    ///< achievable fraction on large GEMMs
-  double attentionEfficiency = 0.55; ///< fused attention kernels
-  double vectorFlops = 60e12;        ///< CUDA-core rate for elementwise work
-  double hbmBandwidth = 4.8e12;      ///< B/s
-  double hbmEfficiency = 0.80;
-  double h2dBandwidth = 53e9;             ///< pinned host -> device, B/s
-  double d2hBandwidth = 50e9;             ///< device -> pinned host, B/s
-  double transferLatency = 10e-6;         ///< s per copy
-  double launchLatency = 4e-6;            ///< s per kernel
-  double hostMemoryBandwidth = 350e9;     ///< B/s, all sockets (staging casts)
-  double hostAdamWParamsPerSecond = 12e9; ///< fused AdamW, params/s
-};
-
-/// Parses a hardware description; absent fields keep the built-in
-/// defaults, unknown fields are errors naming the field.
-llvm::Expected<HardwareModel> parseHardwareModel(llvm::StringRef json,
-                                                 llvm::StringRef source);
-llvm::Expected<HardwareModel> loadHardwareModel(llvm::StringRef path);
-llvm::json::Value toJson(const HardwareModel &hw);
+using sim::HardwareModel;
+using sim::loadHardwareModel;
+using sim::parseHardwareModel;
+using sim::toJson;
 
 /// Bytes of a ranked tensor type.
 uint64_t tensorBytes(mlir::Type type);
+
+/// Which formula of sim::secondsFor times `op`: graph ops and the schedule
+/// transfers and host optimizer by their name (sim::costKindOf), every
+/// other op (events, packing, budget checks, the terminator) is no work.
+sim::CostKind costKindOf(mlir::Operation *op);
+
+/// What `op` of a scheduled training step does, as the execution plan
+/// records it: FLOPs by category (graph ops with FlopCountOpInterface;
+/// 14 per parameter for `msched.host_adamw`), bytes read and written
+/// through HBM (graph ops but reshape, a view), copied over PCIe (`fetch`,
+/// `h2d`, `d2h`: result bytes) and, for a fetch, the bytes of the
+/// persistent tensor read on the host. Zero for ops that do no work.
+/// `symbols` caches the lookups of fetched parameters across calls.
+exec::CostInputs costInputsOf(mlir::Operation *op,
+                              mlir::SymbolTableCollection &symbols);
 
 /// Where an op's time goes on `hw`.
 struct OpCost {
@@ -53,10 +49,8 @@ struct OpCost {
   double seconds = 0;
 };
 
-/// The cost of one op of a scheduled training step: graph ops on the
-/// device, `msched.fetch` / `h2d` / `d2h` on PCIe, `msched.host_adamw` on
-/// the host. Ops that do no work cost nothing. `symbols` caches the
-/// lookups of fetched parameters across calls.
+/// costInputsOf, timed by sim::secondsFor; an op whose first result is
+/// fp32 runs its tensor work at `f32_dense_flops`.
 OpCost costOf(mlir::Operation *op, const HardwareModel &hw,
               mlir::SymbolTableCollection &symbols);
 

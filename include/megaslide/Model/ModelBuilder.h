@@ -10,12 +10,28 @@
 
 namespace megaslide {
 
+/// Element type of the compute of a training step: activations, the
+/// working copies of the weights and the gradients. Persistent state
+/// (masters, AdamW moments) is fp32 either way.
+enum class ComputeType { BF16, F32 };
+
+/// "bf16" or "f32", as the `precision` option spells it.
+llvm::StringRef computeTypeName(ComputeType type);
+
+/// Parses the `precision` option; the error names the option and the
+/// valid values.
+llvm::Expected<ComputeType> parseComputeType(llvm::StringRef value);
+
 /// What a training step is run on and with, beyond the architecture.
 struct TrainingOptions {
   int64_t batch = 1;
+  /// bf16 compute (the default) or an all-fp32 step, e.g. for parity
+  /// tests against a reference implementation.
+  ComputeType computeType = ComputeType::BF16;
   /// Text tokens per prompt; the config's `text_len` when unset.
   std::optional<int64_t> textLen;
-  double learningRate = 1e-5;
+  /// AdamW learning rate; 0 means the config's `learning_rate`, else 1e-5.
+  double learningRate = 0;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double adamEps = 1e-8;
@@ -29,7 +45,8 @@ inline constexpr llvm::StringLiteral kTrainStepName = "train_step";
 /// declarations of all persistent state (fp32 master weights and AdamW
 /// moments, frozen buffers) and `func.func @train_step`, which computes the
 /// flow-matching forward, the loss, the backward of every trainable
-/// parameter and its AdamW update, and returns the loss. The module is
+/// parameter and its AdamW update, and returns the loss. Compute runs on
+/// working copies of `options.computeType` cast from the masters. The module is
 /// verified before it is returned.
 llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
 buildTrainingStep(mlir::MLIRContext &context, const ModelConfig &config,

@@ -54,6 +54,13 @@ struct ModelConfig {
   int64_t numClasses = 0;
   bool classDropout = false;
 
+  /// AdamW learning rate the model trains with unless the run says
+  /// otherwise (MegaSlide key `learning_rate`; 1e-5 when absent).
+  std::optional<double> learningRate;
+  /// The JSON text it was parsed from (diffusers keys as written), which
+  /// saved weights carry as their config.json.
+  std::string sourceJson;
+
   int64_t dim() const { return numHeads * headDim; }
   int64_t patchVolume() const { return patch[0] * patch[1] * patch[2]; }
 };

@@ -24,6 +24,9 @@ struct PlanOptions {
   std::string activationPolicy = "auto";
   std::string hostStatePolicy = "master-moments";
   std::string attention = "dsa";
+  /// Compute precision, "bf16" or "f32"; overrides the training options'
+  /// `computeType` when set.
+  std::string precision;
   std::string target = "sm_90a";
   std::vector<int64_t> dsaWindow, dsaTile; ///< empty: the pass defaults
   int64_t dsaRadius = 4;

@@ -1,0 +1,355 @@
+//===- ExportExecPlan.cpp - Scheduled IR -> execution plan ----------------===//
+//
+// A translation in the sense of upstream's Target/ (like EmitC): it reads
+// the final IR and writes another representation; it does not transform.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
+
+#include "Graph/GraphOps.h"
+#include "Schedule/ScheduleOps.h"
+#include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Target/Cuda/DsaKernels.h"
+#include "megaslide/Transforms/Planning.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/Tools/mlir-translate/Translation.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+using namespace megaslide;
+
+namespace {
+
+llvm::Error errorAt(Operation *op, const llvm::Twine &msg) {
+  std::string loc;
+  llvm::raw_string_ostream os(loc);
+  os << "'" << op->getName() << "'";
+  return llvm::createStringError("cannot export " + llvm::Twine(loc) + ": " +
+                                 msg);
+}
+
+std::optional<exec::DType> dtypeOf(Type element) {
+  if (element.isBF16())
+    return exec::DType::BF16;
+  if (element.isF16())
+    return exec::DType::F16;
+  if (element.isF32())
+    return exec::DType::F32;
+  if (element.isInteger(32))
+    return exec::DType::I32;
+  if (element.isInteger(64))
+    return exec::DType::I64;
+  return std::nullopt;
+}
+
+std::optional<exec::TensorType> tensorTypeOf(Type type) {
+  auto ranked = dyn_cast<RankedTensorType>(type);
+  if (!ranked || !ranked.hasStaticShape())
+    return std::nullopt;
+  std::optional<exec::DType> dtype = dtypeOf(ranked.getElementType());
+  if (!dtype)
+    return std::nullopt;
+  return exec::TensorType{*dtype, std::vector<int64_t>(ranked.getShape().begin(),
+                                                    ranked.getShape().end())};
+}
+
+/// An attribute as the runtime sees it, or nullopt when it has no plan
+/// encoding.
+std::optional<exec::Attr> convertAttr(Attribute attr) {
+  if (auto b = dyn_cast<BoolAttr>(attr))
+    return exec::Attr(int64_t(b.getValue()));
+  if (auto i = dyn_cast<IntegerAttr>(attr))
+    return exec::Attr(i.getValue().getSExtValue());
+  if (auto f = dyn_cast<FloatAttr>(attr))
+    return exec::Attr(f.getValueAsDouble());
+  if (isa<UnitAttr>(attr))
+    return exec::Attr(int64_t(1));
+  if (auto s = dyn_cast<StringAttr>(attr))
+    return exec::Attr(s.str());
+  if (auto s = dyn_cast<FlatSymbolRefAttr>(attr))
+    return exec::Attr(s.getValue().str());
+  if (auto a = dyn_cast<DenseI64ArrayAttr>(attr))
+    return exec::Attr(std::vector<int64_t>(a.asArrayRef()));
+  if (auto a = dyn_cast<DenseI32ArrayAttr>(attr))
+    return exec::Attr(std::vector<int64_t>(a.asArrayRef().begin(),
+                                           a.asArrayRef().end()));
+  if (auto a = dyn_cast<ArrayAttr>(attr)) {
+    std::vector<int64_t> ints;
+    for (Attribute e : a) {
+      auto i = dyn_cast<IntegerAttr>(e);
+      if (!i)
+        return std::nullopt;
+      ints.push_back(i.getValue().getSExtValue());
+    }
+    return exec::Attr(std::move(ints));
+  }
+  return std::nullopt;
+}
+
+class Exporter {
+public:
+  Exporter(ModuleOp module, func::FuncOp step) : module(module), step(step) {}
+  llvm::Expected<exec::ExecPlan> run();
+
+private:
+  llvm::Error declareParams();
+  llvm::Expected<int64_t> newValue(mlir::Value v, exec::Home home,
+                                   int64_t offset = -1);
+  llvm::Error exportOp(Operation *op);
+  llvm::Error addKernelModules();
+
+  ModuleOp module;
+  func::FuncOp step;
+  exec::ExecPlan plan;
+  llvm::DenseMap<mlir::Value, int64_t> ids;
+  /// Events a timepoint stands for (a join stands for several).
+  llvm::DenseMap<mlir::Value, llvm::SmallVector<int64_t, 2>> events;
+  SymbolTableCollection symbols;
+};
+
+} // namespace
+
+llvm::Error Exporter::declareParams() {
+  for (auto param : module.getOps<graph::ParamOp>()) {
+    std::optional<exec::TensorType> type = tensorTypeOf(param.getType());
+    if (!type)
+      return errorAt(param, "parameter '" + param.getSymName() +
+                                "' has a type the runtime cannot hold");
+    exec::Param p;
+    p.name = param.getSymName().str();
+    p.role = graph::stringifyParamRole(param.getRole()).str();
+    p.group = graph::stringifyParamGroup(param.getGroup()).str();
+    p.layer = param.getLayer();
+    if (param.getOf())
+      p.of = param.getOf()->str();
+    p.type = *type;
+    plan.params.push_back(std::move(p));
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<int64_t> Exporter::newValue(mlir::Value v, exec::Home home,
+                                           int64_t offset) {
+  std::optional<exec::TensorType> type = tensorTypeOf(v.getType());
+  if (!type) {
+    std::string s;
+    llvm::raw_string_ostream os(s);
+    os << v.getType();
+    return llvm::createStringError("cannot export a value of type " + s);
+  }
+  exec::Value value;
+  value.type = *type;
+  value.home = home;
+  value.offset = offset;
+  int64_t id = plan.values.size();
+  plan.values.push_back(std::move(value));
+  ids[v] = id;
+  return id;
+}
+
+llvm::Error Exporter::exportOp(Operation *op) {
+  if (isa<sched::PackOp, sched::BudgetCheckOp>(op))
+    return llvm::Error::success();
+  if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+    for (mlir::Value v : ret.getOperands())
+      plan.outputs.push_back(ids.lookup(v));
+    return llvm::Error::success();
+  }
+  if (auto join = dyn_cast<sched::JoinOp>(op)) {
+    auto &joined = events[join.getResult()];
+    for (mlir::Value t : join.getTimepoints())
+      joined.append(events[t]);
+    return llvm::Error::success();
+  }
+
+  exec::Instruction inst;
+  inst.op = op->getName().stripDialect().str();
+  if (auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
+    inst.stream = static_cast<exec::Stream>(stream.getValue());
+  if (std::optional<int64_t> layer = graph::getLayer(op))
+    inst.layer = *layer;
+
+  if (auto record = dyn_cast<sched::RecordOp>(op)) {
+    inst.stream = static_cast<exec::Stream>(record.getStream());
+    inst.event = plan.numEvents++;
+    events[record.getTimepoint()] = {*inst.event};
+    plan.instructions.push_back(std::move(inst));
+    return llvm::Error::success();
+  }
+  if (auto wait = dyn_cast<sched::WaitOp>(op)) {
+    inst.stream = static_cast<exec::Stream>(wait.getStream());
+    for (int64_t event : events[wait.getTimepoint()]) {
+      exec::Instruction one = inst;
+      one.event = event;
+      plan.instructions.push_back(std::move(one));
+    }
+    return llvm::Error::success();
+  }
+
+  for (mlir::Value operand : op->getOperands()) {
+    auto it = ids.find(operand);
+    if (it == ids.end())
+      return errorAt(op, "an operand is defined outside the training step");
+    inst.operands.push_back(it->second);
+  }
+
+  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
+  for (auto [i, result] : llvm::enumerate(op->getResults())) {
+    exec::Home home = exec::Home::Host;
+    int64_t offset = -1;
+    if (offsets) {
+      if (offsets.size() != static_cast<int64_t>(op->getNumResults()))
+        return errorAt(op, "msched.offsets does not give one offset per result");
+      home = exec::Home::Device;
+      offset = offsets[i];
+    } else if (inst.stream == exec::Stream::Compute ||
+               inst.stream == exec::Stream::HostToDevice) {
+      return errorAt(op, "a device result has no arena offset (run "
+                         "megaslide-plan-memory first)");
+    }
+    llvm::Expected<int64_t> id = newValue(result, home, offset);
+    if (!id)
+      return errorAt(op, llvm::toString(id.takeError()));
+    inst.results.push_back(*id);
+  }
+  // Reshapes reuse their operand's bytes (plan-memory gives them its offset).
+  if (isa<graph::ReshapeOp>(op))
+    plan.values[inst.results[0]].viewOf = inst.operands[0];
+
+  if (auto ws = op->getAttrOfType<DenseI64ArrayAttr>(sched::kWorkspaceAttrName))
+    for (size_t i = 0; i + 1 < ws.asArrayRef().size(); i += 2)
+      inst.workspace.push_back({ws[i], ws[i + 1]});
+
+  NamedAttrList attrs(op->getAttrDictionary());
+  op->getName().populateDefaultAttrs(attrs);
+  for (NamedAttribute named : attrs) {
+    StringRef key = named.getName().getValue();
+    if (key.starts_with("msched.") || key == graph::kLayerAttrName)
+      continue;
+    if (key == "param" && isa<sched::FetchOp, sched::HostAdamWOp>(op)) {
+      inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
+      continue;
+    }
+    std::optional<exec::Attr> value = convertAttr(named.getValue());
+    if (!value)
+      return errorAt(op, "attribute '" + key + "' has no plan encoding");
+    inst.attrs.emplace(key.str(), std::move(*value));
+  }
+  inst.cost = costInputsOf(op, symbols);
+  plan.instructions.push_back(std::move(inst));
+  return llvm::Error::success();
+}
+
+llvm::Error Exporter::addKernelModules() {
+  cuda::EmittedDsaKernels emitted;
+  if (failed(cuda::emitDsaKernels(module, "", llvm::nulls(), emitted)))
+    return llvm::createStringError(
+        "cannot export the 3D-DSA kernels of this plan (see the diagnostics "
+        "above)");
+  for (size_t i = 0; i < emitted.configs.size(); ++i) {
+    exec::KernelModule kernel;
+    kernel.name = cuda::configName(emitted.configs[i]);
+    kernel.source = emitted.sources[i];
+    llvm::raw_string_ostream os(kernel.manifest);
+    cuda::writeDsaManifest(emitted.configs[i], emitted.plans[i], os);
+    plan.kernelModules.push_back(std::move(kernel));
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<exec::ExecPlan> Exporter::run() {
+  if (llvm::Error err = declareParams())
+    return std::move(err);
+  Block &body = step.getBody().front();
+  auto packs = body.getOps<sched::PackOp>();
+  if (packs.empty())
+    return llvm::createStringError(
+        "cannot export: the training step has no msched.pack (run "
+        "megaslide-pipeline first)");
+  sched::PackOp pack = *packs.begin();
+  plan.arenaBytes = pack.getArenaSize().value_or(0);
+  plan.alignment = pack.getAlignment();
+
+  for (BlockArgument arg : body.getArguments()) {
+    llvm::Expected<int64_t> id = newValue(arg, exec::Home::Input);
+    if (!id)
+      return id.takeError();
+    if (auto name = step.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
+                                                      "megaslide.name"))
+      plan.values[*id].name = name.str();
+    plan.inputs.push_back(*id);
+  }
+  for (Operation &op : body)
+    if (llvm::Error err = exportOp(&op))
+      return std::move(err);
+
+  plan.plannedLiveBytes = findDevicePeak(collectDeviceBuffers(step)).bytes;
+  if (llvm::Error err = addKernelModules())
+    return std::move(err);
+  if (llvm::Error err = exec::validate(plan))
+    return llvm::createStringError("exported plan is inconsistent (a bug in "
+                                   "the exporter or the passes): " +
+                                   llvm::toString(std::move(err)));
+  return std::move(plan);
+}
+
+llvm::Expected<exec::ExecPlan> megaslide::exportExecPlan(ModuleOp module) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step))
+    return llvm::createStringError("cannot export: no @train_step function");
+  return Exporter(module, *step).run();
+}
+
+llvm::Expected<exec::ExecPlan>
+megaslide::compileExecPlan(MLIRContext &context, StringRef model,
+                           const VideoShape &video,
+                           const TrainingOptions &training,
+                           const PlanOptions &options, bool *overBudget) {
+  llvm::Expected<PlanResult> planned =
+      planModel(context, model, video, training, options);
+  if (!planned)
+    return planned.takeError();
+  if (!planned->report.fits()) {
+    std::string why;
+    for (const std::string &v : planned->report.violations)
+      why += "\n  " + StringRef(v).split('\n').first.str();
+    if (overBudget)
+      *overBudget = true;
+    return llvm::createStringError("the plan does not fit its budgets (see "
+                                   "megaslide-plan for the full report):" +
+                                   why);
+  }
+  llvm::Expected<exec::ExecPlan> plan = exportExecPlan(*planned->module);
+  if (!plan)
+    return plan.takeError();
+  const ModelInfo &info = planned->info;
+  plan->model = info.config.name;
+  plan->modelConfig = info.config.sourceJson;
+  plan->grid.assign(info.geometry.grid.begin(), info.geometry.grid.end());
+  plan->batch = info.options.batch;
+  return exec::parseExecPlan(exec::serialize(*plan), "<compiled plan>");
+}
+
+void megaslide::registerExportExecPlanTranslation() {
+  TranslateFromMLIRRegistration registration(
+      "emit-exec-plan",
+      "Write the scheduled training step as an execution plan (JSON)",
+      [](Operation *op, llvm::raw_ostream &os) -> LogicalResult {
+        auto module = dyn_cast<ModuleOp>(op);
+        if (!module)
+          return op->emitError("expected a module");
+        llvm::Expected<exec::ExecPlan> plan = exportExecPlan(module);
+        if (!plan)
+          return op->emitError(llvm::toString(plan.takeError()));
+        os << exec::serialize(*plan) << "\n";
+        return success();
+      },
+      [](DialectRegistry &registry) {
+        registry.insert<graph::GraphDialect, sched::ScheduleDialect,
+                        func::FuncDialect>();
+      });
+}

@@ -1,0 +1,367 @@
+//===- CpuBackend.cpp - The reference backend -----------------------------===//
+
+#include "cpu/CpuBackend.h"
+
+#include "cpu/AdamW.h"
+
+#include "llvm/ADT/Twine.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+
+using namespace megaslide;
+using namespace megaslide::cpu;
+using exec::DType;
+using exec::Home;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The tracking allocator standing in for device memory: every allocation
+/// is placed where the plan says, checked against the live ones, and
+/// measured.
+class TrackingArena {
+public:
+  explicit TrackingArena(int64_t bytes) : storage(bytes) {}
+
+  llvm::Error allocate(int64_t offset, int64_t size, int64_t owner) {
+    if (size == 0)
+      return llvm::Error::success();
+    auto next = live.lower_bound(offset);
+    if (next != live.end() && next->first < offset + size)
+      return overlap(owner, next->second.owner);
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second.size > offset)
+        return overlap(owner, prev->second.owner);
+    }
+    live[offset] = {size, owner};
+    liveBytes += size;
+    peakLiveBytes = std::max(peakLiveBytes, liveBytes);
+    highWater = std::max(highWater, offset + size);
+    return llvm::Error::success();
+  }
+  void release(int64_t offset) {
+    auto it = live.find(offset);
+    if (it == live.end())
+      return;
+    liveBytes -= it->second.size;
+    live.erase(it);
+  }
+  uint8_t *at(int64_t offset) { return storage.data() + offset; }
+
+  int64_t highWater = 0, peakLiveBytes = 0;
+
+private:
+  llvm::Error overlap(int64_t a, int64_t b) {
+    return llvm::createStringError(
+        "device memory plan is corrupt: %" + llvm::Twine(a) +
+        " is placed over live %" + llvm::Twine(b));
+  }
+  struct Allocation {
+    int64_t size, owner;
+  };
+  std::vector<uint8_t> storage;
+  std::map<int64_t, Allocation> live; ///< by offset
+  int64_t liveBytes = 0;
+};
+
+float halfToFloat(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
+uint16_t floatToHalf(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+void widen(const uint8_t *src, DType dtype, int64_t n, float *dst) {
+  switch (dtype) {
+  case DType::BF16: {
+    const uint16_t *bits = reinterpret_cast<const uint16_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = bf16ToFloat(bits[i]);
+    return;
+  }
+  case DType::F16: {
+    const uint16_t *bits = reinterpret_cast<const uint16_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = halfToFloat(bits[i]);
+    return;
+  }
+  case DType::F32:
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  case DType::I32: {
+    const int32_t *v = reinterpret_cast<const int32_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<float>(v[i]);
+    return;
+  }
+  case DType::I64: {
+    const int64_t *v = reinterpret_cast<const int64_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<float>(v[i]);
+    return;
+  }
+  }
+}
+
+void narrow(const float *src, DType dtype, int64_t n, uint8_t *dst) {
+  switch (dtype) {
+  case DType::BF16: {
+    uint16_t *bits = reinterpret_cast<uint16_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      bits[i] = floatToBf16(src[i]);
+    return;
+  }
+  case DType::F16: {
+    uint16_t *bits = reinterpret_cast<uint16_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      bits[i] = floatToHalf(src[i]);
+    return;
+  }
+  case DType::F32:
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  case DType::I32: {
+    int32_t *v = reinterpret_cast<int32_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<int32_t>(src[i]);
+    return;
+  }
+  case DType::I64: {
+    int64_t *v = reinterpret_cast<int64_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<int64_t>(src[i]);
+    return;
+  }
+  }
+}
+
+bool isFloat(DType d) {
+  return d == DType::BF16 || d == DType::F16 || d == DType::F32;
+}
+
+/// One execution of the plan: where each value's bytes are right now.
+class StepRun {
+public:
+  StepRun(const exec::ExecPlan &plan) : plan(plan), arena(plan.arenaBytes) {
+    bytes.resize(plan.values.size());
+    hostBytes.resize(plan.values.size());
+  }
+
+  uint8_t *data(int64_t id) {
+    const exec::Value &v = plan.values[id];
+    if (v.home == Home::Device)
+      return arena.at(v.offset);
+    return hostBytes[id].data();
+  }
+
+  const exec::ExecPlan &plan;
+  TrackingArena arena;
+  std::vector<uint8_t *> bytes;
+  std::vector<std::vector<uint8_t>> hostBytes; ///< inputs and host values
+};
+
+} // namespace
+
+CpuBackend::CpuBackend(const exec::ExecPlan &plan)
+    : plan(plan), liveness(exec::computeLiveness(plan)) {}
+
+llvm::Expected<std::unique_ptr<CpuBackend>>
+CpuBackend::create(const exec::ExecPlan &plan) {
+  std::unique_ptr<CpuBackend> backend(new CpuBackend(plan));
+  backend->releasedAfter.resize(plan.instructions.size());
+  for (size_t id = 0; id < plan.values.size(); ++id) {
+    const exec::Value &v = plan.values[id];
+    if (v.viewOf || backend->liveness.def[id] < 0)
+      continue;
+    int64_t last = std::max(backend->liveness.def[id],
+                            backend->liveness.lastUse[id]);
+    if (last >= 0 && last < static_cast<int64_t>(plan.instructions.size()))
+      backend->releasedAfter[last].push_back(id);
+  }
+  for (const exec::Instruction &inst : plan.instructions) {
+    GraphKernel kernel = nullptr;
+    bool schedule = llvm::is_contained(
+        {"fetch", "h2d", "d2h", "host_adamw", "record", "wait", "reshape"},
+        inst.op);
+    if (!schedule) {
+      kernel = findGraphKernel(inst.op);
+      if (!kernel)
+        return llvm::createStringError("the cpu backend has no kernel for '" +
+                                       inst.op + "'");
+    }
+    backend->kernels.push_back(kernel);
+  }
+  return backend;
+}
+
+llvm::Expected<exec::StepResult>
+CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
+                 const exec::StepOptions &options) {
+  StepRun run(plan);
+  exec::StepResult result;
+  Clock::time_point begin = Clock::now();
+  auto since = [&](Clock::time_point t) {
+    return std::chrono::duration<double>(t - begin).count();
+  };
+
+  // Inputs: converted to their planned dtype on the host.
+  int64_t optimizerStep = state.step + 1;
+  for (int64_t id : plan.inputs) {
+    const exec::Value &v = plan.values[id];
+    int64_t n = v.type.numElements();
+    run.hostBytes[id].resize(v.type.bytes());
+    if (v.name == "step") {
+      std::vector<float> one(n, static_cast<float>(optimizerStep));
+      narrow(one.data(), v.type.dtype, n, run.hostBytes[id].data());
+      if (v.type.dtype == DType::I64 && n == 1)
+        std::memcpy(run.hostBytes[id].data(), &optimizerStep, 8);
+      continue;
+    }
+    auto it = inputs.find(v.name);
+    if (it == inputs.end())
+      return llvm::createStringError("step input '" + v.name +
+                                     "' was not provided");
+    if (static_cast<int64_t>(it->second.size()) != n)
+      return llvm::createStringError(
+          "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
+          " elements; the plan expects " + llvm::Twine(n));
+    narrow(it->second.data(), v.type.dtype, n, run.hostBytes[id].data());
+  }
+
+  std::vector<std::vector<float>> wide;
+  std::vector<OpTensor> operands, results;
+  for (size_t i = 0; i < plan.instructions.size(); ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    Clock::time_point start = Clock::now();
+
+    // Allocate results and workspace where the plan put them.
+    for (int64_t r : inst.results) {
+      const exec::Value &v = plan.values[r];
+      if (v.home == Home::Host)
+        run.hostBytes[r].resize(v.type.bytes());
+      else if (!v.viewOf)
+        if (llvm::Error err = run.arena.allocate(v.offset, v.type.bytes(), r))
+          return std::move(err);
+    }
+    for (const exec::Range &w : inst.workspace)
+      if (llvm::Error err = run.arena.allocate(w.offset, w.size, -1))
+        return std::move(err);
+
+    if (inst.op == "fetch") {
+      const host::HostTensor *source = state.find(inst.param);
+      if (!source)
+        return llvm::createStringError("host state has no parameter '" +
+                                       inst.param + "'");
+      const exec::Value &v = plan.values[inst.results[0]];
+      narrow(source->data.data(), v.type.dtype, v.type.numElements(),
+             run.data(inst.results[0]));
+    } else if (inst.op == "h2d" || inst.op == "d2h") {
+      std::memcpy(run.data(inst.results[0]), run.data(inst.operands[0]),
+                  plan.values[inst.results[0]].type.bytes());
+    } else if (inst.op == "host_adamw") {
+      host::HostTensor *master = state.find(inst.param);
+      host::HostTensor *m = state.expAvg(inst.param);
+      host::HostTensor *v = state.expAvgSq(inst.param);
+      if (!master || !m || !v)
+        return llvm::createStringError("host state lacks '" + inst.param +
+                                       "' or its AdamW moments");
+      const exec::Value &g = plan.values[inst.operands[0]];
+      int64_t n = g.type.numElements();
+      std::vector<float> grad(n);
+      widen(run.data(inst.operands[0]), g.type.dtype, n, grad.data());
+      if (options.onGradient)
+        options.onGradient(inst.param, grad);
+      if (options.applyUpdates) {
+        AdamWHyper hyper;
+        hyper.lr = inst.floatAttr("lr").value_or(1e-4);
+        hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
+        hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
+        hyper.eps = inst.floatAttr("eps").value_or(1e-8);
+        hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
+        hyper.step = optimizerStep;
+        adamwStep(hyper, n, master->data.data(), m->data.data(),
+                  v->data.data(), grad.data(), /*workingBf16=*/nullptr);
+      }
+    } else if (GraphKernel kernel = kernels[i]) {
+      wide.resize(inst.operands.size() + inst.results.size());
+      operands.clear();
+      results.clear();
+      size_t slot = 0;
+      auto bind = [&](int64_t id) {
+        const exec::Value &v = plan.values[id];
+        OpTensor t;
+        t.type = v.type;
+        if (isFloat(v.type.dtype)) {
+          wide[slot].resize(v.type.numElements());
+          t.f32 = wide[slot++].data();
+        } else if (v.type.dtype == DType::I32) {
+          t.i32 = reinterpret_cast<int32_t *>(run.data(id));
+        } else {
+          t.i64 = reinterpret_cast<int64_t *>(run.data(id));
+        }
+        return t;
+      };
+      for (int64_t o : inst.operands) {
+        OpTensor t = bind(o);
+        if (t.f32)
+          widen(run.data(o), t.type.dtype, t.type.numElements(), t.f32);
+        operands.push_back(t);
+      }
+      for (int64_t r : inst.results)
+        results.push_back(bind(r));
+      if (llvm::Error err = kernel(inst, operands, results))
+        return llvm::createStringError("instruction #" + llvm::Twine(i) +
+                                       ": " + llvm::toString(std::move(err)));
+      for (size_t k = 0; k < results.size(); ++k)
+        if (results[k].f32)
+          narrow(results[k].f32, results[k].type.dtype,
+                 results[k].type.numElements(), run.data(inst.results[k]));
+    }
+
+    if (options.trace && inst.op != "record" && inst.op != "wait") {
+      exec::TraceSpan span;
+      span.stream = inst.stream;
+      span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+      span.start = since(start);
+      span.seconds = since(Clock::now()) - span.start;
+      span.instruction = i;
+      span.layer = inst.layer;
+      span.flops = inst.cost.matmulFlops + inst.cost.attentionFlops +
+                   inst.cost.otherFlops;
+      span.bytes = inst.cost.bytes;
+      result.spans.push_back(std::move(span));
+    }
+
+    for (const exec::Range &w : inst.workspace)
+      run.arena.release(w.offset);
+    for (int64_t id : releasedAfter[i]) {
+      const exec::Value &v = plan.values[id];
+      if (v.home == Home::Device)
+        run.arena.release(v.offset);
+    }
+  }
+
+  if (plan.outputs.empty())
+    return llvm::createStringError("the plan returns no loss");
+  int64_t lossId = plan.outputs[0];
+  const exec::Value &lossValue = plan.values[lossId];
+  widen(run.data(lossId), lossValue.type.dtype, 1, &result.loss);
+  if (options.applyUpdates)
+    state.step = optimizerStep;
+
+  result.seconds = since(Clock::now());
+  result.memory.plannedArenaBytes = plan.arenaBytes;
+  result.memory.plannedLiveBytes = plan.plannedLiveBytes;
+  result.memory.measuredArenaBytes = run.arena.highWater;
+  result.memory.measuredLiveBytes = run.arena.peakLiveBytes;
+  return result;
+}

@@ -1,0 +1,1148 @@
+//===- Dense.cpp - cpu kernels of the dense graph ops ---------------------===//
+//
+// fp32 reference kernels of the token-wise graph ops: linear and its two
+// backward ops, layer/RMS norm, adaLN modulate/gate, GELU/SiLU, residual and
+// bias adds, and the structural ops (cast, reshape, split, concat, zeros).
+// Semantics are those of dialects/Graph/GraphOps.td; the backward ops compute
+// what dialects/Graph/GraphGradients.cpp emits them for.
+//
+// Determinism: every output element is computed by exactly one thread with
+// a reduction order that depends only on the shapes, never on the thread
+// count (MEGASLIDE_NUM_THREADS), so results are bitwise reproducible.
+//
+// The three linear ops share one cache-blocked GEMM (C += A B with B packed
+// into column panels); everything else is memory bound and written as plain
+// loops over contiguous rows. Reductions over tokens into small parameter
+// gradients (bias, gamma, beta, shift, scale, gate) accumulate in double:
+// they are cheap and sum the most terms.
+//
+//===----------------------------------------------------------------------===//
+
+#include "cpu/Dsa3d.h"
+#include "cpu/kernels/Registry.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Twine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace megaslide;
+using namespace megaslide::cpu;
+
+using exec::Instruction;
+using llvm::ArrayRef;
+using llvm::Error;
+using llvm::StringRef;
+using llvm::Twine;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Checks
+//===----------------------------------------------------------------------===//
+
+std::string shapeString(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i)
+      s += "x";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+/// An error naming the op, in the verifiers' style ("linear: ...").
+Error opError(const Instruction &inst, const Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 Twine(inst.op) + ": " + message);
+}
+
+/// `shape` with its last dimension replaced by `last`.
+std::vector<int64_t> withLast(ArrayRef<int64_t> shape, int64_t last) {
+  std::vector<int64_t> s(shape.begin(), shape.end());
+  s.back() = last;
+  return s;
+}
+
+int64_t product(ArrayRef<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims)
+    n *= d;
+  return n;
+}
+
+/// Checks operand and result counts against the allowed ones.
+Error expectArity(const Instruction &inst, ArrayRef<OpTensor> operands,
+                  ArrayRef<OpTensor> results, size_t minOperands,
+                  size_t maxOperands, size_t minResults, size_t maxResults) {
+  auto range = [](size_t lo, size_t hi) {
+    if (lo == hi)
+      return std::to_string(lo);
+    if (hi == SIZE_MAX)
+      return "at least " + std::to_string(lo);
+    return std::to_string(lo) + " to " + std::to_string(hi);
+  };
+  if (operands.size() < minOperands || operands.size() > maxOperands)
+    return opError(inst, "takes " + range(minOperands, maxOperands) +
+                             " operands, got " +
+                             std::to_string(operands.size()));
+  if (results.size() < minResults || results.size() > maxResults)
+    return opError(inst, "has " + range(minResults, maxResults) +
+                             " results, got " + std::to_string(results.size()));
+  return Error::success();
+}
+
+/// Every tensor must be a float tensor with non-negative dimensions and data
+/// unless it is empty: a kernel must not dereference an unusable buffer.
+Error expectFloats(const Instruction &inst, ArrayRef<OpTensor> tensors,
+                   StringRef kind) {
+  for (auto [i, t] : llvm::enumerate(tensors)) {
+    for (int64_t d : t.type.shape)
+      if (d < 0)
+        return opError(inst, Twine(kind) + " #" + Twine(i) +
+                                 " has a negative dimension " +
+                                 shapeString(t.type.shape));
+    if (!t.f32 && product(t.type.shape) != 0)
+      return opError(inst, Twine(kind) + " #" + Twine(i) +
+                               " is not a float tensor with data");
+  }
+  return Error::success();
+}
+
+/// Arity plus float checks for the common case.
+Error expectSignature(const Instruction &inst, ArrayRef<OpTensor> operands,
+                      ArrayRef<OpTensor> results, size_t minOperands,
+                      size_t maxOperands, size_t minResults,
+                      size_t maxResults) {
+  if (Error e = expectArity(inst, operands, results, minOperands, maxOperands,
+                            minResults, maxResults))
+    return e;
+  if (Error e = expectFloats(inst, operands, "operand"))
+    return e;
+  return expectFloats(inst, results, "result");
+}
+
+Error expectShape(const Instruction &inst, StringRef what, const OpTensor &t,
+                  ArrayRef<int64_t> expected) {
+  if (ArrayRef<int64_t>(t.type.shape) == expected)
+    return Error::success();
+  return opError(inst, "'" + what + "' has shape " + shapeString(t.type.shape) +
+                           " but expected " + shapeString(expected));
+}
+
+Error expectMinRank(const Instruction &inst, StringRef what, const OpTensor &t,
+                    size_t rank) {
+  if (t.type.shape.size() >= rank)
+    return Error::success();
+  return opError(inst, "'" + what + "' must have rank >= " + Twine(rank) +
+                           ", got " + shapeString(t.type.shape));
+}
+
+/// The norms' `eps`: present (the plan fills in defaults), finite and > 0,
+/// since rsqrt(var + eps) must stay finite for a constant row.
+Error readEps(const Instruction &inst, float &eps) {
+  std::optional<double> value = inst.floatAttr("eps");
+  if (!value)
+    return opError(inst, "missing float attribute 'eps'");
+  // Checked after rounding: a tiny double eps may become 0 in fp32.
+  eps = static_cast<float>(*value);
+  if (!(eps > 0) || !std::isfinite(eps)) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", *value);
+    return opError(inst, Twine("eps must be positive and finite in fp32, "
+                               "got ") +
+                             text);
+  }
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Threading
+//===----------------------------------------------------------------------===//
+
+/// Runs fn(begin, end) over a static partition of [0, count) into at most
+/// dsa3dNumThreads() contiguous chunks of at least `grain` items. Callers
+/// make each item's result independent of which chunk it lands in, so the
+/// partition (and hence the thread count) never changes the output.
+template <typename Fn> void parallelFor(int64_t count, int64_t grain, Fn fn) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(
+      dsa3dNumThreads(),
+      std::max<int64_t>(1, count / std::max<int64_t>(grain, 1)));
+  if (numThreads <= 1) {
+    fn(int64_t(0), count);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(numThreads - 1);
+  for (int64_t t = 1; t < numThreads; ++t)
+    threads.emplace_back([&fn, t, count, numThreads] {
+      fn(count * t / numThreads, count * (t + 1) / numThreads);
+    });
+  fn(int64_t(0), count / numThreads);
+  for (std::thread &thread : threads)
+    thread.join();
+}
+
+/// Elementwise and row-wise loops go parallel above this many elements;
+/// below it a thread start (~20 us) costs more than the loop.
+constexpr int64_t kElementGrain = 1 << 16;
+
+/// Rows per parallel chunk for a row-wise op over rows of `width` elements.
+int64_t rowGrain(int64_t width) {
+  return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(width, 1));
+}
+
+//===----------------------------------------------------------------------===//
+// GEMM: C[I, J] += A[I, P] B[P, J]
+//===----------------------------------------------------------------------===//
+//
+// GotoBLAS-style blocking: B is packed once into panels of kNR columns
+// ([P][kNR] each, zero-padded), A into micro-panels of kMR rows per
+// (kKC x kMC) block, and a kMR x kNR register tile accumulates over kKC at a
+// time. Every element of C is updated by one tile whose position is fixed by
+// the shapes (tiles are aligned to global multiples of kMR / kNR), and it
+// sums its products in ascending p, storing and reloading the fp32 partial
+// between kKC blocks (exact), so the result equals the naive sequential sum
+// c + a0 b0 + a1 b1 + ... whatever the blocking or the thread count.
+
+constexpr int64_t kMR = 4;   ///< rows of the register tile
+constexpr int64_t kNR = 8;   ///< columns of the register tile (2 SSE vectors)
+constexpr int64_t kKC = 256; ///< depth of a packed block (panel slice in L1)
+constexpr int64_t kMC = 64;  ///< rows of a packed A block (fits in L2)
+constexpr int64_t kNC = 512; ///< columns swept per A block (B slice in L2)
+/// Below this many multiply-adds (~0.25 ms here) a GEMM runs on the calling
+/// thread: starting threads would cost a noticeable share of it.
+constexpr int64_t kGemmParallelMacs = 1 << 20;
+
+/// A read-only strided matrix: element (i, j) at
+/// data[i * rowStride + j * colStride].
+struct Strided {
+  const float *data;
+  int64_t rowStride, colStride;
+};
+
+/// Packs B(0:P, j0:j0+kNR) as a [P][kNR] panel, zero-padding missing
+/// columns so the micro-kernel never branches.
+void packPanelB(Strided b, int64_t numP, int64_t j0, int64_t numJ,
+                float *panel) {
+  int64_t nr = std::min(kNR, numJ - j0);
+  if (nr < kNR)
+    std::fill(panel, panel + numP * kNR, 0.0f);
+  if (b.rowStride == 1) {
+    // Columns are contiguous in memory: read them in order.
+    for (int64_t j = 0; j < nr; ++j) {
+      const float *src = b.data + (j0 + j) * b.colStride;
+      for (int64_t p = 0; p < numP; ++p)
+        panel[p * kNR + j] = src[p];
+    }
+    return;
+  }
+  for (int64_t p = 0; p < numP; ++p) {
+    const float *src = b.data + p * b.rowStride + j0 * b.colStride;
+    for (int64_t j = 0; j < nr; ++j)
+      panel[p * kNR + j] = src[j * b.colStride];
+  }
+}
+
+/// Packs A(i0:i0+mc, p0:p0+kc) as micro-panels of kMR rows, each [kc][kMR],
+/// zero-padding rows past `mc`.
+void packBlockA(Strided a, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+                float *out) {
+  for (int64_t ir = 0; ir < mc; ir += kMR) {
+    float *panel = out + (ir / kMR) * kc * kMR;
+    int64_t mr = std::min(kMR, mc - ir);
+    if (mr < kMR)
+      std::fill(panel, panel + kc * kMR, 0.0f);
+    for (int64_t r = 0; r < mr; ++r) {
+      const float *src =
+          a.data + (i0 + ir + r) * a.rowStride + p0 * a.colStride;
+      for (int64_t p = 0; p < kc; ++p)
+        panel[p * kMR + r] = src[p * a.colStride];
+    }
+  }
+}
+
+/// c[0:mr, 0:nr] (row stride ldc) += a-panel * b-panel over kc. The tile is
+/// a fixed-size local array so the compiler keeps it in vector registers;
+/// partial tiles go through the same arithmetic on padded zeros.
+inline void microKernel(int64_t kc, const float *__restrict a,
+                        const float *__restrict b, float *__restrict c,
+                        int64_t ldc, int64_t mr, int64_t nr) {
+  float acc[kMR][kNR];
+  if (mr == kMR && nr == kNR) {
+    for (int64_t r = 0; r < kMR; ++r)
+      for (int64_t j = 0; j < kNR; ++j)
+        acc[r][j] = c[r * ldc + j];
+  } else {
+    for (int64_t r = 0; r < kMR; ++r)
+      for (int64_t j = 0; j < kNR; ++j)
+        acc[r][j] = (r < mr && j < nr) ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t p = 0; p < kc; ++p) {
+    const float *ap = a + p * kMR;
+    const float *bp = b + p * kNR;
+    for (int64_t r = 0; r < kMR; ++r) {
+      float av = ap[r];
+      for (int64_t j = 0; j < kNR; ++j)
+        acc[r][j] += av * bp[j];
+    }
+  }
+  if (mr == kMR && nr == kNR) {
+    for (int64_t r = 0; r < kMR; ++r)
+      for (int64_t j = 0; j < kNR; ++j)
+        c[r * ldc + j] = acc[r][j];
+    return;
+  }
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < nr; ++j)
+      c[r * ldc + j] = acc[r][j];
+}
+
+/// C (row-major [numI, numJ], pre-initialised) += A B.
+void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
+                    Strided b, float *c) {
+  if (numI == 0 || numJ == 0 || numP == 0)
+    return;
+  int64_t numPanels = (numJ + kNR - 1) / kNR;
+  std::vector<float> packedB(numPanels * numP * kNR);
+  for (int64_t jp = 0; jp < numPanels; ++jp)
+    packPanelB(b, numP, jp * kNR, numJ, packedB.data() + jp * numP * kNR);
+
+  // Rows [i0, i1) x panels [jp0, jp1) of C; i0 and i1 are multiples of kMR
+  // (or numI), so tiles sit at the same place for every partition.
+  auto block = [&](int64_t i0, int64_t i1, int64_t jp0, int64_t jp1) {
+    std::vector<float> packedA(kMC * kKC);
+    for (int64_t jc = jp0; jc < jp1; jc += kNC / kNR) {
+      int64_t jcEnd = std::min(jp1, jc + kNC / kNR);
+      for (int64_t pc = 0; pc < numP; pc += kKC) {
+        int64_t kc = std::min(kKC, numP - pc);
+        for (int64_t ic = i0; ic < i1; ic += kMC) {
+          int64_t mc = std::min(kMC, i1 - ic);
+          packBlockA(a, ic, mc, pc, kc, packedA.data());
+          for (int64_t jp = jc; jp < jcEnd; ++jp) {
+            const float *panel = packedB.data() + jp * numP * kNR + pc * kNR;
+            int64_t nr = std::min(kNR, numJ - jp * kNR);
+            for (int64_t ir = 0; ir < mc; ir += kMR)
+              microKernel(kc, packedA.data() + (ir / kMR) * kc * kMR, panel,
+                          c + (ic + ir) * numJ + jp * kNR, numJ,
+                          std::min(kMR, mc - ir), nr);
+          }
+        }
+      }
+    }
+  };
+
+  int64_t macs = numI * numJ * numP;
+  int64_t rowTiles = (numI + kMR - 1) / kMR;
+  int64_t threads = macs < kGemmParallelMacs ? 1 : dsa3dNumThreads();
+  if (threads <= 1) {
+    block(0, numI, 0, numPanels);
+    return;
+  }
+  // Split rows when there are enough of them for every thread; otherwise
+  // (a handful of samples through an adaLN projection) split columns.
+  int64_t grainMacs = kGemmParallelMacs / 2;
+  if (rowTiles >= 4 * threads) {
+    int64_t macsPerTile = kMR * numJ * numP;
+    parallelFor(rowTiles, std::max<int64_t>(1, grainMacs / macsPerTile),
+                [&](int64_t t0, int64_t t1) {
+                  block(t0 * kMR, std::min(numI, t1 * kMR), 0, numPanels);
+                });
+  } else {
+    int64_t macsPerPanel = numI * kNR * numP;
+    parallelFor(numPanels, std::max<int64_t>(1, grainMacs / macsPerPanel),
+                [&](int64_t p0, int64_t p1) { block(0, numI, p0, p1); });
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// linear, linear_grad_data, linear_grad_params
+//===----------------------------------------------------------------------===//
+
+/// y = x W^T (+ b): x [..., in], weight [out, in], bias [out].
+Error linear(const Instruction &inst, ArrayRef<OpTensor> operands,
+             ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 3, 1, 1))
+    return e;
+  const OpTensor &x = operands[0], &w = operands[1];
+  if (w.type.shape.size() != 2)
+    return opError(inst, "'weight' must be [out, in], got " +
+                             shapeString(w.type.shape));
+  if (Error e = expectMinRank(inst, "input", x, 1))
+    return e;
+  int64_t out = w.type.shape[0], in = w.type.shape[1];
+  if (x.type.shape.back() != in)
+    return opError(inst, "input " + shapeString(x.type.shape) +
+                             " does not end in the weight's in-features " +
+                             Twine(in));
+  if (operands.size() == 3)
+    if (Error e = expectShape(inst, "bias", operands[2], {out}))
+      return e;
+  if (Error e =
+          expectShape(inst, "result", results[0], withLast(x.type.shape, out)))
+    return e;
+
+  int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
+  float *y = results[0].f32;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (operands.size() == 3)
+      std::copy(operands[2].f32, operands[2].f32 + out, y + r * out);
+    else
+      std::fill(y + r * out, y + (r + 1) * out, 0.0f);
+  }
+  // A(r, k) = x[r, k]; B(k, o) = w[o, k].
+  gemmAccumulate(rows, out, in, {x.f32, in, 1}, {w.f32, 1, in}, y);
+  return Error::success();
+}
+
+/// dx = dy W: dy [..., out], weight [out, in] -> dx [..., in].
+Error linearGradData(const Instruction &inst, ArrayRef<OpTensor> operands,
+                     ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+    return e;
+  const OpTensor &dy = operands[0], &w = operands[1];
+  if (w.type.shape.size() != 2)
+    return opError(inst, "'weight' must be [out, in], got " +
+                             shapeString(w.type.shape));
+  if (Error e = expectMinRank(inst, "result_grad", dy, 1))
+    return e;
+  int64_t out = w.type.shape[0], in = w.type.shape[1];
+  if (dy.type.shape.back() != out)
+    return opError(inst, "result_grad " + shapeString(dy.type.shape) +
+                             " does not end in the weight's out-features " +
+                             Twine(out));
+  if (Error e = expectShape(inst, "input_grad", results[0],
+                            withLast(dy.type.shape, in)))
+    return e;
+
+  int64_t rows = product(ArrayRef<int64_t>(dy.type.shape).drop_back());
+  float *dx = results[0].f32;
+  std::fill(dx, dx + rows * in, 0.0f);
+  // A(r, o) = dy[r, o]; B(o, k) = w[o, k].
+  gemmAccumulate(rows, in, out, {dy.f32, out, 1}, {w.f32, in, 1}, dx);
+  return Error::success();
+}
+
+/// dW = dy^T x summed over the leading dimensions; db = sum dy when asked.
+Error linearGradParams(const Instruction &inst, ArrayRef<OpTensor> operands,
+                       ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 2))
+    return e;
+  const OpTensor &x = operands[0], &dy = operands[1];
+  ArrayRef<int64_t> xs = x.type.shape, dys = dy.type.shape;
+  if (xs.empty() || xs.size() != dys.size() ||
+      xs.drop_back() != dys.drop_back())
+    return opError(inst, "input " + shapeString(xs) + " and result_grad " +
+                             shapeString(dys) +
+                             " differ in leading dimensions");
+  int64_t in = xs.back(), out = dys.back();
+  if (Error e = expectShape(inst, "weight_grad", results[0], {out, in}))
+    return e;
+  if (results.size() == 2)
+    if (Error e = expectShape(inst, "bias_grad", results[1], {out}))
+      return e;
+
+  int64_t rows = product(xs.drop_back());
+  float *dw = results[0].f32;
+  std::fill(dw, dw + out * in, 0.0f);
+  // A(o, r) = dy[r, o]; B(r, k) = x[r, k]: the reduction runs over tokens.
+  gemmAccumulate(out, in, rows, {dy.f32, 1, out}, {x.f32, in, 1}, dw);
+
+  if (results.size() == 2) {
+    std::vector<double> db(out, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *row = dy.f32 + r * out;
+      for (int64_t o = 0; o < out; ++o)
+        db[o] += row[o];
+    }
+    std::copy(db.begin(), db.end(), results[1].f32);
+  }
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Norms
+//===----------------------------------------------------------------------===//
+
+/// Mean and 1/sqrt(var + eps) of one row, accumulated in double (two passes,
+/// so a large mean does not cancel the variance) and rounded to fp32: the
+/// forward and the backward use the same rounded statistics.
+void layerNormStats(const float *x, int64_t d, float eps, float &mean,
+                    float &rstd) {
+  double sum = 0;
+  for (int64_t i = 0; i < d; ++i)
+    sum += x[i];
+  double mu = sum / d, var = 0;
+  for (int64_t i = 0; i < d; ++i) {
+    double c = x[i] - mu;
+    var += c * c;
+  }
+  var /= d;
+  mean = static_cast<float>(mu);
+  rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+}
+
+/// 1/sqrt(mean(x^2) + eps) of one row.
+float rmsNormRstd(const float *x, int64_t d, float eps) {
+  double sq = 0;
+  for (int64_t i = 0; i < d; ++i)
+    sq += static_cast<double>(x[i]) * x[i];
+  return static_cast<float>(1.0 / std::sqrt(sq / d + eps));
+}
+
+/// Shared checks of the norms: input rank >= 1 and channel parameters [D].
+Error expectChannelParams(const Instruction &inst, const OpTensor &x,
+                          ArrayRef<OpTensor> params, StringRef what) {
+  if (Error e = expectMinRank(inst, "input", x, 1))
+    return e;
+  for (const OpTensor &p : params)
+    if (Error e = expectShape(inst, what, p, {x.type.shape.back()}))
+      return e;
+  return Error::success();
+}
+
+/// (x - mean) / sqrt(var + eps), then * gamma + beta when both are given.
+Error layerNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
+                ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, 3, 1, 1))
+    return e;
+  if (operands.size() == 2)
+    return opError(inst, "takes either no affine operands or both gamma and "
+                         "beta, got 1");
+  float eps;
+  if (Error e = readEps(inst, eps))
+    return e;
+  const OpTensor &x = operands[0];
+  if (Error e = expectChannelParams(inst, x, operands.drop_front(), "affine"))
+    return e;
+  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
+    return e;
+
+  int64_t d = x.type.shape.back();
+  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  const float *gamma = operands.size() == 3 ? operands[1].f32 : nullptr;
+  const float *beta = operands.size() == 3 ? operands[2].f32 : nullptr;
+  float *y = results[0].f32;
+  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.f32 + r * d;
+      float *yr = y + r * d;
+      float mean, rstd;
+      layerNormStats(xr, d, eps, mean, rstd);
+      if (gamma) {
+        for (int64_t i = 0; i < d; ++i)
+          yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+      } else {
+        for (int64_t i = 0; i < d; ++i)
+          yr[i] = (xr[i] - mean) * rstd;
+      }
+    }
+  });
+  return Error::success();
+}
+
+/// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy * gamma;
+/// dgamma = sum dy xhat, dbeta = sum dy over the leading dimensions.
+Error layerNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+                    ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 4, 1, 3))
+    return e;
+  if (operands.size() == 3)
+    return opError(inst, "takes either no affine operands or both gamma and "
+                         "beta, got 1");
+  size_t numAffine = operands.size() - 2;
+  if (results.size() != 1 + numAffine)
+    return opError(inst, "returns one gradient per affine operand: expected " +
+                             Twine(numAffine) + ", got " +
+                             Twine(results.size() - 1));
+  float eps;
+  if (Error e = readEps(inst, eps))
+    return e;
+  const OpTensor &x = operands[0], &dy = operands[1];
+  if (Error e = expectChannelParams(inst, x, operands.drop_front(2), "affine"))
+    return e;
+  if (Error e = expectChannelParams(inst, x, results.drop_front(), "affine"))
+    return e;
+  if (Error e = expectShape(inst, "result_grad", dy, x.type.shape))
+    return e;
+  if (Error e = expectShape(inst, "input_grad", results[0], x.type.shape))
+    return e;
+
+  int64_t d = x.type.shape.back();
+  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  const float *gamma = numAffine ? operands[2].f32 : nullptr;
+  float *dx = results[0].f32;
+  // Row statistics are kept for the parameter gradients below.
+  std::vector<float> means(rows), rstds(rows);
+  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+      float mean, rstd;
+      layerNormStats(xr, d, eps, mean, rstd);
+      means[r] = mean;
+      rstds[r] = rstd;
+      double sumG = 0, sumGX = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+        float xhat = (xr[i] - mean) * rstd;
+        sumG += g;
+        sumGX += static_cast<double>(g) * xhat;
+      }
+      float meanG = static_cast<float>(sumG / d);
+      float meanGX = static_cast<float>(sumGX / d);
+      float *dxr = dx + r * d;
+      for (int64_t i = 0; i < d; ++i) {
+        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+        float xhat = (xr[i] - mean) * rstd;
+        dxr[i] = rstd * (g - meanG - xhat * meanGX);
+      }
+    }
+  });
+  if (!numAffine)
+    return Error::success();
+  std::vector<double> dgamma(d, 0.0), dbeta(d, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+    float mean = means[r], rstd = rstds[r];
+    for (int64_t i = 0; i < d; ++i) {
+      float xhat = (xr[i] - mean) * rstd;
+      dgamma[i] += static_cast<double>(dyr[i]) * xhat;
+      dbeta[i] += dyr[i];
+    }
+  }
+  std::copy(dgamma.begin(), dgamma.end(), results[1].f32);
+  std::copy(dbeta.begin(), dbeta.end(), results[2].f32);
+  return Error::success();
+}
+
+/// x / sqrt(mean(x^2) + eps), times gamma when given.
+Error rmsNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
+              ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, 2, 1, 1))
+    return e;
+  float eps;
+  if (Error e = readEps(inst, eps))
+    return e;
+  const OpTensor &x = operands[0];
+  if (Error e = expectChannelParams(inst, x, operands.drop_front(), "gamma"))
+    return e;
+  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
+    return e;
+
+  int64_t d = x.type.shape.back();
+  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  const float *gamma = operands.size() == 2 ? operands[1].f32 : nullptr;
+  float *y = results[0].f32;
+  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.f32 + r * d;
+      float *yr = y + r * d;
+      float rstd = rmsNormRstd(xr, d, eps);
+      if (gamma) {
+        for (int64_t i = 0; i < d; ++i)
+          yr[i] = xr[i] * rstd * gamma[i];
+      } else {
+        for (int64_t i = 0; i < d; ++i)
+          yr[i] = xr[i] * rstd;
+      }
+    }
+  });
+  return Error::success();
+}
+
+/// dx = rstd (g - xhat mean(g xhat)) with g = dy * gamma, xhat = x rstd;
+/// dgamma = sum dy xhat over the leading dimensions.
+Error rmsNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+                  ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 3, 1, 2))
+    return e;
+  bool hasGamma = operands.size() == 3;
+  if (hasGamma != (results.size() == 2))
+    return opError(inst, "returns a gamma gradient exactly when gamma is "
+                         "given");
+  float eps;
+  if (Error e = readEps(inst, eps))
+    return e;
+  const OpTensor &x = operands[0], &dy = operands[1];
+  if (Error e = expectChannelParams(inst, x, operands.drop_front(2), "gamma"))
+    return e;
+  if (Error e =
+          expectChannelParams(inst, x, results.drop_front(), "gamma_grad"))
+    return e;
+  if (Error e = expectShape(inst, "result_grad", dy, x.type.shape))
+    return e;
+  if (Error e = expectShape(inst, "input_grad", results[0], x.type.shape))
+    return e;
+
+  int64_t d = x.type.shape.back();
+  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  const float *gamma = hasGamma ? operands[2].f32 : nullptr;
+  float *dx = results[0].f32;
+  std::vector<float> rstds(rows);
+  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+      float rstd = rmsNormRstd(xr, d, eps);
+      rstds[r] = rstd;
+      double sumGX = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+        sumGX += static_cast<double>(g) * (xr[i] * rstd);
+      }
+      float meanGX = static_cast<float>(sumGX / d);
+      float *dxr = dx + r * d;
+      for (int64_t i = 0; i < d; ++i) {
+        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+        dxr[i] = rstd * (g - xr[i] * rstd * meanGX);
+      }
+    }
+  });
+  if (!hasGamma)
+    return Error::success();
+  std::vector<double> dgamma(d, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+    float rstd = rstds[r];
+    for (int64_t i = 0; i < d; ++i)
+      dgamma[i] += static_cast<double>(dyr[i]) * (xr[i] * rstd);
+  }
+  std::copy(dgamma.begin(), dgamma.end(), results[1].f32);
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// adaLN modulate and gate
+//===----------------------------------------------------------------------===//
+
+/// Checks x [B, N, D], per-sample vectors [B, D] and tensors shaped like x
+/// (the verifiers' verifyModulation).
+Error expectModulation(const Instruction &inst, const OpTensor &x,
+                       ArrayRef<std::pair<StringRef, const OpTensor *>> vecs,
+                       ArrayRef<std::pair<StringRef, const OpTensor *>> like) {
+  if (x.type.shape.size() != 3)
+    return opError(inst, "'input' must be [B, N, D], got " +
+                             shapeString(x.type.shape));
+  ArrayRef<int64_t> s = x.type.shape;
+  for (auto [name, v] : vecs)
+    if (Error e = expectShape(inst, name, *v, {s[0], s[2]}))
+      return e;
+  for (auto [name, v] : like)
+    if (Error e = expectShape(inst, name, *v, s))
+      return e;
+  return Error::success();
+}
+
+/// x * (1 + scale) + shift, shift and scale [B, D] broadcast over tokens.
+Error modulate(const Instruction &inst, ArrayRef<OpTensor> operands,
+               ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 3, 3, 1, 1))
+    return e;
+  const OpTensor &x = operands[0], &shift = operands[1], &scale = operands[2];
+  if (Error e =
+          expectModulation(inst, x, {{"shift", &shift}, {"scale", &scale}},
+                           {{"result", &results[0]}}))
+    return e;
+  int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
+  float *y = results[0].f32;
+  parallelFor(b * n, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *sh = shift.f32 + (r / n) * d, *sc = scale.f32 + (r / n) * d;
+      const float *xr = x.f32 + r * d;
+      float *yr = y + r * d;
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = xr[i] * (1.0f + sc[i]) + sh[i];
+    }
+  });
+  return Error::success();
+}
+
+/// dx = dy (1 + scale), dshift = sum_N dy, dscale = sum_N dy x.
+Error modulateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+                   ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 3, 3, 3, 3))
+    return e;
+  const OpTensor &x = operands[0], &scale = operands[1], &dy = operands[2];
+  if (Error e =
+          expectModulation(inst, x,
+                           {{"scale", &scale},
+                            {"shift_grad", &results[1]},
+                            {"scale_grad", &results[2]}},
+                           {{"result_grad", &dy}, {"input_grad", &results[0]}}))
+    return e;
+  int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
+  float *dx = results[0].f32;
+  std::vector<double> dshift(d), dscale(d);
+  for (int64_t s = 0; s < b; ++s) {
+    std::fill(dshift.begin(), dshift.end(), 0.0);
+    std::fill(dscale.begin(), dscale.end(), 0.0);
+    const float *sc = scale.f32 + s * d;
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t off = (s * n + t) * d;
+      const float *xr = x.f32 + off, *dyr = dy.f32 + off;
+      float *dxr = dx + off;
+      for (int64_t i = 0; i < d; ++i) {
+        dxr[i] = dyr[i] * (1.0f + sc[i]);
+        dshift[i] += dyr[i];
+        dscale[i] += static_cast<double>(dyr[i]) * xr[i];
+      }
+    }
+    std::copy(dshift.begin(), dshift.end(), results[1].f32 + s * d);
+    std::copy(dscale.begin(), dscale.end(), results[2].f32 + s * d);
+  }
+  return Error::success();
+}
+
+/// x * gate, the gate [B, D] broadcast over tokens.
+Error gate(const Instruction &inst, ArrayRef<OpTensor> operands,
+           ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+    return e;
+  const OpTensor &x = operands[0], &g = operands[1];
+  if (Error e =
+          expectModulation(inst, x, {{"gate", &g}}, {{"result", &results[0]}}))
+    return e;
+  int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
+  float *y = results[0].f32;
+  parallelFor(b * n, rowGrain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *gr = g.f32 + (r / n) * d, *xr = x.f32 + r * d;
+      float *yr = y + r * d;
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = xr[i] * gr[i];
+    }
+  });
+  return Error::success();
+}
+
+/// dx = dy * gate, dgate = sum_N dy x.
+Error gateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+               ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 3, 3, 2, 2))
+    return e;
+  const OpTensor &x = operands[0], &g = operands[1], &dy = operands[2];
+  if (Error e =
+          expectModulation(inst, x, {{"gate", &g}, {"gate_grad", &results[1]}},
+                           {{"result_grad", &dy}, {"input_grad", &results[0]}}))
+    return e;
+  int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
+  float *dx = results[0].f32;
+  std::vector<double> dgate(d);
+  for (int64_t s = 0; s < b; ++s) {
+    std::fill(dgate.begin(), dgate.end(), 0.0);
+    const float *gr = g.f32 + s * d;
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t off = (s * n + t) * d;
+      const float *xr = x.f32 + off, *dyr = dy.f32 + off;
+      float *dxr = dx + off;
+      for (int64_t i = 0; i < d; ++i) {
+        dxr[i] = dyr[i] * gr[i];
+        dgate[i] += static_cast<double>(dyr[i]) * xr[i];
+      }
+    }
+    std::copy(dgate.begin(), dgate.end(), results[1].f32 + s * d);
+  }
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Activations and adds
+//===----------------------------------------------------------------------===//
+
+constexpr float kGeluC = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+float geluForward(float x) {
+  float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+
+float geluDerivative(float x) {
+  float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  float sech2 = 1.0f - t * t;
+  // For |x| beyond ~10 sech^2 is exactly 0 while x^3 may be inf; 0 * inf
+  // would turn a saturated unit's gradient into NaN.
+  float inner = sech2 == 0.0f ? 0.0f
+                              : 0.5f * x * sech2 * kGeluC *
+                                    (1.0f + 3.0f * kGeluA * x * x);
+  return 0.5f * (1.0f + t) + inner;
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+/// result = f(input, ...) elementwise over operands of the result's shape.
+template <typename Fn>
+Error elementwise(const Instruction &inst, ArrayRef<OpTensor> operands,
+                  ArrayRef<OpTensor> results, size_t numOperands,
+                  ArrayRef<const char *> names, Fn fn) {
+  if (Error e = expectSignature(inst, operands, results, numOperands,
+                                numOperands, 1, 1))
+    return e;
+  for (size_t i = 1; i < numOperands; ++i)
+    if (Error e =
+            expectShape(inst, names[i], operands[i], operands[0].type.shape))
+      return e;
+  if (Error e = expectShape(inst, "result", results[0], operands[0].type.shape))
+    return e;
+  int64_t count = results[0].type.numElements();
+  const float *a = operands[0].f32;
+  const float *b = numOperands > 1 ? operands[1].f32 : nullptr;
+  float *out = results[0].f32;
+  parallelFor(count, kElementGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      out[i] = fn(a[i], b ? b[i] : 0.0f);
+  });
+  return Error::success();
+}
+
+Error gelu(const Instruction &inst, ArrayRef<OpTensor> operands,
+           ArrayRef<OpTensor> results) {
+  return elementwise(inst, operands, results, 1, {"input"},
+                     [](float x, float) { return geluForward(x); });
+}
+
+Error geluGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+               ArrayRef<OpTensor> results) {
+  return elementwise(inst, operands, results, 2, {"input", "result_grad"},
+                     [](float x, float dy) { return dy * geluDerivative(x); });
+}
+
+Error silu(const Instruction &inst, ArrayRef<OpTensor> operands,
+           ArrayRef<OpTensor> results) {
+  return elementwise(inst, operands, results, 1, {"input"},
+                     [](float x, float) { return x * sigmoid(x); });
+}
+
+/// d/dx x s(x) = s (1 + x (1 - s)).
+Error siluGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+               ArrayRef<OpTensor> results) {
+  return elementwise(inst, operands, results, 2, {"input", "result_grad"},
+                     [](float x, float dy) {
+                       float s = sigmoid(x);
+                       return dy * (s * (1.0f + x * (1.0f - s)));
+                     });
+}
+
+Error add(const Instruction &inst, ArrayRef<OpTensor> operands,
+          ArrayRef<OpTensor> results) {
+  return elementwise(inst, operands, results, 2, {"lhs", "rhs"},
+                     [](float a, float b) { return a + b; });
+}
+
+/// `bias` shape must be a suffix of `full`'s.
+Error expectSuffix(const Instruction &inst, const OpTensor &full,
+                   const OpTensor &bias) {
+  ArrayRef<int64_t> f = full.type.shape, b = bias.type.shape;
+  if (b.size() > f.size() || f.take_back(b.size()) != b)
+    return opError(inst, "bias shape " + shapeString(b) +
+                             " is not a suffix of " + shapeString(f));
+  return Error::success();
+}
+
+/// y = x + bias, the bias broadcast over the leading dimensions.
+Error biasAdd(const Instruction &inst, ArrayRef<OpTensor> operands,
+              ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+    return e;
+  const OpTensor &x = operands[0], &bias = operands[1];
+  if (Error e = expectSuffix(inst, x, bias))
+    return e;
+  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
+    return e;
+  int64_t width = bias.type.numElements();
+  int64_t rows = width == 0 ? 0 : x.type.numElements() / width;
+  float *y = results[0].f32;
+  parallelFor(rows, rowGrain(width), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < width; ++i)
+        y[r * width + i] = x.f32[r * width + i] + bias.f32[i];
+  });
+  return Error::success();
+}
+
+/// Sums result_grad over its leading dimensions down to the bias shape.
+Error biasAddGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
+                  ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, 1))
+    return e;
+  const OpTensor &dy = operands[0];
+  if (Error e = expectSuffix(inst, dy, results[0]))
+    return e;
+  int64_t width = results[0].type.numElements();
+  int64_t rows = width == 0 ? 0 : dy.type.numElements() / width;
+  std::vector<double> sum(width, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i)
+      sum[i] += dy.f32[r * width + i];
+  std::copy(sum.begin(), sum.end(), results[0].f32);
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Structural ops
+//===----------------------------------------------------------------------===//
+
+/// Values arrive widened to fp32 and the interpreter rounds the result to
+/// its dtype, so a cast is a copy here.
+Error cast(const Instruction &inst, ArrayRef<OpTensor> operands,
+           ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, 1))
+    return e;
+  if (Error e = expectShape(inst, "result", results[0], operands[0].type.shape))
+    return e;
+  int64_t count = operands[0].type.numElements();
+  if (count && results[0].f32 != operands[0].f32)
+    std::memmove(results[0].f32, operands[0].f32, count * sizeof(float));
+  return Error::success();
+}
+
+/// A row-major copy; reshape also carries index tensors, so any of the
+/// three buffers may hold the data. The result may alias the input (the
+/// interpreter usually makes it a view), hence memmove.
+Error reshape(const Instruction &inst, ArrayRef<OpTensor> operands,
+              ArrayRef<OpTensor> results) {
+  if (Error e = expectArity(inst, operands, results, 1, 1, 1, 1))
+    return e;
+  const OpTensor &in = operands[0], &out = results[0];
+  for (const OpTensor *t : {&in, &out})
+    for (int64_t d : t->type.shape)
+      if (d < 0)
+        return opError(inst,
+                       "negative dimension in " + shapeString(t->type.shape));
+  int64_t count = in.type.numElements();
+  if (count != out.type.numElements())
+    return opError(inst, "cannot reshape " + Twine(count) + " elements " +
+                             shapeString(in.type.shape) + " into " +
+                             Twine(out.type.numElements()) + " elements " +
+                             shapeString(out.type.shape));
+  if (count == 0)
+    return Error::success();
+  auto copy = [&](const void *src, void *dst, size_t elemBytes) -> Error {
+    if (!src || !dst)
+      return opError(inst, "input and result must hold the same kind of "
+                           "elements");
+    if (src != dst)
+      std::memmove(dst, src, count * elemBytes);
+    return Error::success();
+  };
+  if (in.f32)
+    return copy(in.f32, out.f32, sizeof(float));
+  if (in.i32)
+    return copy(in.i32, out.i32, sizeof(int32_t));
+  if (in.i64)
+    return copy(in.i64, out.i64, sizeof(int64_t));
+  return opError(inst, "input has no data");
+}
+
+/// Like torch.chunk(x, n, dim=-1): result i holds columns [i c, (i+1) c).
+Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
+            ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, SIZE_MAX))
+    return e;
+  const OpTensor &x = operands[0];
+  int64_t n = results.size();
+  if (x.type.shape.empty() || x.type.shape.back() % n != 0)
+    return opError(inst, "last dimension of " + shapeString(x.type.shape) +
+                             " is not divisible into " + Twine(n) + " chunks");
+  int64_t width = x.type.shape.back(), chunk = width / n;
+  std::vector<int64_t> chunkShape = withLast(x.type.shape, chunk);
+  for (const OpTensor &r : results)
+    if (Error e = expectShape(inst, "result", r, chunkShape))
+      return e;
+  int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(x.f32 + r * width + i * chunk,
+                x.f32 + r * width + (i + 1) * chunk,
+                results[i].f32 + r * chunk);
+  return Error::success();
+}
+
+/// The inverse of split: inputs side by side along the last dimension.
+Error concat(const Instruction &inst, ArrayRef<OpTensor> operands,
+             ArrayRef<OpTensor> results) {
+  if (Error e = expectSignature(inst, operands, results, 1, SIZE_MAX, 1, 1))
+    return e;
+  ArrayRef<int64_t> first = operands[0].type.shape;
+  if (first.empty())
+    return opError(inst, "inputs must have rank >= 1");
+  int64_t width = 0;
+  for (const OpTensor &in : operands) {
+    ArrayRef<int64_t> s = in.type.shape;
+    if (s.size() != first.size() || s.drop_back() != first.drop_back())
+      return opError(inst, "inputs " + shapeString(first) + " and " +
+                               shapeString(s) +
+                               " differ outside the last dimension");
+    width += s.back();
+  }
+  if (Error e = expectShape(inst, "result", results[0], withLast(first, width)))
+    return e;
+  int64_t rows = product(first.drop_back());
+  float *y = results[0].f32;
+  int64_t column = 0;
+  for (const OpTensor &in : operands) {
+    int64_t w = in.type.shape.back();
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(in.f32 + r * w, in.f32 + (r + 1) * w, y + r * width + column);
+    column += w;
+  }
+  return Error::success();
+}
+
+Error zeros(const Instruction &inst, ArrayRef<OpTensor> operands,
+            ArrayRef<OpTensor> results) {
+  if (Error e = expectArity(inst, operands, results, 0, 0, 1, 1))
+    return e;
+  const OpTensor &out = results[0];
+  for (int64_t d : out.type.shape)
+    if (d < 0)
+      return opError(inst,
+                     "negative dimension in " + shapeString(out.type.shape));
+  int64_t count = out.type.numElements();
+  if (count == 0)
+    return Error::success();
+  if (out.f32)
+    std::fill(out.f32, out.f32 + count, 0.0f);
+  else if (out.i32)
+    std::fill(out.i32, out.i32 + count, 0);
+  else if (out.i64)
+    std::fill(out.i64, out.i64 + count, 0);
+  else
+    return opError(inst, "result has no data");
+  return Error::success();
+}
+
+} // namespace
+
+void cpu::registerDenseKernels(GraphKernelTable &table) {
+  table["linear"] = linear;
+  table["linear_grad_data"] = linearGradData;
+  table["linear_grad_params"] = linearGradParams;
+  table["layer_norm"] = layerNorm;
+  table["layer_norm_grad"] = layerNormGrad;
+  table["rms_norm"] = rmsNorm;
+  table["rms_norm_grad"] = rmsNormGrad;
+  table["modulate"] = modulate;
+  table["modulate_grad"] = modulateGrad;
+  table["gate"] = gate;
+  table["gate_grad"] = gateGrad;
+  table["gelu"] = gelu;
+  table["gelu_grad"] = geluGrad;
+  table["silu"] = silu;
+  table["silu_grad"] = siluGrad;
+  table["add"] = add;
+  table["bias_add"] = biasAdd;
+  table["bias_add_grad"] = biasAddGrad;
+  table["cast"] = cast;
+  table["reshape"] = reshape;
+  table["split"] = split;
+  table["concat"] = concat;
+  table["zeros"] = zeros;
+}

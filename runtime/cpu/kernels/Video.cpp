@@ -1,0 +1,1279 @@
+//===- Video.cpp - cpu kernels of the video DiT graph ops -----------------===//
+//
+// fp32 reference kernels of the ops specific to video diffusion transformers:
+// patch embedding and (un)patchify, timestep and label embeddings, 3D RoPE,
+// global attention, 3D-DSA (wrapping cpu/Dsa3d.h) and rectified-flow
+// interpolation and loss, forward and backward. Semantics are those of the
+// op descriptions in dialects/Graph/GraphOps.td; each backward op computes
+// what dialects/Graph/GraphGradients.cpp emits it for.
+//
+// Every kernel checks arity, buffers, shapes and attributes before touching
+// memory, so a malformed instruction is an llvm::Error naming the op, never a
+// crash. Parameter gradients summed over all tokens accumulate in double.
+// Hot loops vectorise without -ffast-math: they run along a contiguous axis
+// or keep a fixed number of partial sums combined in a fixed order. Results
+// do not depend on the thread count: attention gives each (batch, head) to
+// exactly one thread, like the 3D-DSA kernels it sits next to.
+//
+//===----------------------------------------------------------------------===//
+
+#include "cpu/Dsa3d.h"
+#include "cpu/kernels/Registry.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Twine.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+using namespace megaslide;
+using namespace megaslide::cpu;
+
+using llvm::ArrayRef;
+using llvm::Error;
+using llvm::Expected;
+using llvm::StringRef;
+
+namespace {
+
+using Triple = std::array<int64_t, 3>;
+
+//===----------------------------------------------------------------------===//
+// Checking instructions
+//===----------------------------------------------------------------------===//
+
+std::string shapeString(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Every message starts with the op so a failing step names its culprit.
+Error opError(const exec::Instruction &inst, const llvm::Twine &message) {
+  return llvm::createStringError(
+      (llvm::Twine("megaslide.") + inst.op + ": " + message).str());
+}
+
+Error checkArity(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                 ArrayRef<OpTensor> results, size_t numOperands,
+                 size_t numResults) {
+  if (operands.size() != numOperands || results.size() != numResults)
+    return opError(inst, "expects " + llvm::Twine(numOperands) +
+                             " operands and " + llvm::Twine(numResults) +
+                             " results, got " + llvm::Twine(operands.size()) +
+                             " and " + llvm::Twine(results.size()));
+  return Error::success();
+}
+
+Error checkExtents(const exec::Instruction &inst, const OpTensor &t,
+                   StringRef name) {
+  for (int64_t d : t.type.shape)
+    if (d < 0)
+      return opError(inst, name + " has a negative extent in " +
+                               shapeString(t.type.shape));
+  return Error::success();
+}
+
+/// Whether `t` arrived as fp32. An empty tensor may come without a buffer.
+bool isFloat(const OpTensor &t) {
+  return t.f32 ||
+         (t.type.numElements() == 0 && (t.type.dtype == exec::DType::F32 ||
+                                        t.type.dtype == exec::DType::BF16 ||
+                                        t.type.dtype == exec::DType::F16));
+}
+
+/// Whether `t` arrived as int32 (3D-DSA offsets).
+bool isInt32(const OpTensor &t) {
+  return t.i32 ||
+         (t.type.numElements() == 0 && t.type.dtype == exec::DType::I32);
+}
+
+/// A float tensor of rank `rank`; `layout` names its axes in the message.
+Error checkFloatRank(const exec::Instruction &inst, const OpTensor &t,
+                     StringRef name, size_t rank, StringRef layout) {
+  if (!isFloat(t))
+    return opError(inst, name + " must be a float tensor");
+  if (t.type.shape.size() != rank)
+    return opError(inst, name + " must have rank " + llvm::Twine(rank) + " " +
+                             layout + ", got " + shapeString(t.type.shape));
+  return checkExtents(inst, t, name);
+}
+
+/// A float tensor of exactly `shape`.
+Error checkFloatShape(const exec::Instruction &inst, const OpTensor &t,
+                      StringRef name, ArrayRef<int64_t> shape) {
+  if (!isFloat(t))
+    return opError(inst, name + " must be a float tensor");
+  if (ArrayRef<int64_t>(t.type.shape) != shape)
+    return opError(inst, name + " has shape " + shapeString(t.type.shape) +
+                             ", expected " + shapeString(shape));
+  return Error::success();
+}
+
+/// An integer attribute triple (grid, patch, window, ...), each entry at
+/// least `minValue`.
+Expected<Triple> tripleAttr(const exec::Instruction &inst, StringRef name,
+                            int64_t minValue) {
+  std::optional<std::vector<int64_t>> v = inst.intsAttr(name);
+  if (!v)
+    return opError(inst, "missing integer array attribute '" + name + "'");
+  if (v->size() != 3)
+    return opError(inst, "attribute '" + name + "' must have 3 entries, got " +
+                             shapeString(*v));
+  for (int64_t x : *v)
+    if (x < minValue)
+      return opError(inst, "attribute '" + name + "' " + shapeString(*v) +
+                               " must have entries of at least " +
+                               llvm::Twine(minValue));
+  return Triple{(*v)[0], (*v)[1], (*v)[2]};
+}
+
+/// t[0] * t[1] * t[2] for the extents of a grid attribute, or -1 when that
+/// overflows: the attribute is untrusted input, compared against a real
+/// token count.
+int64_t volume(const Triple &t) {
+  int64_t v = 1;
+  for (int64_t x : t)
+    if (__builtin_mul_overflow(v, x, &v))
+      return -1;
+  return v;
+}
+
+/// A float attribute; `fallback` is its ODS default, used when the plan
+/// writer left a defaulted attribute out.
+Expected<double> floatAttrOr(const exec::Instruction &inst, StringRef name,
+                             double fallback) {
+  if (!inst.attr(name))
+    return fallback;
+  std::optional<double> v = inst.floatAttr(name);
+  if (!v || !std::isfinite(*v))
+    return opError(inst, "attribute '" + name + "' must be a finite number");
+  return *v;
+}
+
+/// The optional softmax scale of the attention ops: 1/sqrt(head dim) when
+/// absent, else a positive finite number (as the verifiers require).
+Expected<double> scaleAttr(const exec::Instruction &inst, int64_t headDim) {
+  if (!inst.attr("scale")) {
+    if (headDim <= 0)
+      return opError(inst,
+                     "head dim must be positive, got " + llvm::Twine(headDim));
+    return 1.0 / std::sqrt(static_cast<double>(headDim));
+  }
+  std::optional<double> s = inst.floatAttr("scale");
+  if (!s || !(*s > 0) || !std::isfinite(*s))
+    return opError(inst, "attribute 'scale' must be positive and finite");
+  return *s;
+}
+
+/// A UnitAttr: the plan writer emits the key (as integer 1) when the unit
+/// attribute is set and leaves it out otherwise. An explicit 0 is read as
+/// unset so that a writer spelling booleans out is understood too; any
+/// other spelling of a present key counts as set.
+bool unitAttr(const exec::Instruction &inst, StringRef name) {
+  const exec::Attr *a = inst.attr(name);
+  if (!a)
+    return false;
+  if (const int64_t *i = std::get_if<int64_t>(a))
+    return *i != 0;
+  if (const double *d = std::get_if<double>(a))
+    return *d != 0;
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Threads and vector helpers
+//===----------------------------------------------------------------------===//
+
+/// Runs items [0, count) on up to dsa3dNumThreads() threads. Each thread
+/// calls makeWorker() once, so per-thread scratch lives in the returned
+/// callable. An item is computed entirely by one thread in a fixed order,
+/// which is what makes results independent of the thread count.
+template <typename MakeWorker>
+void parallelFor(int64_t count, MakeWorker makeWorker) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    auto worker = makeWorker();
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
+      worker(i);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(numThreads - 1);
+  for (int64_t i = 1; i < numThreads; ++i)
+    threads.emplace_back(run);
+  run();
+  for (std::thread &t : threads)
+    t.join();
+}
+
+/// Dot product with eight independent partial sums: the lanes vectorise
+/// without -ffast-math because no single sum is reassociated.
+inline float dot(const float *a, const float *b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int l = 0; l < 8; ++l)
+      lanes[l] += a[d + l] * b[d + l];
+  float tail = 0;
+  for (; d < n; ++d)
+    tail += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+         ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail;
+}
+
+/// y += a * x.
+inline void axpy(float *y, float a, const float *x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d)
+    y[d] += a * x[d];
+}
+
+//===----------------------------------------------------------------------===//
+// Patches
+//===----------------------------------------------------------------------===//
+
+/// Latents [B, C, T*pt, Y*ph, X*pw] seen as a (T, Y, X) grid of patches.
+struct PatchGrid {
+  int64_t batch = 0, channels = 0;
+  Triple patch{}, grid{}, extent{};
+
+  int64_t tokens() const { return grid[0] * grid[1] * grid[2]; }
+  int64_t patchVolume() const { return patch[0] * patch[1] * patch[2]; }
+  /// Values per token: pt * ph * pw * C.
+  int64_t tokenWidth() const { return patchVolume() * channels; }
+
+  /// Calls fn(offset in the token row, latent index) for every value of
+  /// token n of sample b; the token row is laid out (pt, ph, pw, C),
+  /// channels fastest, as unpatchify's description states.
+  template <typename Fn> void forEachValue(int64_t b, int64_t n, Fn fn) const {
+    int64_t gt = n / (grid[1] * grid[2]), gy = n / grid[2] % grid[1],
+            gx = n % grid[2];
+    int64_t plane = extent[0] * extent[1] * extent[2];
+    for (int64_t i = 0; i < patch[0]; ++i)
+      for (int64_t j = 0; j < patch[1]; ++j)
+        for (int64_t k = 0; k < patch[2]; ++k) {
+          int64_t t = gt * patch[0] + i, y = gy * patch[1] + j,
+                  x = gx * patch[2] + k;
+          int64_t pixel = (t * extent[1] + y) * extent[2] + x;
+          int64_t within = ((i * patch[1] + j) * patch[2] + k) * channels;
+          for (int64_t c = 0; c < channels; ++c)
+            fn(within + c, (b * channels + c) * plane + pixel);
+        }
+  }
+
+  /// Copies token n of sample b into `p` in the order of a patch_embed
+  /// weight row [C, pt, ph, pw], so the weight applies to it as a matrix.
+  void gatherForWeight(const float *latents, int64_t b, int64_t n,
+                       float *p) const {
+    int64_t size = patchVolume();
+    forEachValue(b, n, [&](int64_t within, int64_t index) {
+      int64_t c = within % channels, ijk = within / channels;
+      p[c * size + ijk] = latents[index];
+    });
+  }
+};
+
+/// The patch grid of latents [B, C, T, H, W] cut into `patch`.
+Expected<PatchGrid> patchGrid(const exec::Instruction &inst,
+                              const OpTensor &latents, StringRef name,
+                              Triple patch) {
+  if (Error e = checkFloatRank(inst, latents, name, 5, "[B, C, T, H, W]"))
+    return std::move(e);
+  const std::vector<int64_t> &s = latents.type.shape;
+  PatchGrid g;
+  g.batch = s[0];
+  g.channels = s[1];
+  g.patch = patch;
+  for (int a = 0; a < 3; ++a) {
+    if (patch[a] <= 0 || s[2 + a] % patch[a] != 0)
+      return opError(inst, name + " extents " +
+                               shapeString(ArrayRef<int64_t>(s).drop_front(2)) +
+                               " are not divisible by the patch " +
+                               shapeString(patch));
+    g.extent[a] = s[2 + a];
+    g.grid[a] = s[2 + a] / patch[a];
+  }
+  return g;
+}
+
+Error patchEmbed(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                 ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return e;
+  const OpTensor &x = operands[0], &w = operands[1], &bias = operands[2];
+  if (Error e = checkFloatRank(inst, w, "weight", 5, "[D, C, pt, ph, pw]"))
+    return e;
+  const std::vector<int64_t> &ws = w.type.shape;
+  Expected<PatchGrid> g = patchGrid(inst, x, "input", {ws[2], ws[3], ws[4]});
+  if (!g)
+    return g.takeError();
+  int64_t dim = ws[0], width = g->tokenWidth(), N = g->tokens();
+  if (ws[1] != g->channels)
+    return opError(inst, "weight has " + llvm::Twine(ws[1]) +
+                             " input channels but the latents have " +
+                             llvm::Twine(g->channels));
+  if (Error e = checkFloatShape(inst, bias, "bias", {dim}))
+    return e;
+  if (Error e = checkFloatShape(inst, results[0], "result", {g->batch, N, dim}))
+    return e;
+
+  // The transposed weight [K, D] turns each token's projection into K
+  // contiguous axpys over D, which vectorise without reassociation.
+  std::vector<float> wT(width * dim), patch(width);
+  for (int64_t d = 0; d < dim; ++d)
+    for (int64_t k = 0; k < width; ++k)
+      wT[k * dim + d] = w.f32[d * width + k];
+  for (int64_t b = 0; b < g->batch; ++b)
+    for (int64_t n = 0; n < N; ++n) {
+      g->gatherForWeight(x.f32, b, n, patch.data());
+      float *out = results[0].f32 + (b * N + n) * dim;
+      std::copy_n(bias.f32, dim, out);
+      for (int64_t k = 0; k < width; ++k)
+        axpy(out, patch[k], &wT[k * dim], dim);
+    }
+  return Error::success();
+}
+
+Error patchEmbedGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                     ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 2, 2))
+    return e;
+  const OpTensor &x = operands[0], &dy = operands[1];
+  const OpTensor &dw = results[0], &db = results[1];
+  if (Error e =
+          checkFloatRank(inst, dw, "weight_grad", 5, "[D, C, pt, ph, pw]"))
+    return e;
+  const std::vector<int64_t> &ws = dw.type.shape;
+  Expected<PatchGrid> g = patchGrid(inst, x, "input", {ws[2], ws[3], ws[4]});
+  if (!g)
+    return g.takeError();
+  int64_t dim = ws[0], width = g->tokenWidth(), N = g->tokens();
+  if (ws[1] != g->channels)
+    return opError(inst, "weight_grad has " + llvm::Twine(ws[1]) +
+                             " input channels but the latents have " +
+                             llvm::Twine(g->channels));
+  if (Error e = checkFloatShape(inst, dy, "result_grad", {g->batch, N, dim}))
+    return e;
+  if (Error e = checkFloatShape(inst, db, "bias_grad", {dim}))
+    return e;
+
+  // Sums over all tokens of the batch: double accumulators keep the
+  // gradient of a long video accurate.
+  std::vector<double> accW(dim * width, 0.0), accB(dim, 0.0);
+  std::vector<float> patch(width);
+  for (int64_t b = 0; b < g->batch; ++b)
+    for (int64_t n = 0; n < N; ++n) {
+      g->gatherForWeight(x.f32, b, n, patch.data());
+      const float *gy = dy.f32 + (b * N + n) * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        double a = gy[d];
+        accB[d] += a;
+        double *row = &accW[d * width];
+        for (int64_t k = 0; k < width; ++k)
+          row[k] += a * patch[k];
+      }
+    }
+  for (int64_t i = 0; i < dim * width; ++i)
+    dw.f32[i] = static_cast<float>(accW[i]);
+  for (int64_t d = 0; d < dim; ++d)
+    db.f32[d] = static_cast<float>(accB[d]);
+  return Error::success();
+}
+
+/// Checks tokens [B, N, pt*ph*pw*C] against the patch grid of the latents.
+Error checkTokens(const exec::Instruction &inst, const OpTensor &tokens,
+                  StringRef name, const PatchGrid &g) {
+  return checkFloatShape(inst, tokens, name,
+                         {g.batch, g.tokens(), g.tokenWidth()});
+}
+
+Error unpatchify(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                 ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 1, 1))
+    return e;
+  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  if (!grid)
+    return grid.takeError();
+  Expected<Triple> patch = tripleAttr(inst, "patch", 1);
+  if (!patch)
+    return patch.takeError();
+  Expected<PatchGrid> g = patchGrid(inst, results[0], "result", *patch);
+  if (!g)
+    return g.takeError();
+  if (g->grid != *grid)
+    return opError(inst, "grid " + shapeString(*grid) + " times patch " +
+                             shapeString(*patch) + " does not give latents " +
+                             shapeString(g->extent));
+  if (Error e = checkTokens(inst, operands[0], "input", *g))
+    return e;
+  const float *in = operands[0].f32;
+  float *out = results[0].f32;
+  int64_t width = g->tokenWidth();
+  for (int64_t b = 0; b < g->batch; ++b)
+    for (int64_t n = 0; n < g->tokens(); ++n) {
+      const float *row = in + (b * g->tokens() + n) * width;
+      g->forEachValue(b, n, [&](int64_t within, int64_t index) {
+        out[index] = row[within];
+      });
+    }
+  return Error::success();
+}
+
+Error patchify(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+               ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 1, 1))
+    return e;
+  Expected<Triple> patch = tripleAttr(inst, "patch", 1);
+  if (!patch)
+    return patch.takeError();
+  Expected<PatchGrid> g = patchGrid(inst, operands[0], "input", *patch);
+  if (!g)
+    return g.takeError();
+  if (Error e = checkTokens(inst, results[0], "result", *g))
+    return e;
+  const float *in = operands[0].f32;
+  float *out = results[0].f32;
+  int64_t width = g->tokenWidth();
+  for (int64_t b = 0; b < g->batch; ++b)
+    for (int64_t n = 0; n < g->tokens(); ++n) {
+      float *row = out + (b * g->tokens() + n) * width;
+      g->forEachValue(b, n, [&](int64_t within, int64_t index) {
+        row[within] = in[index];
+      });
+    }
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Timestep and label embeddings
+//===----------------------------------------------------------------------===//
+
+Error timestepEmbedding(const exec::Instruction &inst,
+                        ArrayRef<OpTensor> operands,
+                        ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 1, 1))
+    return e;
+  if (Error e = checkFloatRank(inst, operands[0], "timesteps", 1, "[B]"))
+    return e;
+  if (Error e = checkFloatRank(inst, results[0], "result", 2, "[B, dim]"))
+    return e;
+  int64_t batch = operands[0].type.shape[0];
+  int64_t width = results[0].type.shape[1];
+  if (results[0].type.shape[0] != batch)
+    return opError(inst,
+                   "result batch " + llvm::Twine(results[0].type.shape[0]) +
+                       " does not match " + llvm::Twine(batch) + " timesteps");
+  if (width <= 0 || width % 2 != 0)
+    return opError(inst, "embedding width must be positive and even, got " +
+                             llvm::Twine(width));
+  Expected<double> maxPeriod = floatAttrOr(inst, "max_period", 10000.0);
+  if (!maxPeriod)
+    return maxPeriod.takeError();
+  if (!(*maxPeriod > 1))
+    return opError(inst, "max_period must exceed 1");
+  Expected<double> timeScale = floatAttrOr(inst, "time_scale", 1.0);
+  if (!timeScale)
+    return timeScale.takeError();
+
+  // Angles in double: time_scale * t reaches ~1000, where fp32 would lose
+  // the low frequencies' phase to rounding.
+  int64_t half = width / 2;
+  std::vector<double> freqs(half);
+  for (int64_t i = 0; i < half; ++i)
+    freqs[i] = std::exp(-std::log(*maxPeriod) * static_cast<double>(i) /
+                        static_cast<double>(half));
+  for (int64_t b = 0; b < batch; ++b) {
+    double s = *timeScale * static_cast<double>(operands[0].f32[b]);
+    float *out = results[0].f32 + b * width;
+    for (int64_t i = 0; i < half; ++i) {
+      out[i] = static_cast<float>(std::cos(s * freqs[i]));
+      out[half + i] = static_cast<float>(std::sin(s * freqs[i]));
+    }
+  }
+  return Error::success();
+}
+
+/// Reads the ids (i32 or i64) and checks each lies in [0, rows).
+Expected<std::vector<int64_t>> tableIds(const exec::Instruction &inst,
+                                        const OpTensor &ids, int64_t rows) {
+  if (!ids.i32 && !ids.i64 &&
+      !(ids.type.numElements() == 0 && (ids.type.dtype == exec::DType::I32 ||
+                                        ids.type.dtype == exec::DType::I64)))
+    return opError(inst, "ids must be an i32 or i64 tensor");
+  if (ids.type.shape.size() != 1)
+    return opError(inst, "ids must have rank 1 [B], got " +
+                             shapeString(ids.type.shape));
+  if (Error e = checkExtents(inst, ids, "ids"))
+    return std::move(e);
+  std::vector<int64_t> out(ids.type.shape[0]);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = ids.i64 ? ids.i64[i] : ids.i32[i];
+    if (out[i] < 0 || out[i] >= rows)
+      return opError(inst, "id " + llvm::Twine(out[i]) + " at position " +
+                               llvm::Twine(i) + " is outside the table of " +
+                               llvm::Twine(rows) + " rows");
+  }
+  return out;
+}
+
+Error embedding(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 2, 1))
+    return e;
+  const OpTensor &table = operands[1];
+  if (Error e = checkFloatRank(inst, table, "table", 2, "[V, D]"))
+    return e;
+  int64_t rows = table.type.shape[0], dim = table.type.shape[1];
+  Expected<std::vector<int64_t>> ids = tableIds(inst, operands[0], rows);
+  if (!ids)
+    return ids.takeError();
+  int64_t batch = static_cast<int64_t>(ids->size());
+  if (Error e = checkFloatShape(inst, results[0], "result", {batch, dim}))
+    return e;
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy_n(table.f32 + (*ids)[b] * dim, dim, results[0].f32 + b * dim);
+  return Error::success();
+}
+
+Error embeddingGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                    ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 2, 1))
+    return e;
+  const OpTensor &dt = results[0];
+  if (Error e = checkFloatRank(inst, dt, "table_grad", 2, "[V, D]"))
+    return e;
+  int64_t rows = dt.type.shape[0], dim = dt.type.shape[1];
+  Expected<std::vector<int64_t>> ids = tableIds(inst, operands[0], rows);
+  if (!ids)
+    return ids.takeError();
+  int64_t batch = static_cast<int64_t>(ids->size());
+  if (Error e = checkFloatShape(inst, operands[1], "result_grad", {batch, dim}))
+    return e;
+  // Repeated ids add up, in batch order (deterministic).
+  std::fill_n(dt.f32, rows * dim, 0.0f);
+  for (int64_t b = 0; b < batch; ++b)
+    axpy(dt.f32 + (*ids)[b] * dim, 1.0f, operands[1].f32 + b * dim, dim);
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// 3D RoPE
+//===----------------------------------------------------------------------===//
+
+Error rope3d(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+             ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 1, 1))
+    return e;
+  const OpTensor &x = operands[0];
+  if (Error e = checkFloatRank(inst, x, "input", 4, "[B, N, H, Dh]"))
+    return e;
+  if (Error e = checkFloatShape(inst, results[0], "result", x.type.shape))
+    return e;
+  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  if (!grid)
+    return grid.takeError();
+  Expected<Triple> dims = tripleAttr(inst, "dims", 0);
+  if (!dims)
+    return dims.takeError();
+  Expected<double> theta = floatAttrOr(inst, "theta", 10000.0);
+  if (!theta)
+    return theta.takeError();
+  const std::vector<int64_t> &s = x.type.shape;
+  int64_t batch = s[0], N = s[1], heads = s[2], headDim = s[3];
+  if (volume(*grid) != N)
+    return opError(inst, "token count " + llvm::Twine(N) +
+                             " does not match grid " + shapeString(*grid));
+  // Bounding each part first keeps the sum of untrusted values in range.
+  if (llvm::any_of(*dims,
+                   [&](int64_t d) { return d % 2 != 0 || d > headDim; }) ||
+      (*dims)[0] + (*dims)[1] + (*dims)[2] != headDim)
+    return opError(inst, "dims " + shapeString(*dims) +
+                             " must be even and sum to the head dim " +
+                             llvm::Twine(headDim));
+  if (!(*theta > 1))
+    return opError(inst, "theta must exceed 1");
+  // The adjoint of a rotation is the rotation by the negated angle.
+  double sign = unitAttr(inst, "inverse") ? -1.0 : 1.0;
+
+  // cos/sin per axis, position and channel pair, computed once in double:
+  // positions times low frequencies would lose phase in fp32.
+  std::array<std::vector<float>, 3> cosTab, sinTab;
+  for (int a = 0; a < 3; ++a) {
+    int64_t pairs = (*dims)[a] / 2;
+    cosTab[a].resize((*grid)[a] * pairs);
+    sinTab[a].resize((*grid)[a] * pairs);
+    for (int64_t pos = 0; pos < (*grid)[a]; ++pos)
+      for (int64_t i = 0; i < pairs; ++i) {
+        double freq = std::pow(*theta, -2.0 * static_cast<double>(i) /
+                                           static_cast<double>((*dims)[a]));
+        double angle = sign * static_cast<double>(pos) * freq;
+        cosTab[a][pos * pairs + i] = static_cast<float>(std::cos(angle));
+        sinTab[a][pos * pairs + i] = static_cast<float>(std::sin(angle));
+      }
+  }
+
+  // Pairs are read before they are written, so the result may alias the
+  // input.
+  const float *in = x.f32;
+  float *out = results[0].f32;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t pos[3] = {n / ((*grid)[1] * (*grid)[2]),
+                              n / (*grid)[2] % (*grid)[1], n % (*grid)[2]};
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t row = ((b * N + n) * heads + h) * headDim, channel = 0;
+        for (int a = 0; a < 3; ++a) {
+          int64_t pairs = (*dims)[a] / 2;
+          // data(), not operator[]: an axis may have no channels at all.
+          const float *c = cosTab[a].data() + pos[a] * pairs;
+          const float *sn = sinTab[a].data() + pos[a] * pairs;
+          for (int64_t i = 0; i < pairs; ++i) {
+            float x0 = in[row + channel + 2 * i];
+            float x1 = in[row + channel + 2 * i + 1];
+            out[row + channel + 2 * i] = x0 * c[i] - x1 * sn[i];
+            out[row + channel + 2 * i + 1] = x0 * sn[i] + x1 * c[i];
+          }
+          channel += (*dims)[a];
+        }
+      }
+    }
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Global attention
+//===----------------------------------------------------------------------===//
+
+/// Shapes of q [B, Nq, H, Dh] and k, v [B, Nk, H, Dh].
+struct AttentionShape {
+  int64_t batch = 0, nq = 0, nk = 0, heads = 0, headDim = 0;
+  float scale = 0;
+
+  /// Offset of row (b, n, h) of a [B, tokens, H, Dh] tensor.
+  int64_t row(int64_t b, int64_t n, int64_t tokens, int64_t h) const {
+    return ((b * tokens + n) * heads + h) * headDim;
+  }
+  /// Distance between the rows of consecutive tokens of one head.
+  int64_t tokenStride() const { return heads * headDim; }
+};
+
+Expected<AttentionShape> attentionShape(const exec::Instruction &inst,
+                                        ArrayRef<OpTensor> operands) {
+  const OpTensor &q = operands[0], &k = operands[1], &v = operands[2];
+  if (Error e = checkFloatRank(inst, q, "query", 4, "[B, N, H, Dh]"))
+    return std::move(e);
+  if (Error e = checkFloatRank(inst, k, "key", 4, "[B, N, H, Dh]"))
+    return std::move(e);
+  const std::vector<int64_t> &qs = q.type.shape, &ks = k.type.shape;
+  if (qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3])
+    return opError(inst, "query " + shapeString(qs) + " and key " +
+                             shapeString(ks) +
+                             " differ in batch, heads or head dim");
+  if (Error e = checkFloatShape(inst, v, "value", ks))
+    return std::move(e);
+  AttentionShape a{qs[0], qs[1], ks[1], qs[2], qs[3]};
+  if (a.headDim <= 0)
+    return opError(inst,
+                   "head dim must be positive, got " + llvm::Twine(a.headDim));
+  // A softmax over no keys is undefined.
+  if (a.nk <= 0 && a.nq > 0)
+    return opError(inst,
+                   "attends " + llvm::Twine(a.nq) + " queries to no keys");
+  Expected<double> scale = scaleAttr(inst, a.headDim);
+  if (!scale)
+    return scale.takeError();
+  a.scale = static_cast<float>(*scale);
+  return a;
+}
+
+// The attention kernels work on blocks of kQueryBlock queries against all
+// keys of one (batch, head), with keys and values transposed to [Dh, Nk]
+// (Nk padded with zeros to a multiple of kLanes). Each micro-kernel keeps
+// kLanes independent sums per query in a GCC/Clang vector (GCC vectorised
+// the plain loops along the wrong axis), combined only in a fixed order, and
+// each element of K or V it loads serves several queries.
+
+/// Keys handled per vector step.
+constexpr int64_t kLanes = 8;
+/// Queries sharing each load of a key or value element.
+constexpr int kQueryBlock = 4;
+
+/// kLanes floats; lane-wise arithmetic, lowered to whatever SIMD exists.
+typedef float LaneVec __attribute__((vector_size(kLanes * sizeof(float))));
+
+// Vectors go by reference: wider-than-SSE vectors by value would depend on
+// the vector ABI (-Wpsabi).
+inline void loadLanes(LaneVec &v, const float *p) {
+  std::memcpy(&v, p, sizeof(v));
+}
+
+inline void storeLanes(float *p, const LaneVec &v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+/// The lanes' sum, in a fixed order.
+inline float sumLanes(const LaneVec &v) {
+  static_assert(kLanes == 8, "sumLanes combines eight lanes");
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+int64_t padToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+/// out[q][j] = sum_d a[q][d] * bT[d][j] for j in [0, n), n a multiple of
+/// kLanes: logits from transposed keys, dP from transposed values.
+template <int QB>
+void rowsTimesTransposed(const float *a, int64_t lda, const float *bT,
+                         int64_t ldb, int64_t depth, int64_t n, float *out,
+                         int64_t ldo) {
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    LaneVec acc[QB] = {};
+    for (int64_t d = 0; d < depth; ++d) {
+      LaneVec b;
+      loadLanes(b, bT + d * ldb + j0);
+      for (int q = 0; q < QB; ++q)
+        acc[q] += a[q * lda + d] * b;
+    }
+    for (int q = 0; q < QB; ++q)
+      storeLanes(out + q * ldo + j0, acc[q]);
+  }
+}
+
+/// out[q][d] = scale * sum_j p[q][j] * bT[d][j] over j in [0, n), n a
+/// multiple of kLanes: P V and dS K with transposed values and keys.
+template <int QB>
+void rowsDotTransposed(const float *p, int64_t ldp, const float *bT,
+                       int64_t ldb, int64_t depth, int64_t n, float scale,
+                       float *out, int64_t ldo) {
+  for (int64_t d = 0; d < depth; ++d) {
+    LaneVec acc[QB] = {};
+    const float *b = bT + d * ldb;
+    for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+      LaneVec bv, pv;
+      loadLanes(bv, b + j0);
+      for (int q = 0; q < QB; ++q) {
+        loadLanes(pv, p + q * ldp + j0);
+        acc[q] += pv * bv;
+      }
+    }
+    for (int q = 0; q < QB; ++q)
+      out[q * ldo + d] = scale * sumLanes(acc[q]);
+  }
+}
+
+/// cT[d][j] += sum_q a[q][d] * p[q][j] over the block's queries, in query
+/// order, for j in [0, n), n a multiple of kLanes: dK and dV accumulated in
+/// the transposed layout.
+template <int QB>
+void accumulateTransposed(const float *a, int64_t lda, const float *p,
+                          int64_t ldp, int64_t depth, int64_t n, float *cT,
+                          int64_t ldc) {
+  for (int64_t d = 0; d < depth; ++d) {
+    float x[QB];
+    for (int q = 0; q < QB; ++q)
+      x[q] = a[q * lda + d];
+    float *c = cT + d * ldc;
+    for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+      LaneVec acc, pv;
+      loadLanes(acc, c + j0);
+      for (int q = 0; q < QB; ++q) {
+        loadLanes(pv, p + q * ldp + j0);
+        acc += x[q] * pv;
+      }
+      storeLanes(c + j0, acc);
+    }
+  }
+}
+
+/// Calls fn(first query, std::integral_constant<int, QB>) over [0, nq) in
+/// blocks of kQueryBlock and a shorter tail block.
+template <typename Fn> void forEachQueryBlock(int64_t nq, Fn fn) {
+  int64_t i0 = 0;
+  for (; i0 + kQueryBlock <= nq; i0 += kQueryBlock)
+    fn(i0, std::integral_constant<int, kQueryBlock>());
+  static_assert(kQueryBlock == 4, "tail dispatch below assumes 4");
+  switch (nq - i0) {
+  case 3:
+    fn(i0, std::integral_constant<int, 3>());
+    break;
+  case 2:
+    fn(i0, std::integral_constant<int, 2>());
+    break;
+  case 1:
+    fn(i0, std::integral_constant<int, 1>());
+    break;
+  default:
+    break;
+  }
+}
+
+/// Turns the logits s[0, nk) into softmax probabilities and zeroes the
+/// padding s[nk, nkPad), which the micro-kernels read.
+void softmaxRow(float *s, int64_t nk, int64_t nkPad) {
+  float lanes[kLanes];
+  std::fill_n(lanes, kLanes, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kLanes <= nk; j += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      lanes[l] = lanes[l] > s[j + l] ? lanes[l] : s[j + l];
+  float m = *std::max_element(lanes, lanes + kLanes);
+  for (; j < nk; ++j)
+    m = std::max(m, s[j]);
+  float sum = 0;
+  for (j = 0; j < nk; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  float inv = 1.0f / sum;
+  for (j = 0; j < nk; ++j)
+    s[j] *= inv;
+  std::fill(s + nk, s + nkPad, 0.0f);
+}
+
+/// Per-thread state of one (batch, head): transposed, zero-padded keys and
+/// values, and the block's scaled queries and probability rows. O(Nk * Dh)
+/// floats; nothing is Nq x Nk.
+struct HeadScratch {
+  int64_t nkPad;
+  std::vector<float> kT, vT, qScaled, probs, dprobs;
+
+  explicit HeadScratch(const AttentionShape &a)
+      : nkPad(padToLanes(a.nk)), kT(a.headDim * nkPad, 0.0f),
+        vT(a.headDim * nkPad, 0.0f), qScaled(kQueryBlock * a.headDim),
+        probs(kQueryBlock * nkPad), dprobs(kQueryBlock * nkPad) {}
+
+  /// Copies head (b, h) of a [B, Nk, H, Dh] tensor into dst [Dh, nkPad];
+  /// the padding columns stay zero.
+  void transpose(const AttentionShape &a, const float *src, int64_t b,
+                 int64_t h, std::vector<float> &dst) const {
+    for (int64_t j = 0; j < a.nk; ++j) {
+      const float *r = src + a.row(b, j, a.nk, h);
+      for (int64_t d = 0; d < a.headDim; ++d)
+        dst[d * nkPad + j] = r[d];
+    }
+  }
+
+  /// Leaves softmax(scale q k^T) of queries [i0, i0 + QB) in `probs` and
+  /// the scaled queries in `qScaled`. Forward and backward both call this,
+  /// so the backward recomputes bit for bit the forward's probabilities.
+  template <int QB>
+  void softmax(const AttentionShape &a, const float *q, int64_t b, int64_t h,
+               int64_t i0) {
+    const int64_t D = a.headDim;
+    for (int qi = 0; qi < QB; ++qi) {
+      const float *r = q + a.row(b, i0 + qi, a.nq, h);
+      for (int64_t d = 0; d < D; ++d)
+        qScaled[qi * D + d] = a.scale * r[d];
+    }
+    rowsTimesTransposed<QB>(qScaled.data(), D, kT.data(), nkPad, D, nkPad,
+                            probs.data(), nkPad);
+    for (int qi = 0; qi < QB; ++qi)
+      softmaxRow(&probs[qi * nkPad], a.nk, nkPad);
+  }
+};
+
+Error attention(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return e;
+  Expected<AttentionShape> shape = attentionShape(inst, operands);
+  if (!shape)
+    return shape.takeError();
+  const AttentionShape a = *shape;
+  if (Error e =
+          checkFloatShape(inst, results[0], "result", operands[0].type.shape))
+    return e;
+  const float *q = operands[0].f32, *k = operands[1].f32, *v = operands[2].f32;
+  float *out = results[0].f32;
+  const int64_t D = a.headDim, stride = a.tokenStride();
+
+  parallelFor(a.batch * a.heads, [&] {
+    return [&, s = HeadScratch(a)](int64_t item) mutable {
+      int64_t b = item / a.heads, h = item % a.heads;
+      s.transpose(a, k, b, h, s.kT);
+      s.transpose(a, v, b, h, s.vT);
+      forEachQueryBlock(a.nq, [&](int64_t i0, auto block) {
+        constexpr int QB = decltype(block)::value;
+        s.softmax<QB>(a, q, b, h, i0);
+        rowsDotTransposed<QB>(s.probs.data(), s.nkPad, s.vT.data(), s.nkPad, D,
+                              s.nkPad, 1.0f, out + a.row(b, i0, a.nq, h),
+                              stride);
+      });
+    };
+  });
+  return Error::success();
+}
+
+Error attentionGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                    ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 5, 3))
+    return e;
+  Expected<AttentionShape> shape = attentionShape(inst, operands);
+  if (!shape)
+    return shape.takeError();
+  const AttentionShape a = *shape;
+  const std::vector<int64_t> &qs = operands[0].type.shape,
+                             &ks = operands[1].type.shape;
+  const std::pair<const OpTensor *, const char *> checks[] = {
+      {&operands[3], "output"},
+      {&operands[4], "output_grad"},
+      {&results[0], "query_grad"},
+      {&results[1], "key_grad"},
+      {&results[2], "value_grad"}};
+  for (auto [t, name] : checks)
+    if (Error e = checkFloatShape(
+            inst, *t, name, t == &results[1] || t == &results[2] ? ks : qs))
+      return e;
+  const float *q = operands[0].f32, *k = operands[1].f32, *v = operands[2].f32;
+  const float *o = operands[3].f32, *dout = operands[4].f32;
+  float *dq = results[0].f32, *dk = results[1].f32, *dv = results[2].f32;
+  const int64_t D = a.headDim, stride = a.tokenStride();
+
+  // One (batch, head) per item: its dK and dV are summed by one thread in
+  // query order, so no atomics and no thread-count dependence.
+  parallelFor(a.batch * a.heads, [&] {
+    return [&, s = HeadScratch(a), dkT = std::vector<float>(),
+            dvT = std::vector<float>()](int64_t item) mutable {
+      int64_t b = item / a.heads, h = item % a.heads, nkPad = s.nkPad;
+      s.transpose(a, k, b, h, s.kT);
+      s.transpose(a, v, b, h, s.vT);
+      dkT.assign(D * nkPad, 0.0f);
+      dvT.assign(D * nkPad, 0.0f);
+      forEachQueryBlock(a.nq, [&](int64_t i0, auto block) {
+        constexpr int QB = decltype(block)::value;
+        // P is recomputed rather than stored: O(Nk) memory per query.
+        s.softmax<QB>(a, q, b, h, i0);
+        const float *doBlock = dout + a.row(b, i0, a.nq, h);
+        rowsTimesTransposed<QB>(doBlock, stride, s.vT.data(), nkPad, D, nkPad,
+                                s.dprobs.data(), nkPad);
+        for (int qi = 0; qi < QB; ++qi) {
+          // rowsum(dO * O) = sum_j P_ij dP_ij: the softmax Jacobian's
+          // correction, from the forward's output as FlashAttention does.
+          float delta =
+              dot(doBlock + qi * stride, o + a.row(b, i0 + qi, a.nq, h), D);
+          float *p = &s.probs[qi * nkPad], *ds = &s.dprobs[qi * nkPad];
+          // Padding keys have p = 0, hence ds = 0.
+          for (int64_t j = 0; j < nkPad; ++j)
+            ds[j] = p[j] * (ds[j] - delta);
+        }
+        // dQ = scale dS K; dK += dS^T (scale Q); dV += P^T dO.
+        rowsDotTransposed<QB>(s.dprobs.data(), nkPad, s.kT.data(), nkPad, D,
+                              nkPad, a.scale, dq + a.row(b, i0, a.nq, h),
+                              stride);
+        accumulateTransposed<QB>(s.qScaled.data(), D, s.dprobs.data(), nkPad, D,
+                                 nkPad, dkT.data(), nkPad);
+        accumulateTransposed<QB>(doBlock, stride, s.probs.data(), nkPad, D,
+                                 nkPad, dvT.data(), nkPad);
+      });
+      for (int64_t j = 0; j < a.nk; ++j) {
+        float *dkj = dk + a.row(b, j, a.nk, h),
+              *dvj = dv + a.row(b, j, a.nk, h);
+        for (int64_t d = 0; d < D; ++d) {
+          dkj[d] = dkT[d * nkPad + j];
+          dvj[d] = dvT[d * nkPad + j];
+        }
+      }
+    };
+  });
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// 3D-DSA
+//===----------------------------------------------------------------------===//
+
+/// The configuration of a 3D-DSA op from q [B, N, H, Dh] and the grid,
+/// window and tile attributes; `withScale` reads the softmax scale too.
+Expected<Dsa3dConfig> dsaConfig(const exec::Instruction &inst,
+                                const OpTensor &q, bool withScale) {
+  if (Error e = checkFloatRank(inst, q, "query", 4, "[B, N, H, Dh]"))
+    return std::move(e);
+  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  if (!grid)
+    return grid.takeError();
+  Expected<Triple> window = tripleAttr(inst, "window", 1);
+  if (!window)
+    return window.takeError();
+  Expected<Triple> tile = tripleAttr(inst, "tile", 1);
+  if (!tile)
+    return tile.takeError();
+  const std::vector<int64_t> &s = q.type.shape;
+  Dsa3dConfig cfg;
+  cfg.batch = s[0];
+  cfg.heads = s[2];
+  cfg.headDim = s[3];
+  cfg.T = (*grid)[0];
+  cfg.Y = (*grid)[1];
+  cfg.X = (*grid)[2];
+  cfg.window = *window;
+  cfg.tile = *tile;
+  if (volume(*grid) != s[1])
+    return opError(inst, "token count " + llvm::Twine(s[1]) +
+                             " does not match grid " + shapeString(*grid));
+  cfg.scale = 1.0;
+  if (withScale) {
+    Expected<double> scale = scaleAttr(inst, cfg.headDim);
+    if (!scale)
+      return scale.takeError();
+    cfg.scale = *scale;
+  }
+  std::string problem = cfg.validate();
+  if (!problem.empty())
+    return opError(inst, problem);
+  return cfg;
+}
+
+std::vector<int64_t> offsetsShape(const Dsa3dConfig &cfg) {
+  Triple n = cfg.numTiles();
+  return {cfg.batch, cfg.heads, n[0], n[1], n[2], cfg.window[0], 2};
+}
+
+Error checkOffsets(const exec::Instruction &inst, const OpTensor &t,
+                   const Dsa3dConfig &cfg) {
+  if (!isInt32(t))
+    return opError(inst, "offsets must be an i32 tensor");
+  std::vector<int64_t> expected = offsetsShape(cfg);
+  if (t.type.shape != expected)
+    return opError(inst, "offsets have shape " + shapeString(t.type.shape) +
+                             ", expected " + shapeString(expected));
+  return Error::success();
+}
+
+std::vector<int64_t> lseShape(const Dsa3dConfig &cfg) {
+  return {cfg.batch, cfg.heads, cfg.tokens()};
+}
+
+Error dsa3d(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+            ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 4, 2))
+    return e;
+  Expected<Dsa3dConfig> cfg = dsaConfig(inst, operands[0], true);
+  if (!cfg)
+    return cfg.takeError();
+  const std::vector<int64_t> &qs = operands[0].type.shape;
+  if (Error e = checkFloatShape(inst, operands[1], "key", qs))
+    return e;
+  if (Error e = checkFloatShape(inst, operands[2], "value", qs))
+    return e;
+  if (Error e = checkOffsets(inst, operands[3], *cfg))
+    return e;
+  if (Error e = checkFloatShape(inst, results[0], "result", qs))
+    return e;
+  if (Error e = checkFloatShape(inst, results[1], "lse", lseShape(*cfg)))
+    return e;
+  dsa3dForward(*cfg, dsa3dGraphLayout(operands[0].f32, *cfg),
+               dsa3dGraphLayout(operands[1].f32, *cfg),
+               dsa3dGraphLayout(operands[2].f32, *cfg), operands[3].i32,
+               dsa3dGraphLayout(results[0].f32, *cfg), results[1].f32);
+  return Error::success();
+}
+
+Error dsa3dGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
+                ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 7, 3))
+    return e;
+  Expected<Dsa3dConfig> cfg = dsaConfig(inst, operands[0], true);
+  if (!cfg)
+    return cfg.takeError();
+  const std::vector<int64_t> &qs = operands[0].type.shape;
+  const std::pair<const OpTensor *, const char *> same[] = {
+      {&operands[1], "key"},       {&operands[2], "value"},
+      {&operands[4], "output"},    {&operands[6], "output_grad"},
+      {&results[0], "query_grad"}, {&results[1], "key_grad"},
+      {&results[2], "value_grad"}};
+  for (auto [t, name] : same)
+    if (Error e = checkFloatShape(inst, *t, name, qs))
+      return e;
+  if (Error e = checkOffsets(inst, operands[3], *cfg))
+    return e;
+  if (Error e = checkFloatShape(inst, operands[5], "lse", lseShape(*cfg)))
+    return e;
+  auto view = [&](const OpTensor &t) { return dsa3dGraphLayout(t.f32, *cfg); };
+  dsa3dBackward(*cfg, view(operands[0]), view(operands[1]), view(operands[2]),
+                operands[3].i32, view(operands[4]), view(operands[6]),
+                operands[5].f32, view(results[0]), view(results[1]),
+                view(results[2]));
+  return Error::success();
+}
+
+Error dsa3dOffsetsKernel(const exec::Instruction &inst,
+                         ArrayRef<OpTensor> operands,
+                         ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 2, 1))
+    return e;
+  Expected<Dsa3dConfig> cfg = dsaConfig(inst, operands[0], false);
+  if (!cfg)
+    return cfg.takeError();
+  if (Error e =
+          checkFloatShape(inst, operands[1], "key", operands[0].type.shape))
+    return e;
+  if (!isInt32(results[0]))
+    return opError(inst, "offsets must be an i32 tensor");
+  if (results[0].type.shape != offsetsShape(*cfg))
+    return opError(inst, "offsets have shape " +
+                             shapeString(results[0].type.shape) +
+                             ", expected " + shapeString(offsetsShape(*cfg)));
+  std::optional<int64_t> radius = inst.intAttr("radius");
+  if (!radius || *radius < 0)
+    return opError(inst, "needs a non-negative integer attribute 'radius'");
+  // A displacement beyond the grid extent clamps to the same window as one
+  // of at most the extent, which also wins the tie-break (smaller |dy| +
+  // |dx|); capping changes no result and bounds the (2R + 1)^2 search.
+  int64_t cap = std::max(cfg->Y, cfg->X);
+  dsa3dOffsets(*cfg, dsa3dGraphLayout(operands[0].f32, *cfg),
+               dsa3dGraphLayout(operands[1].f32, *cfg), std::min(*radius, cap),
+               results[0].i32);
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Flow matching
+//===----------------------------------------------------------------------===//
+
+Error flowInterpolate(const exec::Instruction &inst,
+                      ArrayRef<OpTensor> operands, ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return e;
+  const OpTensor &x0 = operands[0];
+  if (!isFloat(x0) || x0.type.shape.empty())
+    return opError(inst, "latents must be a float tensor with a batch "
+                         "dimension");
+  if (Error e = checkExtents(inst, x0, "latents"))
+    return e;
+  const std::vector<int64_t> &s = x0.type.shape;
+  if (Error e = checkFloatShape(inst, operands[1], "noise", s))
+    return e;
+  if (Error e = checkFloatShape(inst, operands[2], "timesteps", {s[0]}))
+    return e;
+  if (Error e = checkFloatShape(inst, results[0], "result", s))
+    return e;
+  int64_t batch = s[0], per = batch ? x0.type.numElements() / batch : 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    float t = operands[2].f32[b], keep = 1.0f - t;
+    const float *x = x0.f32 + b * per, *n = operands[1].f32 + b * per;
+    float *out = results[0].f32 + b * per;
+    for (int64_t i = 0; i < per; ++i)
+      out[i] = keep * x[i] + t * n[i];
+  }
+  return Error::success();
+}
+
+/// Prediction [B, Cp, ...] against latents and noise [B, C, ...], Cp >= C.
+struct LossShape {
+  int64_t batch = 0, predChannels = 0, channels = 0, inner = 0;
+  int64_t count() const { return batch * channels * inner; }
+};
+
+Expected<LossShape> lossShape(const exec::Instruction &inst,
+                              ArrayRef<OpTensor> operands) {
+  const OpTensor &pred = operands[0], &x0 = operands[1];
+  if (!isFloat(pred) || !isFloat(x0))
+    return opError(inst, "prediction and latents must be float tensors");
+  if (Error e = checkExtents(inst, x0, "latents"))
+    return std::move(e);
+  const std::vector<int64_t> &p = pred.type.shape, &x = x0.type.shape;
+  if (Error e = checkFloatShape(inst, operands[2], "noise", x))
+    return std::move(e);
+  bool ok =
+      x.size() >= 2 && p.size() == x.size() && p[0] == x[0] && p[1] >= x[1] &&
+      ArrayRef<int64_t>(p).drop_front(2) == ArrayRef<int64_t>(x).drop_front(2);
+  if (!ok)
+    return opError(inst, "prediction " + shapeString(p) +
+                             " must match the latents " + shapeString(x) +
+                             " except for extra channels");
+  LossShape l{x[0], p[1], x[1], 1};
+  for (size_t i = 2; i < x.size(); ++i)
+    l.inner *= x[i];
+  // The mean over no elements is undefined.
+  if (l.count() == 0)
+    return opError(inst, "latents " + shapeString(x) + " are empty");
+  return l;
+}
+
+/// Calls fn(prediction index, latent index) for the compared elements.
+template <typename Fn> void forEachCompared(const LossShape &l, Fn fn) {
+  for (int64_t b = 0; b < l.batch; ++b)
+    for (int64_t c = 0; c < l.channels; ++c) {
+      int64_t p = (b * l.predChannels + c) * l.inner;
+      int64_t x = (b * l.channels + c) * l.inner;
+      for (int64_t i = 0; i < l.inner; ++i)
+        fn(p + i, x + i);
+    }
+}
+
+Error flowMatchingLoss(const exec::Instruction &inst,
+                       ArrayRef<OpTensor> operands,
+                       ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return e;
+  Expected<LossShape> l = lossShape(inst, operands);
+  if (!l)
+    return l.takeError();
+  if (!results[0].f32 || results[0].type.numElements() != 1)
+    return opError(inst, "loss must be a float scalar, got " +
+                             shapeString(results[0].type.shape));
+  const float *pred = operands[0].f32, *x0 = operands[1].f32,
+              *noise = operands[2].f32;
+  double sum = 0;
+  forEachCompared(*l, [&](int64_t p, int64_t x) {
+    double r = double(pred[p]) - (double(noise[x]) - double(x0[x]));
+    sum += r * r;
+  });
+  results[0].f32[0] = static_cast<float>(sum / static_cast<double>(l->count()));
+  return Error::success();
+}
+
+Error flowMatchingLossGrad(const exec::Instruction &inst,
+                           ArrayRef<OpTensor> operands,
+                           ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return e;
+  Expected<LossShape> l = lossShape(inst, operands);
+  if (!l)
+    return l.takeError();
+  if (Error e = checkFloatShape(inst, results[0], "prediction_grad",
+                                operands[0].type.shape))
+    return e;
+  const float *pred = operands[0].f32, *x0 = operands[1].f32,
+              *noise = operands[2].f32;
+  float *grad = results[0].f32;
+  // Extra (learned-sigma) channels are not in the loss.
+  std::fill_n(grad, results[0].type.numElements(), 0.0f);
+  double factor = 2.0 / static_cast<double>(l->count());
+  forEachCompared(*l, [&](int64_t p, int64_t x) {
+    double r = double(pred[p]) - (double(noise[x]) - double(x0[x]));
+    grad[p] = static_cast<float>(factor * r);
+  });
+  return Error::success();
+}
+
+} // namespace
+
+void cpu::registerVideoKernels(GraphKernelTable &table) {
+  table["patch_embed"] = patchEmbed;
+  table["patch_embed_grad"] = patchEmbedGrad;
+  table["patchify"] = patchify;
+  table["unpatchify"] = unpatchify;
+  table["timestep_embedding"] = timestepEmbedding;
+  table["embedding"] = embedding;
+  table["embedding_grad"] = embeddingGrad;
+  table["rope3d"] = rope3d;
+  table["attention"] = attention;
+  table["attention_grad"] = attentionGrad;
+  table["dsa3d"] = dsa3d;
+  table["dsa3d_grad"] = dsa3dGrad;
+  table["dsa3d_offsets"] = dsa3dOffsetsKernel;
+  table["flow_interpolate"] = flowInterpolate;
+  table["flow_matching_loss"] = flowMatchingLoss;
+  table["flow_matching_loss_grad"] = flowMatchingLossGrad;
+}

@@ -1,0 +1,274 @@
+//===- CudaApi.cpp - CUDA driver and cuBLASLt loaded at run time ----------===//
+
+#include "cuda/CudaApi.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include <dlfcn.h>
+
+namespace megaslide::cuda {
+
+namespace {
+
+/// A library handle and the names tried to get it.
+struct Opened {
+  void *handle = nullptr;
+  std::string name;
+  std::string tried;
+};
+
+Opened openFirst(const std::vector<std::string> &names) {
+  Opened o;
+  for (const std::string &name : names) {
+    o.handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (o.handle) {
+      o.name = name;
+      return o;
+    }
+    o.tried += "\n  " + name;
+    if (const char *e = dlerror())
+      o.tried += std::string(" (") + e + ")";
+  }
+  return o;
+}
+
+/// Symbols whose name in the library differs from the table's member: the
+/// first name the library has wins.
+std::vector<const char *> symbolNames(const char *member) {
+  // CUDA 12.8+ versions cuEventElapsedTime; older drivers lack the _v2.
+  if (std::string(member) == "cuEventElapsedTime")
+    return {"cuEventElapsedTime_v2", "cuEventElapsedTime"};
+  return {member};
+}
+
+void *lookup(void *handle, const char *member) {
+  for (const char *name : symbolNames(member))
+    if (void *p = dlsym(handle, name))
+      return p;
+  return nullptr;
+}
+
+template <typename Table>
+llvm::Error resolveAll(Table &table, void *handle, const char *what);
+
+template <>
+llvm::Error resolveAll(CudaDriverApi &t, void *handle, const char *what) {
+#define MEGASLIDE_RESOLVE(name, ret, ...)                                      \
+  t.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(lookup(handle, #name));      \
+  if (!t.name)                                                                 \
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),             \
+                                   "%s (%s) lacks the symbol " #name, what,    \
+                                   t.library.c_str());
+  MEGASLIDE_CUDA_DRIVER_SYMBOLS(MEGASLIDE_RESOLVE)
+#undef MEGASLIDE_RESOLVE
+  return llvm::Error::success();
+}
+
+template <>
+llvm::Error resolveAll(CublasLtApi &t, void *handle, const char *what) {
+#define MEGASLIDE_RESOLVE(name, ret, ...)                                      \
+  t.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(lookup(handle, #name));      \
+  if (!t.name)                                                                 \
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),             \
+                                   "%s (%s) lacks the symbol " #name, what,    \
+                                   t.library.c_str());
+  MEGASLIDE_CUBLASLT_SYMBOLS(MEGASLIDE_RESOLVE)
+#undef MEGASLIDE_RESOLVE
+  return llvm::Error::success();
+}
+
+/// A table loaded once, or the message of why it could not be.
+template <typename Table> struct Loaded {
+  Table table;
+  std::string error;
+};
+
+std::string envOr(const char *var) {
+  const char *v = std::getenv(var);
+  return v && *v ? v : "";
+}
+
+} // namespace
+
+llvm::Expected<const CudaDriverApi *> loadCudaDriver() {
+  static const Loaded<CudaDriverApi> loaded = [] {
+    Loaded<CudaDriverApi> l;
+    std::vector<std::string> names;
+    if (std::string lib = envOr("MEGASLIDE_CUDA_DRIVER_LIBRARY"); !lib.empty())
+      names = {lib};
+    else
+      names = {"libcuda.so.1", "libcuda.so"};
+    Opened o = openFirst(names);
+    if (!o.handle) {
+      l.error = "no CUDA driver: " + names.front() +
+                " not found (the NVIDIA driver is not installed on this "
+                "machine); tried:" +
+                o.tried;
+      return l;
+    }
+    l.table.library = o.name;
+    if (llvm::Error e = resolveAll(l.table, o.handle, "the CUDA driver"))
+      l.error = llvm::toString(std::move(e));
+    return l;
+  }();
+  if (!loaded.error.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   loaded.error);
+  return &loaded.table;
+}
+
+llvm::Expected<std::unique_ptr<CudaDriverApi>>
+openCudaDriver(const std::string &path) {
+  Opened o = openFirst({path});
+  if (!o.handle)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "no CUDA driver: " + path +
+                                       " not found; tried:" + o.tried);
+  auto table = std::make_unique<CudaDriverApi>();
+  table->library = o.name;
+  if (llvm::Error e = resolveAll(*table, o.handle, "the CUDA driver"))
+    return std::move(e);
+  return table;
+}
+
+llvm::Expected<const CublasLtApi *> loadCublasLt() {
+  static const Loaded<CublasLtApi> loaded = [] {
+    Loaded<CublasLtApi> l;
+    std::vector<std::string> names;
+    if (std::string lib = envOr("MEGASLIDE_CUBLASLT_LIBRARY"); !lib.empty()) {
+      names = {lib};
+    } else {
+      names = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+      for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
+        if (std::string dir = envOr(var); !dir.empty())
+          names.push_back(dir + "/lib64/libcublasLt.so");
+      names.push_back("/usr/local/cuda/lib64/libcublasLt.so");
+    }
+    Opened o = openFirst(names);
+    if (!o.handle) {
+      l.error = "no cuBLASLt: libcublasLt.so not found; tried:" + o.tried +
+                "\ninstall the CUDA toolkit's cuBLAS, or point CUDA_HOME, "
+                "LD_LIBRARY_PATH or MEGASLIDE_CUBLASLT_LIBRARY at it";
+      return l;
+    }
+    l.table.library = o.name;
+    if (llvm::Error e = resolveAll(l.table, o.handle, "cuBLASLt"))
+      l.error = llvm::toString(std::move(e));
+    return l;
+  }();
+  if (!loaded.error.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   loaded.error);
+  return &loaded.table;
+}
+
+/// Names of the results a driver may fail to name itself (the toolkit's
+/// stub library answers every call, cuGetErrorName included, with 34).
+static const char *knownResultName(CUresult r) {
+  switch (r) {
+  case 1:
+    return "CUDA_ERROR_INVALID_VALUE";
+  case 2:
+    return "CUDA_ERROR_OUT_OF_MEMORY";
+  case 3:
+    return "CUDA_ERROR_NOT_INITIALIZED";
+  case 34:
+    return "CUDA_ERROR_STUB_LIBRARY";
+  case 35:
+    return "CUDA_ERROR_INSUFFICIENT_DRIVER";
+  case 100:
+    return "CUDA_ERROR_NO_DEVICE";
+  case 101:
+    return "CUDA_ERROR_INVALID_DEVICE";
+  case 999:
+    return "CUDA_ERROR_UNKNOWN";
+  }
+  return nullptr;
+}
+
+static std::string resultName(const CudaDriverApi &api, CUresult r) {
+  const char *name = nullptr;
+  if (api.cuGetErrorName && api.cuGetErrorName(r, &name) != CUDA_SUCCESS)
+    name = nullptr;
+  if (!name)
+    name = knownResultName(r);
+  return name ? std::string(name) : llvm::formatv("CUresult {0}", r).str();
+}
+
+std::string cuResultString(const CudaDriverApi &api, CUresult result) {
+  const char *name = nullptr, *text = nullptr;
+  if (api.cuGetErrorName && api.cuGetErrorName(result, &name) != CUDA_SUCCESS)
+    name = nullptr;
+  if (api.cuGetErrorString &&
+      api.cuGetErrorString(result, &text) != CUDA_SUCCESS)
+    text = nullptr;
+  if (!name)
+    return resultName(api, result);
+  return text ? std::string(name) + ": " + text : std::string(name);
+}
+
+llvm::Error checkCu(const CudaDriverApi &api, CUresult result,
+                    const llvm::Twine &what) {
+  if (result == CUDA_SUCCESS)
+    return llvm::Error::success();
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 what + ": " + cuResultString(api, result));
+}
+
+llvm::Error checkCublas(const CublasLtApi &api, cublasStatus_t status,
+                        const llvm::Twine &what) {
+  if (status == CUBLAS_STATUS_SUCCESS)
+    return llvm::Error::success();
+  const char *name =
+      api.cublasLtGetStatusName ? api.cublasLtGetStatusName(status) : nullptr;
+  std::string s = name ? std::string(name)
+                       : llvm::formatv("cublasStatus {0}", status).str();
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 what + ": cuBLASLt " + s);
+}
+
+llvm::Expected<CudaDeviceInfo> initCudaDevice(const CudaDriverApi &api,
+                                              int ordinal) {
+  auto errorName = [&](CUresult r) { return resultName(api, r); };
+  if (CUresult r = api.cuInit(0); r != CUDA_SUCCESS)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "CUDA driver reports no device (%s from cuInit, driver %s)",
+        errorName(r).c_str(), api.library.c_str());
+  int count = 0;
+  if (CUresult r = api.cuDeviceGetCount(&count); r != CUDA_SUCCESS)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "CUDA driver reports no device (%s)",
+                                   errorName(r).c_str());
+  if (count == 0)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "CUDA driver reports no device (CUDA_ERROR_NO_DEVICE)");
+  if (ordinal < 0 || ordinal >= count)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "CUDA device %d does not exist (%d devices)",
+                                   ordinal, count);
+  CudaDeviceInfo info;
+  if (llvm::Error e = checkCu(api, api.cuDeviceGet(&info.device, ordinal),
+                              "cuDeviceGet"))
+    return std::move(e);
+  char name[256] = {};
+  if (api.cuDeviceGetName(name, sizeof(name) - 1, info.device) == CUDA_SUCCESS)
+    info.name = name;
+  api.cuDeviceGetAttribute(&info.ccMajor,
+                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                           info.device);
+  api.cuDeviceGetAttribute(&info.ccMinor,
+                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                           info.device);
+  api.cuDeviceGetAttribute(&info.multiprocessors,
+                           CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                           info.device);
+  api.cuDriverGetVersion(&info.driverVersion);
+  return info;
+}
+
+} // namespace megaslide::cuda

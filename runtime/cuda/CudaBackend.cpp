@@ -1,0 +1,1604 @@
+//===- CudaBackend.cpp - Executes execution plans on an NVIDIA GPU --------===//
+
+#include "cuda/CudaBackend.h"
+
+#include "cpu/AdamW.h"
+#include "cuda/Nvrtc.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace megaslide::cuda {
+
+using exec::DType;
+using exec::Home;
+using exec::Stream;
+
+namespace {
+
+constexpr int kStreams = exec::kNumStreams;
+constexpr int64_t kPoolAlign = 256;
+
+int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+bool isGpuStream(Stream s) { return s != Stream::Host; }
+
+bool isScheduleOp(llvm::StringRef op) {
+  return llvm::is_contained(
+      {"fetch", "h2d", "d2h", "host_adamw", "record", "wait"}, op);
+}
+
+bool isDsaOp(llvm::StringRef op) {
+  return op == "dsa3d" || op == "dsa3d_grad" || op == "dsa3d_offsets";
+}
+
+llvm::Error instError(size_t i, const exec::Instruction &inst,
+                      const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "instruction #" + llvm::Twine(i) + " ('" +
+                                     inst.op + "'): " + msg);
+}
+
+/// Arena offset of a device value (a view: its own offset, else its base's).
+int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id) {
+  for (int guard = 0; guard < 64; ++guard) {
+    const exec::Value &v = plan.values[id];
+    if (v.offset >= 0 || !v.viewOf)
+      return v.offset;
+    id = *v.viewOf;
+  }
+  return -1;
+}
+
+//===----------------------------------------------------------------------===//
+// Hazards: the last instruction of each stream touching each byte range
+//===----------------------------------------------------------------------===//
+
+/// Partitions [0, size) into segments, each remembering per stream the last
+/// instruction (program order) that read or wrote it.
+class HazardMap {
+public:
+  explicit HazardMap(int64_t size) {
+    std::array<int64_t, kStreams> none;
+    none.fill(-1);
+    segments[0] = none;
+    segments[std::max<int64_t>(size, 1)] = none; // sentinel
+  }
+
+  /// Records that `inst` on `stream` touches [lo, hi); a write also raises
+  /// `deps` to the last toucher of those bytes on every other stream.
+  void touch(int64_t lo, int64_t hi, Stream stream, int64_t inst, bool write,
+             std::array<int64_t, kStreams> &deps) {
+    if (lo >= hi)
+      return;
+    split(lo);
+    split(hi);
+    int s = static_cast<int>(stream);
+    for (auto it = segments.find(lo); it != segments.end() && it->first < hi;
+         ++it) {
+      if (write)
+        for (int o = 0; o < kStreams; ++o)
+          if (o != s)
+            deps[o] = std::max(deps[o], it->second[o]);
+      it->second[s] = inst;
+    }
+  }
+
+private:
+  void split(int64_t at) {
+    auto it = segments.upper_bound(at);
+    if (it == segments.begin())
+      return;
+    --it;
+    if (it->first != at)
+      segments.emplace(at, it->second);
+  }
+  std::map<int64_t, std::array<int64_t, kStreams>> segments;
+};
+
+llvm::Expected<std::array<int64_t, 3>> tripleAttr(const exec::Instruction &inst,
+                                                  llvm::StringRef name) {
+  auto v = inst.intsAttr(name);
+  if (!v || v->size() != 3)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "needs a 3-element '" + name +
+                                       "' attribute");
+  return std::array<int64_t, 3>{(*v)[0], (*v)[1], (*v)[2]};
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// 3D-DSA modules
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
+  auto fail = [&](const llvm::Twine &what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "kernel module '" + m.name +
+                                       "': manifest " + what);
+  };
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(m.manifest);
+  if (!json)
+    return fail("is not JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *root = json->getAsObject();
+  if (!root)
+    return fail("is not an object");
+  // writeDsaManifest's form: {"configs": [...]}; a bare configuration too.
+  const llvm::json::Object *cfg = root;
+  if (const llvm::json::Array *configs = root->getArray("configs")) {
+    cfg = nullptr;
+    for (const llvm::json::Value &c : *configs) {
+      const llvm::json::Object *o = c.getAsObject();
+      if (!o)
+        continue;
+      std::optional<llvm::StringRef> name = o->getString("name");
+      if (!cfg || (name && *name == m.name))
+        cfg = o;
+    }
+    if (!cfg)
+      return fail("has no configuration");
+  }
+  DsaModuleSpec spec;
+  spec.name = m.name;
+  auto triple = [&](llvm::StringRef key,
+                    std::array<int64_t, 3> &out) -> bool {
+    const llvm::json::Array *a = cfg->getArray(key);
+    if (!a || a->size() != 3)
+      return false;
+    for (size_t i = 0; i < 3; ++i) {
+      std::optional<int64_t> v = (*a)[i].getAsInteger();
+      if (!v)
+        return false;
+      out[i] = *v;
+    }
+    return true;
+  };
+  std::optional<int64_t> heads = cfg->getInteger("heads"),
+                         headDim = cfg->getInteger("head_dim"),
+                         radius = cfg->getInteger("radius");
+  std::optional<llvm::StringRef> elem = cfg->getString("element_type");
+  if (!triple("grid", spec.grid) || !triple("window", spec.window) ||
+      !triple("tile", spec.tile) || !heads || !headDim || !radius || !elem)
+    return fail("lacks the configuration (grid, window, tile, heads, "
+                "head_dim, radius, element_type)");
+  spec.heads = *heads;
+  spec.headDim = *headDim;
+  spec.radius = *radius;
+  spec.elementType = elem->str();
+  const llvm::json::Array *kernels = cfg->getArray("kernels");
+  if (!kernels)
+    return fail("lists no kernels");
+  for (const llvm::json::Value &k : *kernels) {
+    const llvm::json::Object *o = k.getAsObject();
+    if (!o)
+      return fail("has a kernel that is not an object");
+    std::optional<llvm::StringRef> kind = o->getString("kind"),
+                                   name = o->getString("name");
+    const llvm::json::Array *grid = o->getArray("grid_for_batch_1");
+    const llvm::json::Array *block = o->getArray("block");
+    std::optional<int64_t> smem = o->getInteger("dynamic_shared_bytes");
+    if (!kind || !name || !grid || grid->size() != 3 || !block ||
+        block->empty() || !smem)
+      return fail("has an incomplete kernel entry");
+    DsaKernelSpec spec1;
+    spec1.name = name->str();
+    for (size_t i = 0; i < 3; ++i)
+      spec1.grid[i] = (*grid)[i].getAsInteger().value_or(0);
+    spec1.threads = static_cast<int>((*block)[0].getAsInteger().value_or(0));
+    spec1.dynamicSharedBytes = *smem;
+    if (spec1.threads <= 0 || llvm::any_of(spec1.grid, [](int64_t g) {
+          return g <= 0;
+        }))
+      return fail("has an empty launch for '" + spec1.name + "'");
+    spec.kernels[kind->str()] = spec1;
+  }
+  return spec;
+}
+
+/// The module of a 3D-DSA instruction: same geometry, heads, head dim and
+/// element type; for offset estimation also the same radius.
+static llvm::Expected<int64_t>
+matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
+               llvm::ArrayRef<DsaModuleSpec> modules) {
+  auto grid = tripleAttr(inst, "grid");
+  if (!grid)
+    return grid.takeError();
+  auto window = tripleAttr(inst, "window");
+  if (!window)
+    return window.takeError();
+  auto tile = tripleAttr(inst, "tile");
+  if (!tile)
+    return tile.takeError();
+  const exec::TensorType &q = plan.values[inst.operands.at(0)].type;
+  if (q.shape.size() != 4)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "query must be [B, N, H, Dh]");
+  std::optional<int64_t> radius;
+  if (inst.op == "dsa3d_offsets")
+    radius = inst.intAttr("radius").value_or(0);
+  for (auto [i, m] : llvm::enumerate(modules))
+    if (m.grid == *grid && m.window == *window && m.tile == *tile &&
+        m.heads == q.shape[2] && m.headDim == q.shape[3] &&
+        m.elementType == exec::dtypeName(q.dtype) &&
+        (!radius || *radius == m.radius))
+      return static_cast<int64_t>(i);
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      llvm::formatv("no generated 3D-DSA kernel module for grid ({0},{1},{2}) "
+                    "window ({3},{4},{5}) tile ({6},{7},{8}) heads {9} head "
+                    "dim {10} {11}{12} (the plan has {13} module(s))",
+                    (*grid)[0], (*grid)[1], (*grid)[2], (*window)[0],
+                    (*window)[1], (*window)[2], (*tile)[0], (*tile)[1],
+                    (*tile)[2], q.shape[2], q.shape[3],
+                    exec::dtypeName(q.dtype),
+                    radius ? " radius " + std::to_string(*radius) : "",
+                    modules.size())
+          .str());
+}
+
+//===----------------------------------------------------------------------===//
+// Preparation
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
+                                             const CudaOptions &options) {
+  PreparedPlan p;
+  size_t n = plan.instructions.size();
+  p.instructions.resize(n);
+  exec::Liveness live = exec::computeLiveness(plan);
+  p.peakLiveBytes = live.peakLiveBytes;
+
+  for (const exec::KernelModule &m : plan.kernelModules) {
+    llvm::Expected<DsaModuleSpec> spec = parseDsaManifest(m);
+    if (!spec)
+      return spec.takeError();
+    p.dsaModules.push_back(std::move(*spec));
+  }
+
+  std::set<KernelInstance> kernels;
+  std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
+  std::vector<int64_t> eventRecorder(plan.numEvents, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    PreparedInstruction &pi = p.instructions[i];
+    for (int64_t r : inst.results)
+      if (plan.values[r].home == Home::Device && !plan.values[r].viewOf)
+        p.arenaHighWater =
+            std::max(p.arenaHighWater,
+                     plan.values[r].offset + plan.values[r].type.bytes());
+    for (const exec::Range &w : inst.workspace)
+      p.arenaHighWater = std::max(p.arenaHighWater, w.offset + w.size);
+
+    if (isScheduleOp(inst.op)) {
+      if (inst.op == "record" && inst.event) {
+        pi.recordedOn = inst.stream;
+        eventStream[*inst.event] = inst.stream;
+        eventRecorder[*inst.event] = i;
+      }
+      if (inst.op == "fetch")
+        p.stagingSlotBytes = std::max(
+            p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
+      if ((inst.op == "fetch" || inst.op == "h2d") &&
+          inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
+        return instError(i, inst, "host-to-device copies must be on the h2d "
+                                  "or compute stream");
+      if (inst.op == "d2h" && inst.stream == Stream::Host)
+        return instError(i, inst, "a device-to-host copy on the host stream");
+      if (inst.op == "host_adamw" && inst.stream != Stream::Host)
+        return instError(i, inst, "host_adamw must be on the host stream");
+      continue;
+    }
+    if (!isGpuStream(inst.stream))
+      return instError(i, inst, "a graph op on the host stream");
+    for (int64_t id : llvm::concat<const int64_t>(inst.operands, inst.results))
+      if (plan.values[id].home != Home::Device || deviceOffset(plan, id) < 0)
+        return instError(i, inst,
+                         "value %" + llvm::Twine(id) +
+                             " is not in the device arena (graph ops run on "
+                             "the device)");
+    if (isDsaOp(inst.op)) {
+      llvm::Expected<int64_t> m = matchDsaModule(plan, inst, p.dsaModules);
+      if (!m)
+        return instError(i, inst, llvm::toString(m.takeError()));
+      pi.dsaModule = *m;
+      const DsaModuleSpec &spec = p.dsaModules[*m];
+      const char *needed[3][2] = {{"dsa3d", "forward"},
+                                  {"dsa3d_grad", "backward"},
+                                  {"dsa3d_offsets", "offsets"}};
+      for (auto &[op, kind] : needed)
+        if (inst.op == op && !spec.kernels.count(kind))
+          return instError(i, inst,
+                           "module '" + spec.name + "' has no " + kind +
+                               " kernel");
+      if (inst.op == "dsa3d_grad") {
+        if (!spec.kernels.count("backward_finalize"))
+          return instError(i, inst, "module '" + spec.name +
+                                        "' has no backward_finalize kernel");
+        int64_t bytes = plan.values[inst.operands[0]].type.numElements() * 4;
+        // dK and dV accumulators: one workspace range for both, two
+        // ranges, or the backend's own scratch.
+        const std::vector<exec::Range> &ws = inst.workspace;
+        if (!ws.empty() && ws[0].size >= 2 * bytes) {
+          pi.dk32Offset = ws[0].offset;
+          pi.dv32Offset = ws[0].offset + bytes;
+        } else if (ws.size() >= 2 && ws[0].size >= bytes &&
+                   ws[1].size >= bytes) {
+          pi.dk32Offset = ws[0].offset;
+          pi.dv32Offset = ws[1].offset;
+        } else {
+          p.dsaFallbackBytes = std::max(p.dsaFallbackBytes, 2 * bytes + 256);
+        }
+      }
+      continue;
+    }
+    if (!hasGraphOpLowering(inst.op))
+      return instError(i, inst, "the cuda backend has no kernel for it");
+    std::vector<exec::TensorType> ops, res;
+    for (int64_t id : inst.operands)
+      ops.push_back(plan.values[id].type);
+    for (int64_t id : inst.results)
+      res.push_back(plan.values[id].type);
+    llvm::Expected<LoweredOp> lowered = lowerGraphOp(inst, ops, res);
+    if (!lowered)
+      return instError(i, inst, llvm::toString(lowered.takeError()));
+    for (const KernelInstance &k : kernelsOf(*lowered))
+      kernels.insert(k);
+    p.scratchBytes = std::max(p.scratchBytes, lowered->scratchBytes);
+    pi.lowered = std::move(*lowered);
+  }
+  p.eventRecorder = eventRecorder;
+  p.kernels.assign(kernels.begin(), kernels.end());
+  p.elementwiseSource = emitElementwiseSource(p.kernels);
+
+  // Pinned pools. Inputs are written before the step starts and only
+  // read; host values are written by d2h copies.
+  p.hostOffset.assign(plan.values.size(), -1);
+  std::vector<int64_t> hostValues;
+  for (size_t id = 0; id < plan.values.size(); ++id) {
+    const exec::Value &v = plan.values[id];
+    if (v.home == Home::Input) {
+      p.hostOffset[id] = p.inputPoolBytes;
+      p.inputPoolBytes += alignUp(std::max<int64_t>(v.type.bytes(), 1), kPoolAlign);
+    } else if (v.home == Home::Host) {
+      hostValues.push_back(id);
+    }
+  }
+  int64_t hostTotal = 0;
+  for (int64_t id : hostValues)
+    hostTotal += alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1),
+                         kPoolAlign);
+  if (hostTotal <= options.hostPoolNoReuseBytes) {
+    for (int64_t id : hostValues) {
+      p.hostOffset[id] = p.hostPoolBytes;
+      p.hostPoolBytes += alignUp(
+          std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
+    }
+  } else {
+    // First fit over program-order lifetimes; outputs live to the end.
+    p.hostPoolShared = true;
+    std::vector<bool> isOutput(plan.values.size());
+    for (int64_t id : plan.outputs)
+      isOutput[id] = true;
+    auto lastOf = [&](int64_t id) {
+      return isOutput[id] ? static_cast<int64_t>(n)
+                          : std::max(live.def[id], live.lastUse[id]);
+    };
+    llvm::sort(hostValues,
+               [&](int64_t a, int64_t b) { return live.def[a] < live.def[b]; });
+    struct Placed {
+      int64_t offset, size, last;
+    };
+    std::vector<Placed> active;
+    for (int64_t id : hostValues) {
+      int64_t size = alignUp(
+          std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
+      llvm::erase_if(active,
+                     [&](const Placed &a) { return a.last < live.def[id]; });
+      llvm::sort(active, [](const Placed &a, const Placed &b) {
+        return a.offset < b.offset;
+      });
+      int64_t at = 0;
+      for (const Placed &a : active) {
+        if (a.offset >= at + size)
+          break;
+        at = std::max(at, a.offset + a.size);
+      }
+      p.hostOffset[id] = at;
+      p.hostPoolBytes = std::max(p.hostPoolBytes, at + size);
+      active.push_back({at, size, lastOf(id)});
+    }
+  }
+
+  // Cross-stream write-after-read/write waits, in program order.
+  HazardMap arena(plan.arenaBytes), hostPool(p.hostPoolBytes);
+  p.needsDoneEvent.assign(n, false);
+  int64_t lastWaited[kStreams][kStreams];
+  for (auto &row : lastWaited)
+    std::fill(std::begin(row), std::end(row), -1);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    PreparedInstruction &pi = p.instructions[i];
+    int S = static_cast<int>(inst.stream);
+    std::array<int64_t, kStreams> deps;
+    deps.fill(-1);
+    auto touchValue = [&](int64_t id, bool write) {
+      const exec::Value &v = plan.values[id];
+      if (v.home == Home::Device) {
+        int64_t off = deviceOffset(plan, id);
+        if (off >= 0)
+          arena.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
+      } else if (v.home == Home::Host) {
+        int64_t off = p.hostOffset[id];
+        hostPool.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
+      }
+    };
+    for (int64_t id : inst.operands)
+      touchValue(id, false);
+    for (int64_t id : inst.results)
+      touchValue(id, true);
+    for (const exec::Range &w : inst.workspace)
+      arena.touch(w.offset, w.offset + w.size, inst.stream, i, true, deps);
+    // A plan wait orders this stream after the recorder.
+    if (inst.op == "wait" && inst.event && eventRecorder[*inst.event] >= 0) {
+      int R = static_cast<int>(eventStream[*inst.event]);
+      lastWaited[S][R] = std::max(lastWaited[S][R], eventRecorder[*inst.event]);
+    }
+    for (int s = 0; s < kStreams; ++s) {
+      if (s == S || deps[s] < 0 || deps[s] <= lastWaited[S][s])
+        continue;
+      lastWaited[S][s] = deps[s];
+      pi.waits.push_back({static_cast<Stream>(s), deps[s]});
+      if (isGpuStream(static_cast<Stream>(s)))
+        p.needsDoneEvent[deps[s]] = true;
+    }
+  }
+  return p;
+}
+
+//===----------------------------------------------------------------------===//
+// Host helpers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+float halfToFloat(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
+uint16_t floatToHalf(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+/// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
+void parallelChunks(int64_t n, const std::function<void(int64_t, int64_t)> &body) {
+  int64_t threads = std::min<int64_t>(
+      {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
+       std::max<int64_t>(1, n >> 20)});
+  if (threads <= 1) {
+    body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    int64_t b = t * chunk, e = std::min(n, b + chunk);
+    if (b < e)
+      pool.emplace_back(body, b, e);
+  }
+  for (std::thread &t : pool)
+    t.join();
+}
+
+/// fp32 -> the plan's dtype (bf16 rounds to nearest even, as the cpu backend).
+void narrow(const float *src, DType dtype, int64_t n, void *dst) {
+  parallelChunks(n, [&](int64_t b, int64_t e) {
+    switch (dtype) {
+    case DType::BF16: {
+      uint16_t *d = static_cast<uint16_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = cpu::floatToBf16(src[i]);
+      return;
+    }
+    case DType::F16: {
+      uint16_t *d = static_cast<uint16_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = floatToHalf(src[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(static_cast<float *>(dst) + b, src + b, (e - b) * 4);
+      return;
+    case DType::I32: {
+      int32_t *d = static_cast<int32_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = static_cast<int32_t>(src[i]);
+      return;
+    }
+    case DType::I64: {
+      int64_t *d = static_cast<int64_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = static_cast<int64_t>(src[i]);
+      return;
+    }
+    }
+  });
+}
+
+void widen(const void *src, DType dtype, int64_t n, float *dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+    case DType::BF16:
+      dst[i] = cpu::bf16ToFloat(static_cast<const uint16_t *>(src)[i]);
+      break;
+    case DType::F16:
+      dst[i] = halfToFloat(static_cast<const uint16_t *>(src)[i]);
+      break;
+    case DType::F32:
+      dst[i] = static_cast<const float *>(src)[i];
+      break;
+    case DType::I32:
+      dst[i] = static_cast<float>(static_cast<const int32_t *>(src)[i]);
+      break;
+    case DType::I64:
+      dst[i] = static_cast<float>(static_cast<const int64_t *>(src)[i]);
+      break;
+    }
+  }
+}
+
+cudaDataType_t cudaType(DType t) {
+  switch (t) {
+  case DType::BF16:
+    return CUDA_R_16BF;
+  case DType::F16:
+    return CUDA_R_16F;
+  default:
+    return CUDA_R_32F;
+  }
+}
+
+/// The host stream: tasks run in program order on one thread; the issuing
+/// thread can wait until a given instruction has run.
+class HostWorker {
+public:
+  void start(std::function<void()> init) {
+    thread = std::thread([this, init] {
+      init();
+      std::unique_lock<std::mutex> lock(mu);
+      for (;;) {
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty())
+          return;
+        auto [index, task] = std::move(queue.front());
+        queue.pop_front();
+        busy = true;
+        lock.unlock();
+        task();
+        lock.lock();
+        busy = false;
+        completed = std::max(completed, index);
+        done.notify_all();
+      }
+    });
+  }
+  void enqueue(int64_t index, std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.emplace_back(index, std::move(task));
+    }
+    cv.notify_one();
+  }
+  /// Until the task of instruction `index` (and all before it) has run.
+  void waitFor(int64_t index) {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return completed >= index; });
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return queue.empty() && !busy; });
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu);
+    completed = -1;
+  }
+  void shutdown() {
+    if (!thread.joinable())
+      return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+private:
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv, done;
+  std::deque<std::pair<int64_t, std::function<void()>>> queue;
+  int64_t completed = -1;
+  bool busy = false, stop = false;
+};
+
+/// A kernel launch with its arguments, each in an 8-byte slot (a float
+/// sits in the slot's first bytes, as cuLaunchKernel reads it).
+struct LaunchCmd {
+  CUfunction function = nullptr;
+  std::array<uint32_t, 3> grid{1, 1, 1};
+  uint32_t block = 1, sharedBytes = 0;
+  std::vector<uint64_t> args;
+  std::string name;
+};
+struct GemmCmd {
+  size_t index = 0;
+};
+struct MemsetCmd {
+  CUdeviceptr dst = 0;
+  size_t bytes = 0;
+};
+struct CopyCmd {
+  CUdeviceptr src = 0, dst = 0;
+  size_t bytes = 0;
+};
+using DeviceCmd = std::variant<LaunchCmd, GemmCmd, MemsetCmd, CopyCmd>;
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspaceBytes = 0;
+  CUdeviceptr A = 0, B = 0, D = 0;
+};
+
+uint64_t slotOf(double f, bool isFloat) {
+  uint64_t slot = 0;
+  if (isFloat) {
+    float v = static_cast<float>(f);
+    std::memcpy(&slot, &v, sizeof(v));
+  } else {
+    std::memcpy(&slot, &f, sizeof(f));
+  }
+  return slot;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// The backend
+//===----------------------------------------------------------------------===//
+
+struct CudaBackend::Impl {
+  const exec::ExecPlan &plan;
+  CudaOptions options;
+  PreparedPlan prep;
+  const CudaDriverApi *cu = nullptr;
+  const CublasLtApi *lt = nullptr;
+  CudaDeviceInfo info;
+  CUcontext ctx = nullptr;
+  std::string arch;
+
+  CUdeviceptr arena = 0, scratch = 0, dsaScratch = 0, gemmWorkspace = 0;
+  void *inputPool = nullptr, *hostPool = nullptr, *staging = nullptr;
+  CUstream streams[3] = {nullptr, nullptr, nullptr};
+  CUevent baseEvent = nullptr;
+  std::vector<CUevent> planEvents, doneEvents, startEvents, endEvents,
+      slotEvents;
+  std::vector<bool> slotUsed;
+  CUmodule elementwiseModule = nullptr;
+  std::vector<CUmodule> dsaModules;
+  cublasLtHandle_t ltHandle = nullptr;
+  std::vector<GemmPlan> gemms;
+  std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
+  HostWorker worker;
+  bool workerStarted = false;
+  std::mutex errorMu;
+  std::string workerError;
+
+  Impl(const exec::ExecPlan &plan, const CudaOptions &options)
+      : plan(plan), options(options) {}
+  ~Impl();
+
+  llvm::Error check(CUresult r, const llvm::Twine &what) const {
+    return checkCu(*cu, r, what);
+  }
+  llvm::Error init();
+  llvm::Error compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
+                             std::map<std::string, CUfunction> &dense);
+  llvm::Error buildCommands(
+      const std::vector<std::map<std::string, CUfunction>> &dsaFns,
+      const std::map<std::string, CUfunction> &dense);
+  llvm::Error addGemm(const GemmCall &g, CUdeviceptr A, CUdeviceptr B,
+                      CUdeviceptr D, CUdeviceptr bias,
+                      std::vector<DeviceCmd> &out);
+  llvm::Error issue(const DeviceCmd &cmd, CUstream stream);
+
+  CUdeviceptr deviceAddress(int64_t id) const {
+    return arena + static_cast<CUdeviceptr>(deviceOffset(plan, id));
+  }
+  uint8_t *hostAddress(int64_t id) const {
+    const exec::Value &v = plan.values[id];
+    uint8_t *base = static_cast<uint8_t *>(v.home == Home::Input ? inputPool
+                                                                 : hostPool);
+    return base + prep.hostOffset[id];
+  }
+  CUstream streamOf(Stream s) const {
+    return streams[std::min(static_cast<int>(s), 2)];
+  }
+  void setWorkerError(const std::string &e) {
+    std::lock_guard<std::mutex> lock(errorMu);
+    if (workerError.empty())
+      workerError = e;
+  }
+  bool workerFailed() {
+    std::lock_guard<std::mutex> lock(errorMu);
+    return !workerError.empty();
+  }
+};
+
+CudaBackend::Impl::~Impl() {
+  worker.shutdown();
+  if (!cu)
+    return;
+  if (ctx)
+    cu->cuCtxSetCurrent(ctx);
+  for (CUstream s : streams)
+    if (s)
+      cu->cuStreamSynchronize(s);
+  for (GemmPlan &g : gemms) {
+    if (g.desc)
+      lt->cublasLtMatmulDescDestroy(g.desc);
+    for (cublasLtMatrixLayout_t l : {g.a, g.b, g.d})
+      if (l)
+        lt->cublasLtMatrixLayoutDestroy(l);
+  }
+  if (ltHandle)
+    lt->cublasLtDestroy(ltHandle);
+  for (auto *events : {&planEvents, &doneEvents, &startEvents, &endEvents,
+                       &slotEvents})
+    for (CUevent e : *events)
+      if (e)
+        cu->cuEventDestroy_v2(e);
+  if (baseEvent)
+    cu->cuEventDestroy_v2(baseEvent);
+  if (elementwiseModule)
+    cu->cuModuleUnload(elementwiseModule);
+  for (CUmodule m : dsaModules)
+    if (m)
+      cu->cuModuleUnload(m);
+  for (CUdeviceptr p : {arena, scratch, dsaScratch, gemmWorkspace})
+    if (p)
+      cu->cuMemFree_v2(p);
+  for (void *p : {inputPool, hostPool, staging})
+    if (p)
+      cu->cuMemFreeHost(p);
+  for (CUstream s : streams)
+    if (s)
+      cu->cuStreamDestroy_v2(s);
+  if (ctx)
+    cu->cuDevicePrimaryCtxRelease_v2(info.device);
+}
+
+llvm::Error CudaBackend::Impl::init() {
+  if (options.driver) {
+    cu = options.driver;
+  } else {
+    llvm::Expected<const CudaDriverApi *> driver = loadCudaDriver();
+    if (!driver)
+      return driver.takeError();
+    cu = *driver;
+  }
+  llvm::Expected<CudaDeviceInfo> device = initCudaDevice(*cu, options.device);
+  if (!device)
+    return device.takeError();
+  info = *device;
+  if (options.cublasLt) {
+    lt = options.cublasLt;
+  } else {
+    llvm::Expected<const CublasLtApi *> blas = loadCublasLt();
+    if (!blas)
+      return blas.takeError();
+    lt = *blas;
+  }
+  std::string whyNot;
+  if (!nvrtcAvailable(&whyNot))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), whyNot);
+  arch = options.arch;
+  if (arch.empty())
+    arch = "sm_" + std::to_string(info.ccMajor) + std::to_string(info.ccMinor) +
+           (info.ccMajor == 9 && info.ccMinor == 0 ? "a" : "");
+
+  if (auto e = check(cu->cuDevicePrimaryCtxRetain(&ctx, info.device),
+                     "cuDevicePrimaryCtxRetain"))
+    return e;
+  if (auto e = check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent"))
+    return e;
+  cu->cuMemGetInfo_v2(&info.freeBytes, &info.totalBytes);
+
+  // Runtime budget guard: everything the step needs on the device, up
+  // front, with the free memory in the message.
+  int64_t deviceBytes = std::max<int64_t>(plan.arenaBytes, 256) +
+                        alignUp(prep.scratchBytes, 256) +
+                        prep.dsaFallbackBytes + options.gemmWorkspaceBytes;
+  if (static_cast<uint64_t>(deviceBytes) > info.freeBytes)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "the plan needs %lld bytes of device memory (arena %lld, scratch "
+        "%lld, cuBLASLt workspace %lld) but %s has %zu bytes free",
+        static_cast<long long>(deviceBytes),
+        static_cast<long long>(plan.arenaBytes),
+        static_cast<long long>(prep.scratchBytes + prep.dsaFallbackBytes),
+        static_cast<long long>(options.gemmWorkspaceBytes), info.name.c_str(),
+        info.freeBytes);
+  auto alloc = [&](CUdeviceptr &p, int64_t bytes, const char *what) {
+    return check(cu->cuMemAlloc_v2(&p, std::max<int64_t>(bytes, 256)),
+                 llvm::Twine("cuMemAlloc (") + what + ", " +
+                     llvm::Twine(bytes) + " bytes)");
+  };
+  if (auto e = alloc(arena, plan.arenaBytes, "arena"))
+    return e;
+  // Zeroed once, like the cpu backend's arena: a step never reads bytes
+  // it did not write, but garbage would make such a bug nondeterministic.
+  if (auto e = check(cu->cuMemsetD8Async(arena, 0,
+                                         std::max<int64_t>(plan.arenaBytes, 256),
+                                         nullptr),
+                     "cuMemsetD8Async (arena)"))
+    return e;
+  if (auto e = check(cu->cuCtxSynchronize(), "cuCtxSynchronize"))
+    return e;
+  if (auto e = alloc(scratch, prep.scratchBytes, "kernel scratch"))
+    return e;
+  if (prep.dsaFallbackBytes)
+    if (auto e = alloc(dsaScratch, prep.dsaFallbackBytes, "3D-DSA scratch"))
+      return e;
+  if (auto e = alloc(gemmWorkspace, options.gemmWorkspaceBytes,
+                     "cuBLASLt workspace"))
+    return e;
+  auto pinned = [&](void *&p, int64_t bytes, const char *what) {
+    return check(cu->cuMemHostAlloc(&p, std::max<int64_t>(bytes, 256),
+                                    CU_MEMHOSTALLOC_PORTABLE),
+                 llvm::Twine("cuMemHostAlloc (") + what + ", " +
+                     llvm::Twine(bytes) + " bytes)");
+  };
+  int slots = std::max(options.stagingSlots, 1);
+  if (auto e = pinned(inputPool, prep.inputPoolBytes, "step inputs"))
+    return e;
+  if (auto e = pinned(hostPool, prep.hostPoolBytes, "host values"))
+    return e;
+  int64_t slotBytes = alignUp(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
+  if (auto e = pinned(staging, slotBytes * slots, "weight staging"))
+    return e;
+
+  for (CUstream &s : streams)
+    if (auto e = check(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING),
+                       "cuStreamCreate"))
+      return e;
+  auto event = [&](CUevent &e, unsigned flags) {
+    return check(cu->cuEventCreate(&e, flags), "cuEventCreate");
+  };
+  if (auto e = event(baseEvent, CU_EVENT_DEFAULT))
+    return e;
+  size_t n = plan.instructions.size();
+  planEvents.resize(plan.numEvents);
+  for (CUevent &ev : planEvents)
+    if (auto e = event(ev, CU_EVENT_DISABLE_TIMING))
+      return e;
+  doneEvents.resize(n);
+  startEvents.resize(n);
+  endEvents.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (prep.needsDoneEvent[i])
+      if (auto e = event(doneEvents[i], CU_EVENT_DISABLE_TIMING))
+        return e;
+    const exec::Instruction &inst = plan.instructions[i];
+    if (isGpuStream(inst.stream) && inst.op != "record" && inst.op != "wait") {
+      if (auto e = event(startEvents[i], CU_EVENT_DEFAULT))
+        return e;
+      if (auto e = event(endEvents[i], CU_EVENT_DEFAULT))
+        return e;
+    }
+  }
+  slotEvents.resize(slots);
+  slotUsed.assign(slots, false);
+  for (CUevent &ev : slotEvents)
+    if (auto e = event(ev, CU_EVENT_DISABLE_TIMING))
+      return e;
+
+  std::vector<std::map<std::string, CUfunction>> dsaFns;
+  std::map<std::string, CUfunction> dense;
+  if (auto e = compileKernels(dsaFns, dense))
+    return e;
+  if (auto e = checkCublas(*lt, lt->cublasLtCreate(&ltHandle), "cublasLtCreate"))
+    return e;
+  if (auto e = buildCommands(dsaFns, dense))
+    return e;
+
+  CUcontext context = ctx;
+  const CudaDriverApi *api = cu;
+  worker.start([api, context] { api->cuCtxSetCurrent(context); });
+  workerStarted = true;
+  return llvm::Error::success();
+}
+
+llvm::Error CudaBackend::Impl::compileKernels(
+    std::vector<std::map<std::string, CUfunction>> &dsaFns,
+    std::map<std::string, CUfunction> &dense) {
+  auto load = [&](const std::string &source, const std::string &name,
+                  CUmodule &module) -> llvm::Error {
+    CompileResult r = compileCuda(source, name, arch);
+    if (!r.ok())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "NVRTC cannot compile " + name + " for " +
+                                         arch + ":\n" + r.error);
+    if (r.cubin.empty())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "NVRTC gave no cubin for " + name +
+                                         " (architecture " + arch + ")");
+    return check(cu->cuModuleLoadData(&module, r.cubin.data()),
+                 "cuModuleLoadData (" + name + ")");
+  };
+  if (!prep.kernels.empty()) {
+    if (auto e = load(prep.elementwiseSource, "megaslide_dense.cu",
+                      elementwiseModule))
+      return e;
+    for (const KernelInstance &k : prep.kernels) {
+      CUfunction f = nullptr;
+      if (auto e = check(cu->cuModuleGetFunction(&f, elementwiseModule,
+                                                 k.name().c_str()),
+                         "cuModuleGetFunction (" + k.name() + ")"))
+        return e;
+      dense[k.name()] = f;
+    }
+  }
+  dsaModules.resize(prep.dsaModules.size());
+  dsaFns.resize(prep.dsaModules.size());
+  for (size_t m = 0; m < prep.dsaModules.size(); ++m) {
+    // Only modules an instruction uses are compiled.
+    bool used = llvm::any_of(prep.instructions, [&](const PreparedInstruction &p) {
+      return p.dsaModule == static_cast<int64_t>(m);
+    });
+    if (!used)
+      continue;
+    const exec::KernelModule &km = plan.kernelModules[m];
+    if (auto e = load(km.source, km.name + ".cu", dsaModules[m]))
+      return e;
+    for (auto &[kind, spec] : prep.dsaModules[m].kernels) {
+      CUfunction f = nullptr;
+      if (auto e = check(cu->cuModuleGetFunction(&f, dsaModules[m],
+                                                 spec.name.c_str()),
+                         "cuModuleGetFunction (" + spec.name + ")"))
+        return e;
+      if (spec.dynamicSharedBytes > 48 * 1024)
+        if (auto e = check(cu->cuFuncSetAttribute(
+                               f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               static_cast<int>(spec.dynamicSharedBytes)),
+                           "cuFuncSetAttribute (" + spec.name + ")"))
+          return e;
+      dsaFns[m][kind] = f;
+    }
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error CudaBackend::Impl::addGemm(const GemmCall &g, CUdeviceptr A,
+                                       CUdeviceptr B, CUdeviceptr D,
+                                       CUdeviceptr bias,
+                                       std::vector<DeviceCmd> &out) {
+  GemmPlan gp;
+  gp.A = A;
+  gp.B = B;
+  gp.D = D;
+  auto ok = [&](cublasStatus_t s, const char *what) {
+    return checkCublas(*lt, s, what);
+  };
+  if (auto e = ok(lt->cublasLtMatmulDescCreate(&gp.desc, CUBLAS_COMPUTE_32F,
+                                               CUDA_R_32F),
+                  "cublasLtMatmulDescCreate"))
+    return e;
+  gemms.push_back(gp); // owned from here on, destroyed with the backend
+  GemmPlan &p = gemms.back();
+  int32_t ta = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int32_t tb = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
+                      p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                  "cublasLtMatmulDescSetAttribute (transa)"))
+    return e;
+  if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
+                      p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                  "cublasLtMatmulDescSetAttribute (transb)"))
+    return e;
+  if (g.hasBias) {
+    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void *biasPtr = reinterpret_cast<const void *>(bias);
+    if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
+                        p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                        sizeof(epilogue)),
+                    "cublasLtMatmulDescSetAttribute (epilogue)"))
+      return e;
+    if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
+                        p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPtr,
+                        sizeof(biasPtr)),
+                    "cublasLtMatmulDescSetAttribute (bias)"))
+      return e;
+  }
+  cudaDataType_t ab = cudaType(g.abType), dt = cudaType(g.dType);
+  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(
+                      &p.a, ab, g.transA ? g.k : g.m, g.transA ? g.m : g.k,
+                      g.lda),
+                  "cublasLtMatrixLayoutCreate (A)"))
+    return e;
+  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(
+                      &p.b, ab, g.transB ? g.n : g.k, g.transB ? g.k : g.n,
+                      g.ldb),
+                  "cublasLtMatrixLayoutCreate (B)"))
+    return e;
+  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.d, dt, g.m, g.n, g.ldd),
+                  "cublasLtMatrixLayoutCreate (D)"))
+    return e;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (auto e = ok(lt->cublasLtMatmulPreferenceCreate(&pref),
+                  "cublasLtMatmulPreferenceCreate"))
+    return e;
+  uint64_t ws = static_cast<uint64_t>(options.gemmWorkspaceBytes);
+  cublasStatus_t st = lt->cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // Algorithms may assume 256-byte aligned matrices unless told otherwise;
+  // arena offsets are only as aligned as the plan's alignment.
+  auto alignmentOf = [](CUdeviceptr p) {
+    uint32_t a = 256;
+    while (a > 1 && p % a)
+      a /= 2;
+    return a;
+  };
+  uint32_t aligns[4] = {alignmentOf(A), alignmentOf(B), alignmentOf(D),
+                        alignmentOf(D)};
+  for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
+    st = lt->cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i, &aligns[i],
+        sizeof(aligns[i]));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt->cublasLtMatmulAlgoGetHeuristic(ltHandle, p.desc, p.a, p.b, p.d,
+                                            p.d, pref, 1, &result, &found);
+  lt->cublasLtMatmulPreferenceDestroy(pref);
+  if (auto e = ok(st, "cublasLtMatmulAlgoGetHeuristic"))
+    return e;
+  if (found == 0)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%lld n=%lld "
+        "k=%lld%s",
+        exec::dtypeName(g.abType), exec::dtypeName(g.abType),
+        exec::dtypeName(g.dType), static_cast<long long>(g.m),
+        static_cast<long long>(g.n), static_cast<long long>(g.k),
+        g.hasBias ? " with bias" : "");
+  p.algo = result.algo;
+  p.workspaceBytes = result.workspaceSize;
+  out.push_back(GemmCmd{gemms.size() - 1});
+  return llvm::Error::success();
+}
+
+llvm::Error CudaBackend::Impl::buildCommands(
+    const std::vector<std::map<std::string, CUfunction>> &dsaFns,
+    const std::map<std::string, CUfunction> &dense) {
+  commands.resize(plan.instructions.size());
+  for (size_t i = 0; i < plan.instructions.size(); ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    const PreparedInstruction &pi = prep.instructions[i];
+    std::vector<DeviceCmd> &out = commands[i];
+    if (pi.lowered) {
+      auto resolve = [&](const BufferRef &r) -> CUdeviceptr {
+        switch (r.kind) {
+        case BufferRef::Operand:
+          return deviceAddress(inst.operands[r.index]);
+        case BufferRef::Result:
+          return deviceAddress(inst.results[r.index]);
+        case BufferRef::Scratch:
+          return scratch + r.index;
+        }
+        return 0;
+      };
+      for (const LoweredStep &s : pi.lowered->steps) {
+        if (auto *l = std::get_if<KernelLaunch>(&s)) {
+          LaunchCmd c;
+          c.name = l->kernel.name();
+          c.function = dense.at(c.name);
+          c.grid = l->grid;
+          c.block = kElementwiseBlockThreads;
+          std::vector<std::string> types = kernelParameterTypes(l->kernel);
+          if (types.size() != l->args.size())
+            return instError(i, inst, "kernel " + c.name + " takes " +
+                                          llvm::Twine(types.size()) +
+                                          " arguments, the lowering gives " +
+                                          llvm::Twine(l->args.size()));
+          for (auto [arg, type] : llvm::zip(l->args, types)) {
+            switch (arg.kind) {
+            case KernelArg::Buffer:
+              c.args.push_back(resolve(arg.buffer));
+              break;
+            case KernelArg::Null:
+              c.args.push_back(0);
+              break;
+            case KernelArg::I64:
+              c.args.push_back(static_cast<uint64_t>(arg.i));
+              break;
+            case KernelArg::F32:
+              c.args.push_back(slotOf(arg.f, true));
+              break;
+            case KernelArg::F64:
+              c.args.push_back(slotOf(arg.f, false));
+              break;
+            }
+          }
+          out.push_back(std::move(c));
+        } else if (auto *g = std::get_if<GemmCall>(&s)) {
+          if (auto e = addGemm(*g, resolve(g->a), resolve(g->b), resolve(g->d),
+                               g->hasBias ? resolve(g->bias) : 0, out))
+            return instError(i, inst, llvm::toString(std::move(e)));
+        } else if (auto *m = std::get_if<MemsetCall>(&s)) {
+          out.push_back(MemsetCmd{resolve(m->dst), static_cast<size_t>(m->bytes)});
+        } else if (auto *c = std::get_if<CopyCall>(&s)) {
+          out.push_back(CopyCmd{resolve(c->src), resolve(c->dst),
+                                static_cast<size_t>(c->bytes)});
+        }
+      }
+      continue;
+    }
+    if (pi.dsaModule < 0)
+      continue;
+    const DsaModuleSpec &spec = prep.dsaModules[pi.dsaModule];
+    const auto &fns = dsaFns[pi.dsaModule];
+    const exec::TensorType &q = plan.values[inst.operands[0]].type;
+    int64_t batch = q.shape[0];
+    double scale =
+        inst.floatAttr("scale").value_or(1.0 / std::sqrt(double(q.shape[3])));
+    auto launch = [&](const char *kind, std::vector<uint64_t> args) {
+      const DsaKernelSpec &k = spec.kernels.at(kind);
+      LaunchCmd c;
+      c.name = k.name;
+      c.function = fns.at(kind);
+      c.grid = {static_cast<uint32_t>(k.grid[0]),
+                static_cast<uint32_t>(k.grid[1]),
+                static_cast<uint32_t>(batch)};
+      if (llvm::StringRef(kind) == "backward_finalize")
+        c.grid = {static_cast<uint32_t>(k.grid[0] * batch), 1, 1};
+      c.block = static_cast<uint32_t>(k.threads);
+      c.sharedBytes = static_cast<uint32_t>(k.dynamicSharedBytes);
+      c.args = std::move(args);
+      out.push_back(std::move(c));
+    };
+    auto op = [&](size_t k) { return deviceAddress(inst.operands[k]); };
+    auto res = [&](size_t k) { return deviceAddress(inst.results[k]); };
+    if (inst.op == "dsa3d_offsets") {
+      launch("offsets", {op(0), op(1), res(0)});
+    } else if (inst.op == "dsa3d") {
+      launch("forward", {op(0), op(1), op(2), op(3), res(0), res(1),
+                         slotOf(scale, true)});
+    } else {
+      // (q, k, v, offsets, o, lse, dout) -> (dq, dk, dv)
+      int64_t count = q.numElements();
+      CUdeviceptr dk32 = pi.dk32Offset >= 0 ? arena + pi.dk32Offset
+                                            : dsaScratch;
+      CUdeviceptr dv32 = pi.dv32Offset >= 0
+                             ? arena + pi.dv32Offset
+                             : dsaScratch + alignUp(count * 4, 256);
+      out.push_back(MemsetCmd{dk32, static_cast<size_t>(count * 4)});
+      out.push_back(MemsetCmd{dv32, static_cast<size_t>(count * 4)});
+      launch("backward", {op(0), op(1), op(2), op(3), op(4), op(6), op(5),
+                          res(0), dk32, dv32, slotOf(scale, true)});
+      launch("backward_finalize",
+             {dk32, dv32, res(1), res(2), static_cast<uint64_t>(count)});
+    }
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error CudaBackend::Impl::issue(const DeviceCmd &cmd, CUstream stream) {
+  if (auto *l = std::get_if<LaunchCmd>(&cmd)) {
+    std::vector<void *> params(l->args.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i] = const_cast<uint64_t *>(&l->args[i]);
+    return check(cu->cuLaunchKernel(l->function, l->grid[0], l->grid[1],
+                                    l->grid[2], l->block, 1, 1, l->sharedBytes,
+                                    stream, params.data(), nullptr),
+                 "cuLaunchKernel (" + l->name + ")");
+  }
+  if (auto *g = std::get_if<GemmCmd>(&cmd)) {
+    const GemmPlan &p = gemms[g->index];
+    float alpha = 1.0f, beta = 0.0f;
+    return checkCublas(
+        *lt,
+        lt->cublasLtMatmul(ltHandle, p.desc, &alpha,
+                           reinterpret_cast<const void *>(p.A), p.a,
+                           reinterpret_cast<const void *>(p.B), p.b, &beta,
+                           reinterpret_cast<const void *>(p.D), p.d,
+                           reinterpret_cast<void *>(p.D), p.d, &p.algo,
+                           reinterpret_cast<void *>(gemmWorkspace),
+                           p.workspaceBytes, stream),
+        "cublasLtMatmul");
+  }
+  if (auto *m = std::get_if<MemsetCmd>(&cmd))
+    return check(cu->cuMemsetD8Async(m->dst, 0, m->bytes, stream),
+                 "cuMemsetD8Async");
+  const CopyCmd &c = std::get<CopyCmd>(cmd);
+  if (c.src == c.dst || c.bytes == 0)
+    return llvm::Error::success();
+  return check(cu->cuMemcpyDtoDAsync_v2(c.dst, c.src, c.bytes, stream),
+               "cuMemcpyDtoDAsync");
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+const CudaDeviceInfo &CudaBackend::deviceInfo() const { return impl->info; }
+const PreparedPlan &CudaBackend::prepared() const { return impl->prep; }
+
+llvm::Expected<std::unique_ptr<CudaBackend>>
+CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
+  auto impl = std::make_unique<Impl>(plan, options);
+  llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);
+  if (!prep)
+    return prep.takeError();
+  impl->prep = std::move(*prep);
+  if (llvm::Error e = impl->init())
+    return std::move(e);
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+bool cudaDeviceAvailable(std::string *whyNot) {
+  llvm::Expected<const CudaDriverApi *> driver = loadCudaDriver();
+  if (!driver) {
+    std::string why = llvm::toString(driver.takeError());
+    if (whyNot)
+      *whyNot = why;
+    return false;
+  }
+  llvm::Expected<CudaDeviceInfo> device = initCudaDevice(**driver, 0);
+  if (!device) {
+    std::string why = llvm::toString(device.takeError());
+    if (whyNot)
+      *whyNot = why;
+    return false;
+  }
+  return true;
+}
+
+llvm::Expected<exec::StepResult>
+CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
+                  const exec::StepOptions &options) {
+  Impl &I = *impl;
+  const exec::ExecPlan &plan = I.plan;
+  const CudaDriverApi &cu = *I.cu;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point begin = Clock::now();
+  if (auto e = I.check(cu.cuCtxSetCurrent(I.ctx), "cuCtxSetCurrent"))
+    return std::move(e);
+
+  // Inputs into their pinned pool, in the planned dtype.
+  int64_t optimizerStep = state.step + 1;
+  for (int64_t id : plan.inputs) {
+    const exec::Value &v = plan.values[id];
+    int64_t n = v.type.numElements();
+    uint8_t *dst = I.hostAddress(id);
+    if (v.name == "step") {
+      std::vector<float> one(n, static_cast<float>(optimizerStep));
+      narrow(one.data(), v.type.dtype, n, dst);
+      if (v.type.dtype == DType::I64 && n == 1)
+        std::memcpy(dst, &optimizerStep, 8);
+      continue;
+    }
+    auto it = inputs.find(v.name);
+    if (it == inputs.end())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "step input '" + v.name +
+                                         "' was not provided");
+    if (static_cast<int64_t>(it->second.size()) != n)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
+              " elements; the plan expects " + llvm::Twine(n));
+    narrow(it->second.data(), v.type.dtype, n, dst);
+  }
+
+  CUstream compute = I.streams[0];
+  if (auto e = I.check(cu.cuEventRecord(I.baseEvent, compute), "cuEventRecord"))
+    return std::move(e);
+  if (auto e = I.check(cu.cuEventSynchronize(I.baseEvent), "cuEventSynchronize"))
+    return std::move(e);
+  Clock::time_point t0 = Clock::now();
+  auto since0 = [t0](Clock::time_point t) {
+    return std::chrono::duration<double>(t - t0).count();
+  };
+  {
+    std::lock_guard<std::mutex> lock(I.errorMu);
+    I.workerError.clear();
+  }
+  I.worker.reset();
+
+  size_t n = plan.instructions.size();
+  std::vector<std::pair<double, double>> hostTimes(n, {-1.0, 0.0});
+  llvm::StringMap<int64_t> pendingUpdate; // param -> its host_adamw
+  size_t fetchCount = 0;
+  bool trace = options.trace;
+
+  auto issueAll = [&]() -> llvm::Error {
+    for (size_t i = 0; i < n; ++i) {
+      const exec::Instruction &inst = plan.instructions[i];
+      const PreparedInstruction &pi = I.prep.instructions[i];
+      if (I.workerFailed())
+        return llvm::Error::success(); // reported after the drain
+
+      if (!isGpuStream(inst.stream)) {
+        // The host stream: everything on the worker, in order.
+        std::vector<Dependency> waits = pi.waits;
+        if (inst.op == "wait" && inst.event) {
+          int64_t recorder = I.prep.eventRecorder[*inst.event];
+          if (recorder >= 0 &&
+              isGpuStream(plan.instructions[recorder].stream)) {
+            CUevent ev = I.planEvents[*inst.event];
+            I.worker.enqueue(i, [&I, ev, i] {
+              if (CUresult r = I.cu->cuEventSynchronize(ev))
+                I.setWorkerError("instruction #" + std::to_string(i) +
+                                 ": cuEventSynchronize: " +
+                                 cuResultString(*I.cu, r));
+            });
+            continue;
+          }
+        }
+        if (inst.op != "host_adamw") {
+          I.worker.enqueue(i, [] {});
+          continue;
+        }
+        pendingUpdate[inst.param] = i;
+        I.worker.enqueue(i, [&I, &inst, &state, &options, &hostTimes, waits, i,
+                             optimizerStep, since0] {
+          if (I.workerFailed())
+            return;
+          for (const Dependency &d : waits)
+            if (isGpuStream(d.stream))
+              I.cu->cuEventSynchronize(I.doneEvents[d.instruction]);
+          Clock::time_point start = Clock::now();
+          host::HostTensor *master = state.find(inst.param);
+          host::HostTensor *m = state.expAvg(inst.param);
+          host::HostTensor *v = state.expAvgSq(inst.param);
+          if (!master || !m || !v) {
+            I.setWorkerError("host state lacks '" + inst.param +
+                             "' or its AdamW moments");
+            return;
+          }
+          const exec::Value &g = I.plan.values[inst.operands[0]];
+          int64_t count = g.type.numElements();
+          const uint8_t *grad = I.hostAddress(inst.operands[0]);
+          std::vector<float> wide;
+          if (options.onGradient || g.type.dtype == DType::F16) {
+            wide.resize(count);
+            widen(grad, g.type.dtype, count, wide.data());
+          }
+          if (options.onGradient)
+            options.onGradient(inst.param, wide);
+          if (options.applyUpdates) {
+            cpu::AdamWHyper hyper;
+            hyper.lr = inst.floatAttr("lr").value_or(1e-4);
+            hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
+            hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
+            hyper.eps = inst.floatAttr("eps").value_or(1e-8);
+            hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
+            hyper.step = optimizerStep;
+            if (g.type.dtype == DType::BF16)
+              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                             v->data.data(),
+                             reinterpret_cast<const uint16_t *>(grad), nullptr);
+            else if (g.type.dtype == DType::F32)
+              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                             v->data.data(),
+                             reinterpret_cast<const float *>(grad), nullptr);
+            else
+              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                             v->data.data(), wide.data(), nullptr);
+          }
+          hostTimes[i] = {since0(start), since0(Clock::now()) - since0(start)};
+        });
+        continue;
+      }
+
+      // A GPU stream: cross-stream waits first.
+      CUstream stream = I.streamOf(inst.stream);
+      for (const Dependency &d : pi.waits) {
+        if (isGpuStream(d.stream)) {
+          if (auto e = I.check(cu.cuStreamWaitEvent(
+                                   stream, I.doneEvents[d.instruction], 0),
+                               "cuStreamWaitEvent"))
+            return e;
+        } else {
+          I.worker.waitFor(d.instruction);
+        }
+      }
+      if (inst.op == "record") {
+        if (auto e = I.check(cu.cuEventRecord(I.planEvents[*inst.event], stream),
+                             "cuEventRecord"))
+          return e;
+        continue;
+      }
+      if (inst.op == "wait") {
+        int64_t recorder = I.prep.eventRecorder[*inst.event];
+        if (recorder >= 0 && !isGpuStream(plan.instructions[recorder].stream)) {
+          I.worker.waitFor(recorder);
+          continue;
+        }
+        if (auto e = I.check(cu.cuStreamWaitEvent(stream,
+                                                  I.planEvents[*inst.event], 0),
+                             "cuStreamWaitEvent"))
+          return e;
+        continue;
+      }
+
+      if (inst.op == "fetch") {
+        // The master may be updated this step already: its AdamW first.
+        auto pending = pendingUpdate.find(inst.param);
+        if (pending != pendingUpdate.end())
+          I.worker.waitFor(pending->second);
+        const host::HostTensor *source = state.find(inst.param);
+        if (!source)
+          return instError(i, inst, "host state has no parameter '" +
+                                        inst.param + "'");
+        const exec::Value &v = plan.values[inst.results[0]];
+        if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
+          return instError(i, inst, "host tensor '" + inst.param +
+                                        "' has the wrong size");
+        size_t slot = fetchCount++ % I.slotEvents.size();
+        if (I.slotUsed[slot])
+          if (auto e = I.check(cu.cuEventSynchronize(I.slotEvents[slot]),
+                               "cuEventSynchronize (staging)"))
+            return e;
+        uint8_t *stage =
+            static_cast<uint8_t *>(I.staging) +
+            slot * alignUp(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
+        narrow(source->data.data(), v.type.dtype, v.type.numElements(), stage);
+        if (trace)
+          cu.cuEventRecord(I.startEvents[i], stream);
+        if (auto e = I.check(cu.cuMemcpyHtoDAsync_v2(
+                                 I.deviceAddress(inst.results[0]), stage,
+                                 v.type.bytes(), stream),
+                             "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
+          return e;
+        if (auto e = I.check(cu.cuEventRecord(I.slotEvents[slot], stream),
+                             "cuEventRecord"))
+          return e;
+        I.slotUsed[slot] = true;
+      } else {
+        if (trace)
+          cu.cuEventRecord(I.startEvents[i], stream);
+        if (inst.op == "h2d") {
+          if (auto e = I.check(cu.cuMemcpyHtoDAsync_v2(
+                                   I.deviceAddress(inst.results[0]),
+                                   I.hostAddress(inst.operands[0]),
+                                   plan.values[inst.results[0]].type.bytes(),
+                                   stream),
+                               "cuMemcpyHtoDAsync"))
+            return instError(i, inst, llvm::toString(std::move(e)));
+        } else if (inst.op == "d2h") {
+          if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(
+                                   I.hostAddress(inst.results[0]),
+                                   I.deviceAddress(inst.operands[0]),
+                                   plan.values[inst.results[0]].type.bytes(),
+                                   stream),
+                               "cuMemcpyDtoHAsync"))
+            return instError(i, inst, llvm::toString(std::move(e)));
+        } else {
+          for (const DeviceCmd &cmd : I.commands[i])
+            if (auto e = I.issue(cmd, stream))
+              return instError(i, inst, llvm::toString(std::move(e)));
+        }
+      }
+      if (trace)
+        cu.cuEventRecord(I.endEvents[i], stream);
+      if (I.prep.needsDoneEvent[i])
+        if (auto e = I.check(cu.cuEventRecord(I.doneEvents[i], stream),
+                             "cuEventRecord"))
+          return e;
+    }
+    return llvm::Error::success();
+  };
+
+  llvm::Error issued = issueAll();
+  // Whatever happened, nothing may stay in flight past this call.
+  I.worker.drain();
+  llvm::Error synced = llvm::Error::success();
+  for (CUstream s : I.streams)
+    if (CUresult r = cu.cuStreamSynchronize(s); r != CUDA_SUCCESS && !synced)
+      synced = I.check(r, "cuStreamSynchronize (the step failed on the GPU)");
+  if (issued) {
+    llvm::consumeError(std::move(synced));
+    return std::move(issued);
+  }
+  if (synced)
+    return std::move(synced);
+  {
+    std::lock_guard<std::mutex> lock(I.errorMu);
+    if (!I.workerError.empty())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "host stream: " + I.workerError);
+  }
+
+  exec::StepResult result;
+  if (plan.outputs.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "the plan returns no loss");
+  int64_t lossId = plan.outputs[0];
+  const exec::Value &lossValue = plan.values[lossId];
+  if (lossValue.home == Home::Device) {
+    std::vector<uint8_t> bytes(lossValue.type.bytes());
+    if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(bytes.data(),
+                                                 I.deviceAddress(lossId),
+                                                 bytes.size(), compute),
+                         "cuMemcpyDtoHAsync (loss)"))
+      return std::move(e);
+    if (auto e = I.check(cu.cuStreamSynchronize(compute), "cuStreamSynchronize"))
+      return std::move(e);
+    widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
+  } else {
+    widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
+  }
+  if (options.applyUpdates)
+    state.step = optimizerStep;
+
+  if (trace) {
+    for (size_t i = 0; i < n; ++i) {
+      const exec::Instruction &inst = plan.instructions[i];
+      if (inst.op == "record" || inst.op == "wait")
+        continue;
+      exec::TraceSpan span;
+      span.stream = inst.stream;
+      span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+      span.instruction = i;
+      span.layer = inst.layer;
+      span.flops = inst.cost.matmulFlops + inst.cost.attentionFlops +
+                   inst.cost.otherFlops;
+      span.bytes = inst.cost.bytes;
+      if (isGpuStream(inst.stream)) {
+        float startMs = 0, durMs = 0;
+        if (cu.cuEventElapsedTime(&startMs, I.baseEvent, I.startEvents[i]) !=
+                CUDA_SUCCESS ||
+            cu.cuEventElapsedTime(&durMs, I.startEvents[i], I.endEvents[i]) !=
+                CUDA_SUCCESS)
+          continue;
+        span.start = startMs * 1e-3;
+        span.seconds = durMs * 1e-3;
+      } else {
+        if (hostTimes[i].first < 0)
+          continue;
+        span.start = hostTimes[i].first;
+        span.seconds = hostTimes[i].second;
+      }
+      result.spans.push_back(std::move(span));
+    }
+  }
+  result.seconds =
+      std::chrono::duration<double>(Clock::now() - begin).count();
+  result.memory.plannedArenaBytes = plan.arenaBytes;
+  result.memory.plannedLiveBytes = plan.plannedLiveBytes;
+  result.memory.measuredArenaBytes = I.prep.arenaHighWater;
+  result.memory.measuredLiveBytes = I.prep.peakLiveBytes;
+  return result;
+}
+
+} // namespace megaslide::cuda

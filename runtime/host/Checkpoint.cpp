@@ -1,0 +1,544 @@
+//===- Checkpoint.cpp - Training checkpoints of the host state ------------===//
+
+#include "host/Checkpoint.h"
+
+#include "host/Safetensors.h"
+#include "host/Weights.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <unistd.h>
+
+using namespace megaslide;
+using namespace megaslide::host;
+using llvm::Error;
+using llvm::StringRef;
+
+namespace {
+
+constexpr llvm::StringLiteral kStateFile = "state.safetensors";
+constexpr llvm::StringLiteral kTrainerFile = "trainer.json";
+constexpr llvm::StringLiteral kManifestFile = "manifest.json";
+constexpr llvm::StringLiteral kLatestFile = "latest";
+constexpr llvm::StringLiteral kFormat = "megaslide-checkpoint";
+constexpr llvm::StringLiteral kManifestFormat = "megaslide-checkpoint-manifest";
+
+Error error(const llvm::Twine &message) {
+  return llvm::createStringError(
+      std::make_error_code(std::errc::invalid_argument), message);
+}
+
+std::string joinPath(StringRef dir, StringRef name) {
+  llvm::SmallString<256> p(dir);
+  llvm::sys::path::append(p, name);
+  return std::string(p);
+}
+
+std::string hex32(uint32_t v) { return llvm::formatv("{0:x-8}", v).str(); }
+
+/// The step of a directory name "step-<digits>".
+std::optional<int64_t> parseStepDirName(StringRef name) {
+  if (!name.consume_front("step-") || name.empty() ||
+      !llvm::all_of(name, llvm::isDigit))
+    return std::nullopt;
+  int64_t step;
+  if (name.getAsInteger(10, step))
+    return std::nullopt;
+  return step;
+}
+
+/// Every step-N directory of `dir`, complete or not.
+std::vector<CheckpointInfo> stepDirs(StringRef dir, bool completeOnly) {
+  std::vector<CheckpointInfo> result;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec)) {
+    std::optional<int64_t> step =
+        parseStepDirName(llvm::sys::path::filename(it->path()));
+    if (!step || !llvm::sys::fs::is_directory(it->path()))
+      continue;
+    if (completeOnly &&
+        !llvm::sys::fs::exists(joinPath(it->path(), kManifestFile)))
+      continue;
+    result.push_back({*step, it->path()});
+  }
+  llvm::sort(result, [](const CheckpointInfo &a, const CheckpointInfo &b) {
+    return a.step < b.step;
+  });
+  return result;
+}
+
+llvm::Expected<std::string> readSmallFile(StringRef path) {
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
+      llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
+                                  /*RequiresNullTerminator=*/false);
+  if (!buffer)
+    return error("cannot read '" + path + "': " + buffer.getError().message());
+  return (*buffer)->getBuffer().str();
+}
+
+/// CRC-32C of a whole file, streamed.
+llvm::Expected<uint32_t> crcOfFile(StringRef path) {
+  llvm::Expected<llvm::sys::fs::file_t> fd =
+      llvm::sys::fs::openNativeFileForRead(path);
+  if (!fd)
+    return fd.takeError();
+  std::vector<char> buf(8u << 20);
+  uint32_t crc = 0;
+  for (;;) {
+    llvm::Expected<size_t> n = llvm::sys::fs::readNativeFile(*fd, buf);
+    if (!n) {
+      llvm::sys::fs::closeFile(*fd);
+      return n.takeError();
+    }
+    if (*n == 0)
+      break;
+    crc = crc32c(crc, llvm::ArrayRef<uint8_t>(
+                          reinterpret_cast<const uint8_t *>(buf.data()), *n));
+  }
+  llvm::sys::fs::closeFile(*fd);
+  return crc;
+}
+
+bool processAlive(int64_t pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
+}
+
+/// Leftovers of saves that crashed: ".tmp-step-N-PID", ".old-step-N-PID"
+/// directories and ".latest.tmp-PID" files of processes no longer alive.
+void removeStaleTemporaries(StringRef dir) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec)) {
+    StringRef name = llvm::sys::path::filename(it->path());
+    if (!name.starts_with(".tmp-step-") && !name.starts_with(".old-step-") &&
+        !name.starts_with(".latest.tmp-"))
+      continue;
+    int64_t pid;
+    if (name.rsplit('-').second.getAsInteger(10, pid) || processAlive(pid))
+      continue;
+    stale.push_back(it->path());
+  }
+  for (const std::string &path : stale) {
+    if (llvm::sys::fs::is_directory(path))
+      llvm::sys::fs::remove_directories(path, /*IgnoreErrors=*/true);
+    else
+      llvm::sys::fs::remove(path);
+  }
+}
+
+struct FileRecord {
+  std::string name;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+} // namespace
+
+std::string host::checkpointDirName(int64_t step) {
+  return llvm::formatv("step-{0:d6}", step).str();
+}
+
+bool host::isCheckpointParam(const exec::Param &param) {
+  return param.role == "master" || param.role == "moment" ||
+         param.role == "frozen";
+}
+
+llvm::Expected<std::vector<CheckpointInfo>>
+host::listCheckpoints(StringRef dir) {
+  if (!llvm::sys::fs::exists(dir))
+    return std::vector<CheckpointInfo>();
+  if (!llvm::sys::fs::is_directory(dir))
+    return error("checkpoint directory '" + dir + "' is not a directory");
+  return stepDirs(dir, /*completeOnly=*/true);
+}
+
+//===----------------------------------------------------------------------===//
+// Saving
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Writes the files of a checkpoint into the (new, empty) directory `tmp`.
+Error writeCheckpointFiles(StringRef tmp, const HostState &state,
+                           StringRef trainerState) {
+  std::vector<StTensorToWrite> tensors;
+  for (const HostTensor &t : state.tensors) {
+    if (!t.param || !isCheckpointParam(*t.param))
+      continue;
+    if (static_cast<int64_t>(t.data.size()) != t.param->type.numElements())
+      return error(llvm::formatv("cannot save checkpoint: tensor '{0}' holds "
+                                 "{1} values, its type needs {2}",
+                                 t.param->name, t.data.size(),
+                                 t.param->type.numElements()));
+    tensors.push_back(
+        {t.param->name, t.param->type.shape, t.data.data(), StDType::F32});
+  }
+
+  std::vector<FileRecord> records;
+  SafetensorsWriteOptions options;
+  options.metadata = {{"format", kFormat.str()},
+                      {"step", std::to_string(state.step)}};
+  options.sync = true;
+  FileRecord stateRecord{kStateFile.str()};
+  options.crc32c = &stateRecord.crc;
+  std::string statePath = joinPath(tmp, kStateFile);
+  if (Error e = writeSafetensors(statePath, tensors, options))
+    return e;
+  if (std::error_code ec =
+          llvm::sys::fs::file_size(statePath, stateRecord.bytes))
+    return error("cannot stat '" + statePath + "': " + ec.message());
+  records.push_back(stateRecord);
+
+  llvm::json::Object trainer{{"format", kFormat},
+                             {"version", kCheckpointFormatVersion},
+                             {"step", state.step},
+                             {"trainer_state", trainerState.str()}};
+  std::string trainerText =
+      llvm::formatv("{0:2}\n", llvm::json::Value(std::move(trainer))).str();
+  if (Error e = writeFile(joinPath(tmp, kTrainerFile), trainerText, true))
+    return e;
+  records.push_back(
+      {kTrainerFile.str(), trainerText.size(),
+       crc32c(0, llvm::ArrayRef<uint8_t>(
+                     reinterpret_cast<const uint8_t *>(trainerText.data()),
+                     trainerText.size()))});
+
+  llvm::json::Array files;
+  for (const FileRecord &r : records)
+    files.push_back(llvm::json::Object{{"name", r.name},
+                                       {"bytes", static_cast<int64_t>(r.bytes)},
+                                       {"crc32c", hex32(r.crc)}});
+  llvm::json::Object manifest{{"format", kManifestFormat},
+                              {"version", kCheckpointFormatVersion},
+                              {"step", state.step},
+                              {"checksum", "crc32c"},
+                              {"files", std::move(files)}};
+  std::string manifestText =
+      llvm::formatv("{0:2}\n", llvm::json::Value(std::move(manifest))).str();
+  // Written last: its presence marks the files complete.
+  if (Error e = writeFile(joinPath(tmp, kManifestFile), manifestText, true))
+    return e;
+  return syncDirectory(tmp);
+}
+
+} // namespace
+
+llvm::Expected<std::string>
+host::saveCheckpoint(StringRef dir, const HostState &state,
+                     StringRef trainerState, const CheckpointOptions &options) {
+  if (state.step < 0)
+    return error(
+        llvm::formatv("cannot save a checkpoint of step {0}", state.step));
+  if (!llvm::json::isUTF8(trainerState))
+    return error("cannot save checkpoint: the trainer state is not UTF-8");
+  if (std::error_code ec = llvm::sys::fs::create_directories(
+          dir, /*IgnoreExisting=*/true, llvm::sys::fs::all_all))
+    return error("cannot create checkpoint directory '" + dir +
+                 "': " + ec.message());
+
+  std::string name = checkpointDirName(state.step);
+  int pid = ::getpid();
+  std::string tmp =
+      joinPath(dir, llvm::formatv(".tmp-{0}-{1}", name, pid).str());
+  std::string final = joinPath(dir, name);
+  llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+  if (std::error_code ec = llvm::sys::fs::create_directory(
+          tmp, /*IgnoreExisting=*/false, llvm::sys::fs::all_all))
+    return error("cannot create '" + tmp + "': " + ec.message());
+  if (Error e = writeCheckpointFiles(tmp, state, trainerState)) {
+    llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+    return e;
+  }
+
+  // A checkpoint of the same step (a rerun from an earlier one) is moved
+  // aside, not deleted, until the new one is in place.
+  std::string old;
+  if (llvm::sys::fs::exists(final)) {
+    old = joinPath(dir, llvm::formatv(".old-{0}-{1}", name, pid).str());
+    llvm::sys::fs::remove_directories(old, /*IgnoreErrors=*/true);
+    if (std::error_code ec = llvm::sys::fs::rename(final, old)) {
+      llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+      return error("cannot move aside '" + final + "': " + ec.message());
+    }
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(tmp, final)) {
+    if (!old.empty())
+      llvm::sys::fs::rename(old, final);
+    llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+    return error("cannot rename '" + tmp + "' to '" + final +
+                 "': " + ec.message());
+  }
+  if (Error e = syncDirectory(dir))
+    return e;
+  if (!old.empty())
+    llvm::sys::fs::remove_directories(old, /*IgnoreErrors=*/true);
+
+  std::string latestTmp =
+      joinPath(dir, llvm::formatv(".latest.tmp-{0}", pid).str());
+  if (Error e = writeFile(latestTmp, name + "\n", /*sync=*/true))
+    return e;
+  std::string latest = joinPath(dir, kLatestFile);
+  if (std::error_code ec = llvm::sys::fs::rename(latestTmp, latest)) {
+    llvm::sys::fs::remove(latestTmp);
+    return error("cannot rename '" + latestTmp + "' to '" + latest +
+                 "': " + ec.message());
+  }
+  if (Error e = syncDirectory(dir))
+    return e;
+
+  // Retention, now that the new checkpoint is complete and named by
+  // `latest`. Checkpoints of later steps (a run restarted from an earlier
+  // one) are not ours to judge and stay.
+  if (options.keep > 0) {
+    std::vector<CheckpointInfo> older;
+    for (const CheckpointInfo &c : stepDirs(dir, /*completeOnly=*/true))
+      if (c.step < state.step)
+        older.push_back(c);
+    size_t keepOlder = options.keep - 1;
+    for (size_t i = 0; i + keepOlder < older.size(); ++i) {
+      // Renamed first, so that an interrupted deletion never leaves a
+      // half-deleted directory that still looks like a checkpoint.
+      std::string doomed = joinPath(
+          dir, llvm::formatv(".old-{0}-{1}",
+                             llvm::sys::path::filename(older[i].path), pid)
+                   .str());
+      std::error_code ec = llvm::sys::fs::rename(older[i].path, doomed);
+      if (!ec)
+        ec = llvm::sys::fs::remove_directories(doomed, /*IgnoreErrors=*/false);
+      if (ec)
+        return error("checkpoint '" + final + "' saved, but deleting '" +
+                     older[i].path + "' failed: " + ec.message());
+    }
+  }
+  removeStaleTemporaries(dir);
+  return final;
+}
+
+//===----------------------------------------------------------------------===//
+// Loading
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
+                                                     int64_t &step) {
+  std::string path = joinPath(stepDir, kManifestFile);
+  if (!llvm::sys::fs::exists(path))
+    return error("'" + stepDir +
+                 "' is not a complete checkpoint: " + kManifestFile +
+                 (llvm::sys::fs::is_directory(stepDir) ? " is missing"
+                                                       : " is missing (no such "
+                                                         "directory)"));
+  llvm::Expected<std::string> text = readSmallFile(path);
+  if (!text)
+    return text.takeError();
+  auto bad = [&](const llvm::Twine &what) {
+    return error("'" + path + "' is corrupt: " + what);
+  };
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(*text);
+  if (!json)
+    return bad("not valid JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *root = json->getAsObject();
+  if (!root || root->getString("format") != kManifestFormat)
+    return bad("not a MegaSlide checkpoint manifest");
+  std::optional<int64_t> version = root->getInteger("version");
+  if (!version || *version < 1 || *version > kCheckpointFormatVersion)
+    return bad(llvm::formatv("unsupported version (this build reads up to "
+                             "{0})",
+                             kCheckpointFormatVersion));
+  std::optional<int64_t> manifestStep = root->getInteger("step");
+  if (!manifestStep || *manifestStep < 0)
+    return bad("no valid 'step'");
+  step = *manifestStep;
+  if (root->getString("checksum") != "crc32c")
+    return bad("unknown 'checksum' (expected \"crc32c\")");
+  const llvm::json::Array *files = root->getArray("files");
+  if (!files)
+    return bad("no 'files' array");
+  std::vector<FileRecord> records;
+  for (const llvm::json::Value &v : *files) {
+    const llvm::json::Object *f = v.getAsObject();
+    std::optional<StringRef> name = f ? f->getString("name") : std::nullopt;
+    std::optional<int64_t> bytes = f ? f->getInteger("bytes") : std::nullopt;
+    std::optional<StringRef> crc = f ? f->getString("crc32c") : std::nullopt;
+    uint32_t crcValue;
+    if (!name || !bytes || *bytes < 0 || !crc || crc->size() != 8 ||
+        crc->getAsInteger(16, crcValue))
+      return bad("a 'files' entry lacks a valid name, bytes or crc32c");
+    records.push_back({name->str(), static_cast<uint64_t>(*bytes), crcValue});
+  }
+  for (StringRef required : {kStateFile, kTrainerFile})
+    if (llvm::none_of(records,
+                      [&](const FileRecord &r) { return r.name == required; }))
+      return bad("'" + required + "' is not listed");
+  return records;
+}
+
+Error checksumError(StringRef path, uint32_t actual, uint32_t expected) {
+  return error("'" + path + "' is corrupt: its CRC-32C is " + hex32(actual) +
+               ", the manifest records " + hex32(expected));
+}
+
+} // namespace
+
+Error host::loadCheckpoint(StringRef stepDir, HostState &state,
+                           std::string &trainerState) {
+  int64_t manifestStep = 0;
+  llvm::Expected<std::vector<FileRecord>> records =
+      readManifest(stepDir, manifestStep);
+  if (!records)
+    return records.takeError();
+
+  // Sizes first: truncation is found without reading gigabytes.
+  for (const FileRecord &r : *records) {
+    std::string path = joinPath(stepDir, r.name);
+    uint64_t size;
+    if (std::error_code ec = llvm::sys::fs::file_size(path, size))
+      return error("checkpoint file '" + path + "': " + ec.message());
+    if (size != r.bytes)
+      return error(llvm::formatv("'{0}' is {1} bytes, the manifest records "
+                                 "{2} ({3})",
+                                 path, size, r.bytes,
+                                 size < r.bytes ? "truncated" : "modified"));
+  }
+
+  uint32_t expectedStateCrc = 0;
+  for (const FileRecord &r : *records)
+    if (r.name == kStateFile)
+      expectedStateCrc = r.crc;
+  std::string trainerPath = joinPath(stepDir, kTrainerFile);
+  llvm::Expected<std::string> trainerText = readSmallFile(trainerPath);
+  if (!trainerText)
+    return trainerText.takeError();
+  for (const FileRecord &r : *records) {
+    if (r.name != kTrainerFile)
+      continue;
+    uint32_t crc =
+        crc32c(0, llvm::ArrayRef<uint8_t>(
+                      reinterpret_cast<const uint8_t *>(trainerText->data()),
+                      trainerText->size()));
+    if (crc != r.crc)
+      return checksumError(trainerPath, crc, r.crc);
+  }
+  auto badTrainer = [&](const llvm::Twine &what) {
+    return error("'" + trainerPath + "' is corrupt: " + what);
+  };
+  llvm::Expected<llvm::json::Value> trainerJson =
+      llvm::json::parse(*trainerText);
+  if (!trainerJson)
+    return badTrainer("not valid JSON: " +
+                      llvm::toString(trainerJson.takeError()));
+  const llvm::json::Object *trainer = trainerJson->getAsObject();
+  if (!trainer || trainer->getString("format") != kFormat)
+    return badTrainer("not a MegaSlide checkpoint trainer file");
+  std::optional<int64_t> version = trainer->getInteger("version");
+  if (!version || *version < 1 || *version > kCheckpointFormatVersion)
+    return badTrainer("unsupported version");
+  std::optional<int64_t> step = trainer->getInteger("step");
+  std::optional<StringRef> opaque = trainer->getString("trainer_state");
+  if (!step || !opaque)
+    return badTrainer("'step' or 'trainer_state' missing");
+  if (*step != manifestStep)
+    return badTrainer(
+        llvm::formatv("step {0}, the manifest says {1}", *step, manifestStep));
+
+  std::string statePath = joinPath(stepDir, kStateFile);
+  llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::open(statePath);
+  if (!reader) {
+    // Say whether the bytes changed since saving or the save was wrong.
+    std::string why = llvm::toString(reader.takeError());
+    llvm::Expected<uint32_t> crc = crcOfFile(statePath);
+    if (crc && *crc != expectedStateCrc)
+      return error(why + " (its CRC-32C is " + hex32(*crc) +
+                   ", the manifest records " + hex32(expectedStateCrc) +
+                   ": the file is corrupt)");
+    if (!crc)
+      llvm::consumeError(crc.takeError());
+    return error(why);
+  }
+  const SafetensorsReader &file = **reader;
+  llvm::StringMap<FoundTensor> found;
+  for (const StTensorInfo &info : file.tensors())
+    found[info.name] = {&file, &info};
+  if (Error e = checkTensorSet(statePath, found, state, isCheckpointParam))
+    return e;
+
+  // Read in file order, checksumming every byte on the way, so that the
+  // file is read once.
+  uint32_t crc = 0;
+  auto onRaw = [&](llvm::ArrayRef<uint8_t> bytes) { crc = crc32c(crc, bytes); };
+  if (Error e = file.readRaw(0, file.dataStart(), onRaw))
+    return e;
+  uint64_t pos = file.dataStart();
+  for (const StTensorInfo &info : file.tensors()) {
+    uint64_t begin = file.dataStart() + info.begin;
+    if (begin > pos)
+      if (Error e = file.readRaw(pos, begin - pos, onRaw))
+        return e;
+    HostTensor &t = state.tensors[state.index.find(info.name)->second];
+    t.data.resize(static_cast<size_t>(info.numElements()));
+    if (Error e = file.readF32(info, t.data, onRaw))
+      return e;
+    pos = file.dataStart() + info.end;
+  }
+  if (file.fileSize() > pos)
+    if (Error e = file.readRaw(pos, file.fileSize() - pos, onRaw))
+      return e;
+  if (crc != expectedStateCrc)
+    return checksumError(statePath, crc, expectedStateCrc);
+
+  state.step = *step;
+  trainerState = opaque->str();
+  return Error::success();
+}
+
+Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
+                                 std::string &trainerState) {
+  std::vector<CheckpointInfo> complete = stepDirs(dir, /*completeOnly=*/true);
+  // The newest complete checkpoint other than `failed`, as a suggestion.
+  auto suggest = [&](StringRef failed) -> std::string {
+    for (auto it = complete.rbegin(); it != complete.rend(); ++it)
+      if (llvm::sys::path::filename(it->path) != failed)
+        return std::string(failed.empty() ? "; the newest complete"
+                                          : "; the previous") +
+               " checkpoint is '" + it->path +
+               "' (load it explicitly with loadCheckpoint)";
+    return "; no other complete checkpoint is in '" + dir.str() + "'";
+  };
+
+  std::string latestPath = joinPath(dir, kLatestFile);
+  if (!llvm::sys::fs::exists(latestPath)) {
+    if (complete.empty())
+      return error("no checkpoint in '" + dir + "' ('" + latestPath +
+                   "' does not exist)");
+    return error("'" + latestPath + "' is missing" + suggest(""));
+  }
+  llvm::Expected<std::string> text = readSmallFile(latestPath);
+  if (!text)
+    return text.takeError();
+  StringRef name = StringRef(*text).trim();
+  if (!parseStepDirName(name)) {
+    std::string shown = StringRef(*text).take_front(40).trim().str();
+    if (!llvm::json::isUTF8(shown))
+      shown = "<binary>";
+    return error("'" + latestPath +
+                 "' is corrupt (it should name a step-N "
+                 "directory but holds \"" +
+                 shown + "\")" + suggest(""));
+  }
+  if (Error e = loadCheckpoint(joinPath(dir, name), state, trainerState))
+    return error(llvm::toString(std::move(e)) + suggest(name));
+  return Error::success();
+}

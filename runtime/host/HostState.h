@@ -1,0 +1,52 @@
+//===- HostState.h - The model state in host memory -------------*- C++ -*-===//
+//
+// Every persistent tensor of a plan (fp32 masters, AdamW moments, frozen
+// buffers) plus the optimizer step, owned by the host as DESIGN.md says.
+// Backends read masters when staging weights and update them in the host
+// AdamW; weights and checkpoints are saved from and loaded into it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H
+#define MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H
+
+#include "plan/ExecPlan.h"
+
+#include "llvm/ADT/StringMap.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace megaslide::host {
+
+/// One persistent tensor, always fp32 on the host.
+struct HostTensor {
+  const exec::Param *param = nullptr; ///< in the plan the state was made for
+  std::vector<float> data;
+};
+
+struct HostState {
+  /// Tensors in the plan's parameter order; `index` maps names to them.
+  std::vector<HostTensor> tensors;
+  llvm::StringMap<size_t> index;
+  /// Completed optimizer steps (the next step passes step + 1 to AdamW).
+  int64_t step = 0;
+
+  HostTensor *find(llvm::StringRef name);
+  const HostTensor *find(llvm::StringRef name) const;
+  /// The moments of trainable parameter `name` (role moment, `of` name).
+  HostTensor *expAvg(llvm::StringRef name);
+  HostTensor *expAvgSq(llvm::StringRef name);
+  /// Bytes of all tensors.
+  uint64_t bytes() const;
+};
+
+/// Allocates the state of `plan` and initialises it deterministically from
+/// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
+/// layers ~ N(0, 0.02), biases and moments zero, norm weights one,
+/// embedding tables ~ N(0, 0.02), the output projection zero as in DiT.
+HostState initHostState(const exec::ExecPlan &plan, uint64_t seed);
+
+} // namespace megaslide::host
+
+#endif // MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H

@@ -1,0 +1,384 @@
+//===- Weights.cpp - diffusers-format model weights -----------------------===//
+
+#include "host/Weights.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <unistd.h>
+
+using namespace megaslide;
+using namespace megaslide::host;
+using llvm::Error;
+using llvm::StringRef;
+
+namespace {
+
+Error error(const llvm::Twine &message) {
+  return llvm::createStringError(
+      std::make_error_code(std::errc::invalid_argument), message);
+}
+
+std::string joinPath(StringRef dir, StringRef name) {
+  llvm::SmallString<256> p(dir);
+  llvm::sys::path::append(p, name);
+  return std::string(p);
+}
+
+std::string shapeString(llvm::ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+const HostTensor *lookup(const HostState &state, StringRef name) {
+  auto it = state.index.find(name);
+  return it == state.index.end() ? nullptr : &state.tensors[it->second];
+}
+
+/// "3 missing: a, b, c" with at most `kListed` names and "(N more)".
+constexpr size_t kListed = 5;
+void appendList(std::string &out, StringRef what,
+                const std::vector<std::string> &items) {
+  if (items.empty())
+    return;
+  out += llvm::formatv("\n  {0} {1}: ", items.size(), what).str();
+  for (size_t i = 0; i < items.size() && i < kListed; ++i)
+    out += (i ? ", " : "") + items[i];
+  if (items.size() > kListed)
+    out += llvm::formatv(", ... ({0} more)", items.size() - kListed).str();
+}
+
+/// The weight shard names diffusers writes and reads.
+bool isWeightsFileName(StringRef name) {
+  static const llvm::Regex re("^diffusion_pytorch_model(-[0-9]{5}-of-[0-9]{5})"
+                              "?\\.safetensors(\\.index\\.json)?$");
+  return re.match(name);
+}
+
+} // namespace
+
+bool host::isWeightParam(const exec::Param &param) {
+  return param.role == "master" || param.role == "frozen";
+}
+
+Error host::checkTensorSet(
+    StringRef source, const llvm::StringMap<FoundTensor> &found,
+    const HostState &state,
+    llvm::function_ref<bool(const exec::Param &)> wanted) {
+  std::vector<std::string> missing, unexpected, mismatched, unreadable;
+  size_t expected = 0;
+  for (const HostTensor &t : state.tensors) {
+    if (!t.param || !wanted(*t.param))
+      continue;
+    ++expected;
+    auto it = found.find(t.param->name);
+    if (it == found.end()) {
+      missing.push_back(t.param->name);
+      continue;
+    }
+    const StTensorInfo &info = *it->second.info;
+    if (info.shape != t.param->type.shape)
+      mismatched.push_back(llvm::formatv("{0} (file {1}, model {2})",
+                                         t.param->name, shapeString(info.shape),
+                                         shapeString(t.param->type.shape)));
+    else if (info.dtype != StDType::F32 && info.dtype != StDType::BF16 &&
+             info.dtype != StDType::F16)
+      unreadable.push_back(t.param->name + " (" + stDTypeName(info.dtype) +
+                           ")");
+  }
+  for (const auto &kv : found) {
+    const HostTensor *t = lookup(state, kv.first());
+    if (!t || !t->param || !wanted(*t->param))
+      unexpected.push_back(kv.first().str());
+  }
+  if (missing.empty() && unexpected.empty() && mismatched.empty() &&
+      unreadable.empty())
+    return Error::success();
+  // Name order, so that messages are stable.
+  llvm::sort(missing);
+  llvm::sort(unexpected);
+  llvm::sort(mismatched);
+  llvm::sort(unreadable);
+  std::string message =
+      llvm::formatv("'{0}' does not match the model ({1} tensors expected):",
+                    source, expected)
+          .str();
+  appendList(message, "missing", missing);
+  appendList(message, "unexpected (not in the model)", unexpected);
+  appendList(message, "with a different shape", mismatched);
+  appendList(message, "with a dtype other than F32/BF16/F16", unreadable);
+  return error(message);
+}
+
+//===----------------------------------------------------------------------===//
+// Saving
+//===----------------------------------------------------------------------===//
+
+Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
+                        StringRef dir, const SaveWeightsOptions &options) {
+  if (options.dtype != StDType::F32 && options.dtype != StDType::BF16)
+    return error(llvm::Twine("cannot save weights as ") +
+                 stDTypeName(options.dtype) + ": F32 or BF16");
+  if (options.maxShardBytes == 0)
+    return error("cannot save weights: the shard size limit must be positive");
+
+  // Shard as huggingface_hub does: in order, a new shard when the next
+  // tensor would overflow the current one.
+  std::vector<std::vector<StTensorToWrite>> shards(1);
+  std::vector<uint64_t> shardBytes(1, 0);
+  uint64_t totalBytes = 0;
+  for (const HostTensor &t : state.tensors) {
+    if (!t.param || !isWeightParam(*t.param))
+      continue;
+    int64_t elements = t.param->type.numElements();
+    if (static_cast<int64_t>(t.data.size()) != elements)
+      return error(llvm::formatv("cannot save weights: tensor '{0}' holds "
+                                 "{1} values, its shape {2} needs {3}",
+                                 t.param->name, t.data.size(),
+                                 shapeString(t.param->type.shape), elements));
+    uint64_t bytes = static_cast<uint64_t>(elements) *
+                     static_cast<uint64_t>(stDTypeBytes(options.dtype));
+    if (!shards.back().empty() &&
+        shardBytes.back() + bytes > options.maxShardBytes) {
+      shards.emplace_back();
+      shardBytes.push_back(0);
+    }
+    shards.back().push_back(
+        {t.param->name, t.param->type.shape, t.data.data(), options.dtype});
+    shardBytes.back() += bytes;
+    totalBytes += bytes;
+  }
+
+  if (std::error_code ec = llvm::sys::fs::create_directories(
+          dir, /*IgnoreExisting=*/true, llvm::sys::fs::all_all))
+    return error("cannot create directory '" + dir + "': " + ec.message());
+
+  // Final name -> contents; written under temporary names first.
+  std::vector<std::string> finals;
+  std::vector<std::string> temps;
+  auto removeTemps = [&] {
+    for (const std::string &t : temps)
+      llvm::sys::fs::remove(t);
+  };
+  auto tempFor = [&](StringRef name) {
+    finals.push_back(name.str());
+    temps.push_back(
+        joinPath(dir, llvm::formatv(".{0}.tmp-{1}", name, ::getpid()).str()));
+    return temps.back();
+  };
+
+  std::string config = plan.modelConfig.empty() ? "{}" : plan.modelConfig;
+  if (!StringRef(config).ends_with("\n"))
+    config += "\n";
+  if (Error e = writeFile(tempFor(kWeightsConfigFile), config, false)) {
+    removeTemps();
+    return e;
+  }
+
+  SafetensorsWriteOptions writeOptions;
+  writeOptions.metadata["format"] = "pt"; // what diffusers/transformers write
+  size_t n = shards.size();
+  llvm::json::Object weightMap;
+  for (size_t i = 0; i < n; ++i) {
+    std::string name =
+        n == 1 ? kWeightsFile.str()
+               : llvm::formatv("diffusion_pytorch_model-{0:d5}-of-{1:d5}"
+                               ".safetensors",
+                               i + 1, n)
+                     .str();
+    for (const StTensorToWrite &t : shards[i])
+      weightMap[t.name] = name;
+    if (Error e = writeSafetensors(tempFor(name), shards[i], writeOptions)) {
+      removeTemps();
+      return e;
+    }
+  }
+  if (n > 1) {
+    llvm::json::Object index{
+        {"metadata",
+         llvm::json::Object{{"total_size", static_cast<int64_t>(totalBytes)}}},
+        {"weight_map", std::move(weightMap)}};
+    std::string text =
+        llvm::formatv("{0:2}", llvm::json::Value(std::move(index)));
+    if (Error e = writeFile(tempFor(kWeightsIndexFile), text + "\n", false)) {
+      removeTemps();
+      return e;
+    }
+  }
+
+  for (size_t i = 0; i < finals.size(); ++i) {
+    std::string final = joinPath(dir, finals[i]);
+    if (std::error_code ec = llvm::sys::fs::rename(temps[i], final)) {
+      removeTemps();
+      return error("cannot rename '" + temps[i] + "' to '" + final +
+                   "': " + ec.message());
+    }
+  }
+
+  // Weight files of an earlier save that this one replaces (diffusers'
+  // save_pretrained does the same): a stale index next to a new single
+  // file, or shards of another count, would be loaded instead of ours.
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec)) {
+    StringRef name = llvm::sys::path::filename(it->path());
+    if (isWeightsFileName(name) && !llvm::is_contained(finals, name))
+      stale.push_back(it->path());
+  }
+  for (const std::string &path : stale)
+    if (std::error_code rm = llvm::sys::fs::remove(path))
+      return error("cannot remove stale weights file '" + path +
+                   "': " + rm.message());
+  return Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Loading
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The shard files an index names, checked; `weightMap` receives it.
+llvm::Expected<std::vector<std::string>>
+readIndex(StringRef indexPath,
+          std::vector<std::pair<std::string, std::string>> &weightMap) {
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
+      llvm::MemoryBuffer::getFile(indexPath, /*IsText=*/true);
+  if (!buffer)
+    return error("cannot read '" + indexPath +
+                 "': " + buffer.getError().message());
+  auto bad = [&](const llvm::Twine &what) {
+    return error("'" + indexPath + "': " + what);
+  };
+  llvm::Expected<llvm::json::Value> json =
+      llvm::json::parse((*buffer)->getBuffer());
+  if (!json)
+    return bad("not valid JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *root = json->getAsObject();
+  const llvm::json::Object *map =
+      root ? root->getObject("weight_map") : nullptr;
+  if (!map)
+    return bad("no 'weight_map' object");
+  llvm::StringSet<> files;
+  for (const auto &kv : *map) {
+    std::optional<StringRef> file = kv.second.getAsString();
+    if (!file)
+      return bad("weight_map entry '" + kv.first.str() +
+                 "' is not a file name");
+    // A file name, not a path: an index must not reach outside its folder.
+    if (file->empty() || *file == "." || *file == ".." || file->contains('/') ||
+        file->contains('\\'))
+      return bad("weight_map entry '" + kv.first.str() + "' names '" + *file +
+                 "', not a file of the directory");
+    weightMap.emplace_back(kv.first.str(), file->str());
+    files.insert(*file);
+  }
+  std::vector<std::string> result;
+  for (const auto &f : files)
+    result.push_back(f.getKey().str());
+  llvm::sort(result);
+  llvm::sort(weightMap);
+  return result;
+}
+
+} // namespace
+
+Error host::loadWeights(StringRef path, HostState &state) {
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  auto openFile = [&](StringRef file) -> Error {
+    llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =
+        SafetensorsReader::open(file);
+    if (!reader)
+      return reader.takeError();
+    files.push_back(std::move(*reader));
+    return Error::success();
+  };
+
+  std::vector<std::pair<std::string, std::string>> weightMap;
+  bool indexed = false;
+  std::string indexPath;
+  if (!llvm::sys::fs::is_directory(path)) {
+    if (!llvm::sys::fs::exists(path))
+      return error("weights '" + path + "' do not exist");
+    if (Error e = openFile(path))
+      return e;
+  } else {
+    indexPath = joinPath(path, kWeightsIndexFile);
+    std::string single = joinPath(path, kWeightsFile);
+    if (llvm::sys::fs::exists(indexPath)) {
+      indexed = true;
+      llvm::Expected<std::vector<std::string>> shardNames =
+          readIndex(indexPath, weightMap);
+      if (!shardNames)
+        return shardNames.takeError();
+      for (const std::string &name : *shardNames)
+        if (Error e = openFile(joinPath(path, name)))
+          return e;
+    } else if (llvm::sys::fs::exists(single)) {
+      if (Error e = openFile(single))
+        return e;
+    } else {
+      std::string hint;
+      if (llvm::sys::fs::is_directory(joinPath(path, "transformer")))
+        hint = "; for a diffusers pipeline pass its 'transformer' "
+               "subdirectory";
+      return error("'" + path + "' has neither " + kWeightsFile + " nor " +
+                   kWeightsIndexFile + hint);
+    }
+  }
+
+  llvm::StringMap<FoundTensor> found;
+  llvm::StringMap<const SafetensorsReader *> fileByName;
+  for (const auto &file : files) {
+    fileByName[llvm::sys::path::filename(file->path())] = file.get();
+    for (const StTensorInfo &info : file->tensors()) {
+      auto [it, inserted] =
+          found.try_emplace(info.name, FoundTensor{file.get(), &info});
+      if (!inserted)
+        return error("tensor '" + info.name + "' is in both '" +
+                     it->second.file->path() + "' and '" + file->path() + "'");
+    }
+  }
+  if (indexed) {
+    // The index and the shards must agree, or loading would depend on
+    // which one a reader trusts.
+    llvm::StringSet<> listed;
+    for (const auto &[name, file] : weightMap) {
+      listed.insert(name);
+      auto it = found.find(name);
+      if (it == found.end() ||
+          llvm::sys::path::filename(it->second.file->path()) != file)
+        return error("'" + indexPath + "' maps tensor '" + name + "' to '" +
+                     file + "', which does not hold it");
+    }
+    for (const auto &kv : found)
+      if (!listed.contains(kv.first()))
+        return error("tensor '" + kv.first() + "' of '" +
+                     kv.second.file->path() + "' is not in '" + indexPath +
+                     "'");
+  }
+
+  if (Error e = checkTensorSet(path, found, state, isWeightParam))
+    return e;
+
+  // File by file in data order: sequential reads.
+  for (const auto &file : files) {
+    for (const StTensorInfo &info : file->tensors()) {
+      HostTensor &t = state.tensors[state.index.find(info.name)->second];
+      t.data.resize(static_cast<size_t>(info.numElements()));
+      if (Error e = file->readF32(info, t.data))
+        return e;
+    }
+  }
+  return Error::success();
+}

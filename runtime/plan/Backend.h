@@ -1,0 +1,80 @@
+//===- Backend.h - What every runtime backend provides ----------*- C++ -*-===//
+//
+// A backend executes one training step of an execution plan against the
+// host state: cpu (reference numerics, tracking arena), cuda (the GPU) and
+// sim (predicted timing only). The trainer (runtime/train) drives them all
+// through this interface.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_PLAN_BACKEND_H
+#define MEGASLIDE_RUNTIME_PLAN_BACKEND_H
+
+#include "host/HostState.h"
+#include "plan/ExecPlan.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace megaslide::exec {
+
+/// The step's inputs by argument name (latents, noise, timesteps,
+/// condition, ...) as fp32 host arrays in the plan's shapes; integer inputs
+/// hold exact small integers. The optimizer step counter ("step") is
+/// supplied by the backend from HostState::step.
+using StepInputs = std::map<std::string, std::vector<float>>;
+
+/// One span of work for the trace: `start` and `seconds` are measured
+/// (cpu, cuda) or predicted (sim), relative to the step's start.
+struct TraceSpan {
+  Stream stream;
+  std::string name;
+  double start = 0, seconds = 0;
+  int64_t instruction = -1;
+  std::optional<int64_t> layer;
+  uint64_t bytes = 0, flops = 0;
+};
+
+/// Device memory of a step: what the plan promised and what the backend
+/// measured (cpu: its tracking arena; cuda: the same bookkeeping on the
+/// real arena; sim: replayed).
+struct MemoryStats {
+  int64_t plannedArenaBytes = 0, measuredArenaBytes = 0;
+  int64_t plannedLiveBytes = 0, measuredLiveBytes = 0;
+};
+
+struct StepResult {
+  float loss = 0;
+  double seconds = 0; ///< wall time (cpu, cuda) or predicted time (sim)
+  MemoryStats memory;
+  std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
+};
+
+struct StepOptions {
+  /// Apply the host AdamW updates; without, the step only computes the
+  /// gradients (parity tests, gradient inspection).
+  bool applyUpdates = true;
+  bool trace = false;
+  /// Called with each parameter's gradient (fp32) as it reaches the host.
+  std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual const char *name() const = 0;
+  /// Whether steps compute numbers (cpu, cuda) or only timing (sim).
+  virtual bool computesLoss() const { return true; }
+  virtual llvm::Expected<StepResult> step(const StepInputs &inputs,
+                                          host::HostState &state,
+                                          const StepOptions &options) = 0;
+};
+
+} // namespace megaslide::exec
+
+#endif // MEGASLIDE_RUNTIME_PLAN_BACKEND_H

@@ -1,0 +1,737 @@
+//===- ExecPlan.cpp - Execution plan: types, JSON, validation -------------===//
+
+#include "plan/ExecPlan.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace megaslide;
+using namespace megaslide::exec;
+
+const char *exec::dtypeName(DType dtype) {
+  switch (dtype) {
+  case DType::BF16:
+    return "bf16";
+  case DType::F16:
+    return "f16";
+  case DType::F32:
+    return "f32";
+  case DType::I32:
+    return "i32";
+  case DType::I64:
+    return "i64";
+  }
+  return "?";
+}
+
+std::optional<DType> exec::parseDType(llvm::StringRef name) {
+  for (DType d : {DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64})
+    if (name == dtypeName(d))
+      return d;
+  return std::nullopt;
+}
+
+int64_t exec::dtypeBytes(DType dtype) {
+  switch (dtype) {
+  case DType::BF16:
+  case DType::F16:
+    return 2;
+  case DType::F32:
+  case DType::I32:
+    return 4;
+  case DType::I64:
+    return 8;
+  }
+  return 0;
+}
+
+const char *exec::streamName(Stream stream) {
+  switch (stream) {
+  case Stream::Compute:
+    return "compute";
+  case Stream::HostToDevice:
+    return "h2d";
+  case Stream::DeviceToHost:
+    return "d2h";
+  case Stream::Host:
+    return "host";
+  }
+  return "?";
+}
+
+int64_t TensorType::numElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+const Attr *Instruction::attr(llvm::StringRef name) const {
+  auto it = attrs.find(name);
+  return it == attrs.end() ? nullptr : &it->second;
+}
+
+std::optional<int64_t> Instruction::intAttr(llvm::StringRef name) const {
+  if (const Attr *a = attr(name))
+    if (auto *i = std::get_if<int64_t>(a))
+      return *i;
+  return std::nullopt;
+}
+
+std::optional<double> Instruction::floatAttr(llvm::StringRef name) const {
+  if (const Attr *a = attr(name)) {
+    if (auto *d = std::get_if<double>(a))
+      return *d;
+    if (auto *i = std::get_if<int64_t>(a))
+      return static_cast<double>(*i);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>>
+Instruction::intsAttr(llvm::StringRef name) const {
+  if (const Attr *a = attr(name))
+    if (auto *v = std::get_if<std::vector<int64_t>>(a))
+      return *v;
+  return std::nullopt;
+}
+
+const Param *ExecPlan::findParam(llvm::StringRef name) const {
+  for (const Param &p : params)
+    if (p.name == name)
+      return &p;
+  return nullptr;
+}
+
+//===----------------------------------------------------------------------===//
+// Liveness
+//===----------------------------------------------------------------------===//
+
+/// The value whose arena bytes `id` occupies (itself unless a view).
+static int64_t baseOf(const ExecPlan &plan, int64_t id) {
+  // Views are validated to point at earlier ids, so this terminates.
+  while (plan.values[id].viewOf)
+    id = *plan.values[id].viewOf;
+  return id;
+}
+
+Liveness exec::computeLiveness(const ExecPlan &plan) {
+  Liveness l;
+  size_t n = plan.values.size();
+  int64_t steps = plan.instructions.size();
+  l.def.assign(n, -1);
+  l.lastUse.assign(n, -1);
+  for (int64_t id : plan.inputs)
+    l.def[id] = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const Instruction &inst = plan.instructions[i];
+    for (int64_t r : inst.results) {
+      l.def[r] = i;
+      l.lastUse[baseOf(plan, r)] = std::max(l.lastUse[baseOf(plan, r)], i);
+    }
+    for (int64_t o : inst.operands)
+      l.lastUse[baseOf(plan, o)] = std::max(l.lastUse[baseOf(plan, o)], i);
+  }
+  for (int64_t id : plan.outputs)
+    l.lastUse[baseOf(plan, id)] = steps - 1;
+
+  std::vector<int64_t> delta(steps + 1, 0);
+  for (size_t id = 0; id < n; ++id) {
+    const Value &v = plan.values[id];
+    if (v.home != Home::Device || v.viewOf || l.def[id] < 0)
+      continue;
+    l.deviceBuffers.push_back(id);
+    delta[l.def[id]] += v.type.bytes();
+    delta[std::max(l.def[id], l.lastUse[id]) + 1] -= v.type.bytes();
+  }
+  l.liveBytes.resize(steps);
+  int64_t running = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    running += delta[i];
+    int64_t workspace = 0;
+    for (const Range &r : plan.instructions[i].workspace)
+      workspace += r.size;
+    l.liveBytes[i] = running + workspace;
+    l.peakLiveBytes = std::max(l.peakLiveBytes, l.liveBytes[i]);
+  }
+  return l;
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Collects the first error of a validation walk with its location.
+struct Checker {
+  std::string error;
+  bool fail(const llvm::Twine &msg) {
+    if (error.empty())
+      error = msg.str();
+    return false;
+  }
+};
+
+/// Largest tensor a plan may describe: 2^48 bytes (far above any host).
+constexpr int64_t kMaxTensorBytes = int64_t(1) << 48;
+} // namespace
+
+static bool checkType(Checker &c, const TensorType &t, const llvm::Twine &what) {
+  if (t.shape.size() > 8)
+    return c.fail(what + ": rank " + llvm::Twine(t.shape.size()) +
+                  " is above 8");
+  int64_t elements = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0)
+      return c.fail(what + ": negative dimension " + llvm::Twine(d));
+    if (d != 0 && elements > kMaxTensorBytes / d)
+      return c.fail(what + ": shape too large");
+    elements *= d;
+  }
+  if (elements > kMaxTensorBytes / dtypeBytes(t.dtype))
+    return c.fail(what + ": shape too large");
+  return true;
+}
+
+/// Operand and result counts of the schedule ops; graph ops are checked
+/// by the backend that runs them.
+static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
+                            const Instruction &inst, const llvm::Twine &where) {
+  auto counts = [&](size_t operands, size_t results) {
+    if (inst.operands.size() == operands && inst.results.size() == results)
+      return true;
+    return c.fail(where + ": '" + inst.op + "' takes " +
+                  llvm::Twine(operands) + " operand(s) and " +
+                  llvm::Twine(results) + " result(s), not " +
+                  llvm::Twine(inst.operands.size()) + " and " +
+                  llvm::Twine(inst.results.size()));
+  };
+  auto home = [&](int64_t id) { return plan.values[id].home; };
+  auto sameBytes = [&](int64_t a, int64_t b) {
+    if (plan.values[a].type.bytes() == plan.values[b].type.bytes())
+      return true;
+    return c.fail(where + ": '" + inst.op +
+                  "' copies between tensors of different sizes");
+  };
+  if (inst.op == "fetch") {
+    if (!counts(0, 1))
+      return false;
+    const Param *p = plan.findParam(inst.param);
+    if (!p)
+      return c.fail(where + ": fetch of unknown parameter '" + inst.param +
+                    "'");
+    if (p->type.numElements() != plan.values[inst.results[0]].type.numElements())
+      return c.fail(where + ": fetch of '" + inst.param +
+                    "' into a tensor with another element count");
+    if (home(inst.results[0]) != Home::Device)
+      return c.fail(where + ": fetch result is not a device value");
+    return true;
+  }
+  if (inst.op == "h2d") {
+    if (!counts(1, 1) || !sameBytes(inst.operands[0], inst.results[0]))
+      return false;
+    if (home(inst.operands[0]) == Home::Device ||
+        home(inst.results[0]) != Home::Device)
+      return c.fail(where + ": h2d must copy a host value to a device value");
+    return true;
+  }
+  if (inst.op == "d2h") {
+    if (!counts(1, 1) || !sameBytes(inst.operands[0], inst.results[0]))
+      return false;
+    if (home(inst.operands[0]) != Home::Device ||
+        home(inst.results[0]) != Home::Host)
+      return c.fail(where + ": d2h must copy a device value to a host value");
+    return true;
+  }
+  if (inst.op == "host_adamw") {
+    if (!counts(2, 0))
+      return false;
+    const Param *p = plan.findParam(inst.param);
+    if (!p || p->role != "master")
+      return c.fail(where + ": host_adamw of '" + inst.param +
+                    "', which is not a master parameter");
+    if (p->type.numElements() != plan.values[inst.operands[0]].type.numElements())
+      return c.fail(where + ": host_adamw gradient of '" + inst.param +
+                    "' has another element count than the parameter");
+    if (home(inst.operands[0]) == Home::Device)
+      return c.fail(where + ": host_adamw gradient must be on the host");
+    int moments = 0;
+    for (const Param &q : plan.params)
+      moments += q.role == "moment" && q.of == inst.param;
+    if (moments != 2)
+      return c.fail(where + ": parameter '" + inst.param + "' has " +
+                    llvm::Twine(moments) + " AdamW moments, not 2");
+    return true;
+  }
+  if (inst.op == "record" || inst.op == "wait")
+    return counts(0, 0);
+  return c.fail(where + ": unknown schedule op '" + inst.op + "'");
+}
+
+static bool isScheduleOp(llvm::StringRef op) {
+  return llvm::is_contained(
+      {"fetch", "h2d", "d2h", "host_adamw", "record", "wait"}, op);
+}
+
+llvm::Error exec::validate(const ExecPlan &plan) {
+  Checker c;
+  auto done = [&]() -> llvm::Error {
+    if (c.error.empty())
+      return llvm::Error::success();
+    return llvm::createStringError("invalid execution plan: " + c.error);
+  };
+  if (plan.version != kPlanFormatVersion) {
+    c.fail("format version " + llvm::Twine(plan.version) +
+           " is not supported (this runtime reads version " +
+           llvm::Twine(kPlanFormatVersion) + "; recompile the plan)");
+    return done();
+  }
+  if (plan.arenaBytes < 0 || plan.arenaBytes > kMaxTensorBytes)
+    c.fail("arena size " + llvm::Twine(plan.arenaBytes) + " is out of range");
+  if (plan.alignment <= 0 || (plan.alignment & (plan.alignment - 1)))
+    c.fail("alignment " + llvm::Twine(plan.alignment) +
+           " is not a power of two");
+  if (plan.batch <= 0)
+    c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
+  if (plan.numEvents < 0 || plan.numEvents > (int64_t(1) << 32))
+    c.fail("event count " + llvm::Twine(plan.numEvents) + " is out of range");
+  if (!c.error.empty())
+    return done();
+
+  llvm::StringMap<size_t> paramIndex;
+  for (size_t i = 0; i < plan.params.size(); ++i) {
+    const Param &p = plan.params[i];
+    llvm::Twine where = "parameter '" + p.name + "'";
+    if (p.name.empty() || !paramIndex.try_emplace(p.name, i).second)
+      c.fail("parameter #" + llvm::Twine(i) + " has an empty or duplicate name");
+    if (!llvm::is_contained({"master", "moment", "weight", "gradient", "frozen"},
+                            p.role))
+      c.fail(where + " has unknown role '" + p.role + "'");
+    checkType(c, p.type, where);
+  }
+  for (const Param &p : plan.params)
+    if (!p.of.empty() && !paramIndex.count(p.of))
+      c.fail("parameter '" + p.name + "' belongs to unknown parameter '" +
+             p.of + "'");
+
+  size_t n = plan.values.size();
+  for (size_t id = 0; id < n && c.error.empty(); ++id) {
+    const Value &v = plan.values[id];
+    std::string where = "value %" + std::to_string(id);
+    if (!checkType(c, v.type, where))
+      break;
+    if (v.viewOf) {
+      int64_t base = *v.viewOf;
+      if (base < 0 || base >= static_cast<int64_t>(id))
+        c.fail(where + " is a view of %" + std::to_string(base) +
+               ", which is not an earlier value");
+      else if (v.home != Home::Device || plan.values[base].home != Home::Device)
+        c.fail(where + " is a view but not of a device value");
+      else if (v.type.bytes() > plan.values[base].type.bytes() ||
+               v.offset != plan.values[baseOf(plan, base)].offset)
+        c.fail(where + " is a view that does not lie within %" +
+               std::to_string(base));
+      continue;
+    }
+    if (v.home == Home::Device &&
+        (v.offset < 0 || v.offset > plan.arenaBytes ||
+         v.type.bytes() > plan.arenaBytes - v.offset))
+      c.fail(where + " at offset " + std::to_string(v.offset) + " with " +
+             std::to_string(v.type.bytes()) +
+             " bytes does not fit the arena of " +
+             std::to_string(plan.arenaBytes) + " bytes");
+  }
+  if (!c.error.empty())
+    return done();
+
+  std::vector<char> defined(n, 0);
+  for (int64_t id : plan.inputs) {
+    if (id < 0 || id >= static_cast<int64_t>(n) ||
+        plan.values[id].home != Home::Input || defined[id]) {
+      c.fail("input %" + llvm::Twine(id) +
+             " is out of range, repeated, or not an input value");
+      return done();
+    }
+    defined[id] = 1;
+  }
+  std::vector<char> recorded(plan.numEvents, 0);
+  for (size_t i = 0; i < plan.instructions.size(); ++i) {
+    const Instruction &inst = plan.instructions[i];
+    std::string where = "instruction #" + std::to_string(i) + " ('" +
+                        inst.op + "')";
+    for (int64_t o : inst.operands)
+      if (o < 0 || o >= static_cast<int64_t>(n) || !defined[o]) {
+        c.fail(where + " reads %" + std::to_string(o) +
+               ", which is out of range or not yet defined");
+        return done();
+      }
+    for (int64_t r : inst.results) {
+      if (r < 0 || r >= static_cast<int64_t>(n) || defined[r] ||
+          plan.values[r].home == Home::Input) {
+        c.fail(where + " defines %" + std::to_string(r) +
+               ", which is out of range, an input or defined twice");
+        return done();
+      }
+      defined[r] = 1;
+    }
+    for (const Range &w : inst.workspace)
+      if (w.offset < 0 || w.size < 0 || w.offset > plan.arenaBytes ||
+          w.size > plan.arenaBytes - w.offset)
+        c.fail(where + " has a workspace outside the arena");
+    if (inst.op == "record" || inst.op == "wait") {
+      if (!inst.event || *inst.event < 0 || *inst.event >= plan.numEvents) {
+        c.fail(where + " names no valid event");
+        return done();
+      }
+      if (inst.op == "record")
+        recorded[*inst.event] = 1;
+      else if (!recorded[*inst.event])
+        c.fail(where + " waits on event " + std::to_string(*inst.event) +
+               " before it is recorded");
+    }
+    if (isScheduleOp(inst.op))
+      checkScheduleOp(c, plan, inst, where);
+    if (!c.error.empty())
+      return done();
+  }
+  for (int64_t id : plan.outputs)
+    if (id < 0 || id >= static_cast<int64_t>(n) || !defined[id])
+      c.fail("output %" + llvm::Twine(id) + " is never defined");
+  if (!c.error.empty())
+    return done();
+
+  // No two device buffers live at the same time may share bytes: sweep the
+  // buffers by start, keeping those still live.
+  Liveness live = computeLiveness(plan);
+  std::vector<int64_t> order = live.deviceBuffers;
+  llvm::sort(order, [&](int64_t a, int64_t b) { return live.def[a] < live.def[b]; });
+  std::vector<int64_t> active;
+  for (int64_t id : order) {
+    int64_t start = live.def[id];
+    llvm::erase_if(active, [&](int64_t a) {
+      return std::max(live.def[a], live.lastUse[a]) < start;
+    });
+    const Value &v = plan.values[id];
+    for (int64_t a : active) {
+      const Value &w = plan.values[a];
+      if (v.offset < w.offset + w.type.bytes() &&
+          w.offset < v.offset + v.type.bytes() && v.type.bytes() &&
+          w.type.bytes()) {
+        c.fail("device values %" + std::to_string(a) + " and %" +
+               std::to_string(id) + " are live at the same time but share "
+               "arena bytes");
+        return done();
+      }
+    }
+    active.push_back(id);
+  }
+  return done();
+}
+
+//===----------------------------------------------------------------------===//
+// JSON
+//===----------------------------------------------------------------------===//
+
+namespace megaslide::exec {
+
+static bool fromJSON(const llvm::json::Value &v, DType &d,
+                     llvm::json::Path path) {
+  std::optional<llvm::StringRef> s = v.getAsString();
+  std::optional<DType> parsed = s ? parseDType(*s) : std::nullopt;
+  if (!parsed) {
+    path.report("expected one of bf16, f16, f32, i32, i64");
+    return false;
+  }
+  d = *parsed;
+  return true;
+}
+
+static bool fromJSON(const llvm::json::Value &v, Stream &s,
+                     llvm::json::Path path) {
+  std::optional<llvm::StringRef> name = v.getAsString();
+  for (int i = 0; i < kNumStreams; ++i)
+    if (name && *name == streamName(static_cast<Stream>(i))) {
+      s = static_cast<Stream>(i);
+      return true;
+    }
+  path.report("expected one of compute, h2d, d2h, host");
+  return false;
+}
+
+static bool fromJSON(const llvm::json::Value &v, Home &h,
+                     llvm::json::Path path) {
+  std::optional<llvm::StringRef> name = v.getAsString();
+  if (name && *name == "device")
+    h = Home::Device;
+  else if (name && *name == "input")
+    h = Home::Input;
+  else if (name && *name == "host")
+    h = Home::Host;
+  else {
+    path.report("expected one of device, input, host");
+    return false;
+  }
+  return true;
+}
+
+static bool fromJSON(const llvm::json::Value &v, Param &p,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  return o && o.map("name", p.name) && o.map("role", p.role) &&
+         o.map("group", p.group) && o.mapOptional("layer", p.layer) &&
+         o.mapOptional("of", p.of) && o.map("dtype", p.type.dtype) &&
+         o.map("shape", p.type.shape);
+}
+
+static bool fromJSON(const llvm::json::Value &v, Value &val,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  return o && o.map("dtype", val.type.dtype) &&
+         o.map("shape", val.type.shape) && o.map("home", val.home) &&
+         o.mapOptional("offset", val.offset) &&
+         o.mapOptional("view_of", val.viewOf) && o.mapOptional("name", val.name);
+}
+
+static bool fromJSON(const llvm::json::Value &v, Range &r,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  return o && o.map("offset", r.offset) && o.map("size", r.size);
+}
+
+static bool fromJSON(const llvm::json::Value &v, CostInputs &c,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  return o && o.mapOptional("matmul_flops", c.matmulFlops) &&
+         o.mapOptional("attention_flops", c.attentionFlops) &&
+         o.mapOptional("other_flops", c.otherFlops) &&
+         o.mapOptional("bytes", c.bytes) &&
+         o.mapOptional("source_bytes", c.sourceBytes);
+}
+
+static bool fromJSON(const llvm::json::Value &v, Attr &a,
+                     llvm::json::Path path) {
+  if (std::optional<int64_t> i = v.getAsInteger()) {
+    a = *i;
+    return true;
+  }
+  if (std::optional<double> d = v.getAsNumber()) {
+    a = *d;
+    return true;
+  }
+  if (std::optional<llvm::StringRef> s = v.getAsString()) {
+    a = s->str();
+    return true;
+  }
+  std::vector<int64_t> ints;
+  if (v.getAsArray() && fromJSON(v, ints, path)) {
+    a = std::move(ints);
+    return true;
+  }
+  path.report("expected an integer, number, string or integer array");
+  return false;
+}
+
+static bool fromJSON(const llvm::json::Value &v, Instruction &inst,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  if (!o || !o.map("op", inst.op) || !o.map("stream", inst.stream) ||
+      !o.mapOptional("operands", inst.operands) ||
+      !o.mapOptional("results", inst.results) ||
+      !o.mapOptional("layer", inst.layer) ||
+      !o.mapOptional("param", inst.param) ||
+      !o.mapOptional("event", inst.event) ||
+      !o.mapOptional("workspace", inst.workspace) ||
+      !o.mapOptional("cost", inst.cost))
+    return false;
+  if (const llvm::json::Value *attrs = v.getAsObject()->get("attrs")) {
+    const llvm::json::Object *obj = attrs->getAsObject();
+    if (!obj) {
+      path.field("attrs").report("expected an object");
+      return false;
+    }
+    for (const auto &[key, value] : *obj) {
+      Attr a;
+      if (!fromJSON(value, a, path.field("attrs").field(key)))
+        return false;
+      inst.attrs.emplace(key.str(), std::move(a));
+    }
+  }
+  return true;
+}
+
+static bool fromJSON(const llvm::json::Value &v, KernelModule &k,
+                     llvm::json::Path path) {
+  llvm::json::ObjectMapper o(v, path);
+  return o && o.map("name", k.name) && o.map("source", k.source) &&
+         o.map("manifest", k.manifest);
+}
+
+static llvm::json::Value attrToJSON(const Attr &a) {
+  return std::visit([](const auto &x) { return llvm::json::Value(x); }, a);
+}
+
+} // namespace megaslide::exec
+
+std::string exec::serialize(const ExecPlan &plan) {
+  using llvm::json::Array;
+  using llvm::json::Object;
+  Array params;
+  for (const Param &p : plan.params) {
+    Object o{{"name", p.name}, {"role", p.role}, {"group", p.group},
+             {"dtype", dtypeName(p.type.dtype)}, {"shape", p.type.shape}};
+    if (p.layer)
+      o["layer"] = *p.layer;
+    if (!p.of.empty())
+      o["of"] = p.of;
+    params.push_back(std::move(o));
+  }
+  Array values;
+  for (const Value &v : plan.values) {
+    Object o{{"dtype", dtypeName(v.type.dtype)},
+             {"shape", v.type.shape},
+             {"home", v.home == Home::Device  ? "device"
+                      : v.home == Home::Input ? "input"
+                                              : "host"}};
+    if (v.home == Home::Device)
+      o["offset"] = v.offset;
+    if (v.viewOf)
+      o["view_of"] = *v.viewOf;
+    if (!v.name.empty())
+      o["name"] = v.name;
+    values.push_back(std::move(o));
+  }
+  Array instructions;
+  for (const Instruction &inst : plan.instructions) {
+    Object o{{"op", inst.op}, {"stream", streamName(inst.stream)}};
+    if (!inst.operands.empty())
+      o["operands"] = inst.operands;
+    if (!inst.results.empty())
+      o["results"] = inst.results;
+    if (!inst.attrs.empty()) {
+      Object attrs;
+      for (const auto &[k, a] : inst.attrs)
+        attrs[k] = attrToJSON(a);
+      o["attrs"] = std::move(attrs);
+    }
+    if (inst.layer)
+      o["layer"] = *inst.layer;
+    if (!inst.param.empty())
+      o["param"] = inst.param;
+    if (inst.event)
+      o["event"] = *inst.event;
+    if (!inst.workspace.empty()) {
+      Array ws;
+      for (const Range &r : inst.workspace)
+        ws.push_back(Object{{"offset", r.offset}, {"size", r.size}});
+      o["workspace"] = std::move(ws);
+    }
+    const CostInputs &c = inst.cost;
+    Object cost;
+    if (c.matmulFlops)
+      cost["matmul_flops"] = c.matmulFlops;
+    if (c.attentionFlops)
+      cost["attention_flops"] = c.attentionFlops;
+    if (c.otherFlops)
+      cost["other_flops"] = c.otherFlops;
+    if (c.bytes)
+      cost["bytes"] = c.bytes;
+    if (c.sourceBytes)
+      cost["source_bytes"] = c.sourceBytes;
+    if (!cost.empty())
+      o["cost"] = std::move(cost);
+    instructions.push_back(std::move(o));
+  }
+  Array kernels;
+  for (const KernelModule &k : plan.kernelModules)
+    kernels.push_back(Object{
+        {"name", k.name}, {"source", k.source}, {"manifest", k.manifest}});
+  Object root{{"format", kPlanFormatName},
+              {"version", plan.version},
+              {"model", plan.model},
+              {"model_config", plan.modelConfig},
+              {"grid", plan.grid},
+              {"batch", plan.batch},
+              {"arena_bytes", plan.arenaBytes},
+              {"alignment", plan.alignment},
+              {"planned_live_bytes", plan.plannedLiveBytes},
+              {"num_events", plan.numEvents},
+              {"params", std::move(params)},
+              {"values", std::move(values)},
+              {"inputs", plan.inputs},
+              {"outputs", plan.outputs},
+              {"instructions", std::move(instructions)},
+              {"kernel_modules", std::move(kernels)}};
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::json::Value(std::move(root));
+  return text;
+}
+
+llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
+                                             llvm::StringRef source) {
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(text);
+  if (!json)
+    return llvm::createStringError(
+        llvm::Twine(source) + ": not an execution plan (invalid JSON: " +
+        llvm::toString(json.takeError()) + ")");
+  const llvm::json::Object *root = json->getAsObject();
+  std::optional<llvm::StringRef> format =
+      root ? root->getString("format") : std::nullopt;
+  if (!format || *format != kPlanFormatName)
+    return llvm::createStringError(llvm::Twine(source) +
+                                   ": not an execution plan (no \"format\": \"" +
+                                   kPlanFormatName + "\")");
+  ExecPlan plan;
+  llvm::json::Path::Root rootPath("plan");
+  llvm::json::ObjectMapper o(*json, rootPath);
+  if (!o.map("version", plan.version))
+    return llvm::createStringError(llvm::Twine(source) + ": " +
+                                   llvm::toString(rootPath.getError()));
+  if (plan.version != kPlanFormatVersion)
+    return llvm::createStringError(
+        llvm::Twine(source) + ": execution plan format version " +
+        llvm::Twine(plan.version) + " is not supported (this runtime reads " +
+        llvm::Twine(kPlanFormatVersion) + "; recompile the plan)");
+  if (!(o.map("model", plan.model) && o.map("model_config", plan.modelConfig) &&
+        o.map("grid", plan.grid) && o.map("batch", plan.batch) &&
+        o.map("arena_bytes", plan.arenaBytes) &&
+        o.map("alignment", plan.alignment) &&
+        o.map("planned_live_bytes", plan.plannedLiveBytes) &&
+        o.map("num_events", plan.numEvents) && o.map("params", plan.params) &&
+        o.map("values", plan.values) && o.map("inputs", plan.inputs) &&
+        o.map("outputs", plan.outputs) &&
+        o.map("instructions", plan.instructions) &&
+        o.map("kernel_modules", plan.kernelModules)))
+    return llvm::createStringError(llvm::Twine(source) + ": " +
+                                   llvm::toString(rootPath.getError()));
+  if (llvm::Error err = validate(plan))
+    return llvm::createStringError(llvm::Twine(source) + ": " +
+                                   llvm::toString(std::move(err)));
+  return plan;
+}
+
+llvm::Expected<ExecPlan> exec::loadExecPlan(llvm::StringRef path) {
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
+      llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buffer)
+    return llvm::createStringError(llvm::Twine("cannot read execution plan '") +
+                                   path + "': " + buffer.getError().message());
+  return parseExecPlan((*buffer)->getBuffer(), path);
+}
+
+llvm::Error exec::saveExecPlan(const ExecPlan &plan, llvm::StringRef path) {
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  if (ec)
+    return llvm::createStringError(llvm::Twine("cannot write '") + path +
+                                   "': " + ec.message());
+  os << serialize(plan);
+  os.close();
+  if (os.has_error())
+    return llvm::createStringError(llvm::Twine("cannot write '") + path +
+                                   "': " + os.error().message());
+  return llvm::Error::success();
+}

@@ -1,0 +1,158 @@
+//===- HardwareModel.cpp - Hardware description and instruction time ------===//
+
+#include "sim/HardwareModel.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <algorithm>
+
+using namespace megaslide;
+using namespace megaslide::sim;
+
+namespace {
+
+/// The JSON fields, each bound to its member.
+struct Field {
+  const char *key;
+  double HardwareModel::*member;
+  const char *unit;
+};
+
+const Field kFields[] = {
+    {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, "FLOP/s"},
+    {"f32_dense_flops", &HardwareModel::f32DenseFlops, "FLOP/s"},
+    {"matmul_efficiency", &HardwareModel::matmulEfficiency, "0..1"},
+    {"attention_efficiency", &HardwareModel::attentionEfficiency, "0..1"},
+    {"vector_flops", &HardwareModel::vectorFlops, "FLOP/s"},
+    {"hbm_bandwidth", &HardwareModel::hbmBandwidth, "B/s"},
+    {"hbm_efficiency", &HardwareModel::hbmEfficiency, "0..1"},
+    {"h2d_bandwidth", &HardwareModel::h2dBandwidth, "B/s"},
+    {"d2h_bandwidth", &HardwareModel::d2hBandwidth, "B/s"},
+    {"transfer_latency", &HardwareModel::transferLatency, "s"},
+    {"launch_latency", &HardwareModel::launchLatency, "s"},
+    {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, "B/s"},
+    {"host_adamw_params_per_second", &HardwareModel::hostAdamWParamsPerSecond,
+     "params/s"},
+};
+
+llvm::Error error(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+llvm::Error fieldError(llvm::StringRef source, llvm::StringRef key,
+                       const llvm::Twine &problem) {
+  return error(llvm::formatv("{0}: hardware field '{1}': {2}", source, key,
+                             problem.str()));
+}
+
+} // namespace
+
+llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
+                                                      llvm::StringRef source) {
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  if (!parsed)
+    return error(source + ": invalid JSON: " +
+                 llvm::toString(parsed.takeError()));
+  const llvm::json::Object *obj = parsed->getAsObject();
+  if (!obj)
+    return error(source + ": a hardware description must be a JSON object");
+  HardwareModel hw;
+  hw.name = source.str();
+  for (const auto &[key, value] : *obj) {
+    if (key == "name") {
+      if (std::optional<llvm::StringRef> s = value.getAsString()) {
+        hw.name = s->str();
+        continue;
+      }
+      return fieldError(source, key, "expected a string");
+    }
+    const Field *field =
+        llvm::find_if(kFields, [&](const Field &f) { return key == f.key; });
+    if (field == std::end(kFields))
+      return fieldError(source, key,
+                        "unknown field; see docs/CostModel.md for the list");
+    std::optional<double> number = value.getAsNumber();
+    if (!number || *number <= 0)
+      return fieldError(
+          source, key,
+          llvm::formatv("expected a positive number in {0}", field->unit));
+    if (llvm::StringRef(field->unit) == "0..1" && *number > 1)
+      return fieldError(source, key, "an efficiency is a fraction in (0, 1]");
+    hw.*(field->member) = *number;
+  }
+  return hw;
+}
+
+llvm::Expected<HardwareModel> sim::loadHardwareModel(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  if (!buffer)
+    return llvm::createStringError(
+        buffer.getError(), "cannot read hardware description '%s': %s",
+        path.str().c_str(), buffer.getError().message().c_str());
+  return parseHardwareModel((*buffer)->getBuffer(), path);
+}
+
+llvm::json::Value sim::toJson(const HardwareModel &hw) {
+  llvm::json::Object obj{{"name", hw.name}};
+  for (const Field &f : kFields)
+    obj[f.key] = hw.*(f.member);
+  return obj;
+}
+
+CostKind sim::costKindOf(llvm::StringRef op) {
+  return llvm::StringSwitch<CostKind>(op)
+      .Case("fetch", CostKind::Fetch)
+      .Case("h2d", CostKind::HostToDevice)
+      .Case("d2h", CostKind::DeviceToHost)
+      .Case("host_adamw", CostKind::HostAdamW)
+      .Cases({"reshape", "record", "wait"}, CostKind::None)
+      .Default(CostKind::Device);
+}
+
+double sim::secondsFor(CostKind kind, const exec::CostInputs &in,
+                       const HardwareModel &hw, exec::DType resultType) {
+  // Integer inputs convert to double once, here; the planner's figures
+  // depend on the exact order of these operations.
+  double bytes = in.bytes;
+  switch (kind) {
+  case CostKind::None:
+    return 0;
+  case CostKind::Fetch: {
+    // The host reads the persistent tensor and writes the working copy
+    // into pinned staging, pipelined with the copy: the slower of the two.
+    double staging =
+        (static_cast<double>(in.sourceBytes) + bytes) / hw.hostMemoryBandwidth;
+    return hw.transferLatency + std::max(bytes / hw.h2dBandwidth, staging);
+  }
+  case CostKind::HostToDevice:
+    return hw.transferLatency + bytes / hw.h2dBandwidth;
+  case CostKind::DeviceToHost:
+    return hw.transferLatency + bytes / hw.d2hBandwidth;
+  case CostKind::HostAdamW:
+    return static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam) /
+           hw.hostAdamWParamsPerSecond;
+  case CostKind::Device: {
+    // Roofline; an op without arithmetic (copy, cast, split, ...) is
+    // memory-bound by construction.
+    double dense = resultType == exec::DType::F32 ? hw.f32DenseFlops
+                                                  : hw.bf16DenseFlops;
+    double compute = in.matmulFlops / (dense * hw.matmulEfficiency) +
+                     in.attentionFlops / (dense * hw.attentionEfficiency) +
+                     in.otherFlops / hw.vectorFlops;
+    double memory = bytes / (hw.hbmBandwidth * hw.hbmEfficiency);
+    return hw.launchLatency + std::max(compute, memory);
+  }
+  }
+  return 0;
+}
+
+double sim::secondsFor(const exec::ExecPlan &plan,
+                       const exec::Instruction &inst, const HardwareModel &hw) {
+  exec::DType resultType = exec::DType::BF16;
+  if (!inst.results.empty())
+    resultType = plan.values[inst.results.front()].type.dtype;
+  return secondsFor(costKindOf(inst.op), inst.cost, hw, resultType);
+}

@@ -1,0 +1,320 @@
+//===- SimBackend.cpp - Predicted timing of an execution plan -------------===//
+
+#include "sim/SimBackend.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Twine.h"
+
+#include <algorithm>
+
+using namespace megaslide;
+using namespace megaslide::sim;
+
+namespace {
+
+llvm::Error errorAt(size_t instruction, const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "instruction #" + llvm::Twine(instruction) +
+                                     ": " + message);
+}
+
+bool isEvent(const exec::Instruction &inst) {
+  return inst.op == "record" || inst.op == "wait";
+}
+
+/// A device buffer of the step: a value that owns arena bytes, with the
+/// instructions that produce or read it or any view of it.
+struct Buffer {
+  int64_t value = -1;
+  int64_t producer = -1;
+  std::vector<int64_t> readers;
+  bool returned = false;
+};
+
+/// The device buffers in value order, and the buffer of each device value.
+/// A view of a device value shares its buffer, as reshapes do in the
+/// planner's DeviceBuffers; a view of a host value owns its bytes.
+struct Buffers {
+  std::vector<Buffer> buffers;
+  std::vector<int64_t> bufferOf; ///< per value; -1 when not on the device
+};
+
+llvm::Expected<Buffers> collectBuffers(const exec::ExecPlan &plan) {
+  size_t numValues = plan.values.size();
+  Buffers b;
+  b.bufferOf.assign(numValues, -1);
+  for (size_t id = 0; id < numValues; ++id) {
+    const exec::Value &v = plan.values[id];
+    if (v.home != exec::Home::Device)
+      continue;
+    if (v.viewOf) {
+      if (*v.viewOf < 0 || static_cast<size_t>(*v.viewOf) >= id)
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            "value %zu is a view of %lld, which is not an earlier value", id,
+            static_cast<long long>(*v.viewOf));
+      if (int64_t of = b.bufferOf[*v.viewOf]; of >= 0) {
+        b.bufferOf[id] = of;
+        continue;
+      }
+    }
+    b.bufferOf[id] = b.buffers.size();
+    b.buffers.push_back({static_cast<int64_t>(id), -1, {}, false});
+  }
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    int64_t index = i;
+    for (int64_t r : inst.results)
+      if (int64_t of = b.bufferOf[r]; of >= 0 && b.buffers[of].value == r)
+        b.buffers[of].producer = index;
+    for (int64_t o : inst.operands)
+      if (int64_t of = b.bufferOf[o]; of >= 0) {
+        std::vector<int64_t> &readers = b.buffers[of].readers;
+        if (readers.empty() || readers.back() != index)
+          readers.push_back(index);
+      }
+  }
+  for (int64_t id : plan.outputs)
+    if (id >= 0 && static_cast<size_t>(id) < numValues && b.bufferOf[id] >= 0)
+      b.buffers[b.bufferOf[id]].returned = true;
+  return b;
+}
+
+/// Checks the ids the replay indexes with.
+llvm::Error checkIds(const exec::ExecPlan &plan) {
+  size_t numValues = plan.values.size();
+  std::vector<bool> recorded(std::max<int64_t>(plan.numEvents, 0), false);
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    for (int64_t id : llvm::concat<const int64_t>(inst.operands, inst.results))
+      if (id < 0 || static_cast<size_t>(id) >= numValues)
+        return errorAt(i, "value id " + llvm::Twine(id) + " is out of range");
+    if (!isEvent(inst))
+      continue;
+    if (!inst.event || *inst.event < 0 || *inst.event >= plan.numEvents)
+      return errorAt(i, "'" + inst.op + "' has no event in range");
+    if (inst.op == "record")
+      recorded[*inst.event] = true;
+    else if (!recorded[*inst.event])
+      return errorAt(i, "waits for event " + llvm::Twine(*inst.event) +
+                            ", which is not recorded before");
+  }
+  return llvm::Error::success();
+}
+
+uint64_t flopsOf(const exec::CostInputs &c) {
+  return c.matmulFlops + c.attentionFlops + c.otherFlops;
+}
+
+} // namespace
+
+namespace {
+
+struct StepTasks {
+  std::vector<Task> tasks;
+  Buffers buffers;
+};
+
+llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
+                             const HardwareModel &hw) {
+  if (llvm::Error err = checkIds(plan))
+    return std::move(err);
+  llvm::Expected<Buffers> buffers = collectBuffers(plan);
+  if (!buffers)
+    return buffers.takeError();
+
+  size_t n = plan.instructions.size();
+  std::vector<int64_t> producer(plan.values.size(), -1);
+  std::vector<int64_t> recordOf(plan.numEvents, -1);
+  std::vector<Task> tasks(n);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    Task &task = tasks[i];
+    task.stream = static_cast<StreamId>(inst.stream);
+    if (inst.op == "record") {
+      recordOf[*inst.event] = i;
+      continue;
+    }
+    if (inst.op == "wait") {
+      task.deps.push_back(recordOf[*inst.event]);
+      continue;
+    }
+    task.seconds = secondsFor(plan, inst, hw);
+    for (int64_t o : inst.operands)
+      if (producer[o] >= 0)
+        task.deps.push_back(producer[o]);
+    for (int64_t r : inst.results)
+      producer[r] = i;
+    // Results occupy their arena bytes from the producer on; a reshape is a
+    // view and writes nothing.
+    if (inst.op == "reshape")
+      continue;
+    for (int64_t r : inst.results) {
+      const exec::Value &v = plan.values[r];
+      if (v.home == exec::Home::Device && v.offset >= 0)
+        task.writes.push_back({v.offset, v.type.bytes()});
+    }
+    for (const exec::Range &w : inst.workspace)
+      task.writes.push_back({w.offset, w.size});
+  }
+
+  // A buffer's bytes are free once its producer and every reader have
+  // ended; the release goes with its last user in program order.
+  for (const Buffer &b : buffers->buffers) {
+    const exec::Value &v = plan.values[b.value];
+    if (b.returned || b.producer < 0 || v.offset < 0)
+      continue;
+    Release release{{v.offset, v.type.bytes()}, {b.producer}};
+    llvm::append_range(release.users, b.readers);
+    int64_t last = std::max(b.producer, b.readers.empty() ? int64_t(-1)
+                                                          : b.readers.back());
+    tasks[last].frees.push_back(std::move(release));
+  }
+  for (size_t i = 0; i < n; ++i)
+    for (const exec::Range &w : plan.instructions[i].workspace)
+      tasks[i].frees.push_back({{w.offset, w.size}, {static_cast<int64_t>(i)}});
+  return StepTasks{std::move(tasks), std::move(*buffers)};
+}
+
+/// Device bytes occupied over the replayed time, as (time, change) pairs:
+/// a buffer from its producer's start until its release (a returned one
+/// until the end of the step), a workspace during its instruction.
+std::vector<std::pair<double, int64_t>>
+occupancy(const exec::ExecPlan &plan, const StepTasks &replay,
+          const Timeline &timeline) {
+  std::vector<std::pair<double, int64_t>> changes;
+  auto occupy = [&](int64_t bytes, double from, double until) {
+    if (bytes == 0)
+      return;
+    changes.push_back({from, bytes});
+    changes.push_back({until, -bytes});
+  };
+  for (const Buffer &b : replay.buffers.buffers) {
+    const exec::Value &v = plan.values[b.value];
+    if (b.producer < 0 || v.offset < 0)
+      continue;
+    double until = b.returned ? timeline.makespan : timeline.end[b.producer];
+    if (!b.returned)
+      for (int64_t reader : b.readers)
+        until = std::max(until, timeline.end[reader]);
+    occupy(v.type.bytes(), timeline.start[b.producer], until);
+  }
+  for (auto [i, inst] : llvm::enumerate(plan.instructions))
+    for (const exec::Range &w : inst.workspace)
+      occupy(w.size, timeline.start[i], timeline.end[i]);
+  return changes;
+}
+
+} // namespace
+
+llvm::Expected<std::vector<Task>>
+sim::buildTasks(const exec::ExecPlan &plan, const HardwareModel &hw) {
+  llvm::Expected<StepTasks> replay = build(plan, hw);
+  if (!replay)
+    return replay.takeError();
+  return std::move(replay->tasks);
+}
+
+llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
+                                            const HardwareModel &hw,
+                                            trace::ChromeTrace *trace) {
+  llvm::Expected<StepTasks> built = build(plan, hw);
+  if (!built)
+    return built.takeError();
+  Timeline timeline = replay(built->tasks);
+
+  SimResult r;
+  r.makespan = timeline.makespan;
+  r.lowerBound = timeline.lowerBound();
+  for (int s = 0; s < exec::kNumStreams; ++s) {
+    r.busy[s] = timeline.busy[s];
+    if (r.busy[s] > r.busy[static_cast<int>(r.boundBy)])
+      r.boundBy = static_cast<exec::Stream>(s);
+  }
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (inst.stream == exec::Stream::Compute)
+      r.deviceFlops += flopsOf(inst.cost);
+    if (inst.op == "fetch" || inst.op == "h2d")
+      r.h2dBytes += inst.cost.bytes;
+    else if (inst.op == "d2h")
+      r.d2hBytes += inst.cost.bytes;
+  }
+
+  for (const Task &task : built->tasks)
+    for (ByteRange w : task.writes)
+      r.arenaHighWater = std::max(r.arenaHighWater, w.offset + w.size);
+  std::vector<std::pair<double, int64_t>> changes =
+      occupancy(plan, *built, timeline);
+  // Releases before writes at the same instant: the bytes change hands.
+  llvm::stable_sort(changes, [](const auto &a, const auto &b) {
+    return a.first < b.first || (a.first == b.first && a.second < b.second);
+  });
+  std::vector<std::pair<double, int64_t>> memory; // (time, bytes from then)
+  int64_t live = 0;
+  for (auto [time, change] : changes) {
+    live += change;
+    if (!memory.empty() && memory.back().first == time)
+      memory.back().second = live;
+    else
+      memory.push_back({time, live});
+  }
+  for (auto [time, bytes] : memory)
+    r.peakLiveBytes = std::max(r.peakLiveBytes, bytes);
+  r.start = std::move(timeline.start);
+  r.end = std::move(timeline.end);
+
+  if (trace) {
+    for (const exec::TraceSpan &span : traceSpans(plan, r))
+      trace->complete(span);
+    if (memory.empty() || memory.front().first > 0)
+      trace->counter("device memory", 0, {{"bytes", int64_t(0)}});
+    for (auto [time, bytes] : memory)
+      trace->counter("device memory", time, {{"bytes", bytes}});
+    trace->setOtherData("backend", "sim");
+    trace->setOtherData("hardware", hw.name);
+    trace->setOtherData("predicted_seconds", r.makespan);
+    trace->setOtherData("lower_bound_seconds", r.lowerBound);
+  }
+  return r;
+}
+
+std::vector<exec::TraceSpan> sim::traceSpans(const exec::ExecPlan &plan,
+                                             const SimResult &result) {
+  std::vector<exec::TraceSpan> spans;
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    if (isEvent(inst))
+      continue;
+    exec::TraceSpan span;
+    span.stream = inst.stream;
+    span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+    span.start = result.start[i];
+    span.seconds = result.end[i] - result.start[i];
+    span.instruction = i;
+    span.layer = inst.layer;
+    span.bytes = inst.cost.bytes;
+    span.flops = flopsOf(inst.cost);
+    spans.push_back(std::move(span));
+  }
+  return spans;
+}
+
+llvm::Expected<std::unique_ptr<SimBackend>>
+SimBackend::create(const exec::ExecPlan &plan, HardwareModel hw) {
+  llvm::Expected<SimResult> sim = simulateStep(plan, hw);
+  if (!sim)
+    return sim.takeError();
+  return std::unique_ptr<SimBackend>(
+      new SimBackend(plan, std::move(hw), std::move(*sim)));
+}
+
+llvm::Expected<exec::StepResult>
+SimBackend::step(const exec::StepInputs &inputs, host::HostState &state,
+                 const exec::StepOptions &options) {
+  exec::StepResult result;
+  result.seconds = sim.makespan;
+  result.memory.plannedArenaBytes = plan.arenaBytes;
+  result.memory.plannedLiveBytes = plan.plannedLiveBytes;
+  result.memory.measuredArenaBytes = sim.arenaHighWater;
+  result.memory.measuredLiveBytes = sim.peakLiveBytes;
+  if (options.trace)
+    result.spans = traceSpans(plan, sim);
+  return result;
+}

@@ -1,0 +1,34 @@
+//===- PlanFlags.h - Command-line flags shared by the tools -----*- C++ -*-===//
+//
+// megaslide-plan and megaslide-run compile the same training step from the
+// same flags (model, video, budgets, policies, 3D-DSA geometry); they are
+// defined once here and compiled into both tools.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_TOOLS_COMMON_PLANFLAGS_H
+#define MEGASLIDE_TOOLS_COMMON_PLANFLAGS_H
+
+#include "megaslide/Pipelines/Plan.h"
+
+#include "llvm/Support/CommandLine.h"
+
+namespace megaslide::tools {
+
+extern llvm::cl::OptionCategory planCategory;
+
+struct PlanFlags {
+  std::string model;
+  VideoShape video;
+  TrainingOptions training;
+  PlanOptions options;
+  /// Whether --frames, --height and --width were all given.
+  bool videoGiven = false;
+};
+
+/// The parsed flags; errors name the flag.
+llvm::Expected<PlanFlags> readPlanFlags();
+
+} // namespace megaslide::tools
+
+#endif // MEGASLIDE_TOOLS_COMMON_PLANFLAGS_H
