@@ -10,14 +10,20 @@
 //
 // The loop is compiled three times on x86-64 -- AVX-512, AVX2 and the
 // baseline (SSE2) -- and picked at run time, because the build has no
-// -march and at baseline width the compute (sqrt, divide, the bf16
-// rounding and narrowing) no longer hides behind memory once the data sits
-// in cache or the bandwidth per core is high. This file is compiled with
-// -ffp-contract=off (runtime/CMakeLists.txt): every variant then performs
-// the same correctly rounded IEEE operations in the same order, so results
-// are bitwise equal across instruction sets, thread counts and chunkings
-// (the test checks both). benchmarks/host_adamw.py measures it against
-// torch.optim.AdamW and the memory-bandwidth bound (docs/Benchmarks.md).
+// -march and at baseline width the compute (sqrt, divide, and above all the
+// bf16 widening, rounding and narrowing) did not hide behind memory: the
+// working copy cost the SSE2 loop a third of its speed at 64M parameters.
+// This file is compiled with -ffp-contract=off (runtime/CMakeLists.txt):
+// every variant then performs the same correctly rounded IEEE operations in
+// the same order, so results are bitwise equal across instruction sets,
+// thread counts and chunkings (the test checks both).
+//
+// benchmarks/host_adamw.py measures the step against torch.optim.AdamW and
+// the memory-bandwidth bound (docs/Benchmarks.md, "Host AdamW"). Tried and
+// not kept, for lack of a measurable gain on the benchmark machine:
+// non-temporal stores for the working copy (the only write-only stream),
+// both through an L1 block (slower) and directly from an AVX-512 loop
+// (within noise).
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,15 +32,9 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cstdint>
 #include <cmath>
 #include <thread>
 #include <vector>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MEGASLIDE_ADAMW_X86 1
-#include <immintrin.h>
-#endif
 
 using namespace megaslide::cpu;
 
@@ -45,15 +45,6 @@ namespace {
 constexpr int64_t kMinChunk = 1 << 15;
 /// Chunk boundaries are multiples of this (one 64-byte line of floats).
 constexpr int64_t kChunkAlign = 16;
-/// From this many elements on, the working copy (written, never read here)
-/// goes out with non-temporal stores: it saves the read of each line before
-/// it is written (2 of ~30 bytes per element), and its consumer -- the copy
-/// into pinned staging for the GPU -- finds it in memory either way. Smaller
-/// copies stay in cache for whoever reads them next.
-constexpr int64_t kStreamMin = 1 << 20;
-/// Elements per block of the streamed working copy: its bf16 is first
-/// written to a buffer that stays in L1, then streamed out.
-constexpr int64_t kStreamBlock = 2048;
 
 /// Per-call scalars of the update.
 struct Coefficients {
@@ -102,60 +93,19 @@ updateLoop(const Coefficients &c, int64_t begin, int64_t end,
   }
 }
 
-/// How the working copy is written.
-enum class Working { None, Cached, Streamed };
-
-/// dst[0, n) = src[0, n) with non-temporal 16-byte stores where dst is
-/// aligned for them.
-[[gnu::always_inline]] inline void streamOut(uint16_t *__restrict dst,
-                                             const uint16_t *__restrict src,
-                                             int64_t n) {
-  int64_t i = 0;
-#ifdef MEGASLIDE_ADAMW_X86
-  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i)
-    dst[i] = src[i];
-  for (; i + 8 <= n; i += 8)
-    _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i)));
-#endif
-  for (; i < n; ++i)
-    dst[i] = src[i];
-}
-
-/// The update of [begin, end) with the working copy written as `W` says.
-/// Blocking does not change the arithmetic, so the results are the same.
-template <Working W, typename Grad>
-[[gnu::always_inline]] inline void
-updateChunk(const Coefficients &c, int64_t begin, int64_t end, float *master,
-            float *m, float *v, const void *gradAny, uint16_t *working) {
-  const Grad *grad = static_cast<const Grad *>(gradAny);
-  if constexpr (W != Working::Streamed) {
-    updateLoop<W == Working::Cached>(c, begin, end, master, m, v, grad,
-                                     working);
-  } else {
-    alignas(64) uint16_t block[kStreamBlock];
-    for (int64_t b = begin; b < end; b += kStreamBlock) {
-      int64_t len = std::min(end - b, kStreamBlock);
-      updateLoop<true>(c, 0, len, master + b, m + b, v + b, grad + b, block);
-      streamOut(working + b, block, len);
-    }
-#ifdef MEGASLIDE_ADAMW_X86
-    _mm_sfence(); // non-temporal stores are weakly ordered
-#endif
-  }
-}
-
 using ChunkFn = void (*)(const Coefficients &, int64_t, int64_t, float *,
                          float *, float *, const void *, uint16_t *);
 
-template <Working W, typename Grad>
+template <bool WriteWorking, typename Grad>
 void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
                    float *master, float *m, float *v, const void *grad,
                    uint16_t *working) {
-  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+                           static_cast<const Grad *>(grad), working);
 }
 
-#ifdef MEGASLIDE_ADAMW_X86
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MEGASLIDE_ADAMW_X86 1
 #if defined(__clang__)
 #define MEGASLIDE_TARGET_AVX512                                                \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
@@ -166,18 +116,20 @@ void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
                         "prefer-vector-width=512")))
 #endif
 
-template <Working W, typename Grad>
+template <bool WriteWorking, typename Grad>
 __attribute__((target("avx2"))) void
 updateAvx2(const Coefficients &c, int64_t begin, int64_t end, float *master,
            float *m, float *v, const void *grad, uint16_t *working) {
-  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+                           static_cast<const Grad *>(grad), working);
 }
 
-template <Working W, typename Grad>
+template <bool WriteWorking, typename Grad>
 MEGASLIDE_TARGET_AVX512 void
 updateAvx512(const Coefficients &c, int64_t begin, int64_t end, float *master,
              float *m, float *v, const void *grad, uint16_t *working) {
-  updateChunk<W, Grad>(c, begin, end, master, m, v, grad, working);
+  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+                           static_cast<const Grad *>(grad), working);
 }
 #endif
 
@@ -195,14 +147,14 @@ AdamWIsa detectIsa() {
 }
 
 /// The loop for `isa` (already resolved and supported).
-template <Working W, typename Grad> ChunkFn chunkFn(AdamWIsa isa) {
+template <bool WriteWorking, typename Grad> ChunkFn chunkFn(AdamWIsa isa) {
 #ifdef MEGASLIDE_ADAMW_X86
   if (isa == AdamWIsa::Avx512)
-    return &updateAvx512<W, Grad>;
+    return &updateAvx512<WriteWorking, Grad>;
   if (isa == AdamWIsa::Avx2)
-    return &updateAvx2<W, Grad>;
+    return &updateAvx2<WriteWorking, Grad>;
 #endif
-  return &updateGeneric<W, Grad>;
+  return &updateGeneric<WriteWorking, Grad>;
 }
 
 /// `isa` with Auto resolved and anything the CPU lacks lowered to the best
@@ -222,9 +174,7 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
     return;
   Coefficients c = makeCoefficients(hyper);
   isa = resolveIsa(isa);
-  ChunkFn fn = !working          ? chunkFn<Working::None, Grad>(isa)
-               : n < kStreamMin ? chunkFn<Working::Cached, Grad>(isa)
-                                : chunkFn<Working::Streamed, Grad>(isa);
+  ChunkFn fn = working ? chunkFn<true, Grad>(isa) : chunkFn<false, Grad>(isa);
   auto run = [&](int64_t begin, int64_t end) {
     fn(c, begin, end, master, m, v, grad, working);
   };

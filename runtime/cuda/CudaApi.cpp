@@ -252,18 +252,16 @@ llvm::Expected<CudaDeviceInfo> initCudaDevice(const CudaDriverApi &api,
                                    "CUDA device %d does not exist (%d devices)",
                                    ordinal, count);
   CudaDeviceInfo info;
-  if (llvm::Error e = checkCu(api, api.cuDeviceGet(&info.device, ordinal),
-                              "cuDeviceGet"))
+  if (llvm::Error e =
+          checkCu(api, api.cuDeviceGet(&info.device, ordinal), "cuDeviceGet"))
     return std::move(e);
   char name[256] = {};
   if (api.cuDeviceGetName(name, sizeof(name) - 1, info.device) == CUDA_SUCCESS)
     info.name = name;
-  api.cuDeviceGetAttribute(&info.ccMajor,
-                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                           info.device);
-  api.cuDeviceGetAttribute(&info.ccMinor,
-                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                           info.device);
+  api.cuDeviceGetAttribute(
+      &info.ccMajor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, info.device);
+  api.cuDeviceGetAttribute(
+      &info.ccMinor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, info.device);
   api.cuDeviceGetAttribute(&info.multiprocessors,
                            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                            info.device);

@@ -83,8 +83,8 @@ inline constexpr cublasOperation_t CUBLAS_OP_N = 0;
 inline constexpr cublasOperation_t CUBLAS_OP_T = 1;
 inline constexpr cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA = 3;
 inline constexpr cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSB = 4;
-inline constexpr cublasLtMatmulDescAttributes_t
-    CUBLASLT_MATMUL_DESC_EPILOGUE = 7;
+inline constexpr cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_EPILOGUE =
+    7;
 inline constexpr cublasLtMatmulDescAttributes_t
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8;
 inline constexpr uint32_t CUBLASLT_EPILOGUE_BIAS = 4;
@@ -102,8 +102,8 @@ inline constexpr cublasLtMatmulPreferenceAttributes_t
 // are the versioned symbols cuda.h's macros select (cuMemAlloc is
 // cuMemAlloc_v2, ...), so any driver of the CUDA 12/13 era exports them.
 #define MEGASLIDE_CUDA_DRIVER_SYMBOLS(X)                                       \
-  X(cuGetErrorString, CUresult, CUresult, const char **)                      \
-  X(cuGetErrorName, CUresult, CUresult, const char **)                        \
+  X(cuGetErrorString, CUresult, CUresult, const char **)                       \
+  X(cuGetErrorName, CUresult, CUresult, const char **)                         \
   X(cuInit, CUresult, unsigned)                                                \
   X(cuDriverGetVersion, CUresult, int *)                                       \
   X(cuDeviceGetCount, CUresult, int *)                                         \
@@ -222,7 +222,7 @@ struct CudaDeviceInfo {
   std::string name;
   int ccMajor = 0, ccMinor = 0;
   int multiprocessors = 0;
-  int driverVersion = 0; ///< e.g. 13000
+  int driverVersion = 0;                ///< e.g. 13000
   size_t freeBytes = 0, totalBytes = 0; ///< filled once a context is current
 };
 

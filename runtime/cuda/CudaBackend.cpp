@@ -128,8 +128,8 @@ llvm::Expected<std::array<int64_t, 3>> tripleAttr(const exec::Instruction &inst,
 llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
   auto fail = [&](const llvm::Twine &what) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "kernel module '" + m.name +
-                                       "': manifest " + what);
+                                   "kernel module '" + m.name + "': manifest " +
+                                       what);
   };
   llvm::Expected<llvm::json::Value> json = llvm::json::parse(m.manifest);
   if (!json)
@@ -154,8 +154,7 @@ llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
   }
   DsaModuleSpec spec;
   spec.name = m.name;
-  auto triple = [&](llvm::StringRef key,
-                    std::array<int64_t, 3> &out) -> bool {
+  auto triple = [&](llvm::StringRef key, std::array<int64_t, 3> &out) -> bool {
     const llvm::json::Array *a = cfg->getArray(key);
     if (!a || a->size() != 3)
       return false;
@@ -200,9 +199,8 @@ llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
       spec1.grid[i] = (*grid)[i].getAsInteger().value_or(0);
     spec1.threads = static_cast<int>((*block)[0].getAsInteger().value_or(0));
     spec1.dynamicSharedBytes = *smem;
-    if (spec1.threads <= 0 || llvm::any_of(spec1.grid, [](int64_t g) {
-          return g <= 0;
-        }))
+    if (spec1.threads <= 0 ||
+        llvm::any_of(spec1.grid, [](int64_t g) { return g <= 0; }))
       return fail("has an empty launch for '" + spec1.name + "'");
     spec.kernels[kind->str()] = spec1;
   }
@@ -238,15 +236,14 @@ matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
       return static_cast<int64_t>(i);
   return llvm::createStringError(
       llvm::inconvertibleErrorCode(),
-      llvm::formatv("no generated 3D-DSA kernel module for grid ({0},{1},{2}) "
-                    "window ({3},{4},{5}) tile ({6},{7},{8}) heads {9} head "
-                    "dim {10} {11}{12} (the plan has {13} module(s))",
-                    (*grid)[0], (*grid)[1], (*grid)[2], (*window)[0],
-                    (*window)[1], (*window)[2], (*tile)[0], (*tile)[1],
-                    (*tile)[2], q.shape[2], q.shape[3],
-                    exec::dtypeName(q.dtype),
-                    radius ? " radius " + std::to_string(*radius) : "",
-                    modules.size())
+      llvm::formatv(
+          "no generated 3D-DSA kernel module for grid ({0},{1},{2}) "
+          "window ({3},{4},{5}) tile ({6},{7},{8}) heads {9} head "
+          "dim {10} {11}{12} (the plan has {13} module(s))",
+          (*grid)[0], (*grid)[1], (*grid)[2], (*window)[0], (*window)[1],
+          (*window)[2], (*tile)[0], (*tile)[1], (*tile)[2], q.shape[2],
+          q.shape[3], exec::dtypeName(q.dtype),
+          radius ? " radius " + std::to_string(*radius) : "", modules.size())
           .str());
 }
 
@@ -294,8 +291,9 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
             p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
       if ((inst.op == "fetch" || inst.op == "h2d") &&
           inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
-        return instError(i, inst, "host-to-device copies must be on the h2d "
-                                  "or compute stream");
+        return instError(i, inst,
+                         "host-to-device copies must be on the h2d "
+                         "or compute stream");
       if (inst.op == "d2h" && inst.stream == Stream::Host)
         return instError(i, inst, "a device-to-host copy on the host stream");
       if (inst.op == "host_adamw" && inst.stream != Stream::Host)
@@ -321,13 +319,13 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                                   {"dsa3d_offsets", "offsets"}};
       for (auto &[op, kind] : needed)
         if (inst.op == op && !spec.kernels.count(kind))
-          return instError(i, inst,
-                           "module '" + spec.name + "' has no " + kind +
-                               " kernel");
+          return instError(
+              i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
       if (inst.op == "dsa3d_grad") {
         if (!spec.kernels.count("backward_finalize"))
-          return instError(i, inst, "module '" + spec.name +
-                                        "' has no backward_finalize kernel");
+          return instError(i, inst,
+                           "module '" + spec.name +
+                               "' has no backward_finalize kernel");
         int64_t bytes = plan.values[inst.operands[0]].type.numElements() * 4;
         // dK and dV accumulators: one workspace range for both, two
         // ranges, or the backend's own scratch.
@@ -372,15 +370,16 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     const exec::Value &v = plan.values[id];
     if (v.home == Home::Input) {
       p.hostOffset[id] = p.inputPoolBytes;
-      p.inputPoolBytes += alignUp(std::max<int64_t>(v.type.bytes(), 1), kPoolAlign);
+      p.inputPoolBytes +=
+          alignUp(std::max<int64_t>(v.type.bytes(), 1), kPoolAlign);
     } else if (v.home == Home::Host) {
       hostValues.push_back(id);
     }
   }
   int64_t hostTotal = 0;
   for (int64_t id : hostValues)
-    hostTotal += alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1),
-                         kPoolAlign);
+    hostTotal +=
+        alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
   if (hostTotal <= options.hostPoolNoReuseBytes) {
     for (int64_t id : hostValues) {
       p.hostOffset[id] = p.hostPoolBytes;
@@ -404,8 +403,8 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     };
     std::vector<Placed> active;
     for (int64_t id : hostValues) {
-      int64_t size = alignUp(
-          std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
+      int64_t size = alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1),
+                             kPoolAlign);
       llvm::erase_if(active,
                      [&](const Placed &a) { return a.last < live.def[id]; });
       llvm::sort(active, [](const Placed &a, const Placed &b) {
@@ -488,7 +487,8 @@ uint16_t floatToHalf(float f) {
 }
 
 /// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
-void parallelChunks(int64_t n, const std::function<void(int64_t, int64_t)> &body) {
+void parallelChunks(int64_t n,
+                    const std::function<void(int64_t, int64_t)> &body) {
   int64_t threads = std::min<int64_t>(
       {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
        std::max<int64_t>(1, n >> 20)});
@@ -721,11 +721,12 @@ struct CudaBackend::Impl {
     return checkCu(*cu, r, what);
   }
   llvm::Error init();
-  llvm::Error compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
-                             std::map<std::string, CUfunction> &dense);
-  llvm::Error buildCommands(
-      const std::vector<std::map<std::string, CUfunction>> &dsaFns,
-      const std::map<std::string, CUfunction> &dense);
+  llvm::Error
+  compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
+                 std::map<std::string, CUfunction> &dense);
+  llvm::Error
+  buildCommands(const std::vector<std::map<std::string, CUfunction>> &dsaFns,
+                const std::map<std::string, CUfunction> &dense);
   llvm::Error addGemm(const GemmCall &g, CUdeviceptr A, CUdeviceptr B,
                       CUdeviceptr D, CUdeviceptr bias,
                       std::vector<DeviceCmd> &out);
@@ -736,8 +737,8 @@ struct CudaBackend::Impl {
   }
   uint8_t *hostAddress(int64_t id) const {
     const exec::Value &v = plan.values[id];
-    uint8_t *base = static_cast<uint8_t *>(v.home == Home::Input ? inputPool
-                                                                 : hostPool);
+    uint8_t *base =
+        static_cast<uint8_t *>(v.home == Home::Input ? inputPool : hostPool);
     return base + prep.hostOffset[id];
   }
   CUstream streamOf(Stream s) const {
@@ -772,8 +773,8 @@ CudaBackend::Impl::~Impl() {
   }
   if (ltHandle)
     lt->cublasLtDestroy(ltHandle);
-  for (auto *events : {&planEvents, &doneEvents, &startEvents, &endEvents,
-                       &slotEvents})
+  for (auto *events :
+       {&planEvents, &doneEvents, &startEvents, &endEvents, &slotEvents})
     for (CUevent e : *events)
       if (e)
         cu->cuEventDestroy_v2(e);
@@ -857,10 +858,10 @@ llvm::Error CudaBackend::Impl::init() {
     return e;
   // Zeroed once, like the cpu backend's arena: a step never reads bytes
   // it did not write, but garbage would make such a bug nondeterministic.
-  if (auto e = check(cu->cuMemsetD8Async(arena, 0,
-                                         std::max<int64_t>(plan.arenaBytes, 256),
-                                         nullptr),
-                     "cuMemsetD8Async (arena)"))
+  if (auto e =
+          check(cu->cuMemsetD8Async(
+                    arena, 0, std::max<int64_t>(plan.arenaBytes, 256), nullptr),
+                "cuMemsetD8Async (arena)"))
     return e;
   if (auto e = check(cu->cuCtxSynchronize(), "cuCtxSynchronize"))
     return e;
@@ -883,7 +884,8 @@ llvm::Error CudaBackend::Impl::init() {
     return e;
   if (auto e = pinned(hostPool, prep.hostPoolBytes, "host values"))
     return e;
-  int64_t slotBytes = alignUp(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
+  int64_t slotBytes =
+      alignUp(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
   if (auto e = pinned(staging, slotBytes * slots, "weight staging"))
     return e;
 
@@ -926,7 +928,8 @@ llvm::Error CudaBackend::Impl::init() {
   std::map<std::string, CUfunction> dense;
   if (auto e = compileKernels(dsaFns, dense))
     return e;
-  if (auto e = checkCublas(*lt, lt->cublasLtCreate(&ltHandle), "cublasLtCreate"))
+  if (auto e =
+          checkCublas(*lt, lt->cublasLtCreate(&ltHandle), "cublasLtCreate"))
     return e;
   if (auto e = buildCommands(dsaFns, dense))
     return e;
@@ -961,9 +964,9 @@ llvm::Error CudaBackend::Impl::compileKernels(
       return e;
     for (const KernelInstance &k : prep.kernels) {
       CUfunction f = nullptr;
-      if (auto e = check(cu->cuModuleGetFunction(&f, elementwiseModule,
-                                                 k.name().c_str()),
-                         "cuModuleGetFunction (" + k.name() + ")"))
+      if (auto e = check(
+              cu->cuModuleGetFunction(&f, elementwiseModule, k.name().c_str()),
+              "cuModuleGetFunction (" + k.name() + ")"))
         return e;
       dense[k.name()] = f;
     }
@@ -972,9 +975,10 @@ llvm::Error CudaBackend::Impl::compileKernels(
   dsaFns.resize(prep.dsaModules.size());
   for (size_t m = 0; m < prep.dsaModules.size(); ++m) {
     // Only modules an instruction uses are compiled.
-    bool used = llvm::any_of(prep.instructions, [&](const PreparedInstruction &p) {
-      return p.dsaModule == static_cast<int64_t>(m);
-    });
+    bool used =
+        llvm::any_of(prep.instructions, [&](const PreparedInstruction &p) {
+          return p.dsaModule == static_cast<int64_t>(m);
+        });
     if (!used)
       continue;
     const exec::KernelModule &km = plan.kernelModules[m];
@@ -982,15 +986,16 @@ llvm::Error CudaBackend::Impl::compileKernels(
       return e;
     for (auto &[kind, spec] : prep.dsaModules[m].kernels) {
       CUfunction f = nullptr;
-      if (auto e = check(cu->cuModuleGetFunction(&f, dsaModules[m],
-                                                 spec.name.c_str()),
-                         "cuModuleGetFunction (" + spec.name + ")"))
+      if (auto e = check(
+              cu->cuModuleGetFunction(&f, dsaModules[m], spec.name.c_str()),
+              "cuModuleGetFunction (" + spec.name + ")"))
         return e;
       if (spec.dynamicSharedBytes > 48 * 1024)
-        if (auto e = check(cu->cuFuncSetAttribute(
-                               f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                               static_cast<int>(spec.dynamicSharedBytes)),
-                           "cuFuncSetAttribute (" + spec.name + ")"))
+        if (auto e =
+                check(cu->cuFuncSetAttribute(
+                          f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                          static_cast<int>(spec.dynamicSharedBytes)),
+                      "cuFuncSetAttribute (" + spec.name + ")"))
           return e;
       dsaFns[m][kind] = f;
     }
@@ -1040,14 +1045,12 @@ llvm::Error CudaBackend::Impl::addGemm(const GemmCall &g, CUdeviceptr A,
       return e;
   }
   cudaDataType_t ab = cudaType(g.abType), dt = cudaType(g.dType);
-  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(
-                      &p.a, ab, g.transA ? g.k : g.m, g.transA ? g.m : g.k,
-                      g.lda),
+  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.a, ab, g.transA ? g.k : g.m,
+                                                 g.transA ? g.m : g.k, g.lda),
                   "cublasLtMatrixLayoutCreate (A)"))
     return e;
-  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(
-                      &p.b, ab, g.transB ? g.n : g.k, g.transB ? g.k : g.n,
-                      g.ldb),
+  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.b, ab, g.transB ? g.n : g.k,
+                                                 g.transB ? g.k : g.n, g.ldb),
                   "cublasLtMatrixLayoutCreate (B)"))
     return e;
   if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.d, dt, g.m, g.n, g.ldd),
@@ -1126,10 +1129,11 @@ llvm::Error CudaBackend::Impl::buildCommands(
           c.block = kElementwiseBlockThreads;
           std::vector<std::string> types = kernelParameterTypes(l->kernel);
           if (types.size() != l->args.size())
-            return instError(i, inst, "kernel " + c.name + " takes " +
-                                          llvm::Twine(types.size()) +
-                                          " arguments, the lowering gives " +
-                                          llvm::Twine(l->args.size()));
+            return instError(i, inst,
+                             "kernel " + c.name + " takes " +
+                                 llvm::Twine(types.size()) +
+                                 " arguments, the lowering gives " +
+                                 llvm::Twine(l->args.size()));
           for (auto [arg, type] : llvm::zip(l->args, types)) {
             switch (arg.kind) {
             case KernelArg::Buffer:
@@ -1155,7 +1159,8 @@ llvm::Error CudaBackend::Impl::buildCommands(
                                g->hasBias ? resolve(g->bias) : 0, out))
             return instError(i, inst, llvm::toString(std::move(e)));
         } else if (auto *m = std::get_if<MemsetCall>(&s)) {
-          out.push_back(MemsetCmd{resolve(m->dst), static_cast<size_t>(m->bytes)});
+          out.push_back(
+              MemsetCmd{resolve(m->dst), static_cast<size_t>(m->bytes)});
         } else if (auto *c = std::get_if<CopyCall>(&s)) {
           out.push_back(CopyCmd{resolve(c->src), resolve(c->dst),
                                 static_cast<size_t>(c->bytes)});
@@ -1177,8 +1182,7 @@ llvm::Error CudaBackend::Impl::buildCommands(
       c.name = k.name;
       c.function = fns.at(kind);
       c.grid = {static_cast<uint32_t>(k.grid[0]),
-                static_cast<uint32_t>(k.grid[1]),
-                static_cast<uint32_t>(batch)};
+                static_cast<uint32_t>(k.grid[1]), static_cast<uint32_t>(batch)};
       if (llvm::StringRef(kind) == "backward_finalize")
         c.grid = {static_cast<uint32_t>(k.grid[0] * batch), 1, 1};
       c.block = static_cast<uint32_t>(k.threads);
@@ -1191,13 +1195,13 @@ llvm::Error CudaBackend::Impl::buildCommands(
     if (inst.op == "dsa3d_offsets") {
       launch("offsets", {op(0), op(1), res(0)});
     } else if (inst.op == "dsa3d") {
-      launch("forward", {op(0), op(1), op(2), op(3), res(0), res(1),
-                         slotOf(scale, true)});
+      launch("forward",
+             {op(0), op(1), op(2), op(3), res(0), res(1), slotOf(scale, true)});
     } else {
       // (q, k, v, offsets, o, lse, dout) -> (dq, dk, dv)
       int64_t count = q.numElements();
-      CUdeviceptr dk32 = pi.dk32Offset >= 0 ? arena + pi.dk32Offset
-                                            : dsaScratch;
+      CUdeviceptr dk32 =
+          pi.dk32Offset >= 0 ? arena + pi.dk32Offset : dsaScratch;
       CUdeviceptr dv32 = pi.dv32Offset >= 0
                              ? arena + pi.dv32Offset
                              : dsaScratch + alignUp(count * 4, 256);
@@ -1227,13 +1231,12 @@ llvm::Error CudaBackend::Impl::issue(const DeviceCmd &cmd, CUstream stream) {
     float alpha = 1.0f, beta = 0.0f;
     return checkCublas(
         *lt,
-        lt->cublasLtMatmul(ltHandle, p.desc, &alpha,
-                           reinterpret_cast<const void *>(p.A), p.a,
-                           reinterpret_cast<const void *>(p.B), p.b, &beta,
-                           reinterpret_cast<const void *>(p.D), p.d,
-                           reinterpret_cast<void *>(p.D), p.d, &p.algo,
-                           reinterpret_cast<void *>(gemmWorkspace),
-                           p.workspaceBytes, stream),
+        lt->cublasLtMatmul(
+            ltHandle, p.desc, &alpha, reinterpret_cast<const void *>(p.A), p.a,
+            reinterpret_cast<const void *>(p.B), p.b, &beta,
+            reinterpret_cast<const void *>(p.D), p.d,
+            reinterpret_cast<void *>(p.D), p.d, &p.algo,
+            reinterpret_cast<void *>(gemmWorkspace), p.workspaceBytes, stream),
         "cublasLtMatmul");
   }
   if (auto *m = std::get_if<MemsetCmd>(&cmd))
@@ -1322,7 +1325,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   CUstream compute = I.streams[0];
   if (auto e = I.check(cu.cuEventRecord(I.baseEvent, compute), "cuEventRecord"))
     return std::move(e);
-  if (auto e = I.check(cu.cuEventSynchronize(I.baseEvent), "cuEventSynchronize"))
+  if (auto e =
+          I.check(cu.cuEventSynchronize(I.baseEvent), "cuEventSynchronize"))
     return std::move(e);
   Clock::time_point t0 = Clock::now();
   auto since0 = [t0](Clock::time_point t) {
@@ -1357,9 +1361,9 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             CUevent ev = I.planEvents[*inst.event];
             I.worker.enqueue(i, [&I, ev, i] {
               if (CUresult r = I.cu->cuEventSynchronize(ev))
-                I.setWorkerError("instruction #" + std::to_string(i) +
-                                 ": cuEventSynchronize: " +
-                                 cuResultString(*I.cu, r));
+                I.setWorkerError(
+                    "instruction #" + std::to_string(i) +
+                    ": cuEventSynchronize: " + cuResultString(*I.cu, r));
             });
             continue;
           }
@@ -1424,17 +1428,18 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       CUstream stream = I.streamOf(inst.stream);
       for (const Dependency &d : pi.waits) {
         if (isGpuStream(d.stream)) {
-          if (auto e = I.check(cu.cuStreamWaitEvent(
-                                   stream, I.doneEvents[d.instruction], 0),
-                               "cuStreamWaitEvent"))
+          if (auto e = I.check(
+                  cu.cuStreamWaitEvent(stream, I.doneEvents[d.instruction], 0),
+                  "cuStreamWaitEvent"))
             return e;
         } else {
           I.worker.waitFor(d.instruction);
         }
       }
       if (inst.op == "record") {
-        if (auto e = I.check(cu.cuEventRecord(I.planEvents[*inst.event], stream),
-                             "cuEventRecord"))
+        if (auto e =
+                I.check(cu.cuEventRecord(I.planEvents[*inst.event], stream),
+                        "cuEventRecord"))
           return e;
         continue;
       }
@@ -1444,9 +1449,9 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           I.worker.waitFor(recorder);
           continue;
         }
-        if (auto e = I.check(cu.cuStreamWaitEvent(stream,
-                                                  I.planEvents[*inst.event], 0),
-                             "cuStreamWaitEvent"))
+        if (auto e = I.check(
+                cu.cuStreamWaitEvent(stream, I.planEvents[*inst.event], 0),
+                "cuStreamWaitEvent"))
           return e;
         continue;
       }
@@ -1458,12 +1463,12 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           I.worker.waitFor(pending->second);
         const host::HostTensor *source = state.find(inst.param);
         if (!source)
-          return instError(i, inst, "host state has no parameter '" +
-                                        inst.param + "'");
+          return instError(i, inst,
+                           "host state has no parameter '" + inst.param + "'");
         const exec::Value &v = plan.values[inst.results[0]];
         if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
-          return instError(i, inst, "host tensor '" + inst.param +
-                                        "' has the wrong size");
+          return instError(
+              i, inst, "host tensor '" + inst.param + "' has the wrong size");
         size_t slot = fetchCount++ % I.slotEvents.size();
         if (I.slotUsed[slot])
           if (auto e = I.check(cu.cuEventSynchronize(I.slotEvents[slot]),
@@ -1475,10 +1480,10 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         narrow(source->data.data(), v.type.dtype, v.type.numElements(), stage);
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
-        if (auto e = I.check(cu.cuMemcpyHtoDAsync_v2(
-                                 I.deviceAddress(inst.results[0]), stage,
-                                 v.type.bytes(), stream),
-                             "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
+        if (auto e = I.check(
+                cu.cuMemcpyHtoDAsync_v2(I.deviceAddress(inst.results[0]), stage,
+                                        v.type.bytes(), stream),
+                "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
           return e;
         if (auto e = I.check(cu.cuEventRecord(I.slotEvents[slot], stream),
                              "cuEventRecord"))
@@ -1552,7 +1557,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                                  bytes.size(), compute),
                          "cuMemcpyDtoHAsync (loss)"))
       return std::move(e);
-    if (auto e = I.check(cu.cuStreamSynchronize(compute), "cuStreamSynchronize"))
+    if (auto e =
+            I.check(cu.cuStreamSynchronize(compute), "cuStreamSynchronize"))
       return std::move(e);
     widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
   } else {
@@ -1592,8 +1598,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       result.spans.push_back(std::move(span));
     }
   }
-  result.seconds =
-      std::chrono::duration<double>(Clock::now() - begin).count();
+  result.seconds = std::chrono::duration<double>(Clock::now() - begin).count();
   result.memory.plannedArenaBytes = plan.arenaBytes;
   result.memory.plannedLiveBytes = plan.plannedLiveBytes;
   result.memory.measuredArenaBytes = I.prep.arenaHighWater;

@@ -1,4 +1,5 @@
-//===- CudaBackend.h - Executes execution plans on an NVIDIA GPU -*- C++ -*-===//
+//===- CudaBackend.h - Executes execution plans on an NVIDIA GPU -*- C++
+//-*-===//
 //
 // The cuda backend: one device arena (every device tensor at its planned
 // offset), one compute and two copy streams (h2d, d2h), one CUevent per plan
@@ -149,9 +150,9 @@ public:
   /// waits for all of them, returns the loss. The optimizer step passed to
   /// AdamW is state.step + 1 (state.step advances with applyUpdates);
   /// onGradient is called on the host worker thread, in program order.
-  llvm::Expected<exec::StepResult> step(const exec::StepInputs &inputs,
-                                        host::HostState &state,
-                                        const exec::StepOptions &options) override;
+  llvm::Expected<exec::StepResult>
+  step(const exec::StepInputs &inputs, host::HostState &state,
+       const exec::StepOptions &options) override;
 
   const CudaDeviceInfo &deviceInfo() const;
   const PreparedPlan &prepared() const;

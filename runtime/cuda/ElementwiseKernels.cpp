@@ -135,9 +135,8 @@ std::vector<std::string> kernelParameterTypes(const KernelInstance &kernel) {
     return {};
   std::vector<std::string> types;
   for (const Param &p : parseParams(body->params))
-    types.push_back(paramType(p, [&](int i) {
-      return std::string(cudaTypeName(kernel.types[i]));
-    }));
+    types.push_back(paramType(
+        p, [&](int i) { return std::string(cudaTypeName(kernel.types[i])); }));
   return types;
 }
 
@@ -147,8 +146,7 @@ std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels) {
   llvm::raw_string_ostream os(out);
   os << "// MegaSlide dense graph-op kernels (runtime/cuda/"
         "ElementwiseKernels.cpp).\n// "
-     << unique.size()
-     << " instances; fp32 arithmetic, bf16/f16/f32 storage; "
+     << unique.size() << " instances; fp32 arithmetic, bf16/f16/f32 storage; "
      << kElementwiseBlockThreads << " threads per block.\n"
      << kPrelude;
   for (const KernelBody &b : kKernelBodies) {
@@ -171,7 +169,8 @@ std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels) {
     std::vector<Param> params = parseParams(b->params);
     std::vector<std::string> types = kernelParameterTypes(k);
     os << "extern \"C\" __global__ void __launch_bounds__("
-       << kElementwiseBlockThreads << ")\n" << k.name() << "(";
+       << kElementwiseBlockThreads << ")\n"
+       << k.name() << "(";
     for (size_t i = 0; i < params.size(); ++i)
       os << (i ? ", " : "") << declare(types[i], params[i].name);
     os << ") {\n  ms_" << k.kind << "_impl<";
@@ -253,7 +252,9 @@ private:
         return fail(std::string("operand of type ") + exec::dtypeName(t.dtype));
     return llvm::Error::success();
   }
-  bool isIdsOp() const { return llvm::StringRef(inst.op).starts_with("embedding"); }
+  bool isIdsOp() const {
+    return llvm::StringRef(inst.op).starts_with("embedding");
+  }
 
   int64_t scratch(int64_t bytes) {
     int64_t at = (out.scratchBytes + 255) / 256 * 256;
@@ -391,8 +392,7 @@ void Lowerer::emitGemm(GemmCall g, BufferRef d, DType td,
   }
   out.steps.push_back(g);
   if (!direct)
-    launch1d("cast", {DType::F32, td}, g.m * g.n,
-             {B(g.d), B(d), I(g.m * g.n)});
+    launch1d("cast", {DType::F32, td}, g.m * g.n, {B(g.d), B(d), I(g.m * g.n)});
 }
 
 void Lowerer::gemmForward(BufferRef x, DType tx, int64_t M, int64_t In,
@@ -619,9 +619,9 @@ llvm::Error Lowerer::lowerModulateGrad(bool isGate) {
     int64_t groups = count == batch * D ? batch : 1;
     if (count != batch * D && count != D)
       return fail("gradient of a modulation tensor has the wrong size");
-    colsum(op(2), dy.dtype, timesX ? std::optional<BufferRef>(op(0))
-                                   : std::nullopt,
-           x.dtype, std::nullopt, timesX ? 1 : 0, groups,
+    colsum(op(2), dy.dtype,
+           timesX ? std::optional<BufferRef>(op(0)) : std::nullopt, x.dtype,
+           std::nullopt, timesX ? 1 : 0, groups,
            groups == 1 ? batch * tokens : tokens, D, rs(result),
            res[result].dtype);
     return llvm::Error::success();
@@ -642,8 +642,8 @@ llvm::Error Lowerer::lowerAttention() {
   int64_t Bn = q.shape[0], Nq = q.shape[1], H = q.shape[2], Dh = q.shape[3];
   int64_t Nk = k.shape[1];
   if (Dh > kAttentionMaxHeadDim)
-    return fail(llvm::formatv("head dim {0} over {1}", Dh,
-                              kAttentionMaxHeadDim));
+    return fail(
+        llvm::formatv("head dim {0} over {1}", Dh, kAttentionMaxHeadDim));
   double scale = floatAttr("scale", 1.0 / std::sqrt(double(Dh)));
   int64_t warps = Bn * H * Nq;
   launch("attention_fwd", {q.dtype, k.dtype, v.dtype, res[0].dtype},
@@ -653,7 +653,8 @@ llvm::Error Lowerer::lowerAttention() {
   // gridFor caps blocks for grid-stride kernels; these are not: one warp
   // per query, every warp needs a thread.
   auto &l = std::get<KernelLaunch>(out.steps.back());
-  l.grid[0] = static_cast<uint32_t>(ceilDiv(warps * 32, kElementwiseBlockThreads));
+  l.grid[0] =
+      static_cast<uint32_t>(ceilDiv(warps * 32, kElementwiseBlockThreads));
   return llvm::Error::success();
 }
 
@@ -668,8 +669,8 @@ llvm::Error Lowerer::lowerAttentionGrad() {
   int64_t Bn = q.shape[0], Nq = q.shape[1], H = q.shape[2], Dh = q.shape[3];
   int64_t Nk = k.shape[1];
   if (Dh > kAttentionMaxHeadDim)
-    return fail(llvm::formatv("head dim {0} over {1}", Dh,
-                              kAttentionMaxHeadDim));
+    return fail(
+        llvm::formatv("head dim {0} over {1}", Dh, kAttentionMaxHeadDim));
   double scale = floatAttr("scale", 1.0 / std::sqrt(double(Dh)));
   BufferRef lse = BufferRef::scratch(scratch(Bn * H * Nq * 4));
   BufferRef delta = BufferRef::scratch(scratch(Bn * H * Nq * 4));
@@ -710,8 +711,7 @@ llvm::Error Lowerer::lowerPatchEmbed(bool grad) {
   // im2col in the GEMM's 16-bit type: the weight's (forward) or the
   // token gradient's (backward).
   DType tc = grad ? ops[1].dtype : w.dtype;
-  BufferRef cols =
-      BufferRef::scratch(scratch(M * K * exec::dtypeBytes(tc)));
+  BufferRef cols = BufferRef::scratch(scratch(M * K * exec::dtypeBytes(tc)));
   launch1d("patch_gather", {x.dtype, tc}, M * K,
            {B(op(0)), B(cols), I(Bn), I(C), I(T), I(H), I(W), I(pt), I(ph),
             I(pw), I(0)});
@@ -736,8 +736,8 @@ llvm::Error Lowerer::lowerFlowLoss(bool grad) {
     return e;
   const TensorType &pred = ops[0], &x0 = ops[1], &noise = ops[2];
   if (x0.shape.size() < 2 || pred.shape.size() != x0.shape.size() ||
-      noise.numElements() != x0.numElements() ||
-      pred.shape[0] != x0.shape[0] || pred.shape[1] < x0.shape[1])
+      noise.numElements() != x0.numElements() || pred.shape[0] != x0.shape[0] ||
+      pred.shape[1] < x0.shape[1])
     return fail("prediction, latents and noise shapes disagree");
   int64_t Bn = x0.shape[0], C = x0.shape[1], Cp = pred.shape[1];
   int64_t n = x0.numElements(), S = n / (Bn * C);
@@ -745,17 +745,16 @@ llvm::Error Lowerer::lowerFlowLoss(bool grad) {
     return fail("prediction and latents differ beyond the channels");
   if (grad) {
     int64_t np = pred.numElements();
-    launch1d("fm_loss_grad",
-             {pred.dtype, x0.dtype, noise.dtype, res[0].dtype}, np,
-             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(np), I(S), I(C),
-              I(Cp), F(2.0 / double(n))});
+    launch1d("fm_loss_grad", {pred.dtype, x0.dtype, noise.dtype, res[0].dtype},
+             np,
+             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(np), I(S), I(C), I(Cp),
+              F(2.0 / double(n))});
     return llvm::Error::success();
   }
   uint32_t blocks = static_cast<uint32_t>(
       std::clamp<int64_t>(ceilDiv(n, kElementwiseBlockThreads), 1, 1024));
   BufferRef partial = BufferRef::scratch(scratch(int64_t(blocks) * 4));
-  launch("fm_loss_partial", {pred.dtype, x0.dtype, noise.dtype},
-         {blocks, 1, 1},
+  launch("fm_loss_partial", {pred.dtype, x0.dtype, noise.dtype}, {blocks, 1, 1},
          {B(op(0)), B(op(1)), B(op(2)), B(partial), I(n), I(S), I(C), I(Cp)});
   launch("sum_finalize", {res[0].dtype}, {1, 1, 1},
          {B(partial), B(rs(0)), I(blocks), F(1.0 / double(n))});
@@ -833,14 +832,13 @@ llvm::Error Lowerer::lowerPatchify(bool inverse) {
     return patch.takeError();
   const TensorType &y = inverse ? res[0] : ops[0];
   auto [pt, ph, pw] = *patch;
-  if (y.shape.size() != 5 || pt <= 0 || ph <= 0 || pw <= 0 ||
-      y.shape[2] % pt || y.shape[3] % ph || y.shape[4] % pw ||
+  if (y.shape.size() != 5 || pt <= 0 || ph <= 0 || pw <= 0 || y.shape[2] % pt ||
+      y.shape[3] % ph || y.shape[4] % pw ||
       res[0].numElements() != ops[0].numElements())
     return fail("latents [B, C, T, H, W] are not whole patches");
-  std::vector<KernelArg> args = {B(op(0)),      B(rs(0)),      I(y.shape[0]),
-                                 I(y.shape[1]), I(y.shape[2]), I(y.shape[3]),
-                                 I(y.shape[4]), I(pt),         I(ph),
-                                 I(pw)};
+  std::vector<KernelArg> args = {
+      B(op(0)),      B(rs(0)),      I(y.shape[0]), I(y.shape[1]), I(y.shape[2]),
+      I(y.shape[3]), I(y.shape[4]), I(pt),         I(ph),         I(pw)};
   if (!inverse)
     args.push_back(I(1)); // channels fastest within a patch
   launch1d(inverse ? "unpatchify" : "patch_gather",
@@ -924,8 +922,8 @@ llvm::Error Lowerer::lowerAny() {
     int64_t n = ops[0].numElements(), nb = res[0].numElements();
     if (nb == 0 || n % nb)
       return fail("bias must be a suffix of the gradient shape");
-    colsum(op(0), ops[0].dtype, std::nullopt, ops[0].dtype, std::nullopt, 0,
-           1, n / nb, nb, rs(0), res[0].dtype);
+    colsum(op(0), ops[0].dtype, std::nullopt, ops[0].dtype, std::nullopt, 0, 1,
+           n / nb, nb, rs(0), res[0].dtype);
     return llvm::Error::success();
   }
   if (name == "linear" || name == "linear_grad_data" ||
@@ -952,8 +950,7 @@ llvm::Error Lowerer::lowerAny() {
     int64_t width = Bn ? res[0].numElements() / Bn : 0;
     if (width == 0 || width % 2 || res[0].numElements() != Bn * width)
       return fail("needs an even embedding width");
-    launch1d("timestep_embedding", {ops[0].dtype, res[0].dtype},
-             Bn * width / 2,
+    launch1d("timestep_embedding", {ops[0].dtype, res[0].dtype}, Bn * width / 2,
              {B(op(0)), B(rs(0)), I(Bn), I(width / 2),
               KernelArg::f64(std::log(floatAttr("max_period", 10000.0))),
               KernelArg::f64(floatAttr("time_scale", 1.0))});

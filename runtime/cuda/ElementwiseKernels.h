@@ -1,4 +1,5 @@
-//===- ElementwiseKernels.h - CUDA kernels of the dense graph ops -*- C++ -*-===//
+//===- ElementwiseKernels.h - CUDA kernels of the dense graph ops -*- C++
+//-*-===//
 //
 // The cuda backend's kernels for every graph op that is neither a GEMM nor
 // 3D-DSA: norms, modulation, activations, residual and bias adds, casts,
@@ -153,9 +154,10 @@ bool hasGraphOpLowering(llvm::StringRef op);
 
 /// Lowers graph op `inst` with the given operand and result types. Errors
 /// name the op and what is unsupported (shapes, head dims over 256, ...).
-llvm::Expected<LoweredOp> lowerGraphOp(const exec::Instruction &inst,
-                                       llvm::ArrayRef<exec::TensorType> operands,
-                                       llvm::ArrayRef<exec::TensorType> results);
+llvm::Expected<LoweredOp>
+lowerGraphOp(const exec::Instruction &inst,
+             llvm::ArrayRef<exec::TensorType> operands,
+             llvm::ArrayRef<exec::TensorType> results);
 
 /// Every kernel instance the lowered op launches.
 std::vector<KernelInstance> kernelsOf(const LoweredOp &op);

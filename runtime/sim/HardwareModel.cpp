@@ -54,8 +54,8 @@ llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
                                                       llvm::StringRef source) {
   llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
   if (!parsed)
-    return error(source + ": invalid JSON: " +
-                 llvm::toString(parsed.takeError()));
+    return error(source +
+                 ": invalid JSON: " + llvm::toString(parsed.takeError()));
   const llvm::json::Object *obj = parsed->getAsObject();
   if (!obj)
     return error(source + ": a hardware description must be a JSON object");
@@ -137,8 +137,8 @@ double sim::secondsFor(CostKind kind, const exec::CostInputs &in,
   case CostKind::Device: {
     // Roofline; an op without arithmetic (copy, cast, split, ...) is
     // memory-bound by construction.
-    double dense = resultType == exec::DType::F32 ? hw.f32DenseFlops
-                                                  : hw.bf16DenseFlops;
+    double dense =
+        resultType == exec::DType::F32 ? hw.f32DenseFlops : hw.bf16DenseFlops;
     double compute = in.matmulFlops / (dense * hw.matmulEfficiency) +
                      in.attentionFlops / (dense * hw.attentionEfficiency) +
                      in.otherFlops / hw.vectorFlops;

@@ -1,4 +1,4 @@
-//===- HardwareModel.h - Hardware description and instruction time -*- C++ -*-//
+//===- HardwareModel.h - Hardware and instruction time ----------*- C++ -*-===//
 //
 // A hardware description (JSON, docs/CostModel.md) with a built-in default
 // for one H200 SXM on PCIe Gen5 x16 and a 1.5 TB host, and the one formula

@@ -104,17 +104,14 @@ uint64_t flopsOf(const exec::CostInputs &c) {
   return c.matmulFlops + c.attentionFlops + c.otherFlops;
 }
 
-} // namespace
-
-namespace {
-
+/// The replay's tasks and the buffers whose releases they carry.
 struct StepTasks {
   std::vector<Task> tasks;
   Buffers buffers;
 };
 
 llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
-                             const HardwareModel &hw) {
+                                const HardwareModel &hw) {
   if (llvm::Error err = checkIds(plan))
     return std::move(err);
   llvm::Expected<Buffers> buffers = collectBuffers(plan);
@@ -123,7 +120,7 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
 
   size_t n = plan.instructions.size();
   std::vector<int64_t> producer(plan.values.size(), -1);
-  std::vector<int64_t> recordOf(plan.numEvents, -1);
+  std::vector<int64_t> recordOf(std::max<int64_t>(plan.numEvents, 0), -1);
   std::vector<Task> tasks(n);
   for (size_t i = 0; i < n; ++i) {
     const exec::Instruction &inst = plan.instructions[i];
@@ -164,8 +161,8 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
       continue;
     Release release{{v.offset, v.type.bytes()}, {b.producer}};
     llvm::append_range(release.users, b.readers);
-    int64_t last = std::max(b.producer, b.readers.empty() ? int64_t(-1)
-                                                          : b.readers.back());
+    int64_t last = std::max(b.producer,
+                            b.readers.empty() ? int64_t(-1) : b.readers.back());
     tasks[last].frees.push_back(std::move(release));
   }
   for (size_t i = 0; i < n; ++i)
@@ -177,9 +174,9 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
 /// Device bytes occupied over the replayed time, as (time, change) pairs:
 /// a buffer from its producer's start until its release (a returned one
 /// until the end of the step), a workspace during its instruction.
-std::vector<std::pair<double, int64_t>>
-occupancy(const exec::ExecPlan &plan, const StepTasks &replay,
-          const Timeline &timeline) {
+std::vector<std::pair<double, int64_t>> occupancy(const exec::ExecPlan &plan,
+                                                  const StepTasks &replay,
+                                                  const Timeline &timeline) {
   std::vector<std::pair<double, int64_t>> changes;
   auto occupy = [&](int64_t bytes, double from, double until) {
     if (bytes == 0)
@@ -205,8 +202,8 @@ occupancy(const exec::ExecPlan &plan, const StepTasks &replay,
 
 } // namespace
 
-llvm::Expected<std::vector<Task>>
-sim::buildTasks(const exec::ExecPlan &plan, const HardwareModel &hw) {
+llvm::Expected<std::vector<Task>> sim::buildTasks(const exec::ExecPlan &plan,
+                                                  const HardwareModel &hw) {
   llvm::Expected<StepTasks> replay = build(plan, hw);
   if (!replay)
     return replay.takeError();

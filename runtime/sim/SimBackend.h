@@ -50,7 +50,7 @@ struct SimResult {
   exec::Stream boundBy = exec::Stream::Compute; ///< the busiest stream
   /// Per instruction, seconds from the start of the step.
   std::vector<double> start, end;
-  uint64_t deviceFlops = 0;         ///< of compute-stream instructions
+  uint64_t deviceFlops = 0;            ///< of compute-stream instructions
   uint64_t h2dBytes = 0, d2hBytes = 0; ///< copied over PCIe
   int64_t arenaHighWater = 0; ///< one past the highest arena byte written
   /// Most device bytes occupied at one time: a buffer holds its bytes from

@@ -61,8 +61,8 @@ ChromeTrace::ChromeTrace(std::unique_ptr<llvm::raw_fd_ostream> file,
 llvm::Expected<std::unique_ptr<ChromeTrace>>
 ChromeTrace::create(llvm::StringRef path, llvm::StringRef processName) {
   std::error_code ec;
-  auto file = std::make_unique<llvm::raw_fd_ostream>(path, ec,
-                                                     llvm::sys::fs::OF_None);
+  auto file =
+      std::make_unique<llvm::raw_fd_ostream>(path, ec, llvm::sys::fs::OF_None);
   if (ec)
     return llvm::createStringError(ec, "cannot write trace '%s': %s",
                                    path.str().c_str(), ec.message().c_str());

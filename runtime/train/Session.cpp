@@ -3,6 +3,9 @@
 #include "train/Session.h"
 
 #include "cpu/CpuBackend.h"
+#include "sim/SimBackend.h"
+
+#include <unistd.h>
 
 #include "llvm/Support/JSON.h"
 
@@ -15,11 +18,33 @@ static constexpr int64_t kTrainerStateVersion = 1;
 Session::Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
                  uint64_t seed)
     : planStorage(std::move(plan)), shapes(std::move(shapes)), seed(seed),
-      hostState(host::initHostState(*planStorage, seed)),
       data(this->shapes, seed ^ hashName("synthetic-batches")) {}
+
+/// Bytes of the host state the plan's backend will hold.
+static uint64_t hostStateBytes(const exec::ExecPlan &plan) {
+  uint64_t bytes = 0;
+  for (const exec::Param &p : plan.params)
+    if (p.role == "master" || p.role == "moment" || p.role == "frozen")
+      bytes += p.type.numElements() * sizeof(float);
+  return bytes;
+}
 
 static llvm::Expected<std::unique_ptr<exec::Backend>>
 createBackend(const exec::ExecPlan &plan, const SessionOptions &options) {
+  if (options.backend == "sim") {
+    sim::HardwareModel hw;
+    if (!options.hardwarePath.empty()) {
+      llvm::Expected<sim::HardwareModel> loaded =
+          sim::loadHardwareModel(options.hardwarePath);
+      if (!loaded)
+        return loaded.takeError();
+      hw = std::move(*loaded);
+    }
+    auto backend = sim::SimBackend::create(plan, std::move(hw));
+    if (!backend)
+      return backend.takeError();
+    return std::unique_ptr<exec::Backend>(std::move(*backend));
+  }
   if (options.backend == "cpu") {
     auto backend = cpu::CpuBackend::create(plan);
     if (!backend)
@@ -42,6 +67,21 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   if (!backend)
     return backend.takeError();
   session->executor = std::move(*backend);
+  // Only backends that compute hold the model state (sim needs none): the
+  // 105B state is 1.27 TB, so check it fits before touching a byte.
+  if (session->executor->computesLoss()) {
+    uint64_t need = hostStateBytes(session->plan());
+    uint64_t have = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                    static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+    if (need > have)
+      return llvm::createStringError(
+          "the host state of '" + session->plan().model + "' needs " +
+          llvm::Twine(need >> 20) + " MiB (fp32 masters and AdamW moments) " +
+          "but this machine has " + llvm::Twine(have >> 20) +
+          " MiB of memory; use --backend sim to predict it, or a smaller "
+          "model");
+    session->hostState = host::initHostState(session->plan(), options.seed);
+  }
   return session;
 }
 

@@ -37,8 +37,8 @@ const llvm::json::Array &eventsOf(const llvm::json::Value &trace) {
   return *trace.getAsObject()->getArray("traceEvents");
 }
 
-std::vector<const llvm::json::Object *> withPhase(const llvm::json::Value &trace,
-                                                  llvm::StringRef ph) {
+std::vector<const llvm::json::Object *>
+withPhase(const llvm::json::Value &trace, llvm::StringRef ph) {
   std::vector<const llvm::json::Object *> out;
   for (const llvm::json::Value &e : eventsOf(trace))
     if (e.getAsObject()->getString("ph") == ph)

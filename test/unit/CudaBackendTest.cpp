@@ -21,11 +21,11 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "cuda/CudaBackend.h"
 #include "cpu/AdamW.h"
 #include "cpu/CpuBackend.h"
 #include "cpu/GraphKernels.h"
 #include "cuda/CudaApi.h"
-#include "cuda/CudaBackend.h"
 #include "cuda/ElementwiseKernels.h"
 #include "cuda/Nvrtc.h"
 #include "train/SyntheticData.h"
@@ -38,14 +38,15 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <mutex>
-#include <optional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -64,8 +65,8 @@ std::string hostCompiler() {
 }
 
 fs::path freshDir(const std::string &name) {
-  fs::path dir = fs::temp_directory_path() /
-                 (name + "-" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -147,12 +148,11 @@ int main() {
     sizeof(cublasLtMatmulHeuristicResult_t));
 }
 )";
-  std::string cmd = hostCompiler() + " -std=c++17 -I" + include + " -o '" +
-                    (dir / "abi").string() + "' '" +
-                    (dir / "abi.cpp").string() + "' > '" +
-                    (dir / "cc.log").string() + "' 2>&1 && '" +
-                    (dir / "abi").string() + "' > '" +
-                    (dir / "out.txt").string() + "'";
+  std::string cmd =
+      hostCompiler() + " -std=c++17 -I" + include + " -o '" +
+      (dir / "abi").string() + "' '" + (dir / "abi.cpp").string() + "' > '" +
+      (dir / "cc.log").string() + "' 2>&1 && '" + (dir / "abi").string() +
+      "' > '" + (dir / "out.txt").string() + "'";
   if (std::system(cmd.c_str()) != 0)
     GTEST_SKIP() << "cannot build against the CUDA headers:\n"
                  << readFile(dir / "cc.log");
@@ -163,7 +163,8 @@ int main() {
       CUBLAS_OP_T, CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB,
       CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
       CUBLASLT_EPILOGUE_BIAS, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+      CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
       CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_EVENT_DISABLE_TIMING,
       CU_STREAM_NON_BLOCKING, CU_MEMHOSTALLOC_PORTABLE);
@@ -487,8 +488,9 @@ void naiveGemm(const GemmCall &g, const void *A, const void *B, void *D,
 void runLowered(const LoweredOp &op, EmulatedKernels &emu,
                 std::vector<Buffer> &operands, std::vector<Buffer> &results) {
   std::vector<uint8_t> scratch(op.scratchBytes + 512);
-  uint8_t *scratchBase = scratch.data() + (256 - reinterpret_cast<uintptr_t>(
-                                                     scratch.data()) % 256);
+  uint8_t *scratchBase =
+      scratch.data() +
+      (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256);
   auto resolve = [&](const BufferRef &r) -> void * {
     switch (r.kind) {
     case BufferRef::Operand:
@@ -555,8 +557,9 @@ struct OpCase {
 
 TensorType tt(DType d, std::vector<int64_t> shape) { return {d, shape}; }
 
-exec::Instruction makeInst(const std::string &op,
-                           std::map<std::string, exec::Attr, std::less<>> attrs = {}) {
+exec::Instruction
+makeInst(const std::string &op,
+         std::map<std::string, exec::Attr, std::less<>> attrs = {}) {
   exec::Instruction inst;
   inst.op = op;
   inst.attrs = std::move(attrs);
@@ -573,8 +576,10 @@ std::vector<OpCase> denseCases() {
                  std::move(res), ids});
   };
   using V = std::vector<int64_t>;
-  add("cast f32->bf16", makeInst("cast"), {tt(f32, {4, 33})}, {tt(bf, {4, 33})});
-  add("cast bf16->f32", makeInst("cast"), {tt(bf, {4, 33})}, {tt(f32, {4, 33})});
+  add("cast f32->bf16", makeInst("cast"), {tt(f32, {4, 33})},
+      {tt(bf, {4, 33})});
+  add("cast bf16->f32", makeInst("cast"), {tt(bf, {4, 33})},
+      {tt(f32, {4, 33})});
   add("cast f32->f16", makeInst("cast"), {tt(f32, {70})}, {tt(f16, {70})});
   add("add", makeInst("add"), {tt(bf, {2, 5, 7}), tt(bf, {2, 5, 7})},
       {tt(bf, {2, 5, 7})});
@@ -641,10 +646,10 @@ std::vector<OpCase> denseCases() {
       makeInst("unpatchify", {{"grid", V{2, 2, 3}}, {"patch", V{1, 2, 2}}}),
       {tt(bf, {2, 12, 16})}, {tt(bf, {2, 4, 2, 4, 6})});
   add("timestep_embedding",
-      makeInst("timestep_embedding", {{"time_scale", 1000.0}}),
-      {tt(f32, {3})}, {tt(bf, {3, 16})});
-  add("embedding", makeInst("embedding"), {tt(DType::I64, {3}), tt(bf, {11, 8})},
-      {tt(bf, {3, 8})}, 11);
+      makeInst("timestep_embedding", {{"time_scale", 1000.0}}), {tt(f32, {3})},
+      {tt(bf, {3, 16})});
+  add("embedding", makeInst("embedding"),
+      {tt(DType::I64, {3}), tt(bf, {11, 8})}, {tt(bf, {3, 8})}, 11);
   add("embedding_grad", makeInst("embedding_grad"),
       {tt(DType::I32, {5}), tt(bf, {5, 8})}, {tt(f32, {4, 8})}, 4);
   add("rope3d",
@@ -804,8 +809,8 @@ TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
       // Two roundings apart at most: bf16 has 8 bits of mantissa; sums of
       // hundreds of bf16-rounded terms (norm and bias gradients) carry a
       // little more.
-      bool bf16 = c.results[r].dtype == DType::BF16 ||
-                  c.results[r].dtype == DType::F16;
+      bool bf16 =
+          c.results[r].dtype == DType::BF16 || c.results[r].dtype == DType::F16;
       float tol = bf16 ? 2e-2f * scale : 2e-4f * scale;
       float worst = 0;
       size_t at = 0;
@@ -833,11 +838,11 @@ TEST(CudaDenseLoweringTest, EveryCpuOpButDsaAndAdamWHasALowering) {
 }
 
 TEST(CudaDenseLoweringTest, LinearIsOneTnGemmWithBiasEpilogue) {
-  auto lowered = lowerGraphOp(
-      makeInst("linear"),
-      {tt(DType::BF16, {2, 5, 24}), tt(DType::BF16, {16, 24}),
-       tt(DType::BF16, {16})},
-      {tt(DType::BF16, {2, 5, 16})});
+  auto lowered =
+      lowerGraphOp(makeInst("linear"),
+                   {tt(DType::BF16, {2, 5, 24}), tt(DType::BF16, {16, 24}),
+                    tt(DType::BF16, {16})},
+                   {tt(DType::BF16, {2, 5, 16})});
   ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
   ASSERT_EQ(lowered->steps.size(), 1u);
   const GemmCall &g = std::get<GemmCall>(lowered->steps[0]);
@@ -851,11 +856,11 @@ TEST(CudaDenseLoweringTest, LinearIsOneTnGemmWithBiasEpilogue) {
 }
 
 TEST(CudaDenseLoweringTest, UnsupportedShapesNameTheOp) {
-  auto lowered = lowerGraphOp(
-      makeInst("attention"),
-      {tt(DType::BF16, {1, 4, 1, 512}), tt(DType::BF16, {1, 4, 1, 512}),
-       tt(DType::BF16, {1, 4, 1, 512})},
-      {tt(DType::BF16, {1, 4, 1, 512})});
+  auto lowered = lowerGraphOp(makeInst("attention"),
+                              {tt(DType::BF16, {1, 4, 1, 512}),
+                               tt(DType::BF16, {1, 4, 1, 512}),
+                               tt(DType::BF16, {1, 4, 1, 512})},
+                              {tt(DType::BF16, {1, 4, 1, 512})});
   ASSERT_FALSE(!!lowered);
   std::string msg = llvm::toString(lowered.takeError());
   EXPECT_NE(msg.find("'attention' on cuda: head dim 512 over 256"),
@@ -904,10 +909,10 @@ HandBuiltPlan handBuiltPlan() {
   };
   auto param = [&](const std::string &name, std::vector<int64_t> shape) {
     p.params.push_back({name, "master", "blocks", 0, "", {f32, shape}});
-    p.params.push_back({name + ".exp_avg", "moment", "blocks", 0, name,
-                        {f32, shape}});
-    p.params.push_back({name + ".exp_avg_sq", "moment", "blocks", 0, name,
-                        {f32, shape}});
+    p.params.push_back(
+        {name + ".exp_avg", "moment", "blocks", 0, name, {f32, shape}});
+    p.params.push_back(
+        {name + ".exp_avg_sq", "moment", "blocks", 0, name, {f32, shape}});
   };
   param("w1", {64, 32});
   param("b1", {64});
@@ -961,16 +966,16 @@ HandBuiltPlan handBuiltPlan() {
   int64_t h2 = value(tok, D);
   inst("linear", S::Compute, {a1, w2}, {h2});
   int64_t pred = value(tok, D);
-  exec::Instruction &ln = p.instructions[inst("layer_norm", S::Compute, {h2},
-                                              {pred})];
+  exec::Instruction &ln =
+      p.instructions[inst("layer_norm", S::Compute, {h2}, {pred})];
   ln.attrs["eps"] = 1e-6;
   int64_t loss = value({f32, {}}, D);
   inst("flow_matching_loss", S::Compute, {pred, x, noise}, {loss});
   int64_t dpred = value(tok, D);
   inst("flow_matching_loss_grad", S::Compute, {pred, x, noise}, {dpred});
   int64_t dh2 = value(tok, D);
-  exec::Instruction &lng = p.instructions[inst("layer_norm_grad", S::Compute,
-                                               {h2, dpred}, {dh2})];
+  exec::Instruction &lng =
+      p.instructions[inst("layer_norm_grad", S::Compute, {h2, dpred}, {dh2})];
   lng.attrs["eps"] = 1e-6;
   int64_t dw2 = value({bf, {32, 64}}, D);
   inst("linear_grad_params", S::Compute, {a1, dh2}, {dw2});
@@ -1132,11 +1137,12 @@ const exec::ExecPlan *tinyPlan(std::string &why) {
   if (!tried) {
     tried = true;
     std::string path;
-    if (const char *env = std::getenv("MEGASLIDE_CUDA_TEST_PLAN"); env && *env) {
+    if (const char *env = std::getenv("MEGASLIDE_CUDA_TEST_PLAN");
+        env && *env) {
       path = env;
     } else {
-      fs::path run = fs::read_symlink("/proc/self/exe").parent_path() /
-                     "megaslide-run";
+      fs::path run =
+          fs::read_symlink("/proc/self/exe").parent_path() / "megaslide-run";
       fs::path dir = freshDir("megaslide-tiny-plan");
       path = (dir / "tiny.json").string();
       std::string cmd = "'" + run.string() +
@@ -1195,12 +1201,116 @@ namespace fake {
 
 EmulatedKernels *kernels = nullptr;
 std::atomic<int64_t> clock{0};
+
+/// The element types of a kernel from its name's suffix (ms_<kind>_<types>).
+std::vector<DType> typesOf(llvm::StringRef name, size_t count) {
+  llvm::SmallVector<llvm::StringRef> parts;
+  name.split(parts, '_');
+  std::vector<DType> types;
+  for (llvm::StringRef p : llvm::ArrayRef(parts).take_back(count))
+    types.push_back(exec::parseDType(p).value_or(DType::F32));
+  return types;
+}
+
+/// Global attention as host loops with the kernels' argument lists and
+/// contracts (lse and delta between the two backward kernels). Emulating a
+/// 320-token attention lane by lane would take minutes; the CUDA kernels
+/// themselves are checked by CudaDenseEmulationTest on small shapes.
+struct HostAttention {
+  std::vector<DType> t;
+  int kind; // 0 fwd, 1 bwd_dq, 2 bwd_dkv
+  void run(void **args) const {
+    auto ptr = [&](int i) { return *reinterpret_cast<void **>(args[i]); };
+    auto i64 = [&](int i) { return *reinterpret_cast<long long *>(args[i]); };
+    int base = kind == 0 ? 5 : 8;
+    long long B = i64(base), Nq = i64(base + 1), Nk = i64(base + 2),
+              H = i64(base + 3), Dh = i64(base + 4);
+    float scale = *reinterpret_cast<float *>(args[base + 5]);
+    void *q = ptr(0), *k = ptr(1), *v = ptr(2);
+    auto row = [&](long long b, long long n, long long N, long long h) {
+      return ((b * N + n) * H + h) * Dh;
+    };
+    auto dot = [&](void *x, DType tx, long long xr, void *y, DType ty,
+                   long long yr) {
+      float s = 0;
+      for (long long d = 0; d < Dh; ++d)
+        s += loadAs(x, tx, xr + d) * loadAs(y, ty, yr + d);
+      return s;
+    };
+    for (long long b = 0; b < B; ++b)
+      for (long long h = 0; h < H; ++h) {
+        long long outer = kind == 2 ? Nk : Nq;
+        for (long long i = 0; i < outer; ++i) {
+          if (kind == 0 || kind == 1) {
+            long long qr = row(b, i, Nq, h);
+            std::vector<float> s(Nk);
+            float m = -INFINITY, l = 0;
+            for (long long j = 0; j < Nk; ++j) {
+              s[j] = scale * dot(q, t[0], qr, k, t[1], row(b, j, Nk, h));
+              m = std::max(m, s[j]);
+            }
+            for (long long j = 0; j < Nk; ++j)
+              l += std::exp(s[j] - m);
+            float L = m + std::log(l);
+            long long w = (b * H + h) * Nq + i;
+            if (kind == 0) {
+              for (long long d = 0; d < Dh; ++d) {
+                float acc = 0;
+                for (long long j = 0; j < Nk; ++j)
+                  acc += std::exp(s[j] - L) *
+                         loadAs(v, t[2], row(b, j, Nk, h) + d);
+                storeAs(ptr(3), t[3], qr + d, acc);
+              }
+              if (float *lse = static_cast<float *>(ptr(4)))
+                lse[w] = L;
+              continue;
+            }
+            void *o = ptr(3), *dout = ptr(4);
+            float dl = dot(dout, t[4], qr, o, t[3], qr);
+            std::vector<float> dq(Dh, 0.0f);
+            for (long long j = 0; j < Nk; ++j) {
+              long long kr = row(b, j, Nk, h);
+              float ds =
+                  std::exp(s[j] - L) * (dot(dout, t[4], qr, v, t[2], kr) - dl);
+              for (long long d = 0; d < Dh; ++d)
+                dq[d] += ds * loadAs(k, t[1], kr + d);
+            }
+            for (long long d = 0; d < Dh; ++d)
+              storeAs(ptr(5), t[5], qr + d, dq[d] * scale);
+            static_cast<float *>(ptr(6))[w] = L;
+            static_cast<float *>(ptr(7))[w] = dl;
+          } else {
+            long long kr = row(b, i, Nk, h);
+            void *dout = ptr(3);
+            const float *lse = static_cast<const float *>(ptr(6)),
+                        *delta = static_cast<const float *>(ptr(7));
+            std::vector<float> dk(Dh, 0.0f), dv(Dh, 0.0f);
+            for (long long j = 0; j < Nq; ++j) {
+              long long qr = row(b, j, Nq, h), w = (b * H + h) * Nq + j;
+              float p =
+                  std::exp(scale * dot(q, t[0], qr, k, t[1], kr) - lse[w]);
+              float ds = p * (dot(dout, t[3], qr, v, t[2], kr) - delta[w]);
+              for (long long d = 0; d < Dh; ++d) {
+                dv[d] += p * loadAs(dout, t[3], qr + d);
+                dk[d] += ds * loadAs(q, t[0], qr + d);
+              }
+            }
+            for (long long d = 0; d < Dh; ++d) {
+              storeAs(ptr(4), t[4], kr + d, dk[d] * scale);
+              storeAs(ptr(5), t[5], kr + d, dv[d]);
+            }
+          }
+        }
+      }
+  }
+};
 std::atomic<int64_t> launches{0}, gemms{0};
 struct Event {
   std::atomic<int64_t> time{0};
 };
 struct Function {
-  EmulatedKernels::Entry entry;
+  EmulatedKernels::Entry entry = nullptr;
+  std::optional<HostAttention> attention;
 };
 
 void *allocAligned(size_t n) {
@@ -1288,8 +1398,7 @@ CudaDriverApi driver() {
                  reinterpret_cast<const void *>(src), n);
     return CUresult(0);
   };
-  d.cuMemsetD8Async = [](CUdeviceptr dst, unsigned char v, size_t n,
-                         CUstream) {
+  d.cuMemsetD8Async = [](CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
     std::memset(reinterpret_cast<void *>(dst), v, n);
     return CUresult(0);
   };
@@ -1328,7 +1437,10 @@ CudaDriverApi driver() {
   };
   d.cuModuleLoadData = [](CUmodule *m, const void *image) {
     // A cubin is an ELF file.
-    if (std::memcmp(image, "\x7f" "ELF", 4) != 0)
+    if (std::memcmp(image,
+                    "\x7f"
+                    "ELF",
+                    4) != 0)
       return CUresult(200); // CUDA_ERROR_INVALID_IMAGE
     *m = reinterpret_cast<CUmodule>(new char);
     return CUresult(0);
@@ -1338,13 +1450,21 @@ CudaDriverApi driver() {
     return CUresult(0);
   };
   d.cuModuleGetFunction = [](CUfunction *f, CUmodule, const char *name) {
-    EmulatedKernels::Entry entry = kernels->entry(name);
-    if (!entry)
+    Function fn;
+    fn.entry = kernels->entry(name);
+    if (!fn.entry)
       return CUresult(500); // CUDA_ERROR_NOT_FOUND
+    llvm::StringRef n(name);
+    for (auto [prefix, kind, types] :
+         {std::tuple<const char *, int, size_t>{"ms_attention_fwd_", 0, 4},
+          {"ms_attention_bwd_dq_", 1, 6},
+          {"ms_attention_bwd_dkv_", 2, 6}})
+      if (n.starts_with(prefix))
+        fn.attention = HostAttention{typesOf(n, types), kind};
     static std::mutex mu;
     static std::vector<std::unique_ptr<Function>> owned;
     std::lock_guard<std::mutex> lock(mu);
-    owned.push_back(std::make_unique<Function>(Function{entry}));
+    owned.push_back(std::make_unique<Function>(std::move(fn)));
     *f = reinterpret_cast<CUfunction>(owned.back().get());
     return CUresult(0);
   };
@@ -1352,10 +1472,14 @@ CudaDriverApi driver() {
   d.cuLaunchKernel = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                         unsigned bx, unsigned by, unsigned bz, unsigned smem,
                         CUstream, void **params, void **extra) {
-    if (bx != kElementwiseBlockThreads || by != 1 || bz != 1 || smem ||
-        extra || !gx || !gy || !gz)
+    if (bx != kElementwiseBlockThreads || by != 1 || bz != 1 || smem || extra ||
+        !gx || !gy || !gz)
       return CUresult(1);
-    reinterpret_cast<Function *>(f)->entry(gx, gy, gz, params);
+    const Function &fn = *reinterpret_cast<Function *>(f);
+    if (fn.attention)
+      fn.attention->run(params);
+    else
+      fn.entry(gx, gy, gz, params);
     ++launches;
     return CUresult(0);
   };
@@ -1375,7 +1499,7 @@ struct Layout {
 constexpr cublasStatus_t kInvalid = 7; // CUBLAS_STATUS_INVALID_VALUE
 
 DType dtypeOf(cudaDataType_t t) {
-  return t == CUDA_R_16BF ? DType::BF16
+  return t == CUDA_R_16BF  ? DType::BF16
          : t == CUDA_R_16F ? DType::F16
                            : DType::F32;
 }
@@ -1385,8 +1509,8 @@ bool shapesAgree(const Desc &d, const Layout &a, const Layout &b,
                  const Layout &c) {
   uint64_t m = c.rows, n = c.cols, k = d.transA ? a.rows : a.cols;
   return (d.transA ? a.cols : a.rows) == m &&
-         (d.transB ? b.cols : b.rows) == k && (d.transB ? b.rows : b.cols) == n &&
-         a.type == b.type;
+         (d.transB ? b.cols : b.rows) == k &&
+         (d.transB ? b.rows : b.cols) == n && a.type == b.type;
 }
 
 CublasLtApi cublasLt() {
@@ -1429,7 +1553,8 @@ CublasLtApi cublasLt() {
       std::memcpy(&d.transB, buf, 4);
     else if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE)
       std::memcpy(&d.epilogue, buf, 4);
-    else if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER && size == sizeof(void *))
+    else if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER &&
+             size == sizeof(void *))
       std::memcpy(&d.bias, buf, sizeof(void *));
     else
       return kInvalid;
@@ -1473,48 +1598,46 @@ CublasLtApi cublasLt() {
          cublasLtMatmulHeuristicResult_t *results, int *found) {
         *found = 0;
         if (requested < 1 || c != dd ||
-            !shapesAgree(*reinterpret_cast<Desc *>(d),
-                         *reinterpret_cast<Layout *>(a),
-                         *reinterpret_cast<Layout *>(b),
-                         *reinterpret_cast<Layout *>(c)))
+            !shapesAgree(
+                *reinterpret_cast<Desc *>(d), *reinterpret_cast<Layout *>(a),
+                *reinterpret_cast<Layout *>(b), *reinterpret_cast<Layout *>(c)))
           return cublasStatus_t(0);
         results[0] = {};
         *found = 1;
         return cublasStatus_t(0);
       };
-  l.cublasLtMatmul = [](cublasLtHandle_t, cublasLtMatmulDesc_t dd,
-                        const void *alpha, const void *A,
-                        cublasLtMatrixLayout_t al, const void *B,
-                        cublasLtMatrixLayout_t bl, const void *beta,
-                        const void *C, cublasLtMatrixLayout_t cl, void *D,
-                        cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *,
-                        void *, size_t, CUstream) {
-    const Desc &d = *reinterpret_cast<const Desc *>(dd);
-    const Layout &a = *reinterpret_cast<Layout *>(al),
-                 &b = *reinterpret_cast<Layout *>(bl),
-                 &o = *reinterpret_cast<Layout *>(dl);
-    if (*static_cast<const float *>(alpha) != 1.0f ||
-        *static_cast<const float *>(beta) != 0.0f || C != D || cl != dl ||
-        !shapesAgree(d, a, b, o))
-      return kInvalid;
-    GemmCall g;
-    g.transA = d.transA;
-    g.transB = d.transB;
-    g.m = o.rows;
-    g.n = o.cols;
-    g.k = d.transA ? a.rows : a.cols;
-    g.lda = a.ld;
-    g.ldb = b.ld;
-    g.ldd = o.ld;
-    g.abType = dtypeOf(a.type);
-    g.dType = dtypeOf(o.type);
-    g.hasBias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
-    if (g.hasBias && !d.bias)
-      return kInvalid;
-    naiveGemm(g, A, B, D, d.bias);
-    ++gemms;
-    return cublasStatus_t(0);
-  };
+  l.cublasLtMatmul =
+      [](cublasLtHandle_t, cublasLtMatmulDesc_t dd, const void *alpha,
+         const void *A, cublasLtMatrixLayout_t al, const void *B,
+         cublasLtMatrixLayout_t bl, const void *beta, const void *C,
+         cublasLtMatrixLayout_t cl, void *D, cublasLtMatrixLayout_t dl,
+         const cublasLtMatmulAlgo_t *, void *, size_t, CUstream) {
+        const Desc &d = *reinterpret_cast<const Desc *>(dd);
+        const Layout &a = *reinterpret_cast<Layout *>(al),
+                     &b = *reinterpret_cast<Layout *>(bl),
+                     &o = *reinterpret_cast<Layout *>(dl);
+        if (*static_cast<const float *>(alpha) != 1.0f ||
+            *static_cast<const float *>(beta) != 0.0f || C != D || cl != dl ||
+            !shapesAgree(d, a, b, o))
+          return kInvalid;
+        GemmCall g;
+        g.transA = d.transA;
+        g.transB = d.transB;
+        g.m = o.rows;
+        g.n = o.cols;
+        g.k = d.transA ? a.rows : a.cols;
+        g.lda = a.ld;
+        g.ldb = b.ld;
+        g.ldd = o.ld;
+        g.abType = dtypeOf(a.type);
+        g.dType = dtypeOf(o.type);
+        g.hasBias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
+        if (g.hasBias && !d.bias)
+          return kInvalid;
+        naiveGemm(g, A, B, D, d.bias);
+        ++gemms;
+        return cublasStatus_t(0);
+      };
   return l;
 }
 
@@ -1573,7 +1696,8 @@ TEST(CudaBackendFakeDeviceTest, CompiledTinyPlanStepsLikeTheCpuBackend) {
   auto shapes = train::InputShapes::of(*plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   train::SyntheticData data(*shapes, 5);
-  runOnFakeDevice(*plan, [&](int) { return data.next(); }, 1);
+  runOnFakeDevice(
+      *plan, [&](int) { return data.next(); }, 2);
 }
 
 //===----------------------------------------------------------------------===//

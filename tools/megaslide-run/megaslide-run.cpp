@@ -13,6 +13,9 @@
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Version.h"
+#include "host/Checkpoint.h"
+#include "host/Weights.h"
+#include "trace/ChromeTrace.h"
 #include "train/Session.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -54,6 +57,26 @@ cl::opt<std::string> metricsFile("metrics", cl::cat(runCategory),
                                  cl::desc("Write one JSON line per step "
                                           "(step, loss, seconds)"),
                                  cl::value_desc("FILE"));
+cl::opt<std::string> weightsPath(
+    "weights", cl::cat(runCategory),
+    cl::desc("Load diffusers-format transformer weights (a directory with "
+             "config.json and safetensors shards, or one .safetensors file)"),
+    cl::value_desc("PATH"));
+cl::opt<std::string> saveWeights(
+    "save-weights", cl::cat(runCategory),
+    cl::desc("Write the trained weights in diffusers format at the end"),
+    cl::value_desc("DIR"));
+cl::opt<std::string> checkpointDir(
+    "checkpoint-dir", cl::cat(runCategory),
+    cl::desc("Write checkpoints (masters, moments, step, data and RNG "
+             "state) here, atomically"),
+    cl::value_desc("DIR"));
+cl::opt<int64_t> checkpointEvery(
+    "checkpoint-every", cl::init(0), cl::cat(runCategory),
+    cl::desc("Steps between checkpoints (0: only at the end)"));
+cl::opt<bool> resume("resume", cl::cat(runCategory),
+                     cl::desc("Continue from the latest checkpoint in "
+                              "--checkpoint-dir; --steps more steps"));
 cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
                          cl::desc("Print one line per step instead of a "
                                   "progress bar"));
@@ -141,6 +164,10 @@ int main(int argc, char **argv) {
   }
   if (steps < 0)
     return fail("--steps must be non-negative");
+  if (checkpointEvery < 0)
+    return fail("--checkpoint-every must be non-negative");
+  if ((resume || checkpointEvery.getNumOccurrences()) && checkpointDir.empty())
+    return fail("--resume and --checkpoint-every need --checkpoint-dir");
 
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
@@ -165,6 +192,31 @@ int main(int argc, char **argv) {
   train::Session &s = **session;
   const exec::ExecPlan &p = s.plan();
   bool computesLoss = s.backend().computesLoss();
+  if (!computesLoss && (!weightsPath.empty() || !saveWeights.empty() ||
+                        !checkpointDir.empty()))
+    return fail("the sim backend holds no model state: --weights, "
+                "--save-weights and --checkpoint-dir need cpu or cuda");
+  if (!weightsPath.empty())
+    if (Error err = host::loadWeights(weightsPath, s.state()))
+      return fail(toString(std::move(err)));
+  if (resume) {
+    std::string trainerState;
+    if (Error err = host::loadLatestCheckpoint(checkpointDir, s.state(),
+                                               trainerState))
+      return fail(toString(std::move(err)));
+    if (Error err = s.restoreTrainerState(trainerState))
+      return fail(toString(std::move(err)));
+    outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
+                      checkpointDir);
+  }
+  auto checkpoint = [&]() -> Error {
+    Expected<std::string> dir =
+        host::saveCheckpoint(checkpointDir, s.state(), s.trainerState());
+    if (!dir)
+      return dir.takeError();
+    outs() << formatv("checkpoint: {0}\n", *dir);
+    return Error::success();
+  };
 
   outs() << formatv("megaslide-run: {0} on the {1} backend, {2} instructions, "
                     "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
@@ -182,6 +234,18 @@ int main(int argc, char **argv) {
       return fail("cannot write '" + metricsFile + "': " + ec.message());
   }
 
+  std::unique_ptr<trace::ChromeTrace> trace;
+  if (!traceFile.empty()) {
+    Expected<std::unique_ptr<trace::ChromeTrace>> created =
+        trace::ChromeTrace::create(traceFile,
+                                   formatv("megaslide-run {0} ({1})", p.model,
+                                           s.backend().name())
+                                       .str());
+    if (!created)
+      return fail(toString(created.takeError()));
+    trace = std::move(*created);
+  }
+
   Progress progress(steps, !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
   exec::MemoryStats memory;
@@ -192,6 +256,12 @@ int main(int argc, char **argv) {
       return fail(formatv("step {0}: {1}", s.state().step + 1,
                           toString(result.takeError()))
                       .str());
+    if (trace)
+      // Steps follow each other on the trace's time axis.
+      for (exec::TraceSpan &span : result->spans) {
+        span.start += elapsed;
+        trace->complete(span);
+      }
     elapsed += result->seconds;
     memory = result->memory;
     losses.push_back(result->loss);
@@ -205,9 +275,25 @@ int main(int argc, char **argv) {
                           format("%.6f", result->seconds));
     progress.update(i + 1, result->loss, elapsed,
                     (i + 1) * p.batch / std::max(elapsed, 1e-9), computesLoss);
+    if (!checkpointDir.empty() &&
+        ((checkpointEvery > 0 && (i + 1) % checkpointEvery == 0) ||
+         i + 1 == steps))
+      if (Error err = checkpoint())
+        return fail(toString(std::move(err)));
   }
+  if (!saveWeights.empty())
+    if (Error err = host::saveWeights(p, s.state(), saveWeights))
+      return fail(toString(std::move(err)));
+
+  if (trace)
+    if (Error err = trace->finish())
+      return fail(toString(std::move(err)));
 
   if (steps > 0) {
+    if (!computesLoss)
+      outs() << formatv("predicted step: {0:F3} s on the sim hardware "
+                        "model\n",
+                        elapsed / steps);
     if (computesLoss)
       outs() << formatv("loss: first {0:F5}, last {1:F5} ({2:P0} of the "
                         "first)\n",
