@@ -225,6 +225,7 @@ int main(int argc, char **argv) {
                     p.grid.size() == 3 ? p.grid[1] : 0,
                     p.grid.size() == 3 ? p.grid[2] : 0, p.batch,
                     compileSeconds);
+  outs().flush(); // before the progress lines on stderr
 
   std::unique_ptr<raw_fd_ostream> metrics;
   if (!metricsFile.empty()) {
