@@ -114,6 +114,17 @@ def to_bf16_bits(x):
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def anon_huge_gib():
+    """GiB of this process's memory on transparent huge pages, or None."""
+    try:
+        for line in open("/proc/self/smaps_rollup"):
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -155,6 +166,10 @@ def main():
 
     # Our kernel reads MEGASLIDE_NUM_THREADS at every call.
     os.environ["MEGASLIDE_NUM_THREADS"] = str(args.threads)
+    # numpy asks for transparent huge pages for large arrays, and so does
+    # megaslide-membw; torch's own allocations (its moments) do so only with
+    # this set. Without it torch alone would pay 4 KiB-page TLB misses.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         import torch
     except ImportError:
@@ -230,6 +245,7 @@ def main():
                 times[name].append(time.perf_counter() - start)
 
     load_after = os.getloadavg()
+    huge = anon_huge_gib()
     kernels = ("copy", "triad", "update3+1")
     best_bw = {k: max(p[k]["best_gbs"] for p in probes) for k in kernels}
     median_bw = {k: statistics.median(p[k]["best_gbs"] for p in probes)
@@ -250,6 +266,10 @@ def main():
           f"{time.time() - started:.0f} s; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"hyper-parameters: {HYPER}")
+    if huge is not None:
+        thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        print(f"transparent huge pages ({thp.strip()}): {huge:.2f} GiB of "
+              f"this process's memory")
     print()
     print(f"memory bandwidth (megaslide-membw, {args.threads} thread(s), "
           f"{len(probes)} runs; best / median run; GB = 1e9 B):")

@@ -16,9 +16,9 @@ using namespace megaslide::train;
 static constexpr int64_t kTrainerStateVersion = 1;
 
 Session::Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
-                 uint64_t seed)
+                 uint64_t seed, std::unique_ptr<DataSource> data)
     : planStorage(std::move(plan)), shapes(std::move(shapes)), seed(seed),
-      data(this->shapes, seed ^ hashName("synthetic-batches")) {}
+      data(std::move(data)) {}
 
 /// Bytes of the host state the plan's backend will hold.
 static uint64_t hostStateBytes(const exec::ExecPlan &plan) {
@@ -60,9 +60,19 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   llvm::Expected<InputShapes> shapes = InputShapes::of(plan);
   if (!shapes)
     return shapes.takeError();
+  uint64_t dataSeed = options.seed ^ hashName("batches");
+  std::unique_ptr<DataSource> data;
+  if (options.dataDir.empty()) {
+    data = std::make_unique<SyntheticData>(*shapes, dataSeed);
+  } else {
+    auto files = FileData::open(options.dataDir, *shapes, dataSeed);
+    if (!files)
+      return files.takeError();
+    data = std::move(*files);
+  }
   auto owned = std::make_unique<exec::ExecPlan>(std::move(plan));
-  std::unique_ptr<Session> session(
-      new Session(std::move(owned), std::move(*shapes), options.seed));
+  std::unique_ptr<Session> session(new Session(
+      std::move(owned), std::move(*shapes), options.seed, std::move(data)));
   auto backend = createBackend(session->plan(), options);
   if (!backend)
     return backend.takeError();
@@ -88,7 +98,7 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
 llvm::Expected<exec::StepResult> Session::trainStep(bool trace) {
   exec::StepOptions options;
   options.trace = trace;
-  return runStep(data.next(), options);
+  return runStep(data->next(), options);
 }
 
 llvm::Expected<exec::StepResult>
@@ -100,7 +110,7 @@ Session::runStep(const exec::StepInputs &inputs,
 std::string Session::trainerState() const {
   llvm::json::Object o{{"version", kTrainerStateVersion},
                        {"seed", std::to_string(seed)},
-                       {"data_state", std::to_string(data.state())},
+                       {"data_state", std::to_string(data->state())},
                        {"step", hostState.step}};
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -123,7 +133,7 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   if (!dataState || dataState->getAsInteger(10, parsed) || !step || *step < 0)
     return llvm::createStringError(
         "trainer state lacks a valid 'data_state' or 'step'");
-  data.setState(parsed);
+  data->setState(parsed);
   hostState.step = *step;
   return llvm::Error::success();
 }

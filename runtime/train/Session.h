@@ -22,6 +22,7 @@ struct SessionOptions {
   std::string backend = "cpu"; ///< cpu | cuda | sim
   uint64_t seed = 0;
   std::string hardwarePath; ///< sim: hardware description (empty: H200)
+  std::string dataDir;      ///< samples from files; empty: synthetic data
 };
 
 class Session {
@@ -48,12 +49,12 @@ public:
 
 private:
   Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
-          uint64_t seed);
+          uint64_t seed, std::unique_ptr<DataSource> data);
   std::unique_ptr<exec::ExecPlan> planStorage; ///< stable address
   InputShapes shapes;
   uint64_t seed;
   host::HostState hostState;
-  SyntheticData data;
+  std::unique_ptr<DataSource> data;
   std::unique_ptr<exec::Backend> executor;
 };
 

@@ -2,6 +2,13 @@
 
 #include "train/SyntheticData.h"
 
+#include "host/Safetensors.h"
+
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
 #include <cmath>
 
 using namespace megaslide;
@@ -36,7 +43,7 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
 }
 
 SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
-    : shapes(shapes), rng(seed) {
+    : DataSource(shapes, seed) {
   int64_t C = shapes.latents[1], T = shapes.latents[2], H = shapes.latents[3],
           W = shapes.latents[4];
   Random setup(seed ^ hashName("synthetic-prototypes"));
@@ -70,7 +77,7 @@ SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
   }
 }
 
-exec::StepInputs SyntheticData::next() {
+exec::StepInputs DataSource::next() {
   int64_t B = shapes.latents[0];
   int64_t sample = product(shapes.latents, 1);
   exec::StepInputs in;
@@ -78,7 +85,7 @@ exec::StepInputs SyntheticData::next() {
                      &t = in["timesteps"], &cond = in["condition"];
   x0.reserve(B * sample);
   for (int64_t b = 0; b < B; ++b) {
-    int k = static_cast<int>(rng.next() % kPrototypes);
+    size_t k = rng.next() % latents.size();
     x0.insert(x0.end(), latents[k].begin(), latents[k].end());
     cond.insert(cond.end(), conditions[k].begin(), conditions[k].end());
     t.push_back(static_cast<float>(rng.uniform()));
@@ -87,4 +94,61 @@ exec::StepInputs SyntheticData::next() {
   for (float &n : noise)
     n = rng.normal();
   return in;
+}
+
+llvm::Expected<std::unique_ptr<FileData>>
+FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec))
+    if (llvm::sys::path::extension(it->path()) == ".safetensors")
+      files.push_back(it->path());
+  if (ec)
+    return llvm::createStringError("cannot read data directory '" + dir +
+                                   "': " + ec.message());
+  if (files.empty())
+    return llvm::createStringError("data directory '" + dir +
+                                   "' has no .safetensors samples (see "
+                                   "docs/Runtime.md, \"Data files\")");
+  std::sort(files.begin(), files.end()); // the order must not depend on the FS
+  std::unique_ptr<FileData> data(new FileData(shapes, seed));
+  std::vector<int64_t> latentShape(shapes.latents.begin() + 1,
+                                   shapes.latents.end());
+  std::vector<int64_t> conditionShape =
+      shapes.conditionIsLabel ? std::vector<int64_t>{1}
+                              : std::vector<int64_t>(shapes.condition.begin() + 1,
+                                                     shapes.condition.end());
+  for (const std::string &file : files) {
+    auto reader = host::SafetensorsReader::open(file);
+    if (!reader)
+      return reader.takeError();
+    auto read = [&](llvm::StringRef name, const std::vector<int64_t> &shape,
+                    std::vector<float> &out) -> llvm::Error {
+      const host::StTensorInfo *t = (*reader)->find(name);
+      if (!t)
+        return llvm::createStringError("'" + file + "' has no tensor '" +
+                                       name + "'");
+      if (t->shape != shape) {
+        std::string want, got;
+        for (int64_t d : shape)
+          want += (want.empty() ? "" : ", ") + std::to_string(d);
+        for (int64_t d : t->shape)
+          got += (got.empty() ? "" : ", ") + std::to_string(d);
+        return llvm::createStringError("'" + file + "': tensor '" + name +
+                                       "' has shape [" + got +
+                                       "]; this plan needs [" + want + "]");
+      }
+      out.resize(t->numElements());
+      return (*reader)->readF32(*t, out);
+    };
+    std::vector<float> x, c;
+    if (llvm::Error err = read("latents", latentShape, x))
+      return std::move(err);
+    if (llvm::Error err = read("condition", conditionShape, c))
+      return std::move(err);
+    data->latents.push_back(std::move(x));
+    data->conditions.push_back(std::move(c));
+  }
+  return data;
 }

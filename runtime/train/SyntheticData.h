@@ -26,22 +26,44 @@ struct InputShapes {
   static llvm::Expected<InputShapes> of(const exec::ExecPlan &plan);
 };
 
-class SyntheticData {
+/// Where a run's batches come from. Every batch draws its samples, its
+/// timesteps and its noise from one generator, so the generator's state is
+/// all a checkpoint needs to continue the same sequence.
+class DataSource {
 public:
-  static constexpr int kPrototypes = 8;
-
-  SyntheticData(const InputShapes &shapes, uint64_t seed);
+  virtual ~DataSource() = default;
   /// The next batch; advances the sampling state.
   exec::StepInputs next();
 
-  /// The state that determines every later batch (saved in checkpoints).
   uint64_t state() const { return rng.state; }
   void setState(uint64_t s) { rng.state = s; }
 
-private:
+protected:
+  DataSource(const InputShapes &shapes, uint64_t seed)
+      : shapes(shapes), rng(seed) {}
   InputShapes shapes;
+  /// Clean latents [C, T, H, W] and conditions per sample.
   std::vector<std::vector<float>> latents, conditions;
   Random rng;
+};
+
+class SyntheticData : public DataSource {
+public:
+  static constexpr int kPrototypes = 8;
+  SyntheticData(const InputShapes &shapes, uint64_t seed);
+};
+
+/// Samples from files (docs/Runtime.md, "Data files"): every
+/// `*.safetensors` in a directory holds one sample, `latents` [C, T, H, W]
+/// and `condition` [L, D] (text embeddings; DiT: a one-element class
+/// label), in f32, bf16 or f16.
+class FileData : public DataSource {
+public:
+  static llvm::Expected<std::unique_ptr<FileData>>
+  open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed);
+
+private:
+  using DataSource::DataSource;
 };
 
 } // namespace megaslide::train

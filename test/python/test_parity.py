@@ -18,15 +18,18 @@ Configurations (B from ``Trainer.input_shapes()``):
 
   global  9 x 64 x 64 pixels -> latents 3 x 8 x 8, token grid (3, 4, 4);
           attention="global".
-  dsa     41 x 288 x 480 pixels -> latents 11 x 36 x 60, grid (11, 18, 30),
-          larger than the pipeline's default 3D-DSA window (9, 15, 24) with
-          query tiles (3, 5, 8) that are partial at the far border and
-          radius 4, so attention="dsa" rewrites both self-attentions
+  dsa     37 x 256 x 400 pixels -> latents 10 x 32 x 50, grid (10, 16, 25),
+          larger than the pipeline's default 3D-DSA window (9, 15, 24) along
+          every axis, so attention="dsa" rewrites both self-attentions
           (megaslide-plan reports no "kept global attention" remark there).
-          The reference estimates the offsets itself, by block matching on
-          its own float64 q and k; the chosen seed leaves every decision a
-          relative margin of at least 1e-3 (test_reference_offsets_are_robust),
-          so fp32 rounding in MegaSlide cannot pick another displacement.
+          Query tiles (3, 5, 8) are partial at the far border of every axis
+          (10 = 3+3+3+1, ...), temporal windows start at frame 0 or 1 by
+          tile, and block matching (radius 4) chooses the spatial windows
+          of the tiles centred on the middle rows and columns. The
+          reference estimates the offsets itself, from its float64 q and k;
+          SEED leaves every such decision clear-cut (see
+          test_reference_offsets_are_robust), so fp32 rounding in MegaSlide
+          cannot select another window.
 
 Parameters and data are random and non-trivial (the zero-initialised output
 projection of diffusers is replaced, norm gains are 1 + noise), so every
@@ -38,7 +41,7 @@ Tolerances, against the float64 reference r of each parameter's gradient g:
                    gradient: |g - r| <= 1e-4 |r| + 1e-4 max|r|, elementwise.
                    Justification: fp32 has a unit roundoff of 6e-8; the step
                    chains ~60 ops per block with reductions over up to
-                   5940 tokens (3240 keys under 3D-DSA), which grows relative
+                   4000 tokens (3240 keys under 3D-DSA), which grows relative
                    errors to ~1e-6..1e-5 of a tensor's scale. The same model
                    evaluated by jax in float32 stays within a tenth of these
                    bounds (test_reference_float32_meets_the_f32_tolerance),
@@ -82,11 +85,12 @@ BF16_MIN_COSINE = 0.99
 
 CONFIGS = {
     "global": dict(frames=9, height=64, width=64, attention="global"),
-    "dsa": dict(frames=41, height=288, width=480, attention="dsa"),
+    "dsa": dict(frames=37, height=256, width=400, attention="dsa"),
 }
 # The pipeline's 3D-DSA defaults (docs/Pipeline.md, megaslide-plan --help).
 DSA_WINDOW, DSA_TILE, DSA_RADIUS = (9, 15, 24), (3, 5, 8), 4
-SEED = 0
+# Every 3D-DSA decision is clear-cut at this seed (test_reference_offsets_are_robust).
+SEED = 32
 
 
 # ---------------------------------------------------------------------------
@@ -337,19 +341,21 @@ def dsa_layout(grid, window, tile, radius):
     (T, Y, X), (kt, ky, kx), (tt, ty, tx) = grid, window, tile
     counts = [-(-g // t) for g, t in zip(grid, tile)]
     cands = _candidates(radius)
-    st, sy, sx, size = [], [], [], []
+    st, sy, sx, size, centres = [], [], [], [], []
     for it in range(counts[0]):
         for iy in range(counts[1]):
             for ix in range(counts[2]):
                 t0, y0, x0 = it * tt, iy * ty, ix * tx
                 cy, cx = _tile_centre(y0, ty, Y), _tile_centre(x0, tx, X)
+                centres.append((cy, cx))
                 st.append(_clamp(_tile_centre(t0, tt, T) - kt // 2, 0, T - kt))
                 sy.append([_clamp(cy + dy - ky // 2, 0, Y - ky) for dy, _ in cands])
                 sx.append([_clamp(cx + dx - kx // 2, 0, X - kx) for _, dx in cands])
                 size.append((min(t0 + tt, T) - t0) * (min(y0 + ty, Y) - y0)
                             * (min(x0 + tx, X) - x0))
     return dict(counts=counts, st=np.array(st), sy=np.array(sy),
-                sx=np.array(sx), size=np.array(size), cands=cands)
+                sx=np.array(sx), size=np.array(size), cands=cands,
+                centres=np.array(centres))
 
 
 def _to_tiles(a, grid, tile):
@@ -398,6 +404,20 @@ def dsa_window_starts(q, k, grid, window, tile, radius):
     scale = (jnp.linalg.norm(q_mean, axis=-1)[..., None]
              * jnp.linalg.norm(keys, axis=-1).max(-1).transpose(2, 0, 1, 3))
     return pick(layout["sy"]), pick(layout["sx"]), scores, scale
+
+
+def offsets_to_starts(offsets, grid, window, tile):
+    """Offsets [B, H, nT, nY, nX, kt, 2] (megaslide.dsa3d_offsets) -> the
+    clamped window starts sy, sx [tiles, B, H, kt] they select."""
+    B, H, kt = offsets.shape[0], offsets.shape[1], window[0]
+    centres = dsa_layout(grid, window, tile, 0)["centres"]
+    starts = []
+    for axis in (0, 1):
+        d = offsets[..., axis].reshape(B, H, -1, kt).transpose(2, 0, 1, 3)
+        c = centres[:, axis][:, None, None, None]
+        extent, size = grid[axis + 1], window[axis + 1]
+        starts.append(np.clip(c + d - size // 2, 0, extent - size))
+    return tuple(starts)
 
 
 def dsa_attention(q, k, v, grid, r, window=DSA_WINDOW, tile=DSA_TILE,
@@ -625,7 +645,7 @@ def test_reference_geometry_exercises_both_attentions():
     _, _, grid = problem_of("global")
     assert grid == (3, 4, 4) and not dsa_applies(grid)
     _, _, grid = problem_of("dsa")
-    assert grid == (11, 18, 30) and dsa_applies(grid)
+    assert grid == (10, 16, 25) and dsa_applies(grid)
     # Partial border tiles along every axis.
     assert all(g % t for g, t in zip(grid, DSA_TILE))
 
@@ -692,21 +712,8 @@ def test_reference_dsa_matches_the_naive_definition():
                                      jnp.asarray(to_grid(k)), grid, window,
                                      tile, radius)
     offsets = naive_offsets(to_grid(q), to_grid(k), window, tile, radius)
-    layout = dsa_layout(grid, window, tile, radius)
-    n = layout["counts"]
-    dy = offsets[..., 0].reshape(B, H, -1, window[0]).transpose(2, 0, 1, 3)
-    dx = offsets[..., 1].reshape(B, H, -1, window[0]).transpose(2, 0, 1, 3)
-    T, Y, X = grid
-    cy = np.array([_tile_centre(iy * tile[1], tile[1], Y)
-                   for _ in range(n[0]) for iy in range(n[1])
-                   for _ in range(n[2])])[:, None, None, None]
-    cx = np.array([_tile_centre(ix * tile[2], tile[2], X)
-                   for _ in range(n[0]) for _ in range(n[1])
-                   for ix in range(n[2])])[:, None, None, None]
-    np.testing.assert_array_equal(
-        sy, np.clip(cy + dy - window[1] // 2, 0, Y - window[1]))
-    np.testing.assert_array_equal(
-        sx, np.clip(cx + dx - window[2] // 2, 0, X - window[2]))
+    np.testing.assert_array_equal((sy, sx),
+                                  offsets_to_starts(offsets, grid, window, tile))
     got = dsa_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), grid,
                         lambda a: a, window, tile, radius)
     expected = naive_dsa3d(to_grid(q), to_grid(k), to_grid(v), offsets, window,
@@ -716,35 +723,52 @@ def test_reference_dsa_matches_the_naive_definition():
 
 
 def test_reference_offsets_are_robust(monkeypatch):
-    # Every block-matching decision of the dsa configuration wins by a
-    # margin of at least 1e-3 |q_mean| max|k_mean| over the best *different*
-    # window, so fp32 rounding (~1e-6 of that scale) cannot change
-    # MegaSlide's choice.
+    # MegaSlide estimates the 3D-DSA offsets from its own fp32 q and k, the
+    # reference from float64 ones: they agree only if no block-matching
+    # decision is close. At SEED every decision of the dsa configuration
+    # beats the best *different* window by at least 3e-5 |q_mean|
+    # max|k_mean|, while computing the model in float32 moves scores by
+    # less than 1e-6 of that scale (measured below: about 4e-7). MegaSlide's
+    # own block-matching kernel, given the reference's q and k rounded to
+    # float32, picks the same windows.
     params, data, grid = problem_of("dsa")
-    P = {n: jnp.asarray(v, jnp.float64) for n, v in params.items()}
-    margins = []
+    layout = dsa_layout(grid, DSA_WINDOW, DSA_TILE, DSA_RADIUS)
     original = dsa_attention
+    recorded = []
 
     def recording(q, k, v, grid_, r):
         B, N, H, Dh = q.shape
         to_grid = lambda a: a.transpose(0, 2, 1, 3).reshape(B, H, *grid_, Dh)
         starts = dsa_window_starts(to_grid(q), to_grid(k), grid_, DSA_WINDOW,
                                    DSA_TILE, DSA_RADIUS)
-        sy, sx, scores, scale = map(np.asarray, starts)
-        layout = dsa_layout(grid_, DSA_WINDOW, DSA_TILE, DSA_RADIUS)
+        recorded.append([np.asarray(a) for a in starts]
+                        + [np.asarray(to_grid(q)), np.asarray(to_grid(k))])
+        return original(q, k, v, grid_, r, starts=starts)
+
+    monkeypatch.setitem(globals(), "dsa_attention", recording)
+    for numerics in ("f64", "f32"):
+        nm = Numerics(numerics)
+        P = {n: jnp.asarray(v, nm.dtype) for n, v in params.items()}
+        flow_matching_loss(P, data, CFG, "dsa", nm)
+    f64, f32 = recorded[:CFG["layers"]], recorded[CFG["layers"]:]
+    for layer, ((sy, sx, scores, scale, q, k), other) in enumerate(
+            zip(f64, f32)):
         # Displacements that clamp to the chosen window are the same choice.
         same = ((layout["sy"][:, None, None, None, :] == sy[..., None])
                 & (layout["sx"][:, None, None, None, :] == sx[..., None]))
         best = np.where(same, scores, -np.inf).max(-1)
         runner_up = np.where(same, -np.inf, scores).max(-1)
-        assert (best >= runner_up).all()
-        margins.append(((best - runner_up) / scale).min())
-        return original(q, k, v, grid_, r, starts=starts)
-
-    monkeypatch.setitem(globals(), "dsa_attention", recording)
-    flow_matching_loss(P, data, CFG, "dsa", F64)
-    assert len(margins) == CFG["layers"]
-    assert min(margins) > 1e-3, margins
+        decided = np.isfinite(runner_up)
+        margin = ((best - runner_up) / scale)[decided]
+        assert decided.sum() > 500 and margin.min() > 3e-5, (layer, margin.min())
+        noise = np.abs(other[2] - scores) / scale[..., None]
+        assert noise.max() < 1e-6, (layer, noise.max())
+        np.testing.assert_array_equal((other[0], other[1]), (sy, sx))
+        kernel = megaslide.dsa3d_offsets(q.astype(np.float32),
+                                         k.astype(np.float32), DSA_WINDOW,
+                                         DSA_TILE, DSA_RADIUS)
+        np.testing.assert_array_equal(
+            offsets_to_starts(kernel, grid, DSA_WINDOW, DSA_TILE), (sy, sx))
 
 
 def test_reference_gradient_matches_finite_differences():

@@ -24,6 +24,7 @@
 #include "cuda/CudaBackend.h"
 #include "cpu/AdamW.h"
 #include "cpu/CpuBackend.h"
+#include "cpu/Dsa3d.h"
 #include "cpu/GraphKernels.h"
 #include "cuda/CudaApi.h"
 #include "cuda/ElementwiseKernels.h"
@@ -1128,47 +1129,63 @@ void compareWithCpu(const exec::ExecPlan &plan,
 // The compiled tiny model's plan
 //===----------------------------------------------------------------------===//
 
-/// $MEGASLIDE_CUDA_TEST_PLAN, else the tiny model compiled by the
-/// megaslide-run next to this binary; null (with `why`) when neither works.
-const exec::ExecPlan *tinyPlan(std::string &why) {
-  static std::optional<exec::ExecPlan> plan;
-  static std::string whyNot;
-  static bool tried = false;
-  if (!tried) {
-    tried = true;
+/// The tiny model compiled by the megaslide-run next to this binary with
+/// `flags` (for no flags, $MEGASLIDE_CUDA_TEST_PLAN when set); null (with
+/// `why`) when that does not work.
+const exec::ExecPlan *tinyPlan(std::string &why,
+                               const std::string &flags = "") {
+  struct Cached {
+    std::optional<exec::ExecPlan> plan;
+    std::string why;
+  };
+  static std::map<std::string, Cached> cache;
+  auto [it, fresh] = cache.try_emplace(flags);
+  Cached &c = it->second;
+  if (fresh) {
     std::string path;
-    if (const char *env = std::getenv("MEGASLIDE_CUDA_TEST_PLAN");
-        env && *env) {
+    const char *env = std::getenv("MEGASLIDE_CUDA_TEST_PLAN");
+    if (flags.empty() && env && *env) {
       path = env;
     } else {
       fs::path run =
           fs::read_symlink("/proc/self/exe").parent_path() / "megaslide-run";
-      fs::path dir = freshDir("megaslide-tiny-plan");
+      fs::path dir =
+          freshDir("megaslide-tiny-plan" + std::to_string(cache.size()));
       path = (dir / "tiny.json").string();
       std::string cmd = "'" + run.string() +
-                        "' --model tiny --backend cpu --steps 0 --save-plan '" +
-                        path + "' > '" + (dir / "log").string() + "' 2>&1";
+                        "' --model tiny --backend cpu --steps 0 " + flags +
+                        " --save-plan '" + path + "' > '" +
+                        (dir / "log").string() + "' 2>&1";
       if (!fs::exists(run) || std::system(cmd.c_str()) != 0)
-        whyNot = "no tiny plan: set MEGASLIDE_CUDA_TEST_PLAN or build " +
-                 run.string();
+        c.why = "no tiny plan: set MEGASLIDE_CUDA_TEST_PLAN or build " +
+                run.string();
     }
-    if (whyNot.empty()) {
+    if (c.why.empty()) {
       auto loaded = exec::loadExecPlan(path);
       if (loaded)
-        plan = std::move(*loaded);
+        c.plan = std::move(*loaded);
       else
-        whyNot = llvm::toString(loaded.takeError());
+        c.why = llvm::toString(loaded.takeError());
     }
   }
-  why = whyNot;
-  return plan ? &*plan : nullptr;
+  why = c.why;
+  return c.plan ? &*c.plan : nullptr;
 }
 
-TEST(CudaBackendTest, CompiledTinyPlanPreparesAndCompiles) {
+/// Flags giving the tiny model 3D-DSA self-attention (its 5x8x8 grid is
+/// smaller than the default window).
+const char *const kTinyDsaFlags =
+    "--dsa-window 3,4,4 --dsa-tile 1,2,2 --dsa-radius 1";
+
+class CudaTinyPlanTest : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(CudaTinyPlanTest, PreparesAndCompiles) {
   std::string why;
-  const exec::ExecPlan *plan = tinyPlan(why);
+  const exec::ExecPlan *plan = tinyPlan(why, GetParam());
   if (!plan)
     GTEST_SKIP() << why;
+  if (*GetParam())
+    EXPECT_EQ(plan->kernelModules.size(), 1u);
   auto prep = prepareCudaPlan(*plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   EXPECT_EQ(prep->arenaHighWater, plan->arenaBytes);
@@ -1185,6 +1202,9 @@ TEST(CudaBackendTest, CompiledTinyPlanPreparesAndCompiles) {
     EXPECT_TRUE(d.ok() && !d.cubin.empty()) << m.name << ": " << d.error;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaTinyPlanTest,
+                         ::testing::Values("", kTinyDsaFlags));
 
 //===----------------------------------------------------------------------===//
 // A fake device: the whole backend without a GPU
@@ -1308,9 +1328,101 @@ std::atomic<int64_t> launches{0}, gemms{0};
 struct Event {
   std::atomic<int64_t> time{0};
 };
+/// A generated 3D-DSA kernel (named configName + _fwd/_bwd/_bwd_finalize/
+/// _offsets) as the cpu reference with the kernels' argument lists and
+/// contracts: the backward adds into the fp32 dK/dV scratch, finalize
+/// converts it. Their CUDA versions are checked by DsaKernelEmulationTest
+/// and, on a GPU, scripts/dsa_gpu_check.py; this checks how the backend
+/// binds them.
+struct HostDsa {
+  cpu::Dsa3dConfig cfg;
+  DType elem = DType::BF16;
+  int64_t radius = 0;
+  std::string kind;
+
+  static std::optional<HostDsa> parse(const char *name) {
+    HostDsa d;
+    long long g[3], w[3], t[3], h, hd, r;
+    char elem[8] = {}, kind[32] = {};
+    if (std::sscanf(name,
+                    "dsa3d_g%lldx%lldx%lld_w%lldx%lldx%lld_t%lldx%lldx%lld_h%"
+                    "lld_d%lld_%7[a-z0-9]_r%lld_%31s",
+                    &g[0], &g[1], &g[2], &w[0], &w[1], &w[2], &t[0], &t[1],
+                    &t[2], &h, &hd, elem, &r, kind) != 14)
+      return std::nullopt;
+    d.cfg.T = g[0];
+    d.cfg.Y = g[1];
+    d.cfg.X = g[2];
+    d.cfg.window = {w[0], w[1], w[2]};
+    d.cfg.tile = {t[0], t[1], t[2]};
+    d.cfg.heads = h;
+    d.cfg.headDim = hd;
+    d.elem = std::string(elem) == "f16" ? DType::F16 : DType::BF16;
+    d.radius = r;
+    d.kind = kind;
+    return d;
+  }
+
+  void run(unsigned gz, void **args) const {
+    auto ptr = [&](int i) { return *reinterpret_cast<void **>(args[i]); };
+    cpu::Dsa3dConfig c = cfg;
+    c.batch = gz;
+    int64_t n = c.batch * c.tokens() * c.heads * c.headDim;
+    auto wide = [&](int i) {
+      std::vector<float> v(n);
+      for (int64_t e = 0; e < n; ++e)
+        v[e] = loadAs(ptr(i), elem, e);
+      return v;
+    };
+    auto view = [&](float *p) { return cpu::dsa3dGraphLayout(p, c); };
+    auto cview = [&](const float *p) { return cpu::dsa3dGraphLayout(p, c); };
+    if (kind == "bwd_finalize") {
+      long long count = *reinterpret_cast<long long *>(args[4]);
+      for (long long e = 0; e < count; ++e) {
+        storeAs(ptr(2), elem, e, static_cast<float *>(ptr(0))[e]);
+        storeAs(ptr(3), elem, e, static_cast<float *>(ptr(1))[e]);
+      }
+      return;
+    }
+    std::vector<float> q = wide(0), k = wide(1);
+    if (kind == "offsets") {
+      cpu::dsa3dOffsets(c, cview(q.data()), cview(k.data()), radius,
+                        static_cast<int32_t *>(ptr(2)));
+      return;
+    }
+    const int32_t *offsets = static_cast<const int32_t *>(ptr(3));
+    std::vector<float> v = wide(2);
+    if (kind == "fwd") {
+      c.scale = *reinterpret_cast<float *>(args[6]);
+      std::vector<float> out(n);
+      cpu::dsa3dForward(c, cview(q.data()), cview(k.data()), cview(v.data()),
+                        offsets, view(out.data()),
+                        static_cast<float *>(ptr(5)));
+      for (int64_t e = 0; e < n; ++e)
+        storeAs(ptr(4), elem, e, out[e]);
+      return;
+    }
+    // bwd: (q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale)
+    c.scale = *reinterpret_cast<float *>(args[10]);
+    std::vector<float> o = wide(4), dout = wide(5), dq(n), dk(n), dv(n);
+    cpu::dsa3dBackward(c, cview(q.data()), cview(k.data()), cview(v.data()),
+                       offsets, cview(o.data()), cview(dout.data()),
+                       static_cast<const float *>(ptr(6)), view(dq.data()),
+                       view(dk.data()), view(dv.data()));
+    float *dk32 = static_cast<float *>(ptr(8));
+    float *dv32 = static_cast<float *>(ptr(9));
+    for (int64_t e = 0; e < n; ++e) {
+      storeAs(ptr(7), elem, e, dq[e]);
+      dk32[e] += dk[e];
+      dv32[e] += dv[e];
+    }
+  }
+};
+
 struct Function {
   EmulatedKernels::Entry entry = nullptr;
   std::optional<HostAttention> attention;
+  std::optional<HostDsa> dsa;
 };
 
 void *allocAligned(size_t n) {
@@ -1452,7 +1564,8 @@ CudaDriverApi driver() {
   d.cuModuleGetFunction = [](CUfunction *f, CUmodule, const char *name) {
     Function fn;
     fn.entry = kernels->entry(name);
-    if (!fn.entry)
+    fn.dsa = HostDsa::parse(name);
+    if (!fn.entry && !fn.dsa)
       return CUresult(500); // CUDA_ERROR_NOT_FOUND
     llvm::StringRef n(name);
     for (auto [prefix, kind, types] :
@@ -1472,10 +1585,16 @@ CudaDriverApi driver() {
   d.cuLaunchKernel = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                         unsigned bx, unsigned by, unsigned bz, unsigned smem,
                         CUstream, void **params, void **extra) {
-    if (bx != kElementwiseBlockThreads || by != 1 || bz != 1 || smem || extra ||
-        !gx || !gy || !gz)
-      return CUresult(1);
     const Function &fn = *reinterpret_cast<Function *>(f);
+    if (!gx || !gy || !gz || !bx || by != 1 || bz != 1 || extra)
+      return CUresult(1);
+    if (fn.dsa) {
+      fn.dsa->run(gz, params);
+      ++launches;
+      return CUresult(0);
+    }
+    if (bx != kElementwiseBlockThreads || smem)
+      return CUresult(1);
     if (fn.attention)
       fn.attention->run(params);
     else
@@ -1688,9 +1807,12 @@ TEST(CudaBackendFakeDeviceTest, HandBuiltPlanStepsLikeTheCpuBackend) {
       3);
 }
 
-TEST(CudaBackendFakeDeviceTest, CompiledTinyPlanStepsLikeTheCpuBackend) {
+class CudaBackendFakeDeviceTinyTest
+    : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(CudaBackendFakeDeviceTinyTest, StepsLikeTheCpuBackend) {
   std::string why;
-  const exec::ExecPlan *plan = tinyPlan(why);
+  const exec::ExecPlan *plan = tinyPlan(why, GetParam());
   if (!plan)
     GTEST_SKIP() << why;
   auto shapes = train::InputShapes::of(*plan);
@@ -1699,6 +1821,9 @@ TEST(CudaBackendFakeDeviceTest, CompiledTinyPlanStepsLikeTheCpuBackend) {
   runOnFakeDevice(
       *plan, [&](int) { return data.next(); }, 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendFakeDeviceTinyTest,
+                         ::testing::Values("", kTinyDsaFlags));
 
 //===----------------------------------------------------------------------===//
 // On a GPU: the cuda backend against the cpu backend

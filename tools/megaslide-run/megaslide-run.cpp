@@ -66,6 +66,12 @@ cl::opt<std::string> saveWeights(
     "save-weights", cl::cat(runCategory),
     cl::desc("Write the trained weights in diffusers format at the end"),
     cl::value_desc("DIR"));
+cl::opt<std::string> dataDir(
+    "data", cl::cat(runCategory),
+    cl::desc("Train on the samples in this directory (one .safetensors per "
+             "sample: latents [C, T, H, W], condition [L, D]; "
+             "docs/Runtime.md) instead of the synthetic task"),
+    cl::value_desc("DIR"));
 cl::opt<std::string> checkpointDir(
     "checkpoint-dir", cl::cat(runCategory),
     cl::desc("Write checkpoints (masters, moments, step, data and RNG "
@@ -185,6 +191,7 @@ int main(int argc, char **argv) {
   sessionOptions.backend = backendName;
   sessionOptions.seed = seed;
   sessionOptions.hardwarePath = flags->options.hardwarePath;
+  sessionOptions.dataDir = dataDir;
   Expected<std::unique_ptr<train::Session>> session =
       train::Session::create(std::move(*plan), sessionOptions);
   if (!session)
