@@ -1184,8 +1184,9 @@ TEST_P(CudaTinyPlanTest, PreparesAndCompiles) {
   const exec::ExecPlan *plan = tinyPlan(why, GetParam());
   if (!plan)
     GTEST_SKIP() << why;
-  if (*GetParam())
+  if (*GetParam()) {
     EXPECT_EQ(plan->kernelModules.size(), 1u);
+  }
   auto prep = prepareCudaPlan(*plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   EXPECT_EQ(prep->arenaHighWater, plan->arenaBytes);
