@@ -304,7 +304,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   llvm::StringMap<size_t> paramIndex;
   for (size_t i = 0; i < plan.params.size(); ++i) {
     const Param &p = plan.params[i];
-    llvm::Twine where = "parameter '" + p.name + "'";
+    // A std::string: a Twine would point at the destroyed temporary.
+    std::string where = "parameter '" + p.name + "'";
     if (p.name.empty() || !paramIndex.try_emplace(p.name, i).second)
       c.fail("parameter #" + llvm::Twine(i) + " has an empty or duplicate name");
     if (!llvm::is_contained({"master", "moment", "weight", "gradient", "frozen"},
