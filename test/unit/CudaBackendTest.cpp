@@ -706,26 +706,18 @@ void fillOperands(const OpCase &c, std::mt19937 &rng,
   }
 }
 
+/// One host build of every kernel the tests below launch (the dense cases,
+/// the hand-built plan, the compiled tiny plans): null with `why` when it
+/// cannot be built. Defined at the end of the file.
+EmulatedKernels *sharedEmulation(std::string &why);
+
 class CudaDenseEmulationTest : public ::testing::Test {
 protected:
-  static void SetUpTestSuite() {
-    std::set<KernelInstance> all;
-    for (const OpCase &c : denseCases()) {
-      auto lowered = lowerGraphOp(c.inst, c.operands, c.results);
-      if (!lowered) {
-        whyNot = c.label + ": " + llvm::toString(lowered.takeError());
-        return;
-      }
-      for (const KernelInstance &k : kernelsOf(*lowered))
-        all.insert(k);
-    }
-    emu = EmulatedKernels::build({all.begin(), all.end()}, whyNot);
-  }
-  static void TearDownTestSuite() { emu.reset(); }
-  static std::unique_ptr<EmulatedKernels> emu;
+  static void SetUpTestSuite() { emu = sharedEmulation(whyNot); }
+  static EmulatedKernels *emu;
   static std::string whyNot;
 };
-std::unique_ptr<EmulatedKernels> CudaDenseEmulationTest::emu;
+EmulatedKernels *CudaDenseEmulationTest::emu = nullptr;
 std::string CudaDenseEmulationTest::whyNot;
 
 TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
@@ -1772,11 +1764,10 @@ void runOnFakeDevice(const exec::ExecPlan &plan,
     GTEST_SKIP() << why << " (the backend compiles its kernels first)";
   auto prep = prepareCudaPlan(plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
-  std::unique_ptr<EmulatedKernels> emu =
-      EmulatedKernels::build(prep->kernels, why);
+  EmulatedKernels *emu = sharedEmulation(why);
   if (!emu)
     GTEST_SKIP() << why;
-  fake::kernels = emu.get();
+  fake::kernels = emu;
   static const CudaDriverApi driver = fake::driver();
   static const CublasLtApi lt = fake::cublasLt();
   CudaOptions options;
@@ -1868,6 +1859,41 @@ TEST(CudaBackendGpuTest, CompiledPlanMatchesCpuBackend) {
   train::SyntheticData data(*shapes, 5);
   compareWithCpu(
       *plan, [&](int) { return data.next(); }, 3, 3e-2, 1e-1);
+}
+
+EmulatedKernels *sharedEmulation(std::string &why) {
+  static std::unique_ptr<EmulatedKernels> emu;
+  static std::string whyNot;
+  static bool built = false;
+  if (!built) {
+    built = true;
+    std::set<KernelInstance> all;
+    for (const OpCase &c : denseCases()) {
+      auto lowered = lowerGraphOp(c.inst, c.operands, c.results);
+      if (!lowered) {
+        whyNot = c.label + ": " + llvm::toString(lowered.takeError());
+        break;
+      }
+      for (const KernelInstance &k : kernelsOf(*lowered))
+        all.insert(k);
+    }
+    std::vector<const exec::ExecPlan *> plans;
+    HandBuiltPlan h = handBuiltPlan();
+    plans.push_back(&h.plan);
+    std::string ignored;
+    for (const char *flags : {"", kTinyDsaFlags})
+      if (const exec::ExecPlan *p = tinyPlan(ignored, flags))
+        plans.push_back(p);
+    for (const exec::ExecPlan *p : plans)
+      if (auto prep = prepareCudaPlan(*p))
+        all.insert(prep->kernels.begin(), prep->kernels.end());
+      else
+        llvm::consumeError(prep.takeError()); // reported by their own tests
+    if (whyNot.empty())
+      emu = EmulatedKernels::build({all.begin(), all.end()}, whyNot);
+  }
+  why = whyNot;
+  return emu.get();
 }
 
 } // namespace

@@ -7,6 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/PlanFlags.h"
+
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Version.h"
 
@@ -23,61 +25,6 @@ namespace {
 
 cl::OptionCategory category("megaslide-plan options");
 
-cl::opt<std::string> model("model", cl::Required, cl::cat(category),
-                           cl::desc("Preset name or path to a JSON config"),
-                           cl::value_desc("NAME|FILE"));
-cl::opt<int64_t> frames("frames", cl::Required, cl::cat(category),
-                        cl::desc("Video frames (pixels unless --latent)"));
-cl::opt<int64_t> height("height", cl::Required, cl::cat(category),
-                        cl::desc("Video height"));
-cl::opt<int64_t> width("width", cl::Required, cl::cat(category),
-                       cl::desc("Video width"));
-cl::opt<bool> latent("latent", cl::cat(category),
-                     cl::desc("Sizes are in latent elements, not pixels"));
-cl::opt<int64_t> batch("batch", cl::init(1), cl::cat(category),
-                       cl::desc("Samples per training step"));
-cl::opt<int64_t> textLen("text-len", cl::init(0), cl::cat(category),
-                         cl::desc("Text tokens per prompt (default: config)"));
-cl::opt<std::string> gpuMem("gpu-mem", cl::init("141GB"), cl::cat(category),
-                            cl::desc("GPU memory budget (GB, GiB, TB, TiB)"));
-cl::opt<std::string> gpuReserve(
-    "gpu-reserve", cl::init("2GiB"), cl::cat(category),
-    cl::desc("Part of the GPU budget kept for the CUDA context and libraries"));
-cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"), cl::cat(category),
-                             cl::desc("Host memory budget"));
-cl::opt<std::string>
-    osAllowance("os-allowance", cl::init("64GB"), cl::cat(category),
-                cl::desc("Host memory reserved for the OS and runtime"));
-cl::opt<std::string> hardware("hw", cl::cat(category),
-                              cl::desc("Hardware description (JSON; default: "
-                                       "built-in H200 + 1.5 TB host)"),
-                              cl::value_desc("FILE"));
-cl::opt<std::string>
-    activationPolicy("activation-policy", cl::init("auto"), cl::cat(category),
-                     cl::desc("keep | recompute | offload | auto"));
-cl::opt<std::string> hostStatePolicy(
-    "host-state-policy", cl::init("master-moments"), cl::cat(category),
-    cl::desc("master-moments | persistent-bf16 | bf16-moments"));
-cl::opt<std::string> attention("attention", cl::init("dsa"), cl::cat(category),
-                               cl::desc("dsa | global"));
-cl::opt<std::string>
-    precision("precision", cl::init("bf16"), cl::cat(category),
-              cl::desc("Compute precision of activations, working weights "
-                       "and gradients: bf16 | f32 (masters and moments are "
-                       "fp32 either way)"));
-cl::list<int64_t> dsaWindow("dsa-window", cl::CommaSeparated, cl::cat(category),
-                            cl::desc("3D-DSA key window t,y,x in tokens "
-                                     "(default 9,15,24)"));
-cl::list<int64_t> dsaTile("dsa-tile", cl::CommaSeparated, cl::cat(category),
-                          cl::desc("3D-DSA query tile t,y,x in tokens "
-                                   "(default 3,5,8)"));
-cl::opt<int64_t> dsaRadius("dsa-radius", cl::init(4), cl::cat(category),
-                           cl::desc("Largest displacement offset estimation "
-                                    "searches"));
-cl::opt<int64_t> buffers("buffers", cl::init(2), cl::cat(category),
-                         cl::desc("Weight-shard buffers on device"));
-cl::opt<int64_t> prefetch("prefetch", cl::init(1), cl::cat(category),
-                          cl::desc("Blocks ahead that weights are fetched"));
 enum class Format { Text, Json, Html };
 cl::opt<Format> reportFormat(
     "format", cl::init(Format::Text), cl::cat(category),
@@ -117,7 +64,7 @@ bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
 
 int main(int argc, char **argv) {
   addVersionPrinter("megaslide-plan");
-  cl::HideUnrelatedOptions(category);
+  cl::HideUnrelatedOptions({&tools::planCategory, &category});
   cl::ParseCommandLineOptions(
       argc, argv,
       "megaslide-plan: does a DiT training step fit this GPU and host, and "
@@ -126,31 +73,15 @@ int main(int argc, char **argv) {
       "--height 720 --width 1280 --gpu-mem 141GB --host-mem 1.5TB\n\n"
       "Exit status: 0 fits, 3 does not fit, 1 bad input.\n");
 
-  VideoShape video{frames, height, width, latent};
-  TrainingOptions training;
-  training.batch = batch;
-  if (textLen.getNumOccurrences())
-    training.textLen = textLen;
-  // Parsed here too: --emit-mlir builds the step before planModel runs.
-  Expected<ComputeType> computeType = parseComputeType(precision);
-  if (!computeType)
-    return fail(toString(computeType.takeError()));
-  training.computeType = *computeType;
-  PlanOptions options;
-  options.gpuMemory = gpuMem;
-  options.gpuReserve = gpuReserve;
-  options.hostMemory = hostMem;
-  options.osAllowance = osAllowance;
-  options.hardwarePath = hardware;
-  options.activationPolicy = activationPolicy;
-  options.hostStatePolicy = hostStatePolicy;
-  options.attention = attention;
-  options.precision = precision;
-  options.buffers = buffers;
-  options.dsaWindow.assign(dsaWindow.begin(), dsaWindow.end());
-  options.dsaTile.assign(dsaTile.begin(), dsaTile.end());
-  options.dsaRadius = dsaRadius;
-  options.prefetchDistance = prefetch;
+  Expected<tools::PlanFlags> flags = tools::readPlanFlags();
+  if (!flags)
+    return fail(toString(flags.takeError()));
+  if (!flags->videoGiven)
+    return fail("--frames, --height and --width are required");
+  const std::string &model = flags->model;
+  const VideoShape &video = flags->video;
+  const TrainingOptions &training = flags->training;
+  const PlanOptions &options = flags->options;
 
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
   std::string error;
