@@ -92,8 +92,7 @@ struct Kernel {
 double seconds(const std::function<void()> &f) {
   auto start = std::chrono::steady_clock::now();
   f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                       start)
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
@@ -115,8 +114,9 @@ int main(int argc, char **argv) {
       char *end = nullptr;
       long v = std::strtol(argv[++i], &end, 10);
       if (*end != '\0' || v <= 0) {
-        std::fprintf(stderr, "megaslide-membw: %s wants a positive integer, "
-                             "got '%s'\n",
+        std::fprintf(stderr,
+                     "megaslide-membw: %s wants a positive integer, "
+                     "got '%s'\n",
                      arg.c_str(), argv[i]);
         std::exit(2);
       }
@@ -131,9 +131,8 @@ int main(int argc, char **argv) {
     else if (arg == "--json")
       json = true;
     else {
-      std::fprintf(stderr,
-                   "usage: megaslide-membw [--threads N] [--mib M] "
-                   "[--repeat R] [--json]\n");
+      std::fprintf(stderr, "usage: megaslide-membw [--threads N] [--mib M] "
+                           "[--repeat R] [--json]\n");
       return arg == "--help" || arg == "-h" ? 0 : 2;
     }
   }

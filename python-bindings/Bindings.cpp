@@ -241,8 +241,8 @@ void checkDisjoint(const std::vector<NamedBuffer> &buffers) {
 /// (uint16) working copy written from the new master.
 void adamwStep(py::array master, py::array expAvg, py::array expAvgSq,
                const py::array &grad, std::optional<py::array> working,
-               int64_t step, double lr, double beta1, double beta2,
-               double eps, double weightDecay) {
+               int64_t step, double lr, double beta1, double beta2, double eps,
+               double weightDecay) {
   if (step < 1)
     throw py::value_error("step must be >= 1 (1-based), got " +
                           std::to_string(step));
@@ -264,8 +264,8 @@ void adamwStep(py::array master, py::array expAvg, py::array expAvgSq,
     return NamedBuffer{name, reinterpret_cast<uintptr_t>(data), n * elemBytes};
   };
   std::vector<NamedBuffer> buffers = {
-      range("master", p, 4), range("exp_avg", m, 4),
-      range("exp_avg_sq", v, 4), range("grad", grad.data(), bf16Grad ? 2 : 4)};
+      range("master", p, 4), range("exp_avg", m, 4), range("exp_avg_sq", v, 4),
+      range("grad", grad.data(), bf16Grad ? 2 : 4)};
   uint16_t *w = nullptr;
   if (working) {
     checkArray<uint16_t>(*working, "working", shape);

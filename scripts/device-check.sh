@@ -11,8 +11,9 @@
 #      sequences must agree: relative difference <= 1e-2 at step 1 (same
 #      weights, only bf16 rounding and summation order differ) and <= 5e-2
 #      at every step up to 20 (AdamW amplifies those differences a little).
-#      The saved tiny plan then runs CudaBackendGpuTest.CompiledPlanMatchesCpu
-#      (losses and every gradient of 3 steps against the cpu backend);
+#      The saved tiny plan, and the tiny model with 3D-DSA attention, then
+#      run CudaBackendGpuTinyTest (losses and every gradient of 3 steps
+#      against the cpu backend; the DSA one runs the generated kernels);
 #   4. the 3D-DSA kernels of test/Target/Cuda/Inputs/dsa3d_device_configs.mlir
 #      (small check configurations + the 105B video DiT) compiled by NVRTC
 #      for sm_90a with their resource report (registers, shared memory,
@@ -118,8 +119,8 @@ if [ -d /usr/lib/llvm-22/lib/cmake/mlir ] && command -v cmake >/dev/null &&
       status=1
     # The cuda backend's GPU tests again, verbosely (a skip is a failure
     # here: this machine has the GPU they wait for).
-    if step cuda-gtests 60 "$build/bin/megaslide-unit-tests" \
-      --gtest_filter='CudaBackendGpuTest.*:CudaApiTest.*'; then
+    if step cuda-gtests 90 "$build/bin/megaslide-unit-tests" \
+      --gtest_filter='CudaBackendGpuTest.*:CudaApiTest.*:*CudaBackendGpuTinyTest*'; then
       if grep -q "SKIPPED.*CudaBackendGpuTest.HandBuilt" "$out/cuda-gtests.log"; then
         echo "cuda-gtests: the GPU tests skipped on the GPU machine" |
           tee -a "$summary"
@@ -165,10 +166,9 @@ if [ -x "$run" ]; then
     status=1
   fi
   if [ -f "$out/tiny-plan.json" ]; then
-    step cuda-plan-gtest 60 env MEGASLIDE_CUDA_TEST_PLAN="$out/tiny-plan.json" \
+    step cuda-plan-gtest 90 env MEGASLIDE_CUDA_TEST_PLAN="$out/tiny-plan.json" \
       "$build/bin/megaslide-unit-tests" \
-      --gtest_filter='CudaBackendGpuTest.CompiledPlanMatchesCpuBackend' ||
-      status=1
+      --gtest_filter='*CudaBackendGpuTinyTest*' || status=1
   fi
 else
   echo "no megaslide-run: parity steps skipped" | tee -a "$summary"

@@ -709,7 +709,6 @@ struct CudaBackend::Impl {
   std::vector<GemmPlan> gemms;
   std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
   HostWorker worker;
-  bool workerStarted = false;
   std::mutex errorMu;
   std::string workerError;
 
@@ -937,7 +936,6 @@ llvm::Error CudaBackend::Impl::init() {
   CUcontext context = ctx;
   const CudaDriverApi *api = cu;
   worker.start([api, context] { api->cuCtxSetCurrent(context); });
-  workerStarted = true;
   return llvm::Error::success();
 }
 

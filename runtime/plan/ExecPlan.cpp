@@ -296,8 +296,13 @@ llvm::Error exec::validate(const ExecPlan &plan) {
            " is not a power of two");
   if (plan.batch <= 0)
     c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
-  if (plan.numEvents < 0 || plan.numEvents > (int64_t(1) << 32))
-    c.fail("event count " + llvm::Twine(plan.numEvents) + " is out of range");
+  // Each event is recorded by an instruction; a larger count would only
+  // make the loader and the backends allocate per-event state for nothing.
+  if (plan.numEvents < 0 ||
+      plan.numEvents > static_cast<int64_t>(plan.instructions.size()))
+    c.fail("event count " + llvm::Twine(plan.numEvents) +
+           " is out of range (the plan has " +
+           llvm::Twine(plan.instructions.size()) + " instructions)");
   if (!c.error.empty())
     return done();
 

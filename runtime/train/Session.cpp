@@ -3,6 +3,7 @@
 #include "train/Session.h"
 
 #include "cpu/CpuBackend.h"
+#include "cuda/CudaBackend.h"
 #include "sim/SimBackend.h"
 
 #include <unistd.h>
@@ -41,6 +42,12 @@ createBackend(const exec::ExecPlan &plan, const SessionOptions &options) {
       hw = std::move(*loaded);
     }
     auto backend = sim::SimBackend::create(plan, std::move(hw));
+    if (!backend)
+      return backend.takeError();
+    return std::unique_ptr<exec::Backend>(std::move(*backend));
+  }
+  if (options.backend == "cuda") {
+    auto backend = cuda::CudaBackend::create(plan);
     if (!backend)
       return backend.takeError();
     return std::unique_ptr<exec::Backend>(std::move(*backend));

@@ -117,8 +117,8 @@ struct State {
 /// fp32 values of the gradient.
 void referenceStep(const AdamWHyper &h, State &s,
                    const std::vector<float> &grad) {
-  double b1 = h.beta1, b2 = h.beta2, lr = h.lr, eps = h.eps,
-         wd = h.weightDecay, t = static_cast<double>(h.step);
+  double b1 = h.beta1, b2 = h.beta2, lr = h.lr, eps = h.eps, wd = h.weightDecay,
+         t = static_cast<double>(h.step);
   for (size_t i = 0; i < grad.size(); ++i) {
     double g = grad[i];
     s.refM[i] = b1 * s.refM[i] + (1 - b1) * g;
@@ -165,8 +165,8 @@ void runSteps(int64_t n, float weightDecay, bool bf16Grad, bool withWorking,
     }
     uint16_t *working = withWorking ? s.working.data() : nullptr;
     if (bf16Grad)
-      adamwStep(h, n, s.master.data(), s.m.data(), s.v.data(),
-                gradBf16.data(), working);
+      adamwStep(h, n, s.master.data(), s.m.data(), s.v.data(), gradBf16.data(),
+                working);
     else
       adamwStep(h, n, s.master.data(), s.m.data(), s.v.data(), grad.data(),
                 working);
@@ -301,15 +301,15 @@ TEST(AdamWStep, ThreadCountIndependent) {
   };
   auto run = [&](const char *threads) {
     ScopedThreads scoped(threads);
-    Result r{master0, std::vector<float>(n, 0.0f),
-             std::vector<float>(n, 0.0f), std::vector<uint16_t>(n, 0)};
+    Result r{master0, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f),
+             std::vector<uint16_t>(n, 0)};
     AdamWHyper h;
     h.lr = 1e-3;
     h.weightDecay = 0.01;
     for (int64_t t = 1; t <= 3; ++t) {
       h.step = t;
-      adamwStep(h, n, r.master.data(), r.m.data(), r.v.data(),
-                gradBf16.data(), r.working.data());
+      adamwStep(h, n, r.master.data(), r.m.data(), r.v.data(), gradBf16.data(),
+                r.working.data());
     }
     return r;
   };
@@ -365,9 +365,8 @@ TEST(AdamWStep, InstructionSetsBitwiseEqual) {
       SCOPED_TRACE(std::string(adamwIsaName(isa)) +
                    (bf16Grad ? ", bf16 grads" : ", fp32 grads"));
       Result r = run(isa, bf16Grad);
-      EXPECT_EQ(std::memcmp(generic.master.data(), r.master.data(),
-                            (n + 1) * 4),
-                0);
+      EXPECT_EQ(
+          std::memcmp(generic.master.data(), r.master.data(), (n + 1) * 4), 0);
       EXPECT_EQ(std::memcmp(generic.m.data(), r.m.data(), (n + 1) * 4), 0);
       EXPECT_EQ(std::memcmp(generic.v.data(), r.v.data(), (n + 1) * 4), 0);
       EXPECT_EQ(generic.working, r.working);
@@ -404,8 +403,8 @@ TEST(AdamWStep, LargeCallMatchesSmallCalls) {
                 v1.data() + offset, g, w1.data() + offset);
       for (int64_t b = 0; b < n; b += piece) {
         int64_t o = offset + b, len = std::min(piece, n - b);
-        adamwStep(h, len, p2.data() + o, m2.data() + o, v2.data() + o,
-                  g + b, w2.data() + o);
+        adamwStep(h, len, p2.data() + o, m2.data() + o, v2.data() + o, g + b,
+                  w2.data() + o);
       }
     }
     EXPECT_EQ(std::memcmp(p1.data(), p2.data(), (n + 3) * 4), 0);
@@ -423,8 +422,7 @@ TEST(AdamWStep, OneMinusBetaIsFormedInDouble) {
   // once, v' is within an ulp or two of 0.001 * 0.25; forming it from
   // fp32(0.999) would be 1.3e-5 relative off (torch.optim.AdamW, which
   // works with double scalars, would disagree at that level).
-  std::vector<float> master(64, 1.0f), m(64, 0.0f), v(64, 0.0f),
-      grad(64, 0.5f);
+  std::vector<float> master(64, 1.0f), m(64, 0.0f), v(64, 0.0f), grad(64, 0.5f);
   AdamWHyper h;
   h.beta1 = 0.9;
   h.beta2 = 0.999;

@@ -473,6 +473,10 @@ const std::vector<Corruption> &corruptions() {
       {"negative event count",
        viaPlan([](ExecPlan &p) { p.numEvents = -1; }),
        "event count -1 is out of range"},
+      {"event count above the instruction count",
+       viaPlan([](ExecPlan &p) { p.numEvents = int64_t(1) << 32; }),
+       "event count 4294967296 is out of range (the plan has 13 "
+       "instructions)"},
       {"fetch of an unknown parameter",
        viaPlan([](ExecPlan &p) { p.instructions[kFetch].param = "Y"; }),
        "instruction #1 ('fetch'): fetch of unknown parameter 'Y'"},
@@ -650,7 +654,7 @@ std::string mutate(const std::string &valid, std::mt19937_64 &rng) {
 TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
   const std::string valid = serialize(validPlan());
   std::mt19937_64 rng(20240611);
-  int accepted = 0, rejected = 0;
+  int accepted = 0, rejected = 0, invalid = 0;
   auto begin = std::chrono::steady_clock::now();
   for (int i = 0; i < 4000; ++i) {
     std::string text = mutate(valid, rng);
@@ -659,6 +663,7 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
       std::string message = llvm::toString(plan.takeError());
       ASSERT_EQ(message.rfind("mutant.json: ", 0), 0u) << message;
       ++rejected;
+      invalid += message.find("invalid execution plan") != std::string::npos;
       continue;
     }
     ++accepted;
@@ -674,10 +679,13 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
   double seconds = std::chrono::duration<double>(
                        std::chrono::steady_clock::now() - begin)
                        .count();
-  // Both outcomes occur: the mutations reach the validator, not only the
+  // All outcomes occur: the mutations reach the validator, not only the
   // JSON parser.
   EXPECT_GT(accepted, 0);
-  EXPECT_GT(rejected, 0);
+  EXPECT_GT(rejected, invalid);
+  EXPECT_GT(invalid, 0);
+  RecordProperty("accepted", accepted);
+  RecordProperty("invalid", invalid);
   EXPECT_LT(seconds, 2.0);
 }
 

@@ -245,17 +245,19 @@ llvm::Error Exporter::exportOp(Operation *op) {
 }
 
 llvm::Error Exporter::addKernelModules() {
-  cuda::EmittedDsaKernels emitted;
-  if (failed(cuda::emitDsaKernels(module, "", llvm::nulls(), emitted)))
-    return llvm::createStringError(
-        "cannot export the 3D-DSA kernels of this plan (see the diagnostics "
-        "above)");
-  for (size_t i = 0; i < emitted.configs.size(); ++i) {
+  // Configurations the CUDA kernels do not support (e.g. an f32 step) get
+  // no module: the cpu and sim backends run them, and the cuda backend
+  // refuses the plan naming the configuration.
+  for (const cuda::DsaConfig &config : cuda::collectDsaConfigs(module)) {
+    cuda::DsaKernelPlan kernels;
+    std::string unsupported;
+    if (!cuda::planDsaKernels(config, kernels, unsupported))
+      continue;
     exec::KernelModule kernel;
-    kernel.name = cuda::configName(emitted.configs[i]);
-    kernel.source = emitted.sources[i];
+    kernel.name = cuda::configName(config);
+    kernel.source = cuda::emitDsaKernelSource(config, kernels);
     llvm::raw_string_ostream os(kernel.manifest);
-    cuda::writeDsaManifest(emitted.configs[i], emitted.plans[i], os);
+    cuda::writeDsaManifest(config, kernels, os);
     plan.kernelModules.push_back(std::move(kernel));
   }
   return llvm::Error::success();
