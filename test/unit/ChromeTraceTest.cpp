@@ -15,7 +15,6 @@
 
 #include "gtest/gtest.h"
 
-#include <chrono>
 #include <map>
 #include <string>
 
@@ -230,7 +229,6 @@ TEST(ChromeTrace, SixtyThousandEventsStreamQuickly) {
   std::string text;
   text.reserve(16 << 20);
   llvm::raw_string_ostream os(text);
-  auto begin = std::chrono::steady_clock::now();
   {
     ChromeTrace trace(os, "p");
     for (int i = 0; i < kEvents; ++i) {
@@ -248,12 +246,6 @@ TEST(ChromeTrace, SixtyThousandEventsStreamQuickly) {
     EXPECT_EQ(trace.numEvents(), 9u + kEvents);
     llvm::cantFail(trace.finish());
   }
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin)
-          .count();
-  // A guard against accidental quadratic work, not a benchmark: about
-  // 0.1 s in a release build, several times that on a loaded machine.
-  EXPECT_LT(seconds, 10.0);
   llvm::json::Value parsed = parseTrace(text);
   EXPECT_EQ(withPhase(parsed, "X").size(), size_t(kEvents));
 }

@@ -21,7 +21,6 @@
 
 #include "gtest/gtest.h"
 
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -655,7 +654,6 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
   const std::string valid = serialize(validPlan());
   std::mt19937_64 rng(20240611);
   int accepted = 0, rejected = 0, invalid = 0;
-  auto begin = std::chrono::steady_clock::now();
   for (int i = 0; i < 4000; ++i) {
     std::string text = mutate(valid, rng);
     llvm::Expected<ExecPlan> plan = parseExecPlan(text, "mutant.json");
@@ -676,9 +674,6 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
     ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError())
                              << "\nmutant: " << text;
   }
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - begin)
-                       .count();
   // All outcomes occur: the mutations reach the validator, not only the
   // JSON parser.
   EXPECT_GT(accepted, 0);
@@ -686,7 +681,6 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
   EXPECT_GT(invalid, 0);
   RecordProperty("accepted", accepted);
   RecordProperty("invalid", invalid);
-  EXPECT_LT(seconds, 2.0);
 }
 
 //===----------------------------------------------------------------------===//
