@@ -264,6 +264,17 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
     if (moments != 2)
       return c.fail(where + ": parameter '" + inst.param + "' has " +
                     llvm::Twine(moments) + " AdamW moments, not 2");
+    // Backends find the moments by name and update them in step with the
+    // master, element by element.
+    for (const char *suffix : {".exp_avg", ".exp_avg_sq"}) {
+      std::string name = inst.param + suffix;
+      const Param *m = plan.findParam(name);
+      if (!m || m->role != "moment" || m->of != inst.param ||
+          m->type.numElements() != p->type.numElements())
+        return c.fail(where + ": host_adamw of '" + inst.param +
+                      "' needs a moment '" + name +
+                      "' of it with its element count");
+    }
     return true;
   }
   if (inst.op == "record" || inst.op == "wait")

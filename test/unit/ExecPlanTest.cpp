@@ -494,6 +494,13 @@ const std::vector<Corruption> &corruptions() {
       {"host_adamw with a moment of another role",
        viaPlan([](ExecPlan &p) { p.params[1].role = "frozen"; }),
        "parameter 'X' has 1 AdamW moments, not 2"},
+      {"host_adamw with a moment of another element count",
+       viaPlan([](ExecPlan &p) { p.params[2].type.shape = {2, 2}; }),
+       "host_adamw of 'X' needs a moment 'X.exp_avg_sq' of it with its "
+       "element count"},
+      {"host_adamw with a misnamed moment",
+       viaPlan([](ExecPlan &p) { p.params[1].name = "X.m"; }),
+       "host_adamw of 'X' needs a moment 'X.exp_avg' of it"},
       {"host_adamw with a device gradient",
        viaPlan([](ExecPlan &p) {
          p.instructions[kAdamW].operands = {kFlat, kStep};
