@@ -312,7 +312,8 @@ void defineAdamW(py::module_ &m) {
 
 } // namespace
 
-void defineTrainer(py::module_ &m); // TrainerBindings.cpp
+void defineTrainer(py::module_ &m);  // TrainerBindings.cpp
+void defineCompiler(py::module_ &m); // CompilerBindings.cpp
 
 std::string execPlanJson(const std::string &model, int64_t frames,
                          int64_t height, int64_t width, bool latent,
@@ -357,4 +358,5 @@ PYBIND11_MODULE(_megaslide, m) {
         "The execution plan of a training step (docs/ExecutionPlan.md).");
   defineAdamW(m);
   defineTrainer(m);
+  defineCompiler(m);
 }

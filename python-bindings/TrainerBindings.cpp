@@ -6,6 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "host/Weights.h"
+#include "trace/ChromeTrace.h"
 #include "train/Session.h"
 
 #include <pybind11/numpy.h>
@@ -41,12 +43,24 @@ std::string shapeText(llvm::ArrayRef<int64_t> shape) {
 class Trainer {
 public:
   Trainer(const std::string &planJson, const std::string &source,
-          const std::string &backend, uint64_t seed) {
+          const std::string &backend, uint64_t seed,
+          const std::string &hardwarePath) {
     exec::ExecPlan plan = check(exec::parseExecPlan(planJson, source));
     train::SessionOptions options;
     options.backend = backend;
     options.seed = seed;
+    options.hardwarePath = hardwarePath;
     session = check(train::Session::create(std::move(plan), options));
+  }
+
+  /// Throws unless the backend holds the model state (cpu, cuda): sim
+  /// replays the schedule without allocating it.
+  void requireState(const char *what) const {
+    if (!session->backend().computesLoss())
+      throw std::invalid_argument(
+          std::string(what) + ": the " + session->backend().name() +
+          " backend holds no model state (it predicts timing only); use "
+          "backend='cpu' or 'cuda'");
   }
 
   py::dict inputShapes() const {
@@ -60,6 +74,7 @@ public:
   }
 
   py::dict parameters() const {
+    requireState("parameters");
     py::dict out;
     for (const host::HostTensor &t : session->state().tensors) {
       if (t.param->role == "moment")
@@ -72,6 +87,7 @@ public:
   }
 
   void loadParameters(const py::dict &params) {
+    requireState("load_parameters");
     for (const auto &[key, value] : params) {
       std::string name = py::cast<std::string>(key);
       host::HostTensor *t = session->state().find(name);
@@ -108,6 +124,7 @@ public:
   }
 
   py::tuple gradients(const py::dict &arrays) {
+    requireState("gradients");
     exec::StepInputs inputs = stepInputs(arrays);
     std::map<std::string, std::vector<float>> grads;
     exec::StepOptions options;
@@ -129,18 +146,40 @@ public:
     return py::make_tuple(result.loss, out);
   }
 
-  py::dict step(const py::object &arrays) {
+  py::dict step(const py::object &arrays, const std::string &tracePath) {
+    bool trace = !tracePath.empty();
+    // Created first, so an unwritable path fails before the step is taken.
+    std::unique_ptr<trace::ChromeTrace> writer;
+    if (trace)
+      writer = check(trace::ChromeTrace::create(
+          tracePath, "megaslide.Trainer " + session->plan().model + " (" +
+                         session->backend().name() + ")"));
     exec::StepResult result;
     if (arrays.is_none()) {
       py::gil_scoped_release release;
-      result = check(session->trainStep(/*trace=*/false));
+      result = check(session->trainStep(trace));
     } else {
       exec::StepInputs inputs = stepInputs(py::cast<py::dict>(arrays));
+      exec::StepOptions options;
+      options.trace = trace;
       py::gil_scoped_release release;
-      result = check(session->runStep(inputs, exec::StepOptions()));
+      result = check(session->runStep(inputs, options));
+    }
+    if (writer) {
+      for (const exec::TraceSpan &span : result.spans)
+        writer->complete(span);
+      writer->setOtherData("backend", session->backend().name());
+      writer->setOtherData("model", session->plan().model);
+      writer->setOtherData("step", session->state().step);
+      writer->setOtherData("step_seconds", result.seconds);
+      if (llvm::Error err = writer->finish())
+        raise(std::move(err));
     }
     py::dict out;
-    out["loss"] = result.loss;
+    if (session->backend().computesLoss())
+      out["loss"] = result.loss;
+    else
+      out["loss"] = py::none();
     out["seconds"] = result.seconds;
     out["step"] = session->state().step;
     out["planned_peak_bytes"] = result.memory.plannedArenaBytes;
@@ -150,6 +189,41 @@ public:
     return out;
   }
 
+  void loadWeights(const std::string &path) {
+    requireState("load_weights");
+    py::gil_scoped_release release;
+    if (llvm::Error err = host::loadWeights(path, session->state()))
+      raise(std::move(err));
+  }
+
+  void saveWeights(const std::string &dir, const std::string &dtype,
+                   uint64_t maxShardBytes) {
+    requireState("save_weights");
+    host::SaveWeightsOptions options;
+    if (dtype == "f32")
+      options.dtype = host::StDType::F32;
+    else if (dtype == "bf16")
+      options.dtype = host::StDType::BF16;
+    else
+      throw std::invalid_argument("save_weights: dtype must be 'f32' or "
+                                  "'bf16', got '" + dtype + "'");
+    if (maxShardBytes == 0)
+      throw std::invalid_argument("save_weights: max_shard_bytes must be "
+                                  "positive");
+    options.maxShardBytes = maxShardBytes;
+    py::gil_scoped_release release;
+    if (llvm::Error err = host::saveWeights(session->plan(), session->state(),
+                                            dir, options))
+      raise(std::move(err));
+  }
+
+  void savePlan(const std::string &path) const {
+    if (llvm::Error err = exec::saveExecPlan(session->plan(), path))
+      raise(std::move(err));
+  }
+
+  std::string planJson() const { return exec::serialize(session->plan()); }
+  bool computesLoss() const { return session->backend().computesLoss(); }
   int64_t stepCount() const { return session->state().step; }
   std::string backendName() const { return session->backend().name(); }
 
@@ -163,14 +237,20 @@ private:
 void defineTrainer(py::module_ &m) {
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<const std::string &, const std::string &,
-                    const std::string &, uint64_t>(),
+                    const std::string &, uint64_t, const std::string &>(),
            py::arg("plan_json"), py::arg("source"), py::arg("backend"),
-           py::arg("seed"))
+           py::arg("seed"), py::arg("hardware_path"))
       .def("input_shapes", &Trainer::inputShapes)
       .def("parameters", &Trainer::parameters)
       .def("load_parameters", &Trainer::loadParameters, py::arg("params"))
       .def("gradients", &Trainer::gradients, py::arg("inputs"))
-      .def("step", &Trainer::step, py::arg("inputs"))
+      .def("step", &Trainer::step, py::arg("inputs"), py::arg("trace"))
+      .def("load_weights", &Trainer::loadWeights, py::arg("path"))
+      .def("save_weights", &Trainer::saveWeights, py::arg("dir"),
+           py::arg("dtype"), py::arg("max_shard_bytes"))
+      .def("save_plan", &Trainer::savePlan, py::arg("path"))
+      .def("plan_json", &Trainer::planJson)
+      .def_property_readonly("computes_loss", &Trainer::computesLoss)
       .def_property_readonly("step_count", &Trainer::stepCount)
       .def_property_readonly("backend", &Trainer::backendName);
 }

@@ -10,6 +10,8 @@ APT_PACKAGES=(
   cmake ninja-build lld ccache g++
   # Tests and bindings.
   libgtest-dev pybind11-dev python3-dev python3-pip
+  # The ASan+UBSan build and libFuzzer targets (scripts/sanitize.sh).
+  clang-22 libclang-rt-22-dev
 )
 
 missing=()

@@ -2,19 +2,34 @@
 
 #include "megaslide/CAPI/MegaSlide.h"
 
+#include "Graph/GraphOps.h"
+#include "Schedule/ScheduleOps.h"
+#include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Model/ModelBuilder.h"
 #include "megaslide/Model/ModelInfo.h"
+#include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Support/Json.h"
+#include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 
 using namespace megaslide;
 
@@ -168,6 +183,380 @@ int megaslideExecPlanJson(const char *model, int64_t frames, int64_t height,
     return overBudget ? 3 : 1;
   }
   *json = copyString(exec::serialize(*plan));
+  return 0;
+}
+
+//===----------------------------------------------------------------------===//
+// MLIR text in, text out: modules, pipelines, kernels
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The dialects megaslide-opt registers.
+mlir::DialectRegistry dialectRegistry() {
+  mlir::DialectRegistry registry;
+  registry.insert<graph::GraphDialect, sched::ScheduleDialect,
+                  mlir::func::FuncDialect>();
+  return registry;
+}
+
+/// The passes and pipelines megaslide-opt registers (but its test passes),
+/// once per process: the registry is global.
+void registerPassesOnce() {
+  static const bool registered = [] {
+    mlir::registerTransformsPasses();
+    registerMegaSlidePasses();
+    registerPipelines();
+    return true;
+  }();
+  (void)registered;
+}
+
+/// "<file>:<line>:<col>: " of the first file location in `loc`, or "".
+std::string where(mlir::Location loc) {
+  if (auto file = loc->findInstanceOf<mlir::FileLineColLoc>())
+    return llvm::formatv("{0}:{1}:{2}: ", file.getFilename().getValue(),
+                         file.getLine(), file.getColumn())
+        .str();
+  return "";
+}
+
+const char *severityName(mlir::DiagnosticSeverity severity) {
+  switch (severity) {
+  case mlir::DiagnosticSeverity::Error:
+    return "error";
+  case mlir::DiagnosticSeverity::Warning:
+    return "warning";
+  case mlir::DiagnosticSeverity::Remark:
+    return "remark";
+  case mlir::DiagnosticSeverity::Note:
+    return "note";
+  }
+  return "note";
+}
+
+/// Collects the diagnostics of one call instead of printing them, rendered
+/// as megaslide-opt prints their first line; notes follow on lines of
+/// their own, indented by two spaces.
+class DiagnosticCapture {
+public:
+  explicit DiagnosticCapture(mlir::MLIRContext &context)
+      : handler(&context, [this](mlir::Diagnostic &diag) {
+          record(diag);
+          return mlir::success();
+        }) {}
+
+  std::vector<std::string> errors, warnings, remarks;
+
+  /// The errors, one per line, or `fallback` when there were none.
+  std::string errorText(llvm::StringRef fallback) const {
+    std::string text;
+    for (const std::string &e : errors)
+      text += (text.empty() ? "" : "\n") + e;
+    return text.empty() ? fallback.str() : text;
+  }
+
+private:
+  void record(mlir::Diagnostic &diag) {
+    std::string text = where(diag.getLocation()) +
+                       severityName(diag.getSeverity()) + ": " + diag.str();
+    for (mlir::Diagnostic &note : diag.getNotes())
+      text += "\n  " + where(note.getLocation()) + "note: " + note.str();
+    switch (diag.getSeverity()) {
+    case mlir::DiagnosticSeverity::Error:
+      errors.push_back(std::move(text));
+      break;
+    case mlir::DiagnosticSeverity::Warning:
+      warnings.push_back(std::move(text));
+      break;
+    default:
+      remarks.push_back(std::move(text));
+      break;
+    }
+  }
+
+  mlir::ScopedDiagnosticHandler handler;
+};
+
+/// Parses and verifies `ir`; null with the diagnostics in `diags` on error.
+mlir::OwningOpRef<mlir::ModuleOp> parseModule(mlir::MLIRContext &context,
+                                              const char *ir,
+                                              const char *sourceName) {
+  return mlir::parseSourceString<mlir::ModuleOp>(
+      ir ? ir : "", mlir::ParserConfig(&context),
+      sourceName && *sourceName ? sourceName : "<string>");
+}
+
+std::string print(mlir::ModuleOp module) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module.print(os);
+  return text;
+}
+
+/// Runs `fn` with file descriptor 2 redirected to a temporary file and
+/// returns what was written there. MLIR's pass-option parser reports an
+/// unknown option or a bad value only on llvm::errs() (unbuffered, fd 2),
+/// and the caller's message must name it. Without a temporary file or a
+/// descriptor to spare, `fn` runs as is and nothing is captured.
+template <typename Fn> std::string captureStderr(Fn &&fn) {
+  std::fflush(stderr);
+  int saved = dup(2);
+  std::FILE *tmp = saved >= 0 ? std::tmpfile() : nullptr;
+  if (!tmp || dup2(fileno(tmp), 2) < 0) {
+    if (tmp)
+      std::fclose(tmp);
+    if (saved >= 0)
+      close(saved);
+    fn();
+    return "";
+  }
+  fn();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::string text;
+  std::rewind(tmp);
+  char chunk[4096];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), tmp)) > 0;)
+    text.append(chunk, n);
+  std::fclose(tmp);
+  return text;
+}
+
+/// The captured cl::opt messages as clauses: "<Pass-Options-Parser>: no
+/// such option x" and ": for the --buffers option: 'x' value invalid ..."
+/// become "no such option x" and "for the --buffers option: ...".
+std::string optionMessages(llvm::StringRef captured) {
+  std::string text;
+  llvm::SmallVector<llvm::StringRef> lines;
+  captured.split(lines, '\n', -1, /*KeepEmpty=*/false);
+  for (llvm::StringRef line : lines) {
+    line = line.trim();
+    line.consume_front("<Pass-Options-Parser>");
+    line = line.ltrim(": ");
+    if (!line.empty())
+      text += (text.empty() ? "" : "; ") + line.str();
+  }
+  return text;
+}
+
+llvm::json::Array toJsonArray(const std::vector<std::string> &items) {
+  llvm::json::Array array;
+  for (const std::string &item : items)
+    array.push_back(item);
+  return array;
+}
+
+} // namespace
+
+int megaslideBuildModule(const char *model, int64_t frames, int64_t height,
+                         int64_t width, int latentUnits, int64_t batch,
+                         int64_t textLen, const char *precision, char **ir,
+                         char **error) {
+  TrainingOptions training = trainingOptions(batch, textLen);
+  if (precision && *precision) {
+    llvm::Expected<ComputeType> type = parseComputeType(precision);
+    if (!type) {
+      *error = copyString(llvm::toString(type.takeError()));
+      return 1;
+    }
+    training.computeType = *type;
+  }
+  VideoShape video{frames, height, width, latentUnits != 0};
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+  llvm::Expected<ModelInfo> info =
+      computeModelInfo(context, model ? model : "", video, training, &module);
+  if (!info) {
+    *error = copyString(llvm::toString(info.takeError()));
+    return 1;
+  }
+  *ir = copyString(print(*module));
+  return 0;
+}
+
+int megaslideParseModule(const char *ir, const char *sourceName,
+                         char **printed, char **error) {
+  mlir::MLIRContext context(dialectRegistry(),
+                            mlir::MLIRContext::Threading::DISABLED);
+  context.printOpOnDiagnostic(false);
+  DiagnosticCapture diags(context);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      parseModule(context, ir, sourceName);
+  if (!module) {
+    *error = copyString(diags.errorText("the input is not a valid module"));
+    return 1;
+  }
+  *printed = copyString(print(*module));
+  return 0;
+}
+
+int megaslideRunPipeline(const char *ir, const char *sourceName,
+                         const char *pipeline, char **json, char **error) {
+  registerPassesOnce();
+  mlir::MLIRContext context(dialectRegistry(),
+                            mlir::MLIRContext::Threading::DISABLED);
+  // The location names the op; its text (video-sized tensor types) would
+  // bury the message.
+  context.printOpOnDiagnostic(false);
+  DiagnosticCapture diags(context);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      parseModule(context, ir, sourceName);
+  if (!module) {
+    *error = copyString(diags.errorText("the input is not a valid module"));
+    return 1;
+  }
+  // The FailureOr overload keeps the text's anchor; the overload filling a
+  // PassManager would nest `builtin.module(...)` inside it and match
+  // nothing (TOOLCHAIN.md).
+  std::string parseErrors;
+  llvm::raw_string_ostream parseOs(parseErrors);
+  llvm::StringRef text = pipeline ? pipeline : "";
+  llvm::FailureOr<mlir::OpPassManager> parsed = mlir::failure();
+  std::string captured =
+      captureStderr([&] { parsed = mlir::parsePassPipeline(text, parseOs); });
+  if (mlir::failed(parsed)) {
+    // A pass reports a bad option into `parseOs`, a pipeline on stderr.
+    std::string why = llvm::StringRef(parseErrors).rtrim().str();
+    for (size_t at; (at = why.find("<Pass-Options-Parser>: ")) !=
+                    std::string::npos;)
+      why.erase(at, strlen("<Pass-Options-Parser>: "));
+    for (size_t at; (at = why.find("\n\n")) != std::string::npos;)
+      why.erase(at, 1);
+    if (std::string options = optionMessages(captured); !options.empty())
+      why = options + " (" + why + ")";
+    *error = copyString("invalid pass pipeline '" + text.str() + "': " + why);
+    return 1;
+  }
+  // Whatever else was printed belongs where it was going.
+  llvm::errs() << captured;
+  llvm::StringRef anchor = parsed->getOpAnchorName();
+  if (anchor != mlir::ModuleOp::getOperationName() &&
+      anchor != mlir::OpPassManager::getAnyOpAnchorName()) {
+    *error = copyString("invalid pass pipeline '" + text.str() +
+                        "': it is anchored on '" + anchor.str() +
+                        "'; anchor it on builtin.module, e.g. "
+                        "builtin.module(func.func(cse))");
+    return 1;
+  }
+  mlir::PassManager pm(&context, anchor);
+  static_cast<mlir::OpPassManager &>(pm) = std::move(*parsed);
+  mlir::LogicalResult ran = pm.run(*module);
+  llvm::json::Object result{{"ir", print(*module)},
+                            {"remarks", toJsonArray(diags.remarks)},
+                            {"warnings", toJsonArray(diags.warnings)}};
+  *json = copyString(
+      llvm::formatv("{0}", llvm::json::Value(std::move(result))).str());
+  if (mlir::failed(ran)) {
+    *error = copyString(diags.errorText("the pass pipeline failed"));
+    return 2;
+  }
+  return 0;
+}
+
+int megaslideEmitDsaKernelsJson(const char *ir, const char *sourceName,
+                                char **json, char **error) {
+  mlir::MLIRContext context(dialectRegistry(),
+                            mlir::MLIRContext::Threading::DISABLED);
+  context.printOpOnDiagnostic(false);
+  DiagnosticCapture diags(context);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      parseModule(context, ir, sourceName);
+  if (!module) {
+    *error = copyString(diags.errorText("the input is not a valid module"));
+    return 1;
+  }
+  cuda::EmittedDsaKernels emitted;
+  llvm::raw_null_ostream discard;
+  if (mlir::failed(cuda::emitDsaKernels(*module, "", discard, emitted))) {
+    *error = copyString(diags.errorText("3D-DSA kernel emission failed"));
+    return 1;
+  }
+  llvm::json::Array kernels;
+  for (size_t i = 0; i < emitted.configs.size(); ++i) {
+    // One configuration's manifest, as an execution plan's kernel module
+    // carries it.
+    std::string manifest;
+    llvm::raw_string_ostream os(manifest);
+    cuda::writeDsaManifest(emitted.configs[i], emitted.plans[i], os);
+    llvm::Expected<llvm::json::Value> parsedManifest =
+        llvm::json::parse(manifest);
+    if (!parsedManifest) {
+      *error = copyString(llvm::toString(parsedManifest.takeError()));
+      return 1;
+    }
+    kernels.push_back(llvm::json::Object{
+        {"name", cuda::configName(emitted.configs[i])},
+        {"description", emitted.configs[i].describe()},
+        {"source", emitted.sources[i]},
+        {"manifest", std::move(*parsedManifest)}});
+  }
+  *json = copyString(
+      llvm::formatv("{0}", llvm::json::Value(llvm::json::Object{
+                               {"kernels", std::move(kernels)}}))
+          .str());
+  return 0;
+}
+
+/// The device buffers of a planned module, offsets from msched.offsets and
+/// msched.workspace (-1 where memory was not packed).
+static llvm::json::Array deviceBuffersJson(mlir::ModuleOp module,
+                                           int64_t &numSteps) {
+  llvm::json::Array out;
+  numSteps = 0;
+  auto step = module.lookupSymbol<mlir::func::FuncOp>("train_step");
+  if (!step)
+    return out;
+  DeviceBuffers buffers = collectDeviceBuffers(step);
+  numSteps = buffers.numSteps;
+  for (const DeviceBuffer &b : buffers.buffers) {
+    int64_t offset = -1;
+    if (b.value) {
+      if (auto offsets = b.owner->getAttrOfType<mlir::DenseI64ArrayAttr>(
+              sched::kOffsetsAttrName))
+        offset = offsets[llvm::cast<mlir::OpResult>(b.value).getResultNumber()];
+    } else if (auto ws = b.owner->getAttrOfType<mlir::DenseI64ArrayAttr>(
+                   sched::kWorkspaceAttrName)) {
+      offset = ws[0];
+    }
+    out.push_back(llvm::json::Object{
+        {"what", b.describe()},
+        {"category", b.category},
+        {"layer", b.layer ? llvm::json::Value(*b.layer) : nullptr},
+        {"offset", offset},
+        {"bytes", b.slice.size},
+        {"start", b.slice.start},
+        {"end", b.slice.end}});
+  }
+  return out;
+}
+
+int megaslideMemoryPlanJson(const char *model, int64_t frames, int64_t height,
+                            int64_t width, int latentUnits, int64_t batch,
+                            int64_t textLen, const char *optionsJson,
+                            char **json, char **error) {
+  llvm::Expected<PlanOptions> options = parsePlanOptions(optionsJson);
+  if (!options) {
+    *error = copyString(llvm::toString(options.takeError()));
+    return 1;
+  }
+  TrainingOptions training = trainingOptions(batch, textLen);
+  VideoShape video{frames, height, width, latentUnits != 0};
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  llvm::Expected<PlanResult> plan =
+      planModel(context, model ? model : "", video, training, *options);
+  if (!plan) {
+    *error = copyString(llvm::toString(plan.takeError()));
+    return 1;
+  }
+  int64_t numSteps = 0;
+  llvm::json::Array buffers = deviceBuffersJson(*plan->module, numSteps);
+  llvm::json::Object result{{"report", toJson(*plan)},
+                            {"num_steps", numSteps},
+                            {"device_buffers", std::move(buffers)}};
+  *json = copyString(
+      llvm::formatv("{0}", llvm::json::Value(std::move(result))).str());
   return 0;
 }
 

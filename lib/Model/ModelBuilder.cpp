@@ -458,6 +458,24 @@ megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
         llvm::inconvertibleErrorCode(),
         "option 'text_len': must be positive, got %lld",
         static_cast<long long>(*options.textLen));
+  if (options.textLen && *options.textLen > kMaxModelWidth)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "option 'text_len': %lld is larger than %lld, the most MegaSlide "
+        "plans for",
+        static_cast<long long>(*options.textLen),
+        static_cast<long long>(kMaxModelWidth));
+  // As computeGeometry bounds the tokens of one sample: every activation's
+  // byte count must stay far from overflowing int64, whatever the batch.
+  constexpr int64_t kMaxTokensPerStep = int64_t(1) << 31;
+  int64_t textLen = options.textLen.value_or(config.textLen);
+  int64_t tokens = std::max(geometry.tokens(), textLen);
+  if (options.batch > kMaxTokensPerStep / tokens)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "option 'batch': %lld samples of %lld tokens are more than 2^31 "
+        "tokens per step; use a smaller batch, video or text length",
+        static_cast<long long>(options.batch), static_cast<long long>(tokens));
   TrainingStepBuilder builder(context, config, geometry, options);
   return builder.build();
 }

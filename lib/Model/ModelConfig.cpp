@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "megaslide/Support/Json.h"
+#include "support/Json.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -309,15 +310,23 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   return c;
 }
 
+constexpr int64_t kMaxLayers = kMaxModelLayers, kMaxWidth = kMaxModelWidth,
+                  kMaxPatch = kMaxPatchExtent;
+
 Error ConfigReader::validate(ModelConfig &c) {
-  auto positive = [&](StringRef key, int64_t v) -> Error {
-    if (v > 0)
+  auto positive = [&](StringRef key, int64_t v,
+                      int64_t max = kMaxWidth) -> Error {
+    if (v > 0 && v <= max)
       return Error::success();
+    if (v > max)
+      return err.field(key, llvm::formatv("{0} is larger than {1}, the most "
+                                          "MegaSlide plans for",
+                                          v, max));
     return err.field(key, llvm::formatv("must be a positive integer, got {0}"
                                         " (missing keys count as 0)",
                                         v));
   };
-  if (Error e = positive("num_layers", c.numLayers))
+  if (Error e = positive("num_layers", c.numLayers, kMaxLayers))
     return e;
   if (Error e = positive("num_attention_heads", c.numHeads))
     return e;
@@ -343,6 +352,11 @@ Error ConfigReader::validate(ModelConfig &c) {
   c.headDim = *headDim;
   if (Error e = positive("attention_head_dim", c.headDim))
     return e;
+  if (c.dim() > kMaxWidth)
+    return err.field("attention_head_dim",
+                     llvm::formatv("{0} heads x {1} = model dim {2} is larger "
+                                   "than {3}, the most MegaSlide plans for",
+                                   c.numHeads, c.headDim, c.dim(), kMaxWidth));
   if (c.architecture == Architecture::Wan && c.headDim % 2 != 0)
     return err.field("attention_head_dim",
                      llvm::formatv("{0} is odd; 3D RoPE rotates channel "
@@ -353,6 +367,12 @@ Error ConfigReader::validate(ModelConfig &c) {
       return err.field("mlp_ratio",
                        "give either ffn_dim or mlp_ratio, not both");
     double ffn = *mlpRatio * c.dim();
+    // Checked before the cast: a double beyond int64 does not convert.
+    if (*mlpRatio > 0 && ffn > kMaxWidth)
+      return err.field("mlp_ratio",
+                       llvm::formatv("{0} x dim {1} = ffn_dim {2} is larger "
+                                     "than {3}, the most MegaSlide plans for",
+                                     *mlpRatio, c.dim(), ffn, kMaxWidth));
     if (*mlpRatio <= 0 || ffn != static_cast<double>(static_cast<int64_t>(ffn)))
       return err.field("mlp_ratio",
                        llvm::formatv("{0} x dim {1} is not a positive integer",
@@ -368,6 +388,8 @@ Error ConfigReader::validate(ModelConfig &c) {
                       : (learnSigma.value_or(false) ? 2 : 1) * c.inChannels;
   if (outChannels && learnSigma)
     return err.field("learn_sigma", "give either out_channels or learn_sigma");
+  if (Error e = positive("out_channels", c.outChannels))
+    return e;
   if (c.outChannels < c.inChannels)
     return err.field("out_channels",
                      llvm::formatv("{0} is fewer than in_channels {1}; the "
@@ -379,7 +401,19 @@ Error ConfigReader::validate(ModelConfig &c) {
       return err.field("patch_size", "every extent must be positive");
     if (c.vaeStride[i] <= 0)
       return err.field("vae_stride", "every stride must be positive");
+    if (c.patch[i] > kMaxPatch)
+      return err.field("patch_size",
+                       llvm::formatv("extent {0} is larger than {1}, the most "
+                                     "MegaSlide plans for",
+                                     c.patch[i], kMaxPatch));
+    if (c.vaeStride[i] > kMaxPatch)
+      return err.field("vae_stride",
+                       llvm::formatv("stride {0} is larger than {1}, the most "
+                                     "MegaSlide plans for",
+                                     c.vaeStride[i], kMaxPatch));
   }
+  if (c.freqDim > kMaxWidth)
+    return positive("freq_dim", c.freqDim);
   if (c.freqDim <= 0 || c.freqDim % 2 != 0)
     return err.field("freq_dim",
                      llvm::formatv("{0} must be positive and even", c.freqDim));
@@ -407,6 +441,11 @@ Error ConfigReader::validate(ModelConfig &c) {
 Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
                                                   StringRef source) {
   ConfigError err(source);
+  // llvm::json recurses per level: "[[[[..." would overflow the stack.
+  if (Error e = checkJsonNesting(json))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: invalid JSON: %s", source.str().c_str(),
+                                   llvm::toString(std::move(e)).c_str());
   Expected<llvm::json::Object> obj =
       parseJsonObject(json, source, "a model config");
   if (!obj)
@@ -498,13 +537,19 @@ Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
   std::string suggestion;
   if (pixels > 0) {
     int64_t lower = pixels, upper = pixels;
+    // Near INT64_MAX there may be no larger size at all.
+    int64_t limit = pixels > INT64_MAX - 2 * period ? INT64_MAX
+                                                    : pixels + 2 * period;
     while (lower > 0 && !valid(lower))
       --lower;
-    while (!valid(upper) && upper < pixels + 2 * period)
+    while (!valid(upper) && upper < limit)
       ++upper;
-    suggestion = lower > 0
-                     ? llvm::formatv("; use {0} or {1}", lower, upper).str()
-                     : llvm::formatv("; use {0}", upper).str();
+    if (!valid(upper))
+      suggestion = llvm::formatv("; use {0}", lower).str();
+    else
+      suggestion = lower > 0
+                       ? llvm::formatv("; use {0} or {1}", lower, upper).str()
+                       : llvm::formatv("; use {0}", upper).str();
   }
   std::string problem =
       pixels <= 0

@@ -73,6 +73,10 @@ void megaslide::buildMegaSlidePipeline(OpPassManager &pm,
   buildGraphPipeline(pm, o);
   buildSchedulePipeline(pm, o);
   buildMemoryPipeline(pm, o);
+  // After the memory gate: it reads the final transfers (plan-memory adds
+  // none) and reports only plans that fit; it changes nothing.
+  if (o.reportBytesMoved)
+    pm.addPass(createReportBytesMovedPass());
 }
 
 void megaslide::registerPipelines() {

@@ -34,7 +34,16 @@ llvm::Expected<uint64_t> megaslide::parseBytes(llvm::StringRef text) {
         "'%s' is not a memory size; write e.g. 141GB, 1.5TB (decimal) or "
         "80GiB, 1.5TiB (binary)",
         text.str().c_str());
-  return static_cast<uint64_t>(std::llround(value * scale));
+  // Byte counts are added and compared as int64 elsewhere; beyond 2^63 the
+  // conversion below would not even be defined.
+  double bytes = std::round(value * scale);
+  if (bytes >= 0x1p63)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "'%s' is too large: a memory size must be below 2^63 bytes (about "
+        "9223372 TB)",
+        text.str().c_str());
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string megaslide::formatBytes(uint64_t bytes) {

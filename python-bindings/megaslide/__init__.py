@@ -1,14 +1,19 @@
 """MegaSlide: plan and run full fine-tuning of very large video DiTs.
 
-Import from a build tree with ``PYTHONPATH=build/python_packages``.
+Install with ``pip install .`` from the repository root (into a virtual
+environment: docs/Python.md), or import from a build tree with
+``PYTHONPATH=build/python_packages``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple
+import os
+from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 
@@ -468,34 +473,126 @@ def exec_plan(
 
 
 class Trainer:
-    """A training run on the cpu (or sim) backend, numpy arrays in and out.
+    """A training run on the cpu, cuda or sim backend, numpy arrays in and out.
 
-    Compiles the model's training step (or takes ``plan_json``, e.g. read
-    from a file ``megaslide-run --save-plan`` wrote) and keeps the host
-    state: fp32 masters, AdamW moments and the optimizer step.
+    Compiles the model's training step (or takes an execution plan:
+    ``plan_json`` text, or ``plan_file``, e.g. what ``megaslide-run
+    --save-plan`` or :meth:`save_plan` wrote) and, on cpu and cuda, keeps
+    the host state: fp32 masters, AdamW moments and the optimizer step.
+
+    ``backend``: ``cpu`` (reference numerics, everywhere), ``cuda`` (needs a
+    GPU: :func:`backends` says whether this machine has one) or ``sim``
+    (replays the schedule under the hardware model ``hw``, default H200:
+    steps return the predicted time and no loss; it holds no model state,
+    so parameters, gradients and weights raise ValueError). ``hw`` is a
+    hardware JSON (docs/CostModel.md) used for planning and by sim.
 
     >>> tr = Trainer("tiny", frames=17, height=128, width=128, precision="f32")
     >>> loss, grads = tr.gradients(**batch)   # no update
     >>> tr.step()["loss"]                     # one step on synthetic data
+    >>> Trainer("megaslide-105b", 81, 720, 1280, backend="sim").step(
+    ...     trace="105b.json")["seconds"]     # predicted step, Perfetto trace
     """
 
     def __init__(self, model: Optional[str] = None, frames: int = 17,
                  height: int = 128, width: int = 128, *, backend: str = "cpu",
                  seed: int = 0, plan_json: Optional[str] = None,
+                 plan_file: Optional[Union[str, os.PathLike]] = None,
+                 hw: Optional[Union[str, os.PathLike]] = None,
                  **plan_options: Any) -> None:
         if backend not in ("cpu", "cuda", "sim"):
             raise ValueError(f"backend must be cpu, cuda or sim, got "
                              f"{backend!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        if plan_json is None:
+        if plan_json is not None and plan_file is not None:
+            raise ValueError("give plan_json or plan_file, not both")
+        if plan_options and (plan_json is not None or plan_file is not None):
+            raise TypeError(f"plan options ({', '.join(sorted(plan_options))})"
+                            f" only apply when compiling a model, not to a "
+                            f"given plan")
+        if backend == "cuda":
+            # Say why before compiling a plan that cannot run here.
+            status = backends()["cuda"]
+            if not status.available:
+                raise RuntimeError(f"backend 'cuda' is not available: "
+                                   f"{status.reason}")
+        hardware = "" if hw is None else os.fspath(hw)
+        if plan_file is not None:
+            path = os.fspath(plan_file)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    plan_json = f.read()
+            except OSError as e:
+                raise ValueError(f"cannot read plan file '{path}': "
+                                 f"{e.strerror}") from None
+            source = path
+        elif plan_json is None:
             if model is None:
-                raise ValueError("give a model or plan_json")
+                raise ValueError("give a model, plan_json or plan_file")
+            if hw is not None:
+                plan_options["hw"] = hardware
             plan_json = exec_plan(model, frames, height, width, **plan_options)
             source = f"<{model}>"
         else:
             source = "<plan_json>"
-        self._native = _megaslide.Trainer(plan_json, source, backend, seed)
+        if not isinstance(plan_json, str):
+            raise TypeError(f"plan_json must be a str, got "
+                            f"{type(plan_json).__name__}")
+        self._native = _megaslide.Trainer(plan_json, source, backend, seed,
+                                          hardware)
+
+    @property
+    def backend(self) -> str:
+        """The backend's name: cpu, cuda or sim."""
+        return self._native.backend
+
+    @property
+    def computes_loss(self) -> bool:
+        """Whether steps compute the loss and hold model state (not sim)."""
+        return self._native.computes_loss
+
+    def plan_json(self) -> str:
+        """The execution plan being run, as JSON text (docs/ExecutionPlan.md)."""
+        return self._native.plan_json()
+
+    def save_plan(self, path: Union[str, os.PathLike]) -> None:
+        """Writes the execution plan to ``path`` (``Trainer(plan_file=path)``
+        and ``megaslide-run --plan`` read it). Raises ValueError naming the
+        file when it cannot be written."""
+        self._native.save_plan(os.fspath(path))
+
+    def load_weights(self, path: Union[str, os.PathLike]) -> None:
+        """Loads model weights into the fp32 masters, as ``megaslide-run
+        --weights`` does: a diffusers transformer directory (config.json and
+        diffusion_pytorch_model.safetensors, or shards with their index) or
+        one .safetensors file; F32, BF16 and F16 are read (docs/Runtime.md).
+
+        Names and shapes are checked against the plan before anything is
+        read: missing, unexpected and misshapen tensors are listed together
+        in one ValueError and nothing is loaded. AdamW moments are not
+        touched. Raises ValueError on the sim backend."""
+        self._native.load_weights(os.fspath(path))
+
+    def save_weights(self, directory: Union[str, os.PathLike], *,
+                     dtype: str = "f32",
+                     max_shard_bytes: int = 5_000_000_000) -> None:
+        """Writes the model weights as a diffusers transformer directory
+        (created if needed): config.json (the plan's model config) and
+        diffusion_pytorch_model.safetensors, or shards of at most
+        ``max_shard_bytes`` with an index, as ``megaslide-run
+        --save-weights`` does. ``dtype``: "f32" or "bf16" (rounded to
+        nearest even). Files are replaced atomically; weight files of an
+        earlier save that this one does not produce are removed. Raises
+        ValueError for a bad dtype or shard size, an unwritable directory,
+        or the sim backend."""
+        if (isinstance(max_shard_bytes, bool) or
+                not isinstance(max_shard_bytes, numbers.Integral) or
+                max_shard_bytes <= 0):
+            raise ValueError(f"max_shard_bytes must be a positive int, got "
+                             f"{max_shard_bytes!r}")
+        self._native.save_weights(os.fspath(directory), dtype,
+                                  int(max_shard_bytes))
 
     def input_shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Shapes of the step inputs: latents, noise, timesteps, condition."""
@@ -520,16 +617,557 @@ class Trainer:
                                            timesteps=timesteps,
                                            condition=condition))
 
-    def step(self, **inputs: np.ndarray) -> Dict[str, Any]:
+    def step(self, *, trace: Optional[Union[str, os.PathLike]] = None,
+             **inputs: np.ndarray) -> Dict[str, Any]:
         """One training step (with the AdamW update).
 
-        Without arguments it draws the next synthetic batch; otherwise give
-        latents, noise, timesteps and condition. Returns loss, seconds,
-        step and the planned and measured device peaks.
+        Without arrays it draws the next synthetic batch; otherwise give
+        latents, noise, timesteps and condition. Returns loss (None on sim),
+        seconds (measured; on sim the predicted step time), step and the
+        planned and measured device peaks (planned_peak_bytes,
+        measured_peak_bytes, planned_live_bytes, measured_live_bytes).
+
+        ``trace``: also write the step as Chrome trace-event JSON to this
+        path (open it in Perfetto): one track per stream, one event per
+        instruction with its layer, bytes and FLOPs, measured on cpu and
+        cuda and predicted on sim — the format of ``megaslide-run --trace``.
         """
-        return self._native.step(inputs if inputs else None)
+        path = "" if trace is None else os.fspath(trace)
+        return self._native.step(inputs if inputs else None, path)
 
     @property
     def step_count(self) -> int:
         """Optimizer steps taken so far."""
         return self._native.step_count
+
+
+# ---------------------------------------------------------------------------
+# Compiler: MLIR text in, text out (the C API, lib/CAPI/MegaSlide.cpp)
+# ---------------------------------------------------------------------------
+
+__all__ += ["DiagnosticError", "PipelineResult", "build_module",
+            "parse_module", "run_pipeline", "PIPELINES"]
+
+#: The named pipelines of megaslide-opt: the whole planning pipeline and its
+#: three phases. They share the options of docs/Pipeline.md (gpu-mem,
+#: gpu-reserve, host-mem, os-allowance, buffers, prefetch-distance,
+#: activation-policy, host-state-policy, attention, dsa-window, dsa-tile,
+#: dsa-radius, target). Any other registered pass runs by name too.
+PIPELINES: Tuple[str, ...] = ("megaslide-pipeline", "megaslide-graph-pipeline",
+                              "megaslide-schedule-pipeline",
+                              "megaslide-memory-pipeline")
+
+
+class DiagnosticError(ValueError):
+    """The compiler rejected its input: IR that does not parse or verify, an
+    invalid pass pipeline (unknown pass or option, bad option value), a
+    pass that failed, or a 3D-DSA configuration the kernels do not support.
+
+    ``str(error)`` is the diagnostic text as megaslide-opt prints it
+    (``<source>:<line>:<col>: error: <message>``, notes on indented lines).
+    ``diagnostics`` holds one entry per diagnostic (its notes included);
+    after a failed pipeline, ``remarks`` and ``warnings`` hold what the
+    passes reported before, and ``ir`` the module where it stopped.
+    """
+
+    def __init__(self, message: str, *, remarks: Sequence[str] = (),
+                 warnings: Sequence[str] = (), ir: Optional[str] = None,
+                 split: bool = True) -> None:
+        super().__init__(message)
+        self.diagnostics: List[str] = (_split_diagnostics(message) if split
+                                       else [message])
+        self.remarks: List[str] = list(remarks)
+        self.warnings: List[str] = list(warnings)
+        self.ir: Optional[str] = ir
+
+
+def _split_diagnostics(text: str) -> List[str]:
+    """Diagnostics of the C API's text: each starts on an unindented line;
+    its notes follow on lines indented by two spaces."""
+    entries: List[str] = []
+    for line in text.splitlines():
+        if entries and line.startswith("  "):
+            entries[-1] += "\n" + line
+        else:
+            entries.append(line)
+    return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineResult:
+    """What :func:`run_pipeline` returns."""
+
+    #: The module after the pipeline, as megaslide-opt prints it.
+    ir: str
+    #: Remarks of the passes, in emission order (e.g. why an optimisation
+    #: did not fire), each ``<source>:<line>:<col>: remark: <message>``.
+    remarks: List[str]
+    #: Warnings of the passes, formatted like the remarks.
+    warnings: List[str]
+
+
+def _check_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def build_module(
+    model: str,
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    batch: int = 1,
+    text_len: Optional[int] = None,
+    latent: bool = False,
+    precision: Optional[str] = None,
+) -> str:
+    """The training-step module of a model as MLIR text, before planning.
+
+    What ``megaslide-plan --emit-mlir`` writes: forward, loss, backward and
+    AdamW as ``megaslide`` graph ops, the input of :func:`run_pipeline`.
+    Arguments as for :func:`model_info`; ``precision`` is "bf16" (default)
+    or "f32". Raises ValueError naming the field for bad configs, sizes or
+    a bad precision.
+    """
+    args = _common_args(model, frames, height, width, batch, text_len, latent)
+    if precision is not None:
+        _check_str("precision", precision)
+    rc, ir, error = _megaslide.build_module(*args, precision or "")
+    if rc != 0:
+        raise ValueError(error)
+    return ir
+
+
+def parse_module(ir: str, *, source_name: str = "<string>") -> str:
+    """Parses and verifies MLIR text with the MegaSlide dialects.
+
+    Returns the module as megaslide-opt prints it (generic and custom forms
+    alike come back in custom form; top-level ops without a module are
+    wrapped in one). ``source_name`` names the text in diagnostics.
+
+    Raises DiagnosticError with the parser's or verifier's diagnostics,
+    e.g. ``<string>:3:10: error: 'megaslide.linear' op ...``.
+    """
+    _check_str("ir", ir)
+    _check_str("source_name", source_name)
+    rc, printed, error = _megaslide.parse_module(ir, source_name)
+    if rc != 0:
+        raise DiagnosticError(error)
+    return printed
+
+
+def _option_text(name: str, value: Any) -> str:
+    """``value`` as a pass option's text: lists comma-joined, booleans
+    true/false, strings with special characters quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                   for v in value):
+            raise TypeError(f"pipeline option '{name}' must be a str, int, "
+                            f"bool or a list of ints, got {value!r}")
+        return ",".join(str(int(v)) for v in value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
+    if not isinstance(value, str):
+        raise TypeError(f"pipeline option '{name}' must be a str, int, bool "
+                        f"or a list of ints, got {type(value).__name__}")
+    if any(c in value for c in " ,{}='\""):
+        if '"' in value:
+            raise ValueError(f"pipeline option '{name}': a value may not "
+                             f"contain '\"', got {value!r}")
+        return f'"{value}"'
+    return value
+
+
+def _pipeline_text(pipeline: str, options: Mapping[str, Any]) -> str:
+    """The textual pipeline megaslide-opt's --pass-pipeline takes."""
+    _check_str("pipeline", pipeline)
+    text = pipeline.strip()
+    if not text:
+        raise ValueError("pipeline must name a pass or pipeline, e.g. "
+                         "'megaslide-pipeline'")
+    if options:
+        if any(c in text for c in "(){},"):
+            raise TypeError("pipeline options apply to a single pass or "
+                            "pipeline name; put them inside the textual "
+                            f"pipeline instead: {pipeline!r}")
+        items = " ".join(f"{name.replace('_', '-')}="
+                         f"{_option_text(name, value)}"
+                         for name, value in options.items())
+        text = f"{text}{{{items}}}"
+    if not text.startswith(("builtin.module(", "any(")):
+        text = f"builtin.module({text})"
+    return text
+
+
+def run_pipeline(ir: str, pipeline: str = "megaslide-pipeline", *,
+                 source_name: str = "<string>",
+                 **options: Any) -> PipelineResult:
+    """Runs a named pipeline or pass on MLIR text, as megaslide-opt would.
+
+    ``pipeline`` is a registered name — one of :data:`PIPELINES`, any
+    ``megaslide-*`` pass, or an upstream transform such as ``canonicalize``
+    — with ``options`` as keyword arguments (underscores become dashes:
+    ``gpu_mem="24GB"`` is ``gpu-mem=24GB``; lists and tuples are joined by
+    commas: ``dsa_window=(2, 2, 2)``), or a whole textual pipeline such as
+    ``"builtin.module(megaslide-graph-pipeline,canonicalize)"`` without
+    options. Names and options are those of ``megaslide-opt --help`` and
+    docs/Pipeline.md.
+
+    Returns a :class:`PipelineResult`: the module's text after the
+    pipeline, and the passes' remarks and warnings.
+
+    Raises DiagnosticError: for IR that does not parse or verify (the
+    parser's diagnostics); for an unknown pass or pipeline name, an unknown
+    option or a bad option value (MLIR's message, naming it); and when a
+    pass fails, e.g. a plan over its memory budget (the diagnostics with
+    their notes; ``remarks``, ``warnings`` and ``ir`` as far as the
+    pipeline got). TypeError for arguments of the wrong type.
+    """
+    _check_str("ir", ir)
+    _check_str("source_name", source_name)
+    text = _pipeline_text(pipeline, options)
+    rc, payload, error = _megaslide.run_pipeline(ir, source_name, text)
+    if rc == 1:
+        # An invalid pipeline's message carries MLIR's caret display, so it
+        # is kept whole.
+        raise DiagnosticError(error,
+                              split=not error.startswith("invalid pass "))
+    result = json.loads(payload)
+    if rc != 0:
+        raise DiagnosticError(error, remarks=result["remarks"],
+                              warnings=result["warnings"], ir=result["ir"])
+    return PipelineResult(ir=result["ir"], remarks=result["remarks"],
+                          warnings=result["warnings"])
+
+
+# ---------------------------------------------------------------------------
+# Memory plan: the report with typed fields and the per-buffer device plan
+# ---------------------------------------------------------------------------
+
+__all__ += ["DeviceBuffer", "MemoryPlan", "memory_plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceBuffer:
+    """One buffer of the device arena of a planned training step."""
+
+    #: e.g. "weights blocks.0.attn1.to_q.weight of block 0 [64, 64] bf16".
+    what: str
+    #: weights, activations, checkpoints, gradients, attention workspace,
+    #: data batch, ... (docs/MemoryAccounting.md).
+    category: str
+    #: Block index, or None outside the transformer blocks.
+    layer: Optional[int]
+    #: Byte offset in the arena; -1 when the plan stopped before memory
+    #: was packed.
+    offset: int
+    #: Size in bytes.
+    bytes: int
+    #: First and last program-order step (op of the planned @train_step)
+    #: at which the buffer is live, inclusive.
+    start: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """The memory plan of a training step: :func:`plan`'s report with typed
+    accessors for the figures most asked for, and every device buffer."""
+
+    #: The full report of :func:`plan` (docs/PlanSchema.md).
+    report: Dict[str, Any]
+    #: Device buffers with offsets and live ranges, in creation order.
+    buffers: List[DeviceBuffer]
+    #: Ops of the planned step (the range of DeviceBuffer.start/end).
+    num_steps: int
+
+    @property
+    def fits(self) -> bool:
+        """True when no budget is exceeded."""
+        return bool(self.report["fits"])
+
+    @property
+    def violations(self) -> List[str]:
+        """One message per exceeded budget, with notes naming the largest
+        consumers; empty when the plan fits."""
+        return list(self.report["violations"])
+
+    @property
+    def remarks(self) -> List[str]:
+        """Why passes did not do something (no source locations)."""
+        return list(self.report["remarks"])
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The device arena's size: the planned device peak."""
+        return int(self.report["device"]["peak_bytes"])
+
+    @property
+    def device_by_category(self) -> Dict[str, int]:
+        """Bytes live at the device peak by category (plus alignment)."""
+        return dict(self.report["device"]["by_category"])
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory of the plan, all categories."""
+        return int(self.report["host"]["total_bytes"])
+
+    @property
+    def host_by_category(self) -> Dict[str, int]:
+        """Host bytes by category (masters, moments, staging, ...)."""
+        return dict(self.report["host"]["by_category"])
+
+    @property
+    def predicted_seconds(self) -> float:
+        """Predicted step time under the hardware model."""
+        return float(self.report["step"]["predicted_seconds"])
+
+    def live_at(self, step: int) -> List[DeviceBuffer]:
+        """The buffers live at program-order ``step``, largest first."""
+        live = [b for b in self.buffers if b.start <= step <= b.end]
+        return sorted(live, key=lambda b: -b.bytes)
+
+
+def memory_plan(
+    model: str,
+    frames: int,
+    height: int,
+    width: int,
+    *,
+    gpu_mem: str = "141GB",
+    host_mem: str = "1.5TB",
+    batch: int = 1,
+    text_len: Optional[int] = None,
+    latent: bool = False,
+    **options: Any,
+) -> MemoryPlan:
+    """Plans a training step like :func:`plan` and returns a
+    :class:`MemoryPlan`: the same report plus every device buffer with its
+    arena offset, size and live range. Arguments, options and errors as
+    for :func:`plan`; a plan over budget is a result (``fits`` False)."""
+    args = _common_args(model, frames, height, width, batch, text_len, latent)
+    payload = _options_payload("memory_plan", options, gpu_mem=gpu_mem,
+                               host_mem=host_mem)
+    rc, text, error = _megaslide.memory_plan_json(*args, payload)
+    if rc != 0:
+        raise ValueError(error)
+    result = json.loads(text)
+    return MemoryPlan(report=result["report"],
+                      buffers=[DeviceBuffer(**b)
+                               for b in result["device_buffers"]],
+                      num_steps=int(result["num_steps"]))
+
+
+# ---------------------------------------------------------------------------
+# 3D-DSA CUDA kernels: sources (lib/Target/Cuda) and NVRTC (runtime/cuda)
+# ---------------------------------------------------------------------------
+
+__all__ += ["DsaKernelSource", "KernelResources", "CompiledKernels",
+            "Availability", "emit_dsa_kernels", "plan_dsa_kernels",
+            "compile_dsa_kernels", "nvrtc_status", "backends"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DsaKernelSource:
+    """The CUDA C++ of one 3D-DSA configuration (forward, backward, its
+    finalisation and offset estimation kernels)."""
+
+    #: e.g. "dsa3d_g2x2x2_w2x2x2_t1x2x2_h4_d16_bf16_r4" (also the file stem
+    #: megaslide-translate writes).
+    name: str
+    #: e.g. "grid (2,2,2) window (2,2,2) tile (1,2,2) heads 4 head-dim 16
+    #: bf16 radius 4".
+    description: str
+    #: The CUDA C++ source.
+    source: str
+    #: Its manifest: {"configs": [one configuration with its "kernels":
+    #: name, kind, grid, block, dynamic_shared_bytes, arguments]}, as
+    #: manifest.json and an execution plan's kernel_modules have it.
+    manifest: Dict[str, Any]
+
+    @property
+    def kernels(self) -> List[Dict[str, Any]]:
+        """Launch shapes of the kernels of this source."""
+        return list(self.manifest["configs"][0]["kernels"])
+
+
+def emit_dsa_kernels(ir: str, *,
+                     source_name: str = "<string>") -> List[DsaKernelSource]:
+    """The 3D-DSA CUDA sources of a module, as ``megaslide-translate
+    --emit-dsa-kernels`` emits them: one per distinct configuration of its
+    ``dsa3d``, ``dsa3d_grad`` and ``dsa3d_offsets`` ops, sorted; empty when
+    the module has none (run ``megaslide-rewrite-attention-to-dsa`` or the
+    graph pipeline first).
+
+    Raises DiagnosticError for IR that does not parse or verify, or a
+    configuration the kernels do not support (reported on its op, e.g. an
+    f32 element type or a head dim outside [16, 256]).
+    """
+    _check_str("ir", ir)
+    _check_str("source_name", source_name)
+    rc, text, error = _megaslide.emit_dsa_kernels(ir, source_name)
+    if rc != 0:
+        raise DiagnosticError(error)
+    return [DsaKernelSource(**k) for k in json.loads(text)["kernels"]]
+
+
+def _describe_config(config: Mapping[str, Any]) -> str:
+    """DsaConfig::describe() from a manifest's configuration."""
+    def triple(key: str) -> str:
+        return "(" + ",".join(str(v) for v in config[key]) + ")"
+    return (f"grid {triple('grid')} window {triple('window')} tile "
+            f"{triple('tile')} heads {config['heads']} head-dim "
+            f"{config['head_dim']} {config['element_type']} radius "
+            f"{config['radius']}")
+
+
+def plan_dsa_kernels(plan_json: str) -> List[DsaKernelSource]:
+    """The 3D-DSA CUDA sources an execution plan carries (its
+    ``kernel_modules``: what the cuda backend compiles), e.g. from
+    :func:`exec_plan` or :meth:`Trainer.plan_json`. An f32 plan carries
+    none. Raises ValueError for text that is not an execution plan."""
+    _check_str("plan_json", plan_json)
+    try:
+        plan = json.loads(plan_json)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"plan_json is not JSON: {e}") from None
+    if not isinstance(plan, dict) or plan.get("format") != "megaslide-exec-plan":
+        raise ValueError("plan_json is not an execution plan (its 'format' "
+                         "is not 'megaslide-exec-plan')")
+    kernels = []
+    for module in plan.get("kernel_modules", []):
+        manifest = json.loads(module["manifest"])
+        kernels.append(DsaKernelSource(
+            name=module["name"],
+            description=_describe_config(manifest["configs"][0]),
+            source=module["source"], manifest=manifest))
+    return kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Availability:
+    """Whether something optional (NVRTC, a backend) can be used here."""
+
+    available: bool
+    #: Why not (what was tried), or "" when available.
+    reason: str = ""
+    #: Its version when known and available (NVRTC: "major.minor").
+    version: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+def nvrtc_status() -> Availability:
+    """Whether NVRTC can be loaded (it is dlopen'ed: $MEGASLIDE_NVRTC_LIBRARY,
+    libnvrtc.so, $CUDA_HOME/lib64, /usr/local/cuda/lib64). No GPU is needed
+    to compile."""
+    available, reason, version = _megaslide.nvrtc_status()
+    return Availability(available, reason, version)
+
+
+def backends() -> Dict[str, Availability]:
+    """The runtime backends and whether each can run here: cpu and sim
+    always; cuda when the driver loads and finds a device."""
+    cuda_ok, cuda_why = _megaslide.cuda_device_status()
+    return {"cpu": Availability(True), "sim": Availability(True),
+            "cuda": Availability(cuda_ok, cuda_why)}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelResources:
+    """One compiled kernel's resources (ptxas -v) and its theoretical
+    occupancy on one H100/H200 SM at its launch shape."""
+
+    kernel: str
+    registers: int
+    shared_bytes: int
+    dynamic_shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+    threads: int
+    blocks_per_sm: int
+    occupancy: float
+    #: What limits the occupancy, e.g. "registers".
+    limiter: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledKernels:
+    """One 3D-DSA source compiled by NVRTC."""
+
+    name: str
+    arch: str
+    #: SASS for a real architecture (sm_XX); empty for compute_XX.
+    cubin: bytes
+    ptx: str
+    #: NVRTC's log, including the ptxas resource lines.
+    log: str
+    #: Whether the on-disk kernel cache ($MEGASLIDE_KERNEL_CACHE, "off" to
+    #: disable) answered.
+    from_cache: bool
+    resources: List[KernelResources]
+
+    @property
+    def spill_bytes(self) -> int:
+        """Spill stores plus loads over all kernels (0 is the goal)."""
+        return sum(r.spill_stores + r.spill_loads for r in self.resources)
+
+
+def compile_dsa_kernels(kernels: Iterable[DsaKernelSource], *,
+                        arch: str = "sm_90a",
+                        options: Sequence[str] = ()) -> List[CompiledKernels]:
+    """Compiles 3D-DSA sources with NVRTC, as ``megaslide-translate
+    --cubin ARCH`` does (C++17, ptxas -v, the CUDA include directory, then
+    ``options``), through the on-disk kernel cache the cuda backend uses.
+    No GPU is needed; wgmma needs ``sm_90a``. Takes 0.1-2 s per source.
+
+    Raises RuntimeError when NVRTC is not available (see
+    :func:`nvrtc_status`) or a source does not compile (with NVRTC's log,
+    which names the line of the source).
+    """
+    _check_str("arch", arch)
+    status = nvrtc_status()
+    if not status.available:
+        raise RuntimeError(f"NVRTC is not available: {status.reason}")
+    compiled = []
+    for k in kernels:
+        if not isinstance(k, DsaKernelSource):
+            raise TypeError(f"kernels must be DsaKernelSource objects, got "
+                            f"{type(k).__name__}")
+        r = _megaslide.compile_cuda(k.source, k.name + ".cu", arch,
+                                    [_check_str("options", o)
+                                     for o in options])
+        if r["error"]:
+            raise RuntimeError(f"NVRTC failed to compile {k.name}.cu for "
+                               f"{arch}:\n{r['error']}")
+        launches = {l["name"]: l for l in k.kernels}
+        resources = []
+        for res in r["resources"]:
+            launch = launches.get(res["kernel"], {})
+            threads = int(launch.get("block", [0])[0])
+            dynamic = int(launch.get("dynamic_shared_bytes", 0))
+            occ = _megaslide.occupancy_sm90(res["registers"],
+                                            res["shared_bytes"], threads,
+                                            dynamic) if threads else {
+                "blocks_per_sm": 0, "fraction": 0.0,
+                "limiter": "launch shape unknown"}
+            resources.append(KernelResources(
+                kernel=res["kernel"], registers=res["registers"],
+                shared_bytes=res["shared_bytes"], dynamic_shared_bytes=dynamic,
+                stack_bytes=res["stack_bytes"],
+                spill_stores=res["spill_stores"],
+                spill_loads=res["spill_loads"], threads=threads,
+                blocks_per_sm=occ["blocks_per_sm"],
+                occupancy=occ["fraction"], limiter=occ["limiter"]))
+        compiled.append(CompiledKernels(
+            name=k.name, arch=arch, cubin=r["cubin"], ptx=r["ptx"],
+            log=r["log"], from_cache=r["from_cache"], resources=resources))
+    return compiled

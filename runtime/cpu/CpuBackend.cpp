@@ -176,6 +176,13 @@ CpuBackend::CpuBackend(const exec::ExecPlan &plan)
 
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
+  // The arena is host memory here: refuse what cannot be allocated rather
+  // than abort inside the allocator.
+  if (static_cast<uint64_t>(plan.arenaBytes) > host::physicalMemoryBytes())
+    return llvm::createStringError(
+        "the plan's device arena of " + llvm::Twine(plan.arenaBytes) +
+        " bytes does not fit this machine's memory; the cpu backend holds "
+        "it in host memory (use --backend sim for plans this size)");
   std::unique_ptr<CpuBackend> backend(new CpuBackend(plan));
   backend->releasedAfter.resize(plan.instructions.size());
   for (size_t id = 0; id < plan.values.size(); ++id) {

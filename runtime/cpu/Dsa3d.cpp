@@ -368,6 +368,11 @@ void megaslide::cpu::dsa3dOffsets(const Dsa3dConfig &cfg, Dsa3dInput q,
   const int64_t tiles = n[0] * n[1] * n[2];
   const int64_t D = cfg.headDim, Y = cfg.Y, X = cfg.X;
   const int64_t kt = cfg.window[0], ky = cfg.window[1], kx = cfg.window[2];
+  // A displacement beyond the grid extent clamps to the same window as one
+  // of at most the extent, which also wins the tie-break (smaller |dy| +
+  // |dx|): capping changes no result and bounds the (2R + 1)^2 candidates
+  // (a radius of 2^40 from Python would otherwise exhaust memory).
+  radius = std::min(radius, std::max(Y, X));
 
   // Candidates in tie-break order (|dy| + |dx|, dy, dx): scanning in this
   // order and keeping only strictly better scores implements the rule.

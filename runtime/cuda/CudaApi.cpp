@@ -2,6 +2,7 @@
 
 #include "cuda/CudaApi.h"
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cstdlib>
@@ -51,37 +52,57 @@ void *lookup(void *handle, const char *member) {
   return nullptr;
 }
 
-template <typename Table>
-llvm::Error resolveAll(Table &table, void *handle, const char *what);
+// Sets member `name` of table `t` from `handle`, or returns which symbol
+// the library (`what`) lacks.
+#define MEGASLIDE_RESOLVE(name, ret, ...)                                      \
+  t.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(lookup(handle, #name));      \
+  if (!t.name)                                                                 \
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),             \
+                                   "%s (%s) lacks the symbol " #name, what,    \
+                                   t.library.c_str());
 
-template <>
 llvm::Error resolveAll(CudaDriverApi &t, void *handle, const char *what) {
-#define MEGASLIDE_RESOLVE(name, ret, ...)                                      \
-  t.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(lookup(handle, #name));      \
-  if (!t.name)                                                                 \
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),             \
-                                   "%s (%s) lacks the symbol " #name, what,    \
-                                   t.library.c_str());
   MEGASLIDE_CUDA_DRIVER_SYMBOLS(MEGASLIDE_RESOLVE)
-#undef MEGASLIDE_RESOLVE
   return llvm::Error::success();
 }
 
-template <>
 llvm::Error resolveAll(CublasLtApi &t, void *handle, const char *what) {
-#define MEGASLIDE_RESOLVE(name, ret, ...)                                      \
-  t.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(lookup(handle, #name));      \
-  if (!t.name)                                                                 \
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),             \
-                                   "%s (%s) lacks the symbol " #name, what,    \
-                                   t.library.c_str());
   MEGASLIDE_CUBLASLT_SYMBOLS(MEGASLIDE_RESOLVE)
-#undef MEGASLIDE_RESOLVE
   return llvm::Error::success();
 }
 
-/// A table loaded once, or the message of why it could not be.
-template <typename Table> struct Loaded {
+#undef MEGASLIDE_RESOLVE
+
+/// Opens the first of `names` that loads and resolves `table` from it;
+/// `notFound` turns the list of what was tried into the error when none
+/// loads.
+template <typename Table>
+llvm::Error
+openTable(Table &table, const std::vector<std::string> &names, const char *what,
+          llvm::function_ref<std::string(const std::string &tried)> notFound) {
+  Opened o = openFirst(names);
+  if (!o.handle)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   notFound(o.tried));
+  table.library = o.name;
+  return resolveAll(table, o.handle, what);
+}
+
+/// A table loaded once per process by `load`, or the message of why it
+/// could not be.
+template <typename Table> class Loaded {
+public:
+  explicit Loaded(llvm::function_ref<llvm::Error(Table &)> load) {
+    if (llvm::Error e = load(table))
+      error = llvm::toString(std::move(e));
+  }
+  llvm::Expected<const Table *> get() const {
+    if (!error.empty())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), error);
+    return &table;
+  }
+
+private:
   Table table;
   std::string error;
 };
@@ -94,49 +115,36 @@ std::string envOr(const char *var) {
 } // namespace
 
 llvm::Expected<const CudaDriverApi *> loadCudaDriver() {
-  static const Loaded<CudaDriverApi> loaded = [] {
-    Loaded<CudaDriverApi> l;
+  static const Loaded<CudaDriverApi> loaded([](CudaDriverApi &table) {
     std::vector<std::string> names;
     if (std::string lib = envOr("MEGASLIDE_CUDA_DRIVER_LIBRARY"); !lib.empty())
       names = {lib};
     else
       names = {"libcuda.so.1", "libcuda.so"};
-    Opened o = openFirst(names);
-    if (!o.handle) {
-      l.error = "no CUDA driver: " + names.front() +
-                " not found (the NVIDIA driver is not installed on this "
-                "machine); tried:" +
-                o.tried;
-      return l;
-    }
-    l.table.library = o.name;
-    if (llvm::Error e = resolveAll(l.table, o.handle, "the CUDA driver"))
-      l.error = llvm::toString(std::move(e));
-    return l;
-  }();
-  if (!loaded.error.empty())
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   loaded.error);
-  return &loaded.table;
+    return openTable(
+        table, names, "the CUDA driver", [&](const std::string &tried) {
+          return "no CUDA driver: " + names.front() +
+                 " not found (the NVIDIA driver is not installed on this "
+                 "machine); tried:" +
+                 tried;
+        });
+  });
+  return loaded.get();
 }
 
 llvm::Expected<std::unique_ptr<CudaDriverApi>>
 openCudaDriver(const std::string &path) {
-  Opened o = openFirst({path});
-  if (!o.handle)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "no CUDA driver: " + path +
-                                       " not found; tried:" + o.tried);
   auto table = std::make_unique<CudaDriverApi>();
-  table->library = o.name;
-  if (llvm::Error e = resolveAll(*table, o.handle, "the CUDA driver"))
+  if (llvm::Error e = openTable(
+          *table, {path}, "the CUDA driver", [&](const std::string &tried) {
+            return "no CUDA driver: " + path + " not found; tried:" + tried;
+          }))
     return std::move(e);
   return table;
 }
 
 llvm::Expected<const CublasLtApi *> loadCublasLt() {
-  static const Loaded<CublasLtApi> loaded = [] {
-    Loaded<CublasLtApi> l;
+  static const Loaded<CublasLtApi> loaded([](CublasLtApi &table) {
     std::vector<std::string> names;
     if (std::string lib = envOr("MEGASLIDE_CUBLASLT_LIBRARY"); !lib.empty()) {
       names = {lib};
@@ -147,22 +155,13 @@ llvm::Expected<const CublasLtApi *> loadCublasLt() {
           names.push_back(dir + "/lib64/libcublasLt.so");
       names.push_back("/usr/local/cuda/lib64/libcublasLt.so");
     }
-    Opened o = openFirst(names);
-    if (!o.handle) {
-      l.error = "no cuBLASLt: libcublasLt.so not found; tried:" + o.tried +
-                "\ninstall the CUDA toolkit's cuBLAS, or point CUDA_HOME, "
-                "LD_LIBRARY_PATH or MEGASLIDE_CUBLASLT_LIBRARY at it";
-      return l;
-    }
-    l.table.library = o.name;
-    if (llvm::Error e = resolveAll(l.table, o.handle, "cuBLASLt"))
-      l.error = llvm::toString(std::move(e));
-    return l;
-  }();
-  if (!loaded.error.empty())
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   loaded.error);
-  return &loaded.table;
+    return openTable(table, names, "cuBLASLt", [](const std::string &tried) {
+      return "no cuBLASLt: libcublasLt.so not found; tried:" + tried +
+             "\ninstall the CUDA toolkit's cuBLAS, or point CUDA_HOME, "
+             "LD_LIBRARY_PATH or MEGASLIDE_CUBLASLT_LIBRARY at it";
+    });
+  });
+  return loaded.get();
 }
 
 /// Names of the results a driver may fail to name itself (the toolkit's

@@ -4,6 +4,7 @@
 
 #include "cpu/AdamW.h"
 #include "cuda/Nvrtc.h"
+#include "support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
@@ -131,7 +132,7 @@ llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
                                    "kernel module '" + m.name + "': manifest " +
                                        what);
   };
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(m.manifest);
+  llvm::Expected<llvm::json::Value> json = parseJson(m.manifest);
   if (!json)
     return fail("is not JSON: " + llvm::toString(json.takeError()));
   const llvm::json::Object *root = json->getAsObject();

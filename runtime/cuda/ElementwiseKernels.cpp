@@ -4,6 +4,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -232,6 +233,11 @@ public:
 
   llvm::Expected<LoweredOp> run();
 
+  /// Each op with a cuda lowering and the member that emits it: the one
+  /// list hasGraphOpLowering and run() both read.
+  using LowerFn = llvm::Error (*)(Lowerer &);
+  static const llvm::StringMap<LowerFn> &lowerings();
+
 private:
   const exec::Instruction &inst;
   llvm::ArrayRef<TensorType> ops, res;
@@ -333,8 +339,13 @@ private:
   llvm::Error lowerRope();
   llvm::Error lowerPatchify(bool inverse);
   llvm::Error lowerEmbedding(bool grad);
-  llvm::Error lowerElementwise(const char *kind, size_t nOps);
-  llvm::Error lowerAny();
+  llvm::Error lowerElementwise(size_t nOps);
+  llvm::Error lowerReshape();
+  llvm::Error lowerZeros();
+  llvm::Error lowerBiasAdd();
+  llvm::Error lowerBiasAddGrad();
+  llvm::Error lowerTimestepEmbedding();
+  llvm::Error lowerFlowInterpolate();
 
   /// Stride of a per-sample [B, D] or shared [D] modulation tensor.
   llvm::Expected<int64_t> batchStride(const TensorType &t, int64_t batch,
@@ -867,7 +878,8 @@ llvm::Error Lowerer::lowerEmbedding(bool grad) {
   return llvm::Error::success();
 }
 
-llvm::Error Lowerer::lowerElementwise(const char *kind, size_t nOps) {
+/// The op's own kernel over equally sized operands and result.
+llvm::Error Lowerer::lowerElementwise(size_t nOps) {
   if (auto e = arity(nOps, nOps, 1, 1))
     return e;
   int64_t n = res[0].numElements();
@@ -882,107 +894,124 @@ llvm::Error Lowerer::lowerElementwise(const char *kind, size_t nOps) {
   types.push_back(res[0].dtype);
   args.push_back(B(rs(0)));
   args.push_back(I(n));
-  launch1d(kind, types, n, args);
+  launch1d(inst.op.c_str(), types, n, args);
   return llvm::Error::success();
 }
 
-llvm::Error Lowerer::lowerAny() {
-  llvm::StringRef name = inst.op;
-  if (name == "cast" || name == "gelu" || name == "silu")
-    return lowerElementwise(inst.op.c_str(), 1);
-  if (name == "add" || name == "gelu_grad" || name == "silu_grad")
-    return lowerElementwise(inst.op.c_str(), 2);
-  if (name == "reshape") {
-    if (auto e = arity(1, 1, 1, 1))
-      return e;
-    if (ops[0].bytes() != res[0].bytes() || ops[0].dtype != res[0].dtype)
-      return fail("reshape changes the bytes");
-    out.steps.push_back(CopyCall{op(0), rs(0), res[0].bytes()});
-    return llvm::Error::success();
-  }
-  if (name == "zeros") {
-    if (!ops.empty() || res.size() != 1)
-      return fail("takes no operands and one result");
-    out.steps.push_back(MemsetCall{rs(0), res[0].bytes()});
-    return llvm::Error::success();
-  }
-  if (name == "bias_add") {
-    if (auto e = arity(2, 2, 1, 1))
-      return e;
-    int64_t n = ops[0].numElements(), nb = ops[1].numElements();
-    if (nb == 0 || n % nb || res[0].numElements() != n)
-      return fail("bias must be a suffix of the input shape");
-    launch1d("bias_add", {ops[0].dtype, ops[1].dtype, res[0].dtype}, n,
-             {B(op(0)), B(op(1)), B(rs(0)), I(n), I(nb)});
-    return llvm::Error::success();
-  }
-  if (name == "bias_add_grad") {
-    if (auto e = arity(1, 1, 1, 1))
-      return e;
-    int64_t n = ops[0].numElements(), nb = res[0].numElements();
-    if (nb == 0 || n % nb)
-      return fail("bias must be a suffix of the gradient shape");
-    colsum(op(0), ops[0].dtype, std::nullopt, ops[0].dtype, std::nullopt, 0, 1,
-           n / nb, nb, rs(0), res[0].dtype);
-    return llvm::Error::success();
-  }
-  if (name == "linear" || name == "linear_grad_data" ||
-      name == "linear_grad_params")
-    return lowerLinear();
-  if (name == "layer_norm" || name == "rms_norm")
-    return lowerNorm(name == "rms_norm");
-  if (name == "layer_norm_grad" || name == "rms_norm_grad")
-    return lowerNormGrad(name == "rms_norm_grad");
-  if (name == "modulate" || name == "gate")
-    return lowerModulateLike(name == "gate");
-  if (name == "modulate_grad" || name == "gate_grad")
-    return lowerModulateGrad(name == "gate_grad");
-  if (name == "split" || name == "concat")
-    return lowerSplitConcat(name == "split");
-  if (name == "patch_embed" || name == "patch_embed_grad")
-    return lowerPatchEmbed(name == "patch_embed_grad");
-  if (name == "patchify" || name == "unpatchify")
-    return lowerPatchify(name == "unpatchify");
-  if (name == "timestep_embedding") {
-    if (auto e = arity(1, 1, 1, 1))
-      return e;
-    int64_t Bn = ops[0].numElements();
-    int64_t width = Bn ? res[0].numElements() / Bn : 0;
-    if (width == 0 || width % 2 || res[0].numElements() != Bn * width)
-      return fail("needs an even embedding width");
-    launch1d("timestep_embedding", {ops[0].dtype, res[0].dtype}, Bn * width / 2,
-             {B(op(0)), B(rs(0)), I(Bn), I(width / 2),
-              KernelArg::f64(std::log(floatAttr("max_period", 10000.0))),
-              KernelArg::f64(floatAttr("time_scale", 1.0))});
-    return llvm::Error::success();
-  }
-  if (name == "embedding" || name == "embedding_grad")
-    return lowerEmbedding(name == "embedding_grad");
-  if (name == "rope3d")
-    return lowerRope();
-  if (name == "attention")
-    return lowerAttention();
-  if (name == "attention_grad")
-    return lowerAttentionGrad();
-  if (name == "flow_interpolate") {
-    if (auto e = arity(3, 3, 1, 1))
-      return e;
-    int64_t n = ops[0].numElements(), Bn = ops[2].numElements();
-    if (Bn == 0 || n % Bn || ops[1].numElements() != n ||
-        res[0].numElements() != n)
-      return fail("latents, noise and timesteps shapes disagree");
-    launch1d("flow_interpolate",
-             {ops[0].dtype, ops[1].dtype, ops[2].dtype, res[0].dtype}, n,
-             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(n), I(n / Bn)});
-    return llvm::Error::success();
-  }
-  if (name == "flow_matching_loss" || name == "flow_matching_loss_grad")
-    return lowerFlowLoss(name == "flow_matching_loss_grad");
-  return fail("no cuda lowering");
+llvm::Error Lowerer::lowerReshape() {
+  if (auto e = arity(1, 1, 1, 1))
+    return e;
+  if (ops[0].bytes() != res[0].bytes() || ops[0].dtype != res[0].dtype)
+    return fail("reshape changes the bytes");
+  out.steps.push_back(CopyCall{op(0), rs(0), res[0].bytes()});
+  return llvm::Error::success();
+}
+
+llvm::Error Lowerer::lowerZeros() {
+  if (!ops.empty() || res.size() != 1)
+    return fail("takes no operands and one result");
+  out.steps.push_back(MemsetCall{rs(0), res[0].bytes()});
+  return llvm::Error::success();
+}
+
+llvm::Error Lowerer::lowerBiasAdd() {
+  if (auto e = arity(2, 2, 1, 1))
+    return e;
+  int64_t n = ops[0].numElements(), nb = ops[1].numElements();
+  if (nb == 0 || n % nb || res[0].numElements() != n)
+    return fail("bias must be a suffix of the input shape");
+  launch1d("bias_add", {ops[0].dtype, ops[1].dtype, res[0].dtype}, n,
+           {B(op(0)), B(op(1)), B(rs(0)), I(n), I(nb)});
+  return llvm::Error::success();
+}
+
+llvm::Error Lowerer::lowerBiasAddGrad() {
+  if (auto e = arity(1, 1, 1, 1))
+    return e;
+  int64_t n = ops[0].numElements(), nb = res[0].numElements();
+  if (nb == 0 || n % nb)
+    return fail("bias must be a suffix of the gradient shape");
+  colsum(op(0), ops[0].dtype, std::nullopt, ops[0].dtype, std::nullopt, 0, 1,
+         n / nb, nb, rs(0), res[0].dtype);
+  return llvm::Error::success();
+}
+
+llvm::Error Lowerer::lowerTimestepEmbedding() {
+  if (auto e = arity(1, 1, 1, 1))
+    return e;
+  int64_t Bn = ops[0].numElements();
+  int64_t width = Bn ? res[0].numElements() / Bn : 0;
+  if (width == 0 || width % 2 || res[0].numElements() != Bn * width)
+    return fail("needs an even embedding width");
+  launch1d("timestep_embedding", {ops[0].dtype, res[0].dtype}, Bn * width / 2,
+           {B(op(0)), B(rs(0)), I(Bn), I(width / 2),
+            KernelArg::f64(std::log(floatAttr("max_period", 10000.0))),
+            KernelArg::f64(floatAttr("time_scale", 1.0))});
+  return llvm::Error::success();
+}
+
+llvm::Error Lowerer::lowerFlowInterpolate() {
+  if (auto e = arity(3, 3, 1, 1))
+    return e;
+  int64_t n = ops[0].numElements(), Bn = ops[2].numElements();
+  if (Bn == 0 || n % Bn || ops[1].numElements() != n ||
+      res[0].numElements() != n)
+    return fail("latents, noise and timesteps shapes disagree");
+  launch1d("flow_interpolate",
+           {ops[0].dtype, ops[1].dtype, ops[2].dtype, res[0].dtype}, n,
+           {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(n), I(n / Bn)});
+  return llvm::Error::success();
+}
+
+const llvm::StringMap<Lowerer::LowerFn> &Lowerer::lowerings() {
+  static const llvm::StringMap<LowerFn> table = {
+      {"add", [](Lowerer &l) { return l.lowerElementwise(2); }},
+      {"attention", [](Lowerer &l) { return l.lowerAttention(); }},
+      {"attention_grad", [](Lowerer &l) { return l.lowerAttentionGrad(); }},
+      {"bias_add", [](Lowerer &l) { return l.lowerBiasAdd(); }},
+      {"bias_add_grad", [](Lowerer &l) { return l.lowerBiasAddGrad(); }},
+      {"cast", [](Lowerer &l) { return l.lowerElementwise(1); }},
+      {"concat", [](Lowerer &l) { return l.lowerSplitConcat(false); }},
+      {"embedding", [](Lowerer &l) { return l.lowerEmbedding(false); }},
+      {"embedding_grad", [](Lowerer &l) { return l.lowerEmbedding(true); }},
+      {"flow_interpolate", [](Lowerer &l) { return l.lowerFlowInterpolate(); }},
+      {"flow_matching_loss", [](Lowerer &l) { return l.lowerFlowLoss(false); }},
+      {"flow_matching_loss_grad",
+       [](Lowerer &l) { return l.lowerFlowLoss(true); }},
+      {"gate", [](Lowerer &l) { return l.lowerModulateLike(true); }},
+      {"gate_grad", [](Lowerer &l) { return l.lowerModulateGrad(true); }},
+      {"gelu", [](Lowerer &l) { return l.lowerElementwise(1); }},
+      {"gelu_grad", [](Lowerer &l) { return l.lowerElementwise(2); }},
+      {"layer_norm", [](Lowerer &l) { return l.lowerNorm(false); }},
+      {"layer_norm_grad", [](Lowerer &l) { return l.lowerNormGrad(false); }},
+      {"linear", [](Lowerer &l) { return l.lowerLinear(); }},
+      {"linear_grad_data", [](Lowerer &l) { return l.lowerLinear(); }},
+      {"linear_grad_params", [](Lowerer &l) { return l.lowerLinear(); }},
+      {"modulate", [](Lowerer &l) { return l.lowerModulateLike(false); }},
+      {"modulate_grad", [](Lowerer &l) { return l.lowerModulateGrad(false); }},
+      {"patch_embed", [](Lowerer &l) { return l.lowerPatchEmbed(false); }},
+      {"patch_embed_grad", [](Lowerer &l) { return l.lowerPatchEmbed(true); }},
+      {"patchify", [](Lowerer &l) { return l.lowerPatchify(false); }},
+      {"reshape", [](Lowerer &l) { return l.lowerReshape(); }},
+      {"rms_norm", [](Lowerer &l) { return l.lowerNorm(true); }},
+      {"rms_norm_grad", [](Lowerer &l) { return l.lowerNormGrad(true); }},
+      {"rope3d", [](Lowerer &l) { return l.lowerRope(); }},
+      {"silu", [](Lowerer &l) { return l.lowerElementwise(1); }},
+      {"silu_grad", [](Lowerer &l) { return l.lowerElementwise(2); }},
+      {"split", [](Lowerer &l) { return l.lowerSplitConcat(true); }},
+      {"timestep_embedding",
+       [](Lowerer &l) { return l.lowerTimestepEmbedding(); }},
+      {"unpatchify", [](Lowerer &l) { return l.lowerPatchify(true); }},
+      {"zeros", [](Lowerer &l) { return l.lowerZeros(); }},
+  };
+  return table;
 }
 
 llvm::Expected<LoweredOp> Lowerer::run() {
-  if (llvm::Error e = lowerAny())
+  auto it = lowerings().find(inst.op);
+  if (it == lowerings().end())
+    return fail("no cuda lowering");
+  if (llvm::Error e = it->second(*this))
     return std::move(e);
   return std::move(out);
 }
@@ -990,45 +1019,7 @@ llvm::Expected<LoweredOp> Lowerer::run() {
 } // namespace
 
 bool hasGraphOpLowering(llvm::StringRef op) {
-  static const std::set<std::string, std::less<>> ops = {
-      "add",
-      "attention",
-      "attention_grad",
-      "bias_add",
-      "bias_add_grad",
-      "cast",
-      "concat",
-      "embedding",
-      "embedding_grad",
-      "flow_interpolate",
-      "flow_matching_loss",
-      "flow_matching_loss_grad",
-      "gate",
-      "gate_grad",
-      "gelu",
-      "gelu_grad",
-      "layer_norm",
-      "layer_norm_grad",
-      "linear",
-      "linear_grad_data",
-      "linear_grad_params",
-      "modulate",
-      "modulate_grad",
-      "patch_embed",
-      "patch_embed_grad",
-      "patchify",
-      "reshape",
-      "rms_norm",
-      "rms_norm_grad",
-      "rope3d",
-      "silu",
-      "silu_grad",
-      "split",
-      "timestep_embedding",
-      "unpatchify",
-      "zeros",
-  };
-  return ops.count(op) != 0;
+  return Lowerer::lowerings().count(op) != 0;
 }
 
 llvm::Expected<LoweredOp> lowerGraphOp(const exec::Instruction &inst,

@@ -4,6 +4,7 @@
 
 #include "host/Safetensors.h"
 #include "host/Weights.h"
+#include "support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -346,7 +347,7 @@ llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
   auto bad = [&](const llvm::Twine &what) {
     return error("'" + path + "' is corrupt: " + what);
   };
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(*text);
+  llvm::Expected<llvm::json::Value> json = parseJson(*text);
   if (!json)
     return bad("not valid JSON: " + llvm::toString(json.takeError()));
   const llvm::json::Object *root = json->getAsObject();
@@ -435,7 +436,7 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
     return error("'" + trainerPath + "' is corrupt: " + what);
   };
   llvm::Expected<llvm::json::Value> trainerJson =
-      llvm::json::parse(*trainerText);
+      parseJson(*trainerText);
   if (!trainerJson)
     return badTrainer("not valid JSON: " +
                       llvm::toString(trainerJson.takeError()));
@@ -507,14 +508,16 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
 Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
                                  std::string &trainerState) {
   std::vector<CheckpointInfo> complete = stepDirs(dir, /*completeOnly=*/true);
-  // The newest complete checkpoint other than `failed`, as a suggestion.
+  // The newest complete checkpoint other than `failed`, as a suggestion a
+  // user of --resume can follow: `latest` is what selects the checkpoint.
   auto suggest = [&](StringRef failed) -> std::string {
     for (auto it = complete.rbegin(); it != complete.rend(); ++it)
       if (llvm::sys::path::filename(it->path) != failed)
         return std::string(failed.empty() ? "; the newest complete"
                                           : "; the previous") +
-               " checkpoint is '" + it->path +
-               "' (load it explicitly with loadCheckpoint)";
+               " checkpoint is '" + it->path + "': to resume from it, write '" +
+               llvm::sys::path::filename(it->path).str() + "' into '" +
+               joinPath(dir, kLatestFile) + "'";
     return "; no other complete checkpoint is in '" + dir.str() + "'";
   };
 

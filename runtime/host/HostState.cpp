@@ -5,6 +5,7 @@
 #include "train/Random.h"
 
 #include <cmath>
+#include <unistd.h>
 
 using namespace megaslide;
 using namespace megaslide::host;
@@ -25,6 +26,11 @@ HostTensor *HostState::expAvg(llvm::StringRef name) {
 
 HostTensor *HostState::expAvgSq(llvm::StringRef name) {
   return find((name + ".exp_avg_sq").str());
+}
+
+uint64_t host::physicalMemoryBytes() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
 uint64_t HostState::bytes() const {

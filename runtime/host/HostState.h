@@ -41,6 +41,10 @@ struct HostState {
   uint64_t bytes() const;
 };
 
+/// Bytes of physical memory of this machine: what the cpu backend's arena
+/// and the host state are checked against before they are allocated.
+uint64_t physicalMemoryBytes();
+
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
 /// layers ~ N(0, 0.02), biases and moments zero, norm weights one,

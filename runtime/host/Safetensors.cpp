@@ -3,6 +3,7 @@
 #include "host/Safetensors.h"
 
 #include "cpu/AdamW.h"
+#include "support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -329,7 +330,7 @@ SafetensorsReader::open(StringRef path) {
     return fileError(path, llvm::formatv("header is not valid UTF-8 (byte "
                                          "{0} of the header)",
                                          badUtf8));
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(header);
+  llvm::Expected<llvm::json::Value> json = parseJson(header);
   if (!json)
     return fileError(path, "header is not valid JSON: " +
                                llvm::toString(json.takeError()));

@@ -2,6 +2,8 @@
 
 #include "host/Weights.h"
 
+#include "support/Json.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
@@ -261,7 +263,7 @@ readIndex(StringRef indexPath,
     return error("'" + indexPath + "': " + what);
   };
   llvm::Expected<llvm::json::Value> json =
-      llvm::json::parse((*buffer)->getBuffer());
+      parseJson((*buffer)->getBuffer());
   if (!json)
     return bad("not valid JSON: " + llvm::toString(json.takeError()));
   const llvm::json::Object *root = json->getAsObject();

@@ -445,6 +445,41 @@ llvm::Error exec::validate(const ExecPlan &plan) {
     }
     active.push_back(id);
   }
+
+  // Nor may an instruction's workspace share bytes with a buffer live
+  // across it or with its other workspace: the backend writes all of them.
+  size_t next = 0;
+  std::vector<int64_t> liveAt;
+  for (size_t i = 0; i < plan.instructions.size(); ++i) {
+    const Instruction &inst = plan.instructions[i];
+    if (inst.workspace.empty())
+      continue;
+    int64_t at = i;
+    for (; next < order.size() && live.def[order[next]] <= at; ++next)
+      liveAt.push_back(order[next]);
+    llvm::erase_if(liveAt, [&](int64_t a) {
+      return std::max(live.def[a], live.lastUse[a]) < at;
+    });
+    std::string where =
+        "instruction #" + std::to_string(i) + " ('" + inst.op + "')";
+    for (size_t k = 0; k < inst.workspace.size(); ++k) {
+      const Range &w = inst.workspace[k];
+      auto overlaps = [&](int64_t offset, int64_t size) {
+        return size && w.size && offset < w.offset + w.size &&
+               w.offset < offset + size;
+      };
+      for (int64_t a : liveAt)
+        if (overlaps(plan.values[a].offset, plan.values[a].type.bytes())) {
+          c.fail(where + " has a workspace over live %" + std::to_string(a));
+          return done();
+        }
+      for (size_t j = 0; j < k; ++j)
+        if (overlaps(inst.workspace[j].offset, inst.workspace[j].size)) {
+          c.fail(where + " has workspaces that share arena bytes");
+          return done();
+        }
+    }
+  }
   return done();
 }
 
@@ -687,8 +722,38 @@ std::string exec::serialize(const ExecPlan &plan) {
   return text;
 }
 
+/// Whether arrays and objects in `text` nest deeper than `limit`. A plan
+/// nests five deep; llvm::json::parse recurses once per level, so a hostile
+/// file could otherwise overflow the stack.
+static bool nestsDeeperThan(llvm::StringRef text, int limit) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char ch = text[i];
+    if (inString) {
+      if (ch == '\\')
+        ++i;
+      else if (ch == '"')
+        inString = false;
+    } else if (ch == '"') {
+      inString = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > limit)
+        return true;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
                                              llvm::StringRef source) {
+  constexpr int kMaxDepth = 64;
+  if (nestsDeeperThan(text, kMaxDepth))
+    return llvm::createStringError(
+        llvm::Twine(source) + ": not an execution plan (JSON nested deeper " +
+        "than " + llvm::Twine(kMaxDepth) + " levels)");
   llvm::Expected<llvm::json::Value> json = llvm::json::parse(text);
   if (!json)
     return llvm::createStringError(

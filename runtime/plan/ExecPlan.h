@@ -159,8 +159,9 @@ Liveness computeLiveness(const ExecPlan &plan);
 
 /// Checks every invariant a backend relies on: ids and offsets in range,
 /// device bytes inside the arena, operand/result counts and types of each
-/// op, events recorded before they are waited on, no two live device
-/// values overlapping. Errors name the instruction and what is wrong.
+/// op, AdamW moments matching their parameter, events recorded before they
+/// are waited on, no two live device values (or a workspace and a live
+/// value) overlapping. Errors name the instruction and what is wrong.
 llvm::Error validate(const ExecPlan &plan);
 
 /// Parses and validates a plan; `source` names it in errors.

@@ -1,6 +1,7 @@
 //===- HardwareModel.cpp - Hardware description and instruction time ------===//
 
 #include "sim/HardwareModel.h"
+#include "support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -52,7 +53,7 @@ llvm::Error fieldError(llvm::StringRef source, llvm::StringRef key,
 
 llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
                                                       llvm::StringRef source) {
-  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  llvm::Expected<llvm::json::Value> parsed = parseJson(json);
   if (!parsed)
     return error(source +
                  ": invalid JSON: " + llvm::toString(parsed.takeError()));

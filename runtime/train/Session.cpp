@@ -5,8 +5,8 @@
 #include "cpu/CpuBackend.h"
 #include "cuda/CudaBackend.h"
 #include "sim/SimBackend.h"
+#include "support/Json.h"
 
-#include <unistd.h>
 
 #include "llvm/Support/JSON.h"
 
@@ -88,8 +88,7 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   // 105B state is 1.27 TB, so check it fits before touching a byte.
   if (session->executor->computesLoss()) {
     uint64_t need = hostStateBytes(session->plan());
-    uint64_t have = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                    static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+    uint64_t have = host::physicalMemoryBytes();
     if (need > have)
       return llvm::createStringError(
           "the host state of '" + session->plan().model + "' needs " +
@@ -126,7 +125,7 @@ std::string Session::trainerState() const {
 }
 
 llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
-  llvm::Expected<llvm::json::Value> value = llvm::json::parse(json);
+  llvm::Expected<llvm::json::Value> value = parseJson(json);
   if (!value)
     return llvm::createStringError("trainer state is not JSON: " +
                                    llvm::toString(value.takeError()));

@@ -41,21 +41,26 @@ Tolerances, against the float64 reference r of each parameter's gradient g:
                    gradient: |g - r| <= 1e-4 |r| + 1e-4 max|r|, elementwise.
                    Justification: fp32 has a unit roundoff of 6e-8; the step
                    chains ~60 ops per block with reductions over up to
-                   4000 tokens (3240 keys under 3D-DSA), which grows relative
-                   errors to ~1e-6..1e-5 of a tensor's scale. The same model
-                   evaluated by jax in float32 stays within a tenth of these
-                   bounds (test_reference_float32_meets_the_f32_tolerance),
-                   so they leave a 10x margin for a different summation
-                   order while still catching any semantic slip (a wrong
-                   sign, scale, ordering or epsilon moves gradients by
-                   percents).
+                   4000 tokens (3240 keys under 3D-DSA), which grows errors
+                   to ~1e-6 of a tensor's scale: the same model evaluated by
+                   jax in float32 stays within a tenth of these bounds
+                   (test_reference_float32_meets_the_f32_tolerance; measured
+                   about 1e-6 of |r| + max|r|, and MegaSlide's cpu backend
+                   1e-6 to 3e-6). The bounds leave that margin for another
+                   summation order yet fail on semantic slips: the reverse
+                   RoPE direction, sin/cos order or the exact instead of the
+                   tanh GELU (which moves the loss by 1.6e-5) are caught; a
+                   norm epsilon of 1e-5 instead of 1e-6 is below resolution.
   precision="bf16" loss: rtol 2e-2. For each gradient: relative error of its
                    norm <= 5e-2 and cosine similarity with r >= 0.99.
                    Justification: bf16 keeps 8 significant bits (unit
-                   roundoff 3.9e-3); a jax emulation that rounds every
+                   roundoff 3.9e-3). A jax emulation that rounds every
                    activation and every back-propagated gradient to bf16
-                   (test_reference_bf16_emulation_meets_the_bf16_tolerance)
-                   stays within these bounds with a margin of 2x or more.
+                   stays within half these bounds
+                   (test_reference_bf16_emulation_meets_the_bf16_tolerance;
+                   measured norm errors up to 1.1e-2, 1 - cosine up to
+                   2e-4); MegaSlide's cpu backend is alike (norm errors up to
+                   1e-2, 1 - cosine up to 3e-4, loss 4e-4).
 """
 
 from __future__ import annotations
@@ -824,11 +829,12 @@ def test_reference_float32_meets_the_f32_tolerance(config):
                       tighten=10)
 
 
-def test_reference_bf16_emulation_meets_the_bf16_tolerance():
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_reference_bf16_emulation_meets_the_bf16_tolerance(config):
     # Rounding every compute-type tensor and every back-propagated gradient
     # to bf16 stays within half the bf16 bounds.
-    assert_bf16_parity(*reference_of("global", "bf16"),
-                       *reference_of("global"), tighten=2)
+    assert_bf16_parity(*reference_of(config, "bf16"), *reference_of(config),
+                       tighten=2)
 
 
 # ---------------------------------------------------------------------------
@@ -876,5 +882,9 @@ def test_f32_step_matches_jax(config):
     assert_f32_parity(*megaslide_gradients(config, "f32"))
 
 
-def test_bf16_step_matches_jax_loosely():
-    assert_bf16_parity(*megaslide_gradients("global", "bf16"))
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bf16_step_matches_jax_loosely(config):
+    # Under 3D-DSA, bf16 q and k may pick other windows than the float64
+    # reference for close decisions; the bounds absorb that (the emulation
+    # above does the same).
+    assert_bf16_parity(*megaslide_gradients(config, "bf16"))

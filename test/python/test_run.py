@@ -8,20 +8,18 @@ are equal, and a resumed run continues bit-exactly.
 
 import json
 import os
-import pathlib
 import subprocess
 
 import numpy as np
 import pytest
 
 import megaslide
-
-BUILD = pathlib.Path(megaslide.__file__).resolve().parents[2]
-RUN = BUILD / "bin" / "megaslide-run"
+from conftest import tool_path
 
 
 def run(*args, check=True):
-    result = subprocess.run([str(RUN), "--no-progress", *map(str, args)],
+    result = subprocess.run([tool_path("megaslide-run"), "--no-progress",
+                             *map(str, args)],
                             capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(result.stdout + result.stderr)

@@ -17,8 +17,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import megaslide
+from conftest import tool_path
 
-BUILD_DIR = pathlib.Path(megaslide.__file__).resolve().parents[2]
 # A small video keeps one CPU step quick; tiny is a 2-layer Wan 2.1.
 RUN_ARGS = ["--model", "tiny", "--backend", "cpu", "--frames", "5",
             "--height", "32", "--width", "32", "--no-progress"]
@@ -108,10 +108,7 @@ def bits(array):
 
 @pytest.fixture(scope="module")
 def megaslide_run() -> str:
-    path = BUILD_DIR / "bin" / "megaslide-run"
-    if not path.exists():
-        pytest.fail(f"megaslide-run not found at {path}; build first")
-    return os.fspath(path)
+    return tool_path("megaslide-run")
 
 
 @pytest.fixture(scope="module")

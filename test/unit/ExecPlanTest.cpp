@@ -12,9 +12,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "plan/ExecPlan.h"
 #include "cpu/CpuBackend.h"
 #include "host/HostState.h"
-#include "plan/ExecPlan.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
@@ -345,6 +345,22 @@ const std::vector<Corruption> &corruptions() {
   static const std::vector<Corruption> cases = {
       {"not JSON", [] { return std::string("{\"format\": "); },
        "plan.json: not an execution plan (invalid JSON"},
+      {"JSON nested too deep for the parser's stack",
+       [] { return std::string(1000000, '[') + std::string(1000000, ']'); },
+       "not an execution plan (JSON nested deeper than 64 levels)"},
+      {"JSON nested too deep inside a plan", viaJson([](llvm::json::Object &o) {
+         llvm::json::Value v = llvm::json::Array{};
+         for (int i = 0; i < 100; ++i)
+           v = llvm::json::Array{std::move(v)};
+         o["model"] = std::move(v);
+       }),
+       "JSON nested deeper than 64 levels"},
+      {"brackets inside strings do not count as nesting",
+       viaJson([](llvm::json::Object &o) {
+         o["model"] = std::string(1000, '[') + "\\\"" + std::string(1000, '{');
+         o["version"] = 2;
+       }),
+       "recompile the plan"},
       {"JSON but not an object", [] { return std::string("[1, 2]"); },
        "not an execution plan (no \"format\""},
       {"wrong format",
@@ -363,25 +379,25 @@ const std::vector<Corruption> &corruptions() {
       {"missing value field",
        viaJson([](llvm::json::Object &o) { valueJson(o, kW).erase("home"); }),
        "missing value at plan.values[3].home"},
-      {"wrong field type",
-       viaJson([](llvm::json::Object &o) { valueJson(o, kX)["shape"] = "2x4"; }),
+      {"wrong field type", viaJson([](llvm::json::Object &o) {
+         valueJson(o, kX)["shape"] = "2x4";
+       }),
        "at plan.values[2].shape"},
       {"unknown dtype",
        viaJson([](llvm::json::Object &o) { valueJson(o, kX)["dtype"] = "f8"; }),
        "expected one of bf16, f16, f32, i32, i64 at plan.values[2].dtype"},
-      {"unknown stream",
-       viaJson([](llvm::json::Object &o) {
+      {"unknown stream", viaJson([](llvm::json::Object &o) {
          (*(*o.getArray("instructions"))[kAdd].getAsObject())["stream"] = "gpu";
        }),
        "at plan.instructions[4].stream"},
-      {"attribute of the wrong type",
-       viaJson([](llvm::json::Object &o) {
+      {"attribute of the wrong type", viaJson([](llvm::json::Object &o) {
          (*(*o.getArray("instructions"))[kAdd].getAsObject())["attrs"] =
              llvm::json::Object{{"bad", llvm::json::Object{}}};
        }),
        "at plan.instructions[4].attrs.bad"},
-      {"negative dimension",
-       viaPlan([](ExecPlan &p) { p.values[kX].type.shape = {2, -4}; }),
+      {"negative dimension", viaPlan([](ExecPlan &p) {
+         p.values[kX].type.shape = {2, -4};
+       }),
        "value %2: negative dimension -4"},
       {"negative parameter dimension",
        viaPlan([](ExecPlan &p) { p.params[1].type.shape = {-1}; }),
@@ -392,18 +408,15 @@ const std::vector<Corruption> &corruptions() {
       {"moment of an unknown parameter",
        viaPlan([](ExecPlan &p) { p.params[2].of = "Y"; }),
        "parameter 'X.exp_avg_sq' belongs to unknown parameter 'Y'"},
-      {"huge shape",
-       viaPlan([](ExecPlan &p) {
+      {"huge shape", viaPlan([](ExecPlan &p) {
          p.values[kX].type.shape = {int64_t(1) << 40, int64_t(1) << 40};
        }),
        "value %2: shape too large"},
-      {"huge shape that wraps to zero bytes",
-       viaPlan([](ExecPlan &p) {
+      {"huge shape that wraps to zero bytes", viaPlan([](ExecPlan &p) {
          p.values[kGrad].type.shape = {int64_t(1) << 62, 4};
        }),
        "value %6: shape too large"},
-      {"rank above 8",
-       viaPlan([](ExecPlan &p) {
+      {"rank above 8", viaPlan([](ExecPlan &p) {
          p.values[kX].type.shape = std::vector<int64_t>(9, 1);
        }),
        "value %2: rank 9 is above 8"},
@@ -411,16 +424,14 @@ const std::vector<Corruption> &corruptions() {
        viaPlan([](ExecPlan &p) { p.values[kSum].offset = kArenaBytes - 16; }),
        "value %4 at offset 96 with 32 bytes does not fit the arena of 112 "
        "bytes"},
-      {"device value with an offset near INT64_MAX",
-       viaPlan([](ExecPlan &p) {
+      {"device value with an offset near INT64_MAX", viaPlan([](ExecPlan &p) {
          p.values[kSum].offset = std::numeric_limits<int64_t>::max() - 8;
        }),
        "does not fit the arena"},
       {"negative offset",
        viaPlan([](ExecPlan &p) { p.values[kW].offset = -32; }),
        "value %3 at offset -32 with 32 bytes does not fit the arena"},
-      {"negative arena",
-       viaPlan([](ExecPlan &p) { p.arenaBytes = -1; }),
+      {"negative arena", viaPlan([](ExecPlan &p) { p.arenaBytes = -1; }),
        "arena size -1 is out of range"},
       {"view of a later value",
        viaPlan([](ExecPlan &p) { p.values[kFlat].viewOf = kLoss; }),
@@ -440,12 +451,14 @@ const std::vector<Corruption> &corruptions() {
       {"view of a host value",
        viaPlan([](ExecPlan &p) { p.values[kFlat].viewOf = kLatents; }),
        "value %5 is a view but not of a device value"},
-      {"operand not yet defined",
-       viaPlan([](ExecPlan &p) { p.instructions[kAdd].operands = {kX, kSum}; }),
+      {"operand not yet defined", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdd].operands = {kX, kSum};
+       }),
        "instruction #4 ('add') reads %4, which is out of range or not yet "
        "defined"},
-      {"operand out of range",
-       viaPlan([](ExecPlan &p) { p.instructions[kAdd].operands = {kX, 99}; }),
+      {"operand out of range", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdd].operands = {kX, 99};
+       }),
        "reads %99, which is out of range"},
       {"result defined twice",
        viaPlan([](ExecPlan &p) { p.instructions[kReshape].results = {kSum}; }),
@@ -454,8 +467,9 @@ const std::vector<Corruption> &corruptions() {
       {"result that is an input",
        viaPlan([](ExecPlan &p) { p.instructions[kAdd].results = {kLatents}; }),
        "defines %0, which is out of range, an input or defined twice"},
-      {"input that is not an input value",
-       viaPlan([](ExecPlan &p) { p.inputs = {kLatents, kStep, kX}; }),
+      {"input that is not an input value", viaPlan([](ExecPlan &p) {
+         p.inputs = {kLatents, kStep, kX};
+       }),
        "input %2 is out of range, repeated, or not an input value"},
       {"event waited before recorded",
        viaPlan([](ExecPlan &p) { p.instructions[kWait0].event = 1; }),
@@ -469,8 +483,7 @@ const std::vector<Corruption> &corruptions() {
       {"record without an event",
        viaPlan([](ExecPlan &p) { p.instructions[kRecord0].event.reset(); }),
        "instruction #2 ('record') names no valid event"},
-      {"negative event count",
-       viaPlan([](ExecPlan &p) { p.numEvents = -1; }),
+      {"negative event count", viaPlan([](ExecPlan &p) { p.numEvents = -1; }),
        "event count -1 is out of range"},
       {"event count above the instruction count",
        viaPlan([](ExecPlan &p) { p.numEvents = int64_t(1) << 32; }),
@@ -495,42 +508,49 @@ const std::vector<Corruption> &corruptions() {
        viaPlan([](ExecPlan &p) { p.params[1].role = "frozen"; }),
        "parameter 'X' has 1 AdamW moments, not 2"},
       {"host_adamw with a moment of another element count",
-       viaPlan([](ExecPlan &p) { p.params[2].type.shape = {2, 2}; }),
+       viaPlan([](ExecPlan &p) {
+         p.params[2].type.shape = {2, 2};
+       }),
        "host_adamw of 'X' needs a moment 'X.exp_avg_sq' of it with its "
        "element count"},
       {"host_adamw with a misnamed moment",
        viaPlan([](ExecPlan &p) { p.params[1].name = "X.m"; }),
        "host_adamw of 'X' needs a moment 'X.exp_avg' of it"},
-      {"host_adamw with a device gradient",
-       viaPlan([](ExecPlan &p) {
+      {"host_adamw with a device gradient", viaPlan([](ExecPlan &p) {
          p.instructions[kAdamW].operands = {kFlat, kStep};
        }),
        "host_adamw gradient must be on the host"},
       {"host_adamw with the wrong operand count",
        viaPlan([](ExecPlan &p) { p.instructions[kAdamW].operands = {kGrad}; }),
        "'host_adamw' takes 2 operand(s) and 0 result(s), not 1 and 0"},
-      {"h2d between mismatched sizes",
-       viaPlan([](ExecPlan &p) { p.values[kLatents].type.shape = {2, 2}; }),
+      {"h2d between mismatched sizes", viaPlan([](ExecPlan &p) {
+         p.values[kLatents].type.shape = {2, 2};
+       }),
        "instruction #0 ('h2d'): 'h2d' copies between tensors of different "
        "sizes"},
-      {"h2d into a host value",
-       viaPlan([](ExecPlan &p) {
+      {"h2d into a host value", viaPlan([](ExecPlan &p) {
          p.values[kX] = makeValue(DType::F32, {2, 4}, Home::Host);
        }),
        "h2d must copy a host value to a device value"},
       {"d2h between mismatched sizes",
        viaPlan([](ExecPlan &p) { p.values[kGrad].type.dtype = DType::BF16; }),
        "'d2h' copies between tensors of different sizes"},
-      {"workspace outside the arena",
-       viaPlan([](ExecPlan &p) {
+      {"workspace outside the arena", viaPlan([](ExecPlan &p) {
          p.instructions[kAdd].workspace = {{kWorkspaceOffset, 32}};
        }),
        "instruction #4 ('add') has a workspace outside the arena"},
-      {"negative workspace",
-       viaPlan([](ExecPlan &p) {
+      {"negative workspace", viaPlan([](ExecPlan &p) {
          p.instructions[kAdd].workspace = {{-16, 16}};
        }),
        "has a workspace outside the arena"},
+      {"workspace over a live device value", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdd].workspace = {{40, 16}};
+       }),
+       "instruction #4 ('add') has a workspace over live %3"},
+      {"workspaces overlapping each other", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdd].workspace.push_back({100, 4});
+       }),
+       "instruction #4 ('add') has workspaces that share arena bytes"},
       {"live device values overlapping",
        viaPlan([](ExecPlan &p) { p.values[kW].offset = 16; }),
        "device values %2 and %3 are live at the same time but share arena "
@@ -559,13 +579,11 @@ const std::vector<Corruption> &corruptions() {
       {"d2h with the wrong operand count",
        viaPlan([](ExecPlan &p) { p.instructions[kD2h].operands = {}; }),
        "'d2h' takes 1 operand(s) and 1 result(s), not 0 and 1"},
-      {"output never defined",
-       viaPlan([](ExecPlan &p) {
+      {"output never defined", viaPlan([](ExecPlan &p) {
          p.instructions.pop_back(); // the zeros defining the loss
        }),
        "output %7 is never defined"},
-      {"output out of range",
-       viaPlan([](ExecPlan &p) { p.outputs = {-1}; }),
+      {"output out of range", viaPlan([](ExecPlan &p) { p.outputs = {-1}; }),
        "output %-1 is never defined"},
   };
   return cases;
@@ -609,8 +627,9 @@ std::vector<size_t> numberStarts(const std::string &text) {
     bool startsNumber = std::isdigit(static_cast<unsigned char>(text[i])) ||
                         (text[i] == '-' && i + 1 < text.size() &&
                          std::isdigit(static_cast<unsigned char>(text[i + 1])));
-    bool inWord = i > 0 && (std::isalnum(static_cast<unsigned char>(text[i - 1])) ||
-                            text[i - 1] == '.' || text[i - 1] == '-');
+    bool inWord =
+        i > 0 && (std::isalnum(static_cast<unsigned char>(text[i - 1])) ||
+                  text[i - 1] == '.' || text[i - 1] == '-');
     if (startsNumber && !inWord)
       starts.push_back(i);
   }
@@ -618,11 +637,26 @@ std::vector<size_t> numberStarts(const std::string &text) {
 }
 
 std::string mutate(const std::string &valid, std::mt19937_64 &rng) {
-  static const char *const kNumbers[] = {
-      "-1", "0", "1", "-9223372036854775808", "9223372036854775807",
-      "4611686018427387904", "281474976710656", "4294967296", "65536",
-      "18446744073709551615", "99999999999999999999999", "1e308", "-1e308",
-      "0.5", "-0", "3", "7", "112", "113", "96"};
+  static const char *const kNumbers[] = {"-1",
+                                         "0",
+                                         "1",
+                                         "-9223372036854775808",
+                                         "9223372036854775807",
+                                         "4611686018427387904",
+                                         "281474976710656",
+                                         "4294967296",
+                                         "65536",
+                                         "18446744073709551615",
+                                         "99999999999999999999999",
+                                         "1e308",
+                                         "-1e308",
+                                         "0.5",
+                                         "-0",
+                                         "3",
+                                         "7",
+                                         "112",
+                                         "113",
+                                         "96"};
   std::string text = valid;
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
   int edits = 1 + pick(3);
@@ -648,8 +682,7 @@ std::string mutate(const std::string &valid, std::mt19937_64 &rng) {
               text[end] == '.' || text[end] == 'e' || text[end] == '+' ||
               text[end] == '-'))
         ++end;
-      text.replace(begin, end - begin,
-                   kNumbers[pick(std::size(kNumbers))]);
+      text.replace(begin, end - begin, kNumbers[pick(std::size(kNumbers))]);
       break;
     }
     }
@@ -678,8 +711,8 @@ TEST(ExecPlanMutation, NeverCrashesAndAcceptedPlansStayValid) {
     ASSERT_EQ(live.liveBytes.size(), plan->instructions.size());
     llvm::Expected<ExecPlan> again =
         parseExecPlan(serialize(*plan), "mutant.json");
-    ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError())
-                             << "\nmutant: " << text;
+    ASSERT_TRUE(bool(again))
+        << llvm::toString(again.takeError()) << "\nmutant: " << text;
   }
   // All outcomes occur: the mutations reach the validator, not only the
   // JSON parser.
@@ -720,8 +753,8 @@ TEST(ExecPlanLiveness, IntervalsOfTheHandBuiltPlan) {
 
   EXPECT_EQ(live.deviceBuffers, (std::vector<int64_t>{kX, kW, kSum, kLoss}));
   //                         h2d fetch rec wait add+ws reshape ... d2h ...
-  std::vector<int64_t> expected = {32, 64, 64, 64, 96 + kWorkspaceSize,
-                                   32, 32, 32, 32, 0,  0,  0, 4};
+  std::vector<int64_t> expected = {
+      32, 64, 64, 64, 96 + kWorkspaceSize, 32, 32, 32, 32, 0, 0, 0, 4};
   EXPECT_EQ(live.liveBytes, expected);
   EXPECT_EQ(live.peakLiveBytes, 96 + kWorkspaceSize);
 }

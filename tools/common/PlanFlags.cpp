@@ -10,7 +10,9 @@ cl::OptionCategory tools::planCategory("Model, video and planning options");
 namespace {
 using tools::planCategory;
 
-cl::opt<std::string> model("model", cl::Required, cl::cat(planCategory),
+// Not cl::Required: megaslide-run --plan FILE needs no model, and each tool
+// says what to give instead of cl's "must be specified at least once".
+cl::opt<std::string> model("model", cl::cat(planCategory),
                            cl::desc("Preset name or path to a JSON config"),
                            cl::value_desc("NAME|FILE"));
 cl::opt<int64_t> frames("frames", cl::cat(planCategory),

@@ -1,9 +1,14 @@
 //===- megaslide-opt.cpp - MegaSlide optimizer driver ---------------------===//
 //
 // mlir-opt for MegaSlide: every dialect and pass of the project, plus the
-// upstream passes a pipeline author needs (canonicalize, cse, ...).
+// upstream passes a pipeline author needs (canonicalize, cse, ...). Unlike
+// mlir-opt, a failed run leaves an existing -o file as it was: the output
+// goes to a temporary file next to it, renamed over it only on success.
+// Exit status: 0 success, 1 bad input, failed pass or command line.
 //
 //===----------------------------------------------------------------------===//
+
+#include "../common/IrNesting.h"
 
 #include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
@@ -13,8 +18,13 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
+#include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/WithColor.h"
 
 namespace megaslide::test {
 void registerTestPasses();
@@ -30,6 +40,57 @@ int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<megaslide::graph::GraphDialect,
                   megaslide::sched::ScheduleDialect, mlir::func::FuncDialect>();
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "MegaSlide optimizer driver\n", registry));
+  auto [inputFile, outputFile] = mlir::registerAndParseCLIOptions(
+      argc, argv, "MegaSlide optimizer driver\n", registry);
+
+  // Input that would overflow the parser's stack is refused first (stdin
+  // cannot be read twice and is not checked; a file that does not open is
+  // reported by MlirOptMain).
+  if (inputFile != "-")
+    if (std::unique_ptr<llvm::MemoryBuffer> input =
+            mlir::openInputFile(inputFile))
+      if (llvm::Error err = megaslide::tools::checkIrNesting(*input)) {
+        llvm::errs() << llvm::toString(std::move(err)) << "\n";
+        return 1;
+      }
+
+  // mlir-opt truncates the output before reading the input and deletes it
+  // on failure, destroying what a previous run wrote there. Write a
+  // temporary file in the same directory instead and rename it into place
+  // on success. Devices, pipes and stdout are written directly.
+  llvm::SmallString<256> target(outputFile);
+  bool replace = outputFile != "-";
+  if (replace && llvm::sys::fs::exists(outputFile)) {
+    replace = !llvm::sys::fs::real_path(outputFile, target) &&
+              llvm::sys::fs::is_regular_file(target);
+  }
+  llvm::SmallString<256> temp;
+  if (replace) {
+    llvm::SmallString<256> model(target);
+    model += ".tmp-%%%%%%";
+    int fd;
+    // Where no temporary can be created (a read-only directory), the
+    // output is written in place as mlir-opt does.
+    if (llvm::sys::fs::createUniqueFile(model, fd, temp))
+      temp.clear();
+    else
+      llvm::sys::fs::closeFile(fd);
+  }
+  if (temp.empty())
+    return mlir::asMainReturnCode(
+        mlir::MlirOptMain(argc, argv, inputFile, outputFile, registry));
+
+  mlir::LogicalResult result =
+      mlir::MlirOptMain(argc, argv, inputFile, temp, registry);
+  if (mlir::succeeded(result)) {
+    if (std::error_code ec = llvm::sys::fs::rename(temp, target)) {
+      llvm::WithColor::error(llvm::errs(), "megaslide-opt")
+          << "cannot write '" << outputFile << "': " << ec.message() << "\n";
+      result = mlir::failure();
+    }
+  }
+  // After a failure MlirOptMain has removed the temporary already.
+  if (mlir::failed(result))
+    llvm::sys::fs::remove(temp);
+  return mlir::asMainReturnCode(result);
 }

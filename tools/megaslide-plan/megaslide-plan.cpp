@@ -9,10 +9,12 @@
 
 #include "../common/PlanFlags.h"
 
+#include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Version.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -76,6 +78,9 @@ int main(int argc, char **argv) {
   Expected<tools::PlanFlags> flags = tools::readPlanFlags();
   if (!flags)
     return fail(toString(flags.takeError()));
+  if (flags->model.empty())
+    return fail("--model is required: one of the presets " +
+                join(presetNames(), ", ") + ", or a path to a .json config");
   if (!flags->videoGiven)
     return fail("--frames, --height and --width are required");
   const std::string &model = flags->model;

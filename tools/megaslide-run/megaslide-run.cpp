@@ -162,6 +162,9 @@ int main(int argc, char **argv) {
   Expected<tools::PlanFlags> flags = tools::readPlanFlags();
   if (!flags)
     return fail(toString(flags.takeError()));
+  if (flags->model.empty() && planFile.empty())
+    return fail("--model is required (a preset name or a .json config), "
+                "unless --plan FILE runs a saved execution plan");
   if (!flags->videoGiven) {
     if (flags->video.frames || flags->video.height || flags->video.width)
       return fail("give all of --frames, --height and --width, or none "
@@ -174,6 +177,16 @@ int main(int argc, char **argv) {
     return fail("--checkpoint-every must be non-negative");
   if ((resume || checkpointEvery.getNumOccurrences()) && checkpointDir.empty())
     return fail("--resume and --checkpoint-every need --checkpoint-dir");
+  // Outputs written after the last step are checked now, not after hours
+  // of training.
+  for (auto [flag, dir] : {std::pair<StringRef, StringRef>{"--checkpoint-dir",
+                                                          checkpointDir},
+                           {"--save-weights", saveWeights}})
+    if (!dir.empty() && sys::fs::exists(dir) && !sys::fs::is_directory(dir))
+      return fail(formatv("{0} '{1}' exists and is not a directory; give a "
+                          "directory (it is created if missing)",
+                          flag, dir)
+                      .str());
 
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
@@ -183,9 +196,6 @@ int main(int argc, char **argv) {
   double compileSeconds = std::chrono::duration<double>(
                               std::chrono::steady_clock::now() - compileStart)
                               .count();
-  if (!savePlan.empty())
-    if (Error err = exec::saveExecPlan(*plan, savePlan))
-      return fail(toString(std::move(err)));
 
   train::SessionOptions sessionOptions;
   sessionOptions.backend = backendName;
@@ -216,6 +226,11 @@ int main(int argc, char **argv) {
     outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
                       checkpointDir);
   }
+  // --save-plan is written once every input has loaded: a run that fails
+  // on its weights or checkpoint leaves the user's files as they were.
+  if (!savePlan.empty())
+    if (Error err = exec::saveExecPlan(p, savePlan))
+      return fail(toString(std::move(err)));
   auto checkpoint = [&]() -> Error {
     Expected<std::string> dir =
         host::saveCheckpoint(checkpointDir, s.state(), s.trainerState());

@@ -8,6 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/IrNesting.h"
+
 #include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
 #include "cuda/Nvrtc.h"
@@ -203,6 +205,10 @@ int main(int argc, char **argv) {
   auto file = mlir::openInputFile(inputFile, &error);
   if (!file)
     return fail(error);
+  if (Error err = tools::checkIrNesting(*file)) {
+    errs() << toString(std::move(err)) << "\n";
+    return 1;
+  }
   if (!splitInputFile)
     return processBuffer(std::move(file), outs());
   return mlir::failed(mlir::splitAndProcessBuffer(

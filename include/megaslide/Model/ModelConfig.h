@@ -29,6 +29,15 @@ enum class Architecture {
   DiT,
 };
 
+/// Upper bounds of config fields, far above any real model (the 105B
+/// preset has 52 layers of width 12288): they keep parameter and byte
+/// counts, which are int64, from overflowing, and a typo from building a
+/// graph for hours. Widths cover heads, head dim, model dim, ffn_dim,
+/// channels, text_dim, text_len, freq_dim and num_classes.
+inline constexpr int64_t kMaxModelLayers = 1024;
+inline constexpr int64_t kMaxModelWidth = int64_t(1) << 17;
+inline constexpr int64_t kMaxPatchExtent = 64;
+
 struct ModelConfig {
   std::string name;
   Architecture architecture = Architecture::Wan;

@@ -62,6 +62,11 @@ struct PipelineOptions : mlir::PassPipelineOptions<PipelineOptions> {
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("Kernel target (sm_90a)"),
                              llvm::cl::init("sm_90a")};
+  Option<bool> reportBytesMoved{
+      *this, "report-bytes-moved",
+      llvm::cl::desc("Remark the PCIe bytes each block moves "
+                     "(megaslide-report-bytes-moved)"),
+      llvm::cl::init(false)};
 };
 
 /// Graph phase: attention rewrite (3D-DSA unless attention=global).
@@ -70,7 +75,8 @@ void buildGraphPipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
 void buildSchedulePipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
 /// Memory phase: packing and budget checks.
 void buildMemoryPipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
-/// The whole planning pipeline, `megaslide-pipeline`.
+/// The whole planning pipeline, `megaslide-pipeline`: the three phases,
+/// then the optional reports.
 void buildMegaSlidePipeline(mlir::OpPassManager &pm, const PipelineOptions &o);
 
 /// Registers the pipelines above by name with megaslide-opt.

@@ -172,4 +172,44 @@ def VerifySchedulePass : Pass<"megaslide-verify-schedule", "mlir::ModuleOp"> {
   ];
 }
 
+def ReportBytesMovedPass : Pass<"megaslide-report-bytes-moved",
+                                "mlir::ModuleOp"> {
+  let summary = "Reports the bytes each transformer block moves over PCIe";
+  let description = [{
+    Runs on a step that has its transfers (after
+    `megaslide-insert-transfers`; in `megaslide-pipeline` with
+    `report-bytes-moved=true`, after the memory phase) and changes nothing.
+    Emits one remark per transformer block (per `megaslide.layer` value),
+    on the block's first transfer, and one for the transfers outside the
+    blocks (embeddings, head, data batch, loss): the bytes copied
+    host->device (`msched.fetch` + `msched.h2d`) and device->host
+    (`msched.d2h`), and how many transfers carry them. Bytes are counted
+    as the cost model counts them (`costInputsOf`: result bytes of the
+    transfer). For `megaslide-105b` at 81x720x1280, where `auto` offloads
+    block 3's checkpoint and recomputes the block:
+
+    ```
+    remark: block 3 moves 9.91 GB (9.23 GiB) host->device in 55 transfers, 5.89 GB (5.48 GiB) device->host in 28 transfers
+    ```
+
+    A block (or the group outside the blocks) moving fewer than
+    `min-bytes` in both directions together is not reported.
+    docs/AddingAPass.md walks through this pass as the example of adding
+    one.
+  }];
+  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let options = [
+    Option<"minBytes", "min-bytes", "std::string", "\"0\"",
+           "Skip blocks that move fewer bytes than this, both directions "
+           "together (e.g. 1GB, 512MiB)">,
+  ];
+  let statistics = [
+    Statistic<"hostToDeviceBytes", "host-to-device-bytes",
+              "Bytes copied host->device per step">,
+    Statistic<"deviceToHostBytes", "device-to-host-bytes",
+              "Bytes copied device->host per step">,
+    Statistic<"numTransfers", "transfers", "Transfers in the step">,
+  ];
+}
+
 #endif // MEGASLIDE_TRANSFORMS_PASSES

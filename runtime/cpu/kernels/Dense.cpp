@@ -19,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
+#include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -38,30 +39,15 @@ using namespace megaslide::cpu;
 using exec::Instruction;
 using llvm::ArrayRef;
 using llvm::Error;
+using llvm::Expected;
 using llvm::StringRef;
 using llvm::Twine;
 
 namespace {
 
 //===----------------------------------------------------------------------===//
-// Checks
+// Shapes and attributes
 //===----------------------------------------------------------------------===//
-
-std::string shapeString(ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i)
-      s += "x";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-/// An error naming the op, in the verifiers' style ("linear: ...").
-Error opError(const Instruction &inst, const Twine &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 Twine(inst.op) + ": " + message);
-}
 
 /// `shape` with its last dimension replaced by `last`.
 std::vector<int64_t> withLast(ArrayRef<int64_t> shape, int64_t last) {
@@ -75,91 +61,6 @@ int64_t product(ArrayRef<int64_t> dims) {
   for (int64_t d : dims)
     n *= d;
   return n;
-}
-
-/// Checks operand and result counts against the allowed ones.
-Error expectArity(const Instruction &inst, ArrayRef<OpTensor> operands,
-                  ArrayRef<OpTensor> results, size_t minOperands,
-                  size_t maxOperands, size_t minResults, size_t maxResults) {
-  auto range = [](size_t lo, size_t hi) {
-    if (lo == hi)
-      return std::to_string(lo);
-    if (hi == SIZE_MAX)
-      return "at least " + std::to_string(lo);
-    return std::to_string(lo) + " to " + std::to_string(hi);
-  };
-  if (operands.size() < minOperands || operands.size() > maxOperands)
-    return opError(inst, "takes " + range(minOperands, maxOperands) +
-                             " operands, got " +
-                             std::to_string(operands.size()));
-  if (results.size() < minResults || results.size() > maxResults)
-    return opError(inst, "has " + range(minResults, maxResults) +
-                             " results, got " + std::to_string(results.size()));
-  return Error::success();
-}
-
-/// Every tensor must be a float tensor with non-negative dimensions and data
-/// unless it is empty: a kernel must not dereference an unusable buffer.
-Error expectFloats(const Instruction &inst, ArrayRef<OpTensor> tensors,
-                   StringRef kind) {
-  for (auto [i, t] : llvm::enumerate(tensors)) {
-    for (int64_t d : t.type.shape)
-      if (d < 0)
-        return opError(inst, Twine(kind) + " #" + Twine(i) +
-                                 " has a negative dimension " +
-                                 shapeString(t.type.shape));
-    if (!t.f32 && product(t.type.shape) != 0)
-      return opError(inst, Twine(kind) + " #" + Twine(i) +
-                               " is not a float tensor with data");
-  }
-  return Error::success();
-}
-
-/// Arity plus float checks for the common case.
-Error expectSignature(const Instruction &inst, ArrayRef<OpTensor> operands,
-                      ArrayRef<OpTensor> results, size_t minOperands,
-                      size_t maxOperands, size_t minResults,
-                      size_t maxResults) {
-  if (Error e = expectArity(inst, operands, results, minOperands, maxOperands,
-                            minResults, maxResults))
-    return e;
-  if (Error e = expectFloats(inst, operands, "operand"))
-    return e;
-  return expectFloats(inst, results, "result");
-}
-
-Error expectShape(const Instruction &inst, StringRef what, const OpTensor &t,
-                  ArrayRef<int64_t> expected) {
-  if (ArrayRef<int64_t>(t.type.shape) == expected)
-    return Error::success();
-  return opError(inst, "'" + what + "' has shape " + shapeString(t.type.shape) +
-                           " but expected " + shapeString(expected));
-}
-
-Error expectMinRank(const Instruction &inst, StringRef what, const OpTensor &t,
-                    size_t rank) {
-  if (t.type.shape.size() >= rank)
-    return Error::success();
-  return opError(inst, "'" + what + "' must have rank >= " + Twine(rank) +
-                           ", got " + shapeString(t.type.shape));
-}
-
-/// The norms' `eps`: present (the plan fills in defaults), finite and > 0,
-/// since rsqrt(var + eps) must stay finite for a constant row.
-Error readEps(const Instruction &inst, float &eps) {
-  std::optional<double> value = inst.floatAttr("eps");
-  if (!value)
-    return opError(inst, "missing float attribute 'eps'");
-  // Checked after rounding: a tiny double eps may become 0 in fp32.
-  eps = static_cast<float>(*value);
-  if (!(eps > 0) || !std::isfinite(eps)) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", *value);
-    return opError(inst, Twine("eps must be positive and finite in fp32, "
-                               "got ") +
-                             text);
-  }
-  return Error::success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -195,9 +96,15 @@ template <typename Fn> void parallelFor(int64_t count, int64_t grain, Fn fn) {
 /// below it a thread start (~20 us) costs more than the loop.
 constexpr int64_t kElementGrain = 1 << 16;
 
-/// Rows per parallel chunk for a row-wise op over rows of `width` elements.
-int64_t rowGrain(int64_t width) {
-  return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(width, 1));
+/// Runs fn(r) for rows [0, rows) of `width` elements each, in parallel
+/// chunks of about kElementGrain elements.
+template <typename Fn> void parallelRows(int64_t rows, int64_t width, Fn fn) {
+  int64_t grain =
+      std::max<int64_t>(1, kElementGrain / std::max<int64_t>(width, 1));
+  parallelFor(rows, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      fn(r);
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -367,27 +274,37 @@ void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
 // linear, linear_grad_data, linear_grad_params
 //===----------------------------------------------------------------------===//
 
+/// Checks weight [out, in] and a tensor `t` [..., features] whose last
+/// dimension is the weight's dimension `axis`: 0 (out) or 1 (in).
+Error checkAgainstWeight(const Instruction &inst, const OpTensor &w,
+                         const OpTensor &t, StringRef name, int axis) {
+  if (Error e = checkFloatRank(inst, w, "weight", 2, "[out, in]"))
+    return e;
+  std::string features = axis == 0 ? "out" : "in";
+  if (Error e = checkFloatRank(inst, t, name, Count::atLeast(1),
+                               "[..., " + features + "]"))
+    return e;
+  if (t.type.shape.back() != w.type.shape[axis])
+    return opError(inst, name + " " + shapeString(t.type.shape) +
+                             " does not end in the weight's " + features +
+                             "-features " + Twine(w.type.shape[axis]));
+  return Error::success();
+}
+
 /// y = x W^T (+ b): x [..., in], weight [out, in], bias [out].
 Error linear(const Instruction &inst, ArrayRef<OpTensor> operands,
              ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 3, 1, 1))
+  if (Error e = checkArity(inst, operands, results, {2, 3}, 1))
     return e;
   const OpTensor &x = operands[0], &w = operands[1];
-  if (w.type.shape.size() != 2)
-    return opError(inst, "'weight' must be [out, in], got " +
-                             shapeString(w.type.shape));
-  if (Error e = expectMinRank(inst, "input", x, 1))
+  if (Error e = checkAgainstWeight(inst, w, x, "input", 1))
     return e;
   int64_t out = w.type.shape[0], in = w.type.shape[1];
-  if (x.type.shape.back() != in)
-    return opError(inst, "input " + shapeString(x.type.shape) +
-                             " does not end in the weight's in-features " +
-                             Twine(in));
   if (operands.size() == 3)
-    if (Error e = expectShape(inst, "bias", operands[2], {out}))
+    if (Error e = checkFloatShape(inst, operands[2], "bias", {out}))
       return e;
-  if (Error e =
-          expectShape(inst, "result", results[0], withLast(x.type.shape, out)))
+  if (Error e = checkFloatShape(inst, results[0], "result",
+                                withLast(x.type.shape, out)))
     return e;
 
   int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
@@ -406,21 +323,14 @@ Error linear(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dx = dy W: dy [..., out], weight [out, in] -> dx [..., in].
 Error linearGradData(const Instruction &inst, ArrayRef<OpTensor> operands,
                      ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 2, 1))
     return e;
   const OpTensor &dy = operands[0], &w = operands[1];
-  if (w.type.shape.size() != 2)
-    return opError(inst, "'weight' must be [out, in], got " +
-                             shapeString(w.type.shape));
-  if (Error e = expectMinRank(inst, "result_grad", dy, 1))
+  if (Error e = checkAgainstWeight(inst, w, dy, "result_grad", 0))
     return e;
   int64_t out = w.type.shape[0], in = w.type.shape[1];
-  if (dy.type.shape.back() != out)
-    return opError(inst, "result_grad " + shapeString(dy.type.shape) +
-                             " does not end in the weight's out-features " +
-                             Twine(out));
-  if (Error e = expectShape(inst, "input_grad", results[0],
-                            withLast(dy.type.shape, in)))
+  if (Error e = checkFloatShape(inst, results[0], "input_grad",
+                                withLast(dy.type.shape, in)))
     return e;
 
   int64_t rows = product(ArrayRef<int64_t>(dy.type.shape).drop_back());
@@ -434,20 +344,24 @@ Error linearGradData(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dW = dy^T x summed over the leading dimensions; db = sum dy when asked.
 Error linearGradParams(const Instruction &inst, ArrayRef<OpTensor> operands,
                        ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 2))
+  if (Error e = checkArity(inst, operands, results, 2, {1, 2}))
     return e;
   const OpTensor &x = operands[0], &dy = operands[1];
+  if (Error e =
+          checkFloatRank(inst, x, "input", Count::atLeast(1), "[..., in]"))
+    return e;
+  if (Error e = checkFloat(inst, dy, "result_grad"))
+    return e;
   ArrayRef<int64_t> xs = x.type.shape, dys = dy.type.shape;
-  if (xs.empty() || xs.size() != dys.size() ||
-      xs.drop_back() != dys.drop_back())
+  if (xs.size() != dys.size() || xs.drop_back() != dys.drop_back())
     return opError(inst, "input " + shapeString(xs) + " and result_grad " +
                              shapeString(dys) +
                              " differ in leading dimensions");
   int64_t in = xs.back(), out = dys.back();
-  if (Error e = expectShape(inst, "weight_grad", results[0], {out, in}))
+  if (Error e = checkFloatShape(inst, results[0], "weight_grad", {out, in}))
     return e;
   if (results.size() == 2)
-    if (Error e = expectShape(inst, "bias_grad", results[1], {out}))
+    if (Error e = checkFloatShape(inst, results[1], "bias_grad", {out}))
       return e;
 
   int64_t rows = product(xs.drop_back());
@@ -498,52 +412,82 @@ float rmsNormRstd(const float *x, int64_t d, float eps) {
   return static_cast<float>(1.0 / std::sqrt(sq / d + eps));
 }
 
-/// Shared checks of the norms: input rank >= 1 and channel parameters [D].
-Error expectChannelParams(const Instruction &inst, const OpTensor &x,
-                          ArrayRef<OpTensor> params, StringRef what) {
-  if (Error e = expectMinRank(inst, "input", x, 1))
-    return e;
-  for (const OpTensor &p : params)
-    if (Error e = expectShape(inst, what, p, {x.type.shape.back()}))
-      return e;
-  return Error::success();
+/// The norms' `eps`: present (the plan fills in defaults), finite and > 0,
+/// since rsqrt(var + eps) must stay finite for a constant row.
+Expected<float> readEps(const Instruction &inst) {
+  Expected<double> value = finiteFloatAttr(inst, "eps");
+  if (!value)
+    return value.takeError();
+  // Checked after rounding: a tiny double eps may become 0 in fp32.
+  float eps = static_cast<float>(*value);
+  if (!(eps > 0) || !std::isfinite(eps)) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", *value);
+    return opError(inst, Twine("attribute 'eps' must be positive and finite "
+                               "in fp32, got ") +
+                             text);
+  }
+  return eps;
+}
+
+/// A norm's eps and rows of `d` elements.
+struct NormRows {
+  float eps;
+  int64_t d, rows;
+};
+
+/// Checks what the norms share, as their verifiers do: eps, input x
+/// [..., D], each group of per-channel tensors [D] (named as the group) and
+/// the tensors in `like` shaped as x.
+Expected<NormRows>
+checkNorm(const Instruction &inst, const OpTensor &x,
+          ArrayRef<std::pair<StringRef, ArrayRef<OpTensor>>> channels,
+          ArrayRef<std::pair<StringRef, const OpTensor *>> like) {
+  Expected<float> eps = readEps(inst);
+  if (!eps)
+    return eps.takeError();
+  if (Error e = checkFloatRank(inst, x, "input", Count::atLeast(1), "[..., D]"))
+    return std::move(e);
+  int64_t d = x.type.shape.back();
+  for (auto [name, tensors] : channels)
+    for (const OpTensor &t : tensors)
+      if (Error e = checkFloatShape(inst, t, name, {d}))
+        return std::move(e);
+  for (auto [name, t] : like)
+    if (Error e = checkFloatShape(inst, *t, name, x.type.shape))
+      return std::move(e);
+  return NormRows{*eps, d, d == 0 ? 0 : x.type.numElements() / d};
 }
 
 /// (x - mean) / sqrt(var + eps), then * gamma + beta when both are given.
 Error layerNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
                 ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, 3, 1, 1))
+  if (Error e = checkArity(inst, operands, results, {1, 3}, 1))
     return e;
   if (operands.size() == 2)
     return opError(inst, "takes either no affine operands or both gamma and "
                          "beta, got 1");
-  float eps;
-  if (Error e = readEps(inst, eps))
-    return e;
   const OpTensor &x = operands[0];
-  if (Error e = expectChannelParams(inst, x, operands.drop_front(), "affine"))
-    return e;
-  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
-    return e;
-
-  int64_t d = x.type.shape.back();
-  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  Expected<NormRows> norm = checkNorm(
+      inst, x, {{"affine", operands.drop_front()}}, {{"result", &results[0]}});
+  if (!norm)
+    return norm.takeError();
+  float eps = norm->eps;
+  int64_t d = norm->d, rows = norm->rows;
   const float *gamma = operands.size() == 3 ? operands[1].f32 : nullptr;
   const float *beta = operands.size() == 3 ? operands[2].f32 : nullptr;
   float *y = results[0].f32;
-  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x.f32 + r * d;
-      float *yr = y + r * d;
-      float mean, rstd;
-      layerNormStats(xr, d, eps, mean, rstd);
-      if (gamma) {
-        for (int64_t i = 0; i < d; ++i)
-          yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
-      } else {
-        for (int64_t i = 0; i < d; ++i)
-          yr[i] = (xr[i] - mean) * rstd;
-      }
+  parallelRows(rows, d, [&](int64_t r) {
+    const float *xr = x.f32 + r * d;
+    float *yr = y + r * d;
+    float mean, rstd;
+    layerNormStats(xr, d, eps, mean, rstd);
+    if (gamma) {
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+    } else {
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = (xr[i] - mean) * rstd;
     }
   });
   return Error::success();
@@ -553,7 +497,7 @@ Error layerNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dgamma = sum dy xhat, dbeta = sum dy over the leading dimensions.
 Error layerNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                     ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 4, 1, 3))
+  if (Error e = checkArity(inst, operands, results, {2, 4}, {1, 3}))
     return e;
   if (operands.size() == 3)
     return opError(inst, "takes either no affine operands or both gamma and "
@@ -563,47 +507,39 @@ Error layerNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
     return opError(inst, "returns one gradient per affine operand: expected " +
                              Twine(numAffine) + ", got " +
                              Twine(results.size() - 1));
-  float eps;
-  if (Error e = readEps(inst, eps))
-    return e;
   const OpTensor &x = operands[0], &dy = operands[1];
-  if (Error e = expectChannelParams(inst, x, operands.drop_front(2), "affine"))
-    return e;
-  if (Error e = expectChannelParams(inst, x, results.drop_front(), "affine"))
-    return e;
-  if (Error e = expectShape(inst, "result_grad", dy, x.type.shape))
-    return e;
-  if (Error e = expectShape(inst, "input_grad", results[0], x.type.shape))
-    return e;
-
-  int64_t d = x.type.shape.back();
-  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  Expected<NormRows> norm = checkNorm(
+      inst, x,
+      {{"affine", operands.drop_front(2)}, {"affine", results.drop_front()}},
+      {{"result_grad", &dy}, {"input_grad", &results[0]}});
+  if (!norm)
+    return norm.takeError();
+  float eps = norm->eps;
+  int64_t d = norm->d, rows = norm->rows;
   const float *gamma = numAffine ? operands[2].f32 : nullptr;
   float *dx = results[0].f32;
   // Row statistics are kept for the parameter gradients below.
   std::vector<float> means(rows), rstds(rows);
-  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-      float mean, rstd;
-      layerNormStats(xr, d, eps, mean, rstd);
-      means[r] = mean;
-      rstds[r] = rstd;
-      double sumG = 0, sumGX = 0;
-      for (int64_t i = 0; i < d; ++i) {
-        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-        float xhat = (xr[i] - mean) * rstd;
-        sumG += g;
-        sumGX += static_cast<double>(g) * xhat;
-      }
-      float meanG = static_cast<float>(sumG / d);
-      float meanGX = static_cast<float>(sumGX / d);
-      float *dxr = dx + r * d;
-      for (int64_t i = 0; i < d; ++i) {
-        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-        float xhat = (xr[i] - mean) * rstd;
-        dxr[i] = rstd * (g - meanG - xhat * meanGX);
-      }
+  parallelRows(rows, d, [&](int64_t r) {
+    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+    float mean, rstd;
+    layerNormStats(xr, d, eps, mean, rstd);
+    means[r] = mean;
+    rstds[r] = rstd;
+    double sumG = 0, sumGX = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+      float xhat = (xr[i] - mean) * rstd;
+      sumG += g;
+      sumGX += static_cast<double>(g) * xhat;
+    }
+    float meanG = static_cast<float>(sumG / d);
+    float meanGX = static_cast<float>(sumGX / d);
+    float *dxr = dx + r * d;
+    for (int64_t i = 0; i < d; ++i) {
+      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+      float xhat = (xr[i] - mean) * rstd;
+      dxr[i] = rstd * (g - meanG - xhat * meanGX);
     }
   });
   if (!numAffine)
@@ -626,33 +562,27 @@ Error layerNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// x / sqrt(mean(x^2) + eps), times gamma when given.
 Error rmsNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
               ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, 2, 1, 1))
-    return e;
-  float eps;
-  if (Error e = readEps(inst, eps))
+  if (Error e = checkArity(inst, operands, results, {1, 2}, 1))
     return e;
   const OpTensor &x = operands[0];
-  if (Error e = expectChannelParams(inst, x, operands.drop_front(), "gamma"))
-    return e;
-  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
-    return e;
-
-  int64_t d = x.type.shape.back();
-  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  Expected<NormRows> norm = checkNorm(
+      inst, x, {{"gamma", operands.drop_front()}}, {{"result", &results[0]}});
+  if (!norm)
+    return norm.takeError();
+  float eps = norm->eps;
+  int64_t d = norm->d, rows = norm->rows;
   const float *gamma = operands.size() == 2 ? operands[1].f32 : nullptr;
   float *y = results[0].f32;
-  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x.f32 + r * d;
-      float *yr = y + r * d;
-      float rstd = rmsNormRstd(xr, d, eps);
-      if (gamma) {
-        for (int64_t i = 0; i < d; ++i)
-          yr[i] = xr[i] * rstd * gamma[i];
-      } else {
-        for (int64_t i = 0; i < d; ++i)
-          yr[i] = xr[i] * rstd;
-      }
+  parallelRows(rows, d, [&](int64_t r) {
+    const float *xr = x.f32 + r * d;
+    float *yr = y + r * d;
+    float rstd = rmsNormRstd(xr, d, eps);
+    if (gamma) {
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = xr[i] * rstd * gamma[i];
+    } else {
+      for (int64_t i = 0; i < d; ++i)
+        yr[i] = xr[i] * rstd;
     }
   });
   return Error::success();
@@ -662,47 +592,38 @@ Error rmsNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dgamma = sum dy xhat over the leading dimensions.
 Error rmsNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                   ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 3, 1, 2))
+  if (Error e = checkArity(inst, operands, results, {2, 3}, {1, 2}))
     return e;
   bool hasGamma = operands.size() == 3;
   if (hasGamma != (results.size() == 2))
     return opError(inst, "returns a gamma gradient exactly when gamma is "
                          "given");
-  float eps;
-  if (Error e = readEps(inst, eps))
-    return e;
   const OpTensor &x = operands[0], &dy = operands[1];
-  if (Error e = expectChannelParams(inst, x, operands.drop_front(2), "gamma"))
-    return e;
-  if (Error e =
-          expectChannelParams(inst, x, results.drop_front(), "gamma_grad"))
-    return e;
-  if (Error e = expectShape(inst, "result_grad", dy, x.type.shape))
-    return e;
-  if (Error e = expectShape(inst, "input_grad", results[0], x.type.shape))
-    return e;
-
-  int64_t d = x.type.shape.back();
-  int64_t rows = d == 0 ? 0 : x.type.numElements() / d;
+  Expected<NormRows> norm = checkNorm(
+      inst, x,
+      {{"gamma", operands.drop_front(2)}, {"gamma_grad", results.drop_front()}},
+      {{"result_grad", &dy}, {"input_grad", &results[0]}});
+  if (!norm)
+    return norm.takeError();
+  float eps = norm->eps;
+  int64_t d = norm->d, rows = norm->rows;
   const float *gamma = hasGamma ? operands[2].f32 : nullptr;
   float *dx = results[0].f32;
   std::vector<float> rstds(rows);
-  parallelFor(rows, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-      float rstd = rmsNormRstd(xr, d, eps);
-      rstds[r] = rstd;
-      double sumGX = 0;
-      for (int64_t i = 0; i < d; ++i) {
-        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-        sumGX += static_cast<double>(g) * (xr[i] * rstd);
-      }
-      float meanGX = static_cast<float>(sumGX / d);
-      float *dxr = dx + r * d;
-      for (int64_t i = 0; i < d; ++i) {
-        float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-        dxr[i] = rstd * (g - xr[i] * rstd * meanGX);
-      }
+  parallelRows(rows, d, [&](int64_t r) {
+    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
+    float rstd = rmsNormRstd(xr, d, eps);
+    rstds[r] = rstd;
+    double sumGX = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+      sumGX += static_cast<double>(g) * (xr[i] * rstd);
+    }
+    float meanGX = static_cast<float>(sumGX / d);
+    float *dxr = dx + r * d;
+    for (int64_t i = 0; i < d; ++i) {
+      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
+      dxr[i] = rstd * (g - xr[i] * rstd * meanGX);
     }
   });
   if (!hasGamma)
@@ -724,18 +645,17 @@ Error rmsNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
 
 /// Checks x [B, N, D], per-sample vectors [B, D] and tensors shaped like x
 /// (the verifiers' verifyModulation).
-Error expectModulation(const Instruction &inst, const OpTensor &x,
-                       ArrayRef<std::pair<StringRef, const OpTensor *>> vecs,
-                       ArrayRef<std::pair<StringRef, const OpTensor *>> like) {
-  if (x.type.shape.size() != 3)
-    return opError(inst, "'input' must be [B, N, D], got " +
-                             shapeString(x.type.shape));
+Error checkModulation(const Instruction &inst, const OpTensor &x,
+                      ArrayRef<std::pair<StringRef, const OpTensor *>> vecs,
+                      ArrayRef<std::pair<StringRef, const OpTensor *>> like) {
+  if (Error e = checkFloatRank(inst, x, "input", 3, "[B, N, D]"))
+    return e;
   ArrayRef<int64_t> s = x.type.shape;
   for (auto [name, v] : vecs)
-    if (Error e = expectShape(inst, name, *v, {s[0], s[2]}))
+    if (Error e = checkFloatShape(inst, *v, name, {s[0], s[2]}))
       return e;
   for (auto [name, v] : like)
-    if (Error e = expectShape(inst, name, *v, s))
+    if (Error e = checkFloatShape(inst, *v, name, s))
       return e;
   return Error::success();
 }
@@ -743,23 +663,20 @@ Error expectModulation(const Instruction &inst, const OpTensor &x,
 /// x * (1 + scale) + shift, shift and scale [B, D] broadcast over tokens.
 Error modulate(const Instruction &inst, ArrayRef<OpTensor> operands,
                ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 3, 3, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 3, 1))
     return e;
   const OpTensor &x = operands[0], &shift = operands[1], &scale = operands[2];
-  if (Error e =
-          expectModulation(inst, x, {{"shift", &shift}, {"scale", &scale}},
-                           {{"result", &results[0]}}))
+  if (Error e = checkModulation(inst, x, {{"shift", &shift}, {"scale", &scale}},
+                                {{"result", &results[0]}}))
     return e;
   int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
   float *y = results[0].f32;
-  parallelFor(b * n, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *sh = shift.f32 + (r / n) * d, *sc = scale.f32 + (r / n) * d;
-      const float *xr = x.f32 + r * d;
-      float *yr = y + r * d;
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = xr[i] * (1.0f + sc[i]) + sh[i];
-    }
+  parallelRows(b * n, d, [&](int64_t r) {
+    const float *sh = shift.f32 + (r / n) * d, *sc = scale.f32 + (r / n) * d;
+    const float *xr = x.f32 + r * d;
+    float *yr = y + r * d;
+    for (int64_t i = 0; i < d; ++i)
+      yr[i] = xr[i] * (1.0f + sc[i]) + sh[i];
   });
   return Error::success();
 }
@@ -767,15 +684,15 @@ Error modulate(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dx = dy (1 + scale), dshift = sum_N dy, dscale = sum_N dy x.
 Error modulateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                    ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 3, 3, 3, 3))
+  if (Error e = checkArity(inst, operands, results, 3, 3))
     return e;
   const OpTensor &x = operands[0], &scale = operands[1], &dy = operands[2];
   if (Error e =
-          expectModulation(inst, x,
-                           {{"scale", &scale},
-                            {"shift_grad", &results[1]},
-                            {"scale_grad", &results[2]}},
-                           {{"result_grad", &dy}, {"input_grad", &results[0]}}))
+          checkModulation(inst, x,
+                          {{"scale", &scale},
+                           {"shift_grad", &results[1]},
+                           {"scale_grad", &results[2]}},
+                          {{"result_grad", &dy}, {"input_grad", &results[0]}}))
     return e;
   int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
   float *dx = results[0].f32;
@@ -803,21 +720,19 @@ Error modulateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// x * gate, the gate [B, D] broadcast over tokens.
 Error gate(const Instruction &inst, ArrayRef<OpTensor> operands,
            ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 2, 1))
     return e;
   const OpTensor &x = operands[0], &g = operands[1];
   if (Error e =
-          expectModulation(inst, x, {{"gate", &g}}, {{"result", &results[0]}}))
+          checkModulation(inst, x, {{"gate", &g}}, {{"result", &results[0]}}))
     return e;
   int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
   float *y = results[0].f32;
-  parallelFor(b * n, rowGrain(d), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *gr = g.f32 + (r / n) * d, *xr = x.f32 + r * d;
-      float *yr = y + r * d;
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = xr[i] * gr[i];
-    }
+  parallelRows(b * n, d, [&](int64_t r) {
+    const float *gr = g.f32 + (r / n) * d, *xr = x.f32 + r * d;
+    float *yr = y + r * d;
+    for (int64_t i = 0; i < d; ++i)
+      yr[i] = xr[i] * gr[i];
   });
   return Error::success();
 }
@@ -825,12 +740,12 @@ Error gate(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// dx = dy * gate, dgate = sum_N dy x.
 Error gateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 3, 3, 2, 2))
+  if (Error e = checkArity(inst, operands, results, 3, 2))
     return e;
   const OpTensor &x = operands[0], &g = operands[1], &dy = operands[2];
   if (Error e =
-          expectModulation(inst, x, {{"gate", &g}, {"gate_grad", &results[1]}},
-                           {{"result_grad", &dy}, {"input_grad", &results[0]}}))
+          checkModulation(inst, x, {{"gate", &g}, {"gate_grad", &results[1]}},
+                          {{"result_grad", &dy}, {"input_grad", &results[0]}}))
     return e;
   int64_t b = x.type.shape[0], n = x.type.shape[1], d = x.type.shape[2];
   float *dx = results[0].f32;
@@ -882,14 +797,16 @@ template <typename Fn>
 Error elementwise(const Instruction &inst, ArrayRef<OpTensor> operands,
                   ArrayRef<OpTensor> results, size_t numOperands,
                   ArrayRef<const char *> names, Fn fn) {
-  if (Error e = expectSignature(inst, operands, results, numOperands,
-                                numOperands, 1, 1))
+  if (Error e = checkArity(inst, operands, results, numOperands, 1))
+    return e;
+  if (Error e = checkFloat(inst, operands[0], names[0]))
     return e;
   for (size_t i = 1; i < numOperands; ++i)
-    if (Error e =
-            expectShape(inst, names[i], operands[i], operands[0].type.shape))
+    if (Error e = checkFloatShape(inst, operands[i], names[i],
+                                  operands[0].type.shape))
       return e;
-  if (Error e = expectShape(inst, "result", results[0], operands[0].type.shape))
+  if (Error e =
+          checkFloatShape(inst, results[0], "result", operands[0].type.shape))
     return e;
   int64_t count = results[0].type.numElements();
   const float *a = operands[0].f32;
@@ -936,9 +853,14 @@ Error add(const Instruction &inst, ArrayRef<OpTensor> operands,
                      [](float a, float b) { return a + b; });
 }
 
-/// `bias` shape must be a suffix of `full`'s.
-Error expectSuffix(const Instruction &inst, const OpTensor &full,
-                   const OpTensor &bias) {
+/// Float tensors whose shapes are `full`'s and a suffix of it: the input of
+/// bias_add and its bias (or their gradients).
+Error checkBias(const Instruction &inst, const OpTensor &full,
+                StringRef fullName, const OpTensor &bias, StringRef biasName) {
+  if (Error e = checkFloat(inst, full, fullName))
+    return e;
+  if (Error e = checkFloat(inst, bias, biasName))
+    return e;
   ArrayRef<int64_t> f = full.type.shape, b = bias.type.shape;
   if (b.size() > f.size() || f.take_back(b.size()) != b)
     return opError(inst, "bias shape " + shapeString(b) +
@@ -949,20 +871,19 @@ Error expectSuffix(const Instruction &inst, const OpTensor &full,
 /// y = x + bias, the bias broadcast over the leading dimensions.
 Error biasAdd(const Instruction &inst, ArrayRef<OpTensor> operands,
               ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 2, 2, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 2, 1))
     return e;
   const OpTensor &x = operands[0], &bias = operands[1];
-  if (Error e = expectSuffix(inst, x, bias))
+  if (Error e = checkBias(inst, x, "input", bias, "bias"))
     return e;
-  if (Error e = expectShape(inst, "result", results[0], x.type.shape))
+  if (Error e = checkFloatShape(inst, results[0], "result", x.type.shape))
     return e;
   int64_t width = bias.type.numElements();
   int64_t rows = width == 0 ? 0 : x.type.numElements() / width;
   float *y = results[0].f32;
-  parallelFor(rows, rowGrain(width), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < width; ++i)
-        y[r * width + i] = x.f32[r * width + i] + bias.f32[i];
+  parallelRows(rows, width, [&](int64_t r) {
+    for (int64_t i = 0; i < width; ++i)
+      y[r * width + i] = x.f32[r * width + i] + bias.f32[i];
   });
   return Error::success();
 }
@@ -970,10 +891,10 @@ Error biasAdd(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// Sums result_grad over its leading dimensions down to the bias shape.
 Error biasAddGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                   ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 1, 1))
     return e;
   const OpTensor &dy = operands[0];
-  if (Error e = expectSuffix(inst, dy, results[0]))
+  if (Error e = checkBias(inst, dy, "result_grad", results[0], "bias_grad"))
     return e;
   int64_t width = results[0].type.numElements();
   int64_t rows = width == 0 ? 0 : dy.type.numElements() / width;
@@ -993,9 +914,12 @@ Error biasAddGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// its dtype, so a cast is a copy here.
 Error cast(const Instruction &inst, ArrayRef<OpTensor> operands,
            ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 1, 1))
     return e;
-  if (Error e = expectShape(inst, "result", results[0], operands[0].type.shape))
+  if (Error e = checkFloat(inst, operands[0], "input"))
+    return e;
+  if (Error e =
+          checkFloatShape(inst, results[0], "result", operands[0].type.shape))
     return e;
   int64_t count = operands[0].type.numElements();
   if (count && results[0].f32 != operands[0].f32)
@@ -1008,14 +932,13 @@ Error cast(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// interpreter usually makes it a view), hence memmove.
 Error reshape(const Instruction &inst, ArrayRef<OpTensor> operands,
               ArrayRef<OpTensor> results) {
-  if (Error e = expectArity(inst, operands, results, 1, 1, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 1, 1))
     return e;
   const OpTensor &in = operands[0], &out = results[0];
-  for (const OpTensor *t : {&in, &out})
-    for (int64_t d : t->type.shape)
-      if (d < 0)
-        return opError(inst,
-                       "negative dimension in " + shapeString(t->type.shape));
+  if (Error e = checkExtents(inst, in, "input"))
+    return e;
+  if (Error e = checkExtents(inst, out, "result"))
+    return e;
   int64_t count = in.type.numElements();
   if (count != out.type.numElements())
     return opError(inst, "cannot reshape " + Twine(count) + " elements " +
@@ -1044,9 +967,11 @@ Error reshape(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// Like torch.chunk(x, n, dim=-1): result i holds columns [i c, (i+1) c).
 Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
             ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, 1, 1, SIZE_MAX))
+  if (Error e = checkArity(inst, operands, results, 1, Count::atLeast(1)))
     return e;
   const OpTensor &x = operands[0];
+  if (Error e = checkFloat(inst, x, "input"))
+    return e;
   int64_t n = results.size();
   if (x.type.shape.empty() || x.type.shape.back() % n != 0)
     return opError(inst, "last dimension of " + shapeString(x.type.shape) +
@@ -1054,7 +979,7 @@ Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
   int64_t width = x.type.shape.back(), chunk = width / n;
   std::vector<int64_t> chunkShape = withLast(x.type.shape, chunk);
   for (const OpTensor &r : results)
-    if (Error e = expectShape(inst, "result", r, chunkShape))
+    if (Error e = checkFloatShape(inst, r, "result", chunkShape))
       return e;
   int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
   for (int64_t i = 0; i < n; ++i)
@@ -1068,13 +993,15 @@ Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
 /// The inverse of split: inputs side by side along the last dimension.
 Error concat(const Instruction &inst, ArrayRef<OpTensor> operands,
              ArrayRef<OpTensor> results) {
-  if (Error e = expectSignature(inst, operands, results, 1, SIZE_MAX, 1, 1))
+  if (Error e = checkArity(inst, operands, results, Count::atLeast(1), 1))
     return e;
   ArrayRef<int64_t> first = operands[0].type.shape;
   if (first.empty())
     return opError(inst, "inputs must have rank >= 1");
   int64_t width = 0;
   for (const OpTensor &in : operands) {
+    if (Error e = checkFloat(inst, in, "input"))
+      return e;
     ArrayRef<int64_t> s = in.type.shape;
     if (s.size() != first.size() || s.drop_back() != first.drop_back())
       return opError(inst, "inputs " + shapeString(first) + " and " +
@@ -1082,7 +1009,8 @@ Error concat(const Instruction &inst, ArrayRef<OpTensor> operands,
                                " differ outside the last dimension");
     width += s.back();
   }
-  if (Error e = expectShape(inst, "result", results[0], withLast(first, width)))
+  if (Error e =
+          checkFloatShape(inst, results[0], "result", withLast(first, width)))
     return e;
   int64_t rows = product(first.drop_back());
   float *y = results[0].f32;
@@ -1098,13 +1026,11 @@ Error concat(const Instruction &inst, ArrayRef<OpTensor> operands,
 
 Error zeros(const Instruction &inst, ArrayRef<OpTensor> operands,
             ArrayRef<OpTensor> results) {
-  if (Error e = expectArity(inst, operands, results, 0, 0, 1, 1))
+  if (Error e = checkArity(inst, operands, results, 0, 1))
     return e;
   const OpTensor &out = results[0];
-  for (int64_t d : out.type.shape)
-    if (d < 0)
-      return opError(inst,
-                     "negative dimension in " + shapeString(out.type.shape));
+  if (Error e = checkExtents(inst, out, "result"))
+    return e;
   int64_t count = out.type.numElements();
   if (count == 0)
     return Error::success();

@@ -7,9 +7,9 @@
 // op descriptions in dialects/Graph/GraphOps.td; each backward op computes
 // what dialects/Graph/GraphGradients.cpp emits it for.
 //
-// Every kernel checks arity, buffers, shapes and attributes before touching
-// memory, so a malformed instruction is an llvm::Error naming the op, never a
-// crash. Parameter gradients summed over all tokens accumulate in double.
+// Every kernel checks its instruction before touching memory
+// (kernels/Checks.h). Parameter gradients summed over all tokens accumulate
+// in double.
 // Hot loops vectorise without -ffast-math: they run along a contiguous axis
 // or keep a fixed number of partial sums combined in a fixed order. Results
 // do not depend on the thread count: attention gives each (batch, head) to
@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
+#include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -50,73 +51,10 @@ using Triple = std::array<int64_t, 3>;
 // Checking instructions
 //===----------------------------------------------------------------------===//
 
-std::string shapeString(ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-/// Every message starts with the op so a failing step names its culprit.
-Error opError(const exec::Instruction &inst, const llvm::Twine &message) {
-  return llvm::createStringError(
-      (llvm::Twine("megaslide.") + inst.op + ": " + message).str());
-}
-
-Error checkArity(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
-                 ArrayRef<OpTensor> results, size_t numOperands,
-                 size_t numResults) {
-  if (operands.size() != numOperands || results.size() != numResults)
-    return opError(inst, "expects " + llvm::Twine(numOperands) +
-                             " operands and " + llvm::Twine(numResults) +
-                             " results, got " + llvm::Twine(operands.size()) +
-                             " and " + llvm::Twine(results.size()));
-  return Error::success();
-}
-
-Error checkExtents(const exec::Instruction &inst, const OpTensor &t,
-                   StringRef name) {
-  for (int64_t d : t.type.shape)
-    if (d < 0)
-      return opError(inst, name + " has a negative extent in " +
-                               shapeString(t.type.shape));
-  return Error::success();
-}
-
-/// Whether `t` arrived as fp32. An empty tensor may come without a buffer.
-bool isFloat(const OpTensor &t) {
-  return t.f32 ||
-         (t.type.numElements() == 0 && (t.type.dtype == exec::DType::F32 ||
-                                        t.type.dtype == exec::DType::BF16 ||
-                                        t.type.dtype == exec::DType::F16));
-}
-
 /// Whether `t` arrived as int32 (3D-DSA offsets).
 bool isInt32(const OpTensor &t) {
   return t.i32 ||
          (t.type.numElements() == 0 && t.type.dtype == exec::DType::I32);
-}
-
-/// A float tensor of rank `rank`; `layout` names its axes in the message.
-Error checkFloatRank(const exec::Instruction &inst, const OpTensor &t,
-                     StringRef name, size_t rank, StringRef layout) {
-  if (!isFloat(t))
-    return opError(inst, name + " must be a float tensor");
-  if (t.type.shape.size() != rank)
-    return opError(inst, name + " must have rank " + llvm::Twine(rank) + " " +
-                             layout + ", got " + shapeString(t.type.shape));
-  return checkExtents(inst, t, name);
-}
-
-/// A float tensor of exactly `shape`.
-Error checkFloatShape(const exec::Instruction &inst, const OpTensor &t,
-                      StringRef name, ArrayRef<int64_t> shape) {
-  if (!isFloat(t))
-    return opError(inst, name + " must be a float tensor");
-  if (ArrayRef<int64_t>(t.type.shape) != shape)
-    return opError(inst, name + " has shape " + shapeString(t.type.shape) +
-                             ", expected " + shapeString(shape));
-  return Error::success();
 }
 
 /// An integer attribute triple (grid, patch, window, ...), each entry at
@@ -148,16 +86,15 @@ int64_t volume(const Triple &t) {
   return v;
 }
 
-/// A float attribute; `fallback` is its ODS default, used when the plan
-/// writer left a defaulted attribute out.
-Expected<double> floatAttrOr(const exec::Instruction &inst, StringRef name,
-                             double fallback) {
-  if (!inst.attr(name))
-    return fallback;
-  std::optional<double> v = inst.floatAttr(name);
-  if (!v || !std::isfinite(*v))
-    return opError(inst, "attribute '" + name + "' must be a finite number");
-  return *v;
+/// The grid attribute (T, Y, X) of an op over `tokens` tokens per sample.
+Expected<Triple> gridAttr(const exec::Instruction &inst, int64_t tokens) {
+  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  if (!grid)
+    return grid.takeError();
+  if (volume(*grid) != tokens)
+    return opError(inst, "token count " + llvm::Twine(tokens) +
+                             " does not match grid " + shapeString(*grid));
+  return grid;
 }
 
 /// The optional softmax scale of the attention ops: 1/sqrt(head dim) when
@@ -272,6 +209,18 @@ struct PatchGrid {
         }
   }
 
+  /// Calls fn(token index, latent index) for every value of every token,
+  /// the token index into tokens [B, N, pt*ph*pw*C]: (un)patchify's copy.
+  template <typename Fn> void forEachTokenValue(Fn fn) const {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t n = 0; n < tokens(); ++n) {
+        int64_t row = (b * tokens() + n) * tokenWidth();
+        forEachValue(b, n, [&](int64_t within, int64_t index) {
+          fn(row + within, index);
+        });
+      }
+  }
+
   /// Copies token n of sample b into `p` in the order of a patch_embed
   /// weight row [C, pt, ph, pw], so the weight applies to it as a matrix.
   void gatherForWeight(const float *latents, int64_t b, int64_t n,
@@ -307,22 +256,33 @@ Expected<PatchGrid> patchGrid(const exec::Instruction &inst,
   return g;
 }
 
+/// The patch grid of patch_embed's latents `x` cut by the patch of its
+/// weight (or weight gradient) `w` [D, C, pt, ph, pw].
+Expected<PatchGrid> patchEmbedGrid(const exec::Instruction &inst,
+                                   const OpTensor &x, const OpTensor &w,
+                                   StringRef wName) {
+  if (Error e = checkFloatRank(inst, w, wName, 5, "[D, C, pt, ph, pw]"))
+    return std::move(e);
+  const std::vector<int64_t> &ws = w.type.shape;
+  Expected<PatchGrid> g = patchGrid(inst, x, "input", {ws[2], ws[3], ws[4]});
+  if (!g)
+    return g.takeError();
+  if (ws[1] != g->channels)
+    return opError(inst, wName + " has " + llvm::Twine(ws[1]) +
+                             " input channels but the latents have " +
+                             llvm::Twine(g->channels));
+  return g;
+}
+
 Error patchEmbed(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
                  ArrayRef<OpTensor> results) {
   if (Error e = checkArity(inst, operands, results, 3, 1))
     return e;
   const OpTensor &x = operands[0], &w = operands[1], &bias = operands[2];
-  if (Error e = checkFloatRank(inst, w, "weight", 5, "[D, C, pt, ph, pw]"))
-    return e;
-  const std::vector<int64_t> &ws = w.type.shape;
-  Expected<PatchGrid> g = patchGrid(inst, x, "input", {ws[2], ws[3], ws[4]});
+  Expected<PatchGrid> g = patchEmbedGrid(inst, x, w, "weight");
   if (!g)
     return g.takeError();
-  int64_t dim = ws[0], width = g->tokenWidth(), N = g->tokens();
-  if (ws[1] != g->channels)
-    return opError(inst, "weight has " + llvm::Twine(ws[1]) +
-                             " input channels but the latents have " +
-                             llvm::Twine(g->channels));
+  int64_t dim = w.type.shape[0], width = g->tokenWidth(), N = g->tokens();
   if (Error e = checkFloatShape(inst, bias, "bias", {dim}))
     return e;
   if (Error e = checkFloatShape(inst, results[0], "result", {g->batch, N, dim}))
@@ -351,18 +311,10 @@ Error patchEmbedGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
   const OpTensor &x = operands[0], &dy = operands[1];
   const OpTensor &dw = results[0], &db = results[1];
-  if (Error e =
-          checkFloatRank(inst, dw, "weight_grad", 5, "[D, C, pt, ph, pw]"))
-    return e;
-  const std::vector<int64_t> &ws = dw.type.shape;
-  Expected<PatchGrid> g = patchGrid(inst, x, "input", {ws[2], ws[3], ws[4]});
+  Expected<PatchGrid> g = patchEmbedGrid(inst, x, dw, "weight_grad");
   if (!g)
     return g.takeError();
-  int64_t dim = ws[0], width = g->tokenWidth(), N = g->tokens();
-  if (ws[1] != g->channels)
-    return opError(inst, "weight_grad has " + llvm::Twine(ws[1]) +
-                             " input channels but the latents have " +
-                             llvm::Twine(g->channels));
+  int64_t dim = dw.type.shape[0], width = g->tokenWidth(), N = g->tokens();
   if (Error e = checkFloatShape(inst, dy, "result_grad", {g->batch, N, dim}))
     return e;
   if (Error e = checkFloatShape(inst, db, "bias_grad", {dim}))
@@ -419,14 +371,8 @@ Error unpatchify(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
   const float *in = operands[0].f32;
   float *out = results[0].f32;
-  int64_t width = g->tokenWidth();
-  for (int64_t b = 0; b < g->batch; ++b)
-    for (int64_t n = 0; n < g->tokens(); ++n) {
-      const float *row = in + (b * g->tokens() + n) * width;
-      g->forEachValue(b, n, [&](int64_t within, int64_t index) {
-        out[index] = row[within];
-      });
-    }
+  g->forEachTokenValue(
+      [&](int64_t token, int64_t latent) { out[latent] = in[token]; });
   return Error::success();
 }
 
@@ -444,14 +390,8 @@ Error patchify(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
   const float *in = operands[0].f32;
   float *out = results[0].f32;
-  int64_t width = g->tokenWidth();
-  for (int64_t b = 0; b < g->batch; ++b)
-    for (int64_t n = 0; n < g->tokens(); ++n) {
-      float *row = out + (b * g->tokens() + n) * width;
-      g->forEachValue(b, n, [&](int64_t within, int64_t index) {
-        row[within] = in[index];
-      });
-    }
+  g->forEachTokenValue(
+      [&](int64_t token, int64_t latent) { out[token] = in[latent]; });
   return Error::success();
 }
 
@@ -477,12 +417,12 @@ Error timestepEmbedding(const exec::Instruction &inst,
   if (width <= 0 || width % 2 != 0)
     return opError(inst, "embedding width must be positive and even, got " +
                              llvm::Twine(width));
-  Expected<double> maxPeriod = floatAttrOr(inst, "max_period", 10000.0);
+  Expected<double> maxPeriod = finiteFloatAttr(inst, "max_period", 10000.0);
   if (!maxPeriod)
     return maxPeriod.takeError();
   if (!(*maxPeriod > 1))
     return opError(inst, "max_period must exceed 1");
-  Expected<double> timeScale = floatAttrOr(inst, "time_scale", 1.0);
+  Expected<double> timeScale = finiteFloatAttr(inst, "time_scale", 1.0);
   if (!timeScale)
     return timeScale.takeError();
 
@@ -504,43 +444,54 @@ Error timestepEmbedding(const exec::Instruction &inst,
   return Error::success();
 }
 
-/// Reads the ids (i32 or i64) and checks each lies in [0, rows).
-Expected<std::vector<int64_t>> tableIds(const exec::Instruction &inst,
-                                        const OpTensor &ids, int64_t rows) {
+/// Checks embedding (ids [B], table [V, D]) -> rows [B, D] or its gradient
+/// (ids, result_grad [B, D]) -> table_grad [V, D]; returns the ids (i32 or
+/// i64 in the plan), each in [0, V).
+Expected<std::vector<int64_t>> checkEmbedding(const exec::Instruction &inst,
+                                              ArrayRef<OpTensor> operands,
+                                              ArrayRef<OpTensor> results,
+                                              bool grad) {
+  if (Error e = checkArity(inst, operands, results, 2, 1))
+    return std::move(e);
+  const OpTensor &table = grad ? results[0] : operands[1];
+  const OpTensor &rows = grad ? operands[1] : results[0];
+  StringRef tableName = grad ? "table_grad" : "table";
+  StringRef rowsName = grad ? "result_grad" : "result";
+  if (Error e = checkFloatRank(inst, table, tableName, 2, "[V, D]"))
+    return std::move(e);
+  int64_t numRows = table.type.shape[0], dim = table.type.shape[1];
+  const OpTensor &ids = operands[0];
   if (!ids.i32 && !ids.i64 &&
       !(ids.type.numElements() == 0 && (ids.type.dtype == exec::DType::I32 ||
                                         ids.type.dtype == exec::DType::I64)))
-    return opError(inst, "ids must be an i32 or i64 tensor");
+    return opError(inst, "'ids' must be an i32 or i64 tensor");
   if (ids.type.shape.size() != 1)
-    return opError(inst, "ids must have rank 1 [B], got " +
+    return opError(inst, "'ids' must have rank 1 [B], got " +
                              shapeString(ids.type.shape));
   if (Error e = checkExtents(inst, ids, "ids"))
     return std::move(e);
   std::vector<int64_t> out(ids.type.shape[0]);
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = ids.i64 ? ids.i64[i] : ids.i32[i];
-    if (out[i] < 0 || out[i] >= rows)
+    if (out[i] < 0 || out[i] >= numRows)
       return opError(inst, "id " + llvm::Twine(out[i]) + " at position " +
                                llvm::Twine(i) + " is outside the table of " +
-                               llvm::Twine(rows) + " rows");
+                               llvm::Twine(numRows) + " rows");
   }
+  int64_t batch = static_cast<int64_t>(out.size());
+  if (Error e = checkFloatShape(inst, rows, rowsName, {batch, dim}))
+    return std::move(e);
   return out;
 }
 
 Error embedding(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
                 ArrayRef<OpTensor> results) {
-  if (Error e = checkArity(inst, operands, results, 2, 1))
-    return e;
-  const OpTensor &table = operands[1];
-  if (Error e = checkFloatRank(inst, table, "table", 2, "[V, D]"))
-    return e;
-  int64_t rows = table.type.shape[0], dim = table.type.shape[1];
-  Expected<std::vector<int64_t>> ids = tableIds(inst, operands[0], rows);
+  Expected<std::vector<int64_t>> ids =
+      checkEmbedding(inst, operands, results, /*grad=*/false);
   if (!ids)
     return ids.takeError();
-  int64_t batch = static_cast<int64_t>(ids->size());
-  if (Error e = checkFloatShape(inst, results[0], "result", {batch, dim}))
-    return e;
+  const OpTensor &table = operands[1];
+  int64_t batch = static_cast<int64_t>(ids->size()), dim = table.type.shape[1];
   for (int64_t b = 0; b < batch; ++b)
     std::copy_n(table.f32 + (*ids)[b] * dim, dim, results[0].f32 + b * dim);
   return Error::success();
@@ -548,18 +499,13 @@ Error embedding(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
 
 Error embeddingGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
                     ArrayRef<OpTensor> results) {
-  if (Error e = checkArity(inst, operands, results, 2, 1))
-    return e;
-  const OpTensor &dt = results[0];
-  if (Error e = checkFloatRank(inst, dt, "table_grad", 2, "[V, D]"))
-    return e;
-  int64_t rows = dt.type.shape[0], dim = dt.type.shape[1];
-  Expected<std::vector<int64_t>> ids = tableIds(inst, operands[0], rows);
+  Expected<std::vector<int64_t>> ids =
+      checkEmbedding(inst, operands, results, /*grad=*/true);
   if (!ids)
     return ids.takeError();
+  const OpTensor &dt = results[0];
   int64_t batch = static_cast<int64_t>(ids->size());
-  if (Error e = checkFloatShape(inst, operands[1], "result_grad", {batch, dim}))
-    return e;
+  int64_t rows = dt.type.shape[0], dim = dt.type.shape[1];
   // Repeated ids add up, in batch order (deterministic).
   std::fill_n(dt.f32, rows * dim, 0.0f);
   for (int64_t b = 0; b < batch; ++b)
@@ -580,20 +526,17 @@ Error rope3d(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
   if (Error e = checkFloatShape(inst, results[0], "result", x.type.shape))
     return e;
-  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  const std::vector<int64_t> &s = x.type.shape;
+  int64_t batch = s[0], N = s[1], heads = s[2], headDim = s[3];
+  Expected<Triple> grid = gridAttr(inst, N);
   if (!grid)
     return grid.takeError();
   Expected<Triple> dims = tripleAttr(inst, "dims", 0);
   if (!dims)
     return dims.takeError();
-  Expected<double> theta = floatAttrOr(inst, "theta", 10000.0);
+  Expected<double> theta = finiteFloatAttr(inst, "theta", 10000.0);
   if (!theta)
     return theta.takeError();
-  const std::vector<int64_t> &s = x.type.shape;
-  int64_t batch = s[0], N = s[1], heads = s[2], headDim = s[3];
-  if (volume(*grid) != N)
-    return opError(inst, "token count " + llvm::Twine(N) +
-                             " does not match grid " + shapeString(*grid));
   // Bounding each part first keeps the sum of untrusted values in range.
   if (llvm::any_of(*dims,
                    [&](int64_t d) { return d % 2 != 0 || d > headDim; }) ||
@@ -998,7 +941,8 @@ Expected<Dsa3dConfig> dsaConfig(const exec::Instruction &inst,
                                 const OpTensor &q, bool withScale) {
   if (Error e = checkFloatRank(inst, q, "query", 4, "[B, N, H, Dh]"))
     return std::move(e);
-  Expected<Triple> grid = tripleAttr(inst, "grid", 1);
+  const std::vector<int64_t> &s = q.type.shape;
+  Expected<Triple> grid = gridAttr(inst, s[1]);
   if (!grid)
     return grid.takeError();
   Expected<Triple> window = tripleAttr(inst, "window", 1);
@@ -1007,7 +951,6 @@ Expected<Dsa3dConfig> dsaConfig(const exec::Instruction &inst,
   Expected<Triple> tile = tripleAttr(inst, "tile", 1);
   if (!tile)
     return tile.takeError();
-  const std::vector<int64_t> &s = q.type.shape;
   Dsa3dConfig cfg;
   cfg.batch = s[0];
   cfg.heads = s[2];
@@ -1017,9 +960,6 @@ Expected<Dsa3dConfig> dsaConfig(const exec::Instruction &inst,
   cfg.X = (*grid)[2];
   cfg.window = *window;
   cfg.tile = *tile;
-  if (volume(*grid) != s[1])
-    return opError(inst, "token count " + llvm::Twine(s[1]) +
-                             " does not match grid " + shapeString(*grid));
   cfg.scale = 1.0;
   if (withScale) {
     Expected<double> scale = scaleAttr(inst, cfg.headDim);
@@ -1033,20 +973,14 @@ Expected<Dsa3dConfig> dsaConfig(const exec::Instruction &inst,
   return cfg;
 }
 
-std::vector<int64_t> offsetsShape(const Dsa3dConfig &cfg) {
-  Triple n = cfg.numTiles();
-  return {cfg.batch, cfg.heads, n[0], n[1], n[2], cfg.window[0], 2};
-}
-
+/// The i32 offsets [B, H, nT, nY, nX, wt, 2] of `cfg`.
 Error checkOffsets(const exec::Instruction &inst, const OpTensor &t,
                    const Dsa3dConfig &cfg) {
   if (!isInt32(t))
-    return opError(inst, "offsets must be an i32 tensor");
-  std::vector<int64_t> expected = offsetsShape(cfg);
-  if (t.type.shape != expected)
-    return opError(inst, "offsets have shape " + shapeString(t.type.shape) +
-                             ", expected " + shapeString(expected));
-  return Error::success();
+    return opError(inst, "'offsets' must be an i32 tensor");
+  Triple n = cfg.numTiles();
+  return checkShape(inst, t, "offsets",
+                    {cfg.batch, cfg.heads, n[0], n[1], n[2], cfg.window[0], 2});
 }
 
 std::vector<int64_t> lseShape(const Dsa3dConfig &cfg) {
@@ -1117,12 +1051,8 @@ Error dsa3dOffsetsKernel(const exec::Instruction &inst,
   if (Error e =
           checkFloatShape(inst, operands[1], "key", operands[0].type.shape))
     return e;
-  if (!isInt32(results[0]))
-    return opError(inst, "offsets must be an i32 tensor");
-  if (results[0].type.shape != offsetsShape(*cfg))
-    return opError(inst, "offsets have shape " +
-                             shapeString(results[0].type.shape) +
-                             ", expected " + shapeString(offsetsShape(*cfg)));
+  if (Error e = checkOffsets(inst, results[0], *cfg))
+    return e;
   std::optional<int64_t> radius = inst.intAttr("radius");
   if (!radius || *radius < 0)
     return opError(inst, "needs a non-negative integer attribute 'radius'");
@@ -1145,10 +1075,8 @@ Error flowInterpolate(const exec::Instruction &inst,
   if (Error e = checkArity(inst, operands, results, 3, 1))
     return e;
   const OpTensor &x0 = operands[0];
-  if (!isFloat(x0) || x0.type.shape.empty())
-    return opError(inst, "latents must be a float tensor with a batch "
-                         "dimension");
-  if (Error e = checkExtents(inst, x0, "latents"))
+  if (Error e =
+          checkFloatRank(inst, x0, "latents", Count::atLeast(1), "[B, ...]"))
     return e;
   const std::vector<int64_t> &s = x0.type.shape;
   if (Error e = checkFloatShape(inst, operands[1], "noise", s))
@@ -1174,12 +1102,17 @@ struct LossShape {
   int64_t count() const { return batch * channels * inner; }
 };
 
-Expected<LossShape> lossShape(const exec::Instruction &inst,
-                              ArrayRef<OpTensor> operands) {
+/// Checks the arity and operands (prediction, latents, noise) of the loss
+/// and its gradient.
+Expected<LossShape> checkLoss(const exec::Instruction &inst,
+                              ArrayRef<OpTensor> operands,
+                              ArrayRef<OpTensor> results) {
+  if (Error e = checkArity(inst, operands, results, 3, 1))
+    return std::move(e);
   const OpTensor &pred = operands[0], &x0 = operands[1];
-  if (!isFloat(pred) || !isFloat(x0))
-    return opError(inst, "prediction and latents must be float tensors");
-  if (Error e = checkExtents(inst, x0, "latents"))
+  if (Error e = checkFloat(inst, pred, "prediction"))
+    return std::move(e);
+  if (Error e = checkFloat(inst, x0, "latents"))
     return std::move(e);
   const std::vector<int64_t> &p = pred.type.shape, &x = x0.type.shape;
   if (Error e = checkFloatShape(inst, operands[2], "noise", x))
@@ -1200,35 +1133,35 @@ Expected<LossShape> lossShape(const exec::Instruction &inst,
   return l;
 }
 
-/// Calls fn(prediction index, latent index) for the compared elements.
-template <typename Fn> void forEachCompared(const LossShape &l, Fn fn) {
+/// Calls fn(prediction index, residual) for the compared elements: the
+/// residual pred - (noise - x0), in double, of the loss and its gradient.
+template <typename Fn>
+void forEachResidual(const LossShape &l, ArrayRef<OpTensor> operands, Fn fn) {
+  const float *pred = operands[0].f32, *x0 = operands[1].f32,
+              *noise = operands[2].f32;
   for (int64_t b = 0; b < l.batch; ++b)
     for (int64_t c = 0; c < l.channels; ++c) {
       int64_t p = (b * l.predChannels + c) * l.inner;
       int64_t x = (b * l.channels + c) * l.inner;
       for (int64_t i = 0; i < l.inner; ++i)
-        fn(p + i, x + i);
+        fn(p + i,
+           double(pred[p + i]) - (double(noise[x + i]) - double(x0[x + i])));
     }
 }
 
 Error flowMatchingLoss(const exec::Instruction &inst,
                        ArrayRef<OpTensor> operands,
                        ArrayRef<OpTensor> results) {
-  if (Error e = checkArity(inst, operands, results, 3, 1))
-    return e;
-  Expected<LossShape> l = lossShape(inst, operands);
+  Expected<LossShape> l = checkLoss(inst, operands, results);
   if (!l)
     return l.takeError();
-  if (!results[0].f32 || results[0].type.numElements() != 1)
-    return opError(inst, "loss must be a float scalar, got " +
+  if (Error e = checkFloat(inst, results[0], "loss"))
+    return e;
+  if (results[0].type.numElements() != 1)
+    return opError(inst, "'loss' must be a scalar, got " +
                              shapeString(results[0].type.shape));
-  const float *pred = operands[0].f32, *x0 = operands[1].f32,
-              *noise = operands[2].f32;
   double sum = 0;
-  forEachCompared(*l, [&](int64_t p, int64_t x) {
-    double r = double(pred[p]) - (double(noise[x]) - double(x0[x]));
-    sum += r * r;
-  });
+  forEachResidual(*l, operands, [&](int64_t, double r) { sum += r * r; });
   results[0].f32[0] = static_cast<float>(sum / static_cast<double>(l->count()));
   return Error::success();
 }
@@ -1236,22 +1169,17 @@ Error flowMatchingLoss(const exec::Instruction &inst,
 Error flowMatchingLossGrad(const exec::Instruction &inst,
                            ArrayRef<OpTensor> operands,
                            ArrayRef<OpTensor> results) {
-  if (Error e = checkArity(inst, operands, results, 3, 1))
-    return e;
-  Expected<LossShape> l = lossShape(inst, operands);
+  Expected<LossShape> l = checkLoss(inst, operands, results);
   if (!l)
     return l.takeError();
   if (Error e = checkFloatShape(inst, results[0], "prediction_grad",
                                 operands[0].type.shape))
     return e;
-  const float *pred = operands[0].f32, *x0 = operands[1].f32,
-              *noise = operands[2].f32;
   float *grad = results[0].f32;
   // Extra (learned-sigma) channels are not in the loss.
   std::fill_n(grad, results[0].type.numElements(), 0.0f);
   double factor = 2.0 / static_cast<double>(l->count());
-  forEachCompared(*l, [&](int64_t p, int64_t x) {
-    double r = double(pred[p]) - (double(noise[x]) - double(x0[x]));
+  forEachResidual(*l, operands, [&](int64_t p, double r) {
     grad[p] = static_cast<float>(factor * r);
   });
   return Error::success();

@@ -1,0 +1,1 @@
+megaslide.param gradient head @w.grad : tensor<4xf32>

@@ -1,0 +1,1 @@
+megaslide.param master blocks @w : tensor<4xf32>

@@ -1,0 +1,1 @@
+megaslide.param master head @w : tensor<4xbf16>

@@ -1,0 +1,1 @@
+megaslide.param frozen head @ids : tensor<4xi32>

@@ -1,0 +1,5 @@
+func.func @flow_types(%x: tensor<1x16x2x8x8xbf16>, %n: tensor<1x16x2x8x8xf32>, %t: tensor<1xf32>) {
+  %xt = megaslide.flow_interpolate %x, %n, %t
+      : (tensor<1x16x2x8x8xbf16>, tensor<1x16x2x8x8xf32>, tensor<1xf32>) -> tensor<1x16x2x8x8xbf16>
+  return
+}

@@ -1,0 +1,4 @@
+func.func @split_type(%x: tensor<1x4xbf16>) {
+  %s:2 = megaslide.split %x : tensor<1x4xbf16> -> tensor<1x2xbf16>, tensor<1x2xf32>
+  return
+}

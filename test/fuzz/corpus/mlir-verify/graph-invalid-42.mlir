@@ -1,0 +1,5 @@
+func.func @unpatchify_tokens(%t: tensor<1x32x32xbf16>) {
+  %y = megaslide.unpatchify %t {grid = array<i64: 2, 4, 4>, patch = array<i64: 1, 2, 2>}
+      : tensor<1x32x32xbf16> -> tensor<1x16x2x8x8xbf16>
+  return
+}

@@ -1,0 +1,4 @@
+func.func @patchify_triple(%y: tensor<1x16x2x8x8xbf16>) {
+  %t = megaslide.patchify %y {patch = array<i64: 2, 2>} : tensor<1x16x2x8x8xbf16> -> tensor<1x32x64xbf16>
+  return
+}

@@ -1,0 +1,5 @@
+func.func @attention_key_rank(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x64xbf16>) {
+  %o = megaslide.attention %q, %k, %k
+      : (tensor<1x32x4x16xbf16>, tensor<1x8x64xbf16>, tensor<1x8x64xbf16>) -> tensor<1x32x4x16xbf16>
+  return
+}

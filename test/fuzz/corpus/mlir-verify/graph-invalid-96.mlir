@@ -1,0 +1,5 @@
+func.func @attention_types(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x8x4x16xf32>) {
+  %o = megaslide.attention %q, %k, %k
+      : (tensor<1x32x4x16xbf16>, tensor<1x8x4x16xf32>, tensor<1x8x4x16xf32>) -> tensor<1x32x4x16xbf16>
+  return
+}

@@ -1,0 +1,1 @@
+msched.resource @r device size(-1) category("device arena")

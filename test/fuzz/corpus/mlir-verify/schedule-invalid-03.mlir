@@ -1,0 +1,5 @@
+func.func @missing_start() {
+  msched.pack {alignment = 256 : i64, sizes = array<i64: 1024, 512>,
+               starts = array<i64: 0>, ends = array<i64: 2, 3>}
+  return
+}

@@ -1,0 +1,4 @@
+func.func @empty_join() {
+  %0 = msched.join
+  return
+}

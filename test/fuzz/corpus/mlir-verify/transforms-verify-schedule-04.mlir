@@ -1,0 +1,7 @@
+module @no_arena {
+  func.func @train_step(%x: tensor<1x8x16xbf16>) -> tensor<1x8x16xbf16> {
+    %dx = msched.h2d %x {msched.stream = 1 : i32} : tensor<1x8x16xbf16>
+    %out = msched.d2h %dx {msched.stream = 2 : i32} : tensor<1x8x16xbf16>
+    return {msched.stream = 3 : i32} %out : tensor<1x8x16xbf16>
+  }
+}

@@ -1,0 +1,8 @@
+module @past_arena {
+  msched.resource @device_arena device size(384) category("device arena")
+  func.func @train_step(%x: tensor<1x8x16xbf16>) -> tensor<1x8x16xbf16> {
+    %dx = msched.h2d %x {msched.offsets = array<i64: 256>, msched.stream = 1 : i32} : tensor<1x8x16xbf16>
+    %out = msched.d2h %dx {msched.stream = 2 : i32} : tensor<1x8x16xbf16>
+    return {msched.stream = 3 : i32} %out : tensor<1x8x16xbf16>
+  }
+}
