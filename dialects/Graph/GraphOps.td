@@ -679,8 +679,10 @@ def Graph_Rope3dOp : Graph_Op<"rope3d", [Pure, Graph_Differentiable,
     The head dim is split into `dims` = (dt, dy, dx) channels (Wan 2.1:
     dt = Dh - 4*(Dh/6), dy = dx = 2*(Dh/6)); each part rotates adjacent
     channel pairs (2i, 2i+1) by angle `pos * theta^(-2i/d)` with pos the
-    token's t, y or x. `inverse` rotates by the negated angle, which is
-    the gradient of the forward rotation.
+    token's t, y or x, counter-clockwise as diffusers' complex product
+    (x0 + i x1) e^(i angle): (x0 cos - x1 sin, x0 sin + x1 cos). `inverse`
+    rotates by the negated angle, which is the gradient of the forward
+    rotation.
 
     ```mlir
     %q2 = megaslide.rope3d %q {grid = array<i64: 2, 4, 4>, dims = array<i64: 8, 4, 4>}
