@@ -10,6 +10,8 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_ADAMW_H
 #define MEGASLIDE_RUNTIME_CPU_ADAMW_H
 
+#include "cpu/HalfFloat.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -28,35 +30,6 @@ struct AdamWHyper {
   double weightDecay = 0.0;
   int64_t step = 1; ///< 1-based: the first update uses step 1
 };
-
-/// The fp32 value of a bf16 bit pattern (exact).
-inline float bf16ToFloat(uint16_t bits) {
-  uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
-
-/// The bf16 bit pattern nearest to `f`, ties to even; NaNs stay (quiet)
-/// NaNs with their sign. Branch-free so that loops calling it vectorise.
-inline uint16_t floatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  uint32_t quietNan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>(f != f ? quietNan : rounded);
-}
-
-/// Instruction sets the update loop is compiled for (one binary serves every
-/// x86-64 host: the build has no -march). All give bitwise the same results:
-/// the same IEEE operations in the same order, with FMA contraction off.
-enum class AdamWIsa { Auto, Generic, Avx2, Avx512 };
-
-/// The instruction set AdamWIsa::Auto resolves to on this CPU.
-AdamWIsa adamwBestIsa();
-
-/// "auto", "generic" (SSE2 on x86-64), "avx2" or "avx512".
-const char *adamwIsaName(AdamWIsa isa);
 
 /// One AdamW update of n parameters, in place, with t = hyper.step:
 ///   g  = float(grad)

@@ -68,18 +68,6 @@ private:
   int64_t liveBytes = 0;
 };
 
-float halfToFloat(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return static_cast<float>(h);
-}
-uint16_t floatToHalf(float f) {
-  _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
-}
-
 void widen(const uint8_t *src, DType dtype, int64_t n, float *dst) {
   switch (dtype) {
   case DType::BF16: {

@@ -475,18 +475,6 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
 
 namespace {
 
-float halfToFloat(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return static_cast<float>(h);
-}
-uint16_t floatToHalf(float f) {
-  _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
-}
-
 /// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
 void parallelChunks(int64_t n,
                     const std::function<void(int64_t, int64_t)> &body) {
@@ -521,7 +509,7 @@ void narrow(const float *src, DType dtype, int64_t n, void *dst) {
     case DType::F16: {
       uint16_t *d = static_cast<uint16_t *>(dst);
       for (int64_t i = b; i < e; ++i)
-        d[i] = floatToHalf(src[i]);
+        d[i] = cpu::floatToHalf(src[i]);
       return;
     }
     case DType::F32:
@@ -550,7 +538,7 @@ void widen(const void *src, DType dtype, int64_t n, float *dst) {
       dst[i] = cpu::bf16ToFloat(static_cast<const uint16_t *>(src)[i]);
       break;
     case DType::F16:
-      dst[i] = halfToFloat(static_cast<const uint16_t *>(src)[i]);
+      dst[i] = cpu::halfToFloat(static_cast<const uint16_t *>(src)[i]);
       break;
     case DType::F32:
       dst[i] = static_cast<const float *>(src)[i];

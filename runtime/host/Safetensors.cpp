@@ -163,30 +163,6 @@ int64_t StTensorInfo::numElements() const {
   return n;
 }
 
-float host::halfToFloat(uint16_t bits) {
-  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  uint32_t exponent = (bits >> 10) & 0x1Fu;
-  uint32_t mantissa = bits & 0x3FFu;
-  uint32_t out;
-  if (exponent == 0x1F) { // inf, NaN (payload kept)
-    out = sign | 0x7F800000u | (mantissa << 13);
-  } else if (exponent != 0) { // normal
-    out = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) { // zero
-    out = sign;
-  } else { // subnormal: normalise into fp32's range
-    int shift = 0;
-    while (!(mantissa & 0x400u)) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    out = sign | static_cast<uint32_t>(113 - shift) << 23 |
-          ((mantissa & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &out, sizeof(f));
-  return f;
-}
 
 namespace {
 /// Slicing-by-8 tables of the reflected Castagnoli polynomial.

@@ -17,6 +17,8 @@
 #ifndef MEGASLIDE_RUNTIME_HOST_SAFETENSORS_H
 #define MEGASLIDE_RUNTIME_HOST_SAFETENSORS_H
 
+#include "cpu/HalfFloat.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -155,7 +157,7 @@ llvm::Error writeFile(llvm::StringRef path, llvm::StringRef contents,
 llvm::Error syncDirectory(llvm::StringRef path);
 
 /// The exact fp32 value of an IEEE binary16 bit pattern.
-float halfToFloat(uint16_t bits);
+using cpu::halfToFloat;
 
 /// CRC-32C (Castagnoli, as iSCSI and ext4 use it), incrementally:
 /// crc = crc32c(crc32c(0, a), b) is the CRC of a followed by b. Uses the

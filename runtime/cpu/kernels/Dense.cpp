@@ -22,7 +22,6 @@
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
-#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
 
 #include <algorithm>
@@ -46,7 +45,7 @@ using llvm::Twine;
 namespace {
 
 //===----------------------------------------------------------------------===//
-// Shapes and attributes
+// Shapes
 //===----------------------------------------------------------------------===//
 
 /// `shape` with its last dimension replaced by `last`.
