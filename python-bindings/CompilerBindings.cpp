@@ -75,9 +75,8 @@ Status memoryPlan(const std::string &model, int64_t frames, int64_t height,
                   int64_t width, bool latent, int64_t batch, int64_t textLen,
                   const std::string &options) {
   return callCapi([&](char **out, char **err) {
-    return megaslideMemoryPlanJson(model.c_str(), frames, height, width,
-                                   latent, batch, textLen, options.c_str(),
-                                   out, err);
+    return megaslideMemoryPlanJson(model.c_str(), frames, height, width, latent,
+                                   batch, textLen, options.c_str(), out, err);
   });
 }
 

@@ -206,14 +206,15 @@ public:
       options.dtype = host::StDType::BF16;
     else
       throw std::invalid_argument("save_weights: dtype must be 'f32' or "
-                                  "'bf16', got '" + dtype + "'");
+                                  "'bf16', got '" +
+                                  dtype + "'");
     if (maxShardBytes == 0)
       throw std::invalid_argument("save_weights: max_shard_bytes must be "
                                   "positive");
     options.maxShardBytes = maxShardBytes;
     py::gil_scoped_release release;
-    if (llvm::Error err = host::saveWeights(session->plan(), session->state(),
-                                            dir, options))
+    if (llvm::Error err =
+            host::saveWeights(session->plan(), session->state(), dir, options))
       raise(std::move(err));
   }
 

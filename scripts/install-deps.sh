@@ -10,6 +10,8 @@ APT_PACKAGES=(
   cmake ninja-build lld ccache g++
   # Tests and bindings.
   libgtest-dev pybind11-dev python3-dev python3-pip
+  # scripts/pip-install-check.sh: `pip install .` into a venv (PEP 668).
+  python3-venv
   # The ASan+UBSan build and libFuzzer targets (scripts/sanitize.sh).
   clang-22 libclang-rt-22-dev
 )

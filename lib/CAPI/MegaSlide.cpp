@@ -9,9 +9,10 @@
 #include "megaslide/Model/ModelInfo.h"
 #include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Support/IrNesting.h"
+#include "megaslide/Support/Json.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
-#include "megaslide/Support/Json.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
 
@@ -282,9 +283,16 @@ private:
 mlir::OwningOpRef<mlir::ModuleOp> parseModule(mlir::MLIRContext &context,
                                               const char *ir,
                                               const char *sourceName) {
+  llvm::StringRef name = sourceName && *sourceName ? sourceName : "<string>";
+  // Refused before MLIR's parser recurses itself into a stack overflow.
+  if (std::optional<unsigned> line =
+          megaslide::findDeepIrNesting(ir ? ir : "")) {
+    mlir::emitError(mlir::FileLineColLoc::get(&context, name, *line, 1))
+        << megaslide::kIrNestingMessage;
+    return nullptr;
+  }
   return mlir::parseSourceString<mlir::ModuleOp>(
-      ir ? ir : "", mlir::ParserConfig(&context),
-      sourceName && *sourceName ? sourceName : "<string>");
+      ir ? ir : "", mlir::ParserConfig(&context), name);
 }
 
 std::string print(mlir::ModuleOp module) {
@@ -376,8 +384,8 @@ int megaslideBuildModule(const char *model, int64_t frames, int64_t height,
   return 0;
 }
 
-int megaslideParseModule(const char *ir, const char *sourceName,
-                         char **printed, char **error) {
+int megaslideParseModule(const char *ir, const char *sourceName, char **printed,
+                         char **error) {
   mlir::MLIRContext context(dialectRegistry(),
                             mlir::MLIRContext::Threading::DISABLED);
   context.printOpOnDiagnostic(false);
@@ -419,8 +427,8 @@ int megaslideRunPipeline(const char *ir, const char *sourceName,
   if (mlir::failed(parsed)) {
     // A pass reports a bad option into `parseOs`, a pipeline on stderr.
     std::string why = llvm::StringRef(parseErrors).rtrim().str();
-    for (size_t at; (at = why.find("<Pass-Options-Parser>: ")) !=
-                    std::string::npos;)
+    for (size_t at;
+         (at = why.find("<Pass-Options-Parser>: ")) != std::string::npos;)
       why.erase(at, strlen("<Pass-Options-Parser>: "));
     for (size_t at; (at = why.find("\n\n")) != std::string::npos;)
       why.erase(at, 1);
@@ -486,16 +494,15 @@ int megaslideEmitDsaKernelsJson(const char *ir, const char *sourceName,
       *error = copyString(llvm::toString(parsedManifest.takeError()));
       return 1;
     }
-    kernels.push_back(llvm::json::Object{
-        {"name", cuda::configName(emitted.configs[i])},
-        {"description", emitted.configs[i].describe()},
-        {"source", emitted.sources[i]},
-        {"manifest", std::move(*parsedManifest)}});
+    kernels.push_back(
+        llvm::json::Object{{"name", cuda::configName(emitted.configs[i])},
+                           {"description", emitted.configs[i].describe()},
+                           {"source", emitted.sources[i]},
+                           {"manifest", std::move(*parsedManifest)}});
   }
-  *json = copyString(
-      llvm::formatv("{0}", llvm::json::Value(llvm::json::Object{
-                               {"kernels", std::move(kernels)}}))
-          .str());
+  *json = copyString(llvm::formatv("{0}", llvm::json::Value(llvm::json::Object{
+                                              {"kernels", std::move(kernels)}}))
+                         .str());
   return 0;
 }
 

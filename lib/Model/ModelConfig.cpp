@@ -66,6 +66,9 @@ private:
     std::optional<double> d = v.getAsNumber();
     if (!d)
       return err.field(key, "expected a number");
+    // llvm::json reads 1e999 as infinity.
+    if (!std::isfinite(*d))
+      return err.field(key, "expected a finite number");
     out = *d;
     return Error::success();
   }
@@ -538,8 +541,8 @@ Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
   if (pixels > 0) {
     int64_t lower = pixels, upper = pixels;
     // Near INT64_MAX there may be no larger size at all.
-    int64_t limit = pixels > INT64_MAX - 2 * period ? INT64_MAX
-                                                    : pixels + 2 * period;
+    int64_t limit =
+        pixels > INT64_MAX - 2 * period ? INT64_MAX : pixels + 2 * period;
     while (lower > 0 && !valid(lower))
       --lower;
     while (!valid(upper) && upper < limit)

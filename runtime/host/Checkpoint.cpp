@@ -435,8 +435,7 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
   auto badTrainer = [&](const llvm::Twine &what) {
     return error("'" + trainerPath + "' is corrupt: " + what);
   };
-  llvm::Expected<llvm::json::Value> trainerJson =
-      parseJson(*trainerText);
+  llvm::Expected<llvm::json::Value> trainerJson = parseJson(*trainerText);
   if (!trainerJson)
     return badTrainer("not valid JSON: " +
                       llvm::toString(trainerJson.takeError()));
@@ -534,7 +533,10 @@ Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
   StringRef name = StringRef(*text).trim();
   if (!parseStepDirName(name)) {
     std::string shown = StringRef(*text).take_front(40).trim().str();
-    if (!llvm::json::isUTF8(shown))
+    // Not echoed raw: control bytes would garble (or drive) the terminal.
+    if (!llvm::json::isUTF8(shown) || llvm::any_of(shown, [](char c) {
+          return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+        }))
       shown = "<binary>";
     return error("'" + latestPath +
                  "' is corrupt (it should name a step-N "

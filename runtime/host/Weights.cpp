@@ -262,8 +262,7 @@ readIndex(StringRef indexPath,
   auto bad = [&](const llvm::Twine &what) {
     return error("'" + indexPath + "': " + what);
   };
-  llvm::Expected<llvm::json::Value> json =
-      parseJson((*buffer)->getBuffer());
+  llvm::Expected<llvm::json::Value> json = parseJson((*buffer)->getBuffer());
   if (!json)
     return bad("not valid JSON: " + llvm::toString(json.takeError()));
   const llvm::json::Object *root = json->getAsObject();

@@ -2,6 +2,8 @@
 
 #include "plan/ExecPlan.h"
 
+#include "support/Json.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/JSON.h"
@@ -722,39 +724,10 @@ std::string exec::serialize(const ExecPlan &plan) {
   return text;
 }
 
-/// Whether arrays and objects in `text` nest deeper than `limit`. A plan
-/// nests five deep; llvm::json::parse recurses once per level, so a hostile
-/// file could otherwise overflow the stack.
-static bool nestsDeeperThan(llvm::StringRef text, int limit) {
-  int depth = 0;
-  bool inString = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char ch = text[i];
-    if (inString) {
-      if (ch == '\\')
-        ++i;
-      else if (ch == '"')
-        inString = false;
-    } else if (ch == '"') {
-      inString = true;
-    } else if (ch == '[' || ch == '{') {
-      if (++depth > limit)
-        return true;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
                                              llvm::StringRef source) {
-  constexpr int kMaxDepth = 64;
-  if (nestsDeeperThan(text, kMaxDepth))
-    return llvm::createStringError(
-        llvm::Twine(source) + ": not an execution plan (JSON nested deeper " +
-        "than " + llvm::Twine(kMaxDepth) + " levels)");
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(text);
+  // parseJson refuses hostile nesting before llvm::json recurses on it.
+  llvm::Expected<llvm::json::Value> json = parseJson(text);
   if (!json)
     return llvm::createStringError(
         llvm::Twine(source) + ": not an execution plan (invalid JSON: " +

@@ -9,6 +9,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <algorithm>
+#include <cmath>
 
 using namespace megaslide;
 using namespace megaslide::sim;
@@ -80,6 +81,11 @@ llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
       return fieldError(
           source, key,
           llvm::formatv("expected a positive number in {0}", field->unit));
+    // llvm::json reads 1e999 as infinity: not a rate or a latency.
+    if (!std::isfinite(*number))
+      return fieldError(
+          source, key,
+          llvm::formatv("expected a finite number in {0}", field->unit));
     if (llvm::StringRef(field->unit) == "0..1" && *number > 1)
       return fieldError(source, key, "an efficiency is a fraction in (0, 1]");
     hw.*(field->member) = *number;

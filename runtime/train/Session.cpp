@@ -7,7 +7,6 @@
 #include "sim/SimBackend.h"
 #include "support/Json.h"
 
-
 #include "llvm/Support/JSON.h"
 
 using namespace megaslide;

@@ -347,14 +347,14 @@ const std::vector<Corruption> &corruptions() {
        "plan.json: not an execution plan (invalid JSON"},
       {"JSON nested too deep for the parser's stack",
        [] { return std::string(1000000, '[') + std::string(1000000, ']'); },
-       "not an execution plan (JSON nested deeper than 64 levels)"},
+       "nested more than 256 levels deep"},
       {"JSON nested too deep inside a plan", viaJson([](llvm::json::Object &o) {
          llvm::json::Value v = llvm::json::Array{};
-         for (int i = 0; i < 100; ++i)
+         for (int i = 0; i < 300; ++i)
            v = llvm::json::Array{std::move(v)};
          o["model"] = std::move(v);
        }),
-       "JSON nested deeper than 64 levels"},
+       "nested more than 256 levels deep"},
       {"brackets inside strings do not count as nesting",
        viaJson([](llvm::json::Object &o) {
          o["model"] = std::string(1000, '[') + "\\\"" + std::string(1000, '{');

@@ -8,11 +8,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/IrNesting.h"
-
 #include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
 #include "megaslide/Pipelines/Pipelines.h"
+#include "megaslide/Support/IrNesting.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
 
@@ -23,6 +22,7 @@
 #include "mlir/Transforms/Passes.h"
 
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/WithColor.h"
 
@@ -49,8 +49,10 @@ int main(int argc, char **argv) {
   if (inputFile != "-")
     if (std::unique_ptr<llvm::MemoryBuffer> input =
             mlir::openInputFile(inputFile))
-      if (llvm::Error err = megaslide::tools::checkIrNesting(*input)) {
-        llvm::errs() << llvm::toString(std::move(err)) << "\n";
+      if (std::optional<unsigned> line =
+              megaslide::findDeepIrNesting(input->getBuffer())) {
+        llvm::errs() << inputFile << ":" << *line
+                     << ": error: " << megaslide::kIrNestingMessage << "\n";
         return 1;
       }
 

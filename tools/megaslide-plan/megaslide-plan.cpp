@@ -90,21 +90,23 @@ int main(int argc, char **argv) {
 
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
   std::string error;
+  // The module as built, before any planning pass rewrites it; written
+  // once planning has accepted every input, so that a bad flag leaves the
+  // files the user has as they were.
+  mlir::OwningOpRef<mlir::ModuleOp> built;
   if (!emitMlir.empty()) {
-    // The module as built, before any planning pass rewrites it.
-    mlir::OwningOpRef<mlir::ModuleOp> built;
     Expected<ModelInfo> info =
         computeModelInfo(context, model, video, training, &built);
     if (!info)
       return fail(toString(info.takeError()));
-    if (!writeFile(
-            emitMlir, [&](raw_ostream &os) { built->print(os); }, error))
-      return fail(error);
   }
   Expected<PlanResult> plan =
       planModel(context, model, video, training, options);
   if (!plan)
     return fail(toString(plan.takeError()));
+  if (built && !writeFile(
+                   emitMlir, [&](raw_ostream &os) { built->print(os); }, error))
+    return fail(error);
   if (!emitPlan.empty() &&
       !writeFile(
           emitPlan, [&](raw_ostream &os) { plan->module->print(os); }, error))

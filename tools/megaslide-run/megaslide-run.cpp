@@ -179,9 +179,9 @@ int main(int argc, char **argv) {
     return fail("--resume and --checkpoint-every need --checkpoint-dir");
   // Outputs written after the last step are checked now, not after hours
   // of training.
-  for (auto [flag, dir] : {std::pair<StringRef, StringRef>{"--checkpoint-dir",
-                                                          checkpointDir},
-                           {"--save-weights", saveWeights}})
+  for (auto [flag, dir] :
+       {std::pair<StringRef, StringRef>{"--checkpoint-dir", checkpointDir},
+        {"--save-weights", saveWeights}})
     if (!dir.empty() && sys::fs::exists(dir) && !sys::fs::is_directory(dir))
       return fail(formatv("{0} '{1}' exists and is not a directory; give a "
                           "directory (it is created if missing)",

@@ -8,11 +8,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/IrNesting.h"
-
 #include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
 #include "cuda/Nvrtc.h"
+#include "megaslide/Support/IrNesting.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Version.h"
 
@@ -205,8 +204,10 @@ int main(int argc, char **argv) {
   auto file = mlir::openInputFile(inputFile, &error);
   if (!file)
     return fail(error);
-  if (Error err = tools::checkIrNesting(*file)) {
-    errs() << toString(std::move(err)) << "\n";
+  // Input that would overflow the parser's stack is refused first.
+  if (std::optional<unsigned> line = findDeepIrNesting(file->getBuffer())) {
+    errs() << file->getBufferIdentifier() << ":" << *line
+           << ": error: " << kIrNestingMessage << "\n";
     return 1;
   }
   if (!splitInputFile)
