@@ -21,6 +21,10 @@ run "lit (IR and tool tests)" /usr/lib/llvm-22/bin/lit -sv "$build/test"
 run "GoogleTest (C++ unit tests)" "$build/bin/megaslide-unit-tests" --gtest_brief=1
 run "pytest (Python module)" env PYTHONPATH="$build/python_packages" \
   "$python" -m pytest -q "$root/test/python"
+# `pip install .` into a venv and pytest on the installed package: ~4.5 min
+# after the build above (ccache serves it), ~10 min cold (docs/Python.md).
+run "pip install . (packaging) and pytest on the installed package" \
+  env PYTHON="$python" "$root/scripts/pip-install-check.sh"
 echo
 [ $status -eq 0 ] && echo "All test suites passed." || echo "Some test suites FAILED."
 exit $status
