@@ -74,7 +74,10 @@ reparse(mlir::MLIRContext &context, llvm::StringRef text, const char *what) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  llvm::StringRef text(reinterpret_cast<const char *>(data), size);
+  // MLIR's lexer finds the end of its buffer by the NUL after it, which
+  // megaslide-opt's MemoryBuffer provides and a libFuzzer input does not.
+  std::string owned(reinterpret_cast<const char *>(data), size);
+  llvm::StringRef text(owned.c_str(), size);
   // One context per input: nothing an input uniques leaks into the next.
   mlir::MLIRContext context(registry(), mlir::MLIRContext::Threading::DISABLED);
   mlir::OwningOpRef<mlir::ModuleOp> module;
