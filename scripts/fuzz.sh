@@ -10,13 +10,13 @@
 # script first replays test/fuzz/regressions/<target>/ (every crash found so
 # far must stay fixed), then fuzzes a scratch copy of
 # test/fuzz/corpus/<target>/ for at most FUZZ_RUNS executions (default
-# 20000) and FUZZ_SECONDS seconds (default 60), whichever comes first.
+# 100000) and FUZZ_SECONDS seconds (default 60), whichever comes first.
 # A crashing input is left in <build>/fuzz/<target>/artifacts/; fix the
 # bug, then copy the input into test/fuzz/regressions/<target>/.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MEGASLIDE_FUZZ_BUILD_DIR:-$root/build-sanitize}
-runs=${FUZZ_RUNS:-20000}
+runs=${FUZZ_RUNS:-100000}
 seconds=${FUZZ_SECONDS:-60}
 all_targets=(model-config exec-plan safetensors mlir-verify)
 targets=("$@")

@@ -25,6 +25,11 @@ run "pytest (Python module)" env PYTHONPATH="$build/python_packages" \
 # after the build above (ccache serves it), ~10 min cold (docs/Python.md).
 run "pip install . (packaging) and pytest on the installed package" \
   env PYTHON="$python" "$root/scripts/pip-install-check.sh"
+# ASan+UBSan build into build-sanitize/, its GoogleTest and lit runs, then
+# bounded fuzzing (docs/Testing.md, "Hardening"; timings there).
+# MEGASLIDE_SKIP_SANITIZE=1 leaves it out of a local run.
+[ "${MEGASLIDE_SKIP_SANITIZE:-0}" = 1 ] ||
+  run "ASan+UBSan: GoogleTest, lit and fuzz targets" "$root/scripts/sanitize.sh"
 echo
 [ $status -eq 0 ] && echo "All test suites passed." || echo "Some test suites FAILED."
 exit $status

@@ -25,12 +25,42 @@ __all__ = ["model_info", "plan", "dsa3d", "dsa3d_backward", "dsa3d_offsets",
            "__version__"]
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _within_int64(name: str, value: int, high: int = _INT64_MAX) -> int:
+    """``value`` (already checked to be an int) if the C++ side can hold it:
+    a ValueError naming the argument rather than pybind11's TypeError."""
+    if value > high:
+        bound = "2^63 - 1" if high == _INT64_MAX else "2^64 - 1"
+        raise ValueError(f"{name} must be at most {bound}, got {value}")
+    return int(value)
+
+
+def _check_str(name: str, value: Any) -> str:
+    """``value`` if it is a str the C++ side reads whole: a NUL character
+    would silently cut it short there (``"tiny\\0x"`` read as ``"tiny"``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{name} contains a NUL character: {value!r}")
+    return value
+
+
+def _check_path(name: str, value: Any) -> str:
+    """A path argument (str or os.PathLike) as a str for the C++ side."""
+    path = os.fspath(value)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    return _check_str(name, path)
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
-    return value
+    return _within_int64(name, value)
 
 
 def model_info(
@@ -106,6 +136,7 @@ def _options_payload(caller: str, options: Dict[str, Any], **given: Any) -> str:
         if not isinstance(given[name], str):
             raise TypeError(f"{name} must be a str such as '141GB', got "
                             f"{type(given[name]).__name__}")
+        _check_str(name, given[name])
     for name, value in options.items():
         expected = _PLAN_OPTIONS.get(name)
         if expected is None:
@@ -121,13 +152,14 @@ def _options_payload(caller: str, options: Dict[str, Any], **given: Any) -> str:
         elif isinstance(value, bool) or not isinstance(value, expected):
             raise TypeError(f"{name} must be a {expected.__name__}, got "
                             f"{type(value).__name__}")
+        elif expected is str:
+            _check_str(name, value)
     return json.dumps(dict(options, **{k: v for k, v in given.items()
                                        if v is not None}))
 
 
 def _common_args(model, frames, height, width, batch, text_len, latent):
-    if not isinstance(model, str):
-        raise TypeError(f"model must be a str, got {type(model).__name__}")
+    _check_str("model", model)
     sizes = [_positive_int(n, v) for n, v in
              (("frames", frames), ("height", height), ("width", width),
               ("batch", batch))]
@@ -169,6 +201,8 @@ def _triple(name: str, value: Any, what: str) -> Tuple[int, int, int]:
     items = tuple(int(v) for v in items)
     if any(v <= 0 for v in items):
         raise ValueError(f"{name} must be positive, got {items}")
+    for v in items:
+        _within_int64(name, v)
     return items
 
 
@@ -320,7 +354,8 @@ def dsa3d_offsets(
         raise TypeError(f"radius must be an int, got {type(radius).__name__}")
     if radius < 0:
         raise ValueError(f"radius must be non-negative, got {radius}")
-    return _megaslide.dsa3d_offsets(q, k, window, tile, int(radius))
+    return _megaslide.dsa3d_offsets(q, k, window, tile,
+                                    _within_int64("radius", radius))
 
 
 # ---------------------------------------------------------------------------
@@ -432,7 +467,7 @@ def adamw_step(
                  weight_decay=_adamw_real("weight_decay", weight_decay, 0.0,
                                           inf, high_open=True))
     _megaslide.adamw_step(master, exp_avg, exp_avg_sq, grad, working,
-                          int(step), **hyper)
+                          _within_int64("step", step), **hyper)
 
 
 # ---------------------------------------------------------------------------
@@ -505,6 +540,7 @@ class Trainer:
                              f"{backend!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        _within_int64("seed", seed, high=2**64 - 1)
         if plan_json is not None and plan_file is not None:
             raise ValueError("give plan_json or plan_file, not both")
         if plan_options and (plan_json is not None or plan_file is not None):
@@ -517,9 +553,9 @@ class Trainer:
             if not status.available:
                 raise RuntimeError(f"backend 'cuda' is not available: "
                                    f"{status.reason}")
-        hardware = "" if hw is None else os.fspath(hw)
+        hardware = "" if hw is None else _check_path("hw", hw)
         if plan_file is not None:
-            path = os.fspath(plan_file)
+            path = _check_path("plan_file", plan_file)
             try:
                 with open(path, encoding="utf-8") as f:
                     plan_json = f.read()
@@ -560,7 +596,7 @@ class Trainer:
         """Writes the execution plan to ``path`` (``Trainer(plan_file=path)``
         and ``megaslide-run --plan`` read it). Raises ValueError naming the
         file when it cannot be written."""
-        self._native.save_plan(os.fspath(path))
+        self._native.save_plan(_check_path("path", path))
 
     def load_weights(self, path: Union[str, os.PathLike]) -> None:
         """Loads model weights into the fp32 masters, as ``megaslide-run
@@ -572,7 +608,7 @@ class Trainer:
         read: missing, unexpected and misshapen tensors are listed together
         in one ValueError and nothing is loaded. AdamW moments are not
         touched. Raises ValueError on the sim backend."""
-        self._native.load_weights(os.fspath(path))
+        self._native.load_weights(_check_path("path", path))
 
     def save_weights(self, directory: Union[str, os.PathLike], *,
                      dtype: str = "f32",
@@ -591,8 +627,9 @@ class Trainer:
                 max_shard_bytes <= 0):
             raise ValueError(f"max_shard_bytes must be a positive int, got "
                              f"{max_shard_bytes!r}")
-        self._native.save_weights(os.fspath(directory), dtype,
-                                  int(max_shard_bytes))
+        self._native.save_weights(
+            _check_path("directory", directory), dtype,
+            _within_int64("max_shard_bytes", max_shard_bytes))
 
     def input_shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Shapes of the step inputs: latents, noise, timesteps, condition."""
@@ -632,7 +669,7 @@ class Trainer:
         instruction with its layer, bytes and FLOPs, measured on cpu and
         cuda and predicted on sim — the format of ``megaslide-run --trace``.
         """
-        path = "" if trace is None else os.fspath(trace)
+        path = "" if trace is None else _check_path("trace", trace)
         return self._native.step(inputs if inputs else None, path)
 
     @property
@@ -706,12 +743,6 @@ class PipelineResult:
     warnings: List[str]
 
 
-def _check_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    return value
-
-
 def build_module(
     model: str,
     frames: int,
@@ -776,6 +807,7 @@ def _option_text(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"pipeline option '{name}' must be a str, int, bool "
                         f"or a list of ints, got {type(value).__name__}")
+    _check_str(f"pipeline option '{name}'", value)
     if any(c in value for c in " ,{}='\""):
         if '"' in value:
             raise ValueError(f"pipeline option '{name}': a value may not "

@@ -198,6 +198,45 @@ static bool checkType(Checker &c, const TensorType &t, const llvm::Twine &what) 
   return true;
 }
 
+/// The attributes the backends read, by kind. A plan that gives one the
+/// wrong kind (`"lr": "1e-4"`) is rejected here, once for every backend,
+/// rather than read as absent and replaced by a default.
+static bool checkAttrs(Checker &c, const Instruction &inst,
+                       const llvm::Twine &where) {
+  enum class Kind { Number, Int, Ints };
+  static const llvm::StringMap<Kind> kinds = {
+      {"scale", Kind::Number},      {"lr", Kind::Number},
+      {"beta1", Kind::Number},      {"beta2", Kind::Number},
+      {"eps", Kind::Number},        {"weight_decay", Kind::Number},
+      {"theta", Kind::Number},      {"max_period", Kind::Number},
+      {"time_scale", Kind::Number}, {"radius", Kind::Int},
+      {"inverse", Kind::Int},       {"grid", Kind::Ints},
+      {"window", Kind::Ints},       {"tile", Kind::Ints},
+      {"patch", Kind::Ints},        {"dims", Kind::Ints}};
+  for (const auto &[name, value] : inst.attrs) {
+    auto it = kinds.find(name);
+    if (it == kinds.end())
+      continue;
+    bool isInt = std::holds_alternative<int64_t>(value);
+    switch (it->second) {
+    case Kind::Number:
+      if (!isInt && !std::holds_alternative<double>(value))
+        return c.fail(where + ": attribute '" + name + "' must be a number");
+      break;
+    case Kind::Int:
+      if (!isInt)
+        return c.fail(where + ": attribute '" + name + "' must be an integer");
+      break;
+    case Kind::Ints:
+      if (!std::holds_alternative<std::vector<int64_t>>(value))
+        return c.fail(where + ": attribute '" + name +
+                      "' must be an integer array");
+      break;
+    }
+  }
+  return true;
+}
+
 /// Operand and result counts of the schedule ops; graph ops are checked
 /// by the backend that runs them.
 static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
@@ -411,6 +450,7 @@ llvm::Error exec::validate(const ExecPlan &plan) {
         c.fail(where + " waits on event " + std::to_string(*inst.event) +
                " before it is recorded");
     }
+    checkAttrs(c, inst, where);
     if (isScheduleOp(inst.op))
       checkScheduleOp(c, plan, inst, where);
     if (!c.error.empty())

@@ -2,14 +2,16 @@
 //
 // Arbitrary bytes through megaslide::exec::parseExecPlan, the loader of
 // `megaslide-run --plan` that treats the file as untrusted input. A plan it
-// accepts must serialise and load again to the same text (the format is
-// its own fixed point after one round trip), and its liveness must be
-// computable. A crash, a sanitizer report or a failed round trip (abort)
-// is a bug.
+// accepts is what every backend trusts, so it must also replay on the sim
+// backend (`--backend sim`, which leaves all checking to the loader) with
+// every write inside the arena, and must serialise and load again to the
+// same text (the format is its own fixed point after one round trip). A
+// crash, a sanitizer report or a broken promise (abort) is a bug.
 //
 //===----------------------------------------------------------------------===//
 
 #include "plan/ExecPlan.h"
+#include "sim/SimBackend.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
@@ -35,6 +37,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   Liveness live = computeLiveness(*plan);
   if (live.liveBytes.size() != plan->instructions.size() ||
       live.peakLiveBytes < 0)
+    abort();
+
+  llvm::Expected<megaslide::sim::SimResult> sim =
+      megaslide::sim::simulateStep(*plan, megaslide::sim::HardwareModel());
+  if (!sim)
+    fail("the sim backend rejects a valid plan", sim.takeError());
+  if (!(sim->makespan >= 0) || sim->arenaHighWater > plan->arenaBytes ||
+      sim->start.size() != plan->instructions.size())
     abort();
 
   std::string once = serialize(*plan);

@@ -51,9 +51,10 @@ CRASH_SIGNS = ("Stack dump", "PLEASE submit a bug report", "Assertion",
 # Helpers
 # ---------------------------------------------------------------------------
 
-def run_tool(tool, args, cwd=None, timeout=120):
+def run_tool(tool, args, cwd=None, timeout=120, stdin=None):
     result = subprocess.run([tool_path(tool), *map(os.fspath, args)],
-                            capture_output=True, cwd=cwd, timeout=timeout)
+                            capture_output=True, cwd=cwd, timeout=timeout,
+                            input=stdin)
     result.out = (result.stdout + result.stderr).decode("utf-8", "replace")
     return result
 
@@ -452,6 +453,16 @@ def test_ir_opt(art, tmp_path, name, content, flags, message):
     assert tree_hashes(tmp_path) == before
 
 
+@pytest.mark.parametrize("name,content,flags,message", IR_CASES,
+                         ids=[c[0] for c in IR_CASES])
+def test_ir_opt_stdin(art, tmp_path, name, content, flags, message):
+    # Piped input gets the same checks as a file (the nesting check reads
+    # stdin first and hands it back to the parser).
+    text = write_ir(art, tmp_path, content).read_bytes()
+    result = run_tool("megaslide-opt", ["-", *flags], stdin=text)
+    check_failure(result, 1, message)
+
+
 # The same inputs through megaslide-translate, which parses and verifies
 # before it emits kernels (pass flags do not apply).
 TRANSLATE_IR_CASES = [c for c in IR_CASES if not c[2]]
@@ -559,6 +570,14 @@ def shrink_linear_result(plan):
     value["shape"][-1] //= 2
 
 
+def adamw_lr_as_text(plan):
+    first(plan, "host_adamw")["attrs"]["lr"] = "1e-4"
+
+
+def rope_grid_as_number(plan):
+    first(plan, "rope3d")["attrs"]["grid"] = 4
+
+
 def overlap_device_values(plan):
     device = [v for v in plan["values"] if v.get("home") == "device"]
     device[1]["offset"] = device[0]["offset"]
@@ -604,6 +623,10 @@ PLAN_CASES = [
      "'no.such.weight'"),
     ("device values overlap", plan_edit(overlap_device_values),
      "share arena bytes"),
+    ("learning rate as text", plan_edit(adamw_lr_as_text),
+     "('host_adamw'): attribute 'lr' must be a number"),
+    ("grid as a number", plan_edit(rope_grid_as_number),
+     "('rope3d'): attribute 'grid' must be an integer array"),
     ("op without a kernel", plan_edit(unknown_op),
      "the cpu backend has no kernel for 'frobnicate'"),
     ("kernel shape mismatch", plan_edit(shrink_linear_result),
@@ -1576,6 +1599,37 @@ PYTHON_CASES = [
     ("Trainer: unknown backend",
      lambda art: megaslide.Trainer("tiny", 5, 32, 32, backend="tpu"),
      ValueError, "backend must be cpu, cuda or sim, got 'tpu'"),
+    ("model_info: NUL in the model name",
+     lambda art: megaslide.model_info("tiny\0junk", 5, 32, 32), ValueError,
+     "model contains a NUL character"),
+    ("plan: NUL in a path option",
+     lambda art: megaslide.plan("tiny", 5, 32, 32, hw="configs/h200.json\0"),
+     ValueError, "hw contains a NUL character"),
+    ("parse_module: NUL in the IR",
+     lambda art: megaslide.parse_module("module {}\0 garbage"), ValueError,
+     "ir contains a NUL character"),
+    ("run_pipeline: NUL in an option",
+     lambda art: megaslide.run_pipeline("module {}", "megaslide-check-budget",
+                                        gpu_mem="1GB\0"), ValueError,
+     "pipeline option 'gpu_mem' contains a NUL character"),
+    ("Trainer: NUL in the model name",
+     lambda art: megaslide.Trainer("tiny\0x", 5, 32, 32), ValueError,
+     "model contains a NUL character"),
+    ("Trainer: NUL in the plan path",
+     lambda art: megaslide.Trainer(plan_file="plan.json\0x"), ValueError,
+     "plan_file contains a NUL character"),
+    ("model_info: frames beyond int64",
+     lambda art: megaslide.model_info("tiny", 2**64, 32, 32), ValueError,
+     "frames must be at most 2^63 - 1, got 18446744073709551616"),
+    ("plan: text_len beyond int64",
+     lambda art: megaslide.plan("tiny", 5, 32, 32, text_len=2**63),
+     ValueError, "text_len must be at most 2^63 - 1"),
+    ("memory_plan: width beyond int64",
+     lambda art: megaslide.memory_plan("tiny", 5, 32, 2**70), ValueError,
+     "width must be at most 2^63 - 1"),
+    ("Trainer: seed beyond uint64",
+     lambda art: megaslide.Trainer("tiny", 5, 32, 32, seed=2**64),
+     ValueError, "seed must be at most 2^64 - 1"),
     ("Trainer: negative seed",
      lambda art: megaslide.Trainer("tiny", 5, 32, 32, seed=-1), ValueError,
      "seed must be a non-negative int, got -1"),
@@ -1614,6 +1668,12 @@ PYTHON_CASES = [
     ("dsa3d: window beyond the grid",
      lambda art: megaslide.dsa3d_offsets(Q, Q, (3, 5, 5), T3, 1), ValueError,
      "window (3, 5, 5) exceeds the token grid"),
+    ("dsa3d: window beyond int64",
+     lambda art: megaslide.dsa3d_offsets(Q, Q, (1, 1, 2**64), T3, 1),
+     ValueError, "window must be at most 2^63 - 1"),
+    ("dsa3d: radius beyond int64",
+     lambda art: megaslide.dsa3d_offsets(Q, Q, W3, T3, 2**63), ValueError,
+     "radius must be at most 2^63 - 1"),
     ("dsa3d: window of two",
      lambda art: megaslide.dsa3d(Q, Q, Q, OFFSETS, (1, 2), T3), TypeError,
      "window must be a tuple of 3 ints"),
@@ -1636,6 +1696,8 @@ PYTHON_CASES = [
                                                  lr=1e-3))(vec()),
      ValueError, "master and exp_avg overlap in memory"),
     ("adamw: step zero", adamw(step=0), ValueError, "step must be >= 1"),
+    ("adamw: step beyond int64", adamw(step=2**63), ValueError,
+     "step must be at most 2^63 - 1"),
     ("adamw: negative lr", adamw(lr=-1.0), ValueError, "lr must be in [0.0, "),
     ("adamw: beta of one", adamw(beta1=1.0), ValueError,
      "beta1 must be in [0.0, 1.0)"),

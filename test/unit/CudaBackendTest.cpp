@@ -1379,6 +1379,9 @@ struct HostDsa {
     }
     std::vector<float> q = wide(0), k = wide(1);
     if (kind == "offsets") {
+      // Block matching ignores the softmax scale, but dsa3dOffsets requires
+      // a valid configuration, scale included (as the cpu backend sets it).
+      c.scale = 1.0;
       cpu::dsa3dOffsets(c, cview(q.data()), cview(k.data()), radius,
                         static_cast<int32_t *>(ptr(2)));
       return;

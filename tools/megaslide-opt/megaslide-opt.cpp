@@ -17,18 +17,60 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
-#include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/WithColor.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
 
 namespace megaslide::test {
 void registerTestPasses();
 } // namespace megaslide::test
+
+/// Refuses input nested deeper than MLIR's parser can recurse. Piped stdin
+/// is read here, checked and handed back to MlirOptMain as stdin through a
+/// temporary file; a terminal is left alone (a person typing IR nests
+/// shallowly, and `--list-passes` must not wait for input).
+static mlir::LogicalResult checkIrNesting(llvm::StringRef inputFile) {
+  bool fromStdin = inputFile == "-";
+  if (fromStdin && llvm::sys::Process::StandardInIsUserInput())
+    return mlir::success();
+  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> input =
+      fromStdin ? llvm::MemoryBuffer::getSTDIN()
+                : llvm::MemoryBuffer::getFileOrSTDIN(inputFile);
+  if (!input)
+    return mlir::success();
+  llvm::StringRef text = (*input)->getBuffer();
+  if (std::optional<unsigned> line = megaslide::findDeepIrNesting(text)) {
+    llvm::errs() << (fromStdin ? "<stdin>" : inputFile) << ":" << *line
+                 << ": error: " << megaslide::kIrNestingMessage << "\n";
+    return mlir::failure();
+  }
+  if (!fromStdin)
+    return mlir::success();
+  std::FILE *copy = std::tmpfile();
+  bool handedBack =
+      copy && std::fwrite(text.data(), 1, text.size(), copy) == text.size() &&
+      std::fflush(copy) == 0 && std::fseek(copy, 0, SEEK_SET) == 0 &&
+      ::dup2(::fileno(copy), STDIN_FILENO) >= 0;
+  int error = errno;
+  if (copy)
+    std::fclose(copy); // stdin keeps the file open
+  if (!handedBack) {
+    llvm::WithColor::error(llvm::errs(), "megaslide-opt")
+        << "cannot buffer stdin: " << std::strerror(error) << "\n";
+    return mlir::failure();
+  }
+  return mlir::success();
+}
 
 int main(int argc, char **argv) {
   megaslide::addVersionPrinter("megaslide-opt");
@@ -43,18 +85,10 @@ int main(int argc, char **argv) {
   auto [inputFile, outputFile] = mlir::registerAndParseCLIOptions(
       argc, argv, "MegaSlide optimizer driver\n", registry);
 
-  // Input that would overflow the parser's stack is refused first (stdin
-  // cannot be read twice and is not checked; a file that does not open is
-  // reported by MlirOptMain).
-  if (inputFile != "-")
-    if (std::unique_ptr<llvm::MemoryBuffer> input =
-            mlir::openInputFile(inputFile))
-      if (std::optional<unsigned> line =
-              megaslide::findDeepIrNesting(input->getBuffer())) {
-        llvm::errs() << inputFile << ":" << *line
-                     << ": error: " << megaslide::kIrNestingMessage << "\n";
-        return 1;
-      }
+  // Input that would overflow the parser's stack is refused first (a file
+  // that does not open is reported by MlirOptMain).
+  if (failed(checkIrNesting(inputFile)))
+    return 1;
 
   // mlir-opt truncates the output before reading the input and deletes it
   // on failure, destroying what a previous run wrote there. Write a

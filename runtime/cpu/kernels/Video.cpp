@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
+#include "cpu/ParallelFor.h"
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
@@ -26,12 +27,10 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -125,55 +124,6 @@ bool unitAttr(const exec::Instruction &inst, StringRef name) {
   if (const double *d = std::get_if<double>(a))
     return *d != 0;
   return true;
-}
-
-//===----------------------------------------------------------------------===//
-// Threads and vector helpers
-//===----------------------------------------------------------------------===//
-
-/// Runs items [0, count) on up to dsa3dNumThreads() threads. Each thread
-/// calls makeWorker() once, so per-thread scratch lives in the returned
-/// callable. An item is computed entirely by one thread in a fixed order,
-/// which is what makes results independent of the thread count.
-template <typename MakeWorker>
-void parallelFor(int64_t count, MakeWorker makeWorker) {
-  if (count <= 0)
-    return;
-  int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
-  std::atomic<int64_t> next{0};
-  auto run = [&] {
-    auto worker = makeWorker();
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
-      worker(i);
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(numThreads - 1);
-  for (int64_t i = 1; i < numThreads; ++i)
-    threads.emplace_back(run);
-  run();
-  for (std::thread &t : threads)
-    t.join();
-}
-
-/// Dot product with eight independent partial sums: the lanes vectorise
-/// without -ffast-math because no single sum is reassociated.
-inline float dot(const float *a, const float *b, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8)
-    for (int l = 0; l < 8; ++l)
-      lanes[l] += a[d + l] * b[d + l];
-  float tail = 0;
-  for (; d < n; ++d)
-    tail += a[d] * b[d];
-  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-         ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail;
-}
-
-/// y += a * x.
-inline void axpy(float *y, float a, const float *x, int64_t n) {
-  for (int64_t d = 0; d < n; ++d)
-    y[d] += a * x[d];
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,0 +1,71 @@
+//===- ParallelFor.h - Threads and vector loops of the CPU kernels -*- C++ -*-===//
+//
+// The work distribution and the inner loops that the 3D-DSA kernels
+// (Dsa3d.cpp) and the video kernels of the cpu backend (kernels/Video.cpp)
+// share. Results never depend on the thread count: an item runs entirely
+// on one thread, and sums keep a fixed association.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H
+#define MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H
+
+#include "cpu/Dsa3d.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace megaslide::cpu {
+
+/// Runs items [0, count) on up to dsa3dNumThreads() threads. Each thread
+/// calls makeWorker() once, so per-thread scratch lives in the returned
+/// callable rather than being reallocated per item; items are handed out
+/// dynamically because border tiles and clamped windows make them uneven.
+template <typename MakeWorker>
+void parallelFor(int64_t count, MakeWorker makeWorker) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    auto worker = makeWorker();
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
+      worker(i);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(numThreads - 1);
+  for (int64_t i = 1; i < numThreads; ++i)
+    threads.emplace_back(run);
+  run();
+  for (std::thread &t : threads)
+    t.join();
+}
+
+/// Dot product with eight independent partial sums: the lanes vectorise
+/// without -ffast-math (no single sum is reassociated) and the result does
+/// not depend on the thread count.
+inline float dot(const float *a, const float *b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int l = 0; l < 8; ++l)
+      lanes[l] += a[d + l] * b[d + l];
+  float tail = 0;
+  for (; d < n; ++d)
+    tail += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+         ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail;
+}
+
+/// y += a * x.
+inline void axpy(float *y, float a, const float *x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d)
+    y[d] += a * x[d];
+}
+
+} // namespace megaslide::cpu
+
+#endif // MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H

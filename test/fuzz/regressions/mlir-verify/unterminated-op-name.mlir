@@ -1,0 +1,1 @@
+funfunc.c.ffu
