@@ -184,8 +184,10 @@ if [ -n "$translate" ]; then
 fi
 if ls "$kernels"/*.resources.txt >/dev/null 2>&1; then
   cat "$kernels"/*.resources.txt >"$out/dsa-resources.txt"
-  grep -h -E '^kernel|registers|spill|occupancy' "$out/dsa-resources.txt" |
-    paste - - - - - >"$out/dsa-resources-table.txt"
+  # Five lines per kernel (name, registers, two spill lines, occupancy)
+  # become one row; the per-file "# compiled by" headers are left out.
+  grep -h -E '^(kernel |  (registers|spill stores|spill loads|occupancy):)' \
+    "$out/dsa-resources.txt" | paste - - - - - >"$out/dsa-resources-table.txt"
   if grep -E 'spill (stores|loads): +[1-9]' "$out/dsa-resources.txt"; then
     echo "register spills in the 3D-DSA kernels" | tee -a "$summary"
     status=1
