@@ -12,10 +12,20 @@ held as --tensors equal flat tensors:
                           same traffic as torch's, for a like-for-like ratio
   torch foreach           torch.optim.AdamW(foreach=True), fp32 params/grads
   torch fused             torch.optim.AdamW(fused=True), fp32 params/grads
+  torch fused, bf16 g     the runtime's task done with torch: bf16 gradients
+                          widened into the fp32 .grad (torch's fused step
+                          needs the param's dtype), then the fused step
+  torch fused, bf16 g+w   the same, then the bf16 working copy cast from the
+                          updated params (Tensor.copy_)
+
+Each megaslide variant is compared with torch fused and with the torch
+variant doing the same task ("vs same task": bf16 with "torch fused, bf16
+g", bf16+working with "torch fused, bf16 g+w", fp32 with "torch fused").
 
 Every variant gets one uncounted warm-up step (torch allocates its moments
 then), then --repeat interleaved rounds, each timing one step of every
-variant and one run of the bandwidth probe in a rotating order, so a burst
+variant (after a --pause of idle time) and one run of the bandwidth probe
+in a rotating order, so a burst
 of other work on a shared machine hits all of them alike. Figures are
 medians, with the best round beside them. The bound of each variant is its
 bytes per parameter (what it must read and write at least, counted as
@@ -28,6 +38,7 @@ virtual machine single runs of both reach twice the median now and then;
 the best probe run is printed too.)
 
 Usage: benchmarks/host_adamw.py [--params 64M] [--threads N] [--repeat 9]
+                                [--pause 0.1]
 Needs torch: pip install -r benchmarks/requirements-bench.txt (see
 docs/Benchmarks.md, "Host AdamW").
 """
@@ -61,6 +72,19 @@ TRAFFIC = {
     "torch foreach": (
         "reads p,m,v,g f32; writes p,m,v f32; 8 passes, 1 temporary", 28, 80),
     "torch fused": ("reads p,m,v,g f32; writes p,m,v f32; 1 pass", 28, 28),
+    # Widening the gradient reads 2 B and writes 4 B more, which the step
+    # then reads back; the cast of the working copy reads p (4) again.
+    "torch fused, bf16 g": (
+        "g bf16 -> f32 (1 pass); then as torch fused", 26, 34),
+    "torch fused, bf16 g+w": (
+        "as torch fused, bf16 g; then p f32 -> working bf16 (1 pass)", 28, 40),
+}
+
+# The torch variant that does the same work as each megaslide variant.
+SAME_TASK = {
+    "megaslide bf16": "torch fused, bf16 g",
+    "megaslide bf16+working": "torch fused, bf16 g+w",
+    "megaslide fp32": "torch fused",
 }
 
 INSTALL_HINT = """\
@@ -156,6 +180,10 @@ def main():
                         "MEGASLIDE_NUM_THREADS, else all cores)")
     parser.add_argument("--repeat", default=9, type=int,
                         help="timed rounds (median reported)")
+    parser.add_argument("--pause", default=0.1, type=float,
+                        help="idle seconds before each timed step, so that "
+                        "no variant's threads still spin from the one "
+                        "before (default 0.1)")
     parser.add_argument("--membw-mib", default=256, type=int,
                         help="array size of the bandwidth runs, MiB")
     parser.add_argument("--build-dir", default=root / "build",
@@ -163,6 +191,8 @@ def main():
     args = parser.parse_args()
     if args.tensors <= 0 or args.threads <= 0 or args.repeat <= 0:
         parser.error("--tensors, --threads and --repeat must be positive")
+    if args.pause < 0:
+        parser.error("--pause must not be negative")
 
     # Our kernel reads MEGASLIDE_NUM_THREADS at every call.
     os.environ["MEGASLIDE_NUM_THREADS"] = str(args.threads)
@@ -210,7 +240,7 @@ def main():
                                      **HYPER)
         return run
 
-    def torch_variant(**flavour):
+    def torch_variant(bf16_grads=False, working=False, **flavour):
         params = [torch.from_numpy(p.copy()).requires_grad_() for p in params0]
         for p, g in zip(params, grads32):
             p.grad = torch.from_numpy(g.copy())
@@ -218,7 +248,21 @@ def main():
                                 betas=(HYPER["beta1"], HYPER["beta2"]),
                                 eps=HYPER["eps"],
                                 weight_decay=HYPER["weight_decay"], **flavour)
-        return opt.step
+        if not bf16_grads:
+            return opt.step
+        g16 = [torch.from_numpy(g.copy()).view(torch.bfloat16)
+               for g in grads16]
+        out = [torch.empty(p.shape, dtype=torch.bfloat16) if working else None
+               for p in params]
+
+        def run():
+            for p, g in zip(params, g16):
+                p.grad.copy_(g)
+            opt.step()
+            for p, w in zip(params, out):
+                if w is not None:
+                    w.copy_(p)
+        return run
 
     variants = {
         "megaslide bf16": megaslide_variant(grads16, False),
@@ -226,6 +270,9 @@ def main():
         "megaslide fp32": megaslide_variant(grads32, False),
         "torch foreach": torch_variant(foreach=True),
         "torch fused": torch_variant(fused=True),
+        "torch fused, bf16 g": torch_variant(bf16_grads=True, fused=True),
+        "torch fused, bf16 g+w": torch_variant(bf16_grads=True, working=True,
+                                               fused=True),
     }
     names = list(variants)
     times = {name: [] for name in names}
@@ -240,6 +287,11 @@ def main():
                     probes.append(membw(membw_bin, args.threads,
                                         args.membw_mib, 2))
                     continue
+                # torch's OpenMP threads spin for a while after each
+                # parallel region; the pause keeps them off the next
+                # variant's cores (measured: without it a megaslide step
+                # after a torch one ran ~5% slower, and the reverse not).
+                time.sleep(args.pause)
                 start = time.perf_counter()
                 variants[name]()
                 times[name].append(time.perf_counter() - start)
@@ -283,7 +335,8 @@ def main():
     best = {name: n / min(t) for name, t in times.items()}
     header = (f"{'variant':23} {'ms/step':>7} {'Mparam/s':>8} {'(best)':>7} "
               f"{'B/param':>7} {'bound':>6} {'of bound':>8} "
-              f"{'GB/s':>5} {'vs foreach':>10} {'vs fused':>8}")
+              f"{'GB/s':>5} {'vs foreach':>10} {'vs fused':>8} "
+              f"{'vs same task':>12}")
     print(header)
     print("-" * len(header))
     for name in names:
@@ -292,7 +345,8 @@ def main():
         vs = ""
         if name.startswith("megaslide"):
             vs = (f"{median[name] / median['torch foreach']:9.2f}x "
-                  f"{median[name] / median['torch fused']:7.2f}x")
+                  f"{median[name] / median['torch fused']:7.2f}x "
+                  f"{median[name] / median[SAME_TASK[name]]:11.2f}x")
         bytes_col = f"{least}" if least == moved else f"{least}({moved})"
         print(f"{name:23} {n / median[name] * 1e3:7.1f} "
               f"{median[name] / 1e6:8.1f} {best[name] / 1e6:7.1f} "
@@ -304,8 +358,9 @@ def main():
           "written per parameter\n(in brackets: what the variant actually "
           "moves); bound: median update3+1 bandwidth / B/param, Mparam/s;\n"
           "of bound: median Mparam/s over bound; GB/s: achieved traffic of "
-          "the median, actual bytes;\nvs foreach / vs fused: megaslide's "
-          "median Mparam/s over torch's. Reads and writes:")
+          "the median, actual bytes;\nvs foreach / vs fused / vs same task: "
+          "megaslide's median Mparam/s over torch's (same task: the torch\n"
+          "variant doing the same work). Reads and writes:")
     for name in names:
         print(f"  {name:23} {TRAFFIC[name][0]}")
 

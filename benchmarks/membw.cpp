@@ -3,8 +3,8 @@
 // The memory-bandwidth bound of the host optimizer: STREAM's copy and triad
 // plus the access pattern of an AdamW step (three fp32 arrays read and
 // written in place, one more read), run with the thread count and the
-// chunking of runtime/cpu/AdamW.cpp (each thread owns one contiguous chunk,
-// first touched by that thread). Bytes are counted as the program reads and
+// chunking and the worker threads of runtime/cpu/AdamW.cpp (each worker
+// owns one contiguous chunk, first touched by that worker). Bytes are counted as the program reads and
 // writes them (STREAM's convention: no write-allocate traffic), so a
 // kernel's "bytes per element / bandwidth" is directly its time bound. The
 // arrays ask for transparent huge pages (madvise), as numpy does for large
@@ -20,6 +20,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "cpu/Dsa3d.h"
+#include "cpu/WorkerPool.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -29,7 +32,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #if defined(__linux__)
@@ -38,28 +40,15 @@
 
 namespace {
 
-int defaultThreads() {
-  if (const char *env = std::getenv("MEGASLIDE_NUM_THREADS")) {
-    char *end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0)
-      return static_cast<int>(std::min<long>(n, 1024));
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 /// Runs body(begin, end) over [0, n) in `threads` contiguous chunks, one
-/// per thread, 64-byte aligned as in the AdamW kernel.
+/// per worker of the kernels' pool, 64-byte aligned as in the AdamW kernel.
 void parallelChunks(int threads, int64_t n,
                     const std::function<void(int64_t, int64_t)> &body) {
   int64_t chunk = (n + threads - 1) / threads;
   chunk = (chunk + 15) / 16 * 16;
-  std::vector<std::thread> pool;
-  for (int64_t begin = chunk; begin < n; begin += chunk)
-    pool.emplace_back(body, begin, std::min(n, begin + chunk));
-  body(0, std::min(n, chunk));
-  for (std::thread &t : pool)
-    t.join();
+  megaslide::cpu::runOnWorkers((n + chunk - 1) / chunk, [&](int64_t worker) {
+    body(worker * chunk, std::min(n, (worker + 1) * chunk));
+  });
 }
 
 struct FreeDeleter {
@@ -99,7 +88,7 @@ double seconds(const std::function<void()> &f) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int threads = defaultThreads();
+  int threads = megaslide::cpu::dsa3dNumThreads();
   int64_t mib = 256;
   int repeat = 10;
   bool json = false;

@@ -29,12 +29,11 @@
 
 #include "cpu/AdamW.h"
 #include "cpu/Dsa3d.h"
+#include "cpu/WorkerPool.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <thread>
-#include <vector>
 
 using namespace megaslide::cpu;
 
@@ -186,13 +185,9 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
   }
   int64_t chunk = (n + numThreads - 1) / numThreads;
   chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-  std::vector<std::thread> threads;
-  threads.reserve(numThreads - 1);
-  for (int64_t begin = chunk; begin < n; begin += chunk)
-    threads.emplace_back(run, begin, std::min(n, begin + chunk));
-  run(0, std::min(n, chunk));
-  for (std::thread &t : threads)
-    t.join();
+  runOnWorkers((n + chunk - 1) / chunk, [&](int64_t worker) {
+    run(worker * chunk, std::min(n, (worker + 1) * chunk));
+  });
 }
 
 } // namespace

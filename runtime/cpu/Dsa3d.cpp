@@ -4,7 +4,8 @@
 // (test/unit/Dsa3dCpuTest.cpp) rebuilds it from the definition and
 // compares against naive double-precision attention.
 //
-// Work is split into independent items run on std::thread workers: query
+// Work is split into independent items run on the persistent workers of
+// cpu/WorkerPool.h (through parallelFor in cpu/ParallelFor.h): query
 // tiles for the forward (each writes only its own queries), (batch, head)
 // pairs for the backward (dK and dV of a head are accumulated by one thread,
 // so no atomics are needed) and for the offsets (one summed-area table per

@@ -11,16 +11,15 @@
 #define MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H
 
 #include "cpu/Dsa3d.h"
+#include "cpu/WorkerPool.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <thread>
-#include <vector>
 
 namespace megaslide::cpu {
 
-/// Runs items [0, count) on up to dsa3dNumThreads() threads. Each thread
+/// Runs items [0, count) on up to dsa3dNumThreads() workers. Each worker
 /// calls makeWorker() once, so per-thread scratch lives in the returned
 /// callable rather than being reallocated per item; items are handed out
 /// dynamically because border tiles and clamped windows make them uneven.
@@ -30,18 +29,11 @@ void parallelFor(int64_t count, MakeWorker makeWorker) {
     return;
   int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
   std::atomic<int64_t> next{0};
-  auto run = [&] {
+  runOnWorkers(numThreads, [&](int64_t) {
     auto worker = makeWorker();
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
       worker(i);
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(numThreads - 1);
-  for (int64_t i = 1; i < numThreads; ++i)
-    threads.emplace_back(run);
-  run();
-  for (std::thread &t : threads)
-    t.join();
+  });
 }
 
 /// Dot product with eight independent partial sums: the lanes vectorise

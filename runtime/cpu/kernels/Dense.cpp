@@ -19,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
+#include "cpu/WorkerPool.h"
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
@@ -29,7 +30,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace megaslide;
@@ -80,19 +80,13 @@ template <typename Fn> void parallelFor(int64_t count, int64_t grain, Fn fn) {
     fn(int64_t(0), count);
     return;
   }
-  std::vector<std::thread> threads;
-  threads.reserve(numThreads - 1);
-  for (int64_t t = 1; t < numThreads; ++t)
-    threads.emplace_back([&fn, t, count, numThreads] {
-      fn(count * t / numThreads, count * (t + 1) / numThreads);
-    });
-  fn(int64_t(0), count / numThreads);
-  for (std::thread &thread : threads)
-    thread.join();
+  runOnWorkers(numThreads, [&](int64_t t) {
+    fn(count * t / numThreads, count * (t + 1) / numThreads);
+  });
 }
 
 /// Elementwise and row-wise loops go parallel above this many elements;
-/// below it a thread start (~20 us) costs more than the loop.
+/// below it handing work to the pool's threads costs more than the loop.
 constexpr int64_t kElementGrain = 1 << 16;
 
 /// Runs fn(r) for rows [0, rows) of `width` elements each, in parallel

@@ -1,0 +1,94 @@
+//===- WorkerPool.cpp - Persistent worker threads of the CPU kernels ------===//
+
+#include "cpu/WorkerPool.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+
+using namespace megaslide::cpu;
+
+namespace {
+
+/// One job at a time: `generation` announces it, workers 1 .. numWorkers-1
+/// (pool thread i is worker i + 1) run it, `remaining` counts them home.
+class WorkerPool {
+public:
+  void run(int64_t numWorkers, void (*call)(void *, int64_t), void *context) {
+    std::unique_lock<std::mutex> job(busy, std::try_to_lock);
+    if (numWorkers <= 1 || !job.owns_lock()) {
+      for (int64_t w = 0; w < numWorkers; ++w)
+        call(context, w);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      while (static_cast<int64_t>(threads.size()) < numWorkers - 1) {
+        int64_t worker = static_cast<int64_t>(threads.size()) + 1;
+        threads.emplace_back([this, worker] { serve(worker); });
+      }
+      this->call = call;
+      this->context = context;
+      this->numWorkers = numWorkers;
+      remaining = numWorkers - 1;
+      ++generation;
+    }
+    wake.notify_all();
+    call(context, 0);
+    std::unique_lock<std::mutex> lock(mutex);
+    done.wait(lock, [&] { return remaining == 0; });
+  }
+
+private:
+  void serve(int64_t worker) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      wake.wait(lock, [&] { return generation != seen; });
+      seen = generation;
+      if (worker >= numWorkers)
+        continue;
+      lock.unlock();
+      call(context, worker);
+      lock.lock();
+      if (--remaining == 0)
+        done.notify_one();
+    }
+  }
+
+  std::mutex busy; ///< held by the caller for a whole job
+  std::mutex mutex;
+  std::condition_variable wake, done;
+  std::vector<std::thread> threads;
+  uint64_t generation = 0;
+  int64_t numWorkers = 0, remaining = 0;
+  void (*call)(void *, int64_t) = nullptr;
+  void *context = nullptr;
+};
+
+// Never destroyed: workers may still be parked in it while the process
+// exits. A forked child has none of the parent's threads, so it starts a
+// pool of its own (the old one, whose workers did not survive the fork, is
+// abandoned as it was).
+WorkerPool *pool = nullptr;
+
+WorkerPool &thePool() {
+  static WorkerPool *const first = [] {
+    pool = new WorkerPool;
+    pthread_atfork(nullptr, nullptr, [] { pool = new WorkerPool; });
+    return pool;
+  }();
+  (void)first;
+  return *pool;
+}
+
+} // namespace
+
+void megaslide::cpu::detail::runOnWorkers(int64_t numWorkers,
+                                          void (*call)(void *, int64_t),
+                                          void *context) {
+  thePool().run(numWorkers, call, context);
+}

@@ -1,0 +1,42 @@
+//===- WorkerPool.h - Persistent worker threads of the CPU kernels -*- C++ -*-===//
+//
+// The CPU kernels (3D-DSA, AdamW, the cpu backend's dense and video ops)
+// split their work over dsa3dNumThreads() workers. Starting std::threads
+// per call cost more than the start itself: a new thread first runs on its
+// parent's core until the scheduler moves it, so a memory-bound 50 ms AdamW
+// step lost 5-15% against torch's persistent OpenMP threads
+// (docs/Benchmarks.md, "Host AdamW"). The workers therefore live for the
+// whole process, parked on a condition variable between calls.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
+#define MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
+
+#include <cstdint>
+#include <type_traits>
+
+namespace megaslide::cpu {
+
+namespace detail {
+void runOnWorkers(int64_t numWorkers, void (*call)(void *, int64_t),
+                  void *context);
+} // namespace detail
+
+/// Calls fn(w) for every w in [0, numWorkers) and returns when all calls
+/// have returned: w = 0 on the calling thread, the others on threads of a
+/// process-wide pool, which grows to the largest count asked for. A call
+/// made while the pool is busy (from inside fn, or from another thread)
+/// runs its workers one after another on the calling thread, so fn must
+/// not make one worker wait for another.
+template <typename Fn> void runOnWorkers(int64_t numWorkers, Fn &&fn) {
+  using F = std::remove_reference_t<Fn>;
+  detail::runOnWorkers(
+      numWorkers,
+      [](void *context, int64_t worker) { (*static_cast<F *>(context))(worker); },
+      const_cast<void *>(static_cast<const void *>(&fn)));
+}
+
+} // namespace megaslide::cpu
+
+#endif // MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
