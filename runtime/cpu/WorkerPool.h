@@ -2,11 +2,12 @@
 //
 // The CPU kernels (3D-DSA, AdamW, the cpu backend's dense and video ops)
 // split their work over dsa3dNumThreads() workers. Starting std::threads
-// per call cost more than the start itself: a new thread first runs on its
-// parent's core until the scheduler moves it, so a memory-bound 50 ms AdamW
-// step lost 5-15% against torch's persistent OpenMP threads
-// (docs/Benchmarks.md, "Host AdamW"). The workers therefore live for the
-// whole process, parked on a condition variable between calls.
+// per call cost more than the start itself: a memory-bound 50 ms AdamW step
+// took 55 ms (median) against 50 ms on persistent workers, and trailed
+// torch's persistent OpenMP threads (docs/Benchmarks.md, "Host AdamW"); a
+// new thread most likely shares its parent's core until the scheduler
+// moves it. The workers therefore live for the whole process, parked on a
+// condition variable between calls.
 //
 //===----------------------------------------------------------------------===//
 
