@@ -63,7 +63,10 @@ llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
     return error(source + ": a hardware description must be a JSON object");
   HardwareModel hw;
   hw.name = source.str();
-  for (const auto &[key, value] : *obj) {
+  for (const auto &entry : *obj) {
+    // Not a structured binding: the find_if lambda below captures `key`.
+    const llvm::json::ObjectKey &key = entry.first;
+    const llvm::json::Value &value = entry.second;
     if (key == "name") {
       if (std::optional<llvm::StringRef> s = value.getAsString()) {
         hw.name = s->str();

@@ -491,7 +491,11 @@ void writeDsaManifest(ArrayRef<DsaConfig> configs,
     j.attribute("lse", "forward output (dsa3d's second result), backward "
                        "input (dsa3d_grad's lse operand)");
     j.attributeArray("configs", [&] {
-      for (auto [c, p] : llvm::zip(configs, plans)) {
+      for (auto pair : llvm::zip(configs, plans)) {
+        // Named references, not structured bindings: the lambdas below
+        // capture them (a C++20 extension clang warns about).
+        const auto &c = std::get<0>(pair);
+        const auto &p = std::get<1>(pair);
         j.object([&] {
           j.attribute("name", configName(c));
           j.attribute("source", configName(c) + ".cu");
