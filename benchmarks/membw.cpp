@@ -4,11 +4,11 @@
 // plus the access pattern of an AdamW step (three fp32 arrays read and
 // written in place, one more read), run with the thread count and the
 // chunking and the worker threads of runtime/cpu/AdamW.cpp (each worker
-// owns one contiguous chunk, first touched by that worker). Bytes are counted as the program reads and
-// writes them (STREAM's convention: no write-allocate traffic), so a
-// kernel's "bytes per element / bandwidth" is directly its time bound. The
-// arrays ask for transparent huge pages (madvise), as numpy does for large
-// arrays: with 4 KiB pages the probe would pay TLB misses the benchmarked
+// owns one contiguous chunk, first touched by that worker). Bytes are counted
+// as the program reads and writes them (STREAM's convention: no write-allocate
+// traffic), so a kernel's "bytes per element / bandwidth" is directly its time
+// bound. The arrays ask for transparent huge pages (madvise), as numpy does for
+// large arrays: with 4 KiB pages the probe would pay TLB misses the benchmarked
 // kernels, running on numpy arrays, do not.
 //
 // Usage: megaslide-membw [--threads N] [--mib M] [--repeat R] [--json]
@@ -20,8 +20,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "cpu/AdamW.h"
 #include "cpu/Dsa3d.h"
-#include "cpu/WorkerPool.h"
+#include "cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <chrono>
@@ -38,18 +39,10 @@
 #include <sys/mman.h>
 #endif
 
-namespace {
+using megaslide::cpu::kAdamWChunkAlign;
+using megaslide::cpu::parallelChunks;
 
-/// Runs body(begin, end) over [0, n) in `threads` contiguous chunks, one
-/// per worker of the kernels' pool, 64-byte aligned as in the AdamW kernel.
-void parallelChunks(int threads, int64_t n,
-                    const std::function<void(int64_t, int64_t)> &body) {
-  int64_t chunk = (n + threads - 1) / threads;
-  chunk = (chunk + 15) / 16 * 16;
-  megaslide::cpu::runOnWorkers((n + chunk - 1) / chunk, [&](int64_t worker) {
-    body(worker * chunk, std::min(n, (worker + 1) * chunk));
-  });
-}
+namespace {
 
 struct FreeDeleter {
   void operator()(float *p) const { std::free(p); }
@@ -130,7 +123,7 @@ int main(int argc, char **argv) {
   Buffer a = allocate(n), b = allocate(n), c = allocate(n), d = allocate(n);
   float *pa = a.get(), *pb = b.get(), *pc = c.get(), *pd = d.get();
   // First touch by the thread that later streams the chunk.
-  parallelChunks(threads, n, [=](int64_t begin, int64_t end) {
+  parallelChunks(n, threads, kAdamWChunkAlign, [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       pa[i] = 1.0f;
       pb[i] = 2.0f;
@@ -173,7 +166,9 @@ int main(int argc, char **argv) {
                 threads, static_cast<long long>(mib), repeat);
   for (size_t k = 0; k < kernels.size(); ++k) {
     const Kernel &kernel = kernels[k];
-    auto once = [&] { parallelChunks(threads, n, kernel.body); };
+    auto once = [&] {
+      parallelChunks(n, threads, kAdamWChunkAlign, kernel.body);
+    };
     once(); // warm-up
     std::vector<double> times;
     for (int r = 0; r < repeat; ++r)

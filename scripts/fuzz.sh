@@ -4,8 +4,8 @@
 #
 #   scripts/fuzz.sh [TARGET...]     (default: every target)
 #
-# Targets: model-config exec-plan safetensors mlir-verify. They come from
-# the sanitize build (scripts/sanitize.sh builds them into build-sanitize/;
+# Targets: the folders of test/fuzz/corpus/, one per fuzz target of
+# test/fuzz/CMakeLists.txt, built by the sanitize build (scripts/sanitize.sh builds them into build-sanitize/;
 # $MEGASLIDE_FUZZ_BUILD_DIR names another clang build). For each target the
 # script first replays test/fuzz/regressions/<target>/ (every crash found so
 # far must stay fixed), then fuzzes a scratch copy of
@@ -18,9 +18,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MEGASLIDE_FUZZ_BUILD_DIR:-$root/build-sanitize}
 runs=${FUZZ_RUNS:-100000}
 seconds=${FUZZ_SECONDS:-60}
-all_targets=(model-config exec-plan safetensors mlir-verify)
+# Every target has a seed corpus, test/fuzz/corpus/<target>/.
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
+if [ ${#targets[@]} -eq 0 ]; then
+  for corpus in "$root"/test/fuzz/corpus/*/; do
+    targets+=("$(basename "$corpus")")
+  done
+fi
 
 # Abort (and so fail) on the first sanitizer report; ASan's leak check
 # stays on: LLVM's process-wide state is reachable at exit, not leaked.

@@ -279,21 +279,40 @@ private:
   mlir::ScopedDiagnosticHandler handler;
 };
 
-/// Parses and verifies `ir`; null with the diagnostics in `diags` on error.
-mlir::OwningOpRef<mlir::ModuleOp> parseModule(mlir::MLIRContext &context,
-                                              const char *ir,
-                                              const char *sourceName) {
-  llvm::StringRef name = sourceName && *sourceName ? sourceName : "<string>";
-  // Refused before MLIR's parser recurses itself into a stack overflow.
-  if (std::optional<unsigned> line =
-          megaslide::findDeepIrNesting(ir ? ir : "")) {
-    mlir::emitError(mlir::FileLineColLoc::get(&context, name, *line, 1))
-        << megaslide::kIrNestingMessage;
-    return nullptr;
+/// The text-in entry points' common start: a context with the MegaSlide
+/// dialects that captures the call's diagnostics, and `ir` parsed and
+/// verified in it. Diagnostics name the op by location only: its text
+/// (video-sized tensor types) would bury the message.
+struct ParsedInput {
+  ParsedInput(const char *ir, const char *sourceName)
+      : context(dialectRegistry(), mlir::MLIRContext::Threading::DISABLED),
+        diags(context) {
+    context.printOpOnDiagnostic(false);
+    llvm::StringRef name = sourceName && *sourceName ? sourceName : "<string>";
+    // Refused before MLIR's parser recurses itself into a stack overflow.
+    if (std::optional<unsigned> line =
+            megaslide::findDeepIrNesting(ir ? ir : "")) {
+      mlir::emitError(mlir::FileLineColLoc::get(&context, name, *line, 1))
+          << megaslide::kIrNestingMessage;
+      return;
+    }
+    module = mlir::parseSourceString<mlir::ModuleOp>(
+        ir ? ir : "", mlir::ParserConfig(&context), name);
   }
-  return mlir::parseSourceString<mlir::ModuleOp>(
-      ir ? ir : "", mlir::ParserConfig(&context), name);
-}
+
+  /// True, with the parser's diagnostics in `*error`, when `ir` did not
+  /// parse or verify.
+  bool failed(char **error) const {
+    if (module)
+      return false;
+    *error = copyString(diags.errorText("the input is not a valid module"));
+    return true;
+  }
+
+  mlir::MLIRContext context;
+  DiagnosticCapture diags;
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+};
 
 std::string print(mlir::ModuleOp module) {
   std::string text;
@@ -386,35 +405,19 @@ int megaslideBuildModule(const char *model, int64_t frames, int64_t height,
 
 int megaslideParseModule(const char *ir, const char *sourceName, char **printed,
                          char **error) {
-  mlir::MLIRContext context(dialectRegistry(),
-                            mlir::MLIRContext::Threading::DISABLED);
-  context.printOpOnDiagnostic(false);
-  DiagnosticCapture diags(context);
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      parseModule(context, ir, sourceName);
-  if (!module) {
-    *error = copyString(diags.errorText("the input is not a valid module"));
+  ParsedInput input(ir, sourceName);
+  if (input.failed(error))
     return 1;
-  }
-  *printed = copyString(print(*module));
+  *printed = copyString(print(*input.module));
   return 0;
 }
 
 int megaslideRunPipeline(const char *ir, const char *sourceName,
                          const char *pipeline, char **json, char **error) {
   registerPassesOnce();
-  mlir::MLIRContext context(dialectRegistry(),
-                            mlir::MLIRContext::Threading::DISABLED);
-  // The location names the op; its text (video-sized tensor types) would
-  // bury the message.
-  context.printOpOnDiagnostic(false);
-  DiagnosticCapture diags(context);
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      parseModule(context, ir, sourceName);
-  if (!module) {
-    *error = copyString(diags.errorText("the input is not a valid module"));
+  ParsedInput input(ir, sourceName);
+  if (input.failed(error))
     return 1;
-  }
   // The FailureOr overload keeps the text's anchor; the overload filling a
   // PassManager would nest `builtin.module(...)` inside it and match
   // nothing (TOOLCHAIN.md).
@@ -448,16 +451,16 @@ int megaslideRunPipeline(const char *ir, const char *sourceName,
                         "builtin.module(func.func(cse))");
     return 1;
   }
-  mlir::PassManager pm(&context, anchor);
+  mlir::PassManager pm(&input.context, anchor);
   static_cast<mlir::OpPassManager &>(pm) = std::move(*parsed);
-  mlir::LogicalResult ran = pm.run(*module);
-  llvm::json::Object result{{"ir", print(*module)},
-                            {"remarks", toJsonArray(diags.remarks)},
-                            {"warnings", toJsonArray(diags.warnings)}};
+  mlir::LogicalResult ran = pm.run(*input.module);
+  llvm::json::Object result{{"ir", print(*input.module)},
+                            {"remarks", toJsonArray(input.diags.remarks)},
+                            {"warnings", toJsonArray(input.diags.warnings)}};
   *json = copyString(
       llvm::formatv("{0}", llvm::json::Value(std::move(result))).str());
   if (mlir::failed(ran)) {
-    *error = copyString(diags.errorText("the pass pipeline failed"));
+    *error = copyString(input.diags.errorText("the pass pipeline failed"));
     return 2;
   }
   return 0;
@@ -465,20 +468,13 @@ int megaslideRunPipeline(const char *ir, const char *sourceName,
 
 int megaslideEmitDsaKernelsJson(const char *ir, const char *sourceName,
                                 char **json, char **error) {
-  mlir::MLIRContext context(dialectRegistry(),
-                            mlir::MLIRContext::Threading::DISABLED);
-  context.printOpOnDiagnostic(false);
-  DiagnosticCapture diags(context);
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      parseModule(context, ir, sourceName);
-  if (!module) {
-    *error = copyString(diags.errorText("the input is not a valid module"));
+  ParsedInput input(ir, sourceName);
+  if (input.failed(error))
     return 1;
-  }
   cuda::EmittedDsaKernels emitted;
   llvm::raw_null_ostream discard;
-  if (mlir::failed(cuda::emitDsaKernels(*module, "", discard, emitted))) {
-    *error = copyString(diags.errorText("3D-DSA kernel emission failed"));
+  if (mlir::failed(cuda::emitDsaKernels(*input.module, "", discard, emitted))) {
+    *error = copyString(input.diags.errorText("3D-DSA kernel emission failed"));
     return 1;
   }
   llvm::json::Array kernels;

@@ -29,7 +29,7 @@
 
 #include "cpu/AdamW.h"
 #include "cpu/Dsa3d.h"
-#include "cpu/WorkerPool.h"
+#include "cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <cassert>
@@ -39,11 +39,9 @@ using namespace megaslide::cpu;
 
 namespace {
 
-/// Below this many elements per thread, spawning threads costs more than
-/// it saves.
+/// Below this many elements per thread, handing work to the pool's threads
+/// costs more than it saves.
 constexpr int64_t kMinChunk = 1 << 15;
-/// Chunk boundaries are multiples of this (one 64-byte line of floats).
-constexpr int64_t kChunkAlign = 16;
 
 /// Per-call scalars of the update.
 struct Coefficients {
@@ -174,20 +172,11 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
   Coefficients c = makeCoefficients(hyper);
   isa = resolveIsa(isa);
   ChunkFn fn = working ? chunkFn<true, Grad>(isa) : chunkFn<false, Grad>(isa);
-  auto run = [&](int64_t begin, int64_t end) {
-    fn(c, begin, end, master, m, v, grad, working);
-  };
-
   int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, dsa3dNumThreads());
-  if (numThreads == 1) {
-    run(0, n);
-    return;
-  }
-  int64_t chunk = (n + numThreads - 1) / numThreads;
-  chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-  runOnWorkers((n + chunk - 1) / chunk, [&](int64_t worker) {
-    run(worker * chunk, std::min(n, (worker + 1) * chunk));
-  });
+  parallelChunks(n, numThreads, kAdamWChunkAlign,
+                 [&](int64_t begin, int64_t end) {
+                   fn(c, begin, end, master, m, v, grad, working);
+                 });
 }
 
 } // namespace

@@ -31,6 +31,10 @@ struct AdamWHyper {
   int64_t step = 1; ///< 1-based: the first update uses step 1
 };
 
+/// adamwStep splits its work at multiples of this many elements (one
+/// 64-byte line of floats), so no two threads write the same cache line.
+inline constexpr int64_t kAdamWChunkAlign = 16;
+
 /// One AdamW update of n parameters, in place, with t = hyper.step:
 ///   g  = float(grad)
 ///   m  = b1 m + (1 - b1) g

@@ -1,4 +1,4 @@
-//===- ParallelFor.h - Threads and vector loops of the CPU kernels -*- C++ -*-===//
+//===- ParallelFor.h - Threads and loops of the CPU kernels -----*- C++ -*-===//
 //
 // The work distribution and the inner loops that the 3D-DSA kernels
 // (Dsa3d.cpp) and the video kernels of the cpu backend (kernels/Video.cpp)
@@ -33,6 +33,21 @@ void parallelFor(int64_t count, MakeWorker makeWorker) {
     auto worker = makeWorker();
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1))
       worker(i);
+  });
+}
+
+/// Runs fn(begin, end) over [0, count) split into at most `parts`
+/// contiguous chunks, one per worker, whose boundaries are multiples of
+/// `align` items (the last chunk may be shorter). Callers make each item's
+/// result independent of the chunk it lands in.
+template <typename Fn>
+void parallelChunks(int64_t count, int64_t parts, int64_t align, Fn fn) {
+  if (count <= 0)
+    return;
+  int64_t chunk = (count + parts - 1) / parts;
+  chunk = (chunk + align - 1) / align * align;
+  runOnWorkers((count + chunk - 1) / chunk, [&](int64_t worker) {
+    fn(worker * chunk, std::min(count, (worker + 1) * chunk));
   });
 }
 

@@ -18,12 +18,15 @@ namespace {
 class WorkerPool {
 public:
   void run(int64_t numWorkers, void (*call)(void *, int64_t), void *context) {
-    std::unique_lock<std::mutex> job(busy, std::try_to_lock);
-    if (numWorkers <= 1 || !job.owns_lock()) {
+    auto runHere = [&] {
       for (int64_t w = 0; w < numWorkers; ++w)
         call(context, w);
-      return;
-    }
+    };
+    if (numWorkers <= 1)
+      return runHere();
+    std::unique_lock<std::mutex> job(busy, std::try_to_lock);
+    if (!job.owns_lock())
+      return runHere();
     {
       std::lock_guard<std::mutex> lock(mutex);
       while (static_cast<int64_t>(threads.size()) < numWorkers - 1) {

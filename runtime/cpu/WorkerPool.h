@@ -1,4 +1,4 @@
-//===- WorkerPool.h - Persistent worker threads of the CPU kernels -*- C++ -*-===//
+//===- WorkerPool.h - Persistent threads of the CPU kernels -----*- C++ -*-===//
 //
 // The CPU kernels (3D-DSA, AdamW, the cpu backend's dense and video ops)
 // split their work over dsa3dNumThreads() workers. Starting std::threads
@@ -34,7 +34,9 @@ template <typename Fn> void runOnWorkers(int64_t numWorkers, Fn &&fn) {
   using F = std::remove_reference_t<Fn>;
   detail::runOnWorkers(
       numWorkers,
-      [](void *context, int64_t worker) { (*static_cast<F *>(context))(worker); },
+      [](void *context, int64_t worker) {
+        (*static_cast<F *>(context))(worker);
+      },
       const_cast<void *>(static_cast<const void *>(&fn)));
 }
 

@@ -44,13 +44,12 @@ static mlir::LogicalResult checkIrNesting(llvm::StringRef inputFile) {
   if (fromStdin && llvm::sys::Process::StandardInIsUserInput())
     return mlir::success();
   llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> input =
-      fromStdin ? llvm::MemoryBuffer::getSTDIN()
-                : llvm::MemoryBuffer::getFileOrSTDIN(inputFile);
+      llvm::MemoryBuffer::getFileOrSTDIN(inputFile);
   if (!input)
     return mlir::success();
   llvm::StringRef text = (*input)->getBuffer();
   if (std::optional<unsigned> line = megaslide::findDeepIrNesting(text)) {
-    llvm::errs() << (fromStdin ? "<stdin>" : inputFile) << ":" << *line
+    llvm::errs() << (*input)->getBufferIdentifier() << ":" << *line
                  << ": error: " << megaslide::kIrNestingMessage << "\n";
     return mlir::failure();
   }

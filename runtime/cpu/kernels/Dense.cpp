@@ -19,7 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
-#include "cpu/WorkerPool.h"
+#include "cpu/ParallelFor.h"
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
 
@@ -76,13 +76,7 @@ template <typename Fn> void parallelFor(int64_t count, int64_t grain, Fn fn) {
   int64_t numThreads = std::min<int64_t>(
       dsa3dNumThreads(),
       std::max<int64_t>(1, count / std::max<int64_t>(grain, 1)));
-  if (numThreads <= 1) {
-    fn(int64_t(0), count);
-    return;
-  }
-  runOnWorkers(numThreads, [&](int64_t t) {
-    fn(count * t / numThreads, count * (t + 1) / numThreads);
-  });
+  parallelChunks(count, numThreads, 1, fn);
 }
 
 /// Elementwise and row-wise loops go parallel above this many elements;
