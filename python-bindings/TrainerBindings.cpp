@@ -14,7 +14,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "llvm/ADT/STLExtras.h"
+
+#include <atomic>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 namespace py = pybind11;
 using namespace megaslide;
@@ -40,6 +46,46 @@ std::string shapeText(llvm::ArrayRef<int64_t> shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
+/// Serialises the calls on one Trainer. A second thread waits for the
+/// first call to end; it waits without the GIL, since the holder releases
+/// the GIL while it computes and needs it back to return. A call from the
+/// thread that holds the Trainer (a finaliser run inside a call) raises
+/// instead of deadlocking.
+class CallGuard {
+public:
+  CallGuard(std::mutex &mutex, std::atomic<std::thread::id> &owner,
+            const char *what)
+      : mutex(mutex), owner(owner) {
+    if (owner.load() == std::this_thread::get_id())
+      throw std::runtime_error(std::string(what) +
+                               ": this thread is already inside a call on "
+                               "this Trainer");
+    if (!mutex.try_lock()) {
+      py::gil_scoped_release release;
+      mutex.lock();
+    }
+    owner.store(std::this_thread::get_id());
+  }
+  ~CallGuard() {
+    owner.store(std::thread::id());
+    mutex.unlock();
+  }
+  CallGuard(const CallGuard &) = delete;
+  CallGuard &operator=(const CallGuard &) = delete;
+
+private:
+  std::mutex &mutex;
+  std::atomic<std::thread::id> &owner;
+};
+
+/// Raises a KeyboardInterrupt (or another signal handler's exception)
+/// that is pending before a step starts: a Ctrl-C pressed while this
+/// thread waited for another's step stops here, not one step later.
+void checkSignals() {
+  if (PyErr_CheckSignals() != 0)
+    throw py::error_already_set();
+}
+
 class Trainer {
 public:
   Trainer(const std::string &planJson, const std::string &source,
@@ -51,6 +97,10 @@ public:
     options.seed = seed;
     options.hardwarePath = hardwarePath;
     session = check(train::Session::create(std::move(plan), options));
+  }
+
+  CallGuard guard(const char *what) const {
+    return CallGuard(mutex, owner, what);
   }
 
   /// Throws unless the backend holds the model state (cpu, cuda): sim
@@ -74,6 +124,7 @@ public:
   }
 
   py::dict parameters() const {
+    CallGuard lock = guard("parameters");
     requireState("parameters");
     py::dict out;
     for (const host::HostTensor &t : session->state().tensors) {
@@ -87,14 +138,18 @@ public:
   }
 
   void loadParameters(const py::dict &params) {
+    // Converted before the lock: converting may run Python code.
+    std::vector<std::pair<std::string, FloatArray>> arrays;
+    for (const auto &[key, value] : params)
+      arrays.emplace_back(py::cast<std::string>(key),
+                          py::cast<FloatArray>(value));
+    CallGuard lock = guard("load_parameters");
     requireState("load_parameters");
-    for (const auto &[key, value] : params) {
-      std::string name = py::cast<std::string>(key);
+    for (const auto &[name, a] : arrays) {
       host::HostTensor *t = session->state().find(name);
       if (!t || t->param->role == "moment")
         throw std::invalid_argument("load_parameters: the plan has no "
                                     "parameter '" + name + "'");
-      FloatArray a = py::cast<FloatArray>(value);
       std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
       if (shape != t->param->type.shape)
         throw std::invalid_argument(
@@ -104,28 +159,97 @@ public:
     }
   }
 
-  exec::StepInputs stepInputs(const py::dict &arrays) const {
+  /// The step inputs of `arrays`, checked: exactly the plan's inputs, each
+  /// a numpy array of the plan's shape and of dtype float32 (an integer
+  /// dtype for an integer input, e.g. DiT's class labels), nothing cast
+  /// silently; timesteps in [0, 1], the flow-matching time of
+  /// flow_interpolate (x_t = (1 - t) x0 + t noise). Reads only the plan,
+  /// which no call changes, so it runs before the Trainer is locked.
+  exec::StepInputs stepInputs(const py::dict &arrays,
+                              const char *method) const {
+    const exec::ExecPlan &plan = session->plan();
+    std::string names;
+    for (int64_t id : plan.inputs)
+      if (plan.values[id].name != "step")
+        names += (names.empty() ? "" : ", ") + plan.values[id].name;
+    for (const auto &item : arrays) {
+      std::string key = py::str(item.first);
+      if (key == "step" || llvm::none_of(plan.inputs, [&](int64_t id) {
+            return plan.values[id].name == key;
+          }))
+        throw py::type_error(std::string(method) +
+                             "() got an unexpected input '" + key +
+                             "'; the plan takes " + names);
+    }
     exec::StepInputs inputs;
-    for (int64_t id : session->plan().inputs) {
-      const exec::Value &v = session->plan().values[id];
+    for (int64_t id : plan.inputs) {
+      const exec::Value &v = plan.values[id];
       if (v.name == "step")
         continue;
       if (!arrays.contains(v.name))
         throw std::invalid_argument("missing step input '" + v.name + "'");
-      FloatArray a = py::cast<FloatArray>(arrays[py::str(v.name)]);
-      std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+      py::object value = arrays[py::str(v.name)];
+      if (!py::isinstance<py::array>(value))
+        throw py::type_error(
+            "step input '" + v.name + "' must be a numpy.ndarray, got " +
+            py::str(py::type::handle_of(value).attr("__name__"))
+                .cast<std::string>());
+      py::array array = py::reinterpret_borrow<py::array>(value);
+      bool integer =
+          v.type.dtype == exec::DType::I64 || v.type.dtype == exec::DType::I32;
+      char kind = array.dtype().kind();
+      if (integer ? kind != 'i' && kind != 'u'
+                  : !array.dtype().is(py::dtype::of<float>()))
+        throw py::type_error(
+            "step input '" + v.name + "' must have " +
+            (integer ? "an integer dtype" : "dtype float32") + ", got " +
+            py::str(array.dtype()).cast<std::string>() +
+            (integer ? "" : " (convert with .astype(np.float32))"));
+      std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
       if (shape != v.type.shape)
         throw std::invalid_argument("step input '" + v.name + "' has shape " +
                                     shapeText(shape) + "; the plan expects " +
                                     shapeText(v.type.shape));
-      inputs[v.name].assign(a.data(), a.data() + a.size());
+      std::vector<float> &data = inputs[v.name];
+      if (integer) {
+        // Exact in fp32 up to 2^24: far above any class count.
+        using I64Array =
+            py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+        I64Array ints = I64Array::ensure(array);
+        if (!ints)
+          throw py::error_already_set();
+        for (py::ssize_t i = 0; i < ints.size(); ++i) {
+          int64_t x = ints.data()[i];
+          if (x < 0 || x > (int64_t(1) << 24))
+            throw std::invalid_argument(
+                "step input '" + v.name + "' must hold class labels in [0, " +
+                std::to_string(int64_t(1) << 24) + "], got " +
+                std::to_string(x) + " at flat index " + std::to_string(i));
+          data.push_back(static_cast<float>(x));
+        }
+        continue;
+      }
+      FloatArray a = FloatArray::ensure(array);
+      if (!a)
+        throw py::error_already_set();
+      data.assign(a.data(), a.data() + a.size());
+      if (v.name == "timesteps")
+        for (size_t i = 0; i < data.size(); ++i)
+          if (!(data[i] >= 0.0f && data[i] <= 1.0f))
+            throw std::invalid_argument(
+                "step input 'timesteps' must be in [0, 1] (the flow-matching "
+                "time t of x_t = (1 - t) x0 + t noise), got " +
+                py::str(array.attr("flat")[py::int_(i)]).cast<std::string>() +
+                " at index " + std::to_string(i));
     }
     return inputs;
   }
 
   py::tuple gradients(const py::dict &arrays) {
     requireState("gradients");
-    exec::StepInputs inputs = stepInputs(arrays);
+    exec::StepInputs inputs = stepInputs(arrays, "gradients");
+    CallGuard lock = guard("gradients");
+    checkSignals();
     std::map<std::string, std::vector<float>> grads;
     exec::StepOptions options;
     options.applyUpdates = false;
@@ -147,6 +271,11 @@ public:
   }
 
   py::dict step(const py::object &arrays, const std::string &tracePath) {
+    std::optional<exec::StepInputs> inputs;
+    if (!arrays.is_none())
+      inputs = stepInputs(py::cast<py::dict>(arrays), "step");
+    CallGuard lock = guard("step");
+    checkSignals();
     bool trace = !tracePath.empty();
     // Created first, so an unwritable path fails before the step is taken.
     std::unique_ptr<trace::ChromeTrace> writer;
@@ -159,11 +288,10 @@ public:
       py::gil_scoped_release release;
       result = check(session->trainStep(trace));
     } else {
-      exec::StepInputs inputs = stepInputs(py::cast<py::dict>(arrays));
       exec::StepOptions options;
       options.trace = trace;
       py::gil_scoped_release release;
-      result = check(session->runStep(inputs, options));
+      result = check(session->runStep(*inputs, options));
     }
     if (writer) {
       for (const exec::TraceSpan &span : result.spans)
@@ -182,6 +310,7 @@ public:
       out["loss"] = py::none();
     out["seconds"] = result.seconds;
     out["step"] = session->state().step;
+    out["skipped"] = result.skipped;
     out["planned_peak_bytes"] = result.memory.plannedArenaBytes;
     out["measured_peak_bytes"] = result.memory.measuredArenaBytes;
     out["planned_live_bytes"] = result.memory.plannedLiveBytes;
@@ -190,6 +319,7 @@ public:
   }
 
   void loadWeights(const std::string &path) {
+    CallGuard lock = guard("load_weights");
     requireState("load_weights");
     py::gil_scoped_release release;
     if (llvm::Error err = host::loadWeights(path, session->state()))
@@ -198,6 +328,7 @@ public:
 
   void saveWeights(const std::string &dir, const std::string &dtype,
                    uint64_t maxShardBytes) {
+    CallGuard lock = guard("save_weights");
     requireState("save_weights");
     host::SaveWeightsOptions options;
     if (dtype == "f32")
@@ -219,17 +350,23 @@ public:
   }
 
   void savePlan(const std::string &path) const {
+    CallGuard lock = guard("save_plan");
     if (llvm::Error err = exec::saveExecPlan(session->plan(), path))
       raise(std::move(err));
   }
 
   std::string planJson() const { return exec::serialize(session->plan()); }
   bool computesLoss() const { return session->backend().computesLoss(); }
-  int64_t stepCount() const { return session->state().step; }
+  int64_t stepCount() const {
+    CallGuard lock = guard("step_count");
+    return session->state().step;
+  }
   std::string backendName() const { return session->backend().name(); }
 
 private:
   std::unique_ptr<train::Session> session;
+  mutable std::mutex mutex;
+  mutable std::atomic<std::thread::id> owner{};
 };
 
 } // namespace

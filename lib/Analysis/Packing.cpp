@@ -5,63 +5,78 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <set>
 
 using namespace megaslide;
 
 namespace {
 
-/// Free address ranges below the arena top, coalesced.
+/// Free address ranges below the arena top, coalesced. Indexed both by
+/// offset (for coalescing and the tail) and by (size, offset) (for best
+/// fit), so every operation is logarithmic in the number of free blocks.
 class FreeList {
 public:
   /// Returns the offset of the smallest free block of at least `size`
   /// bytes (lowest offset on ties), or -1.
   int64_t takeBestFit(int64_t size) {
-    auto best = blocks.end();
-    for (auto it = blocks.begin(); it != blocks.end(); ++it)
-      if (it->second >= size &&
-          (best == blocks.end() || it->second < best->second))
-        best = it;
-    if (best == blocks.end())
+    auto best = bySize.lower_bound({size, std::numeric_limits<int64_t>::min()});
+    if (best == bySize.end())
       return -1;
-    int64_t offset = best->first, remaining = best->second - size;
-    blocks.erase(best);
-    if (remaining > 0)
-      blocks[offset + size] = remaining;
+    auto [blockSize, offset] = *best;
+    erase(offset);
+    if (blockSize > size)
+      insert(offset + size, blockSize - size);
     return offset;
   }
 
   /// The free block ending at `top`, if any, is removed and its offset
   /// returned (so a slice can extend the arena from there); else `top`.
   int64_t takeTail(int64_t top) {
-    if (blocks.empty())
+    if (byOffset.empty())
       return top;
-    auto last = std::prev(blocks.end());
+    auto last = std::prev(byOffset.end());
     if (last->first + last->second != top)
       return top;
     int64_t offset = last->first;
-    blocks.erase(last);
+    erase(offset);
     return offset;
   }
 
   void release(int64_t offset, int64_t size) {
-    auto next = blocks.lower_bound(offset);
-    if (next != blocks.end() && offset + size == next->first) {
+    auto next = byOffset.lower_bound(offset);
+    if (next != byOffset.end() && offset + size == next->first) {
       size += next->second;
-      next = blocks.erase(next);
+      next = erase(next->first);
     }
-    if (next != blocks.begin()) {
+    if (next != byOffset.begin()) {
       auto prev = std::prev(next);
       if (prev->first + prev->second == offset) {
-        prev->second += size;
+        int64_t start = prev->first;
+        size += prev->second;
+        erase(start);
+        insert(start, size);
         return;
       }
     }
-    blocks[offset] = size;
+    insert(offset, size);
   }
 
 private:
-  std::map<int64_t, int64_t> blocks; // offset -> size
+  void insert(int64_t offset, int64_t size) {
+    byOffset[offset] = size;
+    bySize.insert({size, offset});
+  }
+  /// Removes the block at `offset`; returns the block after it.
+  std::map<int64_t, int64_t>::iterator erase(int64_t offset) {
+    auto it = byOffset.find(offset);
+    bySize.erase({it->second, offset});
+    return byOffset.erase(it);
+  }
+
+  std::map<int64_t, int64_t> byOffset;          // offset -> size
+  std::set<std::pair<int64_t, int64_t>> bySize; // (size, offset)
 };
 
 } // namespace

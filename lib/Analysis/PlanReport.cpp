@@ -11,6 +11,7 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <array>
 #include <map>
 
 using namespace mlir;
@@ -277,21 +278,23 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
     }
     r.memoryTimeline.push_back({at, static_cast<uint64_t>(peak)});
   }
+  // The last interval of each stream, by index (no search back through
+  // the other streams' intervals).
+  std::array<std::optional<size_t>, sim::kNumStreams> lastOfStream;
   for (size_t i = 0; i < taskOps.size(); ++i) {
     int stream = static_cast<int>(tasks[i].stream);
     std::optional<int64_t> l = graph::getLayer(taskOps[i]);
     std::string label = l ? "block " + std::to_string(*l) : "other";
-    if (!r.streamTimeline.empty()) {
-      // Merge with the last interval of the same stream and label.
-      auto it = std::find_if(r.streamTimeline.rbegin(), r.streamTimeline.rend(),
-                             [&](auto &iv) { return iv.stream == stream; });
-      if (it != r.streamTimeline.rend() && it->label == label &&
-          timeline.start[i] - it->end <
-              1e-3 * std::max(1.0, timeline.makespan)) {
-        it->end = std::max(it->end, timeline.end[i]);
+    // Merge with the last interval of the same stream and label.
+    if (std::optional<size_t> last = lastOfStream[stream]) {
+      PlanReport::Interval &iv = r.streamTimeline[*last];
+      if (iv.label == label && timeline.start[i] - iv.end <
+                                   1e-3 * std::max(1.0, timeline.makespan)) {
+        iv.end = std::max(iv.end, timeline.end[i]);
         continue;
       }
     }
+    lastOfStream[stream] = r.streamTimeline.size();
     r.streamTimeline.push_back(
         {stream, timeline.start[i], timeline.end[i], label});
   }

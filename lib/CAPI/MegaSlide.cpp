@@ -15,6 +15,7 @@
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
+#include "plan/HyperParameters.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -107,11 +108,16 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
                  .Default(nullptr);
     if (real) {
       std::optional<double> number = value.getAsNumber();
-      if (!number || !(*number >= 0) || !std::isfinite(*number))
-        return llvm::createStringError(
-            llvm::inconvertibleErrorCode(),
-            "plan option '%s': expected a non-negative number",
-            key.str().c_str());
+      if (!number)
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                       "plan option '%s': expected a number",
+                                       key.str().c_str());
+      // The rule of the command line and of loaded plans.
+      if (std::optional<std::string> problem =
+              exec::checkAdamWHyperParameter(key, *number))
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                       "plan option '%s': %s",
+                                       key.str().c_str(), problem->c_str());
       *real = *number;
     } else if (triple) {
       const llvm::json::Array *list = value.getAsArray();

@@ -5,12 +5,13 @@
 #include <cmath>
 
 #include "megaslide/Support/Json.h"
+#include "plan/HyperParameters.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 #include <functional>
 
@@ -211,8 +212,10 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
     double lr = 0;
     if (Error e = number("learning_rate", v, lr))
       return e;
-    if (!(lr > 0) || !std::isfinite(lr))
-      return err.field("learning_rate", "must be a positive number");
+    // The rule of --lr and of loaded plans.
+    if (std::optional<std::string> problem =
+            exec::checkAdamWHyperParameter("lr", lr))
+      return err.field("learning_rate", *problem);
     c.learningRate = lr;
     return Error::success();
   };
@@ -485,13 +488,11 @@ Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
         "config",
         nameOrPath.str().c_str(), names.c_str());
   }
-  auto buffer = llvm::MemoryBuffer::getFile(nameOrPath);
-  if (!buffer)
-    return llvm::createStringError(
-        buffer.getError(), "cannot read model config '%s': %s",
-        nameOrPath.str().c_str(), buffer.getError().message().c_str());
-  Expected<ModelConfig> c =
-      parseModelConfig((*buffer)->getBuffer(), nameOrPath);
+  Expected<std::string> text =
+      readBoundedFile(nameOrPath, kMaxModelConfigBytes, "model config");
+  if (!text)
+    return text.takeError();
+  Expected<ModelConfig> c = parseModelConfig(*text, nameOrPath);
   if (c && c->name.empty())
     c->name = nameOrPath.str();
   return c;
@@ -555,8 +556,12 @@ Expected<int64_t> toLatent(StringRef field, int64_t pixels, int64_t stride,
                        : llvm::formatv("; use {0}", upper).str();
   }
   std::string problem =
-      pixels <= 0
-          ? llvm::formatv("must be positive, got {0}", pixels).str()
+      pixels <= 0 ? llvm::formatv("must be positive, got {0}", pixels).str()
+      : latentUnits
+          ? llvm::formatv("{0} latent elements do not fit the patch; it "
+                          "must be {1}{2}",
+                          pixels, rule, suggestion)
+                .str()
           : llvm::formatv("{0} does not fit the VAE and patch; it must be "
                           "{1}{2}",
                           pixels, rule, suggestion)
@@ -596,9 +601,10 @@ Expected<Geometry> megaslide::computeGeometry(const ModelConfig &c,
     if (__builtin_mul_overflow(tokens, extent, &tokens) || tokens > kMaxTokens)
       return llvm::createStringError(
           llvm::inconvertibleErrorCode(),
-          "video: %lld x %lld x %lld pixels give more than 2^31 tokens per "
+          "video: %lld x %lld x %lld %s give more than 2^31 tokens per "
           "sample; plan a smaller video",
           static_cast<long long>(v.frames), static_cast<long long>(v.height),
-          static_cast<long long>(v.width));
+          static_cast<long long>(v.width),
+          v.latentUnits ? "latent elements" : "pixels");
   return g;
 }

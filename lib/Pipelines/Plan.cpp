@@ -6,12 +6,14 @@
 #include "megaslide/Support/Units.h"
 
 #include "Schedule/ScheduleOps.h"
+#include "plan/HyperParameters.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <chrono>
+#include <cmath>
 
 using namespace mlir;
 using namespace megaslide;
@@ -22,6 +24,50 @@ llvm::Error optionError(llvm::StringRef option, llvm::Error cause) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                  "option '%s': %s", option.str().c_str(),
                                  llvm::toString(std::move(cause)).c_str());
+}
+
+/// The path of the first number in `value` that is not finite: JSON has
+/// no inf or nan, and llvm::json would print them as such.
+std::optional<std::string> firstNonFinite(const llvm::json::Value &value,
+                                          const std::string &path = "") {
+  if (std::optional<double> number = value.getAsNumber())
+    return std::isfinite(*number) ? std::nullopt
+                                  : std::optional<std::string>(path);
+  if (const llvm::json::Object *obj = value.getAsObject()) {
+    for (const auto &[key, item] : *obj)
+      if (auto bad = firstNonFinite(
+              item, path.empty() ? key.str() : path + "." + key.str()))
+        return bad;
+  } else if (const llvm::json::Array *array = value.getAsArray()) {
+    for (size_t i = 0; i < array->size(); ++i)
+      if (auto bad =
+              firstNonFinite((*array)[i], path + "[" + std::to_string(i) + "]"))
+        return bad;
+  }
+  return std::nullopt;
+}
+
+/// The AdamW hyper-parameters of a step, by the rule of the command line
+/// and of loaded plans (plan/HyperParameters.h).
+llvm::Error checkHyperParameters(const TrainingOptions &training) {
+  struct Named {
+    const char *name;
+    double value;
+  };
+  for (Named h :
+       {Named{"lr", training.learningRate}, Named{"beta1", training.beta1},
+        Named{"beta2", training.beta2}, Named{"eps", training.adamEps},
+        Named{"weight_decay", training.weightDecay}}) {
+    // A learning rate of 0 stands for the config's (TrainingOptions).
+    if (llvm::StringRef(h.name) == "lr" && h.value == 0)
+      continue;
+    if (std::optional<std::string> problem =
+            exec::checkAdamWHyperParameter(h.name, h.value))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "option '%s': %s", h.name,
+                                     problem->c_str());
+  }
+  return llvm::Error::success();
 }
 
 /// A diagnostic with its notes, as one readable message.
@@ -76,6 +122,8 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
                                      c.option, c.value.c_str(),
                                      allowed.c_str());
     }
+  if (llvm::Error err = checkHyperParameters(training))
+    return std::move(err);
   TrainingOptions step = training;
   if (!options.precision.empty()) {
     llvm::Expected<ComputeType> computeType =
@@ -150,6 +198,14 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
   result.report =
       buildPlanReport(*result.module, hw, *gpu, *reserve, *host,
                       failed(ran) ? diagnostics : std::vector<std::string>());
+  // parseHardwareModel's ranges keep every figure finite; should one still
+  // not be, refuse it by name rather than print "inf" into a JSON report.
+  if (std::optional<std::string> bad = firstNonFinite(toJson(result)))
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "plan report field '%s' is not a finite number; check the hardware "
+        "description '%s'",
+        bad->c_str(), hw.name.c_str());
   return result;
 }
 

@@ -28,51 +28,71 @@ using namespace megaslide;
 
 namespace {
 
-/// A block's forward ops, where its backward starts, and its checkpoint:
-/// the values from outside the block that only this block reads (its
-/// input activation), unlike conditioning shared by all blocks.
-struct BlockSlice {
+/// A block's forward ops, in program order, and where its backward starts.
+struct BlockOps {
   SmallVector<Operation *> forward;
   Operation *firstBackward = nullptr;
-  llvm::SetVector<Value> checkpoints;
 };
 
-BlockSlice sliceBlock(func::FuncOp step, Operation *loss, int64_t layer) {
-  BlockSlice slice;
+/// The ops of blocks 0 to `layers` - 1, in one walk over the step. Applying
+/// a policy to a block adds ops of that block only, so what this finds for
+/// the other blocks stays true while the policies are applied in turn.
+std::vector<BlockOps> collectBlocks(func::FuncOp step, Operation *loss,
+                                    int64_t layers) {
+  std::vector<BlockOps> blocks(layers);
+  bool pastLoss = false;
   for (Operation &op : step.getBody().front()) {
-    if (getLayer(&op) != layer)
+    pastLoss |= &op == loss;
+    std::optional<int64_t> layer = getLayer(&op);
+    if (!layer || *layer < 0 || *layer >= layers)
       continue;
-    if (op.isBeforeInBlock(loss))
-      slice.forward.push_back(&op);
-    else if (!slice.firstBackward)
-      slice.firstBackward = &op;
+    BlockOps &block = blocks[*layer];
+    if (!pastLoss)
+      block.forward.push_back(&op);
+    else if (!block.firstBackward)
+      block.firstBackward = &op;
   }
-  llvm::SmallPtrSet<Operation *, 32> forwardSet(slice.forward.begin(),
-                                                slice.forward.end());
-  for (Operation *op : slice.forward)
+  return blocks;
+}
+
+/// A block's checkpoint: the values from outside the block that only this
+/// block reads (its input activation), unlike conditioning shared by all
+/// blocks. Read from the IR as it is now, after the blocks before it.
+llvm::SetVector<Value> findCheckpoints(ArrayRef<Operation *> forward,
+                                       int64_t layer) {
+  llvm::SetVector<Value> checkpoints;
+  llvm::SmallPtrSet<Operation *, 32> forwardSet(forward.begin(), forward.end());
+  for (Operation *op : forward)
     for (Value v : op->getOperands()) {
       Operation *def = v.getDefiningOp();
       if (!def || forwardSet.contains(def))
         continue;
       if (llvm::all_of(v.getUsers(),
                        [&](Operation *u) { return getLayer(u) == layer; }))
-        slice.checkpoints.insert(v);
+        checkpoints.insert(v);
     }
-  return slice;
+  return checkpoints;
 }
 
 /// Applies one block's policy; returns the offloaded checkpoint bytes.
-uint64_t applyToBlock(func::FuncOp step, Operation *loss, int64_t layer,
+uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
                       ActivationPolicy policy) {
-  BlockSlice slice = sliceBlock(step, loss, layer);
-  SmallVector<Operation *> &forward = slice.forward;
-  Operation *firstBackward = slice.firstBackward;
-  llvm::SetVector<Value> &checkpoints = slice.checkpoints;
+  ArrayRef<Operation *> forward = block.forward;
+  Operation *firstBackward = block.firstBackward;
   if (forward.empty() || !firstBackward)
     return 0;
-  llvm::SmallPtrSet<Operation *, 32> forwardSet(forward.begin(), forward.end());
+  llvm::SetVector<Value> checkpoints = findCheckpoints(forward, layer);
+  // The ops of this block before the loss are its forward ops and the
+  // copies out made below; every other op of the block is in its backward.
+  // (Asking the block for op order instead would renumber the whole step
+  // after each block's clones.)
+  DenseMap<Operation *, unsigned> forwardIndex;
+  for (auto [i, op] : llvm::enumerate(forward))
+    forwardIndex[op] = i;
+  llvm::SmallPtrSet<Operation *, 8> copiesOut;
   auto inBlockBackward = [&](Operation *user) {
-    return getLayer(user) == layer && loss->isBeforeInBlock(user);
+    return getLayer(user) == layer && !forwardIndex.contains(user) &&
+           !copiesOut.contains(user);
   };
 
   OpBuilder b(step.getContext());
@@ -86,13 +106,17 @@ uint64_t applyToBlock(func::FuncOp step, Operation *loss, int64_t layer,
   if (policy == ActivationPolicy::Offload) {
     for (Value c : checkpoints) {
       Operation *lastForwardUse = nullptr;
-      for (Operation *u : c.getUsers())
-        if (forwardSet.contains(u) &&
-            (!lastForwardUse || lastForwardUse->isBeforeInBlock(u)))
+      for (Operation *u : c.getUsers()) {
+        auto it = forwardIndex.find(u);
+        if (it != forwardIndex.end() &&
+            (!lastForwardUse ||
+             forwardIndex.lookup(lastForwardUse) < it->second))
           lastForwardUse = u;
+      }
       OpBuilder after(lastForwardUse->getBlock(),
                       ++Block::iterator(lastForwardUse));
       auto out = sched::DeviceToHostOp::create(after, c.getLoc(), c);
+      copiesOut.insert(out);
       auto back = sched::HostToDeviceOp::create(b, c.getLoc(), out);
       for (Operation *op : {out.getOperation(), back.getOperation()})
         op->setAttr(graph::kLayerAttrName, b.getI64IntegerAttr(layer));
@@ -107,11 +131,12 @@ uint64_t applyToBlock(func::FuncOp step, Operation *loss, int64_t layer,
   SmallVector<Operation *> clones;
   for (Operation *op : forward)
     clones.push_back(b.clone(*op, map));
+  llvm::SmallPtrSet<Operation *, 32> cloneSet(clones.begin(), clones.end());
   for (Operation *op : forward)
     for (Value r : op->getResults())
       r.replaceUsesWithIf(map.lookup(r), [&](OpOperand &use) {
         return inBlockBackward(use.getOwner()) &&
-               !llvm::is_contained(clones, use.getOwner());
+               !cloneSet.contains(use.getOwner());
       });
   // Clones the backward does not need (e.g. the block output) go away.
   for (Operation *clone : llvm::reverse(clones))
@@ -134,10 +159,11 @@ megaslide::applyActivationPolicies(ModuleOp module,
   uint64_t offloaded = 0;
   SmallVector<Attribute> names;
   OpBuilder b(module.getContext());
+  std::vector<BlockOps> blocks = collectBlocks(*step, loss, policies.size());
   for (auto [layer, policy] : llvm::enumerate(policies)) {
     names.push_back(b.getStringAttr(stringify(policy)));
     if (policy != ActivationPolicy::Keep)
-      offloaded += applyToBlock(*step, loss, layer, policy);
+      offloaded += applyToBlock(*step, blocks[layer], layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
   declareResource(module, "checkpoint_pool", sched::Residency::host, offloaded,
@@ -157,9 +183,9 @@ struct PlanActivationsPass
     if (failed(applyActivationPolicies(*trial, policies)) ||
         failed(insertTransfers(*trial)) ||
         failed(scheduleOverlap(*trial, prefetchDistance, buffers,
-                               /*emitRemarks=*/false)))
+                               /*emitRemarks=*/false, /*withEvents=*/false)))
       return failure();
-    return planMemory(*trial, /*alignment=*/256);
+    return packedArenaSize(*trial, /*alignment=*/256);
   }
 
   void runOnOperation() override {
@@ -227,7 +253,8 @@ struct PlanActivationsPass
   int64_t checkpointBytes() {
     FailureOr<func::FuncOp> step = getTrainStep(getOperation());
     int64_t bytes = 0;
-    for (Value v : sliceBlock(*step, findLoss(*step), 0).checkpoints)
+    std::vector<BlockOps> first = collectBlocks(*step, findLoss(*step), 1);
+    for (Value v : findCheckpoints(first[0].forward, 0))
       bytes += tensorBytes(v.getType());
     return bytes;
   }

@@ -17,27 +17,46 @@ namespace megaslide {
 using namespace mlir;
 using namespace megaslide;
 
-FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
-  FailureOr<func::FuncOp> step = getTrainStep(module);
-  if (failed(step))
-    return failure();
+static LogicalResult checkAlignment(ModuleOp module, int64_t alignment) {
   if (alignment <= 0 || (alignment & (alignment - 1)) != 0)
     return module.emitError() << "option 'alignment': " << alignment
                               << " is not a positive power of two";
+  return success();
+}
+
+static Packing pack(const DeviceBuffers &buffers, int64_t alignment) {
+  SmallVector<Slice> slices;
+  for (const DeviceBuffer &b : buffers.buffers)
+    slices.push_back(b.slice);
+  return packSlices(slices, alignment);
+}
+
+FailureOr<int64_t> megaslide::packedArenaSize(ModuleOp module,
+                                              int64_t alignment) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step) || failed(checkAlignment(module, alignment)))
+    return failure();
+  // Bookkeeping ops (an earlier msched.pack) take no step of the buffers'
+  // lifetimes, so they need not be removed first.
+  return pack(collectDeviceBuffers(*step), alignment).arenaSize;
+}
+
+FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
+  FailureOr<func::FuncOp> step = getTrainStep(module);
+  if (failed(step) || failed(checkAlignment(module, alignment)))
+    return failure();
   Block &body = step->getBody().front();
   for (auto pack : llvm::make_early_inc_range(body.getOps<sched::PackOp>()))
     pack.erase();
 
   DeviceBuffers buffers = collectDeviceBuffers(*step);
-  SmallVector<Slice> slices;
   SmallVector<int64_t> sizes, starts, ends;
   for (const DeviceBuffer &b : buffers.buffers) {
-    slices.push_back(b.slice);
     sizes.push_back(b.slice.size);
     starts.push_back(b.slice.start);
     ends.push_back(b.slice.end);
   }
-  Packing packing = packSlices(slices, alignment);
+  Packing packing = pack(buffers, alignment);
 
   // The problem and its solution, reified for tests and the plan file.
   OpBuilder b(&body, body.begin());

@@ -43,12 +43,18 @@ std::optional<Stream> getStream(Operation *op) {
 /// `distance` blocks early within its half of the step (forward: ascending
 /// blocks; backward: descending), so they stream while earlier blocks
 /// compute.
+///
+/// Linear in the ops of the step: every move is decided on the program
+/// order before any move (a move invalidates the block's op order, and
+/// asking for it after each move would renumber the whole step once per
+/// fetch), then the moves are made in the same order.
 void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
               bool emitRemarks) {
   Block &body = step.getBody().front();
   for (bool backward : {false, true}) {
     // Blocks in the order this half computes them, with their first op.
     SmallVector<std::pair<int64_t, Operation *>> segments;
+    DenseMap<int64_t, int64_t> segmentOf; // layer -> index in segments
     Operation *firstCompute = nullptr;
     for (Operation &op : body) {
       if (op.isBeforeInBlock(loss) == backward || &op == loss ||
@@ -57,8 +63,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (!firstCompute)
         firstCompute = &op;
       std::optional<int64_t> layer = getLayer(&op);
-      if (layer &&
-          llvm::none_of(segments, [&](auto &s) { return s.first == *layer; }))
+      if (layer && segmentOf.try_emplace(*layer, segments.size()).second)
         segments.push_back({*layer, &op});
     }
     if (segments.empty())
@@ -68,21 +73,33 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (isa<sched::FetchOp, sched::HostToDeviceOp>(op) &&
           op.isBeforeInBlock(loss) != backward && getLayer(&op))
         fetches.push_back(&op);
+    // Targets are compute ops, which never move, and each fetch moves at
+    // most once, so the order before any move answers every question.
+    SmallVector<std::pair<Operation *, Operation *>> moves; // fetch, target
     for (Operation *fetch : fetches) {
-      int64_t layer = *getLayer(fetch);
-      auto it =
-          llvm::find_if(segments, [&](auto &s) { return s.first == layer; });
-      if (it == segments.end())
+      auto it = segmentOf.find(*getLayer(fetch));
+      if (it == segmentOf.end())
         continue;
-      int64_t index = it - segments.begin();
+      int64_t index = it->second;
       Operation *target = index - distance >= 0
                               ? segments[index - distance].second
                               : firstCompute;
       if (target->isBeforeInBlock(fetch))
-        fetch->moveBefore(target);
+        moves.push_back({fetch, target});
     }
+    for (auto [fetch, target] : moves)
+      fetch->moveBefore(target);
     if (!emitRemarks)
       continue;
+    // The first compute op after each transfer, in one backward walk.
+    DenseMap<Operation *, Operation *> nextCompute;
+    Operation *next = nullptr;
+    for (Operation &op : llvm::reverse(body)) {
+      if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
+        nextCompute[&op] = next;
+      if (getStream(&op) == Stream::compute)
+        next = &op;
+    }
     // A transfer cannot overlap when nothing computes between it and its
     // first use; one remark per block and kind of transfer.
     DenseSet<std::pair<int64_t, int>> reported;
@@ -91,15 +108,10 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       bool weights = isa<sched::FetchOp>(fetch);
       if (!reported.insert({layer, weights}).second)
         continue;
-      bool overlapped = false;
-      for (Operation *op = fetch->getNextNode(); op; op = op->getNextNode()) {
-        if (getStream(op) != Stream::compute)
-          continue;
-        overlapped =
-            !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
-            getLayer(op) != layer;
-        break;
-      }
+      Operation *op = nextCompute.lookup(fetch);
+      bool overlapped =
+          op && !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
+          getLayer(op) != layer;
       if (!overlapped)
         fetch->emitRemark()
             << (weights ? "weights" : "checkpoint reload") << " of block "
@@ -147,7 +159,8 @@ void insertEvents(func::FuncOp step) {
 
 LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                                          int64_t prefetchDistance,
-                                         int64_t buffers, bool emitRemarks) {
+                                         int64_t buffers, bool emitRemarks,
+                                         bool withEvents) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step))
     return failure();
@@ -168,7 +181,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                  sched::StreamAttr::get(module.getContext(), *s));
   if (loss)
     prefetch(*step, loss, distance, emitRemarks);
-  insertEvents(*step);
+  if (withEvents)
+    insertEvents(*step);
 
   // Pinned staging: weight shards in flight, and gradients on their way
   // out, sized by the largest block.

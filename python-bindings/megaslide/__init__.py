@@ -12,6 +12,7 @@ import json
 import math
 import numbers
 import os
+import stat
 from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -53,6 +54,36 @@ def _check_path(name: str, value: Any) -> str:
     if isinstance(path, bytes):
         path = os.fsdecode(path)
     return _check_str(name, path)
+
+
+#: Largest plan file read, as the runtime's loader (kMaxExecPlanBytes in
+#: runtime/support/ReadFile.h, docs/Runtime.md "Limits on
+#: input files").
+_MAX_PLAN_BYTES = 256 << 20
+
+
+def _read_plan_file(path: str) -> str:
+    """The text of plan file ``path``: a regular file only (open() of a FIFO
+    would wait for a writer forever; /dev/zero reads without end) of at
+    most _MAX_PLAN_BYTES. ValueError naming the file otherwise."""
+    def fail(reason: str) -> ValueError:
+        return ValueError(f"cannot read plan file '{path}': {reason}")
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise fail("it is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise fail(e.strerror) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise fail("it is not a regular file")
+        data = f.read(_MAX_PLAN_BYTES + 1)
+    if len(data) > _MAX_PLAN_BYTES:
+        raise fail(f"it holds more than {_MAX_PLAN_BYTES} bytes, the limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise fail(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -498,8 +529,11 @@ def exec_plan(
     learning rate. Raises ValueError for bad input or a plan over budget.
     """
     args = _common_args(model, frames, height, width, batch, text_len, latent)
+    # JSON cannot carry nan or inf to the C API, which checks the range
+    # (plan/HyperParameters.h) with the same words.
     if lr is not None and (isinstance(lr, bool) or
-                           not isinstance(lr, numbers.Real) or not lr > 0):
+                           not isinstance(lr, numbers.Real) or
+                           not math.isfinite(lr) or not lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     payload = _options_payload("exec_plan", options, gpu_mem=gpu_mem,
                                host_mem=host_mem,
@@ -521,6 +555,14 @@ class Trainer:
     steps return the predicted time and no loss; it holds no model state,
     so parameters, gradients and weights raise ValueError). ``hw`` is a
     hardware JSON (docs/CostModel.md) used for planning and by sim.
+
+    Threads: calls on one Trainer are serialised (a lock per Trainer; the
+    GIL is released while a step computes), so two threads stepping one
+    Trainer take every step in turn, each whole. Ctrl-C during a step is
+    honoured at the step boundary: the step runs to its end, then
+    KeyboardInterrupt is raised with the step applied (``step_count`` says
+    so); a pending Ctrl-C raises before a step starts, with nothing
+    applied. A step is never left half done (docs/Python.md).
 
     >>> tr = Trainer("tiny", frames=17, height=128, width=128, precision="f32")
     >>> loss, grads = tr.gradients(**batch)   # no update
@@ -556,12 +598,7 @@ class Trainer:
         hardware = "" if hw is None else _check_path("hw", hw)
         if plan_file is not None:
             path = _check_path("plan_file", plan_file)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    plan_json = f.read()
-            except OSError as e:
-                raise ValueError(f"cannot read plan file '{path}': "
-                                 f"{e.strerror}") from None
+            plan_json = _read_plan_file(path)
             source = path
         elif plan_json is None:
             if model is None:
@@ -648,7 +685,7 @@ class Trainer:
                   ) -> Tuple[float, Dict[str, np.ndarray]]:
         """Loss and every trainable parameter's gradient on one batch.
 
-        The state is not updated. Arrays are float32 in input_shapes().
+        The state is not updated. Arrays are checked as for :meth:`step`.
         """
         return self._native.gradients(dict(latents=latents, noise=noise,
                                            timesteps=timesteps,
@@ -659,10 +696,23 @@ class Trainer:
         """One training step (with the AdamW update).
 
         Without arrays it draws the next synthetic batch; otherwise give
-        latents, noise, timesteps and condition. Returns loss (None on sim),
+        latents, noise, timesteps and condition, each a numpy array of the
+        shape input_shapes() gives and of dtype float32 (an integer dtype
+        for DiT's class-label condition): nothing is cast, so float64,
+        int64 or a list raise TypeError, and so does an unknown keyword.
+        ``timesteps`` must lie in [0, 1], the flow-matching time t of
+        x_t = (1 - t) x0 + t noise (ValueError otherwise, NaN included).
+        Returns loss (None on sim),
         seconds (measured; on sim the predicted step time), step and the
         planned and measured device peaks (planned_peak_bytes,
         measured_peak_bytes, planned_live_bytes, measured_live_bytes).
+
+        A step whose loss is NaN or infinite (e.g. NaN inputs) applies no
+        update and raises FloatingPointError; the state is unchanged. A
+        non-finite gradient with a finite loss raises ValueError naming
+        the parameter: earlier parameters of that step may already be
+        updated, so the Trainer refuses further steps (docs/Runtime.md,
+        "Non-finite values").
 
         ``trace``: also write the step as Chrome trace-event JSON to this
         path (open it in Perfetto): one track per stream, one event per
@@ -670,7 +720,14 @@ class Trainer:
         cuda and predicted on sim — the format of ``megaslide-run --trace``.
         """
         path = "" if trace is None else _check_path("trace", trace)
-        return self._native.step(inputs if inputs else None, path)
+        result = self._native.step(inputs if inputs else None, path)
+        if result.pop("skipped"):
+            raise FloatingPointError(
+                f"the loss of step {result['step'] + 1} is non-finite "
+                f"({result['loss']}): the step was skipped and the state "
+                f"(parameters, moments, step_count) is unchanged; check the "
+                f"inputs or lower the learning rate")
+        return result
 
     @property
     def step_count(self) -> int:

@@ -3,10 +3,13 @@
 #include "cpu/CpuBackend.h"
 
 #include "cpu/AdamW.h"
+#include "cpu/Finite.h"
 
 #include "llvm/ADT/Twine.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -232,6 +235,23 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     narrow(it->second.data(), v.type.dtype, n, run.hostBytes[id].data());
   }
 
+  if (plan.outputs.empty())
+    return llvm::createStringError("the plan returns no loss");
+  int64_t lossId = plan.outputs[0];
+  auto [lossSourceId, lossDef] = exec::lossSource(plan);
+  auto readLoss = [&, lossSourceId = lossSourceId] {
+    widen(run.data(lossSourceId), plan.values[lossSourceId].type.dtype, 1,
+          &result.loss);
+  };
+  auto finish = [&] {
+    result.seconds = since(Clock::now());
+    result.memory.plannedArenaBytes = plan.arenaBytes;
+    result.memory.plannedLiveBytes = plan.plannedLiveBytes;
+    result.memory.measuredArenaBytes = run.arena.highWater;
+    result.memory.measuredLiveBytes = run.arena.peakLiveBytes;
+  };
+  bool updating = false;
+
   std::vector<std::vector<float>> wide;
   std::vector<OpTensor> operands, results;
   for (size_t i = 0; i < plan.instructions.size(); ++i) {
@@ -275,7 +295,24 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       widen(run.data(inst.operands[0]), g.type.dtype, n, grad.data());
       if (options.onGradient)
         options.onGradient(inst.param, grad);
+      if (options.applyUpdates && !updating) {
+        // The compiler's plans compute the loss before the first update:
+        // a non-finite one skips the step with the state untouched.
+        if (lossDef >= 0 && lossDef < static_cast<int64_t>(i)) {
+          readLoss();
+          if (!std::isfinite(result.loss)) {
+            result.skipped = true;
+            finish();
+            return result;
+          }
+        }
+        updating = true;
+      }
       if (options.applyUpdates) {
+        if (std::optional<int64_t> bad = firstNonFinite(grad.data(), n))
+          return llvm::createStringError(nonFiniteGradientMessage(
+              inst.param, optimizerStep, *bad, grad[*bad]));
+        state.incomplete = true;
         AdamWHyper hyper;
         hyper.lr = inst.floatAttr("lr").value_or(1e-4);
         hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
@@ -345,18 +382,23 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     }
   }
 
-  if (plan.outputs.empty())
-    return llvm::createStringError("the plan returns no loss");
-  int64_t lossId = plan.outputs[0];
-  const exec::Value &lossValue = plan.values[lossId];
-  widen(run.data(lossId), lossValue.type.dtype, 1, &result.loss);
-  if (options.applyUpdates)
+  widen(run.data(lossId), plan.values[lossId].type.dtype, 1, &result.loss);
+  if (options.applyUpdates && !std::isfinite(result.loss)) {
+    if (!updating) {
+      result.skipped = true; // a plan that updates nothing
+    } else {
+      // Only a plan that updates before computing its loss gets here.
+      state.incomplete = true;
+      return llvm::createStringError(llvm::formatv(
+          "step {0}: the loss is {1}, and this plan updates parameters before "
+          "it computes the loss, so the step could not be skipped: the host "
+          "state is incomplete",
+          optimizerStep, result.loss));
+    }
+  } else if (options.applyUpdates) {
     state.step = optimizerStep;
-
-  result.seconds = since(Clock::now());
-  result.memory.plannedArenaBytes = plan.arenaBytes;
-  result.memory.plannedLiveBytes = plan.plannedLiveBytes;
-  result.memory.measuredArenaBytes = run.arena.highWater;
-  result.memory.measuredLiveBytes = run.arena.peakLiveBytes;
+    state.incomplete = false;
+  }
+  finish();
   return result;
 }

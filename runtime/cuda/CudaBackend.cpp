@@ -3,6 +3,7 @@
 #include "cuda/CudaBackend.h"
 
 #include "cpu/AdamW.h"
+#include "cpu/Finite.h"
 #include "cuda/Nvrtc.h"
 #include "support/Json.h"
 
@@ -12,6 +13,7 @@
 #include "llvm/Support/JSON.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -21,6 +23,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 namespace megaslide::cuda {
 
@@ -465,7 +468,15 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
       if (isGpuStream(static_cast<Stream>(s)))
         p.needsDoneEvent[deps[s]] = true;
     }
+    if (inst.op == "host_adamw" && p.firstUpdate < 0)
+      p.firstUpdate = i;
   }
+  std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);
+  // The guard needs the loss made on a GPU stream before the first update
+  // (the compiler's plans); without, the loss is checked after the step.
+  if (p.lossDef < 0 || p.lossDef > p.firstUpdate ||
+      !isGpuStream(plan.instructions[p.lossDef].stream))
+    p.lossDef = -1;
   return p;
 }
 
@@ -687,8 +698,9 @@ struct CudaBackend::Impl {
 
   CUdeviceptr arena = 0, scratch = 0, dsaScratch = 0, gemmWorkspace = 0;
   void *inputPool = nullptr, *hostPool = nullptr, *staging = nullptr;
+  void *lossStage = nullptr; ///< pinned: the loss, read by the first update
   CUstream streams[3] = {nullptr, nullptr, nullptr};
-  CUevent baseEvent = nullptr;
+  CUevent baseEvent = nullptr, lossEvent = nullptr;
   std::vector<CUevent> planEvents, doneEvents, startEvents, endEvents,
       slotEvents;
   std::vector<bool> slotUsed;
@@ -766,8 +778,9 @@ CudaBackend::Impl::~Impl() {
     for (CUevent e : *events)
       if (e)
         cu->cuEventDestroy_v2(e);
-  if (baseEvent)
-    cu->cuEventDestroy_v2(baseEvent);
+  for (CUevent e : {baseEvent, lossEvent})
+    if (e)
+      cu->cuEventDestroy_v2(e);
   if (elementwiseModule)
     cu->cuModuleUnload(elementwiseModule);
   for (CUmodule m : dsaModules)
@@ -776,7 +789,7 @@ CudaBackend::Impl::~Impl() {
   for (CUdeviceptr p : {arena, scratch, dsaScratch, gemmWorkspace})
     if (p)
       cu->cuMemFree_v2(p);
-  for (void *p : {inputPool, hostPool, staging})
+  for (void *p : {inputPool, hostPool, staging, lossStage})
     if (p)
       cu->cuMemFreeHost(p);
   for (CUstream s : streams)
@@ -876,6 +889,8 @@ llvm::Error CudaBackend::Impl::init() {
       alignUp(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
   if (auto e = pinned(staging, slotBytes * slots, "weight staging"))
     return e;
+  if (auto e = pinned(lossStage, 8, "loss"))
+    return e;
 
   for (CUstream &s : streams)
     if (auto e = check(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING),
@@ -885,6 +900,8 @@ llvm::Error CudaBackend::Impl::init() {
     return check(cu->cuEventCreate(&e, flags), "cuEventCreate");
   };
   if (auto e = event(baseEvent, CU_EVENT_DEFAULT))
+    return e;
+  if (auto e = event(lossEvent, CU_EVENT_DISABLE_TIMING))
     return e;
   size_t n = plan.instructions.size();
   planEvents.resize(plan.numEvents);
@@ -1330,6 +1347,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   llvm::StringMap<int64_t> pendingUpdate; // param -> its host_adamw
   size_t fetchCount = 0;
   bool trace = options.trace;
+  // Written by the worker, read after drain(); only the first update sets it.
+  std::atomic<bool> skipped = false;
 
   auto issueAll = [&]() -> llvm::Error {
     for (size_t i = 0; i < n; ++i) {
@@ -1360,13 +1379,33 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           continue;
         }
         pendingUpdate[inst.param] = i;
-        I.worker.enqueue(i, [&I, &inst, &state, &options, &hostTimes, waits, i,
-                             optimizerStep, since0] {
-          if (I.workerFailed())
+        I.worker.enqueue(i, [&I, &inst, &state, &options, &hostTimes, &skipped,
+                             waits, i, optimizerStep, since0] {
+          if (I.workerFailed() || skipped)
             return;
           for (const Dependency &d : waits)
             if (isGpuStream(d.stream))
               I.cu->cuEventSynchronize(I.doneEvents[d.instruction]);
+          if (options.applyUpdates && I.prep.lossDef >= 0 &&
+              static_cast<int64_t>(i) == I.prep.firstUpdate) {
+            // Nothing is updated yet: a non-finite loss skips the step.
+            if (CUresult r = I.cu->cuEventSynchronize(I.lossEvent)) {
+              I.setWorkerError("instruction #" + std::to_string(i) +
+                               ": cuEventSynchronize (loss): " +
+                               cuResultString(*I.cu, r));
+              return;
+            }
+            const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
+            float loss;
+            widen(lossValue.home == Home::Device
+                      ? static_cast<const uint8_t *>(I.lossStage)
+                      : I.hostAddress(I.prep.lossValue),
+                  lossValue.type.dtype, 1, &loss);
+            if (!std::isfinite(loss)) {
+              skipped = true;
+              return;
+            }
+          }
           Clock::time_point start = Clock::now();
           host::HostTensor *master = state.find(inst.param);
           host::HostTensor *m = state.expAvg(inst.param);
@@ -1387,6 +1426,23 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           if (options.onGradient)
             options.onGradient(inst.param, wide);
           if (options.applyUpdates) {
+            std::optional<int64_t> bad =
+                g.type.dtype == DType::BF16
+                    ? cpu::firstNonFiniteBf16(
+                          reinterpret_cast<const uint16_t *>(grad), count)
+                : g.type.dtype == DType::F32
+                    ? cpu::firstNonFinite(reinterpret_cast<const float *>(grad),
+                                          count)
+                    : cpu::firstNonFinite(wide.data(), count);
+            if (bad) {
+              float value;
+              widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
+                    &value);
+              I.setWorkerError(cpu::nonFiniteGradientMessage(
+                  inst.param, optimizerStep, *bad, value));
+              return;
+            }
+            state.incomplete = true;
             cpu::AdamWHyper hyper;
             hyper.lr = inst.floatAttr("lr").value_or(1e-4);
             hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
@@ -1507,6 +1563,21 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         if (auto e = I.check(cu.cuEventRecord(I.doneEvents[i], stream),
                              "cuEventRecord"))
           return e;
+      if (static_cast<int64_t>(i) == I.prep.lossDef) {
+        int64_t lossId = I.prep.lossValue;
+        const exec::Value &loss = plan.values[lossId];
+        if (auto e = I.check(
+                loss.home == Home::Device
+                    ? cu.cuMemcpyDtoHAsync_v2(I.lossStage,
+                                              I.deviceAddress(lossId),
+                                              loss.type.bytes(), stream)
+                    : CUDA_SUCCESS,
+                "cuMemcpyDtoHAsync (loss)"))
+          return e;
+        if (auto e = I.check(cu.cuEventRecord(I.lossEvent, stream),
+                             "cuEventRecord (loss)"))
+          return e;
+      }
     }
     return llvm::Error::success();
   };
@@ -1551,8 +1622,22 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   } else {
     widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
   }
-  if (options.applyUpdates)
+  if (skipped || (options.applyUpdates && I.prep.firstUpdate < 0 &&
+                  !std::isfinite(result.loss))) {
+    result.skipped = true;
+  } else if (options.applyUpdates && !std::isfinite(result.loss)) {
+    state.incomplete = true; // updated before the loss was known
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("step {0}: the loss is {1}, and this plan updates "
+                      "parameters before it computes the loss, so the step "
+                      "could not be skipped: the host state is incomplete",
+                      optimizerStep, result.loss)
+            .str());
+  } else if (options.applyUpdates) {
     state.step = optimizerStep;
+    state.incomplete = false;
+  }
 
   if (trace) {
     for (size_t i = 0; i < n; ++i) {

@@ -118,6 +118,12 @@ struct PreparedPlan {
   std::vector<bool> needsDoneEvent;
   /// Per plan event: the instruction recording it (-1: none).
   std::vector<int64_t> eventRecorder;
+  /// The loss where it is computed (exec::lossSource), the instruction
+  /// defining it and the first host_adamw (-1: none): the loss is copied
+  /// to the host as soon as it exists, and the
+  /// first update reads it, so a non-finite loss skips the step before any
+  /// state changes.
+  int64_t lossValue = -1, lossDef = -1, firstUpdate = -1;
   /// Measured like the cpu backend: arena high-water mark, live peak.
   int64_t arenaHighWater = 0, peakLiveBytes = 0;
 };

@@ -9,8 +9,9 @@
 
 #include "cuda/Nvrtc.h"
 
+#include "support/AtomicFile.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +22,6 @@
 #include <sstream>
 
 #include <dlfcn.h>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -199,31 +199,6 @@ std::string kernelCacheDir() {
   return "";
 }
 
-bool writeFileAtomically(const std::string &path, const std::string &data,
-                         std::string *error) {
-  static std::atomic<unsigned> counter{0};
-  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." +
-                    std::to_string(counter++);
-  auto fail = [&](const std::string &why) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    if (error)
-      *error = why + ": " + std::strerror(errno);
-    return false;
-  };
-  FILE *f = std::fopen(tmp.c_str(), "wb");
-  if (!f)
-    return fail("cannot create " + tmp);
-  bool written = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  written &= std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  written &= std::fclose(f) == 0;
-  if (!written)
-    return fail("cannot write " + tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return fail("cannot rename " + tmp + " to " + path);
-  return true;
-}
-
 namespace {
 
 // A cache entry is one file: a header line "MSKC1 <cubin> <ptx> <log>"
@@ -343,7 +318,8 @@ CompileResult compileCuda(const std::string &source, const std::string &name,
     // A cache that cannot be written only costs a recompilation later.
     std::error_code ec;
     fs::create_directories(cacheDir, ec);
-    writeFileAtomically(cachePath, serialize(result));
+    llvm::consumeError(
+        megaslide::writeFileAtomically(cachePath, serialize(result)));
   }
   return result;
 }

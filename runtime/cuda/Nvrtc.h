@@ -67,11 +67,6 @@ std::string cacheKey(const std::string &source, const std::string &arch,
                      const std::vector<std::string> &options,
                      const std::string &nvrtcVersion);
 
-/// Writes `data` to `path` through a temporary file in the same directory
-/// and rename(2), so readers see the old file or the whole new one.
-bool writeFileAtomically(const std::string &path, const std::string &data,
-                         std::string *error = nullptr);
-
 //===----------------------------------------------------------------------===//
 // Resource usage and occupancy
 //===----------------------------------------------------------------------===//

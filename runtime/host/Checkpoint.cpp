@@ -2,9 +2,11 @@
 
 #include "host/Checkpoint.h"
 
+#include "cpu/Finite.h"
 #include "host/Safetensors.h"
 #include "host/Weights.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -16,7 +18,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <csignal>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace megaslide;
@@ -57,7 +63,23 @@ std::optional<int64_t> parseStepDirName(StringRef name) {
   return step;
 }
 
-/// Every step-N directory of `dir`, complete or not.
+/// The type of `path` itself: a symlink is a symlink, never its target.
+llvm::sys::fs::file_type typeOf(StringRef path) {
+  llvm::sys::fs::file_status st;
+  if (std::error_code ec = llvm::sys::fs::status(path, st, /*Follow=*/false))
+    return ec == std::errc::no_such_file_or_directory
+               ? llvm::sys::fs::file_type::file_not_found
+               : llvm::sys::fs::file_type::status_error;
+  return st.type();
+}
+
+bool isRealDirectory(StringRef path) {
+  return typeOf(path) == llvm::sys::fs::file_type::directory_file;
+}
+
+/// Every step-N directory of `dir`, complete or not. Symlinks named like
+/// checkpoints are not checkpoints: saving never makes them, so pruning
+/// must never follow them into a folder of the user's.
 std::vector<CheckpointInfo> stepDirs(StringRef dir, bool completeOnly) {
   std::vector<CheckpointInfo> result;
   std::error_code ec;
@@ -65,7 +87,7 @@ std::vector<CheckpointInfo> stepDirs(StringRef dir, bool completeOnly) {
        it.increment(ec)) {
     std::optional<int64_t> step =
         parseStepDirName(llvm::sys::path::filename(it->path()));
-    if (!step || !llvm::sys::fs::is_directory(it->path()))
+    if (!step || !isRealDirectory(it->path()))
       continue;
     if (completeOnly &&
         !llvm::sys::fs::exists(joinPath(it->path(), kManifestFile)))
@@ -78,13 +100,11 @@ std::vector<CheckpointInfo> stepDirs(StringRef dir, bool completeOnly) {
   return result;
 }
 
-llvm::Expected<std::string> readSmallFile(StringRef path) {
-  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
-      llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
-                                  /*RequiresNullTerminator=*/false);
-  if (!buffer)
-    return error("cannot read '" + path + "': " + buffer.getError().message());
-  return (*buffer)->getBuffer().str();
+/// A checkpoint's small file: regular files only (`latest` may be a
+/// symlink to /dev/zero or a FIFO), at most `maxBytes` of it.
+llvm::Expected<std::string>
+readSmallFile(StringRef path, uint64_t maxBytes = kMaxCheckpointJsonBytes) {
+  return readBoundedFile(path, maxBytes, "");
 }
 
 /// CRC-32C of a whole file, streamed.
@@ -114,11 +134,47 @@ bool processAlive(int64_t pid) {
   return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
 }
 
-/// Leftovers of saves that crashed: ".tmp-step-N-PID", ".old-step-N-PID"
-/// directories and ".latest.tmp-PID" files of processes no longer alive.
-void removeStaleTemporaries(StringRef dir) {
+struct FileRecord {
+  std::string name;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
+                                                     int64_t &step);
+
+/// Whether `path` is a checkpoint this code wrote: a real directory with a
+/// valid manifest. Only such directories are ever replaced or deleted.
+bool isOwnCheckpoint(StringRef path) {
+  if (!isRealDirectory(path))
+    return false;
+  int64_t step;
+  llvm::Expected<std::vector<FileRecord>> records = readManifest(path, step);
+  if (!records) {
+    llvm::consumeError(records.takeError());
+    return false;
+  }
+  return true;
+}
+
+/// Renames `path` (a checkpoint of ours) aside, then deletes it, so that
+/// an interrupted deletion never leaves a half-deleted directory that
+/// still looks like a checkpoint.
+std::error_code deleteCheckpointDir(StringRef dir, StringRef path) {
+  std::string doomed =
+      joinPath(dir, llvm::formatv(".old-{0}-{1}", llvm::sys::path::filename(path),
+                                  ::getpid())
+                        .str());
+  if (std::error_code ec = llvm::sys::fs::rename(path, doomed))
+    return ec;
+  return llvm::sys::fs::remove_directories(doomed, /*IgnoreErrors=*/false);
+}
+
+} // namespace
+
+void host::removeStaleTemporaries(StringRef dir) {
   std::error_code ec;
-  std::vector<std::string> stale;
+  std::vector<std::pair<std::string, llvm::sys::fs::file_type>> stale;
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
        it.increment(ec)) {
     StringRef name = llvm::sys::path::filename(it->path());
@@ -128,23 +184,43 @@ void removeStaleTemporaries(StringRef dir) {
     int64_t pid;
     if (name.rsplit('-').second.getAsInteger(10, pid) || processAlive(pid))
       continue;
-    stale.push_back(it->path());
+    stale.push_back({it->path(), typeOf(it->path())});
   }
-  for (const std::string &path : stale) {
-    if (llvm::sys::fs::is_directory(path))
+  // Only what a save makes: real directories and regular files. Anything
+  // else under such a name (a symlink) is the user's and stays.
+  for (const auto &[path, type] : stale) {
+    if (type == llvm::sys::fs::file_type::directory_file)
       llvm::sys::fs::remove_directories(path, /*IgnoreErrors=*/true);
-    else
+    else if (type == llvm::sys::fs::file_type::regular_file)
       llvm::sys::fs::remove(path);
   }
 }
 
-struct FileRecord {
-  std::string name;
+uint64_t host::checkpointBytes(const HostState &state) {
   uint64_t bytes = 0;
-  uint32_t crc = 0;
-};
+  for (const HostTensor &t : state.tensors)
+    if (t.param && isCheckpointParam(*t.param))
+      bytes += t.param->type.numElements() * sizeof(float);
+  // Headers, trainer state and manifest: names and offsets per tensor.
+  return bytes + 256 * state.tensors.size() + (1u << 20);
+}
 
-} // namespace
+Error host::checkCheckpointSpace(StringRef dir, const HostState &state) {
+  llvm::ErrorOr<llvm::sys::fs::space_info> space = llvm::sys::fs::disk_space(dir);
+  if (!space)
+    return error("cannot query free space in '" + dir +
+                 "': " + space.getError().message());
+  // A new checkpoint is complete before the oldest kept one is deleted, so
+  // the folder briefly holds one more than it keeps.
+  uint64_t need = checkpointBytes(state);
+  if (space->available < need)
+    return error(llvm::formatv(
+        "not enough space for a checkpoint in '{0}': it needs {1} MiB, {2} "
+        "MiB are free (the new checkpoint is complete before the oldest kept "
+        "one is deleted); free space or give another --checkpoint-dir",
+        dir, (need + (1 << 20) - 1) >> 20, space->available >> 20));
+  return Error::success();
+}
 
 std::string host::checkpointDirName(int64_t step) {
   return llvm::formatv("step-{0:d6}", step).str();
@@ -182,6 +258,13 @@ Error writeCheckpointFiles(StringRef tmp, const HostState &state,
                                  "{1} values, its type needs {2}",
                                  t.param->name, t.data.size(),
                                  t.param->type.numElements()));
+    // A checkpoint is what a run falls back to: it never holds NaN or Inf.
+    if (std::optional<int64_t> bad =
+            cpu::firstNonFinite(t.data.data(), t.data.size()))
+      return error(llvm::formatv("cannot save checkpoint of step {0}: tensor "
+                                 "'{1}' holds {2} at element {3}",
+                                 state.step, t.param->name, t.data[*bad],
+                                 *bad));
     tensors.push_back(
         {t.param->name, t.param->type.shape, t.data.data(), StDType::F32});
   }
@@ -248,11 +331,21 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
     return error("cannot create checkpoint directory '" + dir +
                  "': " + ec.message());
 
+  if (Error e = checkCheckpointSpace(dir, state))
+    return e;
+
   std::string name = checkpointDirName(state.step);
   int pid = ::getpid();
   std::string tmp =
       joinPath(dir, llvm::formatv(".tmp-{0}-{1}", name, pid).str());
   std::string final = joinPath(dir, name);
+  // Replaced below only if it is a checkpoint of ours: a symlink or a
+  // folder of the user's under that name is refused, never emptied.
+  if (typeOf(final) != llvm::sys::fs::file_type::file_not_found &&
+      !isOwnCheckpoint(final))
+    return error("cannot save checkpoint: '" + final +
+                 "' exists and is not a checkpoint directory this program "
+                 "wrote (a symlink or a folder of yours?); move it away");
   llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
   if (std::error_code ec = llvm::sys::fs::create_directory(
           tmp, /*IgnoreExisting=*/false, llvm::sys::fs::all_all))
@@ -265,7 +358,7 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
   // A checkpoint of the same step (a rerun from an earlier one) is moved
   // aside, not deleted, until the new one is in place.
   std::string old;
-  if (llvm::sys::fs::exists(final)) {
+  if (isRealDirectory(final)) {
     old = joinPath(dir, llvm::formatv(".old-{0}-{1}", name, pid).str());
     llvm::sys::fs::remove_directories(old, /*IgnoreErrors=*/true);
     if (std::error_code ec = llvm::sys::fs::rename(final, old)) {
@@ -300,28 +393,25 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
 
   // Retention, now that the new checkpoint is complete and named by
   // `latest`. Checkpoints of later steps (a run restarted from an earlier
-  // one) are not ours to judge and stay.
-  if (options.keep > 0) {
-    std::vector<CheckpointInfo> older;
-    for (const CheckpointInfo &c : stepDirs(dir, /*completeOnly=*/true))
-      if (c.step < state.step)
-        older.push_back(c);
-    size_t keepOlder = options.keep - 1;
-    for (size_t i = 0; i + keepOlder < older.size(); ++i) {
-      // Renamed first, so that an interrupted deletion never leaves a
-      // half-deleted directory that still looks like a checkpoint.
-      std::string doomed = joinPath(
-          dir, llvm::formatv(".old-{0}-{1}",
-                             llvm::sys::path::filename(older[i].path), pid)
-                   .str());
-      std::error_code ec = llvm::sys::fs::rename(older[i].path, doomed);
-      if (!ec)
-        ec = llvm::sys::fs::remove_directories(doomed, /*IgnoreErrors=*/false);
-      if (ec)
-        return error("checkpoint '" + final + "' saved, but deleting '" +
-                     older[i].path + "' failed: " + ec.message());
-    }
+  // one) are not ours to judge and stay, unless this run replaces them all.
+  // Only real directories with a valid manifest are deleted.
+  std::vector<CheckpointInfo> doomed;
+  std::vector<CheckpointInfo> older;
+  for (const CheckpointInfo &c : stepDirs(dir, /*completeOnly=*/true)) {
+    if (c.step == state.step || !isOwnCheckpoint(c.path))
+      continue;
+    if (options.replaceOthers)
+      doomed.push_back(c);
+    else if (c.step < state.step)
+      older.push_back(c);
   }
+  if (options.keep > 0)
+    for (size_t i = 0; i + (options.keep - 1) < older.size(); ++i)
+      doomed.push_back(older[i]);
+  for (const CheckpointInfo &c : doomed)
+    if (std::error_code ec = deleteCheckpointDir(dir, c.path))
+      return error("checkpoint '" + final + "' saved, but deleting '" +
+                   c.path + "' failed: " + ec.message());
   removeStaleTemporaries(dir);
   return final;
 }
@@ -341,7 +431,8 @@ llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
                  (llvm::sys::fs::is_directory(stepDir) ? " is missing"
                                                        : " is missing (no such "
                                                          "directory)"));
-  llvm::Expected<std::string> text = readSmallFile(path);
+  llvm::Expected<std::string> text =
+      readSmallFile(path, kMaxCheckpointJsonBytes);
   if (!text)
     return text.takeError();
   auto bad = [&](const llvm::Twine &what) {
@@ -391,38 +482,17 @@ Error checksumError(StringRef path, uint32_t actual, uint32_t expected) {
                ", the manifest records " + hex32(expected));
 }
 
-} // namespace
-
-Error host::loadCheckpoint(StringRef stepDir, HostState &state,
-                           std::string &trainerState) {
-  int64_t manifestStep = 0;
-  llvm::Expected<std::vector<FileRecord>> records =
-      readManifest(stepDir, manifestStep);
-  if (!records)
-    return records.takeError();
-
-  // Sizes first: truncation is found without reading gigabytes.
-  for (const FileRecord &r : *records) {
-    std::string path = joinPath(stepDir, r.name);
-    uint64_t size;
-    if (std::error_code ec = llvm::sys::fs::file_size(path, size))
-      return error("checkpoint file '" + path + "': " + ec.message());
-    if (size != r.bytes)
-      return error(llvm::formatv("'{0}' is {1} bytes, the manifest records "
-                                 "{2} ({3})",
-                                 path, size, r.bytes,
-                                 size < r.bytes ? "truncated" : "modified"));
-  }
-
-  uint32_t expectedStateCrc = 0;
-  for (const FileRecord &r : *records)
-    if (r.name == kStateFile)
-      expectedStateCrc = r.crc;
+/// The step and opaque trainer state of trainer.json in `stepDir`, checked
+/// against the manifest's `records` and `manifestStep`.
+llvm::Expected<std::pair<int64_t, std::string>>
+readTrainerFile(StringRef stepDir, llvm::ArrayRef<FileRecord> records,
+                int64_t manifestStep) {
   std::string trainerPath = joinPath(stepDir, kTrainerFile);
-  llvm::Expected<std::string> trainerText = readSmallFile(trainerPath);
+  llvm::Expected<std::string> trainerText =
+      readSmallFile(trainerPath, kMaxCheckpointJsonBytes);
   if (!trainerText)
     return trainerText.takeError();
-  for (const FileRecord &r : *records) {
+  for (const FileRecord &r : records) {
     if (r.name != kTrainerFile)
       continue;
     uint32_t crc =
@@ -452,6 +522,41 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
   if (*step != manifestStep)
     return badTrainer(
         llvm::formatv("step {0}, the manifest says {1}", *step, manifestStep));
+
+  return std::make_pair(*step, opaque->str());
+}
+
+} // namespace
+
+Error host::loadCheckpoint(StringRef stepDir, HostState &state,
+                           std::string &trainerState) {
+  int64_t manifestStep = 0;
+  llvm::Expected<std::vector<FileRecord>> records =
+      readManifest(stepDir, manifestStep);
+  if (!records)
+    return records.takeError();
+
+  // Sizes first: truncation is found without reading gigabytes.
+  for (const FileRecord &r : *records) {
+    std::string path = joinPath(stepDir, r.name);
+    uint64_t size;
+    if (std::error_code ec = llvm::sys::fs::file_size(path, size))
+      return error("checkpoint file '" + path + "': " + ec.message());
+    if (size != r.bytes)
+      return error(llvm::formatv("'{0}' is {1} bytes, the manifest records "
+                                 "{2} ({3})",
+                                 path, size, r.bytes,
+                                 size < r.bytes ? "truncated" : "modified"));
+  }
+
+  uint32_t expectedStateCrc = 0;
+  for (const FileRecord &r : *records)
+    if (r.name == kStateFile)
+      expectedStateCrc = r.crc;
+  llvm::Expected<std::pair<int64_t, std::string>> trainer =
+      readTrainerFile(stepDir, *records, manifestStep);
+  if (!trainer)
+    return trainer.takeError();
 
   std::string statePath = joinPath(stepDir, kStateFile);
   llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =
@@ -499,35 +604,40 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
   if (crc != expectedStateCrc)
     return checksumError(statePath, crc, expectedStateCrc);
 
-  state.step = *step;
-  trainerState = opaque->str();
+  state.step = trainer->first;
+  trainerState = std::move(trainer->second);
   return Error::success();
 }
 
-Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
-                                 std::string &trainerState) {
-  std::vector<CheckpointInfo> complete = stepDirs(dir, /*completeOnly=*/true);
-  // The newest complete checkpoint other than `failed`, as a suggestion a
-  // user of --resume can follow: `latest` is what selects the checkpoint.
-  auto suggest = [&](StringRef failed) -> std::string {
-    for (auto it = complete.rbegin(); it != complete.rend(); ++it)
-      if (llvm::sys::path::filename(it->path) != failed)
-        return std::string(failed.empty() ? "; the newest complete"
-                                          : "; the previous") +
-               " checkpoint is '" + it->path + "': to resume from it, write '" +
-               llvm::sys::path::filename(it->path).str() + "' into '" +
-               joinPath(dir, kLatestFile) + "'";
-    return "; no other complete checkpoint is in '" + dir.str() + "'";
-  };
+namespace {
 
+/// Where to go when the checkpoint `failed` names (a step-N directory name;
+/// empty: `latest` itself) cannot be used: the newest other complete
+/// checkpoint, as a suggestion a user of --resume can follow, since
+/// `latest` is what selects the checkpoint.
+std::string suggestOther(StringRef dir, StringRef failed) {
+  std::vector<CheckpointInfo> complete = stepDirs(dir, /*completeOnly=*/true);
+  for (auto it = complete.rbegin(); it != complete.rend(); ++it)
+    if (llvm::sys::path::filename(it->path) != failed)
+      return std::string(failed.empty() ? "; the newest complete"
+                                        : "; the previous") +
+             " checkpoint is '" + it->path + "': to resume from it, write '" +
+             llvm::sys::path::filename(it->path).str() + "' into '" +
+             joinPath(dir, kLatestFile) + "'";
+  return "; no other complete checkpoint is in '" + dir.str() + "'";
+}
+
+/// The step-N directory name `dir`/latest holds.
+llvm::Expected<std::string> readLatestName(StringRef dir) {
   std::string latestPath = joinPath(dir, kLatestFile);
   if (!llvm::sys::fs::exists(latestPath)) {
-    if (complete.empty())
+    if (stepDirs(dir, /*completeOnly=*/true).empty())
       return error("no checkpoint in '" + dir + "' ('" + latestPath +
                    "' does not exist)");
-    return error("'" + latestPath + "' is missing" + suggest(""));
+    return error("'" + latestPath + "' is missing" + suggestOther(dir, ""));
   }
-  llvm::Expected<std::string> text = readSmallFile(latestPath);
+  llvm::Expected<std::string> text =
+      readSmallFile(latestPath, kMaxCheckpointLatestBytes);
   if (!text)
     return text.takeError();
   StringRef name = StringRef(*text).trim();
@@ -541,9 +651,102 @@ Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
     return error("'" + latestPath +
                  "' is corrupt (it should name a step-N "
                  "directory but holds \"" +
-                 shown + "\")" + suggest(""));
+                 shown + "\")" + suggestOther(dir, ""));
   }
-  if (Error e = loadCheckpoint(joinPath(dir, name), state, trainerState))
-    return error(llvm::toString(std::move(e)) + suggest(name));
+  return name.str();
+}
+
+} // namespace
+
+Error host::loadLatestCheckpoint(StringRef dir, HostState &state,
+                                 std::string &trainerState) {
+  llvm::Expected<std::string> name = readLatestName(dir);
+  if (!name)
+    return name.takeError();
+  if (Error e = loadCheckpoint(joinPath(dir, *name), state, trainerState))
+    return error(llvm::toString(std::move(e)) + suggestOther(dir, *name));
   return Error::success();
+}
+
+llvm::Expected<std::string> host::readLatestTrainerState(StringRef dir) {
+  llvm::Expected<std::string> name = readLatestName(dir);
+  if (!name)
+    return name.takeError();
+  std::string stepDir = joinPath(dir, *name);
+  int64_t manifestStep = 0;
+  llvm::Expected<std::vector<FileRecord>> records =
+      readManifest(stepDir, manifestStep);
+  if (!records)
+    return error(llvm::toString(records.takeError()) +
+                 suggestOther(dir, *name));
+  llvm::Expected<std::pair<int64_t, std::string>> trainer =
+      readTrainerFile(stepDir, *records, manifestStep);
+  if (!trainer)
+    return error(llvm::toString(trainer.takeError()) +
+                 suggestOther(dir, *name));
+  return std::move(trainer->second);
+}
+
+//===----------------------------------------------------------------------===//
+// Locking
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<std::unique_ptr<CheckpointLock>>
+CheckpointLock::acquire(StringRef dir) {
+  if (std::error_code ec = llvm::sys::fs::create_directories(
+          dir, /*IgnoreExisting=*/true, llvm::sys::fs::all_all))
+    return error("cannot create checkpoint directory '" + dir +
+                 "': " + ec.message());
+  std::string path = joinPath(dir, ".lock");
+  // The holder removes the file when it is done; a file locked after its
+  // removal is not the lock, so take it again (a few times: each retry
+  // means another run came and went).
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    // O_NOFOLLOW: a symlink planted under the name must not redirect the
+    // pid write below into a file of the user's.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                    0644);
+    if (fd < 0)
+      return error("cannot create lock file '" + path +
+                   "': " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      std::string holder;
+      char buf[32] = {};
+      ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      int64_t pid;
+      if (n > 0 && !StringRef(buf, n).trim().getAsInteger(10, pid))
+        holder = llvm::formatv(" (pid {0})", pid).str();
+      ::close(fd);
+      if (err == EWOULDBLOCK)
+        return error("checkpoint directory '" + dir +
+                     "' is in use by another run" + holder +
+                     "; wait for it to end or give another --checkpoint-dir");
+      return error("cannot lock '" + path + "': " + std::strerror(err));
+    }
+    struct stat held, named;
+    if (::fstat(fd, &held) != 0 || ::stat(path.c_str(), &named) != 0 ||
+        held.st_ino != named.st_ino || held.st_dev != named.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, pid.data(), pid.size(), 0) !=
+            static_cast<ssize_t>(pid.size())) {
+      int err = errno;
+      ::close(fd);
+      return error("cannot write lock file '" + path +
+                   "': " + std::strerror(err));
+    }
+    return std::unique_ptr<CheckpointLock>(new CheckpointLock(fd, path));
+  }
+  return error("cannot lock '" + path + "': it keeps being replaced");
+}
+
+CheckpointLock::~CheckpointLock() {
+  // Removed while still held, so that no run leaves it behind; acquire()
+  // tells a removed file from the lock.
+  ::unlink(path.c_str());
+  ::close(fd);
 }

@@ -25,6 +25,7 @@
 #include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct CheckpointOptions {
   /// Checkpoints kept, the new one included; 0 keeps all. Older ones are
   /// deleted only after the new one is complete.
   unsigned keep = 2;
+  /// Delete every other checkpoint in the directory once the new one is
+  /// complete, later steps included (a fresh run over an old one's folder,
+  /// `--overwrite-checkpoints`).
+  bool replaceOthers = false;
 };
 
 /// A complete checkpoint directory (one with a manifest).
@@ -51,6 +56,18 @@ std::string checkpointDirName(int64_t step);
 /// Whether `param` is saved in checkpoints (masters, moments, frozen;
 /// bf16 working copies and gradients are derived or transient).
 bool isCheckpointParam(const exec::Param &param);
+
+/// Bytes a checkpoint of `state` takes on disk (an upper bound).
+uint64_t checkpointBytes(const HostState &state);
+
+/// An error unless the filesystem of `dir` has room for one more
+/// checkpoint of `state`; it says how much is needed and free.
+llvm::Error checkCheckpointSpace(llvm::StringRef dir, const HostState &state);
+
+/// Removes what interrupted saves left in `dir` (".tmp-step-*",
+/// ".old-step-*" directories and ".latest.tmp-*" files of processes no
+/// longer alive); never follows or removes a symlink.
+void removeStaleTemporaries(llvm::StringRef dir);
 
 /// Saves `state` at step `state.step` with `trainerState` (opaque to
 /// MegaSlide, e.g. JSON of the data position and RNG state; UTF-8) into
@@ -76,6 +93,32 @@ llvm::Error loadCheckpoint(llvm::StringRef stepDir, HostState &state,
 /// which loadCheckpoint then loads explicitly.
 llvm::Error loadLatestCheckpoint(llvm::StringRef dir, HostState &state,
                                  std::string &trainerState);
+
+/// The trainer state (as given to saveCheckpoint) of the checkpoint
+/// `dir`/latest names, verified against its manifest; reads no tensors, so
+/// a run can check its settings against the checkpoint before compiling.
+llvm::Expected<std::string> readLatestTrainerState(llvm::StringRef dir);
+
+/// An exclusive lock on a checkpoint directory for the life of a run
+/// (flock on `dir`/.lock, which holds the owner's pid): two runs never
+/// write one directory. Released, and the file removed, by the destructor;
+/// the lock also ends with the process, however it ends (a stale file is
+/// taken over).
+class CheckpointLock {
+public:
+  /// Creates `dir` if needed and locks it; if another process holds the
+  /// lock, the error names its pid.
+  static llvm::Expected<std::unique_ptr<CheckpointLock>>
+  acquire(llvm::StringRef dir);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock &) = delete;
+  CheckpointLock &operator=(const CheckpointLock &) = delete;
+
+private:
+  CheckpointLock(int fd, std::string path) : fd(fd), path(std::move(path)) {}
+  int fd;
+  std::string path;
+};
 
 /// The complete checkpoints in `dir`, ascending step; none if `dir` does
 /// not exist.

@@ -4,7 +4,10 @@
 
 #include "train/Random.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <optional>
 #include <unistd.h>
 
 using namespace megaslide;
@@ -28,9 +31,30 @@ HostTensor *HostState::expAvgSq(llvm::StringRef name) {
   return find((name + ".exp_avg_sq").str());
 }
 
+/// The memory limit of this process's cgroup (v2, else v1), if any: in a
+/// container or a batch job that is the memory a run really has.
+static std::optional<uint64_t> cgroupMemoryLimit() {
+  for (const char *path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::FILE *f = std::fopen(path, "re");
+    if (!f)
+      continue;
+    char buf[64] = {};
+    size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    uint64_t limit;
+    // "max" (v2) or a huge number (v1) mean no limit.
+    if (!llvm::StringRef(buf, n).trim().getAsInteger(10, limit))
+      return limit;
+  }
+  return std::nullopt;
+}
+
 uint64_t host::physicalMemoryBytes() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-         static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  std::optional<uint64_t> limit = cgroupMemoryLimit();
+  return limit ? std::min(physical, *limit) : physical;
 }
 
 uint64_t HostState::bytes() const {

@@ -31,6 +31,11 @@ struct HostState {
   llvm::StringMap<size_t> index;
   /// Completed optimizer steps (the next step passes step + 1 to AdamW).
   int64_t step = 0;
+  /// Set by a backend before it applies a step's first update and cleared
+  /// when the step completes: while set (a step failed part-way, e.g. on a
+  /// non-finite gradient), some tensors hold step + 1's values and others
+  /// step's, so the state must not be stepped, saved or checkpointed.
+  bool incomplete = false;
 
   HostTensor *find(llvm::StringRef name);
   const HostTensor *find(llvm::StringRef name) const;
@@ -41,8 +46,9 @@ struct HostState {
   uint64_t bytes() const;
 };
 
-/// Bytes of physical memory of this machine: what the cpu backend's arena
-/// and the host state are checked against before they are allocated.
+/// Bytes of memory this process may use: physical memory, or its cgroup's
+/// limit where that is lower (containers, batch jobs). What a run's host
+/// memory is checked against before anything is allocated.
 uint64_t physicalMemoryBytes();
 
 /// Allocates the state of `plan` and initialises it deterministically from

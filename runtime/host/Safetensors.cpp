@@ -3,7 +3,9 @@
 #include "host/Safetensors.h"
 
 #include "cpu/AdamW.h"
+#include "support/AtomicFile.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -31,8 +33,6 @@ static_assert(llvm::sys::IsLittleEndianHost,
 
 namespace {
 
-/// The reference implementation's limit: a larger header is not a model.
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 /// Unit of pread/write and of dtype conversion: large enough to stream at
 /// disk speed, small enough not to matter next to the tensors.
 constexpr size_t kChunkBytes = 8u << 20;
@@ -47,22 +47,6 @@ Error errnoError(StringRef path, const llvm::Twine &action, int err) {
   std::error_code ec(err, std::generic_category());
   return llvm::createStringError(ec, "cannot %s '%s': %s", action.str().c_str(),
                                  path.str().c_str(), ec.message().c_str());
-}
-
-/// Writes all of `data` to `fd`, retrying short writes and EINTR.
-bool writeAll(int fd, const uint8_t *data, size_t size, int &err) {
-  while (size) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      err = errno;
-      return false;
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
 }
 
 std::string shapeString(llvm::ArrayRef<int64_t> shape) {
@@ -105,6 +89,48 @@ std::vector<std::string> topLevelKeys(StringRef text) {
     }
   }
   return keys;
+}
+
+/// Top-level entries of a JSON object text other than "__metadata__" and
+/// an upper bound on its values (one per '[', '{', ',' and ':' outside
+/// strings, plus the root), counted without parsing and without
+/// allocating; counting stops once an entry or value limit is passed.
+/// `text` need not be valid JSON.
+struct HeaderCounts {
+  uint64_t entries = 0, values = 1;
+};
+HeaderCounts countHeader(StringRef text, uint64_t maxEntries,
+                         uint64_t maxValues) {
+  HeaderCounts n;
+  int64_t depth = 0;
+  bool expectKey = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '"') {
+      size_t j = i + 1;
+      while (j < text.size() && text[j] != '"')
+        j += text[j] == '\\' ? 2 : 1;
+      if (depth == 1 && expectKey) {
+        if (text.slice(i + 1, j) != "__metadata__" && ++n.entries > maxEntries)
+          return n;
+        expectKey = false;
+      }
+      i = j;
+      continue;
+    }
+    if (c == '{' || c == '[' || c == ',' || c == ':')
+      if (++n.values > maxValues)
+        return n;
+    if (c == '{' || c == '[') {
+      ++depth;
+      expectKey = depth == 1;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == ',' && depth == 1) {
+      expectKey = true;
+    }
+  }
+  return n;
 }
 
 bool checkedMul(int64_t a, int64_t b, int64_t &out) {
@@ -264,15 +290,12 @@ llvm::Expected<std::unique_ptr<SafetensorsReader>>
 SafetensorsReader::open(StringRef path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->filePath = path.str();
-  r->fd = ::open(r->filePath.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd < 0)
-    return errnoError(path, "open", errno);
-  struct stat st;
-  if (::fstat(r->fd, &st) != 0)
-    return errnoError(path, "stat", errno);
-  if (!S_ISREG(st.st_mode))
-    return fileError(path, "not a regular file");
-  r->size = static_cast<uint64_t>(st.st_size);
+  // Regular files only, opened without blocking: a FIFO named
+  // x.safetensors in a data folder would otherwise hang the run.
+  llvm::Expected<int> fd = openRegularFile(path, "", r->size);
+  if (!fd)
+    return fd.takeError();
+  r->fd = *fd;
 
   if (r->size < 8)
     return fileError(path, llvm::formatv("the file is {0} bytes, too short "
@@ -283,11 +306,12 @@ SafetensorsReader::open(StringRef path) {
     return e;
   uint64_t headerLength =
       llvm::support::endian::read64le(static_cast<const void *>(lengthBytes));
-  if (headerLength > kMaxHeaderBytes)
-    return fileError(path, llvm::formatv("header length {0} exceeds the "
-                                         "limit of {1} bytes (not a "
-                                         "safetensors file?)",
-                                         headerLength, kMaxHeaderBytes));
+  if (headerLength > kMaxSafetensorsHeaderBytes)
+    return fileError(path,
+                     llvm::formatv("header length {0} exceeds the "
+                                   "limit of {1} bytes (not a "
+                                   "safetensors file?)",
+                                   headerLength, kMaxSafetensorsHeaderBytes));
   if (headerLength > r->size - 8)
     return fileError(path,
                      llvm::formatv("header length {0} runs past the end of "
@@ -301,6 +325,18 @@ SafetensorsReader::open(StringRef path) {
     return e;
   StringRef header(reinterpret_cast<const char *>(headerBytes.data()),
                    headerBytes.size());
+  // Counted before parsing: the parse of a header of a million tensors
+  // would cost gigabytes before any check could refuse it.
+  HeaderCounts counts =
+      countHeader(header, kMaxSafetensorsTensors, kMaxSafetensorsHeaderValues);
+  if (counts.values > kMaxSafetensorsHeaderValues)
+    return fileError(path, llvm::formatv("the header holds more than {0} "
+                                         "JSON values, the limit",
+                                         kMaxSafetensorsHeaderValues));
+  if (counts.entries > kMaxSafetensorsTensors)
+    return fileError(path, llvm::formatv("the header lists more than {0} "
+                                         "tensors, the limit",
+                                         kMaxSafetensorsTensors));
   size_t badUtf8 = 0;
   if (!llvm::json::isUTF8(header, &badUtf8))
     return fileError(path, llvm::formatv("header is not valid UTF-8 (byte "
@@ -400,6 +436,11 @@ SafetensorsReader::open(StringRef path) {
                                info.begin, info.end, dataSize));
     r->entries.push_back(std::move(info));
   }
+
+  if (r->entries.size() > kMaxSafetensorsTensors)
+    return fileError(path, llvm::formatv("the header lists more than {0} "
+                                         "tensors, the limit",
+                                         kMaxSafetensorsTensors));
 
   llvm::sort(r->entries, [](const StTensorInfo &a, const StTensorInfo &b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
@@ -502,61 +543,8 @@ Error SafetensorsReader::readF32(
 // Writer
 //===----------------------------------------------------------------------===//
 
-namespace {
-/// An output file that is removed unless committed.
-class OutputFile {
-public:
-  OutputFile(StringRef path, uint32_t *crc) : path(path.str()), crc(crc) {}
-  ~OutputFile() {
-    if (fd >= 0)
-      ::close(fd);
-    if (!committed && created)
-      ::unlink(path.c_str());
-  }
-  Error open() {
-    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-      return errnoError(path, "create", errno);
-    created = true;
-    if (crc)
-      *crc = 0;
-    return Error::success();
-  }
-  Error write(const void *data, size_t size) {
-    const auto *bytes = static_cast<const uint8_t *>(data);
-    int err = 0;
-    if (!writeAll(fd, bytes, size, err))
-      return errnoError(path, "write", err);
-    if (crc)
-      *crc = crc32c(*crc, llvm::ArrayRef<uint8_t>(bytes, size));
-    return Error::success();
-  }
-  Error close(bool sync) {
-    if (sync && ::fsync(fd) != 0)
-      return errnoError(path, "fsync", errno);
-    int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0)
-      return errnoError(path, "close", errno);
-    committed = true;
-    return Error::success();
-  }
-
-private:
-  std::string path;
-  uint32_t *crc;
-  int fd = -1;
-  bool created = false, committed = false;
-};
-} // namespace
-
 Error host::writeFile(StringRef path, StringRef contents, bool sync) {
-  OutputFile file(path, nullptr);
-  if (Error e = file.open())
-    return e;
-  if (Error e = file.write(contents.data(), contents.size()))
-    return e;
-  return file.close(sync);
+  return writeFileAtomically(path, contents);
 }
 
 Error host::syncDirectory(StringRef path) {
@@ -572,12 +560,15 @@ Error host::syncDirectory(StringRef path) {
   return Error::success();
 }
 
-Error host::writeSafetensors(StringRef path,
-                             llvm::ArrayRef<StTensorToWrite> tensors,
-                             const SafetensorsWriteOptions &options) {
-  // Check everything before the file is created.
+namespace {
+
+/// Checks `tensors` and `options` and returns the padded header; `sizes`
+/// receives each tensor's bytes. `path` names the file in errors.
+llvm::Expected<std::string>
+safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
+                  const SafetensorsWriteOptions &options,
+                  std::vector<uint64_t> &sizes) {
   llvm::StringSet<> names;
-  std::vector<uint64_t> sizes;
   for (const StTensorToWrite &t : tensors) {
     auto bad = [&](const llvm::Twine &what) {
       return fileError(path, "cannot write tensor '" + t.name + "': " + what);
@@ -635,15 +626,28 @@ Error host::writeSafetensors(StringRef path,
   }
   // As the reference writer: pad with spaces so the data starts 8-aligned.
   header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
 
-  OutputFile file(path, options.crc32c);
-  if (Error e = file.open())
-    return e;
+/// Writes the file (length, header, tensor data) into `out`, not
+/// committing it; the CRC-32C of every byte goes to `*crcOut` when given.
+Error writeSafetensorsData(AtomicFile &out, StringRef header,
+                           llvm::ArrayRef<StTensorToWrite> tensors,
+                           llvm::ArrayRef<uint64_t> sizes, uint32_t *crcOut) {
+  uint32_t crc = 0;
+  auto put = [&](const void *data, size_t size) -> Error {
+    if (Error e = out.write(data, size))
+      return e;
+    if (crcOut)
+      crc = crc32c(crc, llvm::ArrayRef<uint8_t>(
+                            static_cast<const uint8_t *>(data), size));
+    return Error::success();
+  };
   uint8_t lengthBytes[8];
   llvm::support::endian::write64le(lengthBytes, header.size());
-  if (Error e = file.write(lengthBytes, sizeof(lengthBytes)))
+  if (Error e = put(lengthBytes, sizeof(lengthBytes)))
     return e;
-  if (Error e = file.write(header.data(), header.size()))
+  if (Error e = put(header.data(), header.size()))
     return e;
   std::vector<uint16_t> buf;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -653,7 +657,7 @@ Error host::writeSafetensors(StringRef path,
       for (uint64_t done = 0; done < sizes[i];) {
         size_t n = static_cast<size_t>(
             std::min<uint64_t>(sizes[i] - done, kChunkBytes));
-        if (Error e = file.write(bytes + done, n))
+        if (Error e = put(bytes + done, n))
           return e;
         done += n;
       }
@@ -665,10 +669,43 @@ Error host::writeSafetensors(StringRef path,
       size_t n = std::min(elements - done, buf.size());
       for (size_t k = 0; k < n; ++k)
         buf[k] = cpu::floatToBf16(t.data[done + k]);
-      if (Error e = file.write(buf.data(), n * sizeof(uint16_t)))
+      if (Error e = put(buf.data(), n * sizeof(uint16_t)))
         return e;
       done += n;
     }
   }
-  return file.close(options.sync);
+  if (crcOut)
+    *crcOut = crc;
+  return Error::success();
+}
+
+} // namespace
+
+Error host::writeSafetensors(StringRef path,
+                             llvm::ArrayRef<StTensorToWrite> tensors,
+                             const SafetensorsWriteOptions &options) {
+  // Everything is checked before the file is created.
+  std::vector<uint64_t> sizes;
+  llvm::Expected<std::string> header =
+      safetensorsHeader(path, tensors, options, sizes);
+  if (!header)
+    return header.takeError();
+  llvm::Expected<std::unique_ptr<AtomicFile>> file = AtomicFile::create(path);
+  if (!file)
+    return file.takeError();
+  if (Error e =
+          writeSafetensorsData(**file, *header, tensors, sizes, options.crc32c))
+    return e;
+  return (*file)->commit();
+}
+
+Error host::writeSafetensors(AtomicFile &file,
+                             llvm::ArrayRef<StTensorToWrite> tensors,
+                             const SafetensorsWriteOptions &options) {
+  std::vector<uint64_t> sizes;
+  llvm::Expected<std::string> header =
+      safetensorsHeader(file.path(), tensors, options, sizes);
+  if (!header)
+    return header.takeError();
+  return writeSafetensorsData(file, *header, tensors, sizes, options.crc32c);
 }

@@ -32,6 +32,10 @@
 #include <string>
 #include <vector>
 
+namespace megaslide {
+class AtomicFile;
+} // namespace megaslide
+
 namespace megaslide::host {
 
 /// The element types of the safetensors format. Every one can be described
@@ -69,14 +73,31 @@ struct StTensorInfo {
   int64_t numElements() const;
 };
 
+/// Limits of a header the reader accepts (docs/Runtime.md, "Limits on
+/// input files"),
+/// checked before the header is parsed, so a hostile header is refused at
+/// the cost of reading it once: parsed, a header costs some 60 times its
+/// size in memory. A diffusers shard lists 1-2 thousand tensors, the
+/// checkpoint of the 105B model about 4 thousand, of a 1024-layer Wan
+/// model about 84 thousand (some 11 MB of header).
+/// The reference implementation allows 100 MB.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 64ull << 20;
+/// Tensors listed by one header (__metadata__ not counted).
+inline constexpr uint64_t kMaxSafetensorsTensors = 200'000;
+/// JSON values in one header: a tensor of rank 5 takes 15. Bounds the
+/// memory of parsing a header of tiny values (a 64 MiB `[0,0,...]` shape).
+inline constexpr uint64_t kMaxSafetensorsHeaderValues = 4'000'000;
+
 /// The header of a safetensors file, checked; tensor data is read on demand.
 class SafetensorsReader {
 public:
-  /// Opens `path` and validates its header against the file size: header
-  /// length within the file and at most 100 MB, valid UTF-8 JSON object,
-  /// known dtypes, non-negative shapes, shape x dtype size equal to the
-  /// data_offsets span, spans inside the data section and not overlapping,
-  /// no duplicate names, __metadata__ a map of strings.
+  /// Opens `path`, which must be a regular file (a FIFO or device is
+  /// refused without blocking), and validates its header against the file
+  /// size: header length within the file and the limits above, valid
+  /// UTF-8 JSON object, known dtypes, non-negative shapes, shape x dtype
+  /// size equal to the data_offsets span, spans inside the data section
+  /// and not overlapping, no duplicate names, __metadata__ a map of
+  /// strings.
   static llvm::Expected<std::unique_ptr<SafetensorsReader>>
   open(llvm::StringRef path);
   ~SafetensorsReader();
@@ -132,24 +153,32 @@ struct StTensorToWrite {
 
 struct SafetensorsWriteOptions {
   std::map<std::string, std::string> metadata;
-  /// fsync the file before closing it (checkpoints).
+  /// Kept for its callers: every file is now fsynced before it replaces
+  /// its destination (support/AtomicFile.h).
   bool sync = false;
   /// When set, receives the CRC-32C of every byte of the file, computed
   /// while writing, so checkpoints need not read their files back.
   uint32_t *crc32c = nullptr;
 };
 
-/// Writes `tensors` to `path` (created or truncated) in the given order,
-/// contiguous and with the header padded to 8 bytes, as the reference
-/// implementation does, so Python's safetensors reads the file. Names must
-/// be unique, non-empty and not "__metadata__". On error the partial file
-/// is removed and the error names it.
+/// Writes `tensors` to `path` in the given order, contiguous and with the
+/// header padded to 8 bytes, as the reference implementation does, so
+/// Python's safetensors reads the file. Names must be unique, non-empty and
+/// not "__metadata__"; they are checked before anything is created. The
+/// file is written atomically (support/AtomicFile.h): on any error `path`
+/// is as it was, and the error names it.
 llvm::Error writeSafetensors(llvm::StringRef path,
                              llvm::ArrayRef<StTensorToWrite> tensors,
                              const SafetensorsWriteOptions &options = {});
+/// The same into an open `file`, which the caller commits (to replace a set
+/// of files only once all of them are written).
+llvm::Error writeSafetensors(AtomicFile &file,
+                             llvm::ArrayRef<StTensorToWrite> tensors,
+                             const SafetensorsWriteOptions &options = {});
 
-/// Writes `contents` to `path` (created or truncated); with `sync` the file
-/// is fsynced before it is closed. On error the partial file is removed.
+/// Writes `contents` to `path` atomically (writeFileAtomically): on error
+/// `path` is as it was. `sync` is kept for its callers: the file is always
+/// fsynced before it replaces `path`.
 llvm::Error writeFile(llvm::StringRef path, llvm::StringRef contents,
                       bool sync);
 

@@ -2,19 +2,20 @@
 
 #include "host/Weights.h"
 
+#include "cpu/Finite.h"
+
+#include "support/AtomicFile.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Regex.h"
 #include "llvm/Support/raw_ostream.h"
-
-#include <unistd.h>
 
 using namespace megaslide;
 using namespace megaslide::host;
@@ -160,31 +161,38 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
     totalBytes += bytes;
   }
 
-  if (std::error_code ec = llvm::sys::fs::create_directories(
-          dir, /*IgnoreExisting=*/true, llvm::sys::fs::all_all))
-    return error("cannot create directory '" + dir + "': " + ec.message());
-
-  // Final name -> contents; written under temporary names first.
+  std::vector<std::string> created;
+  if (Error e = prepareOutputDirectory(dir, &created))
+    return e;
+  // Every file is written and synced under a temporary name first and
+  // replaces its destination only once all of them are complete, so a full
+  // disk leaves the files of `dir` as they were; the folders this call
+  // created go again.
   std::vector<std::string> finals;
-  std::vector<std::string> temps;
-  auto removeTemps = [&] {
-    for (const std::string &t : temps)
-      llvm::sys::fs::remove(t);
+  std::vector<std::unique_ptr<AtomicFile>> files;
+  auto fail = [&](Error e) {
+    files.clear(); // removes the temporaries
+    removeCreatedDirectories(created);
+    return e;
   };
-  auto tempFor = [&](StringRef name) {
+  auto openOutput = [&](StringRef name) -> llvm::Expected<AtomicFile *> {
+    llvm::Expected<std::unique_ptr<AtomicFile>> file =
+        AtomicFile::create(joinPath(dir, name));
+    if (!file)
+      return file.takeError();
     finals.push_back(name.str());
-    temps.push_back(
-        joinPath(dir, llvm::formatv(".{0}.tmp-{1}", name, ::getpid()).str()));
-    return temps.back();
+    files.push_back(std::move(*file));
+    return files.back().get();
   };
 
   std::string config = plan.modelConfig.empty() ? "{}" : plan.modelConfig;
   if (!StringRef(config).ends_with("\n"))
     config += "\n";
-  if (Error e = writeFile(tempFor(kWeightsConfigFile), config, false)) {
-    removeTemps();
-    return e;
-  }
+  llvm::Expected<AtomicFile *> configFile = openOutput(kWeightsConfigFile);
+  if (!configFile)
+    return fail(configFile.takeError());
+  if (Error e = (*configFile)->write(config.data(), config.size()))
+    return fail(std::move(e));
 
   SafetensorsWriteOptions writeOptions;
   writeOptions.metadata["format"] = "pt"; // what diffusers/transformers write
@@ -199,10 +207,11 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
                      .str();
     for (const StTensorToWrite &t : shards[i])
       weightMap[t.name] = name;
-    if (Error e = writeSafetensors(tempFor(name), shards[i], writeOptions)) {
-      removeTemps();
-      return e;
-    }
+    llvm::Expected<AtomicFile *> shard = openOutput(name);
+    if (!shard)
+      return fail(shard.takeError());
+    if (Error e = writeSafetensors(**shard, shards[i], writeOptions))
+      return fail(std::move(e));
   }
   if (n > 1) {
     llvm::json::Object index{
@@ -210,21 +219,21 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
          llvm::json::Object{{"total_size", static_cast<int64_t>(totalBytes)}}},
         {"weight_map", std::move(weightMap)}};
     std::string text =
-        llvm::formatv("{0:2}", llvm::json::Value(std::move(index)));
-    if (Error e = writeFile(tempFor(kWeightsIndexFile), text + "\n", false)) {
-      removeTemps();
-      return e;
-    }
+        llvm::formatv("{0:2}", llvm::json::Value(std::move(index))).str() +
+        "\n";
+    llvm::Expected<AtomicFile *> indexFile = openOutput(kWeightsIndexFile);
+    if (!indexFile)
+      return fail(indexFile.takeError());
+    if (Error e = (*indexFile)->write(text.data(), text.size()))
+      return fail(std::move(e));
   }
 
-  for (size_t i = 0; i < finals.size(); ++i) {
-    std::string final = joinPath(dir, finals[i]);
-    if (std::error_code ec = llvm::sys::fs::rename(temps[i], final)) {
-      removeTemps();
-      return error("cannot rename '" + temps[i] + "' to '" + final +
-                   "': " + ec.message());
-    }
-  }
+  for (std::unique_ptr<AtomicFile> &file : files)
+    if (Error e = file->finish())
+      return fail(std::move(e));
+  for (std::unique_ptr<AtomicFile> &file : files)
+    if (Error e = file->commit())
+      return fail(std::move(e));
 
   // Weight files of an earlier save that this one replaces (diffusers'
   // save_pretrained does the same): a stale index next to a new single
@@ -254,15 +263,14 @@ namespace {
 llvm::Expected<std::vector<std::string>>
 readIndex(StringRef indexPath,
           std::vector<std::pair<std::string, std::string>> &weightMap) {
-  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
-      llvm::MemoryBuffer::getFile(indexPath, /*IsText=*/true);
-  if (!buffer)
-    return error("cannot read '" + indexPath +
-                 "': " + buffer.getError().message());
+  llvm::Expected<std::string> text =
+      readBoundedFile(indexPath, kMaxWeightsIndexBytes, "");
+  if (!text)
+    return text.takeError();
   auto bad = [&](const llvm::Twine &what) {
     return error("'" + indexPath + "': " + what);
   };
-  llvm::Expected<llvm::json::Value> json = parseJson((*buffer)->getBuffer());
+  llvm::Expected<llvm::json::Value> json = parseJson(*text);
   if (!json)
     return bad("not valid JSON: " + llvm::toString(json.takeError()));
   const llvm::json::Object *root = json->getAsObject();
@@ -379,6 +387,11 @@ Error host::loadWeights(StringRef path, HostState &state) {
       t.data.resize(static_cast<size_t>(info.numElements()));
       if (Error e = file->readF32(info, t.data))
         return e;
+      if (std::optional<int64_t> bad =
+              cpu::firstNonFinite(t.data.data(), t.data.size()))
+        return error(llvm::formatv("'{0}': tensor '{1}' holds {2} at element "
+                                   "{3}; weights must be finite",
+                                   file->path(), info.name, t.data[*bad], *bad));
     }
   }
   return Error::success();

@@ -47,11 +47,13 @@ bool isWeightParam(const exec::Param &param);
 
 /// Writes the weights of `state` (made for `plan`) to directory `dir`
 /// (created if needed), in plan order, with `plan.modelConfig` as
-/// config.json. Files are written under temporary names and renamed into
-/// place; weight files of an earlier save in `dir` that this one does not
-/// produce (other shard counts, a stale index) are removed afterwards.
+/// config.json. Every file is written and fsynced under a temporary name
+/// (support/AtomicFile.h) and renamed into place only once all of them are
+/// complete; weight files of an earlier save in `dir` that this one does
+/// not produce (other shard counts, a stale index) are removed afterwards.
 /// A failed write (disk full, unwritable `dir`) leaves the files of `dir`
-/// as they were; the error names the file.
+/// as they were and removes the folders this call created; the error names
+/// the file.
 llvm::Error saveWeights(const exec::ExecPlan &plan, const HostState &state,
                         llvm::StringRef dir,
                         const SaveWeightsOptions &options = {});

@@ -16,9 +16,11 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megaslide::exec {
@@ -50,6 +52,9 @@ struct MemoryStats {
 
 struct StepResult {
   float loss = 0;
+  /// The loss was NaN or infinite, so no update was applied and the state
+  /// (step included) is as before (docs/Runtime.md, "Non-finite values").
+  bool skipped = false;
   double seconds = 0; ///< wall time (cpu, cuda) or predicted time (sim)
   MemoryStats memory;
   std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
@@ -63,6 +68,30 @@ struct StepOptions {
   /// Called with each parameter's gradient (fp32) as it reaches the host.
   std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
 };
+
+/// Where the step's loss is computed: the value and the instruction
+/// defining it. The plan's output is often a device-to-host copy placed
+/// at the end of the step; the device value it copies exists as soon as
+/// the forward pass ends, before any gradient reaches the host optimizer,
+/// so backends read that one to skip a step with a non-finite loss before
+/// anything is updated. {-1, -1} when the plan returns nothing.
+inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
+  if (plan.outputs.empty())
+    return {-1, -1};
+  int64_t id = plan.outputs[0], def = -1;
+  for (int64_t i = static_cast<int64_t>(plan.instructions.size()) - 1;
+       i >= 0; --i) {
+    const Instruction &inst = plan.instructions[i];
+    if (std::find(inst.results.begin(), inst.results.end(), id) ==
+        inst.results.end())
+      continue;
+    def = i;
+    if ((inst.op != "d2h" && inst.op != "h2d") || inst.operands.size() != 1)
+      break;
+    id = inst.operands[0]; // a copy: look for where its source is made
+  }
+  return {id, def};
+}
 
 class Backend {
 public:

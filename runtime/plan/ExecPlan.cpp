@@ -1,14 +1,18 @@
 //===- ExecPlan.cpp - Execution plan: types, JSON, validation -------------===//
 
 #include "plan/ExecPlan.h"
+#include "plan/HyperParameters.h"
 
+#include "support/AtomicFile.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/JSON.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <array>
 
 using namespace megaslide;
 using namespace megaslide::exec;
@@ -237,6 +241,18 @@ static bool checkAttrs(Checker &c, const Instruction &inst,
   return true;
 }
 
+/// The AdamW hyper-parameters a host_adamw gives (backends default the
+/// absent ones), by the rule flags and configs are held to.
+static bool checkHyperParameters(Checker &c, const Instruction &inst,
+                                 const llvm::Twine &where) {
+  for (const char *name : {"lr", "beta1", "beta2", "eps", "weight_decay"})
+    if (std::optional<double> value = inst.floatAttr(name))
+      if (std::optional<std::string> problem =
+              checkAdamWHyperParameter(name, *value))
+        return c.fail(where + ": attribute '" + name + "' " + *problem);
+  return true;
+}
+
 /// Operand and result counts of the schedule ops; graph ops are checked
 /// by the backend that runs them.
 static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
@@ -348,6 +364,22 @@ llvm::Error exec::validate(const ExecPlan &plan) {
            " is not a power of two");
   if (plan.batch <= 0)
     c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
+  // The planner's bound on a step (ModelBuilder): larger batches could
+  // overflow the byte counts of the tensors a backend allocates per sample.
+  int64_t gridTokens = 1;
+  for (int64_t d : plan.grid) {
+    if (d <= 0 || gridTokens > kMaxTokensPerStep / d) {
+      c.fail("grid extent " + llvm::Twine(d) +
+             " is not positive or the grid has more than 2^31 tokens");
+      break;
+    }
+    gridTokens *= d;
+  }
+  if (c.error.empty() && plan.batch > kMaxTokensPerStep / gridTokens)
+    c.fail("batch " + llvm::Twine(plan.batch) + " of " +
+           llvm::Twine(gridTokens) +
+           " tokens per sample is more than 2^31 tokens per step, the most "
+           "the planner plans for");
   // Each event is recorded by an instruction; a larger count would only
   // make the loader and the backends allocate per-event state for nothing.
   if (plan.numEvents < 0 ||
@@ -401,6 +433,11 @@ llvm::Error exec::validate(const ExecPlan &plan) {
              std::to_string(v.type.bytes()) +
              " bytes does not fit the arena of " +
              std::to_string(plan.arenaBytes) + " bytes");
+    // Backends rely on the planner's alignment (vector loads, cuBLASLt).
+    else if (v.home == Home::Device && v.offset % plan.alignment != 0)
+      c.fail(where + " at offset " + std::to_string(v.offset) +
+             " is not a multiple of the alignment " +
+             std::to_string(plan.alignment));
   }
   if (!c.error.empty())
     return done();
@@ -416,16 +453,48 @@ llvm::Error exec::validate(const ExecPlan &plan) {
     defined[id] = 1;
   }
   std::vector<char> recorded(plan.numEvents, 0);
+  // Cross-stream reads need an event (docs/ExecutionPlan.md): the cuda
+  // backend orders write-after-read and write-after-write reuse itself but
+  // a read after a write on another stream only through the plan's
+  // record/wait pairs. Vector clocks over the four streams: clock[s][w] is
+  // the last instruction of stream w that is ordered before the current
+  // point of stream s (program order on one stream, waits across streams,
+  // transitively), so each read is checked in constant time.
+  using Clock = std::array<int64_t, kNumStreams>;
+  Clock none;
+  none.fill(-1);
+  std::array<Clock, kNumStreams> clock;
+  clock.fill(none);
+  std::vector<Clock> eventClock(plan.numEvents, none);
+  std::vector<int64_t> writer(n, -1); ///< defining instruction; -1: input
   for (size_t i = 0; i < plan.instructions.size(); ++i) {
     const Instruction &inst = plan.instructions[i];
     std::string where = "instruction #" + std::to_string(i) + " ('" +
                         inst.op + "')";
-    for (int64_t o : inst.operands)
+    int s = static_cast<int>(inst.stream);
+    if (s < 0 || s >= kNumStreams) {
+      c.fail(where + " has no valid stream");
+      return done();
+    }
+    for (int64_t o : inst.operands) {
       if (o < 0 || o >= static_cast<int64_t>(n) || !defined[o]) {
         c.fail(where + " reads %" + std::to_string(o) +
                ", which is out of range or not yet defined");
         return done();
       }
+      int64_t d = writer[o];
+      if (d < 0)
+        continue;
+      Stream from = plan.instructions[d].stream;
+      if (from != inst.stream && clock[s][static_cast<int>(from)] < d) {
+        c.fail(where + " on stream " + streamName(inst.stream) + " reads %" +
+               std::to_string(o) + ", written by instruction #" +
+               std::to_string(d) + " on stream " + streamName(from) +
+               ", without waiting for an event recorded after that write");
+        return done();
+      }
+    }
+    clock[s][s] = i;
     for (int64_t r : inst.results) {
       if (r < 0 || r >= static_cast<int64_t>(n) || defined[r] ||
           plan.values[r].home == Home::Input) {
@@ -434,23 +503,36 @@ llvm::Error exec::validate(const ExecPlan &plan) {
         return done();
       }
       defined[r] = 1;
+      writer[r] = i;
     }
     for (const Range &w : inst.workspace)
       if (w.offset < 0 || w.size < 0 || w.offset > plan.arenaBytes ||
           w.size > plan.arenaBytes - w.offset)
         c.fail(where + " has a workspace outside the arena");
+      else if (w.offset % plan.alignment != 0)
+        c.fail(where + " has a workspace at offset " +
+               std::to_string(w.offset) + ", not a multiple of the alignment " +
+               std::to_string(plan.alignment));
     if (inst.op == "record" || inst.op == "wait") {
       if (!inst.event || *inst.event < 0 || *inst.event >= plan.numEvents) {
         c.fail(where + " names no valid event");
         return done();
       }
-      if (inst.op == "record")
+      Clock &event = eventClock[*inst.event];
+      if (inst.op == "record") {
         recorded[*inst.event] = 1;
-      else if (!recorded[*inst.event])
+        event = clock[s];
+      } else if (!recorded[*inst.event]) {
         c.fail(where + " waits on event " + std::to_string(*inst.event) +
                " before it is recorded");
+      } else {
+        for (int w = 0; w < kNumStreams; ++w)
+          clock[s][w] = std::max(clock[s][w], event[w]);
+      }
     }
     checkAttrs(c, inst, where);
+    if (inst.op == "host_adamw")
+      checkHyperParameters(c, inst, where);
     if (isScheduleOp(inst.op))
       checkScheduleOp(c, plan, inst, where);
     if (!c.error.empty())
@@ -809,24 +891,13 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
 }
 
 llvm::Expected<ExecPlan> exec::loadExecPlan(llvm::StringRef path) {
-  llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
-      llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
-  if (!buffer)
-    return llvm::createStringError(llvm::Twine("cannot read execution plan '") +
-                                   path + "': " + buffer.getError().message());
-  return parseExecPlan((*buffer)->getBuffer(), path);
+  llvm::Expected<std::string> text =
+      readBoundedFile(path, kMaxExecPlanBytes, "execution plan");
+  if (!text)
+    return text.takeError();
+  return parseExecPlan(*text, path);
 }
 
 llvm::Error exec::saveExecPlan(const ExecPlan &plan, llvm::StringRef path) {
-  std::error_code ec;
-  llvm::raw_fd_ostream os(path, ec);
-  if (ec)
-    return llvm::createStringError(llvm::Twine("cannot write '") + path +
-                                   "': " + ec.message());
-  os << serialize(plan);
-  os.close();
-  if (os.has_error())
-    return llvm::createStringError(llvm::Twine("cannot write '") + path +
-                                   "': " + os.error().message());
-  return llvm::Error::success();
+  return writeFileAtomically(path, serialize(plan));
 }

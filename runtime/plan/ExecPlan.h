@@ -26,6 +26,11 @@ namespace megaslide::exec {
 /// Bump on any change a reader of the previous version would misread.
 inline constexpr int64_t kPlanFormatVersion = 1;
 inline constexpr llvm::StringLiteral kPlanFormatName = "megaslide-exec-plan";
+/// The most tokens (batch x tokens per sample) a step may have: what the
+/// planner accepts (buildTrainingStep) and validate() holds a plan's
+/// `batch` x `grid` to, so every tensor's byte count stays far from
+/// overflowing int64.
+inline constexpr int64_t kMaxTokensPerStep = int64_t(1) << 31;
 
 enum class DType : uint8_t { BF16, F16, F32, I32, I64 };
 const char *dtypeName(DType dtype);
@@ -158,10 +163,15 @@ struct Liveness {
 Liveness computeLiveness(const ExecPlan &plan);
 
 /// Checks every invariant a backend relies on: ids and offsets in range,
-/// device bytes inside the arena, operand/result counts and types of each
-/// op, AdamW moments matching their parameter, events recorded before they
-/// are waited on, no two live device values (or a workspace and a live
-/// value) overlapping. Errors name the instruction and what is wrong.
+/// device offsets (values and workspaces) multiples of `alignment`, device
+/// bytes inside the arena, batch x grid within kMaxTokensPerStep,
+/// operand/result counts and types of each op, AdamW moments matching
+/// their parameter and hyper-parameters in range (checkAdamWHyperParameter),
+/// events recorded before they are waited on, every read of a value
+/// written on another stream ordered after that write by record/wait
+/// pairs (directly or transitively), no two live device values (or a
+/// workspace and a live value) overlapping (the event check is one pass
+/// over the instructions). Errors name the instruction and what is wrong.
 llvm::Error validate(const ExecPlan &plan);
 
 /// Parses and validates a plan; `source` names it in errors.
@@ -171,6 +181,8 @@ llvm::Expected<ExecPlan> loadExecPlan(llvm::StringRef path);
 
 /// The plan as its JSON text (docs/ExecutionPlan.md).
 std::string serialize(const ExecPlan &plan);
+/// Writes serialize(plan) to `path` atomically (support/AtomicFile.h): on
+/// any error `path` is as it was, and the error names it.
 llvm::Error saveExecPlan(const ExecPlan &plan, llvm::StringRef path);
 
 } // namespace megaslide::exec

@@ -2,42 +2,63 @@
 
 #include "sim/HardwareModel.h"
 #include "support/Json.h"
+#include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/MemoryBuffer.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 using namespace megaslide;
 using namespace megaslide::sim;
 
 namespace {
 
+/// The range a field may take. The lower bounds keep every figure derived
+/// from a plan finite: the largest numerators (2^64 FLOPs or bytes of one
+/// instruction, 2^48 bytes of one tensor) over the smallest rates give at
+/// most ~1e19 s per instruction, and a step's sums stay far below the
+/// double range. The upper bounds are far beyond any machine: a larger
+/// value is a typo (a unit or an exponent off), not a faster machine.
+struct Range {
+  double min, max;
+  const char *text; ///< as the error and docs/CostModel.md show it
+};
+constexpr Range kFlopRate{1e6, 1e18, "[1e6, 1e18]"};
+constexpr Range kByteRate{1e6, 1e15, "[1e6, 1e15]"};
+constexpr Range kParamRate{1e3, 1e15, "[1e3, 1e15]"};
+constexpr Range kEfficiency{1e-3, 1, "[0.001, 1]"};
+constexpr Range kLatency{0, 1, "(0, 1]"}; ///< 0 itself is refused as <= 0
+
 /// The JSON fields, each bound to its member.
 struct Field {
   const char *key;
   double HardwareModel::*member;
   const char *unit;
+  Range range;
 };
 
 const Field kFields[] = {
-    {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, "FLOP/s"},
-    {"f32_dense_flops", &HardwareModel::f32DenseFlops, "FLOP/s"},
-    {"matmul_efficiency", &HardwareModel::matmulEfficiency, "0..1"},
-    {"attention_efficiency", &HardwareModel::attentionEfficiency, "0..1"},
-    {"vector_flops", &HardwareModel::vectorFlops, "FLOP/s"},
-    {"hbm_bandwidth", &HardwareModel::hbmBandwidth, "B/s"},
-    {"hbm_efficiency", &HardwareModel::hbmEfficiency, "0..1"},
-    {"h2d_bandwidth", &HardwareModel::h2dBandwidth, "B/s"},
-    {"d2h_bandwidth", &HardwareModel::d2hBandwidth, "B/s"},
-    {"transfer_latency", &HardwareModel::transferLatency, "s"},
-    {"launch_latency", &HardwareModel::launchLatency, "s"},
-    {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, "B/s"},
+    {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, "FLOP/s", kFlopRate},
+    {"f32_dense_flops", &HardwareModel::f32DenseFlops, "FLOP/s", kFlopRate},
+    {"matmul_efficiency", &HardwareModel::matmulEfficiency, "0..1",
+     kEfficiency},
+    {"attention_efficiency", &HardwareModel::attentionEfficiency, "0..1",
+     kEfficiency},
+    {"vector_flops", &HardwareModel::vectorFlops, "FLOP/s", kFlopRate},
+    {"hbm_bandwidth", &HardwareModel::hbmBandwidth, "B/s", kByteRate},
+    {"hbm_efficiency", &HardwareModel::hbmEfficiency, "0..1", kEfficiency},
+    {"h2d_bandwidth", &HardwareModel::h2dBandwidth, "B/s", kByteRate},
+    {"d2h_bandwidth", &HardwareModel::d2hBandwidth, "B/s", kByteRate},
+    {"transfer_latency", &HardwareModel::transferLatency, "s", kLatency},
+    {"launch_latency", &HardwareModel::launchLatency, "s", kLatency},
+    {"host_memory_bandwidth", &HardwareModel::hostMemoryBandwidth, "B/s",
+     kByteRate},
     {"host_adamw_params_per_second", &HardwareModel::hostAdamWParamsPerSecond,
-     "params/s"},
+     "params/s", kParamRate},
 };
 
 llvm::Error error(const llvm::Twine &message) {
@@ -89,20 +110,30 @@ llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
       return fieldError(
           source, key,
           llvm::formatv("expected a finite number in {0}", field->unit));
-    if (llvm::StringRef(field->unit) == "0..1" && *number > 1)
-      return fieldError(source, key, "an efficiency is a fraction in (0, 1]");
+    const Range &range = field->range;
+    if (*number < range.min || *number > range.max) {
+      char shown[32];
+      std::snprintf(shown, sizeof(shown), "%g", *number);
+      if (llvm::StringRef(field->unit) == "0..1")
+        return fieldError(source, key,
+                          llvm::formatv("an efficiency is a fraction in {0}, "
+                                        "got {1}",
+                                        range.text, shown));
+      return fieldError(source, key,
+                        llvm::formatv("expected a number in {0} {1}, got {2}",
+                                      range.text, field->unit, shown));
+    }
     hw.*(field->member) = *number;
   }
   return hw;
 }
 
 llvm::Expected<HardwareModel> sim::loadHardwareModel(llvm::StringRef path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path);
-  if (!buffer)
-    return llvm::createStringError(
-        buffer.getError(), "cannot read hardware description '%s': %s",
-        path.str().c_str(), buffer.getError().message().c_str());
-  return parseHardwareModel((*buffer)->getBuffer(), path);
+  llvm::Expected<std::string> text =
+      readBoundedFile(path, kMaxHardwareModelBytes, "hardware description");
+  if (!text)
+    return text.takeError();
+  return parseHardwareModel(*text, path);
 }
 
 llvm::json::Value sim::toJson(const HardwareModel &hw) {

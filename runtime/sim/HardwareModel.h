@@ -42,8 +42,12 @@ struct HardwareModel {
 };
 
 /// Parses a hardware description; absent fields keep the built-in
-/// defaults, unknown fields are errors naming the field. `source` names
-/// the description in errors and is its `name` unless the JSON gives one.
+/// defaults, unknown fields are errors naming the field, and so is a value
+/// outside the field's range (FLOP/s in [1e6, 1e18], B/s in [1e6, 1e15],
+/// params/s in [1e3, 1e15], efficiencies in [0.001, 1], latencies in
+/// (0, 1] s; docs/CostModel.md), which keeps every figure secondsFor and
+/// the replay derive from any valid plan finite. `source` names the
+/// description in errors and is its `name` unless the JSON gives one.
 llvm::Expected<HardwareModel> parseHardwareModel(llvm::StringRef json,
                                                  llvm::StringRef source);
 llvm::Expected<HardwareModel> loadHardwareModel(llvm::StringRef path);

@@ -6,6 +6,8 @@
 #include "llvm/ADT/Twine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 using namespace megaslide;
 using namespace megaslide::sim;
@@ -135,6 +137,14 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
       continue;
     }
     task.seconds = secondsFor(plan, inst, hw);
+    // parseHardwareModel's ranges keep every time finite; a model built
+    // in code may not, and an infinite time would corrupt the replay (and
+    // its memory figures) rather than fail.
+    if (!std::isfinite(task.seconds) || task.seconds < 0)
+      return errorAt(i, "the hardware model '" + hw.name +
+                            "' gives it a time of " +
+                            std::to_string(task.seconds) +
+                            " s; check its rates and efficiencies");
     for (int64_t o : inst.operands)
       if (producer[o] >= 0)
         task.deps.push_back(producer[o]);

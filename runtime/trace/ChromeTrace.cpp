@@ -2,9 +2,10 @@
 
 #include "trace/ChromeTrace.h"
 
+#include "support/AtomicFile.h"
+
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallVector.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -51,27 +52,35 @@ ChromeTrace::ChromeTrace(llvm::raw_ostream &os, llvm::StringRef processName)
   }
 }
 
-ChromeTrace::ChromeTrace(std::unique_ptr<llvm::raw_fd_ostream> file,
-                         llvm::StringRef processName, std::string path)
-    : ChromeTrace(*file, processName) {
+ChromeTrace::ChromeTrace(std::unique_ptr<AtomicFile> file,
+                         llvm::StringRef processName)
+    : ChromeTrace(file->os(), processName) {
   this->file = std::move(file);
-  this->path = std::move(path);
 }
+
+namespace {
+
+/// "cannot write trace 'P': <why>" from an AtomicFile error about P.
+llvm::Error traceError(llvm::StringRef path, llvm::Error err) {
+  std::error_code ec = llvm::errorToErrorCode(std::move(err));
+  return llvm::createStringError(ec, "cannot write trace '%s': %s",
+                                 path.str().c_str(), ec.message().c_str());
+}
+
+} // namespace
 
 llvm::Expected<std::unique_ptr<ChromeTrace>>
 ChromeTrace::create(llvm::StringRef path, llvm::StringRef processName) {
-  std::error_code ec;
-  auto file =
-      std::make_unique<llvm::raw_fd_ostream>(path, ec, llvm::sys::fs::OF_None);
-  if (ec)
-    return llvm::createStringError(ec, "cannot write trace '%s': %s",
-                                   path.str().c_str(), ec.message().c_str());
+  llvm::Expected<std::unique_ptr<AtomicFile>> file = AtomicFile::create(path);
+  if (!file)
+    return traceError(path, file.takeError());
   return std::unique_ptr<ChromeTrace>(
-      new ChromeTrace(std::move(file), processName, path.str()));
+      new ChromeTrace(std::move(*file), processName));
 }
 
 ChromeTrace::~ChromeTrace() {
-  if (!finished)
+  // An unfinished trace file is dropped with its temporary (AtomicFile).
+  if (!finished && !file)
     llvm::consumeError(finish());
 }
 
@@ -147,12 +156,9 @@ llvm::Error ChromeTrace::finish() {
     os << ",\"otherData\":" << llvm::json::Value(std::move(otherData));
   os << "}\n";
   os.flush();
-  if (file && file->has_error()) {
-    std::error_code ec = file->error();
-    file->clear_error();
-    return llvm::createStringError(ec, "cannot write trace '%s': %s",
-                                   path.c_str(), ec.message().c_str());
-  }
+  if (file)
+    if (llvm::Error err = file->commit())
+      return traceError(file->path(), std::move(err));
   return llvm::Error::success();
 }
 

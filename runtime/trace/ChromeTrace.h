@@ -24,6 +24,10 @@
 #include <memory>
 #include <string>
 
+namespace megaslide {
+class AtomicFile;
+} // namespace megaslide
+
 namespace megaslide::trace {
 
 /// One entry of an event's "args": instruction index, layer, bytes, ...
@@ -40,10 +44,15 @@ public:
   /// Writes to `os`, which must outlive the trace. The metadata events that
   /// name the process and the four stream tracks come first.
   ChromeTrace(llvm::raw_ostream &os, llvm::StringRef processName);
-  /// Creates (or truncates) the file `path` and writes the trace there.
+  /// Writes the trace to `path` atomically (support/AtomicFile.h): events
+  /// go to a temporary file next to it that finish() renames over `path`,
+  /// so a run that fails before finish() leaves an existing `path` as it
+  /// was and an unfinished trace never replaces one. Fails at once, naming
+  /// `path`, where it cannot be written.
   static llvm::Expected<std::unique_ptr<ChromeTrace>>
   create(llvm::StringRef path, llvm::StringRef processName);
-  /// Finishes the trace if finish() was not called; errors are dropped.
+  /// A trace written to a stream is finished if finish() was not called
+  /// (errors are dropped); one created from a path is discarded.
   ~ChromeTrace();
 
   ChromeTrace(const ChromeTrace &) = delete;
@@ -63,22 +72,21 @@ public:
   /// written by finish().
   void setOtherData(llvm::StringRef key, llvm::json::Value value);
 
-  /// Closes the JSON document and flushes; an error if writing failed.
-  /// Nothing may be added afterwards.
+  /// Closes the JSON document and flushes (and, for a file, commits it);
+  /// an error naming the file if writing failed. Nothing may be added
+  /// afterwards.
   llvm::Error finish();
 
   /// Events written so far, metadata included.
   size_t numEvents() const { return events; }
 
 private:
-  ChromeTrace(std::unique_ptr<llvm::raw_fd_ostream> file,
-              llvm::StringRef processName, std::string path);
+  ChromeTrace(std::unique_ptr<AtomicFile> file, llvm::StringRef processName);
   /// Starts the next element of "traceEvents".
   llvm::raw_ostream &next();
   void metadata(llvm::StringRef name, int64_t tid, llvm::json::Value args);
 
-  std::unique_ptr<llvm::raw_fd_ostream> file; ///< when created from a path
-  std::string path;
+  std::unique_ptr<AtomicFile> file; ///< when created from a path
   llvm::raw_ostream &os;
   llvm::json::Object otherData;
   size_t events = 0;

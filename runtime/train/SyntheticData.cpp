@@ -2,6 +2,7 @@
 
 #include "train/SyntheticData.h"
 
+#include "cpu/Finite.h"
 #include "host/Safetensors.h"
 
 #include "llvm/ADT/Twine.h"
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 using namespace megaslide;
 using namespace megaslide::train;
@@ -43,7 +45,7 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
 }
 
 SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
-    : DataSource(shapes, seed) {
+    : DataSource(shapes, seed, /*readAhead=*/0) {
   int64_t C = shapes.latents[1], T = shapes.latents[2], H = shapes.latents[3],
           W = shapes.latents[4];
   Random setup(seed ^ hashName("synthetic-prototypes"));
@@ -77,24 +79,155 @@ SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
   }
 }
 
-exec::StepInputs DataSource::next() {
+llvm::Error SyntheticData::readSample(size_t k, float *x, float *c) {
+  std::copy(latents[k].begin(), latents[k].end(), x);
+  std::copy(conditions[k].begin(), conditions[k].end(), c);
+  return llvm::Error::success();
+}
+
+uint64_t SyntheticData::bytesKept() const {
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < latents.size(); ++k)
+    bytes += (latents[k].size() + conditions[k].size()) * sizeof(float);
+  return bytes;
+}
+
+//===----------------------------------------------------------------------===//
+// Batches, made in order, optionally ahead
+//===----------------------------------------------------------------------===//
+
+DataSource::DataSource(const InputShapes &shapes, uint64_t seed, int readAhead)
+    : shapes(shapes), consumedState(seed), readAhead(readAhead),
+      producedState(seed) {
+  latentElements = product(shapes.latents, 1);
+  conditionElements =
+      shapes.conditionIsLabel ? 1 : product(shapes.condition, 1);
+}
+
+DataSource::~DataSource() {
+  stopReadAhead();
+  for (Made &m : ready)
+    if (!m.inputs)
+      llvm::consumeError(m.inputs.takeError());
+}
+
+void DataSource::stopReadAhead() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  if (worker.joinable())
+    worker.join();
+}
+
+DataSource::Made DataSource::make(uint64_t state) {
+  Random rng(state);
   int64_t B = shapes.latents[0];
-  int64_t sample = product(shapes.latents, 1);
   exec::StepInputs in;
   std::vector<float> &x0 = in["latents"], &noise = in["noise"],
                      &t = in["timesteps"], &cond = in["condition"];
-  x0.reserve(B * sample);
+  x0.resize(B * latentElements);
+  cond.resize(B * conditionElements);
   for (int64_t b = 0; b < B; ++b) {
-    size_t k = rng.next() % latents.size();
-    x0.insert(x0.end(), latents[k].begin(), latents[k].end());
-    cond.insert(cond.end(), conditions[k].begin(), conditions[k].end());
+    size_t k = rng.next() % numSamples();
+    if (llvm::Error e = readSample(k, x0.data() + b * latentElements,
+                                   cond.data() + b * conditionElements))
+      return {std::move(e), state};
     t.push_back(static_cast<float>(rng.uniform()));
   }
-  noise.resize(B * sample);
+  noise.resize(B * latentElements);
   for (float &n : noise)
     n = rng.normal();
-  return in;
+  return {std::move(in), rng.state};
 }
+
+llvm::Expected<exec::StepInputs> DataSource::next() {
+  if (readAhead == 0) {
+    Made m = make(consumedState);
+    if (m.inputs)
+      consumedState = m.stateAfter;
+    return std::move(m.inputs);
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  if (!worker.joinable())
+    worker = std::thread([this] { readAheadLoop(); });
+  cv.wait(lock, [&] { return !ready.empty(); });
+  Made m = std::move(ready.front());
+  ready.pop_front();
+  if (!m.inputs) {
+    // Made again from the same state when asked again: the same error.
+    ready.clear();
+    producedState = consumedState;
+    ++generation;
+  } else {
+    consumedState = m.stateAfter;
+  }
+  lock.unlock();
+  cv.notify_all();
+  return std::move(m.inputs);
+}
+
+void DataSource::readAheadLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    // Nothing is made past an error: the state after it is unknown.
+    cv.wait(lock, [&] {
+      return stopping ||
+             (static_cast<int>(ready.size()) < readAhead &&
+              (ready.empty() || ready.back().ok));
+    });
+    if (stopping)
+      return;
+    uint64_t gen = generation, from = producedState;
+    lock.unlock();
+    Made m = make(from);
+    m.ok = static_cast<bool>(m.inputs);
+    lock.lock();
+    if (gen != generation) { // setState() or an error reset the sequence
+      if (!m.ok)
+        llvm::consumeError(m.inputs.takeError());
+      continue;
+    }
+    producedState = m.stateAfter;
+    ready.push_back(std::move(m));
+    cv.notify_all();
+  }
+}
+
+void DataSource::setState(uint64_t s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (Made &m : ready)
+      if (!m.ok)
+        llvm::consumeError(m.inputs.takeError());
+    ready.clear();
+    ++generation;
+    producedState = consumedState = s;
+  }
+  cv.notify_all();
+}
+
+uint64_t DataSource::bytesHeld() const {
+  // Each batch: latents, noise, condition and timesteps in fp32; the one
+  // handed out plus those made ahead.
+  uint64_t batch = shapes.latents[0] *
+                   (2 * latentElements + conditionElements + 1) * sizeof(float);
+  return bytesKept() + (readAhead + 1) * batch;
+}
+
+//===----------------------------------------------------------------------===//
+// Sample files
+//===----------------------------------------------------------------------===//
+
+namespace {
+std::string shapeText(llvm::ArrayRef<int64_t> shape) {
+  std::string text;
+  for (int64_t d : shape)
+    text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + text + "]";
+}
+} // namespace
 
 llvm::Expected<std::unique_ptr<FileData>>
 FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
@@ -112,43 +245,67 @@ FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
                                    "' has no .safetensors samples (see "
                                    "docs/Runtime.md, \"Data files\")");
   std::sort(files.begin(), files.end()); // the order must not depend on the FS
-  std::unique_ptr<FileData> data(new FileData(shapes, seed));
-  std::vector<int64_t> latentShape(shapes.latents.begin() + 1,
-                                   shapes.latents.end());
-  std::vector<int64_t> conditionShape =
-      shapes.conditionIsLabel ? std::vector<int64_t>{1}
-                              : std::vector<int64_t>(shapes.condition.begin() + 1,
-                                                     shapes.condition.end());
+  std::unique_ptr<FileData> data(new FileData(shapes, seed, files));
+  // Every header now, so that a wrong file stops the run before its first
+  // step rather than hours into it; the tensors are read when drawn.
   for (const std::string &file : files) {
     auto reader = host::SafetensorsReader::open(file);
     if (!reader)
       return reader.takeError();
-    auto read = [&](llvm::StringRef name, const std::vector<int64_t> &shape,
-                    std::vector<float> &out) -> llvm::Error {
-      const host::StTensorInfo *t = (*reader)->find(name);
-      if (!t)
-        return llvm::createStringError("'" + file + "' has no tensor '" +
-                                       name + "'");
-      if (t->shape != shape) {
-        std::string want, got;
-        for (int64_t d : shape)
-          want += (want.empty() ? "" : ", ") + std::to_string(d);
-        for (int64_t d : t->shape)
-          got += (got.empty() ? "" : ", ") + std::to_string(d);
-        return llvm::createStringError("'" + file + "': tensor '" + name +
-                                       "' has shape [" + got +
-                                       "]; this plan needs [" + want + "]");
-      }
-      out.resize(t->numElements());
-      return (*reader)->readF32(*t, out);
-    };
-    std::vector<float> x, c;
-    if (llvm::Error err = read("latents", latentShape, x))
-      return std::move(err);
-    if (llvm::Error err = read("condition", conditionShape, c))
-      return std::move(err);
-    data->latents.push_back(std::move(x));
-    data->conditions.push_back(std::move(c));
+    if (llvm::Error e = data->checkHeader(**reader))
+      return std::move(e);
   }
   return data;
+}
+
+llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader) const {
+  std::vector<int64_t> latentShape(shapes.latents.begin() + 1,
+                                   shapes.latents.end());
+  std::vector<int64_t> conditionShape =
+      shapes.conditionIsLabel
+          ? std::vector<int64_t>{1}
+          : std::vector<int64_t>(shapes.condition.begin() + 1,
+                                 shapes.condition.end());
+  for (auto [name, shape] :
+       {std::pair<llvm::StringRef, const std::vector<int64_t> *>{"latents",
+                                                                 &latentShape},
+        {"condition", &conditionShape}}) {
+    const host::StTensorInfo *t = reader.find(name);
+    if (!t)
+      return llvm::createStringError("'" + reader.path() +
+                                     "' has no tensor '" + name + "'");
+    if (t->shape != *shape)
+      return llvm::createStringError(
+          "'" + reader.path() + "': tensor '" + name + "' has shape " +
+          shapeText(t->shape) + "; this plan needs " + shapeText(*shape));
+    if (t->dtype != host::StDType::F32 && t->dtype != host::StDType::BF16 &&
+        t->dtype != host::StDType::F16)
+      return llvm::createStringError(
+          "'" + reader.path() + "': tensor '" + name + "' has dtype " +
+          host::stDTypeName(t->dtype) + "; samples are F32, BF16 or F16");
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error FileData::readSample(size_t k, float *x, float *c) {
+  auto reader = host::SafetensorsReader::open(files[k]);
+  if (!reader)
+    return reader.takeError();
+  // The file may have changed since open(): its header is checked again.
+  if (llvm::Error e = checkHeader(**reader))
+    return e;
+  for (auto [name, out, n] :
+       {std::tuple<llvm::StringRef, float *, int64_t>{"latents", x,
+                                                      latentElements},
+        {"condition", c, conditionElements}}) {
+    const host::StTensorInfo *t = (*reader)->find(name);
+    if (llvm::Error e = (*reader)->readF32(*t, {out, static_cast<size_t>(n)}))
+      return e;
+    if (std::optional<int64_t> bad = cpu::firstNonFinite(out, n))
+      return llvm::createStringError(
+          "data sample '" + files[k] + "': tensor '" + name + "' holds " +
+          (std::isnan(out[*bad]) ? "nan" : "inf") + " at element " +
+          llvm::Twine(*bad) + "; remove or fix the file");
+  }
+  return llvm::Error::success();
 }

@@ -9,12 +9,14 @@ Everything runs on the tiny preset at 5 x 32 x 32 (token grid 2 x 2 x 2);
 larger than that grid. Comparisons with the command-line tools skip when
 the tools are not built (an installed package has none)."""
 
+import _thread
 import ast
 import dataclasses
 import json
 import os
 import pathlib
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -563,3 +565,119 @@ def test_stubs_cover_the_native_module():
                if isinstance(n, ast.FunctionDef) and n.name != "__init__"}
     assert {n for n in dir(native.Trainer) if not n.startswith("_")} == \
         methods
+
+
+# ---------------------------------------------------------------------------
+# Trainer: one call at a time, checked step inputs, Ctrl-C between steps
+# (issue 11, item 12)
+# ---------------------------------------------------------------------------
+
+
+def trained(steps, seed):
+    """Parameters and step count of a Trainer that took `steps` steps alone."""
+    tr = megaslide.Trainer("tiny", *VIDEO, seed=seed)
+    for _ in range(steps):
+        tr.step()
+    return tr
+
+
+def assert_same_parameters(a, b):
+    pa, pb = a.parameters(), b.parameters()
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert np.array_equal(pa[name], pb[name]), name
+
+
+def test_trainer_steps_from_two_threads_are_serialised():
+    """Two threads stepping one Trainer 15 times each take 30 whole steps:
+    the result is bit-identical to 30 steps taken by one thread (it used to
+    count 15 and corrupt the parameters)."""
+    shared = megaslide.Trainer("tiny", *VIDEO, seed=5)
+    errors = []
+
+    def run():
+        try:
+            for _ in range(15):
+                shared.step()
+        except Exception as e:  # reported below, with the thread's error
+            errors.append(e)
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert shared.step_count == 30
+    assert_same_parameters(shared, trained(30, seed=5))
+
+
+def test_trainer_ctrl_c_leaves_whole_steps():
+    """KeyboardInterrupt arrives at a step boundary while another thread
+    steps too: every step taken is whole, and the Trainer goes on."""
+    tr = megaslide.Trainer("tiny", *VIDEO, seed=7)
+    worker = threading.Thread(target=lambda: [tr.step() for _ in range(3)])
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt):
+        worker.start()
+        timer.start()
+        while True:
+            tr.step()
+    timer.join()
+    worker.join()
+    alone = trained(tr.step_count, seed=7)
+    assert_same_parameters(tr, alone)
+    assert tr.step()["loss"] == alone.step()["loss"]
+
+
+def step_batch(tr, **changes):
+    """Valid step inputs, with `changes` (key: value or function of the
+    key's shape) applied."""
+    shapes = tr.input_shapes()
+    batch = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    batch["timesteps"] = np.full(shapes["timesteps"], 0.5, np.float32)
+    for key, value in changes.items():
+        batch[key] = value(shapes[key]) if callable(value) else value
+    return batch
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(latents=np.zeros), TypeError,
+     "step input 'latents' must have dtype float32, got float64"),
+    (dict(noise=lambda s: np.zeros(s, np.int64)), TypeError,
+     "step input 'noise' must have dtype float32, got int64"),
+    (dict(timesteps=[0.5]), TypeError,
+     "step input 'timesteps' must be a numpy.ndarray, got list"),
+    (dict(foo=np.zeros(1, np.float32)), TypeError,
+     "step() got an unexpected input 'foo'; the plan takes latents, noise, "
+     "timesteps, condition"),
+    (dict(timesteps=np.array([1.5], np.float32)), ValueError,
+     "step input 'timesteps' must be in [0, 1]"),
+    (dict(timesteps=np.array([-0.25], np.float32)), ValueError,
+     "got -0.25 at index 0"),
+    (dict(timesteps=np.array([np.nan], np.float32)), ValueError,
+     "got nan at index 0"),
+])
+def test_trainer_step_inputs_are_not_cast(changes, error, message):
+    """float64, int64 and lists are refused, not cast; unknown keywords
+    too; timesteps outside [0, 1]. Nothing is applied."""
+    tr = megaslide.Trainer("tiny", *VIDEO)
+    before = tr.parameters()
+    with pytest.raises(error) as e:
+        tr.step(**step_batch(tr, **changes))
+    assert message in str(e.value)
+    if "foo" not in changes:  # gradients() takes the four by name
+        with pytest.raises(error) as e:
+            tr.gradients(**step_batch(tr, **changes))
+        assert message in str(e.value)
+    assert tr.step_count == 0
+    assert all(np.array_equal(before[k], v)
+               for k, v in tr.parameters().items())
+
+
+def test_trainer_timesteps_zero_and_one_are_accepted():
+    tr = megaslide.Trainer("tiny", *VIDEO)
+    for t in (0.0, 1.0):
+        batch = step_batch(tr, timesteps=np.full(
+            tr.input_shapes()["timesteps"], t, np.float32))
+        assert np.isfinite(tr.step(**batch)["loss"])
+    assert tr.step_count == 2

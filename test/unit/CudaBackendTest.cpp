@@ -1816,7 +1816,7 @@ TEST_P(CudaBackendFakeDeviceTinyTest, StepsLikeTheCpuBackend) {
   // Two steps (the second runs on AdamW-updated weights) for global
   // attention; one for 3D-DSA, whose binding the first step checks.
   runOnFakeDevice(
-      *plan, [&](int) { return data.next(); }, *GetParam() ? 1 : 2);
+      *plan, [&](int) { return llvm::cantFail(data.next()); }, *GetParam() ? 1 : 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendFakeDeviceTinyTest,
@@ -1865,7 +1865,7 @@ TEST_P(CudaBackendGpuTinyTest, MatchesCpuBackend) {
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   train::SyntheticData data(*shapes, 5);
   compareWithCpu(
-      *plan, [&](int) { return data.next(); }, 3, 3e-2, 1e-1);
+      *plan, [&](int) { return llvm::cantFail(data.next()); }, 3, 3e-2, 1e-1);
 }
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendGpuTinyTest,

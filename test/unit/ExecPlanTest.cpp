@@ -15,6 +15,7 @@
 #include "plan/ExecPlan.h"
 #include "cpu/CpuBackend.h"
 #include "host/HostState.h"
+#include "plan/HyperParameters.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
@@ -544,11 +545,11 @@ const std::vector<Corruption> &corruptions() {
        }),
        "has a workspace outside the arena"},
       {"workspace over a live device value", viaPlan([](ExecPlan &p) {
-         p.instructions[kAdd].workspace = {{40, 16}};
+         p.instructions[kAdd].workspace = {{32, 16}};
        }),
        "instruction #4 ('add') has a workspace over live %3"},
       {"workspaces overlapping each other", viaPlan([](ExecPlan &p) {
-         p.instructions[kAdd].workspace.push_back({100, 4});
+         p.instructions[kAdd].workspace.push_back({96, 4});
        }),
        "instruction #4 ('add') has workspaces that share arena bytes"},
       {"live device values overlapping",
@@ -587,6 +588,208 @@ const std::vector<Corruption> &corruptions() {
        "output %-1 is never defined"},
   };
   return cases;
+}
+
+//===----------------------------------------------------------------------===//
+// Corruptions the command line refuses (issue 11, item 10): hyper-parameters,
+// alignment, event coverage, batch
+//===----------------------------------------------------------------------===//
+
+/// The valid plan with one host_adamw attribute set.
+std::function<std::string()> withAdamW(const char *name, double value) {
+  return viaPlan([name, value](ExecPlan &p) {
+    p.instructions[kAdamW].attrs[name] = value;
+  });
+}
+
+/// The valid plan without instruction `index`.
+std::function<std::string()> without(int64_t index) {
+  return viaPlan([index](ExecPlan &p) {
+    p.instructions.erase(p.instructions.begin() + index);
+  });
+}
+
+const std::vector<Corruption> &commandLineCorruptions() {
+  static const std::vector<Corruption> cases = {
+      {"AdamW lr negative", withAdamW("lr", -1),
+       "instruction #11 ('host_adamw'): attribute 'lr' must be a positive "
+       "number, got -1"},
+      {"AdamW lr zero", withAdamW("lr", 0),
+       "attribute 'lr' must be a positive number, got 0"},
+      {"AdamW beta1 negative", withAdamW("beta1", -1),
+       "instruction #11 ('host_adamw'): attribute 'beta1' must be in [0, 1), "
+       "got -1"},
+      {"AdamW beta2 above one", withAdamW("beta2", 1.5),
+       "attribute 'beta2' must be in [0, 1), got 1.5"},
+      {"AdamW beta2 of one", withAdamW("beta2", 1),
+       "attribute 'beta2' must be in [0, 1), got 1"},
+      {"AdamW eps zero", withAdamW("eps", 0),
+       "attribute 'eps' must be a positive number, got 0"},
+      {"AdamW eps negative", withAdamW("eps", -1e-8),
+       "attribute 'eps' must be a positive number, got -1e-08"},
+      {"AdamW weight decay negative", withAdamW("weight_decay", -0.01),
+       "attribute 'weight_decay' must be a non-negative number, got -0.01"},
+      {"AdamW lr as an integer", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdamW].attrs["lr"] = int64_t(-2);
+       }),
+       "attribute 'lr' must be a positive number, got -2"},
+      {"misaligned device value",
+       viaPlan([](ExecPlan &p) { p.values[kW].offset = 40; }),
+       "value %3 at offset 40 is not a multiple of the alignment 16"},
+      {"misaligned workspace", viaPlan([](ExecPlan &p) {
+         p.instructions[kAdd].workspace = {{104, 8}};
+       }),
+       "instruction #4 ('add') has a workspace at offset 104, not a multiple "
+       "of the alignment 16"},
+      {"wait for a copy to the device deleted", without(kWait0),
+       "instruction #3 ('add') on stream compute reads %2, written by "
+       "instruction #0 on stream h2d, without waiting for an event recorded "
+       "after that write"},
+      {"wait for the compute stream deleted", without(kWait1),
+       "instruction #7 ('d2h') on stream d2h reads %5, written by instruction "
+       "#5 on stream compute, without waiting"},
+      {"wait for the copy to the host deleted", without(kWait2),
+       "instruction #10 ('host_adamw') on stream host reads %6, written by "
+       "instruction #8 on stream d2h, without waiting"},
+      {"event recorded before the write", viaPlan([](ExecPlan &p) {
+         std::swap(p.instructions[kFetch], p.instructions[kRecord0]);
+       }),
+       "instruction #4 ('add') on stream compute reads %3, written by "
+       "instruction #2 on stream h2d, without waiting"},
+      {"wait on the wrong stream", viaPlan([](ExecPlan &p) {
+         p.instructions[kWait2].stream = Stream::Compute;
+       }),
+       "instruction #11 ('host_adamw') on stream host reads %6, written by "
+       "instruction #8 on stream d2h"},
+      {"event recorded on another stream than the write",
+       viaPlan([](ExecPlan &p) {
+         p.instructions[kRecord2].stream = Stream::Compute;
+       }),
+       "instruction #11 ('host_adamw') on stream host reads %6"},
+      {"batch of 10^12", viaPlan([](ExecPlan &p) { p.batch = 1000000000000; }),
+       "batch 1000000000000 of 4 tokens per sample is more than 2^31 tokens "
+       "per step, the most the planner plans for"},
+      {"batch just above the bound",
+       viaPlan([](ExecPlan &p) { p.batch = (int64_t(1) << 29) + 1; }),
+       "is more than 2^31 tokens per step"},
+      {"grid extent zero", viaPlan([](ExecPlan &p) {
+         p.grid = {1, 0, 2};
+       }),
+       "grid extent 0 is not positive"},
+      {"grid beyond 2^31 tokens", viaPlan([](ExecPlan &p) {
+         p.grid = {int64_t(1) << 20, int64_t(1) << 20, 1};
+       }),
+       "grid has more than 2^31 tokens"},
+  };
+  return cases;
+}
+
+TEST(ExecPlanCorruption, WhatTheCommandLineRefusesThePlanLoaderRefuses) {
+  for (const Corruption &c : commandLineCorruptions()) {
+    SCOPED_TRACE(c.name);
+    std::string message = errorText(parseExecPlan(c.text(), "plan.json"));
+    if (message.empty()) {
+      ADD_FAILURE() << "accepted";
+      continue;
+    }
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "message: " << message;
+    EXPECT_EQ(message.rfind("plan.json: invalid execution plan: ", 0), 0u)
+        << message;
+  }
+}
+
+/// JSON cannot spell nan; a plan built in code can.
+TEST(ExecPlanCorruption, NonFiniteHyperParametersAreRefused) {
+  for (const char *name : {"lr", "beta1", "beta2", "eps", "weight_decay"}) {
+    SCOPED_TRACE(name);
+    ExecPlan plan = validPlan();
+    plan.instructions[kAdamW].attrs[name] = std::nan("");
+    std::string message = llvm::toString(validate(plan));
+    EXPECT_NE(message.find("attribute '" + std::string(name) + "' must be"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("got nan"), std::string::npos) << message;
+  }
+  ExecPlan plan = validPlan();
+  plan.instructions[kAdamW].attrs["lr"] = HUGE_VAL;
+  EXPECT_NE(llvm::toString(validate(plan)).find("got inf"), std::string::npos);
+}
+
+TEST(ExecPlanCorruption, EventCoverageFollowsWaitsTransitively) {
+  // The d2h no longer waits for the compute stream itself: the h2d stream
+  // waits for it and the d2h stream for an event the h2d stream records
+  // after that wait. Ordered, so valid.
+  ExecPlan plan = validPlan();
+  auto &is = plan.instructions;
+  is[kWait1].stream = Stream::HostToDevice;
+  Instruction record = makeInst("record", Stream::HostToDevice);
+  record.event = 3;
+  Instruction wait = makeInst("wait", Stream::DeviceToHost);
+  wait.event = 3;
+  is.insert(is.begin() + kWait1 + 1, {record, wait});
+  plan.numEvents = 4;
+  llvm::Error err = validate(plan);
+  EXPECT_FALSE(bool(err)) << llvm::toString(std::move(err));
+
+  // Without the h2d stream's wait the chain is broken.
+  plan.instructions.erase(plan.instructions.begin() + kWait1);
+  std::string message = llvm::toString(validate(plan));
+  EXPECT_NE(message.find("('d2h') on stream d2h reads %5, written by "
+                         "instruction #5 on stream compute"),
+            std::string::npos)
+      << message;
+}
+
+TEST(ExecPlanCorruption, BoundsTheCommandLineAcceptsAreAccepted) {
+  ExecPlan plan = validPlan();
+  plan.batch = int64_t(1) << 29; // 4 tokens per sample: exactly 2^31
+  plan.instructions[kAdamW].attrs = {{"lr", 1e-300},
+                                     {"beta1", 0.0},
+                                     {"beta2", 0.999999},
+                                     {"eps", 1e-300},
+                                     {"weight_decay", 0.0}};
+  llvm::Error err = validate(plan);
+  EXPECT_FALSE(bool(err)) << llvm::toString(std::move(err));
+}
+
+TEST(HyperParameters, OneRuleForFlagsConfigsAndPlans) {
+  struct Case {
+    const char *name;
+    double value;
+    const char *problem; ///< nullptr: valid
+  };
+  const Case cases[] = {
+      {"lr", 1e-4, nullptr},
+      {"lr", 1e30, nullptr},
+      {"lr", 0, "must be a positive number, got 0"},
+      {"lr", -1, "must be a positive number, got -1"},
+      {"lr", HUGE_VAL, "must be a positive number, got inf"},
+      {"lr", std::nan(""), "must be a positive number, got nan"},
+      {"beta1", 0, nullptr},
+      {"beta1", 0.9, nullptr},
+      {"beta1", -1, "must be in [0, 1), got -1"},
+      {"beta2", 1, "must be in [0, 1), got 1"},
+      {"beta2", 1.5, "must be in [0, 1), got 1.5"},
+      {"beta2", std::nan(""), "must be in [0, 1), got nan"},
+      {"eps", 1e-8, nullptr},
+      {"eps", 0, "must be a positive number, got 0"},
+      {"eps", -1e-8, "must be a positive number, got -1e-08"},
+      {"weight_decay", 0, nullptr},
+      {"weight_decay", 0.1, nullptr},
+      {"weight_decay", -0.1, "must be a non-negative number, got -0.1"},
+      {"weight_decay", HUGE_VAL, "must be a non-negative number, got inf"},
+      {"momentum", 0.9, "is not an AdamW hyper-parameter"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(std::string(c.name) + " = " + std::to_string(c.value));
+    std::optional<std::string> problem =
+        checkAdamWHyperParameter(c.name, c.value);
+    if (!c.problem)
+      EXPECT_FALSE(problem) << *problem;
+    else
+      EXPECT_EQ(problem.value_or("(valid)"), c.problem);
+  }
 }
 
 TEST(ExecPlanCorruption, EachGivesAnErrorNamingTheProblem) {
@@ -831,6 +1034,31 @@ TEST(ExecPlanCpuBackend, RunsTheValidPlanInItsPlannedArena) {
   for (size_t i = 0; i < 8; ++i)
     EXPECT_NEAR(m->data[i], 0.1f * gradient[i], 1e-6f) << i;
   EXPECT_NE(state.find("X")->data, master);
+}
+
+// Tests that a non-finite gradient stops the step before its update, names
+// the parameter and the global step, and that the moments and master of
+// that parameter stay as they were.
+TEST(ExecPlanCpuBackend, NonFiniteGradientStopsBeforeItsUpdate) {
+  ExecPlan plan = validPlan();
+  std::unique_ptr<cpu::CpuBackend> backend =
+      llvm::cantFail(cpu::CpuBackend::create(plan));
+  host::HostState state = host::initHostState(plan, /*seed=*/7);
+  state.step = 41; // as after a resume
+  std::vector<float> master = state.find("X")->data;
+  std::vector<float> latents = {1, 2, 3, std::nanf(""), 5, 6, 7, 8};
+  llvm::Expected<StepResult> result =
+      backend->step({{"latents", latents}}, state, {});
+  ASSERT_FALSE(bool(result));
+  std::string message = llvm::toString(result.takeError());
+  EXPECT_NE(message.find("step 42: the gradient of 'X' holds nan at "
+                         "element 3"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(state.step, 41);
+  EXPECT_EQ(state.find("X")->data, master);
+  for (float m : state.expAvg("X")->data)
+    EXPECT_EQ(m, 0.0f);
 }
 
 } // namespace

@@ -15,22 +15,29 @@
 #include "host/Weights.h"
 
 #include "cpu/AdamW.h"
+#include "support/ReadFile.h"
 
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 #include "gtest/gtest.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <fcntl.h>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 using namespace megaslide;
@@ -466,7 +473,7 @@ TEST_F(HostIoTest, SafetensorsWriterRejectsBadTensors) {
   EXPECT_FALSE(llvm::sys::fs::exists(path("w")));
   std::string e =
       errorText(writeSafetensors(path("no/such/dir/w"), {{"a", {1}, &x}}));
-  EXPECT_NE(e.find("cannot create"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot write"), std::string::npos) << e;
 }
 
 //===----------------------------------------------------------------------===//
@@ -922,6 +929,71 @@ TEST_F(HostIoTest, CheckpointRetention) {
   EXPECT_EQ(state.step, 50);
 }
 
+// Tests that saving never follows a symlink named like a checkpoint, that
+// it refuses non-finite state, that replaceOthers replaces only real
+// checkpoints, and that a checkpoint folder has one owner at a time.
+TEST_F(HostIoTest, CheckpointGuards) {
+  exec::ExecPlan plan = makePlan(defaultSpecs());
+  HostState state = makeState(plan, 17);
+  std::string mine = path("../mine-" + std::to_string(::getpid()));
+  llvm::sys::fs::create_directories(mine);
+  writeAll(mine + "/thesis.txt", "years");
+  ASSERT_FALSE(llvm::sys::fs::create_link(mine, path("step-000001")));
+  for (int64_t step : {2, 3, 4}) {
+    state.step = step;
+    ASSERT_EQ(errorText(saveCheckpoint(dir, state, "").takeError()), "");
+  }
+  EXPECT_TRUE(llvm::sys::fs::exists(mine + "/thesis.txt"));
+  EXPECT_EQ(entries(dir), (std::vector<std::string>{"latest", "step-000001",
+                                                    "step-000003",
+                                                    "step-000004"}));
+  // A save onto a symlinked step is refused; nothing is followed.
+  ASSERT_FALSE(llvm::sys::fs::create_link(mine, path("step-000005")));
+  state.step = 5;
+  std::string refused = errorText(saveCheckpoint(dir, state, "").takeError());
+  EXPECT_NE(refused.find("step-000005' exists and is not a checkpoint"),
+            std::string::npos)
+      << refused;
+  EXPECT_TRUE(llvm::sys::fs::exists(mine + "/thesis.txt"));
+  llvm::sys::fs::remove(path("step-000005"));
+  // Non-finite state is never saved.
+  std::vector<std::string> before = entries(dir);
+  state.tensors[0].data[1] = std::numeric_limits<float>::quiet_NaN();
+  std::string nan = errorText(saveCheckpoint(dir, state, "").takeError());
+  EXPECT_NE(nan.find("holds nan at element 1"), std::string::npos) << nan;
+  EXPECT_EQ(entries(dir), before);
+  state.tensors[0].data[1] = 0;
+  // replaceOthers: a fresh run's first save removes the old run's real
+  // checkpoints, later steps included, and leaves the symlink alone.
+  state.step = 2;
+  CheckpointOptions replace;
+  replace.replaceOthers = true;
+  ASSERT_EQ(errorText(saveCheckpoint(dir, state, "fresh", replace).takeError()),
+            "");
+  EXPECT_EQ(entries(dir), (std::vector<std::string>{"latest", "step-000001",
+                                                    "step-000002"}));
+  llvm::Expected<std::string> trainer = readLatestTrainerState(dir);
+  ASSERT_TRUE(!!trainer) << llvm::toString(trainer.takeError());
+  EXPECT_EQ(*trainer, "fresh");
+  EXPECT_TRUE(llvm::sys::fs::exists(mine + "/thesis.txt"));
+  llvm::sys::fs::remove(path("step-000001"));
+  llvm::sys::fs::remove_directories(mine);
+
+  // One lock per folder, also within one process (flock is per open file).
+  auto first = CheckpointLock::acquire(dir);
+  ASSERT_TRUE(!!first) << llvm::toString(first.takeError());
+  auto second = CheckpointLock::acquire(dir);
+  ASSERT_FALSE(!!second);
+  std::string busy = llvm::toString(second.takeError());
+  EXPECT_NE(busy.find("in use by another run (pid " +
+                      std::to_string(::getpid()) + ")"),
+            std::string::npos)
+      << busy;
+  first->reset();
+  auto third = CheckpointLock::acquire(dir);
+  EXPECT_TRUE(!!third) << llvm::toString(third.takeError());
+}
+
 TEST_F(HostIoTest, FailedSaveKeepsPreviousCheckpoints) {
   exec::ExecPlan plan = makePlan(defaultSpecs());
   HostState state = makeState(plan, 16);
@@ -963,6 +1035,214 @@ TEST_F(HostIoTest, FailedSaveKeepsPreviousCheckpoints) {
             std::string::npos);
   EXPECT_EQ(entries(dir),
             (std::vector<std::string>{"latest", "plain-file", "step-000001"}));
+}
+
+//===----------------------------------------------------------------------===//
+// Bounded readers: regular files only, reads bounded by the format
+//===----------------------------------------------------------------------===//
+
+/// Sees whether anything opens FIFO `path` for reading while in scope:
+/// opening the write end without blocking succeeds only while a reader
+/// has the FIFO open, and releases a reader blocked in open(), so a
+/// reader that would hang makes the test fail instead.
+class FifoWatch {
+public:
+  explicit FifoWatch(std::string fifo) : fifo(std::move(fifo)) {
+    watcher = std::thread([this] {
+      while (!done) {
+        int fd = ::open(this->fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) {
+          opened = true;
+          ::close(fd);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  ~FifoWatch() { openedByReader(); }
+  /// Whether a reader opened the FIFO; stops watching.
+  bool openedByReader() {
+    done = true;
+    if (watcher.joinable())
+      watcher.join();
+    return opened;
+  }
+
+private:
+  std::string fifo;
+  std::atomic<bool> done{false}, opened{false};
+  std::thread watcher;
+};
+
+/// A sparse file of `size` bytes starting with `prefix`: large files cost
+/// no disk.
+void writeSparse(StringRef path, StringRef prefix, uint64_t size) {
+  writeAll(path, prefix);
+  ASSERT_EQ(::truncate(path.str().c_str(), static_cast<off_t>(size)), 0);
+}
+
+TEST_F(HostIoTest, ReadBoundedFileReadsRegularFilesWithinTheBound) {
+  writeAll(path("f"), "hello");
+  llvm::Expected<std::string> text = readBoundedFile(path("f"), 5, "greeting");
+  ASSERT_TRUE(!!text) << llvm::toString(text.takeError());
+  EXPECT_EQ(*text, "hello");
+
+  EXPECT_EQ(errorText(readBoundedFile(path("f"), 4, "greeting").takeError()),
+            "cannot read greeting '" + path("f") +
+                "': it is 5 bytes, over the limit of 4 bytes");
+  // Refused by its size: 1 GiB is never read (nor stored: sparse).
+  writeSparse(path("big"), "x", uint64_t(1) << 30);
+  EXPECT_EQ(errorText(readBoundedFile(path("big"), 4096, "").takeError()),
+            "cannot read '" + path("big") +
+                "': it is 1073741824 bytes, over the limit of 4096 bytes");
+  // stat says 0 bytes for /proc files: the bound holds all the same.
+  text = readBoundedFile("/proc/self/status", 1 << 20, "");
+  ASSERT_TRUE(!!text) << llvm::toString(text.takeError());
+  EXPECT_NE(text->find("Name:"), std::string::npos);
+  EXPECT_EQ(errorText(readBoundedFile("/proc/self/status", 8, "").takeError()),
+            "cannot read '/proc/self/status': it holds more than 8 bytes, "
+            "over the limit of 8 bytes");
+  EXPECT_EQ(errorText(readBoundedFile(path("absent"), 8, "x").takeError()),
+            "cannot read x '" + path("absent") +
+                "': No such file or directory");
+}
+
+TEST_F(HostIoTest, ReadersRefuseFifosDevicesAndDirectories) {
+  std::string fifo = path("x.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/dev/zero", path("zero").c_str()), 0);
+  FifoWatch watch(fifo);
+  uint64_t size;
+  struct Case {
+    std::string path, kind;
+  };
+  for (const Case &c :
+       {Case{fifo, "a FIFO (named pipe)"},
+        Case{"/dev/zero", "a character device"},
+        Case{path("zero"), "a character device"}, Case{dir, "a directory"}}) {
+    std::string notRegular = "': it is " + c.kind + ", not a regular file";
+    EXPECT_EQ(errorText(readBoundedFile(c.path, 1 << 20, "").takeError()),
+              "cannot read '" + c.path + notRegular);
+    EXPECT_EQ(errorText(openRegularFile(c.path, "data", size).takeError()),
+              "cannot open data '" + c.path + notRegular);
+    EXPECT_EQ(errorText(SafetensorsReader::open(c.path).takeError()),
+              "cannot open '" + c.path + notRegular);
+  }
+  EXPECT_FALSE(watch.openedByReader()) << "a reader opened the FIFO";
+}
+
+TEST_F(HostIoTest, SafetensorsHeaderLimitsAreCheckedBeforeParsing) {
+  // A header length above the limit is refused before the header is read.
+  std::string length(8, '\0');
+  llvm::support::endian::write64le(length.data(),
+                                   kMaxSafetensorsHeaderBytes + 1);
+  writeSparse(path("long"), length, 8 + kMaxSafetensorsHeaderBytes + 1);
+  EXPECT_EQ(errorText(SafetensorsReader::open(path("long")).takeError()),
+            llvm::formatv("'{0}': header length {1} exceeds the limit of "
+                          "{2} bytes (not a safetensors file?)",
+                          path("long"), kMaxSafetensorsHeaderBytes + 1,
+                          kMaxSafetensorsHeaderBytes)
+                .str());
+
+  // Too many tensors, or too many values, are refused before parsing:
+  // these headers do not end, so parsing them would say "not valid JSON".
+  auto manyTensors = [](uint64_t n, bool metadata) {
+    std::string h = metadata ? "{\"__metadata__\":{}," : "{";
+    for (uint64_t i = 0; i < n; ++i)
+      h += "\"t" + std::to_string(i) + "\":0,";
+    return h;
+  };
+  writeAll(path("tensors"),
+           rawFile(manyTensors(kMaxSafetensorsTensors + 1, false), ""));
+  EXPECT_EQ(errorText(SafetensorsReader::open(path("tensors")).takeError()),
+            "'" + path("tensors") +
+                "': the header lists more than 200000 "
+                "tensors, the limit");
+  // __metadata__ is not a tensor: the limit itself is allowed.
+  writeAll(path("limit"),
+           rawFile(manyTensors(kMaxSafetensorsTensors, true), ""));
+  EXPECT_NE(errorText(SafetensorsReader::open(path("limit")).takeError())
+                .find("header is not valid JSON"),
+            std::string::npos);
+
+  writeAll(path("values"),
+           rawFile("{\"w\":{\"dtype\":\"F32\",\"shape\":[" +
+                       std::string(kMaxSafetensorsHeaderValues, ','),
+                   ""));
+  EXPECT_EQ(errorText(SafetensorsReader::open(path("values")).takeError()),
+            "'" + path("values") +
+                "': the header holds more than 4000000 "
+                "JSON values, the limit");
+}
+
+TEST_F(HostIoTest, CheckpointSmallFilesAreBounded) {
+  exec::ExecPlan plan = makePlan(defaultSpecs());
+  HostState state = makeState(plan, 3);
+  std::string trainer;
+  std::string latest = path("latest");
+  auto loadError = [&] {
+    return errorText(loadLatestCheckpoint(dir, state, trainer));
+  };
+
+  ASSERT_EQ(::symlink("/dev/zero", latest.c_str()), 0);
+  EXPECT_NE(loadError().find("cannot read '" + latest +
+                             "': it is a character device, not a regular "
+                             "file"),
+            std::string::npos)
+      << loadError();
+  ASSERT_EQ(::unlink(latest.c_str()), 0);
+
+  writeSparse(latest, "step-000001\n", 64 << 20);
+  EXPECT_NE(loadError().find("cannot read '" + latest +
+                             "': it is 67108864 bytes, over the limit of "
+                             "4096 bytes"),
+            std::string::npos)
+      << loadError();
+  ASSERT_EQ(::unlink(latest.c_str()), 0);
+
+  ASSERT_EQ(::mkfifo(latest.c_str(), 0600), 0);
+  {
+    FifoWatch watch(latest);
+    EXPECT_NE(loadError().find("it is a FIFO (named pipe), not a regular "
+                               "file"),
+              std::string::npos)
+        << loadError();
+    EXPECT_FALSE(watch.openedByReader()) << "a reader opened 'latest'";
+  }
+
+  // A manifest that is a FIFO.
+  ASSERT_TRUE(llvm::sys::fs::create_directory(path("step-000001")) ==
+              std::error_code());
+  std::string manifest = path("step-000001/manifest.json");
+  ASSERT_EQ(::mkfifo(manifest.c_str(), 0600), 0);
+  FifoWatch watch(manifest);
+  std::string e =
+      errorText(loadCheckpoint(path("step-000001"), state, trainer));
+  EXPECT_NE(e.find("cannot read '" + manifest +
+                   "': it is a FIFO (named pipe), not a regular file"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(watch.openedByReader()) << "a reader opened the manifest";
+}
+
+TEST_F(HostIoTest, WeightsIndexIsBounded) {
+  exec::ExecPlan plan = makePlan(defaultSpecs());
+  HostState state = makeState(plan, 4);
+  std::string index = path(kWeightsIndexFile);
+  writeSparse(index, "{", kMaxWeightsIndexBytes + 1);
+  EXPECT_EQ(errorText(loadWeights(dir, state)),
+            llvm::formatv("cannot read '{0}': it is {1} bytes, over the "
+                          "limit of {2} bytes",
+                          index, kMaxWeightsIndexBytes + 1,
+                          kMaxWeightsIndexBytes)
+                .str());
+  ASSERT_EQ(::unlink(index.c_str()), 0);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  FifoWatch watch(index);
+  EXPECT_EQ(errorText(loadWeights(dir, state)),
+            "cannot read '" + index +
+                "': it is a FIFO (named pipe), not a regular file");
+  EXPECT_FALSE(watch.openedByReader()) << "a reader opened the index";
 }
 
 } // namespace

@@ -11,9 +11,7 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 using namespace megaslide::cuda;
 namespace fs = std::filesystem;
@@ -53,13 +51,6 @@ struct ScopedEnv {
       unsetenv(name.c_str());
   }
 };
-
-std::string readFile(const fs::path &p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 size_t countFiles(const fs::path &dir) {
   size_t n = 0;
@@ -222,24 +213,6 @@ TEST(KernelCache, KeyIsStableAndCoversEveryInput) {
   EXPECT_NE(cacheKey("ab", "c", {}, "13.0"), cacheKey("a", "bc", {}, "13.0"));
   EXPECT_NE(cacheKey("s", "a", {"x", "y"}, "v"),
             cacheKey("s", "a", {"xy"}, "v"));
-}
-
-TEST(KernelCache, AtomicWriteReplacesWholeFileAndLeavesNoTemporaries) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  fs::path file = dir.path / "entry.mskc";
-  std::string error;
-  ASSERT_TRUE(writeFileAtomically(file.string(), "first", &error)) << error;
-  EXPECT_EQ(readFile(file), "first");
-  std::string big(1 << 20, 'x');
-  ASSERT_TRUE(writeFileAtomically(file.string(), big, &error)) << error;
-  EXPECT_EQ(readFile(file), big);
-  EXPECT_EQ(countFiles(dir.path), 1u); // no *.tmp.* left behind
-
-  EXPECT_FALSE(writeFileAtomically((dir.path / "missing" / "f").string(),
-                                   "data", &error));
-  EXPECT_NE(error.find("cannot create"), std::string::npos) << error;
-  EXPECT_EQ(countFiles(dir.path), 1u);
 }
 
 TEST(KernelCache, DirectoryFromEnvironment) {

@@ -13,6 +13,9 @@
 
 #include "gtest/gtest.h"
 
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -52,7 +55,7 @@ TEST(HardwareModel, ErrorsNameTheSourceAndTheField) {
             "docs/CostModel.md for the list");
   EXPECT_EQ(errorOf(R"({"matmul_efficiency": 1.5})"),
             "hw.json: hardware field 'matmul_efficiency': an efficiency is a "
-            "fraction in (0, 1]");
+            "fraction in [0.001, 1], got 1.5");
   EXPECT_EQ(errorOf(R"({"h2d_bandwidth": 0})"),
             "hw.json: hardware field 'h2d_bandwidth': expected a positive "
             "number in B/s");
@@ -64,6 +67,72 @@ TEST(HardwareModel, ErrorsNameTheSourceAndTheField) {
   // Memory sizes are budgets, not hardware.
   EXPECT_NE(errorOf(R"({"gpu_memory_bytes": 1})").find("unknown field"),
             std::string::npos);
+}
+
+// Issue 11, item 9: values that made a figure non-finite ("h2d_bandwidth":
+// 1e-308 gave "predicted_seconds": inf) are refused by name.
+TEST(HardwareModel, ValuesOutsideTheirRangeAreRefusedByName) {
+  EXPECT_EQ(errorOf(R"({"h2d_bandwidth": 1e-308})"),
+            "hw.json: hardware field 'h2d_bandwidth': expected a number in "
+            "[1e6, 1e15] B/s, got 1e-308");
+  EXPECT_EQ(errorOf(R"({"hbm_bandwidth": 1e300})"),
+            "hw.json: hardware field 'hbm_bandwidth': expected a number in "
+            "[1e6, 1e15] B/s, got 1e+300");
+  EXPECT_EQ(errorOf(R"({"bf16_dense_flops": 5})"),
+            "hw.json: hardware field 'bf16_dense_flops': expected a number in "
+            "[1e6, 1e18] FLOP/s, got 5");
+  EXPECT_EQ(errorOf(R"({"attention_efficiency": 1e-300})"),
+            "hw.json: hardware field 'attention_efficiency': an efficiency is "
+            "a fraction in [0.001, 1], got 1e-300");
+  EXPECT_EQ(errorOf(R"({"launch_latency": 3600})"),
+            "hw.json: hardware field 'launch_latency': expected a number in "
+            "(0, 1] s, got 3600");
+  EXPECT_EQ(errorOf(R"({"host_adamw_params_per_second": 1})"),
+            "hw.json: hardware field 'host_adamw_params_per_second': expected "
+            "a number in [1e3, 1e15] params/s, got 1");
+  EXPECT_EQ(errorOf(R"({"h2d_bandwidth": 1e999})"),
+            "hw.json: hardware field 'h2d_bandwidth': expected a finite "
+            "number in B/s");
+}
+
+/// Every field at one end of its range.
+std::string extremeHardware(bool low) {
+  std::string json = "{";
+  llvm::json::Value fields = toJson(HardwareModel());
+  for (const auto &[key, value] : *fields.getAsObject()) {
+    if (key == "name")
+      continue;
+    llvm::StringRef k = key;
+    double v = k.ends_with("efficiency")             ? (low ? 1e-3 : 1)
+               : k.ends_with("latency")              ? (low ? 1e-300 : 1)
+               : k == "host_adamw_params_per_second" ? (low ? 1e3 : 1e15)
+               : k.ends_with("flops")                ? (low ? 1e6 : 1e18)
+                                                     : (low ? 1e6 : 1e15);
+    char number[32];
+    std::snprintf(number, sizeof(number), "%.17g", v);
+    json += (json.size() > 1 ? ", \"" : "\"") + k.str() + "\": " + number;
+  }
+  return json + "}";
+}
+
+TEST(HardwareModel, EveryFigureIsFiniteAtTheEndsOfTheRanges) {
+  exec::CostInputs most;
+  most.matmulFlops = most.attentionFlops = most.otherFlops = UINT64_MAX;
+  most.bytes = most.sourceBytes = UINT64_MAX;
+  for (bool low : {true, false}) {
+    SCOPED_TRACE(low ? "lowest" : "highest");
+    HardwareModel hw =
+        llvm::cantFail(parseHardwareModel(extremeHardware(low), "x.json"));
+    for (CostKind kind :
+         {CostKind::None, CostKind::Fetch, CostKind::HostToDevice,
+          CostKind::DeviceToHost, CostKind::HostAdamW, CostKind::Device})
+      for (exec::DType type : {exec::DType::BF16, exec::DType::F32}) {
+        double s = secondsFor(kind, most, hw, type);
+        EXPECT_TRUE(std::isfinite(s) && s >= 0) << s;
+        // A step of a million such instructions still sums finitely.
+        EXPECT_TRUE(std::isfinite(s * 1e6)) << s;
+      }
+  }
 }
 
 TEST(HardwareModel, JsonRoundTrips) {
@@ -571,6 +640,20 @@ TEST(SimBackend, MalformedPlansAreErrorsNamingTheInstruction) {
     EXPECT_EQ(errorOfPlan(b.plan),
               "value 0 is a view of 0, which is not an earlier value");
   }
+}
+
+// A model built in code skips parseHardwareModel's ranges: an infinite
+// time is an error naming the instruction, not a replay that then reports
+// memory figures differing from the plan (megaslide-run exited 4).
+TEST(SimBackend, AnInfiniteTimeIsAnErrorNamingTheInstruction) {
+  Block block;
+  HardwareModel hw = roundHardware();
+  hw.h2dBandwidth = 1e-308;
+  llvm::Expected<SimResult> r = simulateStep(block.b.plan, hw);
+  ASSERT_FALSE(bool(r));
+  EXPECT_EQ(llvm::toString(r.takeError()),
+            "instruction #0: the hardware model 'round' gives it a time of "
+            "inf s; check its rates and efficiencies");
 }
 
 } // namespace

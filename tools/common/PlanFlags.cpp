@@ -2,6 +2,8 @@
 
 #include "PlanFlags.h"
 
+#include "plan/HyperParameters.h"
+
 using namespace llvm;
 using namespace megaslide;
 
@@ -88,11 +90,14 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   f.training.batch = batch;
   if (textLen.getNumOccurrences())
     f.training.textLen = textLen;
-  if (learningRate.getNumOccurrences() &&
-      (!(learningRate > 0) || !std::isfinite(learningRate)))
-    return createStringError("--lr must be a positive number");
-  if (weightDecay < 0 || !std::isfinite(weightDecay))
-    return createStringError("--weight-decay must be a non-negative number");
+  // The rule configs, the C API and loaded plans are held to as well.
+  if (learningRate.getNumOccurrences())
+    if (std::optional<std::string> problem =
+            exec::checkAdamWHyperParameter("lr", learningRate))
+      return createStringError("--lr " + *problem);
+  if (std::optional<std::string> problem =
+          exec::checkAdamWHyperParameter("weight_decay", weightDecay))
+    return createStringError("--weight-decay " + *problem);
   f.training.learningRate = learningRate;
   f.training.weightDecay = weightDecay;
   Expected<ComputeType> computeType = parseComputeType(precision);

@@ -3,7 +3,9 @@
 // mlir-opt for MegaSlide: every dialect and pass of the project, plus the
 // upstream passes a pipeline author needs (canonicalize, cse, ...). Unlike
 // mlir-opt, a failed run leaves an existing -o file as it was: the output
-// goes to a temporary file next to it, renamed over it only on success.
+// is written atomically (support/AtomicFile.h: a temporary next to it,
+// renamed over it only on success, its permissions kept), and a full disk
+// is an error naming the file, not LLVM's "IO failure on output stream".
 // Exit status: 0 success, 1 bad input, failed pass or command line.
 //
 //===----------------------------------------------------------------------===//
@@ -14,15 +16,16 @@
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
+#include "support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
+#include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 
-#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/WithColor.h"
 
@@ -85,47 +88,46 @@ int main(int argc, char **argv) {
       argc, argv, "MegaSlide optimizer driver\n", registry);
 
   // Input that would overflow the parser's stack is refused first (a file
-  // that does not open is reported by MlirOptMain).
+  // that does not open is reported below).
   if (failed(checkIrNesting(inputFile)))
     return 1;
 
-  // mlir-opt truncates the output before reading the input and deletes it
-  // on failure, destroying what a previous run wrote there. Write a
-  // temporary file in the same directory instead and rename it into place
-  // on success. Devices, pipes and stdout are written directly.
-  llvm::SmallString<256> target(outputFile);
-  bool replace = outputFile != "-";
-  if (replace && llvm::sys::fs::exists(outputFile)) {
-    replace = !llvm::sys::fs::real_path(outputFile, target) &&
-              llvm::sys::fs::is_regular_file(target);
+  // What MlirOptMain(argc, argv, input, output, registry) does, but with
+  // the output written through an AtomicFile instead of mlir-opt's
+  // ToolOutputFile, which truncates the output before the input is read,
+  // deletes it on failure and aborts with a fatal error on a full disk.
+  llvm::InitLLVM init(argc, argv);
+  mlir::MlirOptMainConfig config =
+      mlir::MlirOptMainConfig::createFromCLOptions();
+  auto error = [](const llvm::Twine &message) {
+    llvm::WithColor::error(llvm::errs(), "megaslide-opt") << message << "\n";
+    return 1;
+  };
+  // --show-dialects and --list-passes print and return: no input is read,
+  // no output created.
+  if (config.shouldShowDialects() || config.shouldListPasses())
+    return mlir::asMainReturnCode(mlir::MlirOptMain(
+        llvm::outs(), llvm::MemoryBuffer::getMemBuffer(""), registry, config));
+  if (inputFile == "-" &&
+      llvm::sys::Process::FileDescriptorIsDisplayed(fileno(stdin)))
+    llvm::errs() << "(processing input from stdin now, hit ctrl-c/ctrl-d to "
+                    "interrupt)\n";
+  std::string errorMessage;
+  std::unique_ptr<llvm::MemoryBuffer> input =
+      mlir::openInputFile(inputFile, &errorMessage);
+  if (!input) {
+    llvm::errs() << errorMessage << "\n";
+    return 1;
   }
-  llvm::SmallString<256> temp;
-  if (replace) {
-    llvm::SmallString<256> model(target);
-    model += ".tmp-%%%%%%";
-    int fd;
-    // Where no temporary can be created (a read-only directory), the
-    // output is written in place as mlir-opt does.
-    if (llvm::sys::fs::createUniqueFile(model, fd, temp))
-      temp.clear();
-    else
-      llvm::sys::fs::closeFile(fd);
-  }
-  if (temp.empty())
-    return mlir::asMainReturnCode(
-        mlir::MlirOptMain(argc, argv, inputFile, outputFile, registry));
-
-  mlir::LogicalResult result =
-      mlir::MlirOptMain(argc, argv, inputFile, temp, registry);
-  if (mlir::succeeded(result)) {
-    if (std::error_code ec = llvm::sys::fs::rename(temp, target)) {
-      llvm::WithColor::error(llvm::errs(), "megaslide-opt")
-          << "cannot write '" << outputFile << "': " << ec.message() << "\n";
-      result = mlir::failure();
-    }
-  }
-  // After a failure MlirOptMain has removed the temporary already.
-  if (mlir::failed(result))
-    llvm::sys::fs::remove(temp);
-  return mlir::asMainReturnCode(result);
+  llvm::Expected<std::unique_ptr<megaslide::AtomicFile>> output =
+      megaslide::AtomicFile::create(outputFile);
+  if (!output)
+    return error(llvm::toString(output.takeError()));
+  // On failure the temporary goes with `output`.
+  if (mlir::failed(mlir::MlirOptMain((*output)->os(), std::move(input),
+                                     registry, config)))
+    return 1;
+  if (llvm::Error err = (*output)->commit())
+    return error(llvm::toString(std::move(err)));
+  return 0;
 }

@@ -12,12 +12,11 @@
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Version.h"
+#include "support/AtomicFile.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
-#include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
 using namespace llvm;
@@ -49,16 +48,14 @@ int fail(const Twine &message) {
   return 1;
 }
 
+/// Writes `path` atomically ("-" is stdout): a failure leaves an existing
+/// file as it was, and `error` names it.
 bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
                std::string &error) {
-  std::error_code ec;
-  ToolOutputFile file(path, ec, sys::fs::OF_None);
-  if (ec) {
-    error = "cannot write '" + path.str() + "': " + ec.message();
+  if (Error err = writeFileAtomically(path, write)) {
+    error = toString(std::move(err));
     return false;
   }
-  write(file.os());
-  file.keep();
   return true;
 }
 
@@ -87,6 +84,12 @@ int main(int argc, char **argv) {
   const VideoShape &video = flags->video;
   const TrainingOptions &training = flags->training;
   const PlanOptions &options = flags->options;
+  // Outputs that cannot be written are found before the planning work.
+  for (const std::string &path :
+       {output.getValue(), emitMlir.getValue(), emitPlan.getValue()})
+    if (!path.empty())
+      if (Error err = checkOutputFile(path))
+        return fail(toString(std::move(err)));
 
   mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
   std::string error;

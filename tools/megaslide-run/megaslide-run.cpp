@@ -3,9 +3,14 @@
 // Compiles the training step of a model (or loads a saved execution plan)
 // and runs it on a backend: cpu (reference numerics), cuda (the GPU) or sim
 // (predicted timing), with a progress bar, optional weights, data,
-// checkpoints and a Chrome trace. Exit status: 0 done, 1 bad input or a
-// failed step, 3 the plan does not fit its budgets, 4 measured device
-// memory differs from the plan.
+// checkpoints and a Chrome trace. A long run loses nothing it need not
+// (docs/Runtime.md, "Long runs"): every output is proven writable before
+// compiling, the checkpoint folder is locked, a resumed run keeps the
+// checkpoint's settings, non-finite losses skip their step, and SIGINT or
+// SIGTERM end the run at a step boundary with a checkpoint. Exit status:
+// 0 done, 1 bad input or a failed step, 3 the plan does not fit its
+// budgets, 4 measured device memory differs from the plan, 130/143
+// stopped by SIGINT/SIGTERM (docs/ExitCodes.md).
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,19 +20,28 @@
 #include "megaslide/Version.h"
 #include "host/Checkpoint.h"
 #include "host/Weights.h"
+#include "support/AtomicFile.h"
+#include "support/Json.h"
+#include "support/ReadFile.h"
 #include "trace/ChromeTrace.h"
 #include "train/Session.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
 
 using namespace llvm;
 using namespace megaslide;
@@ -83,6 +97,15 @@ cl::opt<int64_t> checkpointEvery(
 cl::opt<bool> resume("resume", cl::cat(runCategory),
                      cl::desc("Continue from the latest checkpoint in "
                               "--checkpoint-dir; --steps more steps"));
+cl::opt<bool> overwriteCheckpoints(
+    "overwrite-checkpoints", cl::cat(runCategory),
+    cl::desc("Start a fresh run in a --checkpoint-dir that holds "
+             "checkpoints; they are deleted once this run's first "
+             "checkpoint is complete"));
+cl::opt<int64_t> maxNonFiniteSteps(
+    "max-nonfinite-steps", cl::init(3), cl::cat(runCategory),
+    cl::desc("Consecutive steps with a non-finite loss that are skipped "
+             "(no update) before the run stops"));
 cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
                          cl::desc("Print one line per step instead of a "
                                   "progress bar"));
@@ -146,6 +169,184 @@ private:
   bool bar;
 };
 
+//===----------------------------------------------------------------------===//
+// Signals: the first SIGINT/SIGTERM ends the run at the next step boundary,
+// a second one ends the process at once.
+//===----------------------------------------------------------------------===//
+
+volatile std::sig_atomic_t stopSignal = 0;
+
+extern "C" void onStopSignal(int sig) {
+  if (stopSignal) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig); // delivered when this handler returns
+    return;
+  }
+  stopSignal = sig;
+}
+
+void installStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART; // blocking I/O of a step carries on
+  for (int sig : {SIGINT, SIGTERM})
+    sigaction(sig, &action, nullptr);
+}
+
+/// Quoted for a POSIX shell where needed.
+std::string shellQuote(StringRef arg) {
+  if (!arg.empty() && llvm::all_of(arg, [](char c) {
+        return isAlnum(c) || StringRef("-_./=:,+@%").contains(c);
+      }))
+    return arg.str();
+  std::string quoted = "'";
+  for (char c : arg)
+    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+/// The command line that continues this run for `remaining` steps: the
+/// same arguments with --steps replaced, --resume added and
+/// --overwrite-checkpoints dropped.
+std::string resumeCommand(int argc, char **argv, int64_t remaining) {
+  std::string cmd = shellQuote(argv[0]);
+  auto named = [](StringRef arg, StringRef name) {
+    arg = arg.ltrim('-');
+    return arg == name || arg.starts_with((name + "=").str());
+  };
+  for (int i = 1; i < argc; ++i) {
+    StringRef arg = argv[i];
+    if (named(arg, "resume") || named(arg, "overwrite-checkpoints"))
+      continue;
+    if (named(arg, "steps")) {
+      if (!arg.contains('=') && i + 1 < argc)
+        ++i;
+      continue;
+    }
+    cmd += " " + shellQuote(arg);
+  }
+  return cmd + " --steps " + std::to_string(remaining) + " --resume";
+}
+
+//===----------------------------------------------------------------------===//
+// Outputs
+//===----------------------------------------------------------------------===//
+
+/// One JSON line per step, flushed as written. A fresh run replaces the
+/// file at its first line (so a run that fails before any step leaves it as
+/// it was); a resumed run keeps the lines of the steps the checkpoint holds
+/// and appends, so an interrupted and resumed run has one line per step.
+class Metrics {
+public:
+  static Expected<std::unique_ptr<Metrics>>
+  open(StringRef path, std::optional<int64_t> resumedStep) {
+    std::unique_ptr<Metrics> m(new Metrics(path.str()));
+    if (!resumedStep)
+      return m;
+    m->append = true;
+    if (!sys::fs::exists(path))
+      return m;
+    Expected<std::string> text =
+        readBoundedFile(path, kMaxMetricsBytes, "metrics file");
+    if (!text)
+      return text.takeError();
+    std::string kept;
+    for (StringRef line : split(*text, '\n')) {
+      Expected<json::Value> v = parseJson(line);
+      if (!v) {
+        consumeError(v.takeError()); // a line cut by a kill
+        continue;
+      }
+      const json::Object *o = v->getAsObject();
+      std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
+      if (step && *step <= *resumedStep)
+        kept += line.str() + "\n";
+    }
+    if (Error e = writeFileAtomically(path, kept))
+      return std::move(e);
+    return m;
+  }
+  ~Metrics() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+
+  Error write(StringRef line) {
+    if (fd < 0) {
+      int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+      fd = ::open(path.c_str(), flags, 0666);
+      if (fd < 0)
+        return createStringError("cannot write '" + path +
+                                 "': " + std::strerror(errno));
+    }
+    std::string text = line.str() + "\n";
+    for (size_t done = 0; done < text.size();) {
+      ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return createStringError("cannot write '" + path +
+                                 "': " + std::strerror(errno));
+      done += n;
+    }
+    return Error::success();
+  }
+
+private:
+  static constexpr uint64_t kMaxMetricsBytes = 1ull << 30;
+  explicit Metrics(std::string path) : path(std::move(path)) {}
+  std::string path;
+  int fd = -1;
+  bool append = false;
+};
+
+/// Folders this run created for its outputs: at exit, those still empty
+/// are removed, so a failed run leaves no trace of them.
+struct CreatedFolders {
+  std::vector<std::string> dirs;
+  ~CreatedFolders() { removeCreatedDirectories(dirs); }
+};
+
+bool flagGiven(StringRef name) {
+  auto &options = cl::getRegisteredOptions();
+  auto it = options.find(name);
+  return it != options.end() && it->second->getNumOccurrences();
+}
+
+/// A resumed run takes the checkpoint's seed, data and AdamW settings
+/// unless the command line gives them; what it gives is compared with the
+/// checkpoint once the plan is built (train::checkResumeSettings).
+Error adoptStoredSettings(const train::Settings &stored,
+                          tools::PlanFlags &flags) {
+  if (std::optional<std::string> v = train::findSetting(stored, "seed");
+      v && !flagGiven("seed") && StringRef(*v).getAsInteger(10, seed.getValue()))
+    return createStringError("the checkpoint's seed '" + *v +
+                             "' is not a number");
+  if (std::optional<std::string> v = train::findSetting(stored, "data");
+      v && !flagGiven("data"))
+    dataDir = *v == "(synthetic)" ? std::string() : *v;
+  if (!planFile.empty())
+    return Error::success(); // the plan file fixes the rest
+  auto number = [&](StringRef name, double &out) -> Error {
+    std::optional<std::string> v = train::findSetting(stored, name);
+    if (v && StringRef(*v).getAsDouble(out))
+      return createStringError("the checkpoint's " + name + " '" + *v +
+                               "' is not a number");
+    return Error::success();
+  };
+  if (!flagGiven("lr"))
+    if (Error e = number("lr", flags.training.learningRate))
+      return e;
+  if (!flagGiven("weight-decay"))
+    if (Error e = number("weight_decay", flags.training.weightDecay))
+      return e;
+  if (std::optional<std::string> v = train::findSetting(stored, "precision");
+      v && !flagGiven("precision"))
+    flags.options.precision = *v;
+  return Error::success();
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -157,8 +358,12 @@ int main(int argc, char **argv) {
       "Example:\n  megaslide-run --model tiny --backend cpu --steps 200\n\n"
       "Exit status: 0 done, 1 bad input or a failed step, 3 the plan does "
       "not fit its budgets, 4 measured device memory differs from the "
-      "plan.\n");
+      "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
+      "checkpoint.\n");
 
+  // From the start: a signal while compiling ends the run before its
+  // first step, not with the default action.
+  installStopHandlers();
   Expected<tools::PlanFlags> flags = tools::readPlanFlags();
   if (!flags)
     return fail(toString(flags.takeError()));
@@ -175,18 +380,72 @@ int main(int argc, char **argv) {
     return fail("--steps must be non-negative");
   if (checkpointEvery < 0)
     return fail("--checkpoint-every must be non-negative");
-  if ((resume || checkpointEvery.getNumOccurrences()) && checkpointDir.empty())
-    return fail("--resume and --checkpoint-every need --checkpoint-dir");
-  // Outputs written after the last step are checked now, not after hours
-  // of training.
-  for (auto [flag, dir] :
-       {std::pair<StringRef, StringRef>{"--checkpoint-dir", checkpointDir},
-        {"--save-weights", saveWeights}})
-    if (!dir.empty() && sys::fs::exists(dir) && !sys::fs::is_directory(dir))
-      return fail(formatv("{0} '{1}' exists and is not a directory; give a "
-                          "directory (it is created if missing)",
-                          flag, dir)
+  if (maxNonFiniteSteps < 1)
+    return fail("--max-nonfinite-steps must be at least 1");
+  if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
+      checkpointDir.empty())
+    return fail("--resume, --checkpoint-every and --overwrite-checkpoints "
+                "need --checkpoint-dir");
+  if (resume && overwriteCheckpoints)
+    return fail("--resume continues the checkpoints that "
+                "--overwrite-checkpoints would replace; give one of them");
+  if (backendName == "sim" && (!weightsPath.empty() || !saveWeights.empty() ||
+                               !checkpointDir.empty()))
+    return fail("the sim backend holds no model state: --weights, "
+                "--save-weights and --checkpoint-dir need cpu or cuda");
+
+  // Every output is created or proven writable now, not after hours of
+  // training; folders made here go again if the run fails.
+  CreatedFolders created;
+  std::unique_ptr<host::CheckpointLock> lock;
+  std::optional<train::Settings> storedSettings;
+  // With --steps 0 a checkpoint folder is only read (e.g. to export
+  // weights from a read-only archive): no lock, nothing written.
+  bool writesCheckpoints = !checkpointDir.empty() && steps > 0;
+  if (writesCheckpoints) {
+    if (Error e = prepareOutputDirectory(checkpointDir, &created.dirs))
+      return fail("--checkpoint-dir: " + toString(std::move(e)));
+    Expected<std::unique_ptr<host::CheckpointLock>> locked =
+        host::CheckpointLock::acquire(checkpointDir);
+    if (!locked)
+      return fail(toString(locked.takeError()));
+    lock = std::move(*locked);
+    // Under the lock, whatever interrupted saves left is stale.
+    host::removeStaleTemporaries(checkpointDir);
+    Expected<std::vector<host::CheckpointInfo>> existing =
+        host::listCheckpoints(checkpointDir);
+    if (!existing)
+      return fail(toString(existing.takeError()));
+    if (!resume && !overwriteCheckpoints && !existing->empty())
+      return fail(formatv("--checkpoint-dir '{0}' holds checkpoints of an "
+                          "earlier run (the newest: step {1}); give --resume "
+                          "to continue it, or --overwrite-checkpoints to "
+                          "start afresh (they are deleted once this run's "
+                          "first checkpoint is complete)",
+                          checkpointDir, existing->back().step)
                       .str());
+  }
+  if (resume) {
+    Expected<std::string> state = host::readLatestTrainerState(checkpointDir);
+    if (!state)
+      return fail(toString(state.takeError()));
+    Expected<train::Settings> settings = train::settingsOfTrainerState(*state);
+    if (!settings)
+      return fail(toString(settings.takeError()));
+    storedSettings = std::move(*settings);
+    if (Error e = adoptStoredSettings(*storedSettings, *flags))
+      return fail(toString(std::move(e)));
+  }
+  if (!saveWeights.empty())
+    if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
+      return fail("--save-weights: " + toString(std::move(e)));
+  for (auto [flag, file] :
+       {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
+        {"--trace", traceFile},
+        {"--metrics", metricsFile}})
+    if (!file.empty())
+      if (Error e = checkOutputFile(file))
+        return fail(flag + ": " + toString(std::move(e)));
 
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
@@ -209,10 +468,6 @@ int main(int argc, char **argv) {
   train::Session &s = **session;
   const exec::ExecPlan &p = s.plan();
   bool computesLoss = s.backend().computesLoss();
-  if (!computesLoss && (!weightsPath.empty() || !saveWeights.empty() ||
-                        !checkpointDir.empty()))
-    return fail("the sim backend holds no model state: --weights, "
-                "--save-weights and --checkpoint-dir need cpu or cuda");
   if (!weightsPath.empty())
     if (Error err = host::loadWeights(weightsPath, s.state()))
       return fail(toString(std::move(err)));
@@ -223,20 +478,41 @@ int main(int argc, char **argv) {
       return fail(toString(std::move(err)));
     if (Error err = s.restoreTrainerState(trainerState))
       return fail(toString(std::move(err)));
+    // `latest` may have been rewritten since the settings were read.
+    Expected<train::Settings> loaded =
+        train::settingsOfTrainerState(trainerState);
+    if (!loaded)
+      return fail(toString(loaded.takeError()));
+    if (Error err = train::checkResumeSettings(*loaded, s.settings()))
+      return fail("--resume from '" + checkpointDir +
+                  "': " + toString(std::move(err)));
     outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
                       checkpointDir);
   }
+  if (writesCheckpoints)
+    if (Error err = host::checkCheckpointSpace(checkpointDir, s.state()))
+      return fail(toString(std::move(err)));
   // --save-plan is written once every input has loaded: a run that fails
   // on its weights or checkpoint leaves the user's files as they were.
   if (!savePlan.empty())
     if (Error err = exec::saveExecPlan(p, savePlan))
       return fail(toString(std::move(err)));
+
+  int64_t lastCheckpoint = -1;
+  bool replaceOthers = overwriteCheckpoints;
   auto checkpoint = [&]() -> Error {
-    Expected<std::string> dir =
-        host::saveCheckpoint(checkpointDir, s.state(), s.trainerState());
+    if (s.state().step == lastCheckpoint)
+      return Error::success();
+    host::CheckpointOptions options;
+    options.replaceOthers = replaceOthers;
+    Expected<std::string> dir = host::saveCheckpoint(
+        checkpointDir, s.state(), s.trainerState(), options);
     if (!dir)
       return dir.takeError();
+    replaceOthers = false;
+    lastCheckpoint = s.state().step;
     outs() << formatv("checkpoint: {0}\n", *dir);
+    outs().flush();
     return Error::success();
   };
 
@@ -249,36 +525,65 @@ int main(int argc, char **argv) {
                     compileSeconds);
   outs().flush(); // before the progress lines on stderr
 
-  std::unique_ptr<raw_fd_ostream> metrics;
+  std::unique_ptr<Metrics> metrics;
   if (!metricsFile.empty()) {
-    std::error_code ec;
-    metrics = std::make_unique<raw_fd_ostream>(metricsFile, ec);
-    if (ec)
-      return fail("cannot write '" + metricsFile + "': " + ec.message());
+    Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
+        metricsFile,
+        resume ? std::optional<int64_t>(s.state().step) : std::nullopt);
+    if (!opened)
+      return fail(toString(opened.takeError()));
+    metrics = std::move(*opened);
   }
 
   std::unique_ptr<trace::ChromeTrace> trace;
   if (!traceFile.empty()) {
-    Expected<std::unique_ptr<trace::ChromeTrace>> created =
+    Expected<std::unique_ptr<trace::ChromeTrace>> createdTrace =
         trace::ChromeTrace::create(traceFile,
                                    formatv("megaslide-run {0} ({1})", p.model,
                                            s.backend().name())
                                        .str());
-    if (!created)
-      return fail(toString(created.takeError()));
-    trace = std::move(*created);
+    if (!createdTrace)
+      return fail(toString(createdTrace.takeError()));
+    trace = std::move(*createdTrace);
   }
+
+  int64_t done = 0; // steps run
+  // Before a failing exit: the state, if it is whole and newer than the
+  // last checkpoint, is saved, so the run resumes from where it stopped.
+  auto failAfterSaving = [&](const Twine &message) {
+    std::string text = message.str();
+    if (writesCheckpoints && computesLoss && !s.state().incomplete &&
+        s.state().step != lastCheckpoint && s.state().step > 0) {
+      if (Error e = checkpoint())
+        text += "\n(the state could not be saved either: " +
+                toString(std::move(e)) + ")";
+      else
+        text += formatv("\nthe state after step {0} is saved; fix the cause "
+                        "and continue with --resume",
+                        s.state().step)
+                    .str();
+    }
+    if (trace && done > 0) // an empty trace never replaces an old one
+      consumeError(trace->finish());
+    return fail(text);
+  };
 
   Progress progress(steps, !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
-  exec::MemoryStats memory;
+  std::optional<exec::MemoryStats> memory;
   double elapsed = 0;
-  for (int64_t i = 0; i < steps; ++i) {
+  int64_t firstStep = s.state().step; // sim keeps no state: count here
+  int64_t skipped = 0, skippedInARow = 0;
+  for (; done < steps && !stopSignal; ++done) {
+    int64_t stepNumber = computesLoss ? s.state().step + 1 : firstStep + done + 1;
     Expected<exec::StepResult> result = s.trainStep(!traceFile.empty());
-    if (!result)
-      return fail(formatv("step {0}: {1}", s.state().step + 1,
-                          toString(result.takeError()))
-                      .str());
+    if (!result) {
+      std::string why = toString(result.takeError());
+      return failAfterSaving(StringRef(why).starts_with("step ")
+                                 ? why
+                                 : formatv("step {0}: {1}", stepNumber, why)
+                                       .str());
+    }
     if (trace)
       // Steps follow each other on the trace's time axis.
       for (exec::TraceSpan &span : result->spans) {
@@ -286,24 +591,79 @@ int main(int argc, char **argv) {
         trace->complete(span);
       }
     elapsed += result->seconds;
-    memory = result->memory;
-    losses.push_back(result->loss);
-    if (computesLoss && !std::isfinite(result->loss))
-      return fail(formatv("step {0}: the loss is {1}; lower --lr", i + 1,
-                          result->loss)
-                      .str());
-    if (metrics)
-      *metrics << formatv("{{\"step\": {0}, \"loss\": {1}, \"seconds\": {2}}\n",
-                          s.state().step, format("%.9g", result->loss),
-                          format("%.6f", result->seconds));
-    progress.update(i + 1, result->loss, elapsed,
-                    (i + 1) * p.batch / std::max(elapsed, 1e-9), computesLoss);
+    if (result->skipped) {
+      ++skipped;
+      ++skippedInARow;
+      errs() << formatv("\nstep {0}: the loss is {1}; the step is skipped (no "
+                        "update; {2} in a row, the run stops at {3})\n",
+                        stepNumber, result->loss, skippedInARow,
+                        maxNonFiniteSteps.getValue());
+    } else {
+      skippedInARow = 0;
+      memory = result->memory;
+      losses.push_back(result->loss);
+    }
+    if (metrics) {
+      std::string line =
+          result->skipped
+              ? formatv("{{\"step\": {0}, \"loss\": null, \"skipped\": true, "
+                        "\"seconds\": {1}}",
+                        stepNumber, format("%.6f", result->seconds))
+                    .str()
+              : formatv("{{\"step\": {0}, \"loss\": {1}, \"seconds\": {2}}",
+                        stepNumber,
+                        computesLoss
+                            ? formatv("{0}", format("%.9g", result->loss)).str()
+                            : std::string("null"),
+                        format("%.6f", result->seconds))
+                    .str();
+      if (Error e = metrics->write(line))
+        return failAfterSaving(toString(std::move(e)));
+    }
+    progress.update(done + 1, result->loss, elapsed,
+                    (done + 1) * p.batch / std::max(elapsed, 1e-9),
+                    computesLoss);
+    if (skippedInARow >= maxNonFiniteSteps)
+      return failAfterSaving(formatv(
+          "{0} steps in a row had a non-finite loss (the last: step {1}); "
+          "lower --lr, check the data (every sample is checked to be "
+          "finite) or the weights",
+          skippedInARow, stepNumber));
     if (!checkpointDir.empty() &&
-        ((checkpointEvery > 0 && (i + 1) % checkpointEvery == 0) ||
-         i + 1 == steps))
+        ((checkpointEvery > 0 && (done + 1) % checkpointEvery == 0) ||
+         done + 1 == steps))
       if (Error err = checkpoint())
-        return fail(toString(std::move(err)));
+        return failAfterSaving(toString(std::move(err)));
   }
+
+  if (stopSignal) {
+    int sig = stopSignal;
+    errs() << "\n";
+    std::string note;
+    if (writesCheckpoints) {
+      if (Error err = done ? checkpoint() : Error::success())
+        return fail(formatv("stopped by {0} after step {1}, but the "
+                            "checkpoint failed: {2}",
+                            sig == SIGINT ? "SIGINT" : "SIGTERM",
+                            s.state().step, toString(std::move(err)))
+                        .str());
+      note = "to continue: " + resumeCommand(argc, argv, steps - done);
+    } else {
+      note = "no --checkpoint-dir was given, so the state is not saved";
+    }
+    if (trace && done > 0)
+      if (Error err = trace->finish())
+        return fail(toString(std::move(err)));
+    WithColor::warning(errs(), "megaslide-run")
+        << formatv("stopped by {0} after {1} of {2} steps{3}; {4}\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM", done,
+                   steps.getValue(),
+                   saveWeights.empty() ? "" : " (--save-weights not written)",
+                   note);
+    outs() << note << "\n";
+    return 128 + sig;
+  }
+
   if (!saveWeights.empty())
     if (Error err = host::saveWeights(p, s.state(), saveWeights))
       return fail(toString(std::move(err)));
@@ -312,22 +672,28 @@ int main(int argc, char **argv) {
     if (Error err = trace->finish())
       return fail(toString(std::move(err)));
 
-  if (steps > 0) {
+  if (skipped)
+    WithColor::warning(errs(), "megaslide-run")
+        << formatv("{0} of {1} steps were skipped for a non-finite loss\n",
+                   skipped, done);
+  if (done > 0) {
     if (!computesLoss)
       outs() << formatv("predicted step: {0:F3} s on the sim hardware "
                         "model\n",
-                        elapsed / steps);
-    if (computesLoss)
+                        elapsed / done);
+    if (computesLoss && !losses.empty())
       outs() << formatv("loss: first {0:F5}, last {1:F5} ({2:P0} of the "
                         "first)\n",
                         losses.front(), losses.back(),
                         losses.back() / losses.front());
+  }
+  if (memory) {
     outs() << formatv("device memory: planned peak {0} B, measured {1} B; "
                       "planned live {2} B, measured {3} B\n",
-                      memory.plannedArenaBytes, memory.measuredArenaBytes,
-                      memory.plannedLiveBytes, memory.measuredLiveBytes);
-    if (memory.plannedArenaBytes != memory.measuredArenaBytes ||
-        memory.plannedLiveBytes != memory.measuredLiveBytes)
+                      memory->plannedArenaBytes, memory->measuredArenaBytes,
+                      memory->plannedLiveBytes, memory->measuredLiveBytes);
+    if (memory->plannedArenaBytes != memory->measuredArenaBytes ||
+        memory->plannedLiveBytes != memory->measuredLiveBytes)
       return fail("measured device memory differs from the plan", 4);
   }
   return 0;

@@ -14,6 +14,7 @@
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Version.h"
+#include "support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -22,7 +23,6 @@
 #include "mlir/Support/ToolUtilities.h"
 
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
@@ -93,18 +93,14 @@ void writeResources(raw_ostream &os, const cuda::DsaConfig &config,
   }
 }
 
+/// Writes `path` atomically; false after the error naming it is printed.
 bool writeBinary(StringRef path, StringRef data) {
-  std::error_code ec;
-  raw_fd_ostream os(path, ec, sys::fs::OF_None);
-  if (!ec) {
-    os << data;
-    os.close();
-    ec = os.error();
-  }
-  if (ec)
+  if (Error err = writeFileAtomically(path, data)) {
     WithColor::error(errs(), "megaslide-translate")
-        << "cannot write '" << path << "': " << ec.message() << "\n";
-  return !ec;
+        << toString(std::move(err)) << "\n";
+    return false;
+  }
+  return true;
 }
 
 /// Parses one buffer and emits its kernels (and cubins). Returns 1 on
@@ -210,15 +206,22 @@ int main(int argc, char **argv) {
            << ": error: " << kIrNestingMessage << "\n";
     return 1;
   }
-  if (!splitInputFile)
-    return processBuffer(std::move(file), outs());
-  return mlir::failed(mlir::splitAndProcessBuffer(
-             std::move(file),
-             [](std::unique_ptr<MemoryBuffer> chunk, raw_ostream &os) {
-               return mlir::LogicalResult::success(
-                   processBuffer(std::move(chunk), os) == 0);
-             },
-             outs()))
-             ? 1
-             : 0;
+  // Standard output through an AtomicFile too: a full disk behind a
+  // redirection is an error, not LLVM's fatal "IO failure on output stream".
+  std::unique_ptr<AtomicFile> out = cantFail(AtomicFile::create("-"));
+  int status =
+      !splitInputFile
+          ? processBuffer(std::move(file), out->os())
+          : (mlir::failed(mlir::splitAndProcessBuffer(
+                 std::move(file),
+                 [](std::unique_ptr<MemoryBuffer> chunk, raw_ostream &os) {
+                   return mlir::LogicalResult::success(
+                       processBuffer(std::move(chunk), os) == 0);
+                 },
+                 out->os()))
+                 ? 1
+                 : 0);
+  if (Error err = out->commit())
+    return fail(toString(std::move(err)));
+  return status;
 }

@@ -48,12 +48,21 @@ applyActivationPolicies(mlir::ModuleOp module,
 
 mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
 
+/// Streams, prefetch, events and pinned staging (see ScheduleOverlapPass).
+/// Trials that only compare arena sizes pass `withEvents` false: events are
+/// no device buffers and move no op, so the packing is the same without
+/// them.
 mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,
                                     int64_t prefetchDistance, int64_t buffers,
-                                    bool emitRemarks);
+                                    bool emitRemarks, bool withEvents = true);
 
 /// Packs device buffers; returns the arena size (the planned peak).
 mlir::FailureOr<int64_t> planMemory(mlir::ModuleOp module, int64_t alignment);
+
+/// The arena size planMemory would return, without writing the plan into
+/// the module (for trial plans, which only compare peaks).
+mlir::FailureOr<int64_t> packedArenaSize(mlir::ModuleOp module,
+                                         int64_t alignment);
 
 /// Declares (or, when planning again, resizes) the module-level resource
 /// `name`.

@@ -11,6 +11,7 @@
 #include "megaslide/Target/Cuda/DsaKernels.h"
 
 #include "Graph/GraphOps.h"
+#include "support/AtomicFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -573,32 +574,53 @@ LogicalResult emitDsaKernels(ModuleOp module, StringRef dir,
       stdoutStream << "//--- " << configName(c) << ".cu\n" << source;
     return success();
   }
-  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
-    return module.emitError()
-           << "cannot create directory '" << dir << "': " << ec.message();
-  auto write = [&](StringRef name, StringRef text) -> LogicalResult {
+  // A folder that is missing is created, and removed again if the files
+  // cannot be written; a path that exists is left to the writes below,
+  // which name the file when it is not a folder.
+  std::vector<std::string> created;
+  if (!llvm::sys::fs::exists(dir))
+    if (llvm::Error err = prepareOutputDirectory(dir, &created))
+      return module.emitError() << llvm::toString(std::move(err));
+  // Every file is written and fsynced under a temporary name first, and
+  // they replace their destinations, the manifest last, only once all of
+  // them are complete: a full disk leaves the folder as it was (old
+  // manifest, old sources), and a source renamed before a failure is one
+  // of the configurations its name encodes, consistent with either
+  // manifest.
+  std::vector<std::unique_ptr<AtomicFile>> files;
+  auto fail = [&](llvm::Error err) -> LogicalResult {
+    files.clear(); // removes the temporaries
+    removeCreatedDirectories(created);
+    return module.emitError() << llvm::toString(std::move(err));
+  };
+  auto write = [&](StringRef name, StringRef text) -> llvm::Error {
     llvm::SmallString<256> path(dir);
     llvm::sys::path::append(path, name);
-    std::error_code ec;
-    llvm::raw_fd_ostream os(path, ec, llvm::sys::fs::OF_Text);
-    if (!ec) {
-      os << text;
-      os.close();
-      ec = os.error();
-    }
-    if (ec)
-      return module.emitError()
-             << "cannot write '" << path << "': " << ec.message();
-    emitted.paths.push_back(path.str().str());
-    return success();
+    llvm::Expected<std::unique_ptr<AtomicFile>> file = AtomicFile::create(path);
+    if (!file)
+      return file.takeError();
+    if (llvm::Error err = (*file)->write(text.data(), text.size()))
+      return err;
+    files.push_back(std::move(*file));
+    return llvm::Error::success();
   };
   for (auto [c, source] : llvm::zip(emitted.configs, emitted.sources))
-    if (mlir::failed(write(configName(c) + ".cu", source)))
-      return failure();
+    if (llvm::Error err = write(configName(c) + ".cu", source))
+      return fail(std::move(err));
   std::string manifest;
   llvm::raw_string_ostream ms(manifest);
   writeDsaManifest(emitted.configs, emitted.plans, ms);
-  return write("manifest.json", manifest);
+  if (llvm::Error err = write("manifest.json", manifest))
+    return fail(std::move(err));
+  for (std::unique_ptr<AtomicFile> &file : files)
+    if (llvm::Error err = file->finish())
+      return fail(std::move(err));
+  for (std::unique_ptr<AtomicFile> &file : files) {
+    if (llvm::Error err = file->commit())
+      return fail(std::move(err));
+    emitted.paths.push_back(file->path().str());
+  }
+  return success();
 }
 
 } // namespace megaslide::cuda

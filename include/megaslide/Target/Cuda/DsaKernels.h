@@ -114,8 +114,11 @@ void writeDsaManifest(llvm::ArrayRef<DsaConfig> configs,
 /// Plans and emits every configuration of `module`: writes `<dir>/<name>.cu`
 /// and `<dir>/manifest.json`, or, with an empty `dir`, all sources to
 /// `stdout`, each after a line "//--- <name>.cu" (the split-file format).
-/// Unsupported configurations are reported on the op that uses them. `emitted`
-/// receives the configurations, plans and source paths.
+/// The files of `dir` are replaced all together or not at all (each one
+/// atomically, renamed only once all are written, the manifest last; see
+/// docs/Runtime.md, "Output files"). Unsupported configurations are
+/// reported on the op that uses them. `emitted` receives the
+/// configurations, plans and source paths.
 struct EmittedDsaKernels {
   std::vector<DsaConfig> configs;
   std::vector<DsaKernelPlan> plans;

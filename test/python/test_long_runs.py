@@ -1,0 +1,599 @@
+"""Long runs that lose nothing: megaslide-run under faults (issue 11).
+
+What a practitioner's multi-day run must survive, each as the user would
+meet it: outputs that cannot be written (found before compiling), symlinks
+in a checkpoint folder, two runs in one folder, a resume that would change
+the numbers, non-finite weights, data and losses, a full checkpoint disk,
+and SIGINT/SIGTERM at random steps (the resumed run must be bit-identical
+to an uninterrupted one). docs/Runtime.md ("Long runs") states the
+guarantees these tests hold the code to.
+"""
+
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import megaslide
+from conftest import tool_path
+
+SMALL = ["--model", "tiny", "--frames", "5", "--height", "32", "--width", "32"]
+CRASH_SIGNS = ("Stack dump", "PLEASE submit a bug report", "Assertion",
+               "Segmentation fault", "AddressSanitizer", "runtime error:",
+               "terminate called", "LLVM ERROR")
+
+
+def text(arg):
+    return arg if isinstance(arg, str) else (
+        os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg))
+
+
+def run(*args, check=True, timeout=300):
+    result = subprocess.run([tool_path("megaslide-run"), "--no-progress",
+                             *map(text, args)],
+                            capture_output=True, text=True, timeout=timeout)
+    result.out = result.stdout + result.stderr
+    for sign in CRASH_SIGNS:
+        assert sign not in result.out, result.out
+    if check and result.returncode != 0:
+        raise AssertionError(result.out)
+    return result
+
+
+def failed(result, message, code=1):
+    assert result.returncode == code, result.out
+    assert message in result.out, result.out
+
+
+def started_training(result):
+    """Whether the run got as far as compiling and starting its steps."""
+    return "on the cpu backend" in result.out
+
+
+def losses(path):
+    """Losses by step; %.9g round-trips float32, so equal means equal bits."""
+    out = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = record["loss"]
+    return out
+
+
+def snapshot(folder):
+    """Every file under `folder` with its bytes (symlinks not followed)."""
+    folder = pathlib.Path(folder)
+    return {p.relative_to(folder): (p.read_bytes() if p.is_file() and
+                                    not p.is_symlink() else None)
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return megaslide.Trainer("tiny", frames=5, height=32,
+                             width=32).input_shapes()
+
+
+def write_sample(path, shapes, latents=None, fill=None):
+    from safetensors.numpy import save_file
+    c, t, h, w = shapes["latents"][1:]
+    rng = np.random.default_rng(abs(hash(str(path))) % 2**32)
+    x = rng.standard_normal((c, t, h, w)).astype(np.float32)
+    if fill is not None:
+        x[:] = fill
+    cond = rng.standard_normal(shapes["condition"][1:]).astype(np.float32)
+    save_file({"latents": x if latents is None else latents,
+               "condition": cond}, os.fspath(path))
+
+
+# ---------------------------------------------------------------------------
+# 1. Outputs are checked before compiling
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,target,reason", [
+    ("--save-weights", "/proc/w", "/proc"),
+    ("--checkpoint-dir", "/sys/ck", "/sys"),
+    ("--save-plan", "/proc/plan.json", "/proc"),
+    ("--trace", "/sys/t.json", "/sys"),
+    ("--metrics", "/proc/m.jsonl", "/proc"),
+])
+def test_unwritable_outputs_fail_before_training(flag, target, reason):
+    result = run(*SMALL, "--steps", 1000, flag, target, check=False)
+    failed(result, target)
+    assert flag in result.out
+    assert not started_training(result), result.out
+
+
+def test_output_in_a_missing_read_only_place(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that ignores permissions "
+                        "(root without a read-only mount)")
+        result = run(*SMALL, "--steps", 1000, "--save-weights", ro / "w",
+                     check=False)
+        failed(result, "Permission denied")
+        assert not started_training(result)
+    finally:
+        ro.chmod(0o755)
+
+
+def mount_tmpfs(path, options):
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
+                        os.fspath(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+def umount(path):
+    subprocess.run(["umount", "-l", os.fspath(path)], capture_output=True)
+
+
+def test_read_only_filesystem_found_before_training(tmp_path):
+    mnt = tmp_path / "ro"
+    mount_tmpfs(mnt, "size=1m,ro")
+    try:
+        for flag in ("--save-weights", "--checkpoint-dir"):
+            result = run(*SMALL, "--steps", 1000, flag, mnt / "out",
+                         check=False)
+            failed(result, "Read-only file system")
+            assert not started_training(result)
+    finally:
+        umount(mnt)
+
+
+def test_failed_run_leaves_no_folder_it_made(tmp_path, shapes):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "a.safetensors", shapes, fill=np.nan)
+    out = tmp_path / "new" / "weights"
+    ck = tmp_path / "newck"
+    result = run(*SMALL, "--steps", 3, "--data", data, "--save-weights", out,
+                 "--checkpoint-dir", ck, check=False)
+    failed(result, "a.safetensors")
+    assert not (tmp_path / "new").exists()
+    assert not ck.exists()
+
+
+# ---------------------------------------------------------------------------
+# 3. Pruning never follows symlinks
+# ---------------------------------------------------------------------------
+
+def test_pruning_leaves_symlinked_folder_alone(tmp_path):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--checkpoint-every", 1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    import shutil
+    shutil.rmtree(ck / "step-000001")
+    (ck / "step-000001").symlink_to(mine, target_is_directory=True)
+    run(*SMALL, "--steps", 3, "--checkpoint-dir", ck, "--checkpoint-every", 1,
+        "--resume")
+    assert (mine / "thesis.txt").read_text() == "years of work"
+    assert (ck / "step-000001").is_symlink()
+
+
+def test_save_refuses_to_replace_a_symlinked_step(tmp_path):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--checkpoint-dir", ck)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    (ck / "step-000002").symlink_to(mine, target_is_directory=True)
+    result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                 check=False)
+    failed(result, "step-000002")
+    assert (mine / "keep.txt").read_text() == "x"
+
+
+# ---------------------------------------------------------------------------
+# 4. One run per checkpoint folder; no silent replacement
+# ---------------------------------------------------------------------------
+
+def test_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck)
+    before = snapshot(ck)
+    result = run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, check=False)
+    failed(result, "--overwrite-checkpoints")
+    assert "--resume" in result.out
+    assert not started_training(result)
+    assert snapshot(ck) == before
+
+
+def test_overwrite_checkpoints_replaces_them_after_the_first_save(tmp_path):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 5, "--checkpoint-dir", ck)
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--seed", 3,
+        "--overwrite-checkpoints")
+    steps = sorted(p.name for p in ck.iterdir() if p.name.startswith("step-"))
+    assert steps == ["step-000002"]
+    assert (ck / "latest").read_text().strip() == "step-000002"
+
+
+def test_second_run_in_a_locked_folder_names_the_holder(tmp_path):
+    ck = tmp_path / "ck"
+    first = subprocess.Popen(
+        [tool_path("megaslide-run"), "--no-progress", *SMALL, "--steps",
+         "100000", "--checkpoint-dir", os.fspath(ck)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (ck / ".lock").exists() or not (ck / ".lock").read_text():
+            assert time.time() < deadline and first.poll() is None
+            time.sleep(0.05)
+        result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck,
+                     "--overwrite-checkpoints", check=False)
+        failed(result, f"pid {first.pid}")
+        result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                     check=False)
+        failed(result, "in use by another run")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM
+    assert not (ck / ".lock").exists()  # released and removed
+
+
+# ---------------------------------------------------------------------------
+# 5. A resume keeps the checkpoint's settings
+# ---------------------------------------------------------------------------
+
+def test_resume_uses_the_stored_seed(tmp_path):
+    run(*SMALL, "--steps", 4, "--seed", 7, "--metrics", tmp_path / "full")
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 2, "--seed", 7, "--checkpoint-dir", ck,
+        "--metrics", tmp_path / "m")
+    # --seed left out: the checkpoint's seed, not the default 0.
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--resume",
+        "--metrics", tmp_path / "m")
+    assert losses(tmp_path / "m") == losses(tmp_path / "full")
+
+
+@pytest.mark.parametrize("flag,value,name", [
+    ("--seed", "8", "seed"),
+    ("--lr", "0.001", "lr"),
+    ("--weight-decay", "0.1", "weight_decay"),
+    ("--precision", "f32", "precision"),
+    ("--batch", "2", "batch"),
+])
+def test_resume_refuses_other_settings(tmp_path, flag, value, name):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--seed", 7, "--checkpoint-dir", ck)
+    before = snapshot(ck)
+    result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                 flag, value, check=False)
+    failed(result, f"{name}: ")
+    assert "in the checkpoint" in result.out
+    assert snapshot(ck) == before
+
+
+def test_resume_refuses_other_data(tmp_path, shapes):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        write_sample(d / "s.safetensors", shapes)
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--data", a, "--checkpoint-dir", ck)
+    result = run(*SMALL, "--steps", 1, "--data", b, "--checkpoint-dir", ck,
+                 "--resume", check=False)
+    failed(result, "data: ")
+    # Left out, the checkpoint's data folder is used.
+    run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume")
+
+
+# ---------------------------------------------------------------------------
+# 6. Non-finite values
+# ---------------------------------------------------------------------------
+
+def test_nan_weights_name_the_tensor(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    w = tmp_path / "w"
+    run(*SMALL, "--steps", 1, "--save-weights", w)
+    path = w / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(os.fspath(path))
+    name = sorted(tensors)[3]
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[1] = np.inf
+    save_file(tensors, os.fspath(path))
+    result = run(*SMALL, "--steps", 1, "--weights", w, check=False)
+    failed(result, f"tensor '{name}' holds INF at element 1")
+    assert "diffusion_pytorch_model.safetensors" in result.out
+
+
+def test_nan_data_sample_names_the_file(tmp_path, shapes):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "good.safetensors", shapes)
+    write_sample(data / "bad.safetensors", shapes, fill=np.nan)
+    result = run(*SMALL, "--steps", 20, "--data", data, check=False)
+    failed(result, "bad.safetensors': tensor 'latents' holds nan")
+
+
+def test_non_finite_loss_skips_then_stops(tmp_path, shapes):
+    # Finite samples so large that the loss overflows to inf.
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "huge.safetensors", shapes, fill=3e38)
+    ck = tmp_path / "ck"
+    result = run(*SMALL, "--steps", 20, "--data", data, "--metrics",
+                 tmp_path / "m", "--checkpoint-dir", ck,
+                 "--max-nonfinite-steps", 4, check=False)
+    failed(result, "4 steps in a row had a non-finite loss")
+    assert result.out.count("the step is skipped") == 4
+    lines = [json.loads(l) for l in (tmp_path / "m").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 1, 1, 1]
+    assert all(l["skipped"] and l["loss"] is None for l in lines)
+    # Nothing was updated, so there is nothing to checkpoint: the folder
+    # the run made is gone again.
+    assert not ck.exists()
+
+
+def test_skipped_step_changes_no_state(tmp_path, shapes):
+    """A skip leaves masters and moments bit for bit as they were."""
+    good, mixed = tmp_path / "good", tmp_path / "mixed"
+    good.mkdir()
+    write_sample(good / "a.safetensors", shapes)
+    w0, w1 = tmp_path / "w0", tmp_path / "w1"
+    run(*SMALL, "--steps", 0, "--save-weights", w0)
+    mixed.mkdir()
+    write_sample(mixed / "a.safetensors", shapes, fill=3e38)
+    run(*SMALL, "--steps", 2, "--data", mixed, "--save-weights", w1,
+        "--max-nonfinite-steps", 3)
+    a = (w0 / "diffusion_pytorch_model.safetensors").read_bytes()
+    b = (w1 / "diffusion_pytorch_model.safetensors").read_bytes()
+    assert a == b
+
+
+def test_trainer_nan_inputs_leave_state_unchanged():
+    tr = megaslide.Trainer("tiny", frames=5, height=32, width=32,
+                           precision="f32")
+    shapes = tr.input_shapes()
+    rng = np.random.default_rng(0)
+    batch = {k: rng.standard_normal(v).astype(np.float32)
+             for k, v in shapes.items() if k != "timesteps"}
+    batch["timesteps"] = np.full(shapes["timesteps"], 0.5, np.float32)
+    batch["latents"][0, 0, 0, 0, 0] = np.nan
+    before = tr.parameters()
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        tr.step(**batch)
+    assert tr.step_count == 0
+    after = tr.parameters()
+    assert after.keys() == before.keys()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    batch["latents"][0, 0, 0, 0, 0] = 0.0
+    assert np.isfinite(tr.step(**batch)["loss"]) and tr.step_count == 1
+
+
+# ---------------------------------------------------------------------------
+# 7. Host memory is checked as a whole
+# ---------------------------------------------------------------------------
+
+def test_memory_check_adds_up_the_parts(tmp_path):
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max",
+                  "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            total = min(total, int(open(limit).read()))
+        except (OSError, ValueError):
+            pass
+    # Two layers of the 14B model: fp32 state of 0.94 B parameters x 12 B
+    # = 11.2 GB; with every activation kept, the arena grows with the video.
+    config = json.loads((pathlib.Path(__file__).parents[2] / "configs" /
+                         "wan2.1-t2v-14b.json").read_text())
+    config.pop("name", None)
+    config["num_layers"] = 2
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(config))
+    args = ["--model", path, "--precision", "f32", "--activation-policy",
+            "keep", "--gpu-mem", "100TB", "--host-mem", "100TB"]
+    for frames, side in ((17, 256), (33, 256), (33, 384), (65, 256),
+                         (65, 384), (65, 512), (129, 512)):
+        video = ["--frames", frames, "--height", side, "--width", side]
+        plan = subprocess.run([tool_path("megaslide-plan"), *map(text, args),
+                               *map(text, video), "--format", "json"],
+                              capture_output=True, text=True)
+        assert plan.returncode == 0, plan.stderr
+        report = json.loads(plan.stdout)
+        state = 12 * report["params"]["trainable"]
+        arena = report["device"]["peak_bytes"]
+        if state < total and arena < total < state + arena:
+            break
+    else:
+        pytest.skip(f"no size where state and arena each fit {total} B "
+                    f"but together do not")
+    result = run(*args, *video, "--steps", 1, check=False)
+    failed(result, "of host memory, but this machine has")
+    for part in ("host state", "device arena", "host buffers", "data"):
+        assert part in result.out, result.out
+
+
+# ---------------------------------------------------------------------------
+# 8. Signals: stop at a step boundary, checkpoint, resume bit-exactly
+# ---------------------------------------------------------------------------
+
+def start(args):
+    return subprocess.Popen([tool_path("megaslide-run"), "--no-progress",
+                             *map(text, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def interrupt_after(proc, metrics, steps_done, sig):
+    """Sends `sig` once `metrics` has `steps_done` lines."""
+    deadline = time.time() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        if metrics.exists() and \
+                metrics.read_text().count("\n") >= steps_done:
+            break
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return out, err
+
+
+def resume_line(out):
+    lines = [l for l in out.splitlines() if l.startswith("to continue: ")]
+    assert len(lines) == 1, out
+    return lines[0][len("to continue: "):]
+
+
+def resume_args(line):
+    import shlex
+    args = shlex.split(line)
+    assert os.path.basename(args[0]) == "megaslide-run"
+    return args[1:]
+
+
+def test_sigint_at_random_steps_resumes_bit_exactly(tmp_path):
+    steps = 12
+    reference = tmp_path / "ref.jsonl"
+    run(*SMALL, "--steps", steps, "--metrics", reference)
+    want = losses(reference)
+    rng = random.Random(11)
+    interrupted = 0
+    for trial in range(20):
+        d = tmp_path / f"t{trial}"
+        d.mkdir()
+        metrics, trace = d / "m.jsonl", d / "t.json"
+        sig = signal.SIGINT if trial % 2 == 0 else signal.SIGTERM
+        args = [*SMALL, "--steps", steps, "--checkpoint-dir", d / "ck",
+                "--metrics", metrics, "--trace", trace]
+        proc = start(args)
+        out, err = interrupt_after(proc, metrics, rng.randrange(0, steps - 1),
+                                   sig)
+        if proc.returncode == 0:
+            continue  # the run ended before the signal landed
+        assert proc.returncode == 128 + sig, out + err
+        interrupted += 1
+        json.loads(trace.read_text())  # a valid, finished trace
+        result = run(*resume_args(resume_line(out)))
+        assert losses(metrics) == want, (trial, out + err + result.out)
+    assert interrupted >= 15, interrupted
+
+
+def test_acceptance_sigint_on_the_default_200_steps(tmp_path):
+    reference = tmp_path / "ref.jsonl"
+    run("--model", "tiny", "--steps", 200, "--metrics", reference)
+    metrics = tmp_path / "m.jsonl"
+    proc = start(["--model", "tiny", "--steps", 200, "--checkpoint-dir",
+                  tmp_path / "ck", "--metrics", metrics])
+    out, err = interrupt_after(proc, metrics, random.randrange(1, 190),
+                               signal.SIGINT)
+    assert proc.returncode == 130, out + err
+    line = resume_line(out)
+    assert "--resume" in line and "--steps" in line
+    run(*resume_args(line))
+    assert losses(metrics) == losses(reference)
+
+
+def test_second_signal_aborts_at_once(tmp_path):
+    # Steps of about a second, so that both signals land in one step.
+    metrics = tmp_path / "m.jsonl"
+    proc = start(["--model", "tiny", "--frames", 33, "--height", 256,
+                  "--width", 256, "--steps", 1000, "--checkpoint-dir",
+                  tmp_path / "ck", "--metrics", metrics])
+    deadline = time.time() + 300
+    while not metrics.exists() or not metrics.read_text():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT
+
+
+def test_failing_run_keeps_existing_trace_and_metrics(tmp_path, shapes):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "bad.safetensors", shapes, fill=np.nan)
+    trace, metrics = tmp_path / "t.json", tmp_path / "m.jsonl"
+    trace.write_text('{"traceEvents": []}')
+    metrics.write_text('{"step": 1, "loss": 1.0, "seconds": 1.0}\n')
+    result = run(*SMALL, "--steps", 3, "--data", data, "--trace", trace,
+                 "--metrics", metrics, check=False)
+    failed(result, "bad.safetensors")
+    assert trace.read_text() == '{"traceEvents": []}'
+    assert metrics.read_text() == '{"step": 1, "loss": 1.0, "seconds": 1.0}\n'
+
+
+def test_metrics_are_appended_on_resume(tmp_path):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--metrics", metrics)
+    # A line of a step the checkpoint does not hold (a kill after it).
+    with open(metrics, "a") as f:
+        f.write('{"step": 3, "loss": 9.0, "seconds": 0.1}\n{"step": 4, "lo')
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--metrics", metrics,
+        "--resume")
+    steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert losses(metrics)[3] != 9.0
+
+
+# ---------------------------------------------------------------------------
+# 14. Smaller
+# ---------------------------------------------------------------------------
+
+def test_full_checkpoint_disk_found_before_training(tmp_path):
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "size=64k")
+    try:
+        result = run(*SMALL, "--steps", 1000, "--checkpoint-dir", mnt / "ck",
+                     check=False)
+        failed(result, "not enough space for a checkpoint")
+        assert "MiB" in result.out and not started_training(result)
+    finally:
+        umount(mnt)
+
+
+def test_leftovers_of_a_killed_save_are_cleaned(tmp_path):
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--checkpoint-dir", ck)
+    # A pid that is not alive: above the kernel's pid_max.
+    dead = 4194305
+    (ck / f".old-step-000001-{dead}").mkdir()
+    (ck / f".old-step-000001-{dead}" / "state.safetensors").write_bytes(b"x")
+    (ck / f".tmp-step-000002-{dead}").mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "f").write_text("keep")
+    (ck / f".tmp-step-000009-{dead}").symlink_to(mine)
+    run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume")
+    names = {p.name for p in ck.iterdir()}
+    assert f".old-step-000001-{dead}" not in names
+    assert f".tmp-step-000002-{dead}" not in names
+    assert (mine / "f").read_text() == "keep"
+
+
+def test_skip_message_names_the_global_step_after_resume(tmp_path, shapes):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "s.safetensors", shapes)
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 3, "--data", data, "--checkpoint-dir", ck)
+    write_sample(data / "s.safetensors", shapes, fill=3e38)
+    result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                 "--max-nonfinite-steps", 1, check=False)
+    failed(result, "step 4: the loss is")
+
+
+def test_sim_metrics_count_steps(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    run(*SMALL, "--backend", "sim", "--steps", 3, "--metrics", metrics)
+    lines = [json.loads(l) for l in metrics.read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2, 3]
+    assert all(l["loss"] is None for l in lines)
