@@ -7,10 +7,11 @@ with the same video and flags, and prints, per row, the ops of the built
 module and, for the whole `megaslide-plan --format json` process, its
 wall-clock seconds, its CPU seconds (user + system, which other work on a
 shared machine disturbs less) and the in-process pipeline seconds, each the
-median of --repeat runs and each with its growth from the row before.
+fastest of --repeat runs (the one least disturbed by other work, as
+`timeit` reports) and each with its growth from the row before.
 Linear-time planning grows about 2x per doubling; the goal is at most 2.2x.
 
-Usage: benchmarks/planning_time.py [--build-dir build] [--repeat 1]
+Usage: benchmarks/planning_time.py [--build-dir build] [--repeat 3]
            [--layers 52,104,208,416,832] [--timeout 600] [-- PLAN FLAGS...]
 """
 
@@ -18,7 +19,6 @@ import argparse
 import json
 import pathlib
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--frames", default=81, type=int)
     parser.add_argument("--height", default=720, type=int)
     parser.add_argument("--width", default=1280, type=int)
-    parser.add_argument("--repeat", default=1, type=int)
+    parser.add_argument("--repeat", default=3, type=int)
     parser.add_argument("--timeout", default=600, type=float,
                         help="seconds per run; later rows are skipped after one")
     parser.add_argument("flags", nargs="*",
@@ -81,8 +81,7 @@ def main():
                              f"{n} layers: {run.stderr}")
                 info = json.loads(run.stdout)
                 pipelines.append(info["ir"]["pipeline_seconds"])
-            row = (statistics.median(walls), statistics.median(cpus),
-                   statistics.median(pipelines))
+            row = (min(walls), min(cpus), min(pipelines))
             growth = [f"{now / then:.2f}" for now, then in zip(row, previous)]
             growth += [""] * (3 - len(growth))
             print(f"{n:>6} {info['ir']['ops']:>8} {row[0]:>8.3f} {growth[0]:>5} "

@@ -171,15 +171,17 @@ def test_failed_run_leaves_no_folder_it_made(tmp_path, shapes):
 def test_pruning_leaves_symlinked_folder_alone(tmp_path):
     ck = tmp_path / "ck"
     run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--checkpoint-every", 1)
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "thesis.txt").write_text("years of work")
+    # The user keeps step 1 on another disk: a complete checkpoint of
+    # theirs, linked back into the folder.
     import shutil
-    shutil.rmtree(ck / "step-000001")
+    mine = tmp_path / "archive"
+    shutil.move(ck / "step-000001", mine)
+    (mine / "thesis.txt").write_text("years of work")
     (ck / "step-000001").symlink_to(mine, target_is_directory=True)
     run(*SMALL, "--steps", 3, "--checkpoint-dir", ck, "--checkpoint-every", 1,
         "--resume")
     assert (mine / "thesis.txt").read_text() == "years of work"
+    assert (mine / "manifest.json").exists()
     assert (ck / "step-000001").is_symlink()
 
 
@@ -512,6 +514,7 @@ def test_second_signal_aborts_at_once(tmp_path):
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.1)
+    assert proc.poll() is None  # the first one only asks for a stop
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGINT
