@@ -117,6 +117,10 @@ std::string DeviceBuffer::describe() const {
 DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
   DeviceBuffers result;
   Block &body = step.getBody().front();
+  // Sized up front: growing these tables rehashes and copies them, which
+  // for a step of a million ops costs more than filling them.
+  size_t numOps = body.getOperations().size();
+  result.index.reserve(numOps);
   for (Operation &op : body)
     if (!isa<sched::PackOp, sched::BudgetCheckOp>(op))
       result.index[&op] = result.numSteps++;
@@ -137,7 +141,14 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
           def && onDevice(def))
         aliases.unionSets(reshape.getInput(), reshape.getResult());
   }
+  SmallVector<std::pair<Operation *, uint64_t>> workspaces;
+  for (Operation &op : body)
+    if (uint64_t bytes = workspaceBytes(&op))
+      workspaces.push_back({&op, bytes});
   DenseMap<Value, size_t> bufferOfLeader;
+  bufferOfLeader.reserve(values.size());
+  result.bufferOf.reserve(values.size());
+  result.buffers.reserve(values.size() + workspaces.size());
   for (Value v : values) {
     Value leader = aliases.getLeaderValue(v);
     int64_t start = result.index[v.getDefiningOp()], end = start;
@@ -161,15 +172,14 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
     }
     result.bufferOf[v] = it->second;
   }
-  for (Operation &op : body)
-    if (uint64_t bytes = workspaceBytes(&op)) {
-      DeviceBuffer b;
-      b.owner = &op;
-      int64_t at = result.index[&op];
-      b.slice = {static_cast<int64_t>(bytes), at, at};
-      b.category = "attention workspace";
-      b.layer = graph::getLayer(&op);
-      result.buffers.push_back(b);
-    }
+  for (auto [op, bytes] : workspaces) {
+    DeviceBuffer b;
+    b.owner = op;
+    int64_t at = result.index[op];
+    b.slice = {static_cast<int64_t>(bytes), at, at};
+    b.category = "attention workspace";
+    b.layer = graph::getLayer(op);
+    result.buffers.push_back(b);
+  }
   return result;
 }

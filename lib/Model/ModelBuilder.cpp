@@ -18,6 +18,7 @@
 
 #include "Graph/GraphOps.h"
 #include "megaslide/Transforms/Autodiff.h"
+#include "plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -467,10 +468,9 @@ megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
         static_cast<long long>(kMaxModelWidth));
   // As computeGeometry bounds the tokens of one sample: every activation's
   // byte count must stay far from overflowing int64, whatever the batch.
-  constexpr int64_t kMaxTokensPerStep = int64_t(1) << 31;
   int64_t textLen = options.textLen.value_or(config.textLen);
   int64_t tokens = std::max(geometry.tokens(), textLen);
-  if (options.batch > kMaxTokensPerStep / tokens)
+  if (options.batch > exec::kMaxTokensPerStep / tokens)
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
         "option 'batch': %lld samples of %lld tokens are more than 2^31 "

@@ -66,6 +66,7 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
       b.getDenseI64ArrayAttr(ends), b.getDenseI64ArrayAttr(packing.offsets),
       b.getI64IntegerAttr(packing.arenaSize));
 
+  StringAttr offsetsName = b.getStringAttr(sched::kOffsetsAttrName);
   for (Operation &op : body) {
     if (op.getNumResults() == 0)
       continue;
@@ -78,7 +79,7 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
       any |= it != buffers.bufferOf.end();
     }
     if (any)
-      op.setAttr(sched::kOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
+      op.setAttr(offsetsName, b.getDenseI64ArrayAttr(offsets));
   }
   for (auto [i, buffer] : llvm::enumerate(buffers.buffers))
     if (!buffer.value)

@@ -174,11 +174,18 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                         << prefetchDistance + 1 << " weight buffers; using "
                         << distance << " with buffers=" << buffers;
 
-  OpBuilder b(module.getContext());
+  // The attribute's name and its four values made once, not once per op.
+  MLIRContext *context = module.getContext();
+  StringAttr streamName = StringAttr::get(context, sched::kStreamAttrName);
+  std::optional<sched::StreamAttr> streamAttrs[4];
   for (Operation &op : step->getBody().front())
-    if (std::optional<Stream> s = streamFor(&op))
-      op.setAttr(sched::kStreamAttrName,
-                 sched::StreamAttr::get(module.getContext(), *s));
+    if (std::optional<Stream> s = streamFor(&op)) {
+      std::optional<sched::StreamAttr> &attr =
+          streamAttrs[static_cast<uint32_t>(*s)];
+      if (!attr)
+        attr = sched::StreamAttr::get(context, *s);
+      op.setAttr(streamName, *attr);
+    }
   if (loss)
     prefetch(*step, loss, distance, emitRemarks);
   if (withEvents)
