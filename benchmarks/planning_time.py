@@ -11,18 +11,39 @@ fastest of --repeat runs (the one least disturbed by other work, as
 `timeit` reports) and each with its growth from the row before.
 Linear-time planning grows about 2x per doubling; the goal is at most 2.2x.
 
+Times on a shared machine scatter; --instructions also counts the
+instructions each plan executes (one more run under valgrind's callgrind,
+about 50 times slower), a figure that does not depend on the machine's load
+or caches.
+
 Usage: benchmarks/planning_time.py [--build-dir build] [--repeat 3]
-           [--layers 52,104,208,416,832] [--timeout 600] [-- PLAN FLAGS...]
+           [--layers 52,104,208,416,832] [--timeout 600] [--instructions]
+           [-- PLAN FLAGS...]
 """
 
 import argparse
 import json
+import os
 import pathlib
+import re
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+
+
+def count_instructions(cmd, tmp):
+    """Instructions `cmd` executes, as valgrind's callgrind counts them."""
+    out = os.path.join(tmp, "callgrind.out")
+    run = subprocess.run(["valgrind", "--tool=callgrind",
+                          f"--callgrind-out-file={out}", *cmd],
+                         capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", run.stderr)
+    if run.returncode not in (0, 3) or not found:
+        sys.exit(f"valgrind failed ({run.returncode}): {run.stderr[-2000:]}")
+    os.remove(out)
+    return int(found.group(1))
 
 
 def main():
@@ -39,6 +60,8 @@ def main():
     parser.add_argument("--repeat", default=3, type=int)
     parser.add_argument("--timeout", default=600, type=float,
                         help="seconds per run; later rows are skipped after one")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count instructions with valgrind")
     parser.add_argument("flags", nargs="*",
                         help="more megaslide-plan flags, after `--`")
     args = parser.parse_args()
@@ -49,7 +72,8 @@ def main():
     print(f"base {args.base.name}, video {args.frames}x{args.height}x"
           f"{args.width}, flags {' '.join(args.flags) or '(defaults)'}")
     print(f"{'layers':>6} {'ops':>8} {'wall s':>8} {'x':>5} {'cpu s':>8} "
-          f"{'x':>5} {'pipeline s':>10} {'x':>5} {'fits':>5}")
+          f"{'x':>5} {'pipeline s':>10} {'x':>5} {'fits':>5}"
+          + (f" {'instructions':>15} {'x':>5}" if args.instructions else ""))
     previous = ()
     with tempfile.TemporaryDirectory() as tmp:
         for n in layers:
@@ -82,12 +106,17 @@ def main():
                 info = json.loads(run.stdout)
                 pipelines.append(info["ir"]["pipeline_seconds"])
             row = (min(walls), min(cpus), min(pipelines))
+            if args.instructions:
+                row += (count_instructions(cmd, tmp),)
             growth = [f"{now / then:.2f}" for now, then in zip(row, previous)]
-            growth += [""] * (3 - len(growth))
-            print(f"{n:>6} {info['ir']['ops']:>8} {row[0]:>8.3f} {growth[0]:>5} "
-                  f"{row[1]:>8.3f} {growth[1]:>5} {row[2]:>10.3f} "
-                  f"{growth[2]:>5} {'yes' if info['fits'] else 'no':>5}",
-                  flush=True)
+            growth += [""] * (len(row) - len(growth))
+            line = (f"{n:>6} {info['ir']['ops']:>8} {row[0]:>8.3f} "
+                    f"{growth[0]:>5} {row[1]:>8.3f} {growth[1]:>5} "
+                    f"{row[2]:>10.3f} {growth[2]:>5} "
+                    f"{'yes' if info['fits'] else 'no':>5}")
+            if args.instructions:
+                line += f" {row[3]:>15,} {growth[3]:>5}"
+            print(line, flush=True)
             previous = row
 
 

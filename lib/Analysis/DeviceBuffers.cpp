@@ -8,7 +8,6 @@
 #include "Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinTypes.h"
-#include "llvm/ADT/EquivalenceClasses.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
@@ -125,52 +124,52 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
     if (!isa<sched::PackOp, sched::BudgetCheckOp>(op))
       result.index[&op] = result.numSteps++;
 
-  // Reshapes are views: they share their input's buffer.
-  llvm::EquivalenceClasses<Value> aliases;
+  // Reshapes are views: they share their input's buffer, whose value (the
+  // first of a chain of views, defined before all of them) names it.
+  DenseMap<Value, Value> viewed; // reshape result -> the buffer's value
   SmallVector<Value> values;
+  values.reserve(numOps);
   for (Operation &op : body) {
     if (!onDevice(&op))
       continue;
-    for (Value r : op.getResults()) {
-      aliases.insert(r);
+    for (Value r : op.getResults())
       values.push_back(r);
-    }
     // A reshape of a device value is a view of it.
     if (auto reshape = dyn_cast<graph::ReshapeOp>(op))
       if (Operation *def = reshape.getInput().getDefiningOp();
-          def && onDevice(def))
-        aliases.unionSets(reshape.getInput(), reshape.getResult());
+          def && onDevice(def)) {
+        Value base = viewed.lookup(reshape.getInput());
+        viewed[reshape.getResult()] = base ? base : reshape.getInput();
+      }
   }
   SmallVector<std::pair<Operation *, uint64_t>> workspaces;
   for (Operation &op : body)
     if (uint64_t bytes = workspaceBytes(&op))
       workspaces.push_back({&op, bytes});
-  DenseMap<Value, size_t> bufferOfLeader;
-  bufferOfLeader.reserve(values.size());
   result.bufferOf.reserve(values.size());
   result.buffers.reserve(values.size() + workspaces.size());
   for (Value v : values) {
-    Value leader = aliases.getLeaderValue(v);
     int64_t start = result.index[v.getDefiningOp()], end = start;
     for (Operation *user : v.getUsers())
       end = std::max(end, result.index.lookup(user));
-    auto [it, inserted] =
-        bufferOfLeader.try_emplace(leader, result.buffers.size());
-    if (inserted) {
-      DeviceBuffer b;
-      b.value = leader;
-      b.owner = leader.getDefiningOp();
-      b.slice = {static_cast<int64_t>(tensorBytes(leader.getType())), start,
-                 end};
-      b.category = categorize(leader);
-      b.layer = graph::getLayer(b.owner);
-      result.buffers.push_back(b);
-    } else {
-      Slice &s = result.buffers[it->second].slice;
+    size_t buffer;
+    if (Value base = viewed.lookup(v)) {
+      // The base came earlier in program order: its buffer exists.
+      buffer = result.bufferOf.lookup(base);
+      Slice &s = result.buffers[buffer].slice;
       s.start = std::min(s.start, start);
       s.end = std::max(s.end, end);
+    } else {
+      buffer = result.buffers.size();
+      DeviceBuffer b;
+      b.value = v;
+      b.owner = v.getDefiningOp();
+      b.slice = {static_cast<int64_t>(tensorBytes(v.getType())), start, end};
+      b.category = categorize(v);
+      b.layer = graph::getLayer(b.owner);
+      result.buffers.push_back(b);
     }
-    result.bufferOf[v] = it->second;
+    result.bufferOf[v] = buffer;
   }
   for (auto [op, bytes] : workspaces) {
     DeviceBuffer b;

@@ -11,6 +11,7 @@
 //    asking the block for op order (`isBeforeInBlock`) after every edit;
 //  - scheduleOverlap's prefetch against moving each transfer as soon as
 //    its target is known, and scanning forward for the remarks;
+//  - collectDeviceBuffers (liveness) against views found by union-find;
 //  - the arena of an `auto` trial (no events, no offsets written) against
 //    the arena of the plan.
 //
@@ -21,6 +22,7 @@
 
 #include "megaslide/Transforms/Planning.h"
 #include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Analysis/Packing.h"
 #include "megaslide/Model/ModelBuilder.h"
 
@@ -28,6 +30,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
+#include "llvm/ADT/EquivalenceClasses.h"
 #include "llvm/ADT/SetVector.h"
 
 #include "gtest/gtest.h"
@@ -457,6 +460,83 @@ TEST_F(PlanningReferenceTest, PrefetchMatchesMovingOneAtATime) {
     remarks += fastRemarks.size();
   }
   EXPECT_GT(remarks, 0u); // the remarks were compared, not only the order
+}
+
+bool referenceOnDevice(Operation *op) {
+  std::optional<sched::Stream> s = getStream(op);
+  return s && (*s == sched::Stream::compute || *s == sched::Stream::h2d);
+}
+
+TEST_F(PlanningReferenceTest, DeviceBuffersMatchUnionFind) {
+  std::mt19937_64 rng(17);
+  for (int round = 0; round < 12; ++round) {
+    int64_t layers = std::uniform_int_distribution<int64_t>(1, 9)(rng);
+    int64_t distance = std::uniform_int_distribution<int64_t>(0, 3)(rng);
+    OwningOpRef<ModuleOp> planned = buildTiny(context, layers);
+    ASSERT_TRUE(succeeded(
+        applyActivationPolicies(*planned, randomPolicies(rng, layers))));
+    ASSERT_TRUE(succeeded(insertTransfers(*planned)));
+    ASSERT_TRUE(succeeded(scheduleOverlap(*planned, distance, distance + 1,
+                                          /*emitRemarks=*/false)));
+    func::FuncOp step = *getTrainStep(*planned);
+    DeviceBuffers fast = collectDeviceBuffers(step);
+
+    // The reference: every op numbered, views joined by union-find, a
+    // buffer per class spanning its members' defs and uses.
+    Block &body = step.getBody().front();
+    DenseMap<Operation *, int64_t> index;
+    for (Operation &op : body)
+      if (!isa<sched::PackOp, sched::BudgetCheckOp>(op))
+        index[&op] = index.size();
+    llvm::EquivalenceClasses<Value> aliases;
+    SmallVector<Value> values;
+    for (Operation &op : body) {
+      if (!referenceOnDevice(&op))
+        continue;
+      for (Value r : op.getResults()) {
+        aliases.insert(r);
+        values.push_back(r);
+      }
+      if (auto reshape = dyn_cast<graph::ReshapeOp>(op))
+        if (Operation *def = reshape.getInput().getDefiningOp();
+            def && referenceOnDevice(def))
+          aliases.unionSets(reshape.getInput(), reshape.getResult());
+    }
+    std::vector<std::pair<Value, Slice>> buffers;
+    DenseMap<Value, size_t> bufferOfLeader, bufferOf;
+    for (Value v : values) {
+      Value leader = aliases.getLeaderValue(v);
+      int64_t start = index[v.getDefiningOp()], end = start;
+      for (Operation *user : v.getUsers())
+        end = std::max(end, index.lookup(user));
+      auto [it, inserted] = bufferOfLeader.try_emplace(leader, buffers.size());
+      if (inserted) {
+        buffers.push_back({leader,
+                           {static_cast<int64_t>(tensorBytes(leader.getType())),
+                            start, end}});
+      } else {
+        Slice &s = buffers[it->second].second;
+        s.start = std::min(s.start, start);
+        s.end = std::max(s.end, end);
+      }
+      bufferOf[v] = it->second;
+    }
+
+    ASSERT_EQ(fast.numSteps, static_cast<int64_t>(index.size()));
+    ASSERT_EQ(fast.index, index);
+    ASSERT_EQ(fast.bufferOf, bufferOf) << "round " << round;
+    size_t workspaces = 0;
+    for (Operation &op : body)
+      workspaces += workspaceBytes(&op) > 0;
+    ASSERT_EQ(fast.buffers.size(), buffers.size() + workspaces);
+    for (auto [i, b] : llvm::enumerate(buffers)) {
+      ASSERT_EQ(fast.buffers[i].value, b.first) << "buffer " << i;
+      ASSERT_EQ(fast.buffers[i].owner, b.first.getDefiningOp());
+      ASSERT_EQ(fast.buffers[i].slice.size, b.second.size);
+      ASSERT_EQ(fast.buffers[i].slice.start, b.second.start);
+      ASSERT_EQ(fast.buffers[i].slice.end, b.second.end);
+    }
+  }
 }
 
 TEST_F(PlanningReferenceTest, TrialArenaMatchesThePlannedArena) {
