@@ -286,7 +286,9 @@ public:
     exec::StepResult result;
     if (arrays.is_none()) {
       py::gil_scoped_release release;
-      result = check(session->trainStep(trace));
+      exec::StepOptions options;
+      options.trace = trace;
+      result = check(session->trainStep(options));
     } else {
       exec::StepOptions options;
       options.trace = trace;

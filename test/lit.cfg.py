@@ -20,6 +20,7 @@ config.substitutions.append(("%configs", os.path.join(config.megaslide_src_root,
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%megaslide_src", config.megaslide_src_root))
 config.substitutions.append(("%megaslide_obj", config.megaslide_obj_root))
+config.substitutions.append(("%megaslide_version", config.megaslide_version))
 
 llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()

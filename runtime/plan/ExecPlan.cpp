@@ -826,6 +826,7 @@ std::string exec::serialize(const ExecPlan &plan) {
         {"name", k.name}, {"source", k.source}, {"manifest", k.manifest}});
   Object root{{"format", kPlanFormatName},
               {"version", plan.version},
+              {"runtime_version", plan.runtimeVersion},
               {"model", plan.model},
               {"model_config", plan.modelConfig},
               {"grid", plan.grid},
@@ -872,6 +873,15 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         llvm::Twine(source) + ": execution plan format version " +
         llvm::Twine(plan.version) + " is not supported (this runtime reads " +
         llvm::Twine(kPlanFormatVersion) + "; recompile the plan)");
+  if (!o.map("runtime_version", plan.runtimeVersion))
+    return llvm::createStringError(llvm::Twine(source) + ": " +
+                                   llvm::toString(rootPath.getError()));
+  if (plan.runtimeVersion != MEGASLIDE_VERSION)
+    return llvm::createStringError(
+        llvm::Twine(source) + ": the plan was compiled for MegaSlide runtime " +
+        plan.runtimeVersion + ", this is runtime " MEGASLIDE_VERSION
+        " (a plan runs only on the release that compiled it; recompile it "
+        "with this release's megaslide-run --save-plan)");
   if (!(o.map("model", plan.model) && o.map("model_config", plan.modelConfig) &&
         o.map("grid", plan.grid) && o.map("batch", plan.batch) &&
         o.map("arena_bytes", plan.arenaBytes) &&

@@ -21,10 +21,12 @@
 #include <variant>
 #include <vector>
 
+#include "megaslide/Version.h"
+
 namespace megaslide::exec {
 
 /// Bump on any change a reader of the previous version would misread.
-inline constexpr int64_t kPlanFormatVersion = 1;
+inline constexpr int64_t kPlanFormatVersion = 2;
 inline constexpr llvm::StringLiteral kPlanFormatName = "megaslide-exec-plan";
 /// The most tokens (batch x tokens per sample) a step may have: what the
 /// planner accepts (buildTrainingStep) and validate() holds a plan's
@@ -127,6 +129,9 @@ struct KernelModule {
 
 struct ExecPlan {
   int64_t version = kPlanFormatVersion;
+  /// The MegaSlide release whose runtime the plan was compiled for; a
+  /// runtime of another release refuses it (docs/ExecutionPlan.md).
+  std::string runtimeVersion = MEGASLIDE_VERSION;
   std::string model; ///< preset name or config path it was compiled from
   /// The model config as JSON text (diffusers keys), for weight loading.
   std::string modelConfig;

@@ -209,15 +209,14 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   return session;
 }
 
-llvm::Expected<exec::StepResult> Session::trainStep(bool trace) {
+llvm::Expected<exec::StepResult>
+Session::trainStep(const exec::StepOptions &options) {
   if (hostState.incomplete)
     return runStep({}, {}); // the error below, before drawing data
   uint64_t before = data->state();
   llvm::Expected<exec::StepInputs> inputs = data->next();
   if (!inputs)
     return inputs.takeError();
-  exec::StepOptions options;
-  options.trace = trace;
   llvm::Expected<exec::StepResult> result = runStep(*inputs, options);
   if (!result)
     data->setState(before); // a retry draws the same batch

@@ -61,7 +61,7 @@ public:
   /// One training step on the next batch. A batch that cannot be made (a
   /// sample file unreadable or non-finite) is an error with the state,
   /// data position included, unchanged.
-  llvm::Expected<exec::StepResult> trainStep(bool trace);
+  llvm::Expected<exec::StepResult> trainStep(const exec::StepOptions &options);
   /// One step on `inputs` with the given options (no data drawn). Refused
   /// while the host state is incomplete (a step failed part-way).
   llvm::Expected<exec::StepResult> runStep(const exec::StepInputs &inputs,

@@ -2,6 +2,8 @@
 
 #include "PlanFlags.h"
 
+#include "HardwareFlag.h"
+
 #include "plan/HyperParameters.h"
 
 using namespace llvm;
@@ -46,10 +48,6 @@ cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"),
 cl::opt<std::string>
     osAllowance("os-allowance", cl::init("64GB"), cl::cat(planCategory),
                 cl::desc("Host memory reserved for the OS and runtime"));
-cl::opt<std::string> hardware("hw", cl::cat(planCategory),
-                              cl::desc("Hardware description (JSON; default: "
-                                       "built-in H200 + 1.5 TB host)"),
-                              cl::value_desc("FILE"));
 cl::opt<std::string>
     activationPolicy("activation-policy", cl::init("auto"),
                      cl::cat(planCategory),
@@ -110,7 +108,7 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   o.gpuReserve = gpuReserve;
   o.hostMemory = hostMem;
   o.osAllowance = osAllowance;
-  o.hardwarePath = hardware;
+  o.hardwarePath = tools::hardwareFile;
   o.activationPolicy = activationPolicy;
   o.hostStatePolicy = hostStatePolicy;
   o.attention = attention;

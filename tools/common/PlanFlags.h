@@ -2,7 +2,8 @@
 //
 // megaslide-plan and megaslide-run compile the same training step from the
 // same flags (model, video, budgets, policies, 3D-DSA geometry); they are
-// defined once here and compiled into both tools.
+// defined once here and compiled into both tools, with --hw
+// (HardwareFlag.h) shared with megaslide-exec.
 //
 //===----------------------------------------------------------------------===//
 

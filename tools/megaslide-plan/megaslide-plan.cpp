@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../common/HardwareFlag.h"
 #include "../common/PlanFlags.h"
 
 #include "megaslide/Model/ModelConfig.h"
@@ -63,7 +64,8 @@ bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
 
 int main(int argc, char **argv) {
   addVersionPrinter("megaslide-plan");
-  cl::HideUnrelatedOptions({&tools::planCategory, &category});
+  cl::HideUnrelatedOptions(
+      {&tools::planCategory, &tools::hardwareCategory, &category});
   cl::ParseCommandLineOptions(
       argc, argv,
       "megaslide-plan: does a DiT training step fit this GPU and host, and "

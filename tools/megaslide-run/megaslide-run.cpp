@@ -1,333 +1,27 @@
-//===- megaslide-run.cpp - Train with a compiled plan ---------------------===//
+//===- megaslide-run.cpp - Compile a training step and run it -------------===//
 //
-// Compiles the training step of a model (or loads a saved execution plan)
-// and runs it on a backend: cpu (reference numerics), cuda (the GPU) or sim
-// (predicted timing), with a progress bar, optional weights, data,
-// checkpoints and a Chrome trace. A long run loses nothing it need not
-// (docs/Runtime.md, "Long runs"): every output is proven writable before
-// compiling, the checkpoint folder is locked, a resumed run keeps the
-// checkpoint's settings, non-finite losses skip their step, and SIGINT or
-// SIGTERM end the run at a step boundary with a checkpoint. Exit status:
-// 0 done, 1 bad input or a failed step, 3 the plan does not fit its
-// budgets, 4 measured device memory differs from the plan, 130/143
-// stopped by SIGINT/SIGTERM (docs/ExitCodes.md).
+// Compiles the training step of a model from the planning flags (or loads
+// a saved plan) and runs it with the shared run driver (RunDriver.h):
+// megaslide-exec without the compiler.
 //
 //===----------------------------------------------------------------------===//
 
 #include "../common/PlanFlags.h"
+#include "../common/RunDriver.h"
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
-#include "megaslide/Version.h"
-#include "host/Checkpoint.h"
-#include "host/Weights.h"
-#include "support/AtomicFile.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
-#include "trace/ChromeTrace.h"
-#include "train/Session.h"
 
 #include "mlir/IR/MLIRContext.h"
-#include "llvm/ADT/StringExtras.h"
-#include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
-#include "llvm/Support/Format.h"
-#include "llvm/Support/Path.h"
-#include "llvm/Support/Process.h"
-#include "llvm/Support/WithColor.h"
-#include "llvm/Support/raw_ostream.h"
-
-#include <chrono>
-#include <cmath>
-#include <csignal>
-#include <cstring>
-#include <fcntl.h>
-#include <unistd.h>
 
 using namespace llvm;
 using namespace megaslide;
 
 namespace {
 
-cl::OptionCategory runCategory("Run options");
-
-cl::opt<std::string> backendName("backend", cl::init("cpu"), cl::cat(runCategory),
-                                 cl::desc("cpu | cuda | sim"));
-cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
-                       cl::desc("Training steps to run"));
-cl::opt<uint64_t> seed("seed", cl::init(0), cl::cat(runCategory),
-                       cl::desc("Seed of initial weights and synthetic data"));
-cl::opt<std::string> planFile("plan", cl::cat(runCategory),
-                              cl::desc("Run this execution plan instead of "
-                                       "compiling --model"),
-                              cl::value_desc("FILE"));
-cl::opt<std::string> savePlan("save-plan", cl::cat(runCategory),
-                              cl::desc("Also write the execution plan"),
-                              cl::value_desc("FILE"));
-cl::opt<std::string> traceFile("trace", cl::cat(runCategory),
-                               cl::desc("Write a Chrome trace (Perfetto) of "
-                                        "the steps"),
-                               cl::value_desc("FILE"));
-cl::opt<std::string> metricsFile("metrics", cl::cat(runCategory),
-                                 cl::desc("Write one JSON line per step "
-                                          "(step, loss, seconds)"),
-                                 cl::value_desc("FILE"));
-cl::opt<std::string> weightsPath(
-    "weights", cl::cat(runCategory),
-    cl::desc("Load diffusers-format transformer weights (a directory with "
-             "config.json and safetensors shards, or one .safetensors file)"),
-    cl::value_desc("PATH"));
-cl::opt<std::string> saveWeights(
-    "save-weights", cl::cat(runCategory),
-    cl::desc("Write the trained weights in diffusers format at the end"),
-    cl::value_desc("DIR"));
-cl::opt<std::string> dataDir(
-    "data", cl::cat(runCategory),
-    cl::desc("Train on the samples in this directory (one .safetensors per "
-             "sample: latents [C, T, H, W], condition [L, D]; "
-             "docs/Runtime.md) instead of the synthetic task"),
-    cl::value_desc("DIR"));
-cl::opt<std::string> checkpointDir(
-    "checkpoint-dir", cl::cat(runCategory),
-    cl::desc("Write checkpoints (masters, moments, step, data and RNG "
-             "state) here, atomically"),
-    cl::value_desc("DIR"));
-cl::opt<int64_t> checkpointEvery(
-    "checkpoint-every", cl::init(0), cl::cat(runCategory),
-    cl::desc("Steps between checkpoints (0: only at the end)"));
-cl::opt<bool> resume("resume", cl::cat(runCategory),
-                     cl::desc("Continue from the latest checkpoint in "
-                              "--checkpoint-dir; --steps more steps"));
-cl::opt<bool> overwriteCheckpoints(
-    "overwrite-checkpoints", cl::cat(runCategory),
-    cl::desc("Start a fresh run in a --checkpoint-dir that holds "
-             "checkpoints; they are deleted once this run's first "
-             "checkpoint is complete"));
-cl::opt<int64_t> maxNonFiniteSteps(
-    "max-nonfinite-steps", cl::init(3), cl::cat(runCategory),
-    cl::desc("Consecutive steps with a non-finite loss that are skipped "
-             "(no update) before the run stops"));
-cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
-                         cl::desc("Print one line per step instead of a "
-                                  "progress bar"));
-
-int fail(const Twine &message, int code = 1) {
-  WithColor::error(errs(), "megaslide-run") << message << "\n";
-  return code;
-}
-
-/// The execution plan: loaded from --plan or compiled from the flags.
-Expected<exec::ExecPlan> obtainPlan(const tools::PlanFlags &flags,
-                                    int &exitCode) {
-  if (!planFile.empty())
-    return exec::loadExecPlan(planFile);
-  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
-  bool overBudget = false;
-  Expected<exec::ExecPlan> plan =
-      compileExecPlan(context, flags.model, flags.video, flags.training,
-                      flags.options, &overBudget);
-  if (overBudget)
-    exitCode = 3;
-  return plan;
-}
-
-std::string formatSeconds(double s) {
-  if (!std::isfinite(s) || s < 0)
-    return "--:--";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600)
-    return formatv("{0}:{1:2}:{2:2}", t / 3600, (t / 60) % 60, t % 60);
-  return formatv("{0:2}:{1:2}", t / 60, t % 60);
-}
-
-/// One line of progress: a bar on a terminal, plain lines otherwise.
-class Progress {
-public:
-  Progress(int64_t total, bool bar) : total(total), bar(bar) {}
-  void update(int64_t step, float loss, double elapsed, double samplesPerSec,
-              bool computesLoss) {
-    double eta = step ? elapsed / step * (total - step) : 0;
-    std::string lossText =
-        computesLoss ? formatv("loss {0:F5}", loss).str() : "loss n/a (sim)";
-    std::string stats =
-        formatv("step {0}/{1}  {2}  {3:F2} samples/s  elapsed {4}  eta {5}",
-                step, total, lossText, samplesPerSec, formatSeconds(elapsed),
-                formatSeconds(eta));
-    if (bar) {
-      constexpr int width = 24;
-      int filled = total ? static_cast<int>(width * step / total) : width;
-      errs() << "\r[" << std::string(filled, '#')
-             << std::string(width - filled, '.') << "] " << stats << "\x1b[K";
-      if (step == total)
-        errs() << "\n";
-    } else {
-      errs() << stats << "\n";
-    }
-  }
-
-private:
-  int64_t total;
-  bool bar;
-};
-
-//===----------------------------------------------------------------------===//
-// Signals: the first SIGINT/SIGTERM ends the run at the next step boundary,
-// a second one ends the process at once.
-//===----------------------------------------------------------------------===//
-
-volatile std::sig_atomic_t stopSignal = 0;
-
-extern "C" void onStopSignal(int sig) {
-  if (stopSignal) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig); // delivered when this handler returns
-    return;
-  }
-  stopSignal = sig;
-}
-
-void installStopHandlers() {
-  struct sigaction action = {};
-  action.sa_handler = onStopSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART; // blocking I/O of a step carries on
-  for (int sig : {SIGINT, SIGTERM})
-    sigaction(sig, &action, nullptr);
-}
-
-/// Quoted for a POSIX shell where needed.
-std::string shellQuote(StringRef arg) {
-  if (!arg.empty() && llvm::all_of(arg, [](char c) {
-        return isAlnum(c) || StringRef("-_./=:,+@%").contains(c);
-      }))
-    return arg.str();
-  std::string quoted = "'";
-  for (char c : arg)
-    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-/// The command line that continues this run for `remaining` steps: the
-/// same arguments with --steps replaced, --resume added and
-/// --overwrite-checkpoints dropped.
-std::string resumeCommand(int argc, char **argv, int64_t remaining) {
-  std::string cmd = shellQuote(argv[0]);
-  auto named = [](StringRef arg, StringRef name) {
-    arg = arg.ltrim('-');
-    return arg == name || arg.starts_with((name + "=").str());
-  };
-  for (int i = 1; i < argc; ++i) {
-    StringRef arg = argv[i];
-    if (named(arg, "resume") || named(arg, "overwrite-checkpoints"))
-      continue;
-    if (named(arg, "steps")) {
-      if (!arg.contains('=') && i + 1 < argc)
-        ++i;
-      continue;
-    }
-    cmd += " " + shellQuote(arg);
-  }
-  return cmd + " --steps " + std::to_string(remaining) + " --resume";
-}
-
-//===----------------------------------------------------------------------===//
-// Outputs
-//===----------------------------------------------------------------------===//
-
-/// One JSON line per step, flushed as written. A fresh run replaces the
-/// file at its first line (so a run that fails before any step leaves it as
-/// it was); a resumed run keeps the lines of the steps the checkpoint holds
-/// and appends, so an interrupted and resumed run has one line per step.
-class Metrics {
-public:
-  static Expected<std::unique_ptr<Metrics>>
-  open(StringRef path, std::optional<int64_t> resumedStep) {
-    std::unique_ptr<Metrics> m(new Metrics(path.str()));
-    if (!resumedStep)
-      return m;
-    m->append = true;
-    if (!sys::fs::exists(path))
-      return m;
-    Expected<std::string> text =
-        readBoundedFile(path, kMaxMetricsBytes, "metrics file");
-    if (!text)
-      return text.takeError();
-    std::string kept;
-    for (StringRef line : split(*text, '\n')) {
-      Expected<json::Value> v = parseJson(line);
-      if (!v) {
-        consumeError(v.takeError()); // a line cut by a kill
-        continue;
-      }
-      const json::Object *o = v->getAsObject();
-      std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
-      if (step && *step <= *resumedStep)
-        kept += line.str() + "\n";
-    }
-    if (Error e = writeFileAtomically(path, kept))
-      return std::move(e);
-    return m;
-  }
-  ~Metrics() {
-    if (fd >= 0)
-      ::close(fd);
-  }
-
-  Error write(StringRef line) {
-    if (fd < 0) {
-      int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
-      fd = ::open(path.c_str(), flags, 0666);
-      if (fd < 0)
-        return createStringError("cannot write '" + path +
-                                 "': " + std::strerror(errno));
-    }
-    std::string text = line.str() + "\n";
-    for (size_t done = 0; done < text.size();) {
-      ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        return createStringError("cannot write '" + path +
-                                 "': " + std::strerror(errno));
-      done += n;
-    }
-    return Error::success();
-  }
-
-private:
-  static constexpr uint64_t kMaxMetricsBytes = 1ull << 30;
-  explicit Metrics(std::string path) : path(std::move(path)) {}
-  std::string path;
-  int fd = -1;
-  bool append = false;
-};
-
-/// Folders this run created for its outputs: at exit, those still empty
-/// are removed, so a failed run leaves no trace of them.
-struct CreatedFolders {
-  std::vector<std::string> dirs;
-  ~CreatedFolders() { removeCreatedDirectories(dirs); }
-};
-
-bool flagGiven(StringRef name) {
-  auto &options = cl::getRegisteredOptions();
-  auto it = options.find(name);
-  return it != options.end() && it->second->getNumOccurrences();
-}
-
-/// A resumed run takes the checkpoint's seed, data and AdamW settings
-/// unless the command line gives them; what it gives is compared with the
-/// checkpoint once the plan is built (train::checkResumeSettings).
+/// A resumed run compiles with the checkpoint's AdamW settings and
+/// precision unless the command line gives them.
 Error adoptStoredSettings(const train::Settings &stored,
                           tools::PlanFlags &flags) {
-  if (std::optional<std::string> v = train::findSetting(stored, "seed");
-      v && !flagGiven("seed") && StringRef(*v).getAsInteger(10, seed.getValue()))
-    return createStringError("the checkpoint's seed '" + *v +
-                             "' is not a number");
-  if (std::optional<std::string> v = train::findSetting(stored, "data");
-      v && !flagGiven("data"))
-    dataDir = *v == "(synthetic)" ? std::string() : *v;
-  if (!planFile.empty())
-    return Error::success(); // the plan file fixes the rest
   auto number = [&](StringRef name, double &out) -> Error {
     std::optional<std::string> v = train::findSetting(stored, name);
     if (v && StringRef(*v).getAsDouble(out))
@@ -335,14 +29,14 @@ Error adoptStoredSettings(const train::Settings &stored,
                                "' is not a number");
     return Error::success();
   };
-  if (!flagGiven("lr"))
+  if (!tools::flagGiven("lr"))
     if (Error e = number("lr", flags.training.learningRate))
       return e;
-  if (!flagGiven("weight-decay"))
+  if (!tools::flagGiven("weight-decay"))
     if (Error e = number("weight_decay", flags.training.weightDecay))
       return e;
   if (std::optional<std::string> v = train::findSetting(stored, "precision");
-      v && !flagGiven("precision"))
+      v && !tools::flagGiven("precision"))
     flags.options.precision = *v;
   return Error::success();
 }
@@ -350,351 +44,43 @@ Error adoptStoredSettings(const train::Settings &stored,
 } // namespace
 
 int main(int argc, char **argv) {
-  addVersionPrinter("megaslide-run");
-  cl::HideUnrelatedOptions({&tools::planCategory, &runCategory});
-  cl::ParseCommandLineOptions(
-      argc, argv,
+  tools::PlanFlags flags;
+  tools::RunTool tool;
+  tool.name = "megaslide-run";
+  tool.overview =
       "megaslide-run: train a video DiT with a compiled execution plan\n\n"
-      "Example:\n  megaslide-run --model tiny --backend cpu --steps 200\n\n"
-      "Exit status: 0 done, 1 bad input or a failed step, 3 the plan does "
-      "not fit its budgets, 4 measured device memory differs from the "
-      "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
-      "checkpoint.\n");
-
-  // From the start: a signal while compiling ends the run before its
-  // first step, not with the default action.
-  installStopHandlers();
-  Expected<tools::PlanFlags> flags = tools::readPlanFlags();
-  if (!flags)
-    return fail(toString(flags.takeError()));
-  if (flags->model.empty() && planFile.empty())
-    return fail("--model is required (a preset name or a .json config), "
-                "unless --plan FILE runs a saved execution plan");
-  if (!flags->videoGiven) {
-    if (flags->video.frames || flags->video.height || flags->video.width)
-      return fail("give all of --frames, --height and --width, or none "
-                  "(default 17 x 128 x 128)");
-    flags->video = {17, 128, 128, false};
-  }
-  if (steps < 0)
-    return fail("--steps must be non-negative");
-  if (checkpointEvery < 0)
-    return fail("--checkpoint-every must be non-negative");
-  if (maxNonFiniteSteps < 1)
-    return fail("--max-nonfinite-steps must be at least 1");
-  if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
-      checkpointDir.empty())
-    return fail("--resume, --checkpoint-every and --overwrite-checkpoints "
-                "need --checkpoint-dir");
-  if (resume && overwriteCheckpoints)
-    return fail("--resume continues the checkpoints that "
-                "--overwrite-checkpoints would replace; give one of them");
-  if (backendName == "sim" && (!weightsPath.empty() || !saveWeights.empty() ||
-                               !checkpointDir.empty()))
-    return fail("the sim backend holds no model state: --weights, "
-                "--save-weights and --checkpoint-dir need cpu or cuda");
-
-  // Every output is created or proven writable now, not after hours of
-  // training; folders made here go again if the run fails.
-  CreatedFolders created;
-  std::unique_ptr<host::CheckpointLock> lock;
-  std::optional<train::Settings> storedSettings;
-  // With --steps 0 a checkpoint folder is only read (e.g. to export
-  // weights from a read-only archive): no lock, nothing written.
-  bool writesCheckpoints = !checkpointDir.empty() && steps > 0;
-  if (writesCheckpoints) {
-    if (Error e = prepareOutputDirectory(checkpointDir, &created.dirs))
-      return fail("--checkpoint-dir: " + toString(std::move(e)));
-    Expected<std::unique_ptr<host::CheckpointLock>> locked =
-        host::CheckpointLock::acquire(checkpointDir);
-    if (!locked)
-      return fail(toString(locked.takeError()));
-    lock = std::move(*locked);
-    // Under the lock, whatever interrupted saves left is stale.
-    host::removeStaleTemporaries(checkpointDir);
-    Expected<std::vector<host::CheckpointInfo>> existing =
-        host::listCheckpoints(checkpointDir);
-    if (!existing)
-      return fail(toString(existing.takeError()));
-    if (!resume && !overwriteCheckpoints && !existing->empty())
-      return fail(formatv("--checkpoint-dir '{0}' holds checkpoints of an "
-                          "earlier run (the newest: step {1}); give --resume "
-                          "to continue it, or --overwrite-checkpoints to "
-                          "start afresh (they are deleted once this run's "
-                          "first checkpoint is complete)",
-                          checkpointDir, existing->back().step)
-                      .str());
-  }
-  if (resume) {
-    Expected<std::string> state = host::readLatestTrainerState(checkpointDir);
-    if (!state)
-      return fail(toString(state.takeError()));
-    Expected<train::Settings> settings = train::settingsOfTrainerState(*state);
-    if (!settings)
-      return fail(toString(settings.takeError()));
-    storedSettings = std::move(*settings);
-    if (Error e = adoptStoredSettings(*storedSettings, *flags))
-      return fail(toString(std::move(e)));
-  }
-  if (!saveWeights.empty())
-    if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
-      return fail("--save-weights: " + toString(std::move(e)));
-  for (auto [flag, file] :
-       {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
-        {"--trace", traceFile},
-        {"--metrics", metricsFile}})
-    if (!file.empty())
-      if (Error e = checkOutputFile(file))
-        return fail(flag + ": " + toString(std::move(e)));
-
-  int exitCode = 1;
-  auto compileStart = std::chrono::steady_clock::now();
-  Expected<exec::ExecPlan> plan = obtainPlan(*flags, exitCode);
-  if (!plan)
-    return fail(toString(plan.takeError()), exitCode);
-  double compileSeconds = std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - compileStart)
-                              .count();
-
-  train::SessionOptions sessionOptions;
-  sessionOptions.backend = backendName;
-  sessionOptions.seed = seed;
-  sessionOptions.hardwarePath = flags->options.hardwarePath;
-  sessionOptions.dataDir = dataDir;
-  Expected<std::unique_ptr<train::Session>> session =
-      train::Session::create(std::move(*plan), sessionOptions);
-  if (!session)
-    return fail(toString(session.takeError()));
-  train::Session &s = **session;
-  const exec::ExecPlan &p = s.plan();
-  bool computesLoss = s.backend().computesLoss();
-  if (!weightsPath.empty())
-    if (Error err = host::loadWeights(weightsPath, s.state()))
-      return fail(toString(std::move(err)));
-  if (resume) {
-    std::string trainerState;
-    if (Error err = host::loadLatestCheckpoint(checkpointDir, s.state(),
-                                               trainerState))
-      return fail(toString(std::move(err)));
-    if (Error err = s.restoreTrainerState(trainerState))
-      return fail(toString(std::move(err)));
-    // `latest` may have been rewritten since the settings were read.
-    Expected<train::Settings> loaded =
-        train::settingsOfTrainerState(trainerState);
-    if (!loaded)
-      return fail(toString(loaded.takeError()));
-    if (Error err = train::checkResumeSettings(*loaded, s.settings()))
-      return fail("--resume from '" + checkpointDir +
-                  "': " + toString(std::move(err)));
-    outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
-                      checkpointDir);
-  }
-  if (writesCheckpoints)
-    if (Error err = host::checkCheckpointSpace(checkpointDir, s.state()))
-      return fail(toString(std::move(err)));
-  // --save-plan is written once every input has loaded: a run that fails
-  // on its weights or checkpoint leaves the user's files as they were.
-  if (!savePlan.empty())
-    if (Error err = exec::saveExecPlan(p, savePlan))
-      return fail(toString(std::move(err)));
-
-  int64_t lastCheckpoint = -1;
-  bool replaceOthers = overwriteCheckpoints;
-  auto checkpoint = [&]() -> Error {
-    if (s.state().step == lastCheckpoint)
-      return Error::success();
-    host::CheckpointOptions options;
-    options.replaceOthers = replaceOthers;
-    Expected<std::string> dir = host::saveCheckpoint(
-        checkpointDir, s.state(), s.trainerState(), options);
-    if (!dir)
-      return dir.takeError();
-    replaceOthers = false;
-    lastCheckpoint = s.state().step;
-    outs() << formatv("checkpoint: {0}\n", *dir);
-    outs().flush();
+      "Example:\n  megaslide-run --model tiny --backend cpu --steps 200";
+  tool.categories = {&tools::planCategory};
+  tool.checkFlags = [&](bool planGiven) -> Error {
+    Expected<tools::PlanFlags> read = tools::readPlanFlags();
+    if (!read)
+      return read.takeError();
+    flags = std::move(*read);
+    if (flags.model.empty() && !planGiven)
+      return createStringError(
+          "--model is required (a preset name or a .json config), unless "
+          "--plan FILE runs a saved execution plan");
+    if (!flags.videoGiven) {
+      if (flags.video.frames || flags.video.height || flags.video.width)
+        return createStringError("give all of --frames, --height and "
+                                 "--width, or none (default 17 x 128 x 128)");
+      flags.video = {17, 128, 128, false};
+    }
     return Error::success();
   };
-
-  outs() << formatv("megaslide-run: {0} on the {1} backend, {2} instructions, "
-                    "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
-                    p.model, s.backend().name(), p.instructions.size(),
-                    p.grid.size() == 3 ? p.grid[0] : 0,
-                    p.grid.size() == 3 ? p.grid[1] : 0,
-                    p.grid.size() == 3 ? p.grid[2] : 0, p.batch,
-                    compileSeconds);
-  outs().flush(); // before the progress lines on stderr
-
-  std::unique_ptr<Metrics> metrics;
-  if (!metricsFile.empty()) {
-    Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
-        metricsFile,
-        resume ? std::optional<int64_t>(s.state().step) : std::nullopt);
-    if (!opened)
-      return fail(toString(opened.takeError()));
-    metrics = std::move(*opened);
-  }
-
-  std::unique_ptr<trace::ChromeTrace> trace;
-  if (!traceFile.empty()) {
-    Expected<std::unique_ptr<trace::ChromeTrace>> createdTrace =
-        trace::ChromeTrace::create(traceFile,
-                                   formatv("megaslide-run {0} ({1})", p.model,
-                                           s.backend().name())
-                                       .str());
-    if (!createdTrace)
-      return fail(toString(createdTrace.takeError()));
-    trace = std::move(*createdTrace);
-  }
-
-  int64_t done = 0; // steps run
-  // Before a failing exit: the state, if it is whole and newer than the
-  // last checkpoint, is saved, so the run resumes from where it stopped.
-  auto failAfterSaving = [&](const Twine &message) {
-    std::string text = message.str();
-    if (writesCheckpoints && computesLoss && !s.state().incomplete &&
-        s.state().step != lastCheckpoint && s.state().step > 0) {
-      if (Error e = checkpoint())
-        text += "\n(the state could not be saved either: " +
-                toString(std::move(e)) + ")";
-      else
-        text += formatv("\nthe state after step {0} is saved; fix the cause "
-                        "and continue with --resume",
-                        s.state().step)
-                    .str();
-    }
-    if (trace && done > 0) // an empty trace never replaces an old one
-      consumeError(trace->finish());
-    return fail(text);
+  tool.compile = [&](const train::Settings *stored,
+                     int &exitCode) -> Expected<exec::ExecPlan> {
+    if (stored)
+      if (Error e = adoptStoredSettings(*stored, flags))
+        return std::move(e);
+    mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+    bool overBudget = false;
+    Expected<exec::ExecPlan> plan =
+        compileExecPlan(context, flags.model, flags.video, flags.training,
+                        flags.options, &overBudget);
+    if (overBudget)
+      exitCode = 3;
+    return plan;
   };
-
-  Progress progress(steps, !noProgress && sys::Process::StandardErrIsDisplayed());
-  std::vector<float> losses;
-  std::optional<exec::MemoryStats> memory;
-  double elapsed = 0;
-  int64_t firstStep = s.state().step; // sim keeps no state: count here
-  int64_t skipped = 0, skippedInARow = 0;
-  for (; done < steps && !stopSignal; ++done) {
-    int64_t stepNumber = computesLoss ? s.state().step + 1 : firstStep + done + 1;
-    Expected<exec::StepResult> result = s.trainStep(!traceFile.empty());
-    if (!result) {
-      std::string why = toString(result.takeError());
-      return failAfterSaving(StringRef(why).starts_with("step ")
-                                 ? why
-                                 : formatv("step {0}: {1}", stepNumber, why)
-                                       .str());
-    }
-    if (trace)
-      // Steps follow each other on the trace's time axis.
-      for (exec::TraceSpan &span : result->spans) {
-        span.start += elapsed;
-        trace->complete(span);
-      }
-    elapsed += result->seconds;
-    if (result->skipped) {
-      ++skipped;
-      ++skippedInARow;
-      errs() << formatv("\nstep {0}: the loss is {1}; the step is skipped (no "
-                        "update; {2} in a row, the run stops at {3})\n",
-                        stepNumber, result->loss, skippedInARow,
-                        maxNonFiniteSteps.getValue());
-    } else {
-      skippedInARow = 0;
-      memory = result->memory;
-      losses.push_back(result->loss);
-    }
-    if (metrics) {
-      std::string line =
-          result->skipped
-              ? formatv("{{\"step\": {0}, \"loss\": null, \"skipped\": true, "
-                        "\"seconds\": {1}}",
-                        stepNumber, format("%.6f", result->seconds))
-                    .str()
-              : formatv("{{\"step\": {0}, \"loss\": {1}, \"seconds\": {2}}",
-                        stepNumber,
-                        computesLoss
-                            ? formatv("{0}", format("%.9g", result->loss)).str()
-                            : std::string("null"),
-                        format("%.6f", result->seconds))
-                    .str();
-      if (Error e = metrics->write(line))
-        return failAfterSaving(toString(std::move(e)));
-    }
-    progress.update(done + 1, result->loss, elapsed,
-                    (done + 1) * p.batch / std::max(elapsed, 1e-9),
-                    computesLoss);
-    if (skippedInARow >= maxNonFiniteSteps)
-      return failAfterSaving(formatv(
-          "{0} steps in a row had a non-finite loss (the last: step {1}); "
-          "lower --lr, check the data (every sample is checked to be "
-          "finite) or the weights",
-          skippedInARow, stepNumber));
-    if (!checkpointDir.empty() &&
-        ((checkpointEvery > 0 && (done + 1) % checkpointEvery == 0) ||
-         done + 1 == steps))
-      if (Error err = checkpoint())
-        return failAfterSaving(toString(std::move(err)));
-  }
-
-  if (stopSignal) {
-    int sig = stopSignal;
-    errs() << "\n";
-    std::string note;
-    if (writesCheckpoints) {
-      if (Error err = done ? checkpoint() : Error::success())
-        return fail(formatv("stopped by {0} after step {1}, but the "
-                            "checkpoint failed: {2}",
-                            sig == SIGINT ? "SIGINT" : "SIGTERM",
-                            s.state().step, toString(std::move(err)))
-                        .str());
-      note = "to continue: " + resumeCommand(argc, argv, steps - done);
-    } else {
-      note = "no --checkpoint-dir was given, so the state is not saved";
-    }
-    if (trace && done > 0)
-      if (Error err = trace->finish())
-        return fail(toString(std::move(err)));
-    WithColor::warning(errs(), "megaslide-run")
-        << formatv("stopped by {0} after {1} of {2} steps{3}; {4}\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM", done,
-                   steps.getValue(),
-                   saveWeights.empty() ? "" : " (--save-weights not written)",
-                   note);
-    outs() << note << "\n";
-    return 128 + sig;
-  }
-
-  if (!saveWeights.empty())
-    if (Error err = host::saveWeights(p, s.state(), saveWeights))
-      return fail(toString(std::move(err)));
-
-  if (trace)
-    if (Error err = trace->finish())
-      return fail(toString(std::move(err)));
-
-  if (skipped)
-    WithColor::warning(errs(), "megaslide-run")
-        << formatv("{0} of {1} steps were skipped for a non-finite loss\n",
-                   skipped, done);
-  if (done > 0) {
-    if (!computesLoss)
-      outs() << formatv("predicted step: {0:F3} s on the sim hardware "
-                        "model\n",
-                        elapsed / done);
-    if (computesLoss && !losses.empty())
-      outs() << formatv("loss: first {0:F5}, last {1:F5} ({2:P0} of the "
-                        "first)\n",
-                        losses.front(), losses.back(),
-                        losses.back() / losses.front());
-  }
-  if (memory) {
-    outs() << formatv("device memory: planned peak {0} B, measured {1} B; "
-                      "planned live {2} B, measured {3} B\n",
-                      memory->plannedArenaBytes, memory->measuredArenaBytes,
-                      memory->plannedLiveBytes, memory->measuredLiveBytes);
-    if (memory->plannedArenaBytes != memory->measuredArenaBytes ||
-        memory->plannedLiveBytes != memory->measuredLiveBytes)
-      return fail("measured device memory differs from the plan", 4);
-  }
-  return 0;
+  return tools::runMain(argc, argv, tool);
 }

@@ -1,0 +1,13 @@
+//===- HardwareFlag.cpp - The --hw flag -----------------------------------===//
+
+#include "HardwareFlag.h"
+
+using namespace llvm;
+
+cl::OptionCategory megaslide::tools::hardwareCategory("Hardware options");
+
+cl::opt<std::string> megaslide::tools::hardwareFile(
+    "hw", cl::cat(hardwareCategory),
+    cl::desc("Hardware description (JSON; default: built-in H200 + 1.5 TB "
+             "host)"),
+    cl::value_desc("FILE"));

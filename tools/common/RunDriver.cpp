@@ -1,0 +1,770 @@
+//===- RunDriver.cpp - Train with an execution plan ------------------------===//
+//
+// The one implementation of megaslide-run and megaslide-exec
+// (RunDriver.h): runs a plan on a backend, cpu (reference numerics), cuda
+// (the GPU) or sim (predicted timing), with a progress bar, optional
+// weights, data, checkpoints, metrics and a Chrome trace. A long run loses
+// nothing it need not (docs/Runtime.md, "Long runs"): every output is
+// proven writable before the plan is compiled, the checkpoint folder is
+// locked, a resumed run keeps the checkpoint's settings, non-finite losses
+// skip their step, and SIGINT or SIGTERM end the run at a step boundary
+// with a checkpoint. Exit codes: docs/ExitCodes.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RunDriver.h"
+
+#include "HardwareFlag.h"
+
+#include "megaslide/Version.h"
+#include "cuda/CudaBackend.h"
+#include "cuda/Nvrtc.h"
+#include "host/Checkpoint.h"
+#include "host/Safetensors.h"
+#include "host/Weights.h"
+#include "support/AtomicFile.h"
+#include "support/Json.h"
+#include "support/ReadFile.h"
+#include "trace/ChromeTrace.h"
+#include "train/Session.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/WithColor.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+using namespace llvm;
+using namespace megaslide;
+
+namespace {
+
+cl::OptionCategory runCategory("Run options");
+
+cl::opt<std::string> backendName("backend", cl::init("cpu"), cl::cat(runCategory),
+                                 cl::desc("cpu | cuda | sim"));
+cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
+                       cl::desc("Training steps to run"));
+cl::opt<uint64_t> seed("seed", cl::init(0), cl::cat(runCategory),
+                       cl::desc("Seed of initial weights and synthetic data"));
+cl::opt<std::string> planFile("plan", cl::cat(runCategory),
+                              cl::desc("Run this execution plan instead of "
+                                       "compiling --model"),
+                              cl::value_desc("FILE"));
+cl::opt<std::string> savePlan("save-plan", cl::cat(runCategory),
+                              cl::desc("Also write the execution plan"),
+                              cl::value_desc("FILE"));
+cl::opt<std::string> traceFile("trace", cl::cat(runCategory),
+                               cl::desc("Write a Chrome trace (Perfetto) of "
+                                        "the steps"),
+                               cl::value_desc("FILE"));
+cl::opt<std::string> metricsFile("metrics", cl::cat(runCategory),
+                                 cl::desc("Write one JSON line per step "
+                                          "(step, loss, seconds)"),
+                                 cl::value_desc("FILE"));
+cl::opt<std::string> weightsPath(
+    "weights", cl::cat(runCategory),
+    cl::desc("Load diffusers-format transformer weights (a directory with "
+             "config.json and safetensors shards, or one .safetensors file)"),
+    cl::value_desc("PATH"));
+cl::opt<std::string> saveWeights(
+    "save-weights", cl::cat(runCategory),
+    cl::desc("Write the trained weights in diffusers format at the end"),
+    cl::value_desc("DIR"));
+cl::opt<std::string> dataDir(
+    "data", cl::cat(runCategory),
+    cl::desc("Train on the samples in this directory (one .safetensors per "
+             "sample: latents [C, T, H, W], condition [L, D]; "
+             "docs/Runtime.md) instead of the synthetic task"),
+    cl::value_desc("DIR"));
+cl::opt<std::string> checkpointDir(
+    "checkpoint-dir", cl::cat(runCategory),
+    cl::desc("Write checkpoints (masters, moments, step, data and RNG "
+             "state) here, atomically"),
+    cl::value_desc("DIR"));
+cl::opt<int64_t> checkpointEvery(
+    "checkpoint-every", cl::init(0), cl::cat(runCategory),
+    cl::desc("Steps between checkpoints (0: only at the end)"));
+cl::opt<bool> resume("resume", cl::cat(runCategory),
+                     cl::desc("Continue from the latest checkpoint in "
+                              "--checkpoint-dir; --steps more steps"));
+cl::opt<bool> overwriteCheckpoints(
+    "overwrite-checkpoints", cl::cat(runCategory),
+    cl::desc("Start a fresh run in a --checkpoint-dir that holds "
+             "checkpoints; they are deleted once this run's first "
+             "checkpoint is complete"));
+cl::opt<int64_t> maxNonFiniteSteps(
+    "max-nonfinite-steps", cl::init(3), cl::cat(runCategory),
+    cl::desc("Consecutive steps with a non-finite loss that are skipped "
+             "(no update) before the run stops"));
+cl::opt<std::string> saveGradients(
+    "save-gradients", cl::cat(runCategory),
+    cl::desc("Write the fp32 gradients of the last step run (safetensors, "
+             "one tensor per parameter; with --steps 1 those of the "
+             "starting weights)"),
+    cl::value_desc("FILE"));
+cl::opt<std::string> precompileKernels(
+    "precompile-kernels", cl::cat(runCategory),
+    cl::desc("Compile the plan's CUDA kernels for ARCH (e.g. sm_90a) into "
+             "the kernel cache ($MEGASLIDE_KERNEL_CACHE) and exit: needs "
+             "NVRTC, not a GPU, so a GPU job starts with a warm cache"),
+    cl::value_desc("ARCH"));
+cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
+                         cl::desc("Print one line per step instead of a "
+                                  "progress bar"));
+
+const char *toolName = "megaslide";
+
+int fail(const Twine &message, int code = 1) {
+  WithColor::error(errs(), toolName) << message << "\n";
+  return code;
+}
+
+std::string formatSeconds(double s) {
+  if (!std::isfinite(s) || s < 0)
+    return "--:--";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600)
+    return formatv("{0}:{1:2}:{2:2}", t / 3600, (t / 60) % 60, t % 60);
+  return formatv("{0:2}:{1:2}", t / 60, t % 60);
+}
+
+/// One line of progress: a bar on a terminal, plain lines otherwise.
+class Progress {
+public:
+  Progress(int64_t total, bool bar) : total(total), bar(bar) {}
+  void update(int64_t step, float loss, double elapsed, double samplesPerSec,
+              bool computesLoss) {
+    double eta = step ? elapsed / step * (total - step) : 0;
+    std::string lossText =
+        computesLoss ? formatv("loss {0:F5}", loss).str() : "loss n/a (sim)";
+    std::string stats =
+        formatv("step {0}/{1}  {2}  {3:F2} samples/s  elapsed {4}  eta {5}",
+                step, total, lossText, samplesPerSec, formatSeconds(elapsed),
+                formatSeconds(eta));
+    if (bar) {
+      constexpr int width = 24;
+      int filled = total ? static_cast<int>(width * step / total) : width;
+      errs() << "\r[" << std::string(filled, '#')
+             << std::string(width - filled, '.') << "] " << stats << "\x1b[K";
+      if (step == total)
+        errs() << "\n";
+    } else {
+      errs() << stats << "\n";
+    }
+  }
+
+private:
+  int64_t total;
+  bool bar;
+};
+
+//===----------------------------------------------------------------------===//
+// Signals: the first SIGINT/SIGTERM ends the run at the next step boundary,
+// a second one ends the process at once.
+//===----------------------------------------------------------------------===//
+
+volatile std::sig_atomic_t stopSignal = 0;
+
+extern "C" void onStopSignal(int sig) {
+  if (stopSignal) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig); // delivered when this handler returns
+    return;
+  }
+  stopSignal = sig;
+}
+
+void installStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = onStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART; // blocking I/O of a step carries on
+  for (int sig : {SIGINT, SIGTERM})
+    sigaction(sig, &action, nullptr);
+}
+
+/// Quoted for a POSIX shell where needed.
+std::string shellQuote(StringRef arg) {
+  if (!arg.empty() && llvm::all_of(arg, [](char c) {
+        return isAlnum(c) || StringRef("-_./=:,+@%").contains(c);
+      }))
+    return arg.str();
+  std::string quoted = "'";
+  for (char c : arg)
+    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+/// The command line that continues this run for `remaining` steps: the
+/// same arguments with --steps replaced, --resume added and
+/// --overwrite-checkpoints dropped.
+std::string resumeCommand(int argc, char **argv, int64_t remaining) {
+  std::string cmd = shellQuote(argv[0]);
+  auto named = [](StringRef arg, StringRef name) {
+    arg = arg.ltrim('-');
+    return arg == name || arg.starts_with((name + "=").str());
+  };
+  for (int i = 1; i < argc; ++i) {
+    StringRef arg = argv[i];
+    if (named(arg, "resume") || named(arg, "overwrite-checkpoints"))
+      continue;
+    if (named(arg, "steps")) {
+      if (!arg.contains('=') && i + 1 < argc)
+        ++i;
+      continue;
+    }
+    cmd += " " + shellQuote(arg);
+  }
+  return cmd + " --steps " + std::to_string(remaining) + " --resume";
+}
+
+//===----------------------------------------------------------------------===//
+// Outputs
+//===----------------------------------------------------------------------===//
+
+/// One JSON line per step, flushed as written. A fresh run replaces the
+/// file at its first line (so a run that fails before any step leaves it as
+/// it was); a resumed run keeps the lines of the steps the checkpoint holds
+/// and appends, so an interrupted and resumed run has one line per step.
+class Metrics {
+public:
+  static Expected<std::unique_ptr<Metrics>>
+  open(StringRef path, std::optional<int64_t> resumedStep) {
+    std::unique_ptr<Metrics> m(new Metrics(path.str()));
+    if (!resumedStep)
+      return m;
+    m->append = true;
+    if (!sys::fs::exists(path))
+      return m;
+    Expected<std::string> text =
+        readBoundedFile(path, kMaxMetricsBytes, "metrics file");
+    if (!text)
+      return text.takeError();
+    std::string kept;
+    for (StringRef line : split(*text, '\n')) {
+      Expected<json::Value> v = parseJson(line);
+      if (!v) {
+        consumeError(v.takeError()); // a line cut by a kill
+        continue;
+      }
+      const json::Object *o = v->getAsObject();
+      std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
+      if (step && *step <= *resumedStep)
+        kept += line.str() + "\n";
+    }
+    if (Error e = writeFileAtomically(path, kept))
+      return std::move(e);
+    return m;
+  }
+  ~Metrics() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+
+  Error write(StringRef line) {
+    if (fd < 0) {
+      int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+      fd = ::open(path.c_str(), flags, 0666);
+      if (fd < 0)
+        return createStringError("cannot write '" + path +
+                                 "': " + std::strerror(errno));
+    }
+    std::string text = line.str() + "\n";
+    for (size_t done = 0; done < text.size();) {
+      ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return createStringError("cannot write '" + path +
+                                 "': " + std::strerror(errno));
+      done += n;
+    }
+    return Error::success();
+  }
+
+private:
+  static constexpr uint64_t kMaxMetricsBytes = 1ull << 30;
+  explicit Metrics(std::string path) : path(std::move(path)) {}
+  std::string path;
+  int fd = -1;
+  bool append = false;
+};
+
+/// Folders this run created for its outputs: at exit, those still empty
+/// are removed, so a failed run leaves no trace of them.
+struct CreatedFolders {
+  std::vector<std::string> dirs;
+  ~CreatedFolders() { removeCreatedDirectories(dirs); }
+};
+
+/// --precompile-kernels: what the cuda backend compiles when it opens the
+/// plan, through the same cache.
+int precompile(const exec::ExecPlan &plan, StringRef arch) {
+  std::string why;
+  if (!cuda::nvrtcAvailable(&why))
+    return fail("--precompile-kernels: " + why);
+  Expected<cuda::PreparedPlan> prep = cuda::prepareCudaPlan(plan);
+  if (!prep)
+    return fail(toString(prep.takeError()));
+  std::vector<std::pair<std::string, std::string>> units;
+  if (!prep->kernels.empty())
+    units.push_back({"megaslide_dense.cu", prep->elementwiseSource});
+  for (const exec::KernelModule &m : plan.kernelModules)
+    units.push_back({m.name + ".cu", m.source});
+  std::string cache = cuda::kernelCacheDir();
+  if (cache.empty())
+    return fail("--precompile-kernels: no kernel cache (MEGASLIDE_KERNEL_CACHE "
+                "is 'off' or no home directory)");
+  for (auto &[name, source] : units) {
+    auto start = std::chrono::steady_clock::now();
+    cuda::CompileResult r = cuda::compileCuda(source, name, arch.str());
+    if (!r.ok() || r.cubin.empty())
+      return fail("NVRTC cannot compile " + name + " for " + arch + ":\n" +
+                  r.error);
+    outs() << formatv("{0}: {1} B cubin in {2:F2} s{3}\n", name,
+                      r.cubin.size(),
+                      std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - start)
+                          .count(),
+                      r.fromCache ? " (cached)" : "");
+  }
+  outs() << formatv("{0} modules for {1} in {2} (NVRTC {3})\n", units.size(),
+                    arch, cache, cuda::nvrtcVersionString());
+  return 0;
+}
+
+/// --save-gradients: one fp32 tensor per parameter, in the plan's order and
+/// with its shape.
+Error writeGradients(const exec::ExecPlan &plan,
+                     const StringMap<std::vector<float>> &gradients,
+                     StringRef path) {
+  if (gradients.empty())
+    return createStringError("--save-gradients: no gradient reached the host "
+                             "in the last step (a step whose loss is not "
+                             "finite is skipped before its updates)");
+  std::vector<host::StTensorToWrite> tensors;
+  for (const exec::Param &param : plan.params) {
+    auto it = gradients.find(param.name);
+    if (param.role != "master" || it == gradients.end())
+      continue;
+    if (static_cast<int64_t>(it->second.size()) != param.type.numElements())
+      return createStringError(formatv("the gradient of '{0}' has {1} "
+                                       "values, the parameter {2}",
+                                       param.name, it->second.size(),
+                                       param.type.numElements())
+                                   .str());
+    tensors.push_back({param.name, param.type.shape, it->second.data(),
+                       host::StDType::F32});
+  }
+  if (tensors.size() != gradients.size())
+    return createStringError(formatv("{0} gradients reached the host, but "
+                                     "the plan has {1} trained parameters",
+                                     gradients.size(), tensors.size())
+                                 .str());
+  return host::writeSafetensors(path, tensors);
+}
+
+/// A resumed run takes the checkpoint's seed and data unless the command
+/// line gives them (the tool's compile() adopts the plan's settings); what
+/// it gives is compared with the checkpoint once the plan is built
+/// (train::checkResumeSettings).
+Error adoptRunSettings(const train::Settings &stored) {
+  if (std::optional<std::string> v = train::findSetting(stored, "seed");
+      v && !tools::flagGiven("seed") &&
+      StringRef(*v).getAsInteger(10, seed.getValue()))
+    return createStringError("the checkpoint's seed '" + *v +
+                             "' is not a number");
+  if (std::optional<std::string> v = train::findSetting(stored, "data");
+      v && !tools::flagGiven("data"))
+    dataDir = *v == "(synthetic)" ? std::string() : *v;
+  return Error::success();
+}
+
+} // namespace
+
+bool tools::flagGiven(StringRef name) {
+  auto &options = cl::getRegisteredOptions();
+  auto it = options.find(name);
+  return it != options.end() && it->second->getNumOccurrences();
+}
+
+int tools::runMain(int argc, char **argv, const RunTool &tool) {
+  toolName = tool.name;
+  addVersionPrinter(tool.name);
+  std::vector<const cl::OptionCategory *> categories = tool.categories;
+  categories.push_back(&runCategory);
+  categories.push_back(&hardwareCategory);
+  cl::HideUnrelatedOptions(categories);
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      (Twine(tool.overview) +
+       "\n\nExit status: 0 done, 1 bad input or a failed step, 3 the plan "
+       "does not fit its budgets, 4 measured device memory differs from the "
+       "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
+       "checkpoint.\n")
+          .str());
+
+  // From the start: a signal while compiling ends the run before its
+  // first step, not with the default action.
+  installStopHandlers();
+  if (tool.checkFlags)
+    if (Error e = tool.checkFlags(!planFile.empty()))
+      return fail(toString(std::move(e)));
+  if (planFile.empty() && !tool.compile)
+    return fail(Twine(tool.name) +
+                " runs a saved execution plan: give --plan FILE (written by "
+                "megaslide-run --save-plan on a machine with the compiler)");
+  if (steps < 0)
+    return fail("--steps must be non-negative");
+  if (checkpointEvery < 0)
+    return fail("--checkpoint-every must be non-negative");
+  if (maxNonFiniteSteps < 1)
+    return fail("--max-nonfinite-steps must be at least 1");
+  if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
+      checkpointDir.empty())
+    return fail("--resume, --checkpoint-every and --overwrite-checkpoints "
+                "need --checkpoint-dir");
+  if (resume && overwriteCheckpoints)
+    return fail("--resume continues the checkpoints that "
+                "--overwrite-checkpoints would replace; give one of them");
+  if (backendName == "sim" &&
+      (!weightsPath.empty() || !saveWeights.empty() ||
+       !checkpointDir.empty() || !saveGradients.empty()))
+    return fail("the sim backend holds no model state: --weights, "
+                "--save-weights, --save-gradients and --checkpoint-dir "
+                "need cpu or cuda");
+
+  // Every output is created or proven writable now, not after hours of
+  // training; folders made here go again if the run fails.
+  CreatedFolders created;
+  std::unique_ptr<host::CheckpointLock> lock;
+  std::optional<train::Settings> storedSettings;
+  // With --steps 0 a checkpoint folder is only read (e.g. to export
+  // weights from a read-only archive): no lock, nothing written.
+  bool writesCheckpoints = !checkpointDir.empty() && steps > 0;
+  if (writesCheckpoints) {
+    if (Error e = prepareOutputDirectory(checkpointDir, &created.dirs))
+      return fail("--checkpoint-dir: " + toString(std::move(e)));
+    Expected<std::unique_ptr<host::CheckpointLock>> locked =
+        host::CheckpointLock::acquire(checkpointDir);
+    if (!locked)
+      return fail(toString(locked.takeError()));
+    lock = std::move(*locked);
+    // Under the lock, whatever interrupted saves left is stale.
+    host::removeStaleTemporaries(checkpointDir);
+    Expected<std::vector<host::CheckpointInfo>> existing =
+        host::listCheckpoints(checkpointDir);
+    if (!existing)
+      return fail(toString(existing.takeError()));
+    if (!resume && !overwriteCheckpoints && !existing->empty())
+      return fail(formatv("--checkpoint-dir '{0}' holds checkpoints of an "
+                          "earlier run (the newest: step {1}); give --resume "
+                          "to continue it, or --overwrite-checkpoints to "
+                          "start afresh (they are deleted once this run's "
+                          "first checkpoint is complete)",
+                          checkpointDir, existing->back().step)
+                      .str());
+  }
+  if (resume) {
+    Expected<std::string> state = host::readLatestTrainerState(checkpointDir);
+    if (!state)
+      return fail(toString(state.takeError()));
+    Expected<train::Settings> settings = train::settingsOfTrainerState(*state);
+    if (!settings)
+      return fail(toString(settings.takeError()));
+    storedSettings = std::move(*settings);
+    if (Error e = adoptRunSettings(*storedSettings))
+      return fail(toString(std::move(e)));
+  }
+  if (!saveWeights.empty())
+    if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
+      return fail("--save-weights: " + toString(std::move(e)));
+  for (auto [flag, file] :
+       {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
+        {"--trace", traceFile},
+        {"--metrics", metricsFile},
+        {"--save-gradients", saveGradients}})
+    if (!file.empty())
+      if (Error e = checkOutputFile(file))
+        return fail(flag + ": " + toString(std::move(e)));
+
+  int exitCode = 1;
+  auto compileStart = std::chrono::steady_clock::now();
+  Expected<exec::ExecPlan> plan =
+      !planFile.empty()
+          ? exec::loadExecPlan(planFile)
+          : tool.compile(storedSettings ? &*storedSettings : nullptr,
+                         exitCode);
+  if (!plan)
+    return fail(toString(plan.takeError()), exitCode);
+  if (!precompileKernels.empty())
+    return precompile(*plan, precompileKernels);
+  double compileSeconds = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - compileStart)
+                              .count();
+
+  train::SessionOptions sessionOptions;
+  sessionOptions.backend = backendName;
+  sessionOptions.seed = seed;
+  sessionOptions.hardwarePath = hardwareFile;
+  sessionOptions.dataDir = dataDir;
+  Expected<std::unique_ptr<train::Session>> session =
+      train::Session::create(std::move(*plan), sessionOptions);
+  if (!session)
+    return fail(toString(session.takeError()));
+  train::Session &s = **session;
+  const exec::ExecPlan &p = s.plan();
+  bool computesLoss = s.backend().computesLoss();
+  if (!weightsPath.empty())
+    if (Error err = host::loadWeights(weightsPath, s.state()))
+      return fail(toString(std::move(err)));
+  if (resume) {
+    std::string trainerState;
+    if (Error err = host::loadLatestCheckpoint(checkpointDir, s.state(),
+                                               trainerState))
+      return fail(toString(std::move(err)));
+    if (Error err = s.restoreTrainerState(trainerState))
+      return fail(toString(std::move(err)));
+    // `latest` may have been rewritten since the settings were read.
+    Expected<train::Settings> loaded =
+        train::settingsOfTrainerState(trainerState);
+    if (!loaded)
+      return fail(toString(loaded.takeError()));
+    if (Error err = train::checkResumeSettings(*loaded, s.settings()))
+      return fail("--resume from '" + checkpointDir +
+                  "': " + toString(std::move(err)));
+    outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
+                      checkpointDir);
+  }
+  if (writesCheckpoints)
+    if (Error err = host::checkCheckpointSpace(checkpointDir, s.state()))
+      return fail(toString(std::move(err)));
+  // --save-plan is written once every input has loaded: a run that fails
+  // on its weights or checkpoint leaves the user's files as they were.
+  if (!savePlan.empty())
+    if (Error err = exec::saveExecPlan(p, savePlan))
+      return fail(toString(std::move(err)));
+
+  int64_t lastCheckpoint = -1;
+  bool replaceOthers = overwriteCheckpoints;
+  auto checkpoint = [&]() -> Error {
+    if (s.state().step == lastCheckpoint)
+      return Error::success();
+    host::CheckpointOptions options;
+    options.replaceOthers = replaceOthers;
+    Expected<std::string> dir = host::saveCheckpoint(
+        checkpointDir, s.state(), s.trainerState(), options);
+    if (!dir)
+      return dir.takeError();
+    replaceOthers = false;
+    lastCheckpoint = s.state().step;
+    outs() << formatv("checkpoint: {0}\n", *dir);
+    outs().flush();
+    return Error::success();
+  };
+
+  outs() << formatv("{8}: {0} on the {1} backend, {2} instructions, "
+                    "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
+                    p.model, s.backend().name(), p.instructions.size(),
+                    p.grid.size() == 3 ? p.grid[0] : 0,
+                    p.grid.size() == 3 ? p.grid[1] : 0,
+                    p.grid.size() == 3 ? p.grid[2] : 0, p.batch,
+                    compileSeconds, tool.name);
+  outs().flush(); // before the progress lines on stderr
+
+  std::unique_ptr<Metrics> metrics;
+  if (!metricsFile.empty()) {
+    Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
+        metricsFile,
+        resume ? std::optional<int64_t>(s.state().step) : std::nullopt);
+    if (!opened)
+      return fail(toString(opened.takeError()));
+    metrics = std::move(*opened);
+  }
+
+  std::unique_ptr<trace::ChromeTrace> trace;
+  if (!traceFile.empty()) {
+    Expected<std::unique_ptr<trace::ChromeTrace>> createdTrace =
+        trace::ChromeTrace::create(traceFile,
+                                   formatv("{2} {0} ({1})", p.model,
+                                           s.backend().name(), tool.name)
+                                       .str());
+    if (!createdTrace)
+      return fail(toString(createdTrace.takeError()));
+    trace = std::move(*createdTrace);
+  }
+
+  int64_t done = 0; // steps run
+  // Before a failing exit: the state, if it is whole and newer than the
+  // last checkpoint, is saved, so the run resumes from where it stopped.
+  auto failAfterSaving = [&](const Twine &message) {
+    std::string text = message.str();
+    if (writesCheckpoints && computesLoss && !s.state().incomplete &&
+        s.state().step != lastCheckpoint && s.state().step > 0) {
+      if (Error e = checkpoint())
+        text += "\n(the state could not be saved either: " +
+                toString(std::move(e)) + ")";
+      else
+        text += formatv("\nthe state after step {0} is saved; fix the cause "
+                        "and continue with --resume",
+                        s.state().step)
+                    .str();
+    }
+    if (trace && done > 0) // an empty trace never replaces an old one
+      consumeError(trace->finish());
+    return fail(text);
+  };
+
+  Progress progress(steps, !noProgress && sys::Process::StandardErrIsDisplayed());
+  std::vector<float> losses;
+  std::optional<exec::MemoryStats> memory;
+  double elapsed = 0;
+  int64_t firstStep = s.state().step; // sim keeps no state: count here
+  int64_t skipped = 0, skippedInARow = 0;
+  StringMap<std::vector<float>> gradients; // of the last step (--save-gradients)
+  for (; done < steps && !stopSignal; ++done) {
+    int64_t stepNumber = computesLoss ? s.state().step + 1 : firstStep + done + 1;
+    exec::StepOptions stepOptions;
+    stepOptions.trace = !traceFile.empty();
+    if (!saveGradients.empty() && done + 1 == steps) {
+      gradients.clear(); // a skipped step ran its backward too
+      stepOptions.onGradient = [&](StringRef name, ArrayRef<float> g) {
+        gradients[name] = g.vec();
+      };
+    }
+    Expected<exec::StepResult> result = s.trainStep(stepOptions);
+    if (!result) {
+      std::string why = toString(result.takeError());
+      return failAfterSaving(StringRef(why).starts_with("step ")
+                                 ? why
+                                 : formatv("step {0}: {1}", stepNumber, why)
+                                       .str());
+    }
+    if (trace)
+      // Steps follow each other on the trace's time axis.
+      for (exec::TraceSpan &span : result->spans) {
+        span.start += elapsed;
+        trace->complete(span);
+      }
+    elapsed += result->seconds;
+    if (result->skipped) {
+      ++skipped;
+      ++skippedInARow;
+      errs() << formatv("\nstep {0}: the loss is {1}; the step is skipped (no "
+                        "update; {2} in a row, the run stops at {3})\n",
+                        stepNumber, result->loss, skippedInARow,
+                        maxNonFiniteSteps.getValue());
+    } else {
+      skippedInARow = 0;
+      memory = result->memory;
+      losses.push_back(result->loss);
+    }
+    if (metrics) {
+      std::string line =
+          result->skipped
+              ? formatv("{{\"step\": {0}, \"loss\": null, \"skipped\": true, "
+                        "\"seconds\": {1}}",
+                        stepNumber, format("%.6f", result->seconds))
+                    .str()
+              : formatv("{{\"step\": {0}, \"loss\": {1}, \"seconds\": {2}}",
+                        stepNumber,
+                        computesLoss
+                            ? formatv("{0}", format("%.9g", result->loss)).str()
+                            : std::string("null"),
+                        format("%.6f", result->seconds))
+                    .str();
+      if (Error e = metrics->write(line))
+        return failAfterSaving(toString(std::move(e)));
+    }
+    progress.update(done + 1, result->loss, elapsed,
+                    (done + 1) * p.batch / std::max(elapsed, 1e-9),
+                    computesLoss);
+    if (skippedInARow >= maxNonFiniteSteps)
+      return failAfterSaving(formatv(
+          "{0} steps in a row had a non-finite loss (the last: step {1}); "
+          "lower --lr, check the data (every sample is checked to be "
+          "finite) or the weights",
+          skippedInARow, stepNumber));
+    if (!checkpointDir.empty() &&
+        ((checkpointEvery > 0 && (done + 1) % checkpointEvery == 0) ||
+         done + 1 == steps))
+      if (Error err = checkpoint())
+        return failAfterSaving(toString(std::move(err)));
+  }
+
+  if (stopSignal) {
+    int sig = stopSignal;
+    errs() << "\n";
+    std::string note;
+    if (writesCheckpoints) {
+      if (Error err = done ? checkpoint() : Error::success())
+        return fail(formatv("stopped by {0} after step {1}, but the "
+                            "checkpoint failed: {2}",
+                            sig == SIGINT ? "SIGINT" : "SIGTERM",
+                            s.state().step, toString(std::move(err)))
+                        .str());
+      note = "to continue: " + resumeCommand(argc, argv, steps - done);
+    } else {
+      note = "no --checkpoint-dir was given, so the state is not saved";
+    }
+    if (trace && done > 0)
+      if (Error err = trace->finish())
+        return fail(toString(std::move(err)));
+    WithColor::warning(errs(), tool.name)
+        << formatv("stopped by {0} after {1} of {2} steps{3}; {4}\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM", done,
+                   steps.getValue(),
+                   saveWeights.empty() ? "" : " (--save-weights not written)",
+                   note);
+    outs() << note << "\n";
+    return 128 + sig;
+  }
+
+  if (!saveWeights.empty())
+    if (Error err = host::saveWeights(p, s.state(), saveWeights))
+      return fail(toString(std::move(err)));
+  if (!saveGradients.empty() && done > 0)
+    if (Error err = writeGradients(p, gradients, saveGradients))
+      return fail(toString(std::move(err)));
+
+  if (trace)
+    if (Error err = trace->finish())
+      return fail(toString(std::move(err)));
+
+  if (skipped)
+    WithColor::warning(errs(), tool.name)
+        << formatv("{0} of {1} steps were skipped for a non-finite loss\n",
+                   skipped, done);
+  if (done > 0) {
+    if (!computesLoss)
+      outs() << formatv("predicted step: {0:F3} s on the sim hardware "
+                        "model\n",
+                        elapsed / done);
+    if (computesLoss && !losses.empty())
+      outs() << formatv("loss: first {0:F5}, last {1:F5} ({2:P0} of the "
+                        "first)\n",
+                        losses.front(), losses.back(),
+                        losses.back() / losses.front());
+  }
+  if (memory) {
+    outs() << formatv("device memory: planned peak {0} B, measured {1} B; "
+                      "planned live {2} B, measured {3} B\n",
+                      memory->plannedArenaBytes, memory->measuredArenaBytes,
+                      memory->plannedLiveBytes, memory->measuredLiveBytes);
+    if (memory->plannedArenaBytes != memory->measuredArenaBytes ||
+        memory->plannedLiveBytes != memory->measuredLiveBytes)
+      return fail("measured device memory differs from the plan", 4);
+  }
+  return 0;
+}
