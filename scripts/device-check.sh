@@ -1,243 +1,267 @@
 #!/usr/bin/env bash
-# Device check for a machine with an NVIDIA GPU (the lent H200), in under
-# 8 minutes (a deadline caps every step; what does not fit is skipped and
-# said so):
-#   1. what the machine has (GPU, driver, toolkit, compilers);
-#   2. configure + build with CUDA (when MLIR 22 is installed), then the unit
-#      tests (the cuda backend's GPU tests run here: CudaBackendGpuTest) and
-#      the lit tests of the CUDA target (GPU tests skip without a GPU);
-#   3. training parity: `megaslide-run --model tiny --steps 20` on the cpu
-#      and on the cuda backend (same seed, same synthetic data); the loss
-#      sequences must agree: relative difference <= 1e-2 at step 1 (same
-#      weights, only bf16 rounding and summation order differ) and <= 5e-2
-#      at every step up to 20 (AdamW amplifies those differences a little).
-#      The saved tiny plan, and the tiny model with 3D-DSA attention, then
-#      run CudaBackendGpuTinyTest (losses and every gradient of 3 steps
-#      against the cpu backend; the DSA one runs the generated kernels);
-#   4. the 3D-DSA kernels of test/Target/Cuda/Inputs/dsa3d_device_configs.mlir
-#      (small check configurations + the 105B video DiT) compiled by NVRTC
-#      for sm_90a with their resource report (registers, shared memory,
-#      spills, occupancy) and the HMMA count of their SASS;
-#   5. with a GPU: scripts/dsa_gpu_check.py runs those kernels, checks the
-#      small configurations against a float64 NumPy reference and times the
-#      105B one (forward, backward, offsets);
-#   6. benchmarks on the cuda backend: tiny step time with a Chrome trace of
-#      every instruction (per-stream overlap), and a DiT-XL/2 256x256 step.
-#
-# Logs and reports go to $OUT (else build/device-check). Without MLIR on the
-# machine, the kernels can come prebuilt: DSA_KERNELS=DIR (output of
-# megaslide-translate --emit-dsa-kernels ... -o DIR --cubin sm_90a), and the
-# tools from a carried build directory. DEVICE_CHECK_SECONDS overrides the
-# 470 s deadline.
-# Exit status: non-zero if a build, test, compilation, parity or numerics
-# step failed.
+# The device check: runs from the bundle of scripts/device-bundle.sh on a
+# bare GPU node (NVIDIA driver and CUDA; no MLIR, LLVM or network) in at
+# most 300 s of command time. Every step has a deadline; what does not fit
+# is skipped and said so, and a step that needs the GPU says so where there
+# is none (then the check is a dry run of everything else). The call a
+# session with a device makes, and what each step checks: docs/Testing.md,
+# "The device check".
+#   1. machine: GPU, driver, memory (MemAvailable, cgroup), CPUs, libcuda,
+#      cuBLASLt, NVRTC (its version against the bundle's), cuDNN, torch;
+#   2. gtest: the runtime's unit tests; the GPU ones must run (a skip is a
+#      failure where there is a GPU);
+#   3. parity: the cuda backend against the cpu backend's stored reference
+#      on the tiny plans (20 losses; every gradient of step 1), and the cpu
+#      backend against the same reference (bit for bit);
+#   4. dsa: the 3D-DSA kernels against a float64 reference (small
+#      configurations whole, the 105B shape on a sample of tiles), timed,
+#      with a FlexAttention baseline;
+#   5. sanitizer: compute-sanitizer memcheck and racecheck of a tiny step;
+#   6. calibration: per-op-kind times of DiT-XL/2, the mid Wan model and the
+#      105B 2-block cut on the cuda backend against the sim's prediction for
+#      the same plans.
+# Results in $OUT (else build/device-check), at most 8 files, the summary
+# first: 1-summary.txt, 2-machine.txt, 3-gtest.log, 4-parity.txt,
+# 5-dsa.json, 6-sanitizer.txt, 7-calibration.txt, 8-logs.tar.gz (every
+# step's log, metrics and JSON).
+# Usage: scripts/device-check.sh [BUNDLE] (default build-bundle/).
+# DEVICE_CHECK_SECONDS overrides the 300 s deadline. Exit status: non-zero
+# if a step that ran failed.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=$(cd "${1:-$root/build-bundle}" 2>/dev/null && pwd) || {
+  echo "device check: no bundle at ${1:-$root/build-bundle}; make one with" \
+    "scripts/device-bundle.sh" >&2
+  exit 1
+}
 out=${OUT:-$root/build/device-check}
-build=${MEGASLIDE_BUILD_DIR:-$root/build}
-kernels=${DSA_KERNELS:-$out/dsa-kernels}
-python=$(python3 -c "import sys; print(sys.executable)" 2>/dev/null || true)
-jobs=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$out"
-summary="$out/summary.txt"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+logs=$work/logs
+mkdir -p "$logs"
+summary=$out/1-summary.txt
 : >"$summary"
 status=0
-deadline=$((SECONDS + ${DEVICE_CHECK_SECONDS:-470}))
+begin=$SECONDS
+deadline=$((SECONDS + ${DEVICE_CHECK_SECONDS:-300}))
+exec_=$bundle/bin/megaslide-exec
+plans=$bundle/plans
+ref=$bundle/reference
+python=$(command -v python3 || true)
+say() { echo "$*" | tee -a "$summary"; }
 
 # step NAME SECONDS CMD...: runs CMD with a time limit (never past the
-# deadline), log in $out/NAME.log. Skipped (exit 124) when under 15 s remain.
+# deadline), its output in $logs/NAME.log; returns its status (124 when it
+# timed out, 125 when skipped for lack of time).
 step() {
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS left=$((deadline - SECONDS))
-  if [ "$left" -lt 15 ]; then
-    echo "==== $name: SKIPPED, the 8-minute budget is spent" | tee -a "$summary"
-    return 124
+  if [ "$left" -lt 10 ]; then
+    say "  $name: SKIPPED (the ${DEVICE_CHECK_SECONDS:-300} s are spent)"
+    return 125
   fi
   [ "$limit" -gt "$left" ] && limit=$left
-  echo "==== $name: $*" | tee -a "$summary"
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
-  tail -n 15 "$out/$name.log"
-  echo "---- $name: exit $rc after $((SECONDS - start)) s" | tee -a "$summary"
+  local verdict=ok
+  [ $rc -ne 0 ] && verdict="FAILED (exit $rc)"
+  [ $rc -eq 124 ] && verdict="TIMED OUT after $limit s"
+  say "  $name: $verdict in $((SECONDS - start)) s"
   return $rc
 }
+fail() { status=1; }
 
-# compare_losses CPU.jsonl CUDA.jsonl STEPS: the parity rule of step 3.
-compare_losses() {
-  awk -v steps="$3" '
-    function loss(line) { sub(/.*"loss": */, "", line); sub(/[,}].*/, "", line); return line + 0 }
-    FNR == NR { cpu[FNR] = loss($0); n1 = FNR; next }
-    { cuda[FNR] = loss($0); n2 = FNR }
-    END {
-      if (n1 != steps || n2 != steps) {
-        printf "parity: expected %d steps, cpu logged %d, cuda %d\n", steps, n1, n2
-        exit 1
-      }
-      bad = 0
-      for (i = 1; i <= steps; i++) {
-        d = cuda[i] - cpu[i]; if (d < 0) d = -d
-        r = d / (cpu[i] < 0 ? -cpu[i] : (cpu[i] > 1e-6 ? cpu[i] : 1e-6))
-        tol = i == 1 ? 1e-2 : 5e-2
-        flag = r <= tol ? "ok" : "FAIL"
-        if (r > tol) bad = 1
-        printf "step %2d  cpu %.6f  cuda %.6f  rel %.2e (tol %.0e) %s\n", i, cpu[i], cuda[i], r, tol, flag
-      }
-      exit bad
-    }' "$1" "$2"
-}
+# The kernel cache is copied: the bundle may be read-only, and a run that
+# compiles (another NVRTC) must not change it.
+export MEGASLIDE_KERNEL_CACHE=$work/kernel-cache
+cp -r "$bundle/kernel-cache" "$MEGASLIDE_KERNEL_CACHE"
+export MEGASLIDE_TEST_PLANS=$plans
 
-# 1. The machine.
+#===------------------------------------------------------------------===#
+say "== 1. machine"
+gpu=0
+if nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
+fi
 {
   date -u
   uname -a
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+  echo "bundle: $(sed -n 's/.*"commit": "\(.*\)",/\1/p' "$bundle/manifest.json")," \
+    "NVRTC $(sed -n 's/.*"nvrtc_version": "\(.*\)",/\1/p' "$bundle/manifest.json")"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm \
     --format=csv 2>&1 || echo "nvidia-smi: not available"
-  ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null || echo "no /usr/local/cuda NVRTC"
-  command -v nvcc && nvcc --version | tail -n 2
-  command -v cmake ninja g++ || true
-  ls -d /usr/lib/llvm-22/lib/cmake/mlir 2>/dev/null || echo "no MLIR 22"
-  [ -n "$python" ] && "$python" -c 'import numpy; print("numpy", numpy.__version__)'
-} >"$out/machine.txt" 2>&1
-cat "$out/machine.txt"
-
-# 2. Build and tests.
-translate=""
-if [ -d /usr/lib/llvm-22/lib/cmake/mlir ] && command -v cmake >/dev/null &&
-  command -v ninja >/dev/null; then
-  if [ ! -f "$build/build.ninja" ]; then
-    step configure 120 cmake -G Ninja -S "$root" -B "$build" \
-      -DCMAKE_BUILD_TYPE=Release ${python:+-DPython3_EXECUTABLE=$python} ||
-      status=1
+  grep -E '^(MemTotal|MemAvailable)' /proc/meminfo
+  for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do
+    [ -r "$f" ] && echo "cgroup memory limit ($f): $(cat "$f")"
+  done
+  echo "CPUs: $(nproc)"
+  ldd --version 2>&1 | head -n 1
+  command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  command -v compute-sanitizer || echo "no compute-sanitizer on PATH"
+  # Where the libraries the runtime dlopens are, and what torch carries.
+  for lib in libcuda.so.1 libcublasLt.so libnvrtc.so libcudnn.so; do
+    echo "$lib: $(ldconfig -p 2>/dev/null | grep -m1 "$lib" | sed 's/.*=> //' || true)"
+  done
+  ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib64/libnvrtc.so* \
+    /usr/local/cuda/lib64/libcudnn*.so* 2>/dev/null
+  if [ -n "$python" ]; then
+    "$python" - <<'EOF'
+import glob, os
+try:
+    import torch
+    print("torch", torch.__version__, "CUDA", torch.version.cuda,
+          "cuDNN", torch.backends.cudnn.version(),
+          "GPU" if torch.cuda.is_available() else "no GPU")
+    import nvidia
+    for d in nvidia.__path__:
+        for p in sorted(glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))):
+            if any(k in p for k in ("cudnn.so", "cublasLt", "nvrtc.so")):
+                print("torch's", p)
+except Exception as e:  # torch is optional: say what is missing
+    print("torch:", type(e).__name__, e)
+EOF
   fi
-  if step build 300 cmake --build "$build" -j "$jobs" --target \
-    megaslide-translate megaslide-unit-tests megaslide-opt megaslide-plan \
-    megaslide-run; then
-    translate="$build/bin/megaslide-translate"
-    step unit-tests 90 "$build/bin/megaslide-unit-tests" --gtest_brief=1 ||
-      status=1
-    # The cuda backend's GPU tests again, verbosely (a skip is a failure
-    # here: this machine has the GPU they wait for).
-    if step cuda-gtests 90 "$build/bin/megaslide-unit-tests" \
-      --gtest_filter='CudaBackendGpuTest.*:CudaApiTest.*:*CudaBackendGpuTinyTest*'; then
-      if grep -q "SKIPPED.*CudaBackendGpuTest.HandBuilt" "$out/cuda-gtests.log"; then
-        echo "cuda-gtests: the GPU tests skipped on the GPU machine" |
-          tee -a "$summary"
-        status=1
-      fi
-    else
-      status=1
-    fi
-    step lit-cuda 120 /usr/lib/llvm-22/bin/lit -sv "$build/test/Target/Cuda" ||
-      status=1
-  else
-    status=1
-  fi
-elif [ -x "$build/bin/megaslide-translate" ] &&
-  "$build/bin/megaslide-translate" --version >/dev/null 2>&1; then
-  translate="$build/bin/megaslide-translate"
-  echo "no MLIR 22 here: using the prebuilt $translate" | tee -a "$summary"
+} >"$out/2-machine.txt" 2>&1
+# The runtime finds cuBLASLt and NVRTC in the toolkit; where only torch's
+# wheels carry them, their folders go on the loader's path.
+if ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1; then
+  for p in $(sed -n "s/^torch's //p" "$out/2-machine.txt"); do
+    export LD_LIBRARY_PATH=$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+fi
+grep -E '^(bundle:|Mem|CPUs|ldd)' "$out/2-machine.txt" | sed 's/^/  /' |
+  tee -a "$summary"
+[ $gpu = 1 ] && nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader 2>&1 | sed 's/^/  GPU: /' | tee -a "$summary"
+[ $gpu = 0 ] &&
+  say "  GPU: none here; the steps that need one say so and are skipped"
+nvrtc_here=$("$exec_" --plan "$plans/tiny.json" --precompile-kernels sm_90a \
+  2>&1 | sed -n 's/.*(NVRTC \(.*\))$/\1/p')
+nvrtc_bundle=$(sed -n 's/.*"nvrtc_version": "\(.*\)",/\1/p' "$bundle/manifest.json")
+if [ -z "$nvrtc_here" ]; then
+  say "  NVRTC: not found here (the cuda backend needs it)"
+  [ $gpu = 1 ] && fail
+elif [ "$nvrtc_here" = "$nvrtc_bundle" ]; then
+  say "  NVRTC $nvrtc_here, as in the bundle: its kernel cache is used"
 else
-  echo "no MLIR 22 and no working megaslide-translate: build and compile" \
-    "steps skipped (pass DSA_KERNELS=DIR with prebuilt cubins)" |
+  say "  NVRTC $nvrtc_here here, $nvrtc_bundle in the bundle: kernels are" \
+    "recompiled (the cache key includes the version)"
+fi
+
+#===------------------------------------------------------------------===#
+say "== 2. gtest (the runtime's unit tests)"
+step gtest 90 "$bundle/bin/megaslide-runtime-tests" --gtest_brief=0 || fail
+cp "$logs/gtest.log" "$out/3-gtest.log"
+grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? from .* ran' "$logs/gtest.log" |
+  tail -n 4 | tee -a "$summary"
+gpu_skips=$(grep '^\[  SKIPPED \] .*Gpu' "$logs/gtest.log" | sed 's/ (.*//' |
+  sort -u | wc -l)
+if [ $gpu = 1 ] && [ "$gpu_skips" -gt 0 ]; then
+  say "  $gpu_skips GPU tests SKIPPED on the GPU machine: a failure here"
+  fail
+elif [ $gpu = 0 ]; then
+  say "  the $gpu_skips GPU tests need the GPU (skipped here)"
+fi
+
+#===------------------------------------------------------------------===#
+say "== 3. parity: cuda and cpu against the stored cpu reference"
+: >"$out/4-parity.txt"
+for plan in tiny tiny-dsa; do
+  # The reference is deterministic: the cpu backend here must give it again.
+  if step "cpu-$plan" 30 "$exec_" --plan "$plans/$plan.json" --backend cpu \
+    --steps 1 --seed 0 --no-progress --metrics "$logs/cpu-$plan.jsonl" \
+    --save-gradients "$logs/cpu-$plan.safetensors"; then
+    if cmp -s "$logs/cpu-$plan.safetensors" "$ref/$plan.gradients.safetensors" &&
+      cut -d, -f1,2 "$logs/cpu-$plan.jsonl" | cmp -s - <(cut -d, -f1,2 "$ref/$plan.step1.jsonl"); then
+      say "  cpu-$plan: loss and gradients bit-identical to the bundle's reference"
+    else
+      say "  cpu-$plan: DIFFERS from the bundle's reference"
+      fail
+    fi
+  else
+    fail
+  fi
+  if [ $gpu = 0 ]; then
+    say "  cuda-$plan: needs the GPU (skipped here)"
+    continue
+  fi
+  step "cuda-$plan" 60 "$exec_" --plan "$plans/$plan.json" --backend cuda \
+    --steps 20 --seed 0 --no-progress --metrics "$logs/cuda-$plan.jsonl" || fail
+  step "cuda-$plan-grad" 30 "$exec_" --plan "$plans/$plan.json" --backend cuda \
+    --steps 1 --seed 0 --no-progress --metrics "$logs/cuda-$plan.step1.jsonl" \
+    --save-gradients "$logs/cuda-$plan.safetensors" || fail
+  if [ -f "$logs/cuda-$plan.jsonl" ] && [ -f "$logs/cuda-$plan.safetensors" ]; then
+    {
+      echo "### $plan: 20 losses, then every gradient of step 1"
+      "$python" "$root/scripts/compare_steps.py" --steps 20 \
+        "$ref/$plan.losses.jsonl" "$logs/cuda-$plan.jsonl" \
+        --json "$logs/parity-$plan.json"
+      "$python" "$root/scripts/compare_steps.py" --steps 1 \
+        "$ref/$plan.step1.jsonl" "$logs/cuda-$plan.step1.jsonl" \
+        --gradients "$ref/$plan.gradients.safetensors" \
+        "$logs/cuda-$plan.safetensors" --json "$logs/parity-$plan-grad.json"
+    } >>"$out/4-parity.txt" 2>&1 &&
+      say "  parity $plan: cuda agrees with the cpu reference" ||
+      { say "  parity $plan: cuda DIFFERS (4-parity.txt)"; fail; }
+  fi
+done
+
+#===------------------------------------------------------------------===#
+say "== 4. 3D-DSA kernels: float64 reference, 105B tiles, FlexAttention"
+if [ $gpu = 1 ]; then
+  step dsa 100 "$python" "$root/scripts/dsa_gpu_check.py" \
+    "$bundle/dsa-kernels" --check --bench --flex --seconds 40 \
+    --json "$out/5-dsa.json" || fail
+  grep -E 'FAIL|ok|max err|ratio' "$logs/dsa.log" | tail -n 12 | tee -a "$summary"
+else
+  say "  kernels on the GPU: need the GPU; the sampled reference is self-tested"
+  step dsa-self-test 30 "$python" "$root/scripts/dsa_gpu_check.py" \
+    --self-test --json "$out/5-dsa.json" || fail
+fi
+
+#===------------------------------------------------------------------===#
+say "== 5. compute-sanitizer on a tiny cuda step"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+: >"$out/6-sanitizer.txt"
+if [ $gpu = 0 ] || [ -z "$sanitizer" ]; then
+  say "  memcheck, racecheck: need the GPU and compute-sanitizer (skipped here)"
+else
+  for tool in memcheck racecheck; do
+    step "sanitizer-$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$exec_" --plan "$plans/tiny-dsa.json" --backend cuda --steps 1 \
+      --no-progress || fail
+    { echo "### $tool"; tail -n 20 "$logs/sanitizer-$tool.log"; } >>"$out/6-sanitizer.txt"
+  done
+fi
+
+#===------------------------------------------------------------------===#
+say "== 6. calibration: cuda trace against the sim's prediction"
+: >"$out/7-calibration.txt"
+for plan in dit-xl-2-256 wan-mid 105b-2blocks; do
+  step "sim-$plan" 30 "$exec_" --plan "$plans/$plan.json" --backend sim \
+    --steps 1 --no-progress --trace "$logs/sim-$plan.trace.json" || { fail; continue; }
+  if [ $gpu = 0 ]; then
+    say "  cuda-$plan: needs the GPU (the sim's prediction is in the logs)"
+    continue
+  fi
+  step "cuda-$plan" 90 "$exec_" --plan "$plans/$plan.json" --backend cuda \
+    --steps 3 --no-progress --metrics "$logs/cuda-$plan.jsonl" \
+    --trace "$logs/cuda-$plan.trace.json" || { fail; continue; }
+  {
+    echo "### $plan"
+    "$python" "$root/scripts/compare_trace_sim.py" \
+      "$logs/cuda-$plan.trace.json" "$logs/sim-$plan.trace.json" \
+      --json "$logs/calibration-$plan.json"
+  } >>"$out/7-calibration.txt" 2>&1 || fail
+  grep -iE 'step|total' "$out/7-calibration.txt" | tail -n 2 | sed "s/^/  $plan: /" |
     tee -a "$summary"
-fi
+done
 
-# 3. Training parity, cpu against cuda, on the tiny model.
-run="$build/bin/megaslide-run"
-if [ -x "$run" ]; then
-  step run-cpu 90 "$run" --model tiny --backend cpu --steps 20 --seed 0 \
-    --no-progress --metrics "$out/tiny-cpu.jsonl" \
-    --save-plan "$out/tiny-plan.json" || status=1
-  if step run-cuda 90 "$run" --model tiny --backend cuda --steps 20 --seed 0 \
-    --no-progress --metrics "$out/tiny-cuda.jsonl" \
-    --trace "$out/tiny-cuda-trace.json"; then
-    if compare_losses "$out/tiny-cpu.jsonl" "$out/tiny-cuda.jsonl" 20 \
-      >"$out/parity.txt" 2>&1; then
-      echo "parity: cpu and cuda losses agree over 20 steps" | tee -a "$summary"
-    else
-      echo "parity: cpu and cuda losses DIFFER (see parity.txt)" |
-        tee -a "$summary"
-      status=1
-    fi
-    cat "$out/parity.txt"
-  else
-    status=1
-  fi
-  if [ -f "$out/tiny-plan.json" ]; then
-    step cuda-plan-gtest 90 env MEGASLIDE_CUDA_TEST_PLAN="$out/tiny-plan.json" \
-      "$build/bin/megaslide-unit-tests" \
-      --gtest_filter='*CudaBackendGpuTinyTest*' || status=1
-  fi
-else
-  echo "no megaslide-run: parity steps skipped" | tee -a "$summary"
-fi
-
-# 4. Kernels for sm_90a and their resources.
-if [ -n "$translate" ]; then
-  rm -rf "$kernels"
-  export MEGASLIDE_KERNEL_CACHE=${MEGASLIDE_KERNEL_CACHE:-$out/kernel-cache}
-  step dsa-kernels 180 "$translate" --emit-dsa-kernels \
-    "$root/test/Target/Cuda/Inputs/dsa3d_device_configs.mlir" \
-    -o "$kernels" --cubin sm_90a || status=1
-fi
-if ls "$kernels"/*.resources.txt >/dev/null 2>&1; then
-  cat "$kernels"/*.resources.txt >"$out/dsa-resources.txt"
-  # Five lines per kernel (name, registers, two spill lines, occupancy)
-  # become one row; the per-file "# compiled by" headers are left out.
-  grep -h -E '^(kernel |  (registers|spill stores|spill loads|occupancy):)' \
-    "$out/dsa-resources.txt" | paste - - - - - >"$out/dsa-resources-table.txt"
-  if grep -E 'spill (stores|loads): +[1-9]' "$out/dsa-resources.txt"; then
-    echo "register spills in the 3D-DSA kernels" | tee -a "$summary"
-    status=1
-  fi
-fi
-cuobjdump=$(command -v cuobjdump || true)
-if [ -z "$cuobjdump" ] && [ -n "$python" ]; then
-  cuobjdump=$("$python" -c 'import glob, os, nvidia; print(next(iter(sorted(
-    p for d in nvidia.__path__
-    for p in glob.glob(os.path.join(d, "*", "bin", "cuobjdump")))), ""))' \
-    2>/dev/null || true)
-fi
-if [ -n "$cuobjdump" ] && ls "$kernels"/*.cubin >/dev/null 2>&1; then
-  export PATH="$(dirname "$cuobjdump"):$PATH" # nvdisasm lives next to it
-  for cubin in "$kernels"/*.cubin; do
-    echo "$(basename "$cubin"): $("$cuobjdump" -sass "$cubin" 2>&1 |
-      grep -c HMMA) HMMA instructions"
-  done | tee "$out/dsa-sass.txt"
-fi
-
-# 5. Run them on the GPU.
-if ls "$kernels"/*.cubin >/dev/null 2>&1 && [ -n "$python" ]; then
-  step dsa-gpu 240 "$python" "$root/scripts/dsa_gpu_check.py" "$kernels" \
-    --check --bench || status=1
-  cat "$out/dsa-gpu.log"
-fi
-
-# 6. Benchmarks on the cuda backend (step times; per-instruction timings
-# and stream overlap in the traces, viewable in Perfetto).
-if [ -x "$run" ]; then
-  step bench-tiny-cuda 60 "$run" --model tiny --backend cuda --steps 50 \
-    --seed 1 --no-progress --metrics "$out/bench-tiny-cuda.jsonl" || status=1
-  step bench-dit-cuda 150 "$run" --model dit-xl-2 --frames 1 --height 256 \
-    --width 256 --backend cuda --steps 3 --no-progress \
-    --metrics "$out/bench-dit-cuda.jsonl" \
-    --trace "$out/bench-dit-cuda-trace.json" || status=1
-  for f in "$out"/bench-*.jsonl; do
-    [ -f "$f" ] || continue
-    awk -v name="$(basename "$f" .jsonl)" '
-      { sub(/.*"seconds": */, ""); sub(/}.*/, ""); t[NR] = $0 + 0 }
-      END {
-        if (NR < 2) { printf "%s: %d steps\n", name, NR; exit }
-        s = 0; for (i = 2; i <= NR; i++) s += t[i]
-        printf "%s: %d steps, mean step %.4f s (first %.4f s)\n", name, NR, s / (NR - 1), t[1]
-      }' "$f"
-  done | tee "$out/benchmarks.txt" | tee -a "$summary"
-fi
-
-echo
-cat "$summary"
-echo "device check: $([ $status -eq 0 ] && echo passed || echo FAILED)" \
-  "(logs in $out)"
+#===------------------------------------------------------------------===#
+tar -czf "$out/8-logs.tar.gz" -C "$work" logs
+say "== device check: $([ $status -eq 0 ] && echo passed || echo FAILED)" \
+  "in $((SECONDS - begin)) s (results in $out)"
 exit $status

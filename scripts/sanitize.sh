@@ -38,8 +38,9 @@ if [ ! -f "$build/build.ninja" ]; then
     -DPython3_EXECUTABLE="$python" || exit 1
 fi
 
-targets=(megaslide-unit-tests megaslide-opt megaslide-plan megaslide-run
-  megaslide-translate megaslide-docs megaslide-fuzz)
+targets=(megaslide-runtime-tests megaslide-compiler-tests megaslide-test-plans
+  megaslide-opt megaslide-plan megaslide-run megaslide-exec megaslide-translate
+  megaslide-docs megaslide-fuzz)
 start=$SECONDS
 cmake --build "$build" --target "${targets[@]}" || exit 1
 echo "sanitize.sh: build took $((SECONDS - start)) s"
@@ -60,7 +61,10 @@ run() {
   "$@" || status=1
   echo "($((SECONDS - start)) s)"
 }
-run "GoogleTest under ASan+UBSan" "$build/bin/megaslide-unit-tests" --gtest_brief=1
+run "GoogleTest under ASan+UBSan: the runtime" \
+  "$build/bin/megaslide-runtime-tests" --gtest_brief=1
+run "GoogleTest under ASan+UBSan: the compiler" \
+  "$build/bin/megaslide-compiler-tests" --gtest_brief=1
 run "lit under ASan+UBSan" /usr/lib/llvm-22/bin/lit -sv "$build/test"
 if [ "${SANITIZE_SKIP_FUZZ:-0}" != 1 ]; then
   run "fuzz targets" env MEGASLIDE_FUZZ_BUILD_DIR="$build" "$root/scripts/fuzz.sh"

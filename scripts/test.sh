@@ -18,8 +18,28 @@ run() {
   "$@" || status=1
 }
 run "lit (IR and tool tests)" /usr/lib/llvm-22/bin/lit -sv "$build/test"
-run "GoogleTest (C++ unit tests)" "$build/bin/megaslide-unit-tests" --gtest_brief=1
+run "GoogleTest: the compiler" "$build/bin/megaslide-compiler-tests" --gtest_brief=1
+run "GoogleTest: the runtime" "$build/bin/megaslide-runtime-tests" --gtest_brief=1
+# The runtime without MLIR (docs/Runtime.md, "A runtime without MLIR"):
+# what runs on a bare GPU node. Its tests take the full build's saved plans;
+# test_runtime_only.py checks its dependencies and its bit-for-bit parity
+# with the full build.
+runtime=${MEGASLIDE_RUNTIME_BUILD:-$root/build-runtime}
+if run "runtime-only build" env MEGASLIDE_BUILD_DIR="$runtime" \
+  "$root/scripts/build.sh" --runtime-only; then
+  run "GoogleTest: the runtime-only build's runtime" \
+    env MEGASLIDE_TEST_PLANS="$build/test/plans" \
+    "$runtime/bin/megaslide-runtime-tests" --gtest_brief=1
+fi
+# The device bundle, and the device check as a dry run without a GPU
+# (docs/Testing.md, "The device check"): both keep working between the
+# sessions that have a GPU.
+run "device bundle and device check (dry run without a GPU)" \
+  env MEGASLIDE_BUILD_DIR="$build" MEGASLIDE_RUNTIME_BUILD="$runtime" \
+  sh -c '"$0/scripts/device-bundle.sh" && OUT="$1/device-check" "$0/scripts/device-check.sh"' \
+  "$root" "$build"
 run "pytest (Python module)" env PYTHONPATH="$build/python_packages" \
+  MEGASLIDE_RUNTIME_BUILD="$runtime" MEGASLIDE_REQUIRE_RUNTIME_BUILD=1 \
   "$python" -m pytest -q "$root/test/python"
 # `pip install .` into a venv and pytest on the installed package: ~4.5 min
 # after the build above (ccache serves it), ~10 min cold (docs/Python.md).

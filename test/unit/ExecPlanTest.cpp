@@ -359,7 +359,7 @@ const std::vector<Corruption> &corruptions() {
       {"brackets inside strings do not count as nesting",
        viaJson([](llvm::json::Object &o) {
          o["model"] = std::string(1000, '[') + "\\\"" + std::string(1000, '{');
-         o["version"] = 2;
+         o["version"] = kPlanFormatVersion + 1;
        }),
        "recompile the plan"},
       {"JSON but not an object", [] { return std::string("[1, 2]"); },
@@ -368,12 +368,18 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 2; }),
-       "format version 2 is not supported (this runtime reads 1; recompile "
+       viaJson([](llvm::json::Object &o) { o["version"] = 3; }),
+       "format version 3 is not supported (this runtime reads 2; recompile "
        "the plan)"},
       {"version of the wrong type",
-       viaJson([](llvm::json::Object &o) { o["version"] = "1"; }),
+       viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
        "at plan.version"},
+      {"plan of another release",
+       viaJson([](llvm::json::Object &o) { o["runtime_version"] = "0.0.1"; }),
+       "the plan was compiled for MegaSlide runtime 0.0.1, this is runtime " MEGASLIDE_VERSION},
+      {"plan without its release",
+       viaJson([](llvm::json::Object &o) { o.erase("runtime_version"); }),
+       "missing value at plan.runtime_version"},
       {"missing required field",
        viaJson([](llvm::json::Object &o) { o.erase("arena_bytes"); }),
        "missing value at plan.arena_bytes"},
