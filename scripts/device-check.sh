@@ -97,6 +97,12 @@ fi
   for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do
     [ -r "$f" ] && echo "cgroup memory limit ($f): $(cat "$f")"
   done
+  if [ -r /sys/devices/system/memory/block_size_bytes ]; then
+    blocks=$(ls -d /sys/devices/system/memory/memory* 2>/dev/null | wc -l)
+    online=$(cat /sys/devices/system/memory/memory*/online 2>/dev/null | grep -c 1)
+    echo "MemBlocks: $blocks of 0x$(cat /sys/devices/system/memory/block_size_bytes) B, $online online"
+  fi
+  echo "MEGASLIDE_HOST_MEMORY: ${MEGASLIDE_HOST_MEMORY:-(not set)}"
   echo "CPUs: $(nproc)"
   ldd --version 2>&1 | head -n 1
   command -v nvcc >/dev/null && nvcc --version | tail -n 2
@@ -132,7 +138,7 @@ if ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1; then
     export LD_LIBRARY_PATH=$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   done
 fi
-grep -E '^(bundle:|Mem|CPUs|ldd)' "$out/2-machine.txt" | sed 's/^/  /' |
+grep -E '^(bundle:|Mem|MEGASLIDE_HOST|CPUs|ldd)' "$out/2-machine.txt" | sed 's/^/  /' |
   tee -a "$summary"
 [ $gpu = 1 ] && nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader 2>&1 | sed 's/^/  GPU: /' | tee -a "$summary"

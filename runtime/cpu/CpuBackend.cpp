@@ -169,7 +169,10 @@ llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
   // The arena is host memory here: refuse what cannot be allocated rather
   // than abort inside the allocator.
-  if (static_cast<uint64_t>(plan.arenaBytes) > host::physicalMemoryBytes())
+  llvm::Expected<uint64_t> memory = host::usableHostMemoryBytes();
+  if (!memory)
+    return memory.takeError();
+  if (static_cast<uint64_t>(plan.arenaBytes) > *memory)
     return llvm::createStringError(
         "the plan's device arena of " + llvm::Twine(plan.arenaBytes) +
         " bytes does not fit this machine's memory; the cpu backend holds "

@@ -4,7 +4,11 @@
 
 #include "train/Random.h"
 
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -31,8 +35,7 @@ HostTensor *HostState::expAvgSq(llvm::StringRef name) {
   return find((name + ".exp_avg_sq").str());
 }
 
-/// The memory limit of this process's cgroup (v2, else v1), if any: in a
-/// container or a batch job that is the memory a run really has.
+/// The memory limit of this process's cgroup (v2, else v1), if any.
 static std::optional<uint64_t> cgroupMemoryLimit() {
   for (const char *path : {"/sys/fs/cgroup/memory.max",
                            "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
@@ -43,18 +46,78 @@ static std::optional<uint64_t> cgroupMemoryLimit() {
     size_t n = std::fread(buf, 1, sizeof buf - 1, f);
     std::fclose(f);
     uint64_t limit;
-    // "max" (v2) or a huge number (v1) mean no limit.
-    if (!llvm::StringRef(buf, n).trim().getAsInteger(10, limit))
+    // "max" (v2) or a number near 2^63 (v1) mean no limit.
+    if (!llvm::StringRef(buf, n).trim().getAsInteger(10, limit) &&
+        limit < (uint64_t(1) << 60))
       return limit;
   }
   return std::nullopt;
 }
 
-uint64_t host::physicalMemoryBytes() {
-  uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                      static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
-  std::optional<uint64_t> limit = cgroupMemoryLimit();
-  return limit ? std::min(physical, *limit) : physical;
+/// Bytes of all memory blocks the kernel knows, online or offline.
+static std::optional<uint64_t> memoryBlockBytes() {
+  const std::string root = "/sys/devices/system/memory";
+  std::FILE *f = std::fopen((root + "/block_size_bytes").c_str(), "re");
+  if (!f)
+    return std::nullopt;
+  char buf[32] = {};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  uint64_t blockSize;
+  if (llvm::StringRef(buf, n).trim().getAsInteger(16, blockSize))
+    return std::nullopt;
+  std::error_code ec;
+  uint64_t blocks = 0;
+  for (llvm::sys::fs::directory_iterator it(root, ec), end; !ec && it != end;
+       it.increment(ec))
+    blocks += llvm::sys::path::filename(it->path()).starts_with("memory");
+  if (ec || !blocks)
+    return std::nullopt;
+  return blocks * blockSize;
+}
+
+HostMemoryReadings host::readHostMemory() {
+  HostMemoryReadings r;
+  r.physicalBytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                    static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  r.blockBytes = memoryBlockBytes();
+  r.cgroupLimit = cgroupMemoryLimit();
+  if (const char *env = std::getenv("MEGASLIDE_HOST_MEMORY"); env && *env)
+    r.override = env;
+  return r;
+}
+
+llvm::Expected<uint64_t>
+host::usableHostMemoryBytes(const HostMemoryReadings &r) {
+  if (r.override) {
+    llvm::StringRef text = llvm::StringRef(*r.override).trim(), digits = text;
+    uint64_t unit = 1;
+    for (auto [suffix, bytes] :
+         {std::pair<const char *, uint64_t>{"KiB", 1ull << 10},
+          {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
+          {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull},
+          {"TB", 1000000000000ull}})
+      if (text.ends_with(suffix)) {
+        digits = text.drop_back(llvm::StringRef(suffix).size()).rtrim();
+        unit = bytes;
+        break;
+      }
+    double value;
+    if (digits.getAsDouble(value) || !(value * unit >= 1) ||
+        value * unit >= 0x1p64)
+      return llvm::createStringError(
+          "MEGASLIDE_HOST_MEMORY='" + *r.override +
+          "' is not a size (bytes, or a number with KiB, MiB, GiB, TiB, KB, "
+          "MB, GB or TB)");
+    return static_cast<uint64_t>(value * unit);
+  }
+  if (r.cgroupLimit)
+    return *r.cgroupLimit;
+  return std::max(r.physicalBytes, r.blockBytes.value_or(0));
+}
+
+llvm::Expected<uint64_t> host::usableHostMemoryBytes() {
+  return usableHostMemoryBytes(readHostMemory());
 }
 
 uint64_t HostState::bytes() const {

@@ -46,10 +46,27 @@ struct HostState {
   uint64_t bytes() const;
 };
 
-/// Bytes of memory this process may use: physical memory, or its cgroup's
-/// limit where that is lower (containers, batch jobs). What a run's host
-/// memory is checked against before anything is allocated.
-uint64_t physicalMemoryBytes();
+/// What this machine says about its memory (docs/Runtime.md, "Host
+/// memory").
+struct HostMemoryReadings {
+  uint64_t physicalBytes = 0; ///< online pages (MemTotal)
+  /// Every block of /sys/devices/system/memory, online or not: a VM whose
+  /// memory is hot-plugged as it is used starts with few blocks online.
+  std::optional<uint64_t> blockBytes;
+  std::optional<uint64_t> cgroupLimit; ///< none for "max" and v1's ~2^63
+  std::optional<std::string> override; ///< $MEGASLIDE_HOST_MEMORY
+};
+HostMemoryReadings readHostMemory();
+
+/// Bytes of memory a run may use, what its host memory is checked against
+/// before anything is allocated: the override if given (bytes, or with a
+/// KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix); else the cgroup's limit where
+/// there is one (containers, batch jobs, and VMs whose memory grows past
+/// their MemTotal: the kernel enforces exactly the limit); else the larger
+/// of MemTotal and the memory blocks. A malformed override is an error.
+llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
+/// The same for this machine.
+llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch

@@ -184,7 +184,10 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   if (computes) {
     session->memoryNeed = hostMemoryNeed(p, options.backend, *session->data);
     uint64_t need = session->memoryNeed.total();
-    uint64_t have = host::physicalMemoryBytes();
+    llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes();
+    if (!usable)
+      return usable.takeError();
+    uint64_t have = *usable;
     if (need > have) {
       std::string parts;
       for (const auto &[what, bytes] : session->memoryNeed.parts)
@@ -193,9 +196,11 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
           gib(need) + " of host memory, but this machine has " + gib(have) +
-          " (physical memory or the cgroup's limit):" + parts +
+          " (MemTotal or its memory blocks, else the cgroup's limit):" +
+          parts +
           "\nuse --backend sim to predict it, a smaller model or video, or "
-          "--activation-policy recompute");
+          "--activation-policy recompute; where memory grows as it is used "
+          "(some VMs), set MEGASLIDE_HOST_MEMORY to what the machine has");
     }
   }
   auto backend = createBackend(p, options);
