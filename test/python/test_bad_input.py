@@ -594,11 +594,16 @@ PLAN_CASES = [
      "}", "{plan}: not an execution plan"),
     ("a model config", lambda art: json.dumps(art.config),
      '{plan}: not an execution plan (no "format": "megaslide-exec-plan")'),
-    ("newer version", plan_edit(set_key("version", 2)),
-     "{plan}: execution plan format version 2 is not supported (this runtime "
-     "reads 1; recompile the plan)"),
-    ("version not an integer", plan_edit(set_key("version", "1")),
+    ("newer version", plan_edit(set_key("version", 3)),
+     "{plan}: execution plan format version 3 is not supported (this runtime "
+     "reads 2; recompile the plan)"),
+    ("version not an integer", plan_edit(set_key("version", "2")),
      "{plan}: expected integer at plan.version"),
+    ("another release", plan_edit(set_key("runtime_version", "0.0.1")),
+     "{plan}: the plan was compiled for MegaSlide runtime 0.0.1, this is "
+     "runtime "),
+    ("no release", plan_edit(drop_key("runtime_version")),
+     "{plan}: missing value at plan.runtime_version"),
     ("model not a string", plan_edit(set_key("model", 3)),
      "{plan}: expected string at plan.model"),
     ("instructions missing", plan_edit(drop_key("instructions")),

@@ -124,6 +124,6 @@ def test_exec_needs_a_plan():
                         "--steps", "1"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "give --plan FILE" in r.stderr
-    assert "--model" not in subprocess.run(
+    assert "--frames" not in subprocess.run(
         [os.fspath(runtime_binary("megaslide-exec")), "--help"],
         capture_output=True, text=True).stdout

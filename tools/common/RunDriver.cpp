@@ -58,8 +58,8 @@ cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
 cl::opt<uint64_t> seed("seed", cl::init(0), cl::cat(runCategory),
                        cl::desc("Seed of initial weights and synthetic data"));
 cl::opt<std::string> planFile("plan", cl::cat(runCategory),
-                              cl::desc("Run this execution plan instead of "
-                                       "compiling --model"),
+                              cl::desc("Run this saved execution plan (written "
+                                       "by megaslide-run --save-plan)"),
                               cl::value_desc("FILE"));
 cl::opt<std::string> savePlan("save-plan", cl::cat(runCategory),
                               cl::desc("Also write the execution plan"),
