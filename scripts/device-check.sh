@@ -159,7 +159,7 @@ fi
 
 #===------------------------------------------------------------------===#
 say "== 2. gtest (the runtime's unit tests)"
-step gtest 90 "$bundle/bin/megaslide-runtime-tests" --gtest_brief=0 || fail
+step gtest 60 "$bundle/bin/megaslide-runtime-tests" --gtest_brief=0 || fail
 cp "$logs/gtest.log" "$out/3-gtest.log"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? from .* ran' "$logs/gtest.log" |
   tail -n 4 | tee -a "$summary"
@@ -194,7 +194,7 @@ for plan in tiny tiny-dsa; do
     say "  cuda-$plan: needs the GPU (skipped here)"
     continue
   fi
-  step "cuda-$plan" 60 "$exec_" --plan "$plans/$plan.json" --backend cuda \
+  step "cuda-$plan" 30 "$exec_" --plan "$plans/$plan.json" --backend cuda \
     --steps 20 --seed 0 --no-progress --metrics "$logs/cuda-$plan.jsonl" || fail
   step "cuda-$plan-grad" 30 "$exec_" --plan "$plans/$plan.json" --backend cuda \
     --steps 1 --seed 0 --no-progress --metrics "$logs/cuda-$plan.step1.jsonl" \
@@ -218,14 +218,16 @@ done
 #===------------------------------------------------------------------===#
 say "== 4. 3D-DSA kernels: float64 reference, 105B tiles, FlexAttention"
 if [ $gpu = 1 ]; then
-  step dsa 100 "$python" "$root/scripts/dsa_gpu_check.py" \
-    "$bundle/dsa-kernels" --check --bench --flex --seconds 40 \
+  step dsa 90 "$python" "$root/scripts/dsa_gpu_check.py" \
+    "$bundle/dsa-kernels" --check --bench --flex --seconds 30 \
     --json "$out/5-dsa.json" || fail
   grep -E 'FAIL|ok|max err|ratio' "$logs/dsa.log" | tail -n 12 | tee -a "$summary"
 else
   say "  kernels on the GPU: need the GPU; the sampled reference is self-tested"
-  step dsa-self-test 30 "$python" "$root/scripts/dsa_gpu_check.py" \
-    --self-test --json "$out/5-dsa.json" || fail
+  step dsa-self-test 60 "$python" "$root/scripts/dsa_gpu_check.py" \
+    --self-test || fail
+  step dsa 30 "$python" "$root/scripts/dsa_gpu_check.py" \
+    "$bundle/dsa-kernels" --check --bench --flex --json "$out/5-dsa.json" || fail
 fi
 
 #===------------------------------------------------------------------===#
@@ -236,7 +238,7 @@ if [ $gpu = 0 ] || [ -z "$sanitizer" ]; then
   say "  memcheck, racecheck: need the GPU and compute-sanitizer (skipped here)"
 else
   for tool in memcheck racecheck; do
-    step "sanitizer-$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+    step "sanitizer-$tool" 40 "$sanitizer" --tool "$tool" --error-exitcode 9 \
       "$exec_" --plan "$plans/tiny-dsa.json" --backend cuda --steps 1 \
       --no-progress || fail
     { echo "### $tool"; tail -n 20 "$logs/sanitizer-$tool.log"; } >>"$out/6-sanitizer.txt"
@@ -253,7 +255,7 @@ for plan in dit-xl-2-256 wan-mid 105b-2blocks; do
     say "  cuda-$plan: needs the GPU (the sim's prediction is in the logs)"
     continue
   fi
-  step "cuda-$plan" 90 "$exec_" --plan "$plans/$plan.json" --backend cuda \
+  step "cuda-$plan" 45 "$exec_" --plan "$plans/$plan.json" --backend cuda \
     --steps 3 --no-progress --metrics "$logs/cuda-$plan.jsonl" \
     --trace "$logs/cuda-$plan.trace.json" || { fail; continue; }
   {
