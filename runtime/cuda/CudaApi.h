@@ -43,6 +43,7 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
+inline constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 inline constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;
 
@@ -113,7 +114,6 @@ inline constexpr cublasLtMatmulPreferenceAttributes_t
   X(cuDevicePrimaryCtxRetain, CUresult, CUcontext *, CUdevice)                 \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, CUdevice)                          \
   X(cuCtxSetCurrent, CUresult, CUcontext)                                      \
-  X(cuCtxSynchronize, CUresult)                                                \
   X(cuMemGetInfo_v2, CUresult, size_t *, size_t *)                             \
   X(cuMemAlloc_v2, CUresult, CUdeviceptr *, size_t)                            \
   X(cuMemFree_v2, CUresult, CUdeviceptr)                                       \

@@ -700,6 +700,8 @@ struct CudaBackend::Impl {
   void *inputPool = nullptr, *hostPool = nullptr, *staging = nullptr;
   void *lossStage = nullptr; ///< pinned: the loss, read by the first update
   CUstream streams[3] = {nullptr, nullptr, nullptr};
+  /// Recorded at the end of a stream's work to wait for it (syncStream).
+  CUevent idleEvents[3] = {nullptr, nullptr, nullptr};
   CUevent baseEvent = nullptr, lossEvent = nullptr;
   std::vector<CUevent> planEvents, doneEvents, startEvents, endEvents,
       slotEvents;
@@ -744,6 +746,23 @@ struct CudaBackend::Impl {
   CUstream streamOf(Stream s) const {
     return streams[std::min(static_cast<int>(s), 2)];
   }
+  /// Records `event` on streams[s] and waits until the stream has run all
+  /// it was given. Through an event: with the context's default
+  /// scheduling, cuStreamSynchronize spins a core while the GPU works, and
+  /// the host AdamW needs the cores.
+  llvm::Error syncStream(int s, const llvm::Twine &what,
+                         CUevent event = nullptr) {
+    event = event ? event : idleEvents[s];
+    llvm::Error e = check(cu->cuEventRecord(event, streams[s]),
+                          "cuEventRecord (" + what + ")");
+    if (!e)
+      e = check(cu->cuEventSynchronize(event),
+                "cuEventSynchronize (" + what + ")");
+    // Even so, nothing may stay in flight: pinned buffers are reused.
+    if (e)
+      cu->cuStreamSynchronize(streams[s]);
+    return e;
+  }
   void setWorkerError(const std::string &e) {
     std::lock_guard<std::mutex> lock(errorMu);
     if (workerError.empty())
@@ -778,7 +797,8 @@ CudaBackend::Impl::~Impl() {
     for (CUevent e : *events)
       if (e)
         cu->cuEventDestroy_v2(e);
-  for (CUevent e : {baseEvent, lossEvent})
+  for (CUevent e :
+       {baseEvent, lossEvent, idleEvents[0], idleEvents[1], idleEvents[2]})
     if (e)
       cu->cuEventDestroy_v2(e);
   if (elementwiseModule)
@@ -833,7 +853,9 @@ llvm::Error CudaBackend::Impl::init() {
     return e;
   if (auto e = check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent"))
     return e;
-  cu->cuMemGetInfo_v2(&info.freeBytes, &info.totalBytes);
+  if (auto e = check(cu->cuMemGetInfo_v2(&info.freeBytes, &info.totalBytes),
+                     "cuMemGetInfo"))
+    return e;
 
   // Runtime budget guard: everything the step needs on the device, up
   // front, with the free memory in the message.
@@ -856,15 +878,6 @@ llvm::Error CudaBackend::Impl::init() {
                      llvm::Twine(bytes) + " bytes)");
   };
   if (auto e = alloc(arena, plan.arenaBytes, "arena"))
-    return e;
-  // Zeroed once, like the cpu backend's arena: a step never reads bytes
-  // it did not write, but garbage would make such a bug nondeterministic.
-  if (auto e =
-          check(cu->cuMemsetD8Async(
-                    arena, 0, std::max<int64_t>(plan.arenaBytes, 256), nullptr),
-                "cuMemsetD8Async (arena)"))
-    return e;
-  if (auto e = check(cu->cuCtxSynchronize(), "cuCtxSynchronize"))
     return e;
   if (auto e = alloc(scratch, prep.scratchBytes, "kernel scratch"))
     return e;
@@ -896,12 +909,26 @@ llvm::Error CudaBackend::Impl::init() {
     if (auto e = check(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING),
                        "cuStreamCreate"))
       return e;
+  // Host threads wait on events: blocking, not spinning (syncStream).
   auto event = [&](CUevent &e, unsigned flags) {
-    return check(cu->cuEventCreate(&e, flags), "cuEventCreate");
+    return check(cu->cuEventCreate(&e, flags | CU_EVENT_BLOCKING_SYNC),
+                 "cuEventCreate");
   };
   if (auto e = event(baseEvent, CU_EVENT_DEFAULT))
     return e;
   if (auto e = event(lossEvent, CU_EVENT_DISABLE_TIMING))
+    return e;
+  for (CUevent &ev : idleEvents)
+    if (auto e = event(ev, CU_EVENT_DISABLE_TIMING))
+      return e;
+  // Zeroed once, like the cpu backend's arena: a step never reads bytes
+  // it did not write, but garbage would make such a bug nondeterministic.
+  if (auto e = check(
+          cu->cuMemsetD8Async(arena, 0, std::max<int64_t>(plan.arenaBytes, 256),
+                              streams[0]),
+          "cuMemsetD8Async (arena)"))
+    return e;
+  if (auto e = syncStream(0, "zeroing the arena"))
     return e;
   size_t n = plan.instructions.size();
   planEvents.resize(plan.numEvents);
@@ -1327,10 +1354,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   }
 
   CUstream compute = I.streams[0];
-  if (auto e = I.check(cu.cuEventRecord(I.baseEvent, compute), "cuEventRecord"))
-    return std::move(e);
-  if (auto e =
-          I.check(cu.cuEventSynchronize(I.baseEvent), "cuEventSynchronize"))
+  if (auto e = I.syncStream(0, "step start", I.baseEvent))
     return std::move(e);
   Clock::time_point t0 = Clock::now();
   auto since0 = [t0](Clock::time_point t) {
@@ -1350,6 +1374,92 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   // Written by the worker, read after drain(); only the first update sets it.
   std::atomic<bool> skipped = false;
 
+  // host_adamw `i` on the worker, once its gradient is on the host.
+  auto hostUpdate = [&](size_t i) {
+    // An error (of the worker or of the issue loop) cancels the updates
+    // still queued: the step fails as a whole.
+    if (I.workerFailed() || skipped)
+      return;
+    const exec::Instruction &inst = plan.instructions[i];
+    if (options.applyUpdates && I.prep.lossDef >= 0 &&
+        static_cast<int64_t>(i) == I.prep.firstUpdate) {
+      // Nothing is updated yet: a non-finite loss skips the step.
+      if (CUresult r = I.cu->cuEventSynchronize(I.lossEvent)) {
+        I.setWorkerError(
+            "instruction #" + std::to_string(i) +
+            ": cuEventSynchronize (loss): " + cuResultString(*I.cu, r));
+        return;
+      }
+      const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
+      float loss;
+      widen(lossValue.home == Home::Device
+                ? static_cast<const uint8_t *>(I.lossStage)
+                : I.hostAddress(I.prep.lossValue),
+            lossValue.type.dtype, 1, &loss);
+      if (!std::isfinite(loss)) {
+        skipped = true;
+        return;
+      }
+    }
+    Clock::time_point start = Clock::now();
+    host::HostTensor *master = state.find(inst.param);
+    host::HostTensor *m = state.expAvg(inst.param);
+    host::HostTensor *v = state.expAvgSq(inst.param);
+    if (!master || !m || !v) {
+      I.setWorkerError("host state lacks '" + inst.param +
+                       "' or its AdamW moments");
+      return;
+    }
+    const exec::Value &g = I.plan.values[inst.operands[0]];
+    int64_t count = g.type.numElements();
+    const uint8_t *grad = I.hostAddress(inst.operands[0]);
+    std::vector<float> wide;
+    if (options.onGradient || g.type.dtype == DType::F16) {
+      wide.resize(count);
+      widen(grad, g.type.dtype, count, wide.data());
+    }
+    if (options.onGradient)
+      options.onGradient(inst.param, wide);
+    if (options.applyUpdates) {
+      std::optional<int64_t> bad =
+          g.type.dtype == DType::BF16
+              ? cpu::firstNonFiniteBf16(
+                    reinterpret_cast<const uint16_t *>(grad), count)
+          : g.type.dtype == DType::F32
+              ? cpu::firstNonFinite(reinterpret_cast<const float *>(grad),
+                                    count)
+              : cpu::firstNonFinite(wide.data(), count);
+      if (bad) {
+        float value;
+        widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
+              &value);
+        I.setWorkerError(cpu::nonFiniteGradientMessage(
+            inst.param, optimizerStep, *bad, value));
+        return;
+      }
+      state.incomplete = true;
+      cpu::AdamWHyper hyper;
+      hyper.lr = inst.floatAttr("lr").value_or(1e-4);
+      hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
+      hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
+      hyper.eps = inst.floatAttr("eps").value_or(1e-8);
+      hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
+      hyper.step = optimizerStep;
+      if (g.type.dtype == DType::BF16)
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), reinterpret_cast<const uint16_t *>(grad),
+                       nullptr);
+      else if (g.type.dtype == DType::F32)
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), reinterpret_cast<const float *>(grad),
+                       nullptr);
+      else
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), wide.data(), nullptr);
+    }
+    hostTimes[i] = {since0(start), since0(Clock::now()) - since0(start)};
+  };
+
   auto issueAll = [&]() -> llvm::Error {
     for (size_t i = 0; i < n; ++i) {
       const exec::Instruction &inst = plan.instructions[i];
@@ -1358,111 +1468,33 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         return llvm::Error::success(); // reported after the drain
 
       if (!isGpuStream(inst.stream)) {
-        // The host stream: everything on the worker, in order.
-        std::vector<Dependency> waits = pi.waits;
+        // The host stream: everything on the worker, in order, each task
+        // after the GPU work it waits for (derived waits, a plan wait).
+        std::vector<CUevent> events;
+        for (const Dependency &d : pi.waits)
+          if (isGpuStream(d.stream))
+            events.push_back(I.doneEvents[d.instruction]);
         if (inst.op == "wait" && inst.event) {
           int64_t recorder = I.prep.eventRecorder[*inst.event];
-          if (recorder >= 0 &&
-              isGpuStream(plan.instructions[recorder].stream)) {
-            CUevent ev = I.planEvents[*inst.event];
-            I.worker.enqueue(i, [&I, ev, i] {
-              if (CUresult r = I.cu->cuEventSynchronize(ev))
-                I.setWorkerError(
-                    "instruction #" + std::to_string(i) +
-                    ": cuEventSynchronize: " + cuResultString(*I.cu, r));
-            });
-            continue;
-          }
+          if (recorder >= 0 && isGpuStream(plan.instructions[recorder].stream))
+            events.push_back(I.planEvents[*inst.event]);
         }
-        if (inst.op != "host_adamw") {
-          I.worker.enqueue(i, [] {});
-          continue;
-        }
-        pendingUpdate[inst.param] = i;
-        I.worker.enqueue(i, [&I, &inst, &state, &options, &hostTimes, &skipped,
-                             waits, i, optimizerStep, since0] {
-          if (I.workerFailed() || skipped)
+        bool update = inst.op == "host_adamw";
+        if (update)
+          pendingUpdate[inst.param] = i;
+        I.worker.enqueue(i, [&I, &hostUpdate, events, i, update] {
+          if (I.workerFailed())
             return;
-          for (const Dependency &d : waits)
-            if (isGpuStream(d.stream))
-              I.cu->cuEventSynchronize(I.doneEvents[d.instruction]);
-          if (options.applyUpdates && I.prep.lossDef >= 0 &&
-              static_cast<int64_t>(i) == I.prep.firstUpdate) {
-            // Nothing is updated yet: a non-finite loss skips the step.
-            if (CUresult r = I.cu->cuEventSynchronize(I.lossEvent)) {
-              I.setWorkerError("instruction #" + std::to_string(i) +
-                               ": cuEventSynchronize (loss): " +
-                               cuResultString(*I.cu, r));
+          for (CUevent ev : events)
+            if (CUresult r = I.cu->cuEventSynchronize(ev)) {
+              I.setWorkerError(
+                  "instruction #" + std::to_string(i) + " ('" +
+                  I.plan.instructions[i].op +
+                  "'): cuEventSynchronize: " + cuResultString(*I.cu, r));
               return;
             }
-            const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
-            float loss;
-            widen(lossValue.home == Home::Device
-                      ? static_cast<const uint8_t *>(I.lossStage)
-                      : I.hostAddress(I.prep.lossValue),
-                  lossValue.type.dtype, 1, &loss);
-            if (!std::isfinite(loss)) {
-              skipped = true;
-              return;
-            }
-          }
-          Clock::time_point start = Clock::now();
-          host::HostTensor *master = state.find(inst.param);
-          host::HostTensor *m = state.expAvg(inst.param);
-          host::HostTensor *v = state.expAvgSq(inst.param);
-          if (!master || !m || !v) {
-            I.setWorkerError("host state lacks '" + inst.param +
-                             "' or its AdamW moments");
-            return;
-          }
-          const exec::Value &g = I.plan.values[inst.operands[0]];
-          int64_t count = g.type.numElements();
-          const uint8_t *grad = I.hostAddress(inst.operands[0]);
-          std::vector<float> wide;
-          if (options.onGradient || g.type.dtype == DType::F16) {
-            wide.resize(count);
-            widen(grad, g.type.dtype, count, wide.data());
-          }
-          if (options.onGradient)
-            options.onGradient(inst.param, wide);
-          if (options.applyUpdates) {
-            std::optional<int64_t> bad =
-                g.type.dtype == DType::BF16
-                    ? cpu::firstNonFiniteBf16(
-                          reinterpret_cast<const uint16_t *>(grad), count)
-                : g.type.dtype == DType::F32
-                    ? cpu::firstNonFinite(reinterpret_cast<const float *>(grad),
-                                          count)
-                    : cpu::firstNonFinite(wide.data(), count);
-            if (bad) {
-              float value;
-              widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
-                    &value);
-              I.setWorkerError(cpu::nonFiniteGradientMessage(
-                  inst.param, optimizerStep, *bad, value));
-              return;
-            }
-            state.incomplete = true;
-            cpu::AdamWHyper hyper;
-            hyper.lr = inst.floatAttr("lr").value_or(1e-4);
-            hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
-            hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
-            hyper.eps = inst.floatAttr("eps").value_or(1e-8);
-            hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
-            hyper.step = optimizerStep;
-            if (g.type.dtype == DType::BF16)
-              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                             v->data.data(),
-                             reinterpret_cast<const uint16_t *>(grad), nullptr);
-            else if (g.type.dtype == DType::F32)
-              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                             v->data.data(),
-                             reinterpret_cast<const float *>(grad), nullptr);
-            else
-              cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                             v->data.data(), wide.data(), nullptr);
-          }
-          hostTimes[i] = {since0(start), since0(Clock::now()) - since0(start)};
+          if (update)
+            hostUpdate(i);
         });
         continue;
       }
@@ -1566,13 +1598,12 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       if (static_cast<int64_t>(i) == I.prep.lossDef) {
         int64_t lossId = I.prep.lossValue;
         const exec::Value &loss = plan.values[lossId];
-        if (auto e = I.check(
-                loss.home == Home::Device
-                    ? cu.cuMemcpyDtoHAsync_v2(I.lossStage,
-                                              I.deviceAddress(lossId),
-                                              loss.type.bytes(), stream)
-                    : CUDA_SUCCESS,
-                "cuMemcpyDtoHAsync (loss)"))
+        if (auto e = I.check(loss.home == Home::Device
+                                 ? cu.cuMemcpyDtoHAsync_v2(
+                                       I.lossStage, I.deviceAddress(lossId),
+                                       loss.type.bytes(), stream)
+                                 : CUDA_SUCCESS,
+                             "cuMemcpyDtoHAsync (loss)"))
           return e;
         if (auto e = I.check(cu.cuEventRecord(I.lossEvent, stream),
                              "cuEventRecord (loss)"))
@@ -1583,12 +1614,18 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   };
 
   llvm::Error issued = issueAll();
+  if (issued)
+    I.setWorkerError("cancelled"); // no queued update may apply (hostUpdate)
   // Whatever happened, nothing may stay in flight past this call.
   I.worker.drain();
   llvm::Error synced = llvm::Error::success();
-  for (CUstream s : I.streams)
-    if (CUresult r = cu.cuStreamSynchronize(s); r != CUDA_SUCCESS && !synced)
-      synced = I.check(r, "cuStreamSynchronize (the step failed on the GPU)");
+  for (int s = 0; s < 3; ++s) {
+    llvm::Error e = I.syncStream(s, "the step failed on the GPU");
+    if (!synced)
+      synced = std::move(e);
+    else
+      llvm::consumeError(std::move(e));
+  }
   if (issued) {
     llvm::consumeError(std::move(synced));
     return std::move(issued);
@@ -1615,8 +1652,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                                  bytes.size(), compute),
                          "cuMemcpyDtoHAsync (loss)"))
       return std::move(e);
-    if (auto e =
-            I.check(cu.cuStreamSynchronize(compute), "cuStreamSynchronize"))
+    if (auto e = I.syncStream(0, "loss"))
       return std::move(e);
     widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
   } else {

@@ -155,7 +155,9 @@ public:
   /// Issues the step's instructions in program order on their streams,
   /// waits for all of them, returns the loss. The optimizer step passed to
   /// AdamW is state.step + 1 (state.step advances with applyUpdates);
-  /// onGradient is called on the host worker thread, in program order.
+  /// onGradient is called on the host worker thread, in program order. A
+  /// step that fails leaves no work in flight and applies none of the
+  /// updates still queued (state.incomplete is set only if one was).
   llvm::Expected<exec::StepResult>
   step(const exec::StepInputs &inputs, host::HostState &state,
        const exec::StepOptions &options) override;

@@ -14,10 +14,16 @@
 //    column-major GEMM, and compared with cpu::findGraphKernel within bf16
 //    rounding (skips without a host compiler);
 //  * preparation of a hand-built plan: lowering, pools, cross-stream
-//    write-after-read waits; create() says why there is no GPU.
-// With a GPU (skipped here): the hand-built plan, and a compiled plan given
-// by $MEGASLIDE_CUDA_TEST_PLAN (scripts/device-check.sh sets it), step on
-// the cuda backend and match the cpu backend: losses and gradients.
+//    write-after-read waits; create() says why there is no GPU;
+//  * the whole backend on an asynchronous fake device (FakeCuda.h): the
+//    hand-built and the saved tiny plans (TestPlans.h; global attention
+//    and 3D-DSA) match the cpu backend, the tiny ones under 50 orderings
+//    of the streams, with no race, unwritten read or spinning host wait;
+//    a plan with a wait deleted is caught; failing driver calls fail the
+//    step cleanly and cancel the host updates still queued.
+// With a GPU (skipped here): the hand-built plan and the saved tiny plans
+// step on the cuda backend and match the cpu backend: losses and
+// gradients.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,6 +37,10 @@
 #include "cuda/Nvrtc.h"
 #include "train/SyntheticData.h"
 
+#include "FakeCuda.h"
+#include "TestPlans.h"
+
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -134,7 +144,7 @@ TEST(CudaApiTest, AbiMatchesTheCudaHeaders) {
 #include <cuda.h>
 #include <cstdio>
 int main() {
-  std::printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu\n",
+  std::printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %zu %zu\n",
     (int)CUBLAS_COMPUTE_32F, (int)CUDA_R_32F, (int)CUDA_R_16F, (int)CUDA_R_16BF,
     (int)CUBLAS_OP_N, (int)CUBLAS_OP_T, (int)CUBLASLT_MATMUL_DESC_TRANSA,
     (int)CUBLASLT_MATMUL_DESC_TRANSB, (int)CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -144,7 +154,8 @@ int main() {
     (int)CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     (int)CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     (int)CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-    (int)CU_EVENT_DISABLE_TIMING, (int)CU_STREAM_NON_BLOCKING,
+    (int)CU_EVENT_DISABLE_TIMING, (int)CU_EVENT_BLOCKING_SYNC,
+    (int)CU_STREAM_NON_BLOCKING,
     (int)CU_MEMHOSTALLOC_PORTABLE, sizeof(cublasLtMatmulAlgo_t),
     sizeof(cublasLtMatmulHeuristicResult_t));
 }
@@ -159,7 +170,7 @@ int main() {
                  << readFile(dir / "cc.log");
   std::string expected = llvm::formatv(
       "{0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} "
-      "{16} {17} {18} 64 96\n",
+      "{16} {17} {18} {19} 64 96\n",
       CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUBLAS_OP_N,
       CUBLAS_OP_T, CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB,
       CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -168,7 +179,7 @@ int main() {
       CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
       CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_EVENT_DISABLE_TIMING,
-      CU_STREAM_NON_BLOCKING, CU_MEMHOSTALLOC_PORTABLE);
+      CU_EVENT_BLOCKING_SYNC, CU_STREAM_NON_BLOCKING, CU_MEMHOSTALLOC_PORTABLE);
   EXPECT_EQ(readFile(dir / "out.txt"), expected);
   fs::remove_all(dir);
 }
@@ -395,6 +406,8 @@ public:
     auto e = std::unique_ptr<EmulatedKernels>(new EmulatedKernels);
     e->handle = handle;
     e->dir = dir;
+    for (const KernelInstance &k : kernels)
+      e->params[k.name()] = kernelParameterTypes(k).size();
     return e;
   }
   ~EmulatedKernels() {
@@ -406,11 +419,18 @@ public:
   Entry entry(const std::string &name) {
     return reinterpret_cast<Entry>(dlsym(handle, ("emu_" + name).c_str()));
   }
+  /// The fake device's view of kernel `name`.
+  fake::HostKernel hostKernel(const std::string &name) {
+    auto it = params.find(name);
+    return it == params.end() ? fake::HostKernel{}
+                              : fake::HostKernel{entry(name), it->second};
+  }
 
 private:
   EmulatedKernels() = default;
   void *handle = nullptr;
   fs::path dir;
+  std::map<std::string, size_t> params;
 };
 
 /// A tensor in its stored dtype.
@@ -419,70 +439,15 @@ struct Buffer {
   std::vector<uint8_t> bytes;
 };
 
-float loadAs(const void *p, DType t, int64_t i) {
-  switch (t) {
-  case DType::BF16:
-    return cpu::bf16ToFloat(static_cast<const uint16_t *>(p)[i]);
-  case DType::F16: {
-    _Float16 h;
-    std::memcpy(&h, static_cast<const uint16_t *>(p) + i, 2);
-    return static_cast<float>(h);
-  }
-  case DType::F32:
-    return static_cast<const float *>(p)[i];
-  case DType::I32:
-    return static_cast<float>(static_cast<const int32_t *>(p)[i]);
-  case DType::I64:
-    return static_cast<float>(static_cast<const int64_t *>(p)[i]);
-  }
-  return 0;
-}
-
-void storeAs(void *p, DType t, int64_t i, float v) {
-  switch (t) {
-  case DType::BF16:
-    static_cast<uint16_t *>(p)[i] = cpu::floatToBf16(v);
-    return;
-  case DType::F16: {
-    _Float16 h = static_cast<_Float16>(v);
-    std::memcpy(static_cast<uint16_t *>(p) + i, &h, 2);
-    return;
-  }
-  case DType::F32:
-    static_cast<float *>(p)[i] = v;
-    return;
-  case DType::I32:
-    static_cast<int32_t *>(p)[i] = static_cast<int32_t>(v);
-    return;
-  case DType::I64:
-    static_cast<int64_t *>(p)[i] = static_cast<int64_t>(v);
-    return;
-  }
-}
+using fake::loadAs;
+using fake::naiveGemm;
+using fake::storeAs;
 
 std::vector<float> widened(const Buffer &b) {
   std::vector<float> out(b.type.numElements());
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = loadAs(b.bytes.data(), b.type.dtype, i);
   return out;
-}
-
-/// cuBLASLt's contract, naively: D = op(A) op(B) (+ bias per row),
-/// column-major, fp32 accumulation.
-void naiveGemm(const GemmCall &g, const void *A, const void *B, void *D,
-               const void *bias) {
-  for (int64_t j = 0; j < g.n; ++j)
-    for (int64_t i = 0; i < g.m; ++i) {
-      double acc = 0;
-      for (int64_t p = 0; p < g.k; ++p) {
-        float a = loadAs(A, g.abType, g.transA ? p + i * g.lda : i + p * g.lda);
-        float b = loadAs(B, g.abType, g.transB ? j + p * g.ldb : p + j * g.ldb);
-        acc += double(a) * b;
-      }
-      if (g.hasBias)
-        acc += loadAs(bias, g.dType, i);
-      storeAs(D, g.dType, i + j * g.ldd, static_cast<float>(acc));
-    }
 }
 
 /// Runs a lowered op on host buffers, the kernels emulated.
@@ -1068,12 +1033,39 @@ TEST(CudaBackendTest, CreateWithoutGpuSaysWhy) {
   EXPECT_EQ(llvm::toString(backend.takeError()), why);
 }
 
+using Gradients = llvm::StringMap<std::vector<float>>;
+
+/// Every gradient of `want` in `got`, within `tol` of the largest
+/// magnitude of each tensor.
+void expectGradientsNear(const Gradients &got, const Gradients &want,
+                         double tol) {
+  EXPECT_EQ(got.size(), want.size());
+  for (auto &entry : want) {
+    auto it = got.find(entry.getKey());
+    ASSERT_NE(it, got.end()) << entry.getKey().str();
+    const std::vector<float> &w = entry.getValue(), &g = it->second;
+    ASSERT_EQ(g.size(), w.size());
+    float scale = 1e-3f, worst = 0;
+    for (float x : w)
+      scale = std::max(scale, std::fabs(x));
+    for (size_t i = 0; i < w.size(); ++i)
+      worst = std::max(worst, std::fabs(g[i] - w[i]));
+    EXPECT_LE(worst, tol * scale) << entry.getKey().str();
+  }
+}
+
+/// Runs around each step of the cuda backend.
+struct StepHooks {
+  std::function<void(int)> before, after;
+};
+
 /// Steps both backends `steps` times from the same state and inputs;
 /// compares losses and, in the first step, every gradient.
 void compareWithCpu(const exec::ExecPlan &plan,
                     const std::function<exec::StepInputs(int)> &inputs,
                     int steps, double lossTol, double gradTol,
-                    const CudaOptions &options = {}) {
+                    const CudaOptions &options = {},
+                    const StepHooks &hooks = {}) {
   auto gpu = CudaBackend::create(plan, options);
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   auto ref = cpu::CpuBackend::create(plan);
@@ -1082,7 +1074,7 @@ void compareWithCpu(const exec::ExecPlan &plan,
   host::HostState cpuState = host::initHostState(plan, 3);
   for (int s = 0; s < steps; ++s) {
     exec::StepInputs in = inputs(s);
-    llvm::StringMap<std::vector<float>> gpuGrads, cpuGrads;
+    Gradients gpuGrads, cpuGrads;
     exec::StepOptions go, co;
     go.trace = co.trace = s == 0;
     go.onGradient = [&](llvm::StringRef n, llvm::ArrayRef<float> g) {
@@ -1091,7 +1083,11 @@ void compareWithCpu(const exec::ExecPlan &plan,
     co.onGradient = [&](llvm::StringRef n, llvm::ArrayRef<float> g) {
       cpuGrads[n] = g.vec();
     };
+    if (hooks.before)
+      hooks.before(s);
     auto g = (*gpu)->step(in, gpuState, go);
+    if (hooks.after)
+      hooks.after(s);
     ASSERT_TRUE(!!g) << llvm::toString(g.takeError());
     auto c = (*ref)->step(in, cpuState, co);
     ASSERT_TRUE(!!c) << llvm::toString(c.takeError());
@@ -1100,19 +1096,7 @@ void compareWithCpu(const exec::ExecPlan &plan,
     EXPECT_EQ(gpuState.step, cpuState.step);
     if (s == 0) {
       EXPECT_FALSE(g->spans.empty());
-      EXPECT_EQ(gpuGrads.size(), cpuGrads.size());
-      for (auto &entry : cpuGrads) {
-        auto it = gpuGrads.find(entry.getKey());
-        ASSERT_NE(it, gpuGrads.end()) << entry.getKey().str();
-        const std::vector<float> &want = entry.getValue(), &got = it->second;
-        ASSERT_EQ(got.size(), want.size());
-        float scale = 1e-3f, worst = 0;
-        for (float w : want)
-          scale = std::max(scale, std::fabs(w));
-        for (size_t i = 0; i < want.size(); ++i)
-          worst = std::max(worst, std::fabs(got[i] - want[i]));
-        EXPECT_LE(worst, gradTol * scale) << entry.getKey().str();
-      }
+      expectGradientsNear(gpuGrads, cpuGrads, gradTol);
     }
   }
 }
@@ -1121,62 +1105,19 @@ void compareWithCpu(const exec::ExecPlan &plan,
 // The compiled tiny model's plan
 //===----------------------------------------------------------------------===//
 
-/// The tiny model compiled by the megaslide-run next to this binary with
-/// `flags` (for no flags, $MEGASLIDE_CUDA_TEST_PLAN when set); null (with
-/// `why`) when that does not work.
-const exec::ExecPlan *tinyPlan(std::string &why,
-                               const std::string &flags = "") {
-  struct Cached {
-    std::optional<exec::ExecPlan> plan;
-    std::string why;
-  };
-  static std::map<std::string, Cached> cache;
-  auto [it, fresh] = cache.try_emplace(flags);
-  Cached &c = it->second;
-  if (fresh) {
-    std::string path;
-    const char *env = std::getenv("MEGASLIDE_CUDA_TEST_PLAN");
-    if (flags.empty() && env && *env) {
-      path = env;
-    } else {
-      fs::path run =
-          fs::read_symlink("/proc/self/exe").parent_path() / "megaslide-run";
-      fs::path dir =
-          freshDir("megaslide-tiny-plan" + std::to_string(cache.size()));
-      path = (dir / "tiny.json").string();
-      std::string cmd = "'" + run.string() +
-                        "' --model tiny --backend cpu --steps 0 " + flags +
-                        " --save-plan '" + path + "' > '" +
-                        (dir / "log").string() + "' 2>&1";
-      if (!fs::exists(run) || std::system(cmd.c_str()) != 0)
-        c.why = "no tiny plan: set MEGASLIDE_CUDA_TEST_PLAN or build " +
-                run.string();
-    }
-    if (c.why.empty()) {
-      auto loaded = exec::loadExecPlan(path);
-      if (loaded)
-        c.plan = std::move(*loaded);
-      else
-        c.why = llvm::toString(loaded.takeError());
-    }
-  }
-  why = c.why;
-  return c.plan ? &*c.plan : nullptr;
-}
-
-/// Flags giving the tiny model 3D-DSA self-attention (its 5x8x8 grid is
-/// smaller than the default window).
-const char *const kTinyDsaFlags =
-    "--dsa-window 3,4,4 --dsa-tile 1,2,2 --dsa-radius 1";
+/// The saved tiny plans (TestPlans.h): global attention and 3D-DSA
+/// self-attention (its 5x8x8 grid is smaller than the default window, so
+/// the plan is compiled with --dsa-window 3,4,4 --dsa-tile 1,2,2
+/// --dsa-radius 1).
+const char *const kTinyPlans[] = {"tiny", "tiny-dsa"};
 
 class CudaTinyPlanTest : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(CudaTinyPlanTest, PreparesAndCompiles) {
   std::string why;
-  const exec::ExecPlan *plan = tinyPlan(why, GetParam());
-  if (!plan)
-    GTEST_SKIP() << why;
-  if (*GetParam()) {
+  const exec::ExecPlan *plan = savedTestPlan(GetParam(), why);
+  ASSERT_TRUE(plan) << why;
+  if (std::string(GetParam()) == "tiny-dsa") {
     EXPECT_EQ(plan->kernelModules.size(), 1u);
   }
   auto prep = prepareCudaPlan(*plan);
@@ -1197,609 +1138,211 @@ TEST_P(CudaTinyPlanTest, PreparesAndCompiles) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaTinyPlanTest,
-                         ::testing::Values("", kTinyDsaFlags));
+                         ::testing::ValuesIn(kTinyPlans));
 
 //===----------------------------------------------------------------------===//
-// A fake device: the whole backend without a GPU
+// A fake device: the whole backend without a GPU (FakeCuda.h)
 //===----------------------------------------------------------------------===//
 
-/// The driver and cuBLASLt as plain host code: memory is host memory,
-/// copies are synchronous, kernels run on the host emulation, cuBLASLt
-/// GEMMs naively with the semantics its documentation gives the
-/// descriptors the backend builds. What this checks of the backend: the
-/// issue loop, pools and staging, host worker and AdamW, events, traces,
-/// argument marshalling and the GEMM descriptors. What it cannot:
-/// asynchrony (every call completes at once) and the real hardware.
-namespace fake {
-
-EmulatedKernels *kernels = nullptr;
-std::atomic<int64_t> clock{0};
-
-/// The element types of a kernel from its name's suffix (ms_<kind>_<types>).
-std::vector<DType> typesOf(llvm::StringRef name, size_t count) {
-  llvm::SmallVector<llvm::StringRef> parts;
-  name.split(parts, '_');
-  std::vector<DType> types;
-  for (llvm::StringRef p : llvm::ArrayRef(parts).take_back(count))
-    types.push_back(exec::parseDType(p).value_or(DType::F32));
-  return types;
-}
-
-/// Global attention as host loops with the kernels' argument lists and
-/// contracts (lse and delta between the two backward kernels). Emulating a
-/// 320-token attention lane by lane would take minutes; the CUDA kernels
-/// themselves are checked by CudaDenseEmulationTest on small shapes.
-struct HostAttention {
-  std::vector<DType> t;
-  int kind; // 0 fwd, 1 bwd_dq, 2 bwd_dkv
-  void run(void **args) const {
-    auto ptr = [&](int i) { return *reinterpret_cast<void **>(args[i]); };
-    auto i64 = [&](int i) { return *reinterpret_cast<long long *>(args[i]); };
-    int base = kind == 0 ? 5 : 8;
-    long long B = i64(base), Nq = i64(base + 1), Nk = i64(base + 2),
-              H = i64(base + 3), Dh = i64(base + 4);
-    float scale = *reinterpret_cast<float *>(args[base + 5]);
-    void *q = ptr(0), *k = ptr(1), *v = ptr(2);
-    auto row = [&](long long b, long long n, long long N, long long h) {
-      return ((b * N + n) * H + h) * Dh;
-    };
-    auto dot = [&](void *x, DType tx, long long xr, void *y, DType ty,
-                   long long yr) {
-      float s = 0;
-      for (long long d = 0; d < Dh; ++d)
-        s += loadAs(x, tx, xr + d) * loadAs(y, ty, yr + d);
-      return s;
-    };
-    for (long long b = 0; b < B; ++b)
-      for (long long h = 0; h < H; ++h) {
-        long long outer = kind == 2 ? Nk : Nq;
-        for (long long i = 0; i < outer; ++i) {
-          if (kind == 0 || kind == 1) {
-            long long qr = row(b, i, Nq, h);
-            std::vector<float> s(Nk);
-            float m = -INFINITY, l = 0;
-            for (long long j = 0; j < Nk; ++j) {
-              s[j] = scale * dot(q, t[0], qr, k, t[1], row(b, j, Nk, h));
-              m = std::max(m, s[j]);
-            }
-            for (long long j = 0; j < Nk; ++j)
-              l += std::exp(s[j] - m);
-            float L = m + std::log(l);
-            long long w = (b * H + h) * Nq + i;
-            if (kind == 0) {
-              for (long long d = 0; d < Dh; ++d) {
-                float acc = 0;
-                for (long long j = 0; j < Nk; ++j)
-                  acc += std::exp(s[j] - L) *
-                         loadAs(v, t[2], row(b, j, Nk, h) + d);
-                storeAs(ptr(3), t[3], qr + d, acc);
-              }
-              if (float *lse = static_cast<float *>(ptr(4)))
-                lse[w] = L;
-              continue;
-            }
-            void *o = ptr(3), *dout = ptr(4);
-            float dl = dot(dout, t[4], qr, o, t[3], qr);
-            std::vector<float> dq(Dh, 0.0f);
-            for (long long j = 0; j < Nk; ++j) {
-              long long kr = row(b, j, Nk, h);
-              float ds =
-                  std::exp(s[j] - L) * (dot(dout, t[4], qr, v, t[2], kr) - dl);
-              for (long long d = 0; d < Dh; ++d)
-                dq[d] += ds * loadAs(k, t[1], kr + d);
-            }
-            for (long long d = 0; d < Dh; ++d)
-              storeAs(ptr(5), t[5], qr + d, dq[d] * scale);
-            static_cast<float *>(ptr(6))[w] = L;
-            static_cast<float *>(ptr(7))[w] = dl;
-          } else {
-            long long kr = row(b, i, Nk, h);
-            void *dout = ptr(3);
-            const float *lse = static_cast<const float *>(ptr(6)),
-                        *delta = static_cast<const float *>(ptr(7));
-            std::vector<float> dk(Dh, 0.0f), dv(Dh, 0.0f);
-            for (long long j = 0; j < Nq; ++j) {
-              long long qr = row(b, j, Nq, h), w = (b * H + h) * Nq + j;
-              float p =
-                  std::exp(scale * dot(q, t[0], qr, k, t[1], kr) - lse[w]);
-              float ds = p * (dot(dout, t[3], qr, v, t[2], kr) - delta[w]);
-              for (long long d = 0; d < Dh; ++d) {
-                dv[d] += p * loadAs(dout, t[3], qr + d);
-                dk[d] += ds * loadAs(q, t[0], qr + d);
-              }
-            }
-            for (long long d = 0; d < Dh; ++d) {
-              storeAs(ptr(4), t[4], kr + d, dk[d] * scale);
-              storeAs(ptr(5), t[5], kr + d, dv[d]);
-            }
-          }
-        }
-      }
+/// Prepares the fake device for `plan`, the dense kernels on the shared
+/// host build; false with `why` where it cannot run (no NVRTC: the backend
+/// compiles its kernels first; no host compiler).
+bool setUpFakeDevice(const exec::ExecPlan &plan, const PreparedPlan &prep,
+                     std::string &why, const fake::Options &options = {}) {
+  if (!nvrtcAvailable(&why)) {
+    why += " (the backend compiles its kernels first)";
+    return false;
   }
-};
-std::atomic<int64_t> launches{0}, gemms{0};
-struct Event {
-  std::atomic<int64_t> time{0};
-};
-/// A generated 3D-DSA kernel (named configName + _fwd/_bwd/_bwd_finalize/
-/// _offsets) as the cpu reference with the kernels' argument lists and
-/// contracts: the backward adds into the fp32 dK/dV scratch, finalize
-/// converts it. Their CUDA versions are checked by DsaKernelEmulationTest
-/// and, on a GPU, scripts/dsa_gpu_check.py; this checks how the backend
-/// binds them.
-struct HostDsa {
-  cpu::Dsa3dConfig cfg;
-  DType elem = DType::BF16;
-  int64_t radius = 0;
-  std::string kind;
-
-  static std::optional<HostDsa> parse(const char *name) {
-    HostDsa d;
-    long long g[3], w[3], t[3], h, hd, r;
-    char elem[8] = {}, kind[32] = {};
-    if (std::sscanf(name,
-                    "dsa3d_g%lldx%lldx%lld_w%lldx%lldx%lld_t%lldx%lldx%lld_h%"
-                    "lld_d%lld_%7[a-z0-9]_r%lld_%31s",
-                    &g[0], &g[1], &g[2], &w[0], &w[1], &w[2], &t[0], &t[1],
-                    &t[2], &h, &hd, elem, &r, kind) != 14)
-      return std::nullopt;
-    d.cfg.T = g[0];
-    d.cfg.Y = g[1];
-    d.cfg.X = g[2];
-    d.cfg.window = {w[0], w[1], w[2]};
-    d.cfg.tile = {t[0], t[1], t[2]};
-    d.cfg.heads = h;
-    d.cfg.headDim = hd;
-    d.elem = std::string(elem) == "f16" ? DType::F16 : DType::BF16;
-    d.radius = r;
-    d.kind = kind;
-    return d;
-  }
-
-  void run(unsigned gz, void **args) const {
-    auto ptr = [&](int i) { return *reinterpret_cast<void **>(args[i]); };
-    cpu::Dsa3dConfig c = cfg;
-    c.batch = gz;
-    int64_t n = c.batch * c.tokens() * c.heads * c.headDim;
-    auto wide = [&](int i) {
-      std::vector<float> v(n);
-      for (int64_t e = 0; e < n; ++e)
-        v[e] = loadAs(ptr(i), elem, e);
-      return v;
-    };
-    auto view = [&](float *p) { return cpu::dsa3dGraphLayout(p, c); };
-    auto cview = [&](const float *p) { return cpu::dsa3dGraphLayout(p, c); };
-    if (kind == "bwd_finalize") {
-      long long count = *reinterpret_cast<long long *>(args[4]);
-      for (long long e = 0; e < count; ++e) {
-        storeAs(ptr(2), elem, e, static_cast<float *>(ptr(0))[e]);
-        storeAs(ptr(3), elem, e, static_cast<float *>(ptr(1))[e]);
-      }
-      return;
-    }
-    std::vector<float> q = wide(0), k = wide(1);
-    if (kind == "offsets") {
-      // Block matching ignores the softmax scale, but dsa3dOffsets requires
-      // a valid configuration, scale included (as the cpu backend sets it).
-      c.scale = 1.0;
-      cpu::dsa3dOffsets(c, cview(q.data()), cview(k.data()), radius,
-                        static_cast<int32_t *>(ptr(2)));
-      return;
-    }
-    const int32_t *offsets = static_cast<const int32_t *>(ptr(3));
-    std::vector<float> v = wide(2);
-    if (kind == "fwd") {
-      c.scale = *reinterpret_cast<float *>(args[6]);
-      std::vector<float> out(n);
-      cpu::dsa3dForward(c, cview(q.data()), cview(k.data()), cview(v.data()),
-                        offsets, view(out.data()),
-                        static_cast<float *>(ptr(5)));
-      for (int64_t e = 0; e < n; ++e)
-        storeAs(ptr(4), elem, e, out[e]);
-      return;
-    }
-    // bwd: (q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale)
-    c.scale = *reinterpret_cast<float *>(args[10]);
-    std::vector<float> o = wide(4), dout = wide(5), dq(n), dk(n), dv(n);
-    cpu::dsa3dBackward(c, cview(q.data()), cview(k.data()), cview(v.data()),
-                       offsets, cview(o.data()), cview(dout.data()),
-                       static_cast<const float *>(ptr(6)), view(dq.data()),
-                       view(dk.data()), view(dv.data()));
-    float *dk32 = static_cast<float *>(ptr(8));
-    float *dv32 = static_cast<float *>(ptr(9));
-    for (int64_t e = 0; e < n; ++e) {
-      storeAs(ptr(7), elem, e, dq[e]);
-      dk32[e] += dk[e];
-      dv32[e] += dv[e];
-    }
-  }
-};
-
-struct Function {
-  EmulatedKernels::Entry entry = nullptr;
-  std::optional<HostAttention> attention;
-  std::optional<HostDsa> dsa;
-};
-
-void *allocAligned(size_t n) {
-  size_t bytes = (std::max<size_t>(n, 1) + 255) / 256 * 256;
-  void *p = std::aligned_alloc(256, bytes);
-  if (p)
-    std::memset(p, 0xa5, bytes); // not zero: the backend must not rely on it
-  return p;
+  EmulatedKernels *emu = sharedEmulation(why);
+  if (!emu)
+    return false;
+  fake::setUp(
+      plan, prep,
+      [emu](const std::string &name) { return emu->hostKernel(name); },
+      options);
+  return true;
 }
 
-CudaDriverApi driver() {
-  CudaDriverApi d;
-  d.library = "fake";
-  d.cuGetErrorString = [](CUresult, const char **s) {
-    *s = "fake driver error";
-    return CUresult(0);
-  };
-  d.cuGetErrorName = [](CUresult r, const char **s) {
-    *s = r ? "FAKE_ERROR" : "CUDA_SUCCESS";
-    return CUresult(0);
-  };
-  d.cuInit = [](unsigned) { return CUresult(0); };
-  d.cuDriverGetVersion = [](int *v) {
-    *v = 13000;
-    return CUresult(0);
-  };
-  d.cuDeviceGetCount = [](int *n) {
-    *n = 1;
-    return CUresult(0);
-  };
-  d.cuDeviceGet = [](CUdevice *dev, int) {
-    *dev = 0;
-    return CUresult(0);
-  };
-  d.cuDeviceGetAttribute = [](int *v, int attr, CUdevice) {
-    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? 9
-         : attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? 0
-                                                                : 132;
-    return CUresult(0);
-  };
-  d.cuDeviceGetName = [](char *s, int n, CUdevice) {
-    std::snprintf(s, n, "fake device");
-    return CUresult(0);
-  };
-  d.cuDevicePrimaryCtxRetain = [](CUcontext *c, CUdevice) {
-    *c = reinterpret_cast<CUcontext>(uintptr_t(0x1000));
-    return CUresult(0);
-  };
-  d.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) { return CUresult(0); };
-  d.cuCtxSetCurrent = [](CUcontext) { return CUresult(0); };
-  d.cuCtxSynchronize = []() { return CUresult(0); };
-  d.cuMemGetInfo_v2 = [](size_t *f, size_t *t) {
-    *f = *t = size_t(1) << 36;
-    return CUresult(0);
-  };
-  d.cuMemAlloc_v2 = [](CUdeviceptr *p, size_t n) {
-    void *q = allocAligned(n);
-    *p = reinterpret_cast<CUdeviceptr>(q);
-    return CUresult(q ? 0 : 2);
-  };
-  d.cuMemFree_v2 = [](CUdeviceptr p) {
-    std::free(reinterpret_cast<void *>(p));
-    return CUresult(0);
-  };
-  d.cuMemHostAlloc = [](void **p, size_t n, unsigned) {
-    *p = allocAligned(n);
-    return CUresult(*p ? 0 : 2);
-  };
-  d.cuMemFreeHost = [](void *p) {
-    std::free(p);
-    return CUresult(0);
-  };
-  d.cuMemcpyHtoDAsync_v2 = [](CUdeviceptr dst, const void *src, size_t n,
-                              CUstream) {
-    std::memcpy(reinterpret_cast<void *>(dst), src, n);
-    return CUresult(0);
-  };
-  d.cuMemcpyDtoHAsync_v2 = [](void *dst, CUdeviceptr src, size_t n, CUstream) {
-    std::memcpy(dst, reinterpret_cast<const void *>(src), n);
-    return CUresult(0);
-  };
-  d.cuMemcpyDtoDAsync_v2 = [](CUdeviceptr dst, CUdeviceptr src, size_t n,
-                              CUstream) {
-    std::memmove(reinterpret_cast<void *>(dst),
-                 reinterpret_cast<const void *>(src), n);
-    return CUresult(0);
-  };
-  d.cuMemsetD8Async = [](CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
-    std::memset(reinterpret_cast<void *>(dst), v, n);
-    return CUresult(0);
-  };
-  d.cuStreamCreate = [](CUstream *s, unsigned) {
-    *s = reinterpret_cast<CUstream>(new char);
-    return CUresult(0);
-  };
-  d.cuStreamDestroy_v2 = [](CUstream s) {
-    delete reinterpret_cast<char *>(s);
-    return CUresult(0);
-  };
-  d.cuStreamSynchronize = [](CUstream) { return CUresult(0); };
-  d.cuStreamWaitEvent = [](CUstream, CUevent e, unsigned) {
-    return CUresult(e ? 0 : 1);
-  };
-  d.cuEventCreate = [](CUevent *e, unsigned) {
-    *e = reinterpret_cast<CUevent>(new Event);
-    return CUresult(0);
-  };
-  d.cuEventDestroy_v2 = [](CUevent e) {
-    delete reinterpret_cast<Event *>(e);
-    return CUresult(0);
-  };
-  d.cuEventRecord = [](CUevent e, CUstream) {
-    if (!e)
-      return CUresult(1);
-    reinterpret_cast<Event *>(e)->time = ++clock;
-    return CUresult(0);
-  };
-  d.cuEventSynchronize = [](CUevent e) { return CUresult(e ? 0 : 1); };
-  d.cuEventElapsedTime = [](float *ms, CUevent a, CUevent b) {
-    *ms = float(reinterpret_cast<Event *>(b)->time -
-                reinterpret_cast<Event *>(a)->time) *
-          1e-3f;
-    return CUresult(0);
-  };
-  d.cuModuleLoadData = [](CUmodule *m, const void *image) {
-    // A cubin is an ELF file.
-    if (std::memcmp(image,
-                    "\x7f"
-                    "ELF",
-                    4) != 0)
-      return CUresult(200); // CUDA_ERROR_INVALID_IMAGE
-    *m = reinterpret_cast<CUmodule>(new char);
-    return CUresult(0);
-  };
-  d.cuModuleUnload = [](CUmodule m) {
-    delete reinterpret_cast<char *>(m);
-    return CUresult(0);
-  };
-  d.cuModuleGetFunction = [](CUfunction *f, CUmodule, const char *name) {
-    Function fn;
-    fn.entry = kernels->entry(name);
-    fn.dsa = HostDsa::parse(name);
-    if (!fn.entry && !fn.dsa)
-      return CUresult(500); // CUDA_ERROR_NOT_FOUND
-    llvm::StringRef n(name);
-    for (auto [prefix, kind, types] :
-         {std::tuple<const char *, int, size_t>{"ms_attention_fwd_", 0, 4},
-          {"ms_attention_bwd_dq_", 1, 6},
-          {"ms_attention_bwd_dkv_", 2, 6}})
-      if (n.starts_with(prefix))
-        fn.attention = HostAttention{typesOf(n, types), kind};
-    static std::mutex mu;
-    static std::vector<std::unique_ptr<Function>> owned;
-    std::lock_guard<std::mutex> lock(mu);
-    owned.push_back(std::make_unique<Function>(std::move(fn)));
-    *f = reinterpret_cast<CUfunction>(owned.back().get());
-    return CUresult(0);
-  };
-  d.cuFuncSetAttribute = [](CUfunction, int, int) { return CUresult(0); };
-  d.cuLaunchKernel = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                        unsigned bx, unsigned by, unsigned bz, unsigned smem,
-                        CUstream, void **params, void **extra) {
-    const Function &fn = *reinterpret_cast<Function *>(f);
-    if (!gx || !gy || !gz || !bx || by != 1 || bz != 1 || extra)
-      return CUresult(1);
-    if (fn.dsa) {
-      fn.dsa->run(gz, params);
-      ++launches;
-      return CUresult(0);
-    }
-    if (bx != kElementwiseBlockThreads || smem)
-      return CUresult(1);
-    if (fn.attention)
-      fn.attention->run(params);
-    else
-      fn.entry(gx, gy, gz, params);
-    ++launches;
-    return CUresult(0);
-  };
-  return d;
+CudaOptions fakeDeviceOptions() {
+  CudaOptions options;
+  options.driver = &fake::driver();
+  options.cublasLt = &fake::cublasLt();
+  return options;
 }
 
-struct Desc {
-  int32_t transA = 0, transB = 0;
-  uint32_t epilogue = 1;
-  const void *bias = nullptr;
-};
-struct Layout {
-  cudaDataType_t type;
-  uint64_t rows, cols;
-  int64_t ld;
-};
-constexpr cublasStatus_t kInvalid = 7; // CUBLAS_STATUS_INVALID_VALUE
-
-DType dtypeOf(cudaDataType_t t) {
-  return t == CUDA_R_16BF  ? DType::BF16
-         : t == CUDA_R_16F ? DType::F16
-                           : DType::F32;
+/// What the fake device found in the step that just ended: nothing.
+void expectNoFakeDeviceErrors(const std::string &context) {
+  std::vector<std::string> errors = fake::endStep();
+  EXPECT_TRUE(errors.empty()) << context << ":\n" << llvm::join(errors, "\n");
 }
 
-/// op(A) m x k, op(B) k x n, D m x n, as cuBLASLt reads the layouts.
-bool shapesAgree(const Desc &d, const Layout &a, const Layout &b,
-                 const Layout &c) {
-  uint64_t m = c.rows, n = c.cols, k = d.transA ? a.rows : a.cols;
-  return (d.transA ? a.cols : a.rows) == m &&
-         (d.transB ? b.cols : b.rows) == k &&
-         (d.transB ? b.rows : b.cols) == n && a.type == b.type;
-}
-
-CublasLtApi cublasLt() {
-  CublasLtApi l;
-  l.library = "fake";
-  l.cublasLtCreate = [](cublasLtHandle_t *h) {
-    *h = reinterpret_cast<cublasLtHandle_t>(new char);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtDestroy = [](cublasLtHandle_t h) {
-    delete reinterpret_cast<char *>(h);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtGetVersion = []() { return size_t(130000); };
-  l.cublasLtGetStatusName = [](cublasStatus_t) { return "FAKE_STATUS"; };
-  l.cublasLtMatmulDescCreate = [](cublasLtMatmulDesc_t *d,
-                                  cublasComputeType_t compute,
-                                  cudaDataType_t scale) {
-    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F)
-      return kInvalid;
-    *d = reinterpret_cast<cublasLtMatmulDesc_t>(new Desc);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatmulDescDestroy = [](cublasLtMatmulDesc_t d) {
-    delete reinterpret_cast<Desc *>(d);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatmulDescSetAttribute = [](cublasLtMatmulDesc_t dd,
-                                        cublasLtMatmulDescAttributes_t attr,
-                                        const void *buf, size_t size) {
-    Desc &d = *reinterpret_cast<Desc *>(dd);
-    if ((attr == CUBLASLT_MATMUL_DESC_TRANSA ||
-         attr == CUBLASLT_MATMUL_DESC_TRANSB ||
-         attr == CUBLASLT_MATMUL_DESC_EPILOGUE) &&
-        size != 4)
-      return kInvalid;
-    if (attr == CUBLASLT_MATMUL_DESC_TRANSA)
-      std::memcpy(&d.transA, buf, 4);
-    else if (attr == CUBLASLT_MATMUL_DESC_TRANSB)
-      std::memcpy(&d.transB, buf, 4);
-    else if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE)
-      std::memcpy(&d.epilogue, buf, 4);
-    else if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER &&
-             size == sizeof(void *))
-      std::memcpy(&d.bias, buf, sizeof(void *));
-    else
-      return kInvalid;
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatrixLayoutCreate = [](cublasLtMatrixLayout_t *out,
-                                    cudaDataType_t type, uint64_t rows,
-                                    uint64_t cols, int64_t ld) {
-    if (ld < static_cast<int64_t>(rows) || ld < 1)
-      return kInvalid;
-    *out = reinterpret_cast<cublasLtMatrixLayout_t>(
-        new Layout{type, rows, cols, ld});
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatrixLayoutDestroy = [](cublasLtMatrixLayout_t x) {
-    delete reinterpret_cast<Layout *>(x);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatmulPreferenceCreate = [](cublasLtMatmulPreference_t *p) {
-    *p = reinterpret_cast<cublasLtMatmulPreference_t>(new char);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatmulPreferenceDestroy = [](cublasLtMatmulPreference_t p) {
-    delete reinterpret_cast<char *>(p);
-    return cublasStatus_t(0);
-  };
-  l.cublasLtMatmulPreferenceSetAttribute =
-      [](cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t attr,
-         const void *buf, size_t size) {
-        if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-          return size == 8 ? cublasStatus_t(0) : kInvalid;
-        if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
-            attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + 3)
-          return size == 4 ? cublasStatus_t(0) : kInvalid;
-        return kInvalid;
-      };
-  l.cublasLtMatmulAlgoGetHeuristic =
-      [](cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
-         cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-         cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t, int requested,
-         cublasLtMatmulHeuristicResult_t *results, int *found) {
-        *found = 0;
-        if (requested < 1 || c != dd ||
-            !shapesAgree(
-                *reinterpret_cast<Desc *>(d), *reinterpret_cast<Layout *>(a),
-                *reinterpret_cast<Layout *>(b), *reinterpret_cast<Layout *>(c)))
-          return cublasStatus_t(0);
-        results[0] = {};
-        *found = 1;
-        return cublasStatus_t(0);
-      };
-  l.cublasLtMatmul =
-      [](cublasLtHandle_t, cublasLtMatmulDesc_t dd, const void *alpha,
-         const void *A, cublasLtMatrixLayout_t al, const void *B,
-         cublasLtMatrixLayout_t bl, const void *beta, const void *C,
-         cublasLtMatrixLayout_t cl, void *D, cublasLtMatrixLayout_t dl,
-         const cublasLtMatmulAlgo_t *, void *, size_t, CUstream) {
-        const Desc &d = *reinterpret_cast<const Desc *>(dd);
-        const Layout &a = *reinterpret_cast<Layout *>(al),
-                     &b = *reinterpret_cast<Layout *>(bl),
-                     &o = *reinterpret_cast<Layout *>(dl);
-        if (*static_cast<const float *>(alpha) != 1.0f ||
-            *static_cast<const float *>(beta) != 0.0f || C != D || cl != dl ||
-            !shapesAgree(d, a, b, o))
-          return kInvalid;
-        GemmCall g;
-        g.transA = d.transA;
-        g.transB = d.transB;
-        g.m = o.rows;
-        g.n = o.cols;
-        g.k = d.transA ? a.rows : a.cols;
-        g.lda = a.ld;
-        g.ldb = b.ld;
-        g.ldd = o.ld;
-        g.abType = dtypeOf(a.type);
-        g.dType = dtypeOf(o.type);
-        g.hasBias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
-        if (g.hasBias && !d.bias)
-          return kInvalid;
-        naiveGemm(g, A, B, D, d.bias);
-        ++gemms;
-        return cublasStatus_t(0);
-      };
-  return l;
-}
-
-} // namespace fake
-
-/// Runs `plan` on the fake device against the cpu backend.
+/// Runs `plan` on the fake device against the cpu backend, the delays of
+/// step s seeded with s.
 void runOnFakeDevice(const exec::ExecPlan &plan,
                      const std::function<exec::StepInputs(int)> &inputs,
                      int steps) {
-  std::string why;
-  if (!nvrtcAvailable(&why))
-    GTEST_SKIP() << why << " (the backend compiles its kernels first)";
   auto prep = prepareCudaPlan(plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
-  EmulatedKernels *emu = sharedEmulation(why);
-  if (!emu)
+  std::string why;
+  if (!setUpFakeDevice(plan, *prep, why))
     GTEST_SKIP() << why;
-  fake::kernels = emu;
-  static const CudaDriverApi driver = fake::driver();
-  static const CublasLtApi lt = fake::cublasLt();
-  CudaOptions options;
-  options.driver = &driver;
-  options.cublasLt = &lt;
-  int64_t launches = fake::launches, gemms = fake::gemms;
-  compareWithCpu(plan, inputs, steps, 2e-2, 5e-2, options);
-  EXPECT_GT(fake::launches, launches);
-  EXPECT_GT(fake::gemms, gemms);
-  fake::kernels = nullptr;
+  StepHooks hooks{
+      [](int s) { fake::beginStep(s); },
+      [](int s) { expectNoFakeDeviceErrors("step " + std::to_string(s)); }};
+  compareWithCpu(plan, inputs, steps, 2e-2, 5e-2, fakeDeviceOptions(), hooks);
+  fake::Stats stats = fake::stats();
+  EXPECT_GT(stats.launches, 0);
+  EXPECT_GT(stats.gemms, 0);
+  EXPECT_EQ(stats.spinningWaits, 0) << "host waits that spin a core on a GPU";
+}
+
+/// The hand-built plan's inputs, from a fixed seed.
+std::function<exec::StepInputs(int)> handBuiltInputs() {
+  auto rng = std::make_shared<std::mt19937>(13);
+  return [rng](int) {
+    std::normal_distribution<float> normal;
+    exec::StepInputs in;
+    for (const char *name : {"latents", "noise"}) {
+      std::vector<float> v(2 * 8 * 32);
+      for (float &x : v)
+        x = normal(*rng);
+      in[name] = v;
+    }
+    return in;
+  };
 }
 
 TEST(CudaBackendFakeDeviceTest, HandBuiltPlanStepsLikeTheCpuBackend) {
   HandBuiltPlan h = handBuiltPlan();
-  std::mt19937 rng(13);
-  std::normal_distribution<float> normal;
-  runOnFakeDevice(
-      h.plan,
-      [&](int) {
-        exec::StepInputs in;
-        for (const char *name : {"latents", "noise"}) {
-          std::vector<float> v(2 * 8 * 32);
-          for (float &x : v)
-            x = normal(rng);
-          in[name] = v;
-        }
-        return in;
-      },
-      3);
+  runOnFakeDevice(h.plan, handBuiltInputs(), 3);
+}
+
+/// The fake device's own semantics, on raw driver calls: a read on one
+/// stream of bytes another stream writes needs a wait for an event
+/// recorded after the write; the wait orders only up to the record current
+/// at the call.
+TEST(CudaBackendFakeDeviceTest, FakeDeviceFindsMissingWaits) {
+  HandBuiltPlan h = handBuiltPlan();
+  auto prep = prepareCudaPlan(h.plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  const CudaDriverApi &cu = fake::driver();
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0   ? "waits for the write"
+                 : variant == 1 ? "no wait"
+                                : "waits for an earlier record");
+    fake::setUp(h.plan, *prep,
+                [](const std::string &) { return fake::HostKernel{}; });
+    CUdeviceptr arena = 0;
+    void *host = nullptr;
+    CUstream a = nullptr, b = nullptr;
+    CUevent e = nullptr;
+    ASSERT_EQ(cu.cuMemAlloc_v2(&arena, h.plan.arenaBytes), 0);
+    ASSERT_EQ(cu.cuMemHostAlloc(&host, 256, 0), 0);
+    ASSERT_EQ(cu.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), 0);
+    ASSERT_EQ(cu.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), 0);
+    ASSERT_EQ(cu.cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC), 0);
+    fake::beginStep(1);
+    if (variant == 2) {
+      ASSERT_EQ(cu.cuEventRecord(e, a), 0);
+    }
+    ASSERT_EQ(cu.cuMemsetD8Async(arena, 7, 256, a), 0);
+    if (variant == 0) {
+      ASSERT_EQ(cu.cuEventRecord(e, a), 0);
+    }
+    if (variant != 1) {
+      ASSERT_EQ(cu.cuStreamWaitEvent(b, e, 0), 0);
+    }
+    if (variant == 2) {
+      ASSERT_EQ(cu.cuEventRecord(e, a), 0); // too late for b's wait
+    }
+    ASSERT_EQ(cu.cuMemcpyDtoHAsync_v2(host, arena, 256, b), 0);
+    ASSERT_EQ(cu.cuStreamSynchronize(a), 0);
+    ASSERT_EQ(cu.cuStreamSynchronize(b), 0);
+    std::vector<std::string> errors = fake::endStep();
+    if (variant == 0) {
+      EXPECT_TRUE(errors.empty()) << llvm::join(errors, "\n");
+      EXPECT_EQ(static_cast<uint8_t *>(host)[255], 7);
+    } else {
+      ASSERT_FALSE(errors.empty());
+      EXPECT_NE(errors[0].find("cuMemcpyDtoHAsync on stream #2 (the backend's "
+                               "own) reads the arena bytes [0, 256) that "
+                               "cuMemsetD8Async on stream #1"),
+                std::string::npos)
+          << errors[0];
+      EXPECT_NE(errors[0].find("(a missing wait)"), std::string::npos);
+    }
+    cu.cuEventDestroy_v2(e);
+    cu.cuStreamDestroy_v2(a);
+    cu.cuStreamDestroy_v2(b);
+    cu.cuMemFreeHost(host);
+    cu.cuMemFree_v2(arena);
+  }
+}
+
+/// A failing cuEventSynchronize, each of a step's in turn: the step fails
+/// naming it, leaves nothing in flight, and the state is either untouched
+/// or marked incomplete; the next step works.
+TEST(CudaBackendFakeDeviceTest, FailingEventSynchronizeFailsTheStep) {
+  HandBuiltPlan h = handBuiltPlan();
+  auto prep = prepareCudaPlan(h.plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  std::string why;
+  if (!setUpFakeDevice(h.plan, *prep, why))
+    GTEST_SKIP() << why;
+  exec::StepInputs in = handBuiltInputs()(0);
+  // How many a step makes, after those of create().
+  int64_t atCreate = 0, perStep = 0;
+  {
+    auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+    ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+    atCreate = fake::stats().calls["cuEventSynchronize"];
+    host::HostState state = host::initHostState(h.plan, 3);
+    fake::beginStep(0);
+    ASSERT_TRUE(!!(*gpu)->step(in, state, {}));
+    perStep = fake::stats().calls["cuEventSynchronize"] - atCreate;
+  }
+  ASSERT_GT(perStep, 3);
+  for (int64_t n = 1; n <= perStep; ++n) {
+    SCOPED_TRACE("call " + std::to_string(n) + " of the step fails");
+    fake::Options options;
+    options.fault = fake::Fault{"cuEventSynchronize", atCreate + n};
+    ASSERT_TRUE(setUpFakeDevice(h.plan, *prep, why, options));
+    auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+    ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+    host::HostState initial = host::initHostState(h.plan, 3), state = initial;
+    fake::beginStep(n);
+    auto r = (*gpu)->step(in, state, {});
+    expectNoFakeDeviceErrors("the failed step");
+    ASSERT_FALSE(!!r);
+    std::string msg = llvm::toString(r.takeError());
+    EXPECT_NE(msg.find("cuEventSynchronize"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("FAKE_ERROR"), std::string::npos) << msg;
+    bool untouched = true;
+    for (size_t t = 0; t < initial.tensors.size(); ++t)
+      untouched &= state.tensors[t].data == initial.tensors[t].data;
+    EXPECT_TRUE(untouched || state.incomplete) << msg;
+    EXPECT_EQ(state.step, 0);
+    host::HostState fresh = host::initHostState(h.plan, 3);
+    fake::beginStep(n + 1000);
+    auto again = (*gpu)->step(in, fresh, {});
+    EXPECT_TRUE(!!again) << llvm::toString(again.takeError());
+    expectNoFakeDeviceErrors("the next step");
+  }
+}
+
+TEST(CudaBackendFakeDeviceTest, FailingMemGetInfoIsAnError) {
+  HandBuiltPlan h = handBuiltPlan();
+  auto prep = prepareCudaPlan(h.plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  std::string why;
+  fake::Options options;
+  options.fault = fake::Fault{"cuMemGetInfo_v2", 1};
+  if (!setUpFakeDevice(h.plan, *prep, why, options))
+    GTEST_SKIP() << why;
+  auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+  ASSERT_FALSE(!!gpu);
+  std::string msg = llvm::toString(gpu.takeError());
+  EXPECT_EQ(msg.find("cuMemGetInfo: FAKE_ERROR"), 0u) << msg;
 }
 
 class CudaBackendFakeDeviceTinyTest
@@ -1807,20 +1350,187 @@ class CudaBackendFakeDeviceTinyTest
 
 TEST_P(CudaBackendFakeDeviceTinyTest, StepsLikeTheCpuBackend) {
   std::string why;
-  const exec::ExecPlan *plan = tinyPlan(why, GetParam());
-  if (!plan)
-    GTEST_SKIP() << why;
+  const exec::ExecPlan *plan = savedTestPlan(GetParam(), why);
+  ASSERT_TRUE(plan) << why;
   auto shapes = train::InputShapes::of(*plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   train::SyntheticData data(*shapes, 5);
   // Two steps (the second runs on AdamW-updated weights) for global
   // attention; one for 3D-DSA, whose binding the first step checks.
   runOnFakeDevice(
-      *plan, [&](int) { return llvm::cantFail(data.next()); }, *GetParam() ? 1 : 2);
+      *plan, [&](int) { return llvm::cantFail(data.next()); },
+      std::string(GetParam()) == "tiny-dsa" ? 1 : 2);
+}
+
+/// Orderings of the streams the fake device's delays give with this many
+/// seeds.
+constexpr int kFakeDeviceSeeds = 50;
+
+/// The first step of a tiny plan under kFakeDeviceSeeds seeds of the fake
+/// device's delays, each from the same state: every time the cpu backend's
+/// loss and gradients, and nothing the device's checks find. The dense
+/// kernels run as the cpu reference (their CUDA versions are the test
+/// above's): the orderings are what this is about.
+TEST_P(CudaBackendFakeDeviceTinyTest, EveryOrderingStepsLikeTheCpuBackend) {
+  std::string why;
+  const exec::ExecPlan *plan = savedTestPlan(GetParam(), why);
+  ASSERT_TRUE(plan) << why;
+  auto shapes = train::InputShapes::of(*plan);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  auto prep = prepareCudaPlan(*plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  fake::Options options;
+  options.referenceKernels = true;
+  if (!setUpFakeDevice(*plan, *prep, why, options))
+    GTEST_SKIP() << why;
+
+  Gradients want;
+  exec::StepOptions co;
+  co.onGradient = [&](llvm::StringRef n, llvm::ArrayRef<float> g) {
+    want[n] = g.vec();
+  };
+  auto ref = cpu::CpuBackend::create(*plan);
+  ASSERT_TRUE(!!ref) << llvm::toString(ref.takeError());
+  host::HostState cpuState = host::initHostState(*plan, 3);
+  auto c = (*ref)->step(in, cpuState, co);
+  ASSERT_TRUE(!!c) << llvm::toString(c.takeError());
+
+  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  for (int seed = 0; seed < kFakeDeviceSeeds; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Gradients got;
+    exec::StepOptions go;
+    go.onGradient = [&](llvm::StringRef n, llvm::ArrayRef<float> g) {
+      got[n] = g.vec();
+    };
+    host::HostState state = host::initHostState(*plan, 3);
+    fake::beginStep(seed);
+    auto g = (*gpu)->step(in, state, go);
+    expectNoFakeDeviceErrors("seed " + std::to_string(seed));
+    ASSERT_TRUE(!!g) << llvm::toString(g.takeError());
+    EXPECT_NEAR(g->loss, c->loss, 2e-2 * std::max(1.0f, std::fabs(c->loss)));
+    expectGradientsNear(got, want, 5e-2);
+    if (HasFailure())
+      break;
+  }
+  EXPECT_EQ(fake::stats().spinningWaits, 0)
+      << "host waits that spin a core on a GPU";
 }
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendFakeDeviceTinyTest,
-                         ::testing::Values("", kTinyDsaFlags));
+                         ::testing::ValuesIn(kTinyPlans));
+
+/// The tiny plan without the first wait that orders a fetched weight
+/// before a kernel reading it: exec::validate refuses the plan, and the
+/// fake device, given it anyway, finds the race.
+TEST(CudaBackendFakeDeviceTest, DeletedWaitIsCaught) {
+  std::string why;
+  const exec::ExecPlan *tiny = savedTestPlan("tiny", why);
+  ASSERT_TRUE(tiny) << why;
+  // Waits of the compute stream for an event the h2d stream records after
+  // a fetch; the first whose deletion leaves a read unordered (others are
+  // implied by later waits).
+  exec::ExecPlan plan;
+  std::string invalid;
+  for (size_t i = 0; i < tiny->instructions.size() && invalid.empty(); ++i) {
+    const exec::Instruction &w = tiny->instructions[i];
+    if (w.op != "wait" || w.stream != exec::Stream::Compute)
+      continue;
+    bool afterFetch = false;
+    for (size_t r = 1; r < i; ++r) {
+      const exec::Instruction &rec = tiny->instructions[r];
+      afterFetch |= rec.op == "record" && rec.event == w.event &&
+                    rec.stream == exec::Stream::HostToDevice &&
+                    tiny->instructions[r - 1].op == "fetch";
+    }
+    if (!afterFetch)
+      continue;
+    plan = *tiny;
+    plan.instructions.erase(plan.instructions.begin() + i);
+    if (llvm::Error e = exec::validate(plan))
+      invalid = llvm::toString(std::move(e));
+  }
+  ASSERT_FALSE(invalid.empty()) << "no wait orders a fetched weight";
+  // "instruction #N ('op') on stream compute reads %V, written by
+  // instruction #M on stream h2d, without waiting for an event ..."
+  int reader = -1;
+  ASSERT_EQ(std::sscanf(invalid.c_str(), "%*[^#]#%d", &reader), 1) << invalid;
+  EXPECT_NE(invalid.find("on stream h2d, without waiting for an event"),
+            std::string::npos)
+      << invalid;
+
+  auto prep = prepareCudaPlan(plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  fake::Options options;
+  options.referenceKernels = true;
+  if (!setUpFakeDevice(plan, *prep, why, options))
+    GTEST_SKIP() << why;
+  auto shapes = train::InputShapes::of(plan);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  auto gpu = CudaBackend::create(plan, fakeDeviceOptions());
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  host::HostState state = host::initHostState(plan, 3);
+  fake::beginStep(0);
+  auto r = (*gpu)->step(in, state, {});
+  llvm::consumeError(r.takeError());
+  std::vector<std::string> errors = fake::endStep();
+  ASSERT_FALSE(errors.empty());
+  EXPECT_EQ(errors[0].find("instruction #" + std::to_string(reader) + " ("), 0u)
+      << errors[0];
+  EXPECT_NE(errors[0].find("(a missing wait)"), std::string::npos) << errors[0];
+}
+
+/// The issue loop failing while host_adamw tasks are queued: none of them
+/// may apply (the first gradient's task is held in onGradient until the
+/// failure). The step fails once, naming the call; the state is marked
+/// incomplete exactly when an update was applied.
+TEST(CudaBackendFakeDeviceTest, IssueErrorCancelsQueuedUpdates) {
+  std::string why;
+  const exec::ExecPlan *plan = savedTestPlan("tiny", why);
+  ASSERT_TRUE(plan) << why;
+  auto prep = prepareCudaPlan(*plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  int64_t launches = 0;
+  for (const PreparedInstruction &pi : prep->instructions)
+    if (pi.lowered)
+      for (const LoweredStep &s : pi.lowered->steps)
+        launches += std::holds_alternative<KernelLaunch>(s);
+  fake::Options options;
+  options.referenceKernels = true;
+  options.fault = fake::Fault{"cuLaunchKernel", launches}; // the step's last
+  if (!setUpFakeDevice(*plan, *prep, why, options))
+    GTEST_SKIP() << why;
+  auto shapes = train::InputShapes::of(*plan);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  host::HostState initial = host::initHostState(*plan, 3), state = initial;
+  exec::StepOptions go;
+  std::atomic<int> gradients{0};
+  go.onGradient = [&](llvm::StringRef, llvm::ArrayRef<float>) {
+    if (gradients++ == 0)
+      fake::waitForFault(std::chrono::seconds(60));
+  };
+  fake::beginStep(0);
+  auto r = (*gpu)->step(in, state, go);
+  expectNoFakeDeviceErrors("the failed step");
+  ASSERT_FALSE(!!r);
+  std::string msg = llvm::toString(r.takeError());
+  EXPECT_NE(msg.find("cuLaunchKernel"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("FAKE_ERROR"), msg.rfind("FAKE_ERROR")) << msg;
+  // At most the update held in onGradient: a master and its moments.
+  int changed = 0;
+  for (size_t t = 0; t < initial.tensors.size(); ++t)
+    changed += state.tensors[t].data != initial.tensors[t].data;
+  EXPECT_LE(changed, 3) << "updates applied after the failure";
+  EXPECT_LE(gradients, 1);
+  EXPECT_EQ(state.incomplete, changed > 0);
+  EXPECT_EQ(state.step, 0);
+}
 
 //===----------------------------------------------------------------------===//
 // On a GPU: the cuda backend against the cpu backend
@@ -1849,18 +1559,17 @@ TEST(CudaBackendGpuTest, HandBuiltPlanMatchesCpuBackend) {
       3, 2e-2, 5e-2);
 }
 
-/// The compiled tiny model ($MEGASLIDE_CUDA_TEST_PLAN, else compiled here),
-/// with global attention and with 3D-DSA (the generated kernels on the
-/// GPU): three steps, losses and every gradient against the cpu backend.
+/// The saved tiny plans (TestPlans.h), with global attention and with
+/// 3D-DSA (the generated kernels on the GPU): three steps, losses and every
+/// gradient against the cpu backend.
 class CudaBackendGpuTinyTest : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(CudaBackendGpuTinyTest, MatchesCpuBackend) {
   std::string why;
   if (!cudaDeviceAvailable(&why))
     GTEST_SKIP() << why;
-  const exec::ExecPlan *plan = tinyPlan(why, GetParam());
-  if (!plan)
-    GTEST_SKIP() << why;
+  const exec::ExecPlan *plan = savedTestPlan(GetParam(), why);
+  ASSERT_TRUE(plan) << why;
   auto shapes = train::InputShapes::of(*plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   train::SyntheticData data(*shapes, 5);
@@ -1869,7 +1578,7 @@ TEST_P(CudaBackendGpuTinyTest, MatchesCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendGpuTinyTest,
-                         ::testing::Values("", kTinyDsaFlags));
+                         ::testing::ValuesIn(kTinyPlans));
 
 EmulatedKernels *sharedEmulation(std::string &why) {
   static std::unique_ptr<EmulatedKernels> emu;
@@ -1891,8 +1600,8 @@ EmulatedKernels *sharedEmulation(std::string &why) {
     HandBuiltPlan h = handBuiltPlan();
     plans.push_back(&h.plan);
     std::string ignored;
-    for (const char *flags : {"", kTinyDsaFlags})
-      if (const exec::ExecPlan *p = tinyPlan(ignored, flags))
+    for (const char *name : kTinyPlans)
+      if (const exec::ExecPlan *p = savedTestPlan(name, ignored))
         plans.push_back(p);
     for (const exec::ExecPlan *p : plans)
       if (auto prep = prepareCudaPlan(*p))
