@@ -20,21 +20,15 @@ run() {
 run "lit (IR and tool tests)" /usr/lib/llvm-22/bin/lit -sv "$build/test"
 run "GoogleTest: the compiler" "$build/bin/megaslide-compiler-tests" --gtest_brief=1
 run "GoogleTest: the runtime" "$build/bin/megaslide-runtime-tests" --gtest_brief=1
-# The runtime without MLIR (docs/Runtime.md, "A runtime without MLIR"):
-# what runs on a bare GPU node. Its tests take the full build's saved plans;
-# test_runtime_only.py checks its dependencies and its bit-for-bit parity
-# with the full build.
+# The runtime without MLIR (docs/Runtime.md, "A runtime without MLIR"),
+# what runs on a bare GPU node, goes into the device bundle; the device
+# check then runs as a dry run without a GPU (docs/Testing.md, "The device
+# check"), the runtime-only megaslide-runtime-tests included. Both keep
+# working between the sessions that have a GPU. test_runtime_only.py
+# (pytest, below) checks the binaries' dependencies and their bit-for-bit
+# parity with the full build.
 runtime=${MEGASLIDE_RUNTIME_BUILD:-$root/build-runtime}
-if run "runtime-only build" env MEGASLIDE_BUILD_DIR="$runtime" \
-  "$root/scripts/build.sh" --runtime-only; then
-  run "GoogleTest: the runtime-only build's runtime" \
-    env MEGASLIDE_TEST_PLANS="$build/test/plans" \
-    "$runtime/bin/megaslide-runtime-tests" --gtest_brief=1
-fi
-# The device bundle, and the device check as a dry run without a GPU
-# (docs/Testing.md, "The device check"): both keep working between the
-# sessions that have a GPU.
-run "device bundle and device check (dry run without a GPU)" \
+run "runtime-only build, device bundle, device check (dry run without a GPU)" \
   env MEGASLIDE_BUILD_DIR="$build" MEGASLIDE_RUNTIME_BUILD="$runtime" \
   sh -c '"$0/scripts/device-bundle.sh" && OUT="$1/device-check" "$0/scripts/device-check.sh"' \
   "$root" "$build"
