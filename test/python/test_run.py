@@ -114,7 +114,8 @@ def test_trainer_bad_arguments():
 
 def test_exec_plan_is_documented_json():
     plan = json.loads(megaslide.exec_plan("tiny", 5, 32, 32))
-    assert plan["format"] == "megaslide-exec-plan" and plan["version"] == 1
+    assert plan["format"] == "megaslide-exec-plan" and plan["version"] == 2
+    assert plan["runtime_version"] == megaslide.__version__
     assert plan["arena_bytes"] > 0 and plan["instructions"]
     ops = {i["op"] for i in plan["instructions"]}
     assert {"fetch", "h2d", "d2h", "host_adamw", "record", "wait",
