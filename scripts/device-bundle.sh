@@ -18,8 +18,8 @@
 #                 version, so they are hits only where NVRTC is the same;
 #   manifest.json what is where, sizes, SHA-256, versions.
 # --with-llvm-support also carries the LLVM Support headers the runtime
-# includes and libLLVMSupport.a/libLLVMDemangle.a (about 8 MiB), so the
-# runtime-only build can be configured on the GPU node itself
+# includes and libLLVMSupport.a/libLLVMDemangle.a (sizes in the manifest),
+# so the runtime-only build can be configured on the GPU node itself
 # (-DMEGASLIDE_LLVM_ROOT=<bundle>/llvm-support).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

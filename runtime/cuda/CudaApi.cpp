@@ -152,8 +152,11 @@ llvm::Expected<const CublasLtApi *> loadCublasLt() {
       names = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
       for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
         if (std::string dir = envOr(var); !dir.empty())
-          names.push_back(dir + "/lib64/libcublasLt.so");
-      names.push_back("/usr/local/cuda/lib64/libcublasLt.so");
+          for (const char *so : {".so.13", ".so"})
+            names.push_back(dir + "/lib64/libcublasLt" + so);
+      // A toolkit installed without its unversioned development links.
+      for (const char *so : {".so.13", ".so"})
+        names.push_back(std::string("/usr/local/cuda/lib64/libcublasLt") + so);
     }
     return openTable(table, names, "cuBLASLt", [](const std::string &tried) {
       return "no cuBLASLt: libcublasLt.so not found; tried:" + tried +

@@ -8,9 +8,9 @@
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <unistd.h>
 
@@ -94,8 +94,12 @@ host::usableHostMemoryBytes(const HostMemoryReadings &r) {
     uint64_t unit = 1;
     for (auto [suffix, bytes] :
          {std::pair<const char *, uint64_t>{"KiB", 1ull << 10},
-          {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
-          {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull},
+          {"MiB", 1ull << 20},
+          {"GiB", 1ull << 30},
+          {"TiB", 1ull << 40},
+          {"KB", 1000ull},
+          {"MB", 1000000ull},
+          {"GB", 1000000000ull},
           {"TB", 1000000000000ull}})
       if (text.ends_with(suffix)) {
         digits = text.drop_back(llvm::StringRef(suffix).size()).rtrim();
@@ -111,9 +115,8 @@ host::usableHostMemoryBytes(const HostMemoryReadings &r) {
           "MB, GB or TB)");
     return static_cast<uint64_t>(value * unit);
   }
-  if (r.cgroupLimit)
-    return *r.cgroupLimit;
-  return std::max(r.physicalBytes, r.blockBytes.value_or(0));
+  uint64_t machine = std::max(r.physicalBytes, r.blockBytes.value_or(0));
+  return r.cgroupLimit ? std::min(machine, *r.cgroupLimit) : machine;
 }
 
 llvm::Expected<uint64_t> host::usableHostMemoryBytes() {

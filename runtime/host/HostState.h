@@ -60,10 +60,9 @@ HostMemoryReadings readHostMemory();
 
 /// Bytes of memory a run may use, what its host memory is checked against
 /// before anything is allocated: the override if given (bytes, or with a
-/// KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix); else the cgroup's limit where
-/// there is one (containers, batch jobs, and VMs whose memory grows past
-/// their MemTotal: the kernel enforces exactly the limit); else the larger
-/// of MemTotal and the memory blocks. A malformed override is an error.
+/// KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix); else the larger of MemTotal and
+/// the memory blocks, capped by the cgroup's limit where there is one
+/// (containers, batch jobs). A malformed override is an error.
 llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
 /// The same for this machine.
 llvm::Expected<uint64_t> usableHostMemoryBytes();

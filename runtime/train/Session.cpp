@@ -15,6 +15,8 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/xxhash.h"
 
+#include <cstdlib>
+
 using namespace megaslide;
 using namespace megaslide::train;
 
@@ -196,7 +198,10 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
           gib(need) + " of host memory, but this machine has " + gib(have) +
-          " (MemTotal or its memory blocks, else the cgroup's limit):" +
+          (std::getenv("MEGASLIDE_HOST_MEMORY")
+               ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
+               : std::string(" (MemTotal or its memory blocks, capped by "
+                             "the cgroup's limit):")) +
           parts +
           "\nuse --backend sim to predict it, a smaller model or video, or "
           "--activation-policy recompute; where memory grows as it is used "

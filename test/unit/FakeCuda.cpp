@@ -407,7 +407,7 @@ struct Event {
 /// the arguments (a launch's slots; the addresses of other calls) and,
 /// for launches, the arena ranges the kernel reads and writes.
 struct Candidate {
-  enum Kind { Launch, Gemm, Memset, Copy, H2D, D2H, NumKinds } kind;
+  enum Kind { Launch, Gemm, Memset, Copy, H2D, D2H, NumKinds } kind = Launch;
   int64_t instruction = -1;
   std::string kernel;
   struct Slot {
@@ -421,6 +421,16 @@ struct Candidate {
   /// Options::referenceKernels: does nothing, or runs the instruction.
   enum Exec { Run, Skip, Reference } exec = Run;
   bool used = false;
+
+  static Candidate of(Kind kind, std::vector<Slot> slots, int64_t bytes = -1,
+                      std::string kernel = "") {
+    Candidate c;
+    c.kind = kind;
+    c.slots = std::move(slots);
+    c.bytes = bytes;
+    c.kernel = std::move(kernel);
+    return c;
+  }
 };
 
 struct Device {
@@ -933,19 +943,13 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
     d.candidates.push_back(std::move(c));
   };
   if (inst.op == "fetch" || inst.op == "h2d") {
-    add({Candidate::H2D,
-         -1,
-         "",
-         {arena(offsetOf(inst.results[0]))},
-         plan.values[inst.results[0]].type.bytes()});
+    add(Candidate::of(Candidate::H2D, {arena(offsetOf(inst.results[0]))},
+                      plan.values[inst.results[0]].type.bytes()));
     return;
   }
   if (inst.op == "d2h") {
-    add({Candidate::D2H,
-         -1,
-         "",
-         {arena(offsetOf(inst.operands[0]))},
-         plan.values[inst.results[0]].type.bytes()});
+    add(Candidate::of(Candidate::D2H, {arena(offsetOf(inst.operands[0]))},
+                      plan.values[inst.results[0]].type.bytes()));
     return;
   }
   auto valueOf = [&](const BufferRef &r) -> int64_t {
@@ -964,7 +968,8 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
     size_t first = d.candidates.size();
     for (const LoweredStep &s : pi.lowered->steps) {
       if (auto *l = std::get_if<KernelLaunch>(&s)) {
-        Candidate c{Candidate::Launch, -1, l->kernel.name()};
+        Candidate c =
+            Candidate::of(Candidate::Launch, {}, -1, l->kernel.name());
         for (const KernelArg &a : l->args) {
           uint64_t bits = 0;
           switch (a.kind) {
@@ -994,17 +999,15 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
         }
         add(std::move(c));
       } else if (auto *g = std::get_if<GemmCall>(&s)) {
-        add({Candidate::Gemm,
-             -1,
-             "",
-             {slotOf(g->a), slotOf(g->b), slotOf(g->d)}});
+        add(Candidate::of(Candidate::Gemm,
+                          {slotOf(g->a), slotOf(g->b), slotOf(g->d)}));
       } else if (auto *m = std::get_if<MemsetCall>(&s)) {
-        add({Candidate::Memset, -1, "", {slotOf(m->dst)}, m->bytes});
+        add(Candidate::of(Candidate::Memset, {slotOf(m->dst)}, m->bytes));
       } else if (auto *c = std::get_if<CopyCall>(&s)) {
         // The backend skips copies onto themselves.
         Slot src = slotOf(c->src), dst = slotOf(c->dst);
         if (c->bytes && !(src == dst))
-          add({Candidate::Copy, -1, "", {src, dst}, c->bytes});
+          add(Candidate::of(Candidate::Copy, {src, dst}, c->bytes));
       }
     }
     bool launches = llvm::any_of(pi.lowered->steps, [](const LoweredStep &s) {
@@ -1038,8 +1041,8 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
   auto launch = [&](const char *kind, std::vector<Slot> slots,
                     std::vector<size_t> reads, std::vector<size_t> writes,
                     bool readsAcc = false, bool writesAcc = false) {
-    Candidate c{Candidate::Launch, -1, spec.kernels.at(kind).name,
-                std::move(slots)};
+    Candidate c = Candidate::of(Candidate::Launch, std::move(slots), -1,
+                                spec.kernels.at(kind).name);
     for (size_t k : reads)
       c.reads.push_back(rangeOf(inst.operands[k]));
     for (size_t k : writes)
@@ -1058,8 +1061,8 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
   } else {
     Slot dk = pi.dk32Offset >= 0 ? arena(pi.dk32Offset) : Slot{};
     Slot dv = pi.dv32Offset >= 0 ? arena(pi.dv32Offset) : Slot{};
-    add({Candidate::Memset, -1, "", {dk}, accBytes});
-    add({Candidate::Memset, -1, "", {dv}, accBytes});
+    add(Candidate::of(Candidate::Memset, {dk}, accBytes));
+    add(Candidate::of(Candidate::Memset, {dv}, accBytes));
     // (q, k, v, offsets, o, lse, dout) -> the kernel's (..., o, dout, lse).
     launch("backward",
            {op(0), op(1), op(2), op(3), op(4), op(6), op(5), res(0), dk, dv,

@@ -1261,13 +1261,13 @@ TEST(HostMemory, WhatARunMayUse) {
   growing.physicalBytes = 8 * GiB;
   growing.blockBytes = 128 * GiB;
   EXPECT_EQ(usable(growing), 128 * GiB);
-  // The cgroup's limit is what the kernel enforces, lower or higher.
+  // A container's limit caps what the machine has, and no more.
   HostMemoryReadings container;
   container.physicalBytes = 24 * GiB;
   container.cgroupLimit = 4 * GiB;
   EXPECT_EQ(usable(container), 4 * GiB);
   container.cgroupLimit = 128 * GiB;
-  EXPECT_EQ(usable(container), 128 * GiB);
+  EXPECT_EQ(usable(container), 24 * GiB);
   for (auto [text, bytes] :
        {std::pair<const char *, uint64_t>{"1000", 1000}, {"128GiB", 128 * GiB},
         {"1.5TB", 1500000000000ull}, {" 2 TiB ", 2048 * GiB}, {"64 GB", 64000000000ull},

@@ -1,4 +1,4 @@
-//===- HardwareFlag.h - The --hw flag -------------------------*- C++ -*-===//
+//===- HardwareFlag.h - The --hw flag ---------------------------*- C++ -*-===//
 //
 // The hardware description the planner times a plan with and the sim
 // backend replays it on: one flag of megaslide-plan, megaslide-run and

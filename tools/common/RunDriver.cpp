@@ -1,4 +1,4 @@
-//===- RunDriver.cpp - Train with an execution plan ------------------------===//
+//===- RunDriver.cpp - Train with an execution plan -----------------------===//
 //
 // The one implementation of megaslide-run and megaslide-exec
 // (RunDriver.h): runs a plan on a backend, cpu (reference numerics), cuda
@@ -16,12 +16,12 @@
 
 #include "HardwareFlag.h"
 
-#include "megaslide/Version.h"
 #include "cuda/CudaBackend.h"
 #include "cuda/Nvrtc.h"
 #include "host/Checkpoint.h"
 #include "host/Safetensors.h"
 #include "host/Weights.h"
+#include "megaslide/Version.h"
 #include "support/AtomicFile.h"
 #include "support/Json.h"
 #include "support/ReadFile.h"
@@ -51,7 +51,8 @@ namespace {
 
 cl::OptionCategory runCategory("Run options");
 
-cl::opt<std::string> backendName("backend", cl::init("cpu"), cl::cat(runCategory),
+cl::opt<std::string> backendName("backend", cl::init("cpu"),
+                                 cl::cat(runCategory),
                                  cl::desc("cpu | cuda | sim"));
 cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
                        cl::desc("Training steps to run"));
@@ -92,9 +93,9 @@ cl::opt<std::string> checkpointDir(
     cl::desc("Write checkpoints (masters, moments, step, data and RNG "
              "state) here, atomically"),
     cl::value_desc("DIR"));
-cl::opt<int64_t> checkpointEvery(
-    "checkpoint-every", cl::init(0), cl::cat(runCategory),
-    cl::desc("Steps between checkpoints (0: only at the end)"));
+cl::opt<int64_t>
+    checkpointEvery("checkpoint-every", cl::init(0), cl::cat(runCategory),
+                    cl::desc("Steps between checkpoints (0: only at the end)"));
 cl::opt<bool> resume("resume", cl::cat(runCategory),
                      cl::desc("Continue from the latest checkpoint in "
                               "--checkpoint-dir; --steps more steps"));
@@ -274,7 +275,8 @@ public:
 
   Error write(StringRef line) {
     if (fd < 0) {
-      int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+      int flags =
+          O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
       fd = ::open(path.c_str(), flags, 0666);
       if (fd < 0)
         return createStringError("cannot write '" + path +
@@ -332,12 +334,11 @@ int precompile(const exec::ExecPlan &plan, StringRef arch) {
     if (!r.ok() || r.cubin.empty())
       return fail("NVRTC cannot compile " + name + " for " + arch + ":\n" +
                   r.error);
-    outs() << formatv("{0}: {1} B cubin in {2:F2} s{3}\n", name,
-                      r.cubin.size(),
-                      std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count(),
-                      r.fromCache ? " (cached)" : "");
+    outs() << formatv(
+        "{0}: {1} B cubin in {2:F2} s{3}\n", name, r.cubin.size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count(),
+        r.fromCache ? " (cached)" : "");
   }
   outs() << formatv("{0} modules for {1} in {2} (NVRTC {3})\n", units.size(),
                     arch, cache, cuda::nvrtcVersionString());
@@ -349,10 +350,6 @@ int precompile(const exec::ExecPlan &plan, StringRef arch) {
 Error writeGradients(const exec::ExecPlan &plan,
                      const StringMap<std::vector<float>> &gradients,
                      StringRef path) {
-  if (gradients.empty())
-    return createStringError("--save-gradients: no gradient reached the host "
-                             "in the last step (a step whose loss is not "
-                             "finite is skipped before its updates)");
   std::vector<host::StTensorToWrite> tensors;
   for (const exec::Param &param : plan.params) {
     auto it = gradients.find(param.name);
@@ -364,13 +361,17 @@ Error writeGradients(const exec::ExecPlan &plan,
                                        param.name, it->second.size(),
                                        param.type.numElements())
                                    .str());
-    tensors.push_back({param.name, param.type.shape, it->second.data(),
-                       host::StDType::F32});
+    tensors.push_back(
+        {param.name, param.type.shape, it->second.data(), host::StDType::F32});
   }
-  if (tensors.size() != gradients.size())
-    return createStringError(formatv("{0} gradients reached the host, but "
-                                     "the plan has {1} trained parameters",
-                                     gradients.size(), tensors.size())
+  int64_t trained = llvm::count_if(
+      plan.params, [](const exec::Param &q) { return q.role == "master"; });
+  if (static_cast<int64_t>(tensors.size()) != trained ||
+      tensors.size() != gradients.size())
+    return createStringError(formatv("--save-gradients: {0} gradients "
+                                     "reached the host, but the plan has {1} "
+                                     "trained parameters",
+                                     gradients.size(), trained)
                                  .str());
   return host::writeSafetensors(path, tensors);
 }
@@ -425,6 +426,15 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail(Twine(tool.name) +
                 " runs a saved execution plan: give --plan FILE (written by "
                 "megaslide-run --save-plan on a machine with the compiler)");
+  if (!precompileKernels.empty())
+    for (StringRef flag :
+         {"steps", "resume", "checkpoint-dir", "checkpoint-every", "weights",
+          "save-weights", "data", "save-plan", "trace", "metrics",
+          "save-gradients", "backend"})
+      if (flagGiven(flag))
+        return fail("--precompile-kernels compiles the plan's kernels and "
+                    "exits; it runs no step, so --" +
+                    flag + " does not apply");
   if (steps < 0)
     return fail("--steps must be non-negative");
   if (checkpointEvery < 0)
@@ -439,8 +449,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail("--resume continues the checkpoints that "
                 "--overwrite-checkpoints would replace; give one of them");
   if (backendName == "sim" &&
-      (!weightsPath.empty() || !saveWeights.empty() ||
-       !checkpointDir.empty() || !saveGradients.empty()))
+      (!weightsPath.empty() || !saveWeights.empty() || !checkpointDir.empty() ||
+       !saveGradients.empty()))
     return fail("the sim backend holds no model state: --weights, "
                 "--save-weights, --save-gradients and --checkpoint-dir "
                 "need cpu or cuda");
@@ -504,8 +514,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   Expected<exec::ExecPlan> plan =
       !planFile.empty()
           ? exec::loadExecPlan(planFile)
-          : tool.compile(storedSettings ? &*storedSettings : nullptr,
-                         exitCode);
+          : tool.compile(storedSettings ? &*storedSettings : nullptr, exitCode);
   if (!plan)
     return fail(toString(plan.takeError()), exitCode);
   if (!precompileKernels.empty())
@@ -531,8 +540,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail(toString(std::move(err)));
   if (resume) {
     std::string trainerState;
-    if (Error err = host::loadLatestCheckpoint(checkpointDir, s.state(),
-                                               trainerState))
+    if (Error err =
+            host::loadLatestCheckpoint(checkpointDir, s.state(), trainerState))
       return fail(toString(std::move(err)));
     if (Error err = s.restoreTrainerState(trainerState))
       return fail(toString(std::move(err)));
@@ -563,8 +572,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return Error::success();
     host::CheckpointOptions options;
     options.replaceOthers = replaceOthers;
-    Expected<std::string> dir = host::saveCheckpoint(
-        checkpointDir, s.state(), s.trainerState(), options);
+    Expected<std::string> dir = host::saveCheckpoint(checkpointDir, s.state(),
+                                                     s.trainerState(), options);
     if (!dir)
       return dir.takeError();
     replaceOthers = false;
@@ -574,13 +583,12 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return Error::success();
   };
 
-  outs() << formatv("{8}: {0} on the {1} backend, {2} instructions, "
-                    "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
-                    p.model, s.backend().name(), p.instructions.size(),
-                    p.grid.size() == 3 ? p.grid[0] : 0,
-                    p.grid.size() == 3 ? p.grid[1] : 0,
-                    p.grid.size() == 3 ? p.grid[2] : 0, p.batch,
-                    compileSeconds, tool.name);
+  outs() << formatv(
+      "{8}: {0} on the {1} backend, {2} instructions, "
+      "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
+      p.model, s.backend().name(), p.instructions.size(),
+      p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
+      p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
   outs().flush(); // before the progress lines on stderr
 
   std::unique_ptr<Metrics> metrics;
@@ -596,10 +604,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   std::unique_ptr<trace::ChromeTrace> trace;
   if (!traceFile.empty()) {
     Expected<std::unique_ptr<trace::ChromeTrace>> createdTrace =
-        trace::ChromeTrace::create(traceFile,
-                                   formatv("{2} {0} ({1})", p.model,
-                                           s.backend().name(), tool.name)
-                                       .str());
+        trace::ChromeTrace::create(
+            traceFile,
+            formatv("{2} {0} ({1})", p.model, s.backend().name(), tool.name)
+                .str());
     if (!createdTrace)
       return fail(toString(createdTrace.takeError()));
     trace = std::move(*createdTrace);
@@ -626,19 +634,23 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail(text);
   };
 
-  Progress progress(steps, !noProgress && sys::Process::StandardErrIsDisplayed());
+  Progress progress(steps,
+                    !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
   std::optional<exec::MemoryStats> memory;
   double elapsed = 0;
   int64_t firstStep = s.state().step; // sim keeps no state: count here
   int64_t skipped = 0, skippedInARow = 0;
-  StringMap<std::vector<float>> gradients; // of the last step (--save-gradients)
+  StringMap<std::vector<float>>
+      gradients; // of the last step (--save-gradients)
+  bool lastSkipped = false;
   for (; done < steps && !stopSignal; ++done) {
-    int64_t stepNumber = computesLoss ? s.state().step + 1 : firstStep + done + 1;
+    int64_t stepNumber =
+        computesLoss ? s.state().step + 1 : firstStep + done + 1;
     exec::StepOptions stepOptions;
     stepOptions.trace = !traceFile.empty();
     if (!saveGradients.empty() && done + 1 == steps) {
-      gradients.clear(); // a skipped step ran its backward too
+      gradients.clear();
       stepOptions.onGradient = [&](StringRef name, ArrayRef<float> g) {
         gradients[name] = g.vec();
       };
@@ -646,10 +658,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     Expected<exec::StepResult> result = s.trainStep(stepOptions);
     if (!result) {
       std::string why = toString(result.takeError());
-      return failAfterSaving(StringRef(why).starts_with("step ")
-                                 ? why
-                                 : formatv("step {0}: {1}", stepNumber, why)
-                                       .str());
+      return failAfterSaving(
+          StringRef(why).starts_with("step ")
+              ? why
+              : formatv("step {0}: {1}", stepNumber, why).str());
     }
     if (trace)
       // Steps follow each other on the trace's time axis.
@@ -658,6 +670,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
         trace->complete(span);
       }
     elapsed += result->seconds;
+    lastSkipped = result->skipped;
     if (result->skipped) {
       ++skipped;
       ++skippedInARow;
@@ -721,12 +734,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (trace && done > 0)
       if (Error err = trace->finish())
         return fail(toString(std::move(err)));
-    WithColor::warning(errs(), tool.name)
-        << formatv("stopped by {0} after {1} of {2} steps{3}; {4}\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM", done,
-                   steps.getValue(),
-                   saveWeights.empty() ? "" : " (--save-weights not written)",
-                   note);
+    WithColor::warning(errs(), tool.name) << formatv(
+        "stopped by {0} after {1} of {2} steps{3}; {4}\n",
+        sig == SIGINT ? "SIGINT" : "SIGTERM", done, steps.getValue(),
+        saveWeights.empty() ? "" : " (--save-weights not written)", note);
     outs() << note << "\n";
     return 128 + sig;
   }
@@ -734,6 +745,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   if (!saveWeights.empty())
     if (Error err = host::saveWeights(p, s.state(), saveWeights))
       return fail(toString(std::move(err)));
+  if (!saveGradients.empty() && lastSkipped)
+    return fail("--save-gradients: the last step was skipped for a "
+                "non-finite loss, so it has no gradients to write");
   if (!saveGradients.empty() && done > 0)
     if (Error err = writeGradients(p, gradients, saveGradients))
       return fail(toString(std::move(err)));
@@ -743,9 +757,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail(toString(std::move(err)));
 
   if (skipped)
-    WithColor::warning(errs(), tool.name)
-        << formatv("{0} of {1} steps were skipped for a non-finite loss\n",
-                   skipped, done);
+    WithColor::warning(errs(), tool.name) << formatv(
+        "{0} of {1} steps were skipped for a non-finite loss\n", skipped, done);
   if (done > 0) {
     if (!computesLoss)
       outs() << formatv("predicted step: {0:F3} s on the sim hardware "
