@@ -165,6 +165,17 @@ public:
 CpuBackend::CpuBackend(const exec::ExecPlan &plan)
     : plan(plan), liveness(exec::computeLiveness(plan)) {}
 
+AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
+  AdamWHyper hyper;
+  hyper.lr = inst.floatAttr("lr").value_or(1e-4);
+  hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
+  hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
+  hyper.eps = inst.floatAttr("eps").value_or(1e-8);
+  hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
+  hyper.step = step;
+  return hyper;
+}
+
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
   // The arena is host memory here: refuse what cannot be allocated rather
@@ -316,13 +327,7 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           return llvm::createStringError(nonFiniteGradientMessage(
               inst.param, optimizerStep, *bad, grad[*bad]));
         state.incomplete = true;
-        AdamWHyper hyper;
-        hyper.lr = inst.floatAttr("lr").value_or(1e-4);
-        hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
-        hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
-        hyper.eps = inst.floatAttr("eps").value_or(1e-8);
-        hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
-        hyper.step = optimizerStep;
+        AdamWHyper hyper = adamwHyperOf(inst, optimizerStep);
         adamwStep(hyper, n, master->data.data(), m->data.data(),
                   v->data.data(), grad.data(), /*workingBf16=*/nullptr);
       }

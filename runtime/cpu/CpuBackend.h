@@ -12,6 +12,7 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 #define MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 
+#include "cpu/AdamW.h"
 #include "cpu/GraphKernels.h"
 #include "plan/Backend.h"
 
@@ -39,6 +40,11 @@ private:
   /// Per instruction; null for schedule ops and views.
   std::vector<GraphKernel> kernels;
 };
+
+/// The AdamW settings of a host_adamw instruction for optimizer step
+/// `step`, defaults where the plan leaves an attribute out: one reading
+/// for the cpu and cuda backends.
+AdamWHyper adamwHyperOf(const exec::Instruction &inst, int64_t step);
 
 } // namespace megaslide::cpu
 

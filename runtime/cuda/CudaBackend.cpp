@@ -3,6 +3,7 @@
 #include "cuda/CudaBackend.h"
 
 #include "cpu/AdamW.h"
+#include "cpu/CpuBackend.h"
 #include "cpu/Finite.h"
 #include "cuda/Nvrtc.h"
 #include "support/Json.h"
@@ -1438,13 +1439,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         return;
       }
       state.incomplete = true;
-      cpu::AdamWHyper hyper;
-      hyper.lr = inst.floatAttr("lr").value_or(1e-4);
-      hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
-      hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
-      hyper.eps = inst.floatAttr("eps").value_or(1e-8);
-      hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
-      hyper.step = optimizerStep;
+      cpu::AdamWHyper hyper = cpu::adamwHyperOf(inst, optimizerStep);
       if (g.type.dtype == DType::BF16)
         cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
                        v->data.data(), reinterpret_cast<const uint16_t *>(grad),
