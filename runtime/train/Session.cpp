@@ -15,8 +15,6 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/xxhash.h"
 
-#include <cstdlib>
-
 using namespace megaslide;
 using namespace megaslide::train;
 
@@ -186,7 +184,8 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   if (computes) {
     session->memoryNeed = hostMemoryNeed(p, options.backend, *session->data);
     uint64_t need = session->memoryNeed.total();
-    llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes();
+    host::HostMemoryReadings readings = host::readHostMemory();
+    llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
     if (!usable)
       return usable.takeError();
     uint64_t have = *usable;
@@ -198,7 +197,7 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
           gib(need) + " of host memory, but this machine has " + gib(have) +
-          (std::getenv("MEGASLIDE_HOST_MEMORY")
+          (readings.override
                ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
                : std::string(" (MemTotal or its memory blocks, capped by "
                              "the cgroup's limit):")) +
