@@ -16,6 +16,7 @@ nothing else is.
 Exit status: 0 identical, 1 some output differs or a command failed.
 """
 import argparse
+import difflib
 import os
 import re
 import subprocess
@@ -79,6 +80,18 @@ def cases():
             "--dsa-radius", "1", "--save-plan", "{out}/tiny-dsa.exec.json"])
 
 
+def show_difference(old, new, most=8):
+    """The first differing lines; JSON strings (kernel sources) split too."""
+    def lines(path):
+        return masked(path).replace(b"\\n", b"\n").decode(
+            errors="replace").split("\n")
+    diff = [d for d in difflib.unified_diff(lines(old), lines(new), n=0,
+                                            lineterm="")
+            if d[:1] in "+-" and d[:3] not in ("---", "+++")]
+    for d in diff[:most]:
+        print("    " + d[:200])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True, help="build directory (bin/)")
@@ -112,7 +125,9 @@ def main():
                     os.path.join(a.compare, f)):
                 same += 1
             else:
-                print(f"FAIL {f} differs")
+                print(f"FAIL {f} differs:")
+                show_difference(os.path.join(a.compare, f),
+                                os.path.join(a.out, f))
                 failed += 1
         print(f"{same} of {len(theirs)} files byte-identical to {a.compare}")
     return 1 if failed else 0
