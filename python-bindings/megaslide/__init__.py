@@ -740,10 +740,9 @@ __all__ += ["DiagnosticError", "PipelineResult", "build_module",
             "parse_module", "run_pipeline", "PIPELINES"]
 
 #: The named pipelines of megaslide-opt: the whole planning pipeline and its
-#: three phases. They share the options of docs/Pipeline.md (gpu-mem,
-#: gpu-reserve, host-mem, os-allowance, buffers, prefetch-distance,
-#: activation-policy, host-state-policy, attention, dsa-window, dsa-tile,
-#: dsa-radius, target). Any other registered pass runs by name too.
+#: three phases. They share the planning options (those of PLAN_OPTIONS,
+#: under their ``name``, and the pipeline-only ones of
+#: docs/AddingAnOption.md). Any other registered pass runs by name too.
 PIPELINES: Tuple[str, ...] = ("megaslide-pipeline", "megaslide-graph-pipeline",
                               "megaslide-schedule-pipeline",
                               "megaslide-memory-pipeline")
