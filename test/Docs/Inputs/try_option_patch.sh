@@ -34,6 +34,6 @@ echo "== megaslide-opt (pipelines and passes)"
 echo "== listing ($work/build/docs/PipelineOptions.md)"
 grep -e "\`$option\`" "$work/build/docs/PipelineOptions.md"
 echo "== the patch's tests"
-tests=$(sed -n 's|^+++ b/\(test/.*\.\(mlir\|test\)\)$|\1|p' "$patch")
+tests=$(sed -nE 's#^\+\+\+ b/(test/.*\.(mlir|test))$#\1#p' "$patch")
 /usr/lib/llvm-22/bin/lit -v ${tests:+$(printf "$work/build/%s " $tests)}
 echo "ok: $work"
