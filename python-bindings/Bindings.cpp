@@ -55,6 +55,14 @@ std::string planJson(const std::string &model, int64_t frames, int64_t height,
   return json;
 }
 
+/// The plan options' keys, types and defaults (megaslidePlanOptionsJson).
+std::string planOptionsJson() {
+  char *json = nullptr;
+  megaslidePlanOptionsJson(&json);
+  OwnedString jsonOwner(json, megaslideFreeString);
+  return json;
+}
+
 //===----------------------------------------------------------------------===//
 // 3D-DSA over numpy arrays in the layout [B, H, T, Y, X, D]
 //===----------------------------------------------------------------------===//
@@ -337,6 +345,8 @@ PYBIND11_MODULE(_megaslide, m) {
         py::arg("height"), py::arg("width"), py::arg("latent"),
         py::arg("batch"), py::arg("text_len"),
         "JSON text of the model part of megaslide-plan --format json.");
+  m.def("plan_options_json", &planOptionsJson,
+        "JSON list of the plan options (megaslidePlanOptionsJson).");
   m.def("plan_json", &planJson, py::arg("model"), py::arg("frames"),
         py::arg("height"), py::arg("width"), py::arg("latent"),
         py::arg("batch"), py::arg("text_len"), py::arg("options"),

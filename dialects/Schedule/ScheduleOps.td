@@ -4,6 +4,7 @@
 #define MEGASLIDE_SCHEDULE_OPS
 
 include "Schedule/ScheduleDialect.td"
+include "Schedule/SchedulePolicies.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"

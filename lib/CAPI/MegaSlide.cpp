@@ -66,6 +66,82 @@ int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
   return 0;
 }
 
+namespace {
+
+llvm::Error planOptionError(llvm::StringRef key, llvm::StringRef problem) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "plan option '%s': %s", key.str().c_str(),
+                                 problem.str().c_str());
+}
+
+/// Sets a planning option from its JSON value.
+template <typename T>
+llvm::Error readPlanningOption(const OptionInfo &info, llvm::StringRef key,
+                               const llvm::json::Value &value, T &field) {
+  if constexpr (std::is_enum_v<T>) {
+    std::optional<llvm::StringRef> text = value.getAsString();
+    if (!text)
+      return planOptionError(key, "expected a string");
+    std::optional<T> parsed = parseOptionEnum<T>(*text);
+    if (!parsed)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(), "option '%s': %s",
+          info.name.str().c_str(), unknownOptionValue<T>(*text).c_str());
+    field = *parsed;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    std::optional<llvm::StringRef> text = value.getAsString();
+    if (!text)
+      return planOptionError(key, "expected a string");
+    field = text->str();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    std::optional<bool> flag = value.getAsBoolean();
+    if (!flag)
+      return planOptionError(key, "expected true or false");
+    field = *flag;
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    const llvm::json::Array *list = value.getAsArray();
+    if (!list)
+      return planOptionError(key, "expected a list");
+    field.clear();
+    for (const llvm::json::Value &v : *list) {
+      if (!v.getAsInteger())
+        return planOptionError(key, "expected integers");
+      field.push_back(*v.getAsInteger());
+    }
+  } else {
+    std::optional<int64_t> number = value.getAsInteger();
+    if (!number)
+      return planOptionError(key, "expected an integer");
+    field = *number;
+  }
+  return llvm::Error::success();
+}
+
+/// The JSON type name of an option's value, as Python spells it.
+template <typename T> const char *pythonTypeOf() {
+  if constexpr (std::is_enum_v<T> || std::is_same_v<T, std::string>)
+    return "str";
+  else if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+    return "triple";
+  else
+    return "int";
+}
+
+/// The plan options that are not planning options (PlanOptions).
+struct OtherOption {
+  const char *key, *help;
+  std::string PlanOptions::*field;
+};
+const OtherOption kOtherPlanOptions[] = {
+    {"hw", "Hardware description JSON (docs/CostModel.md); default H200",
+     &PlanOptions::hardwarePath},
+    {"precision", "Compute precision: bf16 | f32", &PlanOptions::precision},
+};
+
+} // namespace
+
 /// Reads the plan options object; unknown keys are errors naming the key.
 /// `training` receives the training keys (lr, weight_decay) when given.
 static llvm::Expected<PlanOptions>
@@ -78,73 +154,82 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
   if (!obj)
     return obj.takeError();
   for (const auto &[key, value] : *obj) {
-    std::string *text =
-        llvm::StringSwitch<std::string *>(key)
-            .Case("gpu_mem", &options.gpuMemory)
-            .Case("gpu_reserve", &options.gpuReserve)
-            .Case("host_mem", &options.hostMemory)
-            .Case("os_allowance", &options.osAllowance)
-            .Case("hw", &options.hardwarePath)
-            .Case("activation_policy", &options.activationPolicy)
-            .Case("host_state_policy", &options.hostStatePolicy)
-            .Case("attention", &options.attention)
-            .Case("precision", &options.precision)
-            .Default(nullptr);
-    int64_t *number = llvm::StringSwitch<int64_t *>(key)
-                          .Case("buffers", &options.buffers)
-                          .Case("prefetch_distance", &options.prefetchDistance)
-                          .Case("dsa_radius", &options.dsaRadius)
-                          .Default(nullptr);
-    std::vector<int64_t> *triple =
-        llvm::StringSwitch<std::vector<int64_t> *>(key)
-            .Case("dsa_window", &options.dsaWindow)
-            .Case("dsa_tile", &options.dsaTile)
-            .Default(nullptr);
+    // A planning option with a flag has this key (PipelineOptions.def).
+    bool known = false;
+    llvm::Error err = llvm::Error::success();
+    forEachOption(options, [&](const OptionInfo &info, auto &field) {
+      if (known || info.flag.empty() || info.key() != key.str())
+        return;
+      known = true;
+      err = readPlanningOption(info, key, value, field);
+    });
+    if (err)
+      return std::move(err);
+    if (known)
+      continue;
+    for (const OtherOption &other : kOtherPlanOptions) {
+      if (key != other.key)
+        continue;
+      known = true;
+      std::optional<llvm::StringRef> text = value.getAsString();
+      if (!text)
+        return planOptionError(key, "expected a string");
+      options.*other.field = text->str();
+    }
+    if (known)
+      continue;
     double *real = nullptr;
     if (training)
       real = llvm::StringSwitch<double *>(key)
                  .Case("lr", &training->learningRate)
                  .Case("weight_decay", &training->weightDecay)
                  .Default(nullptr);
-    if (real) {
-      std::optional<double> number = value.getAsNumber();
-      if (!number)
-        return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                       "plan option '%s': expected a number",
-                                       key.str().c_str());
-      // The rule of the command line and of loaded plans.
-      if (std::optional<std::string> problem =
-              exec::checkAdamWHyperParameter(key, *number))
-        return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                       "plan option '%s': %s",
-                                       key.str().c_str(), problem->c_str());
-      *real = *number;
-    } else if (triple) {
-      const llvm::json::Array *list = value.getAsArray();
-      if (!list)
-        return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                       "plan option '%s': expected a list",
-                                       key.str().c_str());
-      for (const llvm::json::Value &v : *list) {
-        if (!v.getAsInteger())
-          return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                         "plan option '%s': expected integers",
-                                         key.str().c_str());
-        triple->push_back(*v.getAsInteger());
-      }
-    } else if (text && value.getAsString()) {
-      *text = value.getAsString()->str();
-    } else if (number && value.getAsInteger()) {
-      *number = *value.getAsInteger();
-    } else {
-      return llvm::createStringError(
-          llvm::inconvertibleErrorCode(), "plan option '%s': %s",
-          key.str().c_str(),
-          text || number ? (text ? "expected a string" : "expected an integer")
-                         : "unknown option");
-    }
+    if (!real)
+      return planOptionError(key, "unknown option");
+    std::optional<double> number = value.getAsNumber();
+    if (!number)
+      return planOptionError(key, "expected a number");
+    // The rule of the command line and of loaded plans.
+    if (std::optional<std::string> problem =
+            exec::checkAdamWHyperParameter(key, *number))
+      return planOptionError(key, *problem);
+    *real = *number;
   }
   return options;
+}
+
+int megaslidePlanOptionsJson(char **json) {
+  llvm::json::Array list;
+  PlanOptions defaults;
+  forEachOption(defaults, [&](const OptionInfo &info, const auto &value) {
+    using T = std::decay_t<decltype(value)>;
+    if (info.flag.empty())
+      return;
+    llvm::json::Object option{{"key", info.key()},
+                              {"name", info.name},
+                              {"type", pythonTypeOf<T>()},
+                              {"help", info.help}};
+    if constexpr (std::is_enum_v<T>) {
+      llvm::json::Array choices;
+      for (T choice : OptionEnum<T>::values())
+        choices.push_back(OptionEnum<T>::name(choice));
+      option["choices"] = std::move(choices);
+      option["default"] = OptionEnum<T>::name(value);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      option["default"] = nullptr;
+    } else {
+      option["default"] = value;
+    }
+    list.push_back(std::move(option));
+  });
+  for (const OtherOption &other : kOtherPlanOptions)
+    list.push_back(llvm::json::Object{{"key", other.key},
+                                      {"name", other.key},
+                                      {"type", "str"},
+                                      {"help", other.help},
+                                      {"default", defaults.*other.field}});
+  *json = copyString(llvm::formatv("{0}", llvm::json::Value(std::move(list))));
+  return 0;
 }
 
 int megaslidePlanJson(const char *model, int64_t frames, int64_t height,

@@ -4,6 +4,8 @@
 
 #include "megaslide/Support/Units.h"
 
+#include "Schedule/SchedulePolicies.h"
+
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -115,19 +117,6 @@ llvm::json::Array tripleArray(const std::array<int64_t, 3> &t) {
   return llvm::json::Array{t[0], t[1], t[2]};
 }
 
-/// The host-state policies the planner offers (--host-state-policy):
-/// bytes per trainable parameter.
-struct HostPolicy {
-  const char *name;
-  const char *what;
-  uint64_t bytesPerParam;
-};
-const HostPolicy kHostPolicies[] = {
-    {"master-moments", "fp32 master + AdamW m + v", 12},
-    {"persistent-bf16", "+ persistent bf16 working copy", 14},
-    {"bf16-moments", "fp32 master + bf16 AdamW m + v", 8},
-};
-
 /// 105968119872 -> "105,968,119,872".
 std::string grouped(uint64_t n) {
   std::string digits = std::to_string(n), out;
@@ -154,13 +143,13 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
   for (const auto &[name, n] : info.blockBreakdown)
     breakdown[name] = n;
   llvm::json::Array policies;
-  for (const HostPolicy &p : kHostPolicies)
-    policies.push_back(
-        llvm::json::Object{{"name", p.name},
-                           {"description", p.what},
-                           {"bytes_per_param", p.bytesPerParam},
-                           {"bytes", p.bytesPerParam * info.trainableParams +
-                                         4 * info.frozenParams}});
+  for (sched::HostStatePolicy p : sched::hostStatePolicies())
+    policies.push_back(llvm::json::Object{
+        {"name", sched::stringifyEnum(p)},
+        {"description", sched::describe(p)},
+        {"bytes_per_param", sched::bytesPerParam(p)},
+        {"bytes", sched::bytesPerParam(p) * info.trainableParams +
+                      4 * info.frozenParams}});
   FlopCount total = info.forward;
   total += info.backward;
   return llvm::json::Object{
@@ -281,10 +270,11 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
                       formatBytes(4 * info.trainableParams));
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       formatBytes(8 * info.trainableParams));
-  for (const HostPolicy &p : kHostPolicies)
-    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n", p.bytesPerParam,
-                        p.what,
-                        formatBytes(p.bytesPerParam * info.trainableParams +
+  for (sched::HostStatePolicy p : sched::hostStatePolicies())
+    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n",
+                        sched::bytesPerParam(p), sched::describe(p),
+                        formatBytes(sched::bytesPerParam(p) *
+                                        info.trainableParams +
                                     4 * info.frozenParams));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);

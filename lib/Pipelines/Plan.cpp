@@ -98,30 +98,6 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
   llvm::Expected<uint64_t> reserve = parseBytes(options.gpuReserve);
   if (!reserve)
     return optionError("gpu-reserve", reserve.takeError());
-  // Name the flag and the choices before any work is done.
-  struct Choice {
-    const char *option;
-    const std::string &value;
-    std::vector<const char *> allowed;
-  };
-  for (const Choice &c :
-       {Choice{"attention", options.attention, {"dsa", "global"}},
-        Choice{"activation-policy",
-               options.activationPolicy,
-               {"keep", "recompute", "offload", "auto"}},
-        Choice{"host-state-policy",
-               options.hostStatePolicy,
-               {"master-moments", "persistent-bf16", "bf16-moments"}}})
-    if (!llvm::is_contained(c.allowed, llvm::StringRef(c.value))) {
-      std::string allowed;
-      for (const char *a : c.allowed)
-        allowed += (allowed.empty() ? "" : ", ") + std::string(a);
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "option '%s': unknown value '%s'; use "
-                                     "one of %s",
-                                     c.option, c.value.c_str(),
-                                     allowed.c_str());
-    }
   if (llvm::Error err = checkHyperParameters(training))
     return std::move(err);
   TrainingOptions step = training;
@@ -148,23 +124,8 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
     return info.takeError();
   result.info = *info;
 
-  PipelineOptions pipeline;
-  pipeline.gpuMemory = options.gpuMemory;
-  pipeline.gpuReserve = options.gpuReserve;
-  pipeline.hostMemory = options.hostMemory;
-  pipeline.osAllowance = options.osAllowance;
-  pipeline.buffers = options.buffers;
-  pipeline.prefetchDistance = options.prefetchDistance;
-  pipeline.activationPolicy = options.activationPolicy;
-  pipeline.hostStatePolicy = options.hostStatePolicy;
-  pipeline.attention =
-      options.attention == "dsa" ? AttentionKind::Dsa : AttentionKind::Global;
-  pipeline.target = options.target;
-  pipeline.dsaWindow = llvm::ArrayRef<int64_t>(options.dsaWindow);
-  pipeline.dsaTile = llvm::ArrayRef<int64_t>(options.dsaTile);
-  pipeline.dsaRadius = options.dsaRadius;
   PassManager pm(&context, ModuleOp::getOperationName());
-  buildMegaSlidePipeline(pm, pipeline);
+  buildMegaSlidePipeline(pm, options);
   // Violations name ops by their role; the IR dump would bury that.
   context.printOpOnDiagnostic(false);
 

@@ -3,6 +3,8 @@
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Transforms/Planning.h"
 
+#include "megaslide/Pipelines/PipelineOptions.h"
+
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Analysis/PlanReport.h"
@@ -89,7 +91,12 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
 }
 
 struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
-  using CheckBudgetPassBase::CheckBudgetPassBase;
+  CheckBudgetPass() = default;
+  CheckBudgetPass(const CheckBudgetPass &other) : CheckBudgetPassBase(other) {}
+
+  PipelineOption<&PlanningOptions::gpuMemory> gpuMemory{*this};
+  PipelineOption<&PlanningOptions::gpuReserve> gpuReserve{*this};
+  PipelineOption<&PlanningOptions::hostMemory> hostMemory{*this};
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -127,13 +134,16 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
-      diag.attachNote()
-          << "to fit: "
-          << (policy && policy.getValue() == "bf16-moments"
-                  ? "use a host with more memory or a smaller model"
-                  : "keep AdamW moments in bf16 (--host-state-policy "
-                    "bf16-moments, 8 B/param), or use a host with more "
-                    "memory");
+      sched::HostStatePolicy smallest = sched::HostStatePolicy::bf16_moments;
+      if (policy && policy.getValue() == sched::stringifyEnum(smallest))
+        diag.attachNote() << "to fit: use a host with more memory or a "
+                             "smaller model";
+      else
+        diag.attachNote() << "to fit: keep AdamW moments in bf16 "
+                             "(--host-state-policy "
+                          << sched::stringifyEnum(smallest) << ", "
+                          << sched::bytesPerParam(smallest)
+                          << " B/param), or use a host with more memory";
       fits = false;
     }
     if (!fits)

@@ -46,7 +46,7 @@ LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
   bool persistentCopies =
       module->getAttrOfType<StringAttr>(kHostStatePolicyAttr) &&
       module->getAttrOfType<StringAttr>(kHostStatePolicyAttr).getValue() ==
-          "persistent-bf16";
+          sched::stringifyEnum(sched::HostStatePolicy::persistent_bf16);
   SymbolTable symbols(module);
   for (auto load : llvm::make_early_inc_range(step.getOps<LoadOp>())) {
     auto param = symbols.lookup<ParamOp>(load.getParam());

@@ -11,10 +11,13 @@
 #include "megaslide/Transforms/Planning.h"
 
 #include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Pipelines/PipelineOptions.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/Pass/PassRegistry.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/Support/FormatVariadic.h"
 
 namespace megaslide {
 #define GEN_PASS_DEF_PLANACTIVATIONSPASS
@@ -103,7 +106,7 @@ uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
   IRMapping map;
   uint64_t offloaded = 0;
   b.setInsertionPoint(firstBackward);
-  if (policy == ActivationPolicy::Offload) {
+  if (policy == ActivationPolicy::offload) {
     for (Value c : checkpoints) {
       Operation *lastForwardUse = nullptr;
       for (Operation *u : c.getUsers()) {
@@ -161,8 +164,8 @@ megaslide::applyActivationPolicies(ModuleOp module,
   OpBuilder b(module.getContext());
   std::vector<BlockOps> blocks = collectBlocks(*step, loss, policies.size());
   for (auto [layer, policy] : llvm::enumerate(policies)) {
-    names.push_back(b.getStringAttr(stringify(policy)));
-    if (policy != ActivationPolicy::Keep)
+    names.push_back(b.getStringAttr(sched::stringifyEnum(policy)));
+    if (policy != ActivationPolicy::keep)
       offloaded += applyToBlock(*step, blocks[layer], layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
@@ -173,19 +176,68 @@ megaslide::applyActivationPolicies(ModuleOp module,
 
 namespace {
 
+/// The name of the trial pipeline in the registry (lib/Pipelines).
+constexpr llvm::StringLiteral kTrialPipeline =
+    "megaslide-activation-trial-pipeline";
+
 struct PlanActivationsPass
     : megaslide::impl::PlanActivationsPassBase<PlanActivationsPass> {
-  using PlanActivationsPassBase::PlanActivationsPassBase;
+  PlanActivationsPass() = default;
+  explicit PlanActivationsPass(OpPassManager trials)
+      : trials(std::move(trials)) {}
+  PlanActivationsPass(const PlanActivationsPass &other)
+      : PlanActivationsPassBase(other), trials(other.trials) {}
+
+  PipelineOption<&PlanningOptions::activationPolicy> policy{*this};
+  PipelineOption<&PlanningOptions::gpuMemory> gpuMemory{*this};
+  PipelineOption<&PlanningOptions::gpuReserve> gpuReserve{*this};
+  // Only for the trial pipeline looked up when the pass runs alone; in
+  // megaslide-pipeline the trials get every option of the pipeline.
+  PipelineOption<&PlanningOptions::prefetchDistance> prefetchDistance{*this};
+  PipelineOption<&PlanningOptions::buffers> buffers{*this};
+
+  /// The passes that plan a copy of the step once its policies are set:
+  /// given by the pipeline, else the registered trial pipeline.
+  std::optional<OpPassManager> trials;
+
+  LogicalResult initialize(MLIRContext *) override {
+    if (trials || policy != ActivationPolicy::automatic)
+      return success();
+    const PassPipelineInfo *info = PassPipelineInfo::lookup(kTrialPipeline);
+    if (!info)
+      return emitError(UnknownLoc::get(&getContext()))
+             << "activation-policy auto needs the pipeline '" << kTrialPipeline
+             << "' (megaslide::registerPipelines)";
+    trials.emplace(ModuleOp::getOperationName());
+    std::string options =
+        llvm::formatv("prefetch-distance={0} buffers={1}",
+                      prefetchDistance.getValue(), buffers.getValue())
+            .str();
+    return info->addToPipeline(*trials, options, [&](const Twine &message) {
+      return emitError(UnknownLoc::get(&getContext())) << message;
+    });
+  }
 
   /// Device peak of the plan `policies` would give, on a copy.
   FailureOr<int64_t> tryPolicies(ArrayRef<ActivationPolicy> policies) {
     OwningOpRef<ModuleOp> trial = getOperation().clone();
-    if (failed(applyActivationPolicies(*trial, policies)) ||
-        failed(insertTransfers(*trial)) ||
-        failed(scheduleOverlap(*trial, prefetchDistance, buffers,
-                               /*emitRemarks=*/false, /*withEvents=*/false)))
+    if (failed(applyActivationPolicies(*trial, policies)))
       return failure();
-    return packedArenaSize(*trial, /*alignment=*/256);
+    PassManager pm(&getContext(), ModuleOp::getOperationName());
+    static_cast<OpPassManager &>(pm) = *trials;
+    // A trial only compares peaks: the copy is thrown away, and why it
+    // cannot overlap a transfer is said by the real schedule.
+    pm.enableVerifier(false);
+    LogicalResult ran = success();
+    {
+      ScopedDiagnosticHandler quiet(&getContext(), [](Diagnostic &diag) {
+        return success(diag.getSeverity() != DiagnosticSeverity::Error);
+      });
+      ran = pm.run(*trial);
+    }
+    if (failed(ran))
+      return failure();
+    return trial->lookupSymbol<sched::ResourceOp>("device_arena").getSize();
   }
 
   void runOnOperation() override {
@@ -194,15 +246,10 @@ struct PlanActivationsPass
     if (failed(step))
       return signalPassFailure();
     int64_t layers = countLayers(*step);
-    std::optional<ActivationPolicy> fixed = parseActivationPolicy(policy);
-    if (!fixed && policy != "auto") {
-      module.emitError() << "option 'policy': unknown activation policy '"
-                         << policy << "'; use keep, recompute, offload or auto";
-      return signalPassFailure();
-    }
+    bool automatic = policy == ActivationPolicy::automatic;
     SmallVector<ActivationPolicy> policies(
-        layers, fixed.value_or(ActivationPolicy::Keep));
-    if (!fixed && failed(chooseAutomatically(policies)))
+        layers, automatic ? ActivationPolicy::keep : policy.getValue());
+    if (automatic && failed(chooseAutomatically(policies)))
       return signalPassFailure();
     if (failed(applyActivationPolicies(module, policies)))
       return signalPassFailure();
@@ -227,7 +274,7 @@ struct PlanActivationsPass
       return failure();
     if (static_cast<uint64_t>(*peak) <= *budget)
       return success();
-    std::fill(policies.begin(), policies.end(), ActivationPolicy::Recompute);
+    std::fill(policies.begin(), policies.end(), ActivationPolicy::recompute);
     peak = tryPolicies(policies);
     if (failed(peak))
       return failure();
@@ -241,7 +288,7 @@ struct PlanActivationsPass
               std::max<int64_t>(1, perBlock ? (excess + perBlock - 1) / perBlock
                                             : layers));
       for (int64_t i = 0; i < offloaded; ++i)
-        policies[i] = ActivationPolicy::Offload;
+        policies[i] = ActivationPolicy::offload;
       peak = tryPolicies(policies);
       if (failed(peak))
         return failure();
@@ -261,3 +308,7 @@ struct PlanActivationsPass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> megaslide::createPlanActivationsPass(OpPassManager trials) {
+  return std::make_unique<PlanActivationsPass>(std::move(trials));
+}

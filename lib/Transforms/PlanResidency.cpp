@@ -10,6 +10,7 @@
 #include "megaslide/Transforms/Planning.h"
 
 #include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Pipelines/PipelineOptions.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -83,7 +84,12 @@ bool hasBf16WorkingCopies(ModuleOp module) {
 
 struct PlanResidencyPass
     : megaslide::impl::PlanResidencyPassBase<PlanResidencyPass> {
-  using PlanResidencyPassBase::PlanResidencyPassBase;
+  PlanResidencyPass() = default;
+  PlanResidencyPass(const PlanResidencyPass &other)
+      : PlanResidencyPassBase(other) {}
+
+  PipelineOption<&PlanningOptions::hostStatePolicy> hostStatePolicy{*this};
+  PipelineOption<&PlanningOptions::osAllowance> osAllowance{*this};
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -97,9 +103,11 @@ struct PlanResidencyPass
                          << module->getAttr(kHostStatePolicyAttr) << ")";
       return signalPassFailure();
     }
-    if (hostStatePolicy == "bf16-moments") {
+    switch (hostStatePolicy) {
+    case sched::HostStatePolicy::bf16_moments:
       narrowMoments(module);
-    } else if (hostStatePolicy == "persistent-bf16") {
+      break;
+    case sched::HostStatePolicy::persistent_bf16:
       if (!hasBf16WorkingCopies(module)) {
         module.emitError()
             << "option 'host-state-policy': 'persistent-bf16' keeps a bf16 "
@@ -108,15 +116,13 @@ struct PlanResidencyPass
         return signalPassFailure();
       }
       addPersistentCopies(module);
-    } else if (hostStatePolicy != "master-moments") {
-      module.emitError() << "option 'host-state-policy': unknown policy '"
-                         << hostStatePolicy
-                         << "'; use master-moments, persistent-bf16 or "
-                            "bf16-moments";
-      return signalPassFailure();
+      break;
+    case sched::HostStatePolicy::master_moments:
+      break;
     }
     OpBuilder b(module.getContext());
-    module->setAttr(kHostStatePolicyAttr, b.getStringAttr(hostStatePolicy));
+    module->setAttr(kHostStatePolicyAttr,
+                    b.getStringAttr(sched::stringifyEnum(hostStatePolicy)));
 
     // The data batch is staged in pinned memory; the allowance covers the
     // OS, the CUDA driver and the runtime's own heap.

@@ -34,28 +34,6 @@ Operation *megaslide::findLoss(func::FuncOp step) {
   return nullptr;
 }
 
-StringRef megaslide::stringify(ActivationPolicy policy) {
-  switch (policy) {
-  case ActivationPolicy::Keep:
-    return "keep";
-  case ActivationPolicy::Recompute:
-    return "recompute";
-  case ActivationPolicy::Offload:
-    return "offload";
-  }
-  return "";
-}
-
-std::optional<ActivationPolicy>
-megaslide::parseActivationPolicy(StringRef name) {
-  for (ActivationPolicy p :
-       {ActivationPolicy::Keep, ActivationPolicy::Recompute,
-        ActivationPolicy::Offload})
-    if (stringify(p) == name)
-      return p;
-  return std::nullopt;
-}
-
 void megaslide::declareResource(ModuleOp module, StringRef name,
                                 sched::Residency residency, uint64_t size,
                                 StringRef category) {

@@ -3,6 +3,8 @@
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Transforms/Planning.h"
 
+#include "megaslide/Pipelines/PipelineOptions.h"
+
 #include "mlir/IR/Builders.h"
 
 namespace megaslide {
@@ -27,6 +29,13 @@ struct RewriteAttentionToDsaPass
     : megaslide::impl::RewriteAttentionToDsaPassBase<
           RewriteAttentionToDsaPass> {
   using RewriteAttentionToDsaPassBase::RewriteAttentionToDsaPassBase;
+  RewriteAttentionToDsaPass() = default;
+  RewriteAttentionToDsaPass(const RewriteAttentionToDsaPass &other)
+      : RewriteAttentionToDsaPassBase(other) {}
+
+  PipelineOption<&PlanningOptions::dsaWindow> window{*this};
+  PipelineOption<&PlanningOptions::dsaTile> tile{*this};
+  PipelineOption<&PlanningOptions::dsaRadius> radius{*this};
 
   void runOnOperation() override {
     SmallVector<int64_t> windowSize(window.begin(), window.end());

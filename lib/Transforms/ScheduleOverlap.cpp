@@ -3,6 +3,8 @@
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Transforms/Planning.h"
 
+#include "megaslide/Pipelines/PipelineOptions.h"
+
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Support/Units.h"
 
@@ -221,7 +223,13 @@ namespace {
 
 struct ScheduleOverlapPass
     : megaslide::impl::ScheduleOverlapPassBase<ScheduleOverlapPass> {
-  using ScheduleOverlapPassBase::ScheduleOverlapPassBase;
+  ScheduleOverlapPass() = default;
+  ScheduleOverlapPass(const ScheduleOverlapPass &other)
+      : ScheduleOverlapPassBase(other) {}
+
+  PipelineOption<&PlanningOptions::prefetchDistance> prefetchDistance{*this};
+  PipelineOption<&PlanningOptions::buffers> buffers{*this};
+
   void runOnOperation() override {
     if (failed(scheduleOverlap(getOperation(), prefetchDistance, buffers,
                                /*emitRemarks=*/true)))

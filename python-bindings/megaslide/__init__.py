@@ -117,12 +117,16 @@ def model_info(
     return json.loads(_megaslide.model_info_json(*args))
 
 
-_PLAN_OPTIONS = {
-    "gpu_reserve": str, "os_allowance": str, "hw": str, "activation_policy": str,
-    "host_state_policy": str, "attention": str, "precision": str, "buffers": int,
-    "prefetch_distance": int, "dsa_window": tuple, "dsa_tile": tuple,
-    "dsa_radius": int,
-}
+#: The plan options, by keyword: each a dict with ``name`` (the pipeline
+#: option), ``type`` (``str``, ``int``, ``bool`` or ``triple``: three ints
+#: (t, y, x)), ``help``, ``default`` and, for enums, ``choices``. Read from
+#: the C API, which derives them from their one declaration
+#: (include/megaslide/Pipelines/PipelineOptions.def); listed in
+#: docs/reference/PipelineOptions.md.
+PLAN_OPTIONS: Dict[str, Dict[str, Any]] = {
+    o["key"]: o for o in json.loads(_megaslide.plan_options_json())}
+__all__ += ["PLAN_OPTIONS"]
+_OPTION_TYPES = {"str": str, "int": int, "bool": bool, "triple": tuple}
 
 
 def plan(
@@ -131,8 +135,6 @@ def plan(
     height: int,
     width: int,
     *,
-    gpu_mem: str = "141GB",
-    host_mem: str = "1.5TB",
     batch: int = 1,
     text_len: Optional[int] = None,
     latent: bool = False,
@@ -142,37 +144,34 @@ def plan(
 
     Returns what ``megaslide-plan --format json`` prints (docs/PlanSchema.md),
     including ``fits`` and ``violations``: a plan over budget is a result,
-    not an exception. Memory sizes take decimal or binary units ("141GB",
-    "1.5TB", "80GiB"). Further options: gpu_reserve (device memory kept
-    for the CUDA context and libraries, default "2GiB"), os_allowance, hw (path to a
-    hardware JSON), activation_policy (keep|recompute|offload|auto),
-    host_state_policy (master-moments|persistent-bf16|bf16-moments),
-    attention (dsa|global), precision (bf16|f32: the compute type of
+    not an exception. ``options`` are the keywords of :data:`PLAN_OPTIONS`
+    (docs/reference/PipelineOptions.md), e.g. ``gpu_mem="80GiB"``,
+    ``host_mem="1.5TB"`` (memory sizes take decimal or binary units),
+    ``activation_policy="offload"``, ``dsa_window=(3, 5, 8)``, ``hw`` (path
+    to a hardware JSON) and ``precision`` (bf16|f32: the compute type of
     activations, working weights and gradients; masters and moments are
-    fp32 either way), dsa_window and dsa_tile ((t, y, x) in tokens),
-    dsa_radius, buffers, prefetch_distance.
+    fp32 either way); each defaults to its declared default.
 
     Raises ValueError for bad configs, sizes or options, TypeError for
     arguments of the wrong type.
     """
     args = _common_args(model, frames, height, width, batch, text_len, latent)
-    payload = _options_payload("plan", options, gpu_mem=gpu_mem,
-                               host_mem=host_mem)
+    payload = _options_payload("plan", options)
     return json.loads(_megaslide.plan_json(*args, payload))
 
 
 def _options_payload(caller: str, options: Dict[str, Any], **given: Any) -> str:
     """The plan options as the C API's JSON object, type-checked."""
-    for name in ("gpu_mem", "host_mem"):
-        if not isinstance(given[name], str):
-            raise TypeError(f"{name} must be a str such as '141GB', got "
-                            f"{type(given[name]).__name__}")
-        _check_str(name, given[name])
     for name, value in options.items():
-        expected = _PLAN_OPTIONS.get(name)
-        if expected is None:
+        option = PLAN_OPTIONS.get(name)
+        if option is None:
             raise TypeError(f"{caller}() got an unexpected option '{name}'; "
-                            f"known: {', '.join(sorted(_PLAN_OPTIONS))}")
+                            f"known: {', '.join(sorted(PLAN_OPTIONS))}")
+        expected = _OPTION_TYPES[option["type"]]
+        if expected is str and option["default"] and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str such as "
+                            f"'{option['default']}', got "
+                            f"{type(value).__name__}")
         if expected is tuple:
             if (not isinstance(value, (tuple, list)) or len(value) != 3 or
                     not all(isinstance(v, int) and not isinstance(v, bool)
@@ -180,7 +179,8 @@ def _options_payload(caller: str, options: Dict[str, Any], **given: Any) -> str:
                 raise TypeError(f"{name} must be three ints (t, y, x), got "
                                 f"{value!r}")
             options[name] = list(value)
-        elif isinstance(value, bool) or not isinstance(value, expected):
+        elif ((isinstance(value, bool) and expected is not bool) or
+              not isinstance(value, expected)):
             raise TypeError(f"{name} must be a {expected.__name__}, got "
                             f"{type(value).__name__}")
         elif expected is str:
@@ -514,8 +514,6 @@ def exec_plan(
     height: int,
     width: int,
     *,
-    gpu_mem: str = "141GB",
-    host_mem: str = "1.5TB",
     batch: int = 1,
     text_len: Optional[int] = None,
     latent: bool = False,
@@ -535,8 +533,7 @@ def exec_plan(
                            not isinstance(lr, numbers.Real) or
                            not math.isfinite(lr) or not lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    payload = _options_payload("exec_plan", options, gpu_mem=gpu_mem,
-                               host_mem=host_mem,
+    payload = _options_payload("exec_plan", options,
                                lr=None if lr is None else float(lr))
     return _megaslide.exec_plan_json(*args, payload)
 
@@ -743,10 +740,9 @@ __all__ += ["DiagnosticError", "PipelineResult", "build_module",
             "parse_module", "run_pipeline", "PIPELINES"]
 
 #: The named pipelines of megaslide-opt: the whole planning pipeline and its
-#: three phases. They share the options of docs/Pipeline.md (gpu-mem,
-#: gpu-reserve, host-mem, os-allowance, buffers, prefetch-distance,
-#: activation-policy, host-state-policy, attention, dsa-window, dsa-tile,
-#: dsa-radius, target). Any other registered pass runs by name too.
+#: three phases. They share the planning options (those of PLAN_OPTIONS,
+#: under their ``name``, and the pipeline-only ones of
+#: docs/AddingAnOption.md). Any other registered pass runs by name too.
 PIPELINES: Tuple[str, ...] = ("megaslide-pipeline", "megaslide-graph-pipeline",
                               "megaslide-schedule-pipeline",
                               "megaslide-memory-pipeline")
@@ -1029,8 +1025,6 @@ def memory_plan(
     height: int,
     width: int,
     *,
-    gpu_mem: str = "141GB",
-    host_mem: str = "1.5TB",
     batch: int = 1,
     text_len: Optional[int] = None,
     latent: bool = False,
@@ -1041,8 +1035,7 @@ def memory_plan(
     arena offset, size and live range. Arguments, options and errors as
     for :func:`plan`; a plan over budget is a result (``fits`` False)."""
     args = _common_args(model, frames, height, width, batch, text_len, latent)
-    payload = _options_payload("memory_plan", options, gpu_mem=gpu_mem,
-                               host_mem=host_mem)
+    payload = _options_payload("memory_plan", options)
     rc, text, error = _megaslide.memory_plan_json(*args, payload)
     if rc != 0:
         raise ValueError(error)

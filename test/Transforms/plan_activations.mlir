@@ -10,7 +10,7 @@
 // RUN: megaslide-opt %t.tiny.mlir --megaslide-plan-residency --megaslide-plan-activations=policy=recompute | FileCheck %s --check-prefix=TINY-RECOMPUTE
 // RUN: megaslide-opt %t.tiny.mlir --megaslide-plan-residency --megaslide-plan-activations=policy=offload | FileCheck %s --check-prefix=TINY-OFFLOAD
 // RUN: megaslide-opt %t.tiny.mlir --megaslide-plan-residency --megaslide-plan-activations | FileCheck %s --check-prefix=TINY-AUTO
-// BADPOLICY: error: option 'policy': unknown activation policy 'sometimes'; use keep, recompute, offload or auto
+// BADPOLICY: for the --policy option: unknown value 'sometimes'; use one of keep, recompute, offload, auto
 // BADMEM: error: option 'gpu-mem': 'big' is not a memory size
 
 // Tests that each activation policy does what it says on a two-block step

@@ -31,7 +31,7 @@
 // OS-LABEL: module @master_moments
 // OS:         msched.resource @os_allowance host size(1610612736) category("OS and runtime allowance")
 
-// BAD: error: option 'host-state-policy': unknown policy 'nope'; use master-moments, persistent-bf16 or bf16-moments
+// BAD: for the --host-state-policy option: unknown value 'nope'; use one of master-moments, persistent-bf16, bf16-moments
 // BADOS: error: option 'os-allowance': 'lots' is not a memory size
 
 module @master_moments {

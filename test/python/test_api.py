@@ -178,7 +178,7 @@ def test_unknown_pipeline_is_named():
     ("megaslide-memory-pipeline", dict(buffers="two"),
      "for the --buffers option: 'two' value invalid"),
     ("megaslide-graph-pipeline", dict(attention="sparse"),
-     "for the --attention option: Cannot find option named 'sparse'"),
+     "for the --attention option: unknown value 'sparse'; use one of dsa, global"),
     ("megaslide-plan-memory", dict(bogus=1), "no such option bogus"),
     ("canonicalize", dict(max_iterations="x"), "max-iterations"),
 ])

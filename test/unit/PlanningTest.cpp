@@ -200,7 +200,7 @@ uint64_t referenceApplyToBlock(func::FuncOp step, Operation *loss,
   IRMapping map;
   uint64_t offloaded = 0;
   b.setInsertionPoint(slice.firstBackward);
-  if (policy == ActivationPolicy::Offload) {
+  if (policy == ActivationPolicy::offload) {
     for (Value c : slice.checkpoints) {
       Operation *lastForwardUse = nullptr;
       for (Operation *u : c.getUsers())
@@ -243,8 +243,8 @@ void referenceApplyPolicies(ModuleOp module,
   SmallVector<Attribute> names;
   OpBuilder b(module.getContext());
   for (auto [layer, policy] : llvm::enumerate(policies)) {
-    names.push_back(b.getStringAttr(stringify(policy)));
-    if (policy != ActivationPolicy::Keep)
+    names.push_back(b.getStringAttr(sched::stringifyEnum(policy)));
+    if (policy != ActivationPolicy::keep)
       offloaded += referenceApplyToBlock(step, loss, layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));

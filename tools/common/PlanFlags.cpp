@@ -4,7 +4,11 @@
 
 #include "HardwareFlag.h"
 
+#include "megaslide/Pipelines/Pipelines.h"
+
 #include "plan/HyperParameters.h"
+
+#include "llvm/Support/StringSaver.h"
 
 using namespace llvm;
 using namespace megaslide;
@@ -37,46 +41,87 @@ cl::opt<double> learningRate(
 cl::opt<double> weightDecay("weight-decay", cl::init(0.0),
                             cl::cat(planCategory),
                             cl::desc("AdamW decoupled weight decay"));
-cl::opt<std::string> gpuMem("gpu-mem", cl::init("141GB"), cl::cat(planCategory),
-                            cl::desc("GPU memory budget (GB, GiB, TB, TiB)"));
-cl::opt<std::string> gpuReserve(
-    "gpu-reserve", cl::init("2GiB"), cl::cat(planCategory),
-    cl::desc("Part of the GPU budget kept for the CUDA context and libraries"));
-cl::opt<std::string> hostMem("host-mem", cl::init("1.5TB"),
-                             cl::cat(planCategory),
-                             cl::desc("Host memory budget"));
-cl::opt<std::string>
-    osAllowance("os-allowance", cl::init("64GB"), cl::cat(planCategory),
-                cl::desc("Host memory reserved for the OS and runtime"));
-cl::opt<std::string>
-    activationPolicy("activation-policy", cl::init("auto"),
-                     cl::cat(planCategory),
-                     cl::desc("keep | recompute | offload | auto"));
-cl::opt<std::string> hostStatePolicy(
-    "host-state-policy", cl::init("master-moments"), cl::cat(planCategory),
-    cl::desc("master-moments | persistent-bf16 | bf16-moments"));
-cl::opt<std::string> attention("attention", cl::init("dsa"),
-                               cl::cat(planCategory), cl::desc("dsa | global"));
 cl::opt<std::string>
     precision("precision", cl::init("bf16"), cl::cat(planCategory),
               cl::desc("Compute precision of activations, working weights "
                        "and gradients: bf16 | f32 (masters and moments are "
                        "fp32 either way)"));
-cl::list<int64_t> dsaWindow("dsa-window", cl::CommaSeparated,
-                            cl::cat(planCategory),
-                            cl::desc("3D-DSA key window t,y,x in tokens "
-                                     "(default 9,15,24)"));
-cl::list<int64_t> dsaTile("dsa-tile", cl::CommaSeparated, cl::cat(planCategory),
-                          cl::desc("3D-DSA query tile t,y,x in tokens "
-                                   "(default 3,5,8)"));
-cl::opt<int64_t> dsaRadius("dsa-radius", cl::init(4), cl::cat(planCategory),
-                           cl::desc("Largest displacement offset estimation "
-                                    "searches"));
-cl::opt<int64_t> buffers("buffers", cl::init(2), cl::cat(planCategory),
-                         cl::desc("Weight-shard buffers on device"));
-// Not "prefetch-distance": LLVM's own options already own that name.
-cl::opt<int64_t> prefetch("prefetch", cl::init(1), cl::cat(planCategory),
-                          cl::desc("Blocks ahead that weights are fetched"));
+
+/// The flag of every planning option that has one, made from its
+/// declaration (PipelineOptions.def): same default and help. Enum options
+/// are read as text, so that a bad value gets the message every entry
+/// point gives (unknownOptionValue).
+class PlanningFlags {
+public:
+  PlanningFlags() {
+    PlanningOptions defaults;
+    forEachOption(defaults, [&](const OptionInfo &info, const auto &value) {
+      if (!info.flag.empty())
+        flags[info.flag] = makeFlag(info, value, saver);
+    });
+  }
+
+  /// Sets `options` from the flags; errors name the option.
+  Error read(PlanningOptions &options) const {
+    Error err = Error::success();
+    forEachOption(options, [&](const OptionInfo &info, auto &value) {
+      if (!err && !info.flag.empty())
+        err = readFlag(info, *flags.find(info.flag)->second, value);
+    });
+    return err;
+  }
+
+private:
+  template <typename T>
+  static std::unique_ptr<cl::Option>
+  makeFlag(const OptionInfo &info, const T &value, StringSaver &saver) {
+    if constexpr (std::is_enum_v<T>)
+      return std::make_unique<cl::opt<std::string>>(
+          info.flag, cl::init(OptionEnum<T>::name(value).str()),
+          cl::cat(planCategory),
+          cl::desc(saver.save(info.help + ": " + optionEnumNames<T>(" | "))));
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      return std::make_unique<cl::list<int64_t>>(
+          info.flag, cl::CommaSeparated, cl::cat(planCategory),
+          cl::desc(info.help));
+    else
+      return std::make_unique<cl::opt<T>>(info.flag, cl::init(value),
+                                          cl::cat(planCategory),
+                                          cl::desc(info.help));
+  }
+
+  template <typename T>
+  static Error readFlag(const OptionInfo &info, cl::Option &flag, T &value) {
+    if constexpr (std::is_enum_v<T>) {
+      std::string text = static_cast<cl::opt<std::string> &>(flag);
+      std::optional<T> parsed = parseOptionEnum<T>(text);
+      if (!parsed)
+        return createStringError("option '" + info.name + "': " +
+                                 unknownOptionValue<T>(text));
+      value = *parsed;
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      auto &list = static_cast<cl::list<int64_t> &>(flag);
+      value.assign(list.begin(), list.end());
+    } else {
+      value = static_cast<cl::opt<T> &>(flag);
+    }
+    return Error::success();
+  }
+
+  BumpPtrAllocator allocator;
+  StringSaver saver{allocator}; ///< help texts made here
+  StringMap<std::unique_ptr<cl::Option>> flags;
+};
+const PlanningFlags planningFlags;
+
+// What docs/reference/PipelineOptions.md holds (scripts/update-docs.sh).
+cl::opt<bool> printReference(
+    "print-option-reference", cl::Hidden, cl::ValueDisallowed,
+    cl::desc("Print the reference of the planning options and exit"),
+    cl::callback([](const bool &) {
+      printOptionReference(outs());
+      std::exit(0);
+    }));
 } // namespace
 
 Expected<tools::PlanFlags> tools::readPlanFlags() {
@@ -104,19 +149,9 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   f.training.computeType = *computeType;
 
   PlanOptions &o = f.options;
-  o.gpuMemory = gpuMem;
-  o.gpuReserve = gpuReserve;
-  o.hostMemory = hostMem;
-  o.osAllowance = osAllowance;
+  if (Error err = planningFlags.read(o))
+    return std::move(err);
   o.hardwarePath = tools::hardwareFile;
-  o.activationPolicy = activationPolicy;
-  o.hostStatePolicy = hostStatePolicy;
-  o.attention = attention;
   o.precision = precision;
-  o.buffers = buffers;
-  o.dsaWindow.assign(dsaWindow.begin(), dsaWindow.end());
-  o.dsaTile.assign(dsaTile.begin(), dsaTile.end());
-  o.dsaRadius = dsaRadius;
-  o.prefetchDistance = prefetch;
   return f;
 }

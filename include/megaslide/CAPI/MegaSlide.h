@@ -22,11 +22,17 @@ int megaslideModelInfoJson(const char *model, int64_t frames, int64_t height,
                            int64_t width, int latent_units, int64_t batch,
                            int64_t text_len, char **json, char **error);
 
+/// The keys of the plan options: sets `*json` to a JSON list of
+/// {"key", "name" (the pipeline option), "type" ("str", "int", "bool" or
+/// "triple": three ints), "help", "default", and for enums "choices"}, the
+/// planning options of include/megaslide/Pipelines/PipelineOptions.def that
+/// have a flag, then `hw` (path) and `precision`. Returns 0.
+int megaslidePlanOptionsJson(char **json);
+
 /// Plans a training step, as `megaslide-plan --format json` does.
-/// `options_json` is a JSON object with any of: gpu_mem, gpu_reserve, host_mem,
-/// os_allowance, hw (path), activation_policy, host_state_policy,
-/// attention, precision, buffers, prefetch_distance, dsa_window, dsa_tile,
-/// dsa_radius. Returns 0 with `*json` set
+/// `options_json` is a JSON object with any of the keys of
+/// megaslidePlanOptionsJson (e.g. gpu_mem, activation_policy, dsa_window,
+/// hw, precision). Returns 0 with `*json` set
 /// (whether or not the plan fits: see its "fits" field), or 1 with
 /// `*error` set for bad input.
 int megaslidePlanJson(const char *model, int64_t frames, int64_t height,

@@ -12,26 +12,18 @@
 
 #include "megaslide/Analysis/PlanReport.h"
 #include "megaslide/Model/ModelInfo.h"
+#include "megaslide/Pipelines/PipelineOptions.h"
 
 namespace megaslide {
 
-struct PlanOptions {
-  std::string gpuMemory = "141GB";
-  std::string gpuReserve = "2GiB";
-  std::string hostMemory = "1.5TB";
-  std::string osAllowance = "64GB";
+/// What planModel takes: the planning options (PipelineOptions.def) and
+/// two choices that are not pipeline options: the hardware the plan is
+/// timed on, and the compute type the step is built with.
+struct PlanOptions : PlanningOptions {
   std::string hardwarePath; ///< empty: built-in H200 description
-  std::string activationPolicy = "auto";
-  std::string hostStatePolicy = "master-moments";
-  std::string attention = "dsa";
   /// Compute precision, "bf16" or "f32"; overrides the training options'
   /// `computeType` when set.
   std::string precision;
-  std::string target = "sm_90a";
-  std::vector<int64_t> dsaWindow, dsaTile; ///< empty: the pass defaults
-  int64_t dsaRadius = 4;
-  int64_t buffers = 2;
-  int64_t prefetchDistance = 1;
 };
 
 struct PlanResult {

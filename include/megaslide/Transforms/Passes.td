@@ -23,15 +23,13 @@ def RewriteAttentionToDsaPass : Pass<"megaslide-rewrite-attention-to-dsa",
     forward's output and fp32 log-sum-exp [B, H, N]. Cross-attention
     to text is left alone. A remark says why an attention is kept global
     (e.g. a grid smaller than the window).
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
   }];
   let dependentDialects = ["megaslide::graph::GraphDialect"];
   let options = [
-    ListOption<"window", "window", "int64_t",
-               "Key window (kt, ky, kx) in tokens">,
-    ListOption<"tile", "tile", "int64_t",
-               "Query tile (tt, ty, tx) in tokens">,
-    Option<"radius", "radius", "int64_t", "4",
-           "Largest displacement searched by offset estimation">,
     ListOption<"layers", "layers", "int64_t",
                "Blocks to rewrite (default: all)">,
   ];
@@ -46,15 +44,12 @@ def PlanResidencyPass : Pass<"megaslide-plan-residency", "mlir::ModuleOp"> {
     `bf16-moments`: moments in bf16, 8 B/param). Records the policy on the
     module and declares the host resources that are not tensors of the
     model (data batch, OS and runtime allowance).
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
   }];
   let dependentDialects = ["megaslide::sched::ScheduleDialect"];
-  let options = [
-    Option<"hostStatePolicy", "host-state-policy", "std::string",
-           "\"master-moments\"",
-           "master-moments | persistent-bf16 | bf16-moments">,
-    Option<"osAllowance", "os-allowance", "std::string", "\"64GB\"",
-           "Host memory reserved for the OS and the runtime">,
-  ];
 }
 
 def PlanActivationsPass : Pass<"megaslide-plan-activations",
@@ -67,22 +62,14 @@ def PlanActivationsPass : Pass<"megaslide-plan-activations",
     `offload`: like recompute, with the checkpoint moved to host memory
     between forward and backward. `auto` keeps everything when that fits
     `gpu-mem`, else recomputes, and offloads the checkpoints of as many
-    leading blocks as needed to fit (they live longest).
+    leading blocks as needed to fit (they live longest), measuring each
+    choice with `megaslide-activation-trial-pipeline` on a copy.
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
   }];
   let dependentDialects = ["megaslide::sched::ScheduleDialect"];
-  let options = [
-    Option<"policy", "policy", "std::string", "\"auto\"",
-           "keep | recompute | offload | auto">,
-    Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
-           "Device budget that `auto` must meet">,
-    Option<"gpuReserve", "gpu-reserve", "std::string", "\"2GiB\"",
-           "Part of the device budget kept for the CUDA context, library "
-           "workspaces and kernels">,
-    Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
-           "Passed on to the trial schedules of `auto`">,
-    Option<"buffers", "buffers", "int64_t", "2",
-           "Passed on to the trial schedules of `auto`">,
-  ];
 }
 
 def InsertTransfersPass : Pass<"megaslide-insert-transfers",
@@ -110,14 +97,12 @@ def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
     compute; every cross-stream dependency becomes `msched.record` +
     `msched.wait`. A remark names each transfer that cannot be overlapped
     and why.
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
   }];
   let dependentDialects = ["megaslide::sched::ScheduleDialect"];
-  let options = [
-    Option<"prefetchDistance", "prefetch-distance", "int64_t", "1",
-           "Blocks ahead that weight shards are fetched">,
-    Option<"buffers", "buffers", "int64_t", "2",
-           "Weight-shard buffers on device (2 = double buffering)">,
-  ];
 }
 
 def PlanMemoryPass : Pass<"megaslide-plan-memory", "mlir::ModuleOp"> {
@@ -144,17 +129,12 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
     budget: an error on the largest consumer with notes naming the largest
     live buffers and what would make it fit. Within budget: inserts
     `msched.budget_check` guards the runtime evaluates before allocating.
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
   }];
   let dependentDialects = ["megaslide::sched::ScheduleDialect"];
-  let options = [
-    Option<"gpuMemory", "gpu-mem", "std::string", "\"141GB\"",
-           "Device memory budget (GB/GiB/TB/TiB...)">,
-    Option<"gpuReserve", "gpu-reserve", "std::string", "\"2GiB\"",
-           "Part of the device budget kept for the CUDA context, library "
-           "workspaces and kernels; the arena gets the rest">,
-    Option<"hostMemory", "host-mem", "std::string", "\"1.5TB\"",
-           "Host memory budget">,
-  ];
 }
 
 def VerifySchedulePass : Pass<"megaslide-verify-schedule", "mlir::ModuleOp"> {

@@ -13,6 +13,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
 
 #include <optional>
 
@@ -36,15 +37,18 @@ inline constexpr llvm::StringLiteral kActivationPolicyAttr =
 inline constexpr llvm::StringLiteral kHostStatePolicyAttr =
     "msched.host_state_policy";
 
-enum class ActivationPolicy { Keep, Recompute, Offload };
-llvm::StringRef stringify(ActivationPolicy policy);
-std::optional<ActivationPolicy> parseActivationPolicy(llvm::StringRef name);
+using sched::ActivationPolicy;
 
-/// Rewrites the step so that each block follows its policy (see
-/// PlanActivationsPass).
+/// Rewrites the step so that each block follows its policy (keep,
+/// recompute or offload; see PlanActivationsPass).
 mlir::LogicalResult
 applyActivationPolicies(mlir::ModuleOp module,
                         llvm::ArrayRef<ActivationPolicy> policies);
+
+/// megaslide-plan-activations measuring the trials of `auto` with
+/// `trials` (buildActivationTrialPipeline). Made without it, the pass
+/// looks up the registered `megaslide-activation-trial-pipeline`.
+std::unique_ptr<mlir::Pass> createPlanActivationsPass(mlir::OpPassManager trials);
 
 mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
 

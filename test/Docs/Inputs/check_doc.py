@@ -6,8 +6,11 @@ A fenced block right after an HTML comment
   <!-- doc-check: excerpt FILE -->  must appear verbatim (whole lines, in
                                     order, contiguous) in FILE, relative to
                                     --src;
+  <!-- doc-check: file NAME -->     is written to NAME in --workdir, for the
+                                    run blocks after it (e.g. a patch);
   <!-- doc-check: run -->           is run by bash (errexit, pipefail) in
-                                    --workdir, after the run blocks before it;
+                                    --workdir, after the run blocks before it,
+                                    with $MEGASLIDE_SRC set to --src;
   <!-- doc-check: output -->        must equal what the run block before it
                                     printed (stdout and stderr), except the
                                     line and column of a diagnostic
@@ -24,7 +27,7 @@ import re
 import subprocess
 import sys
 
-MARKER = re.compile(r"^<!-- doc-check: (excerpt (\S+)|run|output) -->$")
+MARKER = re.compile(r"^<!-- doc-check: ((?:excerpt|file) (\S+)|run|output) -->$")
 LOCATION = re.compile(r"^(\S+?):\d+:\d+: ", re.M)
 
 
@@ -67,9 +70,10 @@ def main():
     env = dict(os.environ)
     tool_dirs = [os.path.dirname(os.path.abspath(t)) for t in args.tool]
     env["PATH"] = os.pathsep.join(tool_dirs + [env.get("PATH", "")])
+    env["MEGASLIDE_SRC"] = os.path.abspath(args.src)
 
     failures = 0
-    counts = {"excerpt": 0, "run": 0, "output": 0}
+    counts = {"excerpt": 0, "file": 0, "run": 0, "output": 0}
     printed = None  # output of the last run block, until an output block
     for kind, argument, text, line in blocks(args.doc):
         where = f"{args.doc}:{line}"
@@ -79,6 +83,10 @@ def main():
             if not contains(open(path, encoding="utf-8").read(), text):
                 print(f"{where}: error: block is not an excerpt of {argument}")
                 failures += 1
+        elif kind == "file":
+            with open(os.path.join(args.workdir, argument), "w",
+                      encoding="utf-8") as f:
+                f.write(text + "\n")
         elif kind == "run":
             print(f"{where}: running:\n{text}")
             ran = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text],
@@ -107,8 +115,9 @@ def main():
     if counts["run"] == 0:
         print(f"{args.doc}: error: no doc-check run block")
         failures += 1
-    print(f"checked {counts['excerpt']} excerpts, {counts['run']} run blocks, "
-          f"{counts['output']} outputs: {failures} failures")
+    print(f"checked {counts['excerpt']} excerpts, {counts['file']} files, "
+          f"{counts['run']} run blocks, {counts['output']} outputs: "
+          f"{failures} failures")
     return 1 if failures else 0
 
 
