@@ -114,7 +114,7 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
                                        key.str().c_str());
       // The rule of the command line and of loaded plans.
       if (std::optional<std::string> problem =
-              exec::checkAdamWHyperParameter(key, *number))
+              exec::checkAdamWHyperParameter(llvm::StringRef(key), *number))
         return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                        "plan option '%s': %s",
                                        key.str().c_str(), problem->c_str());

@@ -11,6 +11,7 @@
 #define MEGASLIDE_RUNTIME_CPU_ADAMW_H
 
 #include "cpu/HalfFloat.h"
+#include "plan/HyperParameters.h"
 
 #include <cstdint>
 #include <cstring>
@@ -23,11 +24,11 @@ namespace megaslide::cpu {
 /// each rounded to fp32 once; rounding beta2 = 0.999 to fp32 first would
 /// make 1 - beta2 wrong by 1.3e-5 relative.
 struct AdamWHyper {
-  double lr = 1e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weightDecay = 0.0;
+  double lr = exec::kDefaultLr;
+  double beta1 = exec::kDefaultBeta1;
+  double beta2 = exec::kDefaultBeta2;
+  double eps = exec::kDefaultEps;
+  double weightDecay = exec::kDefaultWeightDecay;
   int64_t step = 1; ///< 1-based: the first update uses step 1
 };
 
