@@ -1,8 +1,9 @@
 //===- ParallelFor.h - Threads and loops of the CPU kernels -----*- C++ -*-===//
 //
-// The work distribution and the inner loops that the 3D-DSA kernels
-// (Dsa3d.cpp) and the video kernels of the cpu backend (kernels/Video.cpp)
-// share. Results never depend on the thread count: an item runs entirely
+// The work distribution and the inner loops that the CPU kernels (3D-DSA,
+// AdamW, the cpu backend's dense and video ops) share: parallelFor hands
+// out items dynamically, parallelChunks and parallelRanges split a range
+// statically. Results never depend on the thread count: an item runs entirely
 // on one thread, and sums keep a fixed association.
 //
 //===----------------------------------------------------------------------===//
@@ -49,6 +50,21 @@ void parallelChunks(int64_t count, int64_t parts, int64_t align, Fn fn) {
   runOnWorkers((count + chunk - 1) / chunk, [&](int64_t worker) {
     fn(worker * chunk, std::min(count, (worker + 1) * chunk));
   });
+}
+
+/// Runs fn(begin, end) over a static partition of [0, count) into at most
+/// dsa3dNumThreads() contiguous chunks of at least `grain` items, so small
+/// loops stay on the calling thread. Callers make each item's result
+/// independent of the chunk it lands in, so the partition (and hence the
+/// thread count) never changes the output.
+template <typename Fn>
+void parallelRanges(int64_t count, int64_t grain, Fn fn) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(
+      dsa3dNumThreads(),
+      std::max<int64_t>(1, count / std::max<int64_t>(grain, 1)));
+  parallelChunks(count, numThreads, 1, fn);
 }
 
 /// Dot product with eight independent partial sums: the lanes vectorise
