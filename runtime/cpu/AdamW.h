@@ -43,7 +43,7 @@ inline constexpr int64_t kAdamWChunkAlign = 16;
 ///   p -= lr (wd p + (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps))
 /// (decoupled weight decay, as megaslide.adamw). When `workingBf16` is not
 /// null it also receives the round-to-nearest-even bf16 of the new master.
-/// Single fused pass over contiguous chunks on up to dsa3dNumThreads()
+/// Single fused pass over contiguous chunks on up to cpuThreads()
 /// threads, vectorised for `isa` (lowered to adamwBestIsa() if the CPU
 /// lacks it); the result depends on neither. Requires hyper.step >= 1 and
 /// n >= 0; buffers must not overlap.

@@ -18,7 +18,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/Dsa3d.h"
 #include "cpu/ParallelFor.h"
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
@@ -223,7 +222,7 @@ void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
 
   int64_t macs = numI * numJ * numP;
   int64_t rowTiles = (numI + kMR - 1) / kMR;
-  int64_t threads = macs < kGemmParallelMacs ? 1 : dsa3dNumThreads();
+  int64_t threads = macs < kGemmParallelMacs ? 1 : cpuThreads();
   if (threads <= 1) {
     block(0, numI, 0, numPanels);
     return;
