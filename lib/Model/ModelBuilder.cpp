@@ -16,8 +16,8 @@
 
 #include "megaslide/Model/ModelBuilder.h"
 
+#include "Graph/GraphAutodiff.h"
 #include "Graph/GraphOps.h"
-#include "megaslide/Transforms/Autodiff.h"
 #include "plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
