@@ -21,7 +21,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/AdamW.h"
-#include "cpu/Dsa3d.h"
 #include "cpu/ParallelFor.h"
 
 #include <algorithm>
@@ -81,7 +80,7 @@ double seconds(const std::function<void()> &f) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int threads = megaslide::cpu::dsa3dNumThreads();
+  int threads = megaslide::cpu::cpuThreads();
   int64_t mib = 256;
   int repeat = 10;
   bool json = false;

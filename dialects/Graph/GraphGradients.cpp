@@ -2,7 +2,7 @@
 //
 // DifferentiableOpInterface implementations: each forward op emits the
 // dedicated backward op(s) for the operands that need a gradient. Reverse
-// mode over whole modules is `megaslide::emitBackward` (lib/Transforms).
+// mode over whole modules is `megaslide::emitBackward` (GraphAutodiff.h).
 //
 //===----------------------------------------------------------------------===//
 

@@ -10,12 +10,12 @@
 #include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Support/IrNesting.h"
-#include "megaslide/Support/Json.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
 #include "plan/HyperParameters.h"
+#include "support/Json.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"

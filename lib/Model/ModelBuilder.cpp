@@ -16,8 +16,8 @@
 
 #include "megaslide/Model/ModelBuilder.h"
 
+#include "Graph/GraphAutodiff.h"
 #include "Graph/GraphOps.h"
-#include "megaslide/Transforms/Autodiff.h"
 #include "plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
@@ -350,7 +350,7 @@ void TrainingStepBuilder::emitOptimizer(ArrayRef<Value> grads, Value step) {
         b, loc, t.masterValue, grads[i], moments[0], moments[1], step,
         b.getF64FloatAttr(options.learningRate > 0
                               ? options.learningRate
-                              : config.learningRate.value_or(1e-5)),
+                              : config.learningRate.value_or(exec::kDefaultLr)),
         b.getF64FloatAttr(options.beta1), b.getF64FloatAttr(options.beta2),
         b.getF64FloatAttr(options.adamEps),
         b.getF64FloatAttr(options.weightDecay));

@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "megaslide/Support/Json.h"
 #include "plan/HyperParameters.h"
 #include "support/Json.h"
 #include "support/ReadFile.h"
@@ -447,11 +446,6 @@ Error ConfigReader::validate(ModelConfig &c) {
 Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
                                                   StringRef source) {
   ConfigError err(source);
-  // llvm::json recurses per level: "[[[[..." would overflow the stack.
-  if (Error e = checkJsonNesting(json))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: invalid JSON: %s", source.str().c_str(),
-                                   llvm::toString(std::move(e)).c_str());
   Expected<llvm::json::Object> obj =
       parseJsonObject(json, source, "a model config");
   if (!obj)

@@ -28,7 +28,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/AdamW.h"
-#include "cpu/Dsa3d.h"
 #include "cpu/ParallelFor.h"
 
 #include <algorithm>
@@ -172,7 +171,7 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
   Coefficients c = makeCoefficients(hyper);
   isa = resolveIsa(isa);
   ChunkFn fn = working ? chunkFn<true, Grad>(isa) : chunkFn<false, Grad>(isa);
-  int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, dsa3dNumThreads());
+  int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, cpuThreads());
   parallelChunks(n, numThreads, kAdamWChunkAlign,
                  [&](int64_t begin, int64_t end) {
                    fn(c, begin, end, master, m, v, grad, working);

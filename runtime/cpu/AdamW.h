@@ -11,6 +11,7 @@
 #define MEGASLIDE_RUNTIME_CPU_ADAMW_H
 
 #include "cpu/HalfFloat.h"
+#include "plan/HyperParameters.h"
 
 #include <cstdint>
 #include <cstring>
@@ -23,11 +24,11 @@ namespace megaslide::cpu {
 /// each rounded to fp32 once; rounding beta2 = 0.999 to fp32 first would
 /// make 1 - beta2 wrong by 1.3e-5 relative.
 struct AdamWHyper {
-  double lr = 1e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weightDecay = 0.0;
+  double lr = exec::kDefaultLr;
+  double beta1 = exec::kDefaultBeta1;
+  double beta2 = exec::kDefaultBeta2;
+  double eps = exec::kDefaultEps;
+  double weightDecay = exec::kDefaultWeightDecay;
   int64_t step = 1; ///< 1-based: the first update uses step 1
 };
 
@@ -42,7 +43,7 @@ inline constexpr int64_t kAdamWChunkAlign = 16;
 ///   p -= lr (wd p + (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps))
 /// (decoupled weight decay, as megaslide.adamw). When `workingBf16` is not
 /// null it also receives the round-to-nearest-even bf16 of the new master.
-/// Single fused pass over contiguous chunks on up to dsa3dNumThreads()
+/// Single fused pass over contiguous chunks on up to cpuThreads()
 /// threads, vectorised for `isa` (lowered to adamwBestIsa() if the CPU
 /// lacks it); the result depends on neither. Requires hyper.step >= 1 and
 /// n >= 0; buffers must not overlap.

@@ -166,12 +166,13 @@ CpuBackend::CpuBackend(const exec::ExecPlan &plan)
     : plan(plan), liveness(exec::computeLiveness(plan)) {}
 
 AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
-  AdamWHyper hyper;
-  hyper.lr = inst.floatAttr("lr").value_or(1e-4);
-  hyper.beta1 = inst.floatAttr("beta1").value_or(0.9);
-  hyper.beta2 = inst.floatAttr("beta2").value_or(0.999);
-  hyper.eps = inst.floatAttr("eps").value_or(1e-8);
-  hyper.weightDecay = inst.floatAttr("weight_decay").value_or(0.0);
+  AdamWHyper hyper; // the defaults, for attributes the plan leaves out
+  hyper.lr = inst.floatAttr("lr").value_or(hyper.lr);
+  hyper.beta1 = inst.floatAttr("beta1").value_or(hyper.beta1);
+  hyper.beta2 = inst.floatAttr("beta2").value_or(hyper.beta2);
+  hyper.eps = inst.floatAttr("eps").value_or(hyper.eps);
+  hyper.weightDecay =
+      inst.floatAttr("weight_decay").value_or(hyper.weightDecay);
   hyper.step = step;
   return hyper;
 }

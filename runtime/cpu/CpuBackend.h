@@ -42,8 +42,8 @@ private:
 };
 
 /// The AdamW settings of a host_adamw instruction for optimizer step
-/// `step`, defaults where the plan leaves an attribute out: one reading
-/// for the cpu and cuda backends.
+/// `step`, plan/HyperParameters.h's defaults where the plan leaves an
+/// attribute out: one reading for the cpu and cuda backends.
 AdamWHyper adamwHyperOf(const exec::Instruction &inst, int64_t step);
 
 } // namespace megaslide::cpu

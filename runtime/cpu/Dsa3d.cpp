@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -72,16 +71,6 @@ std::string Dsa3dConfig::validate() const {
     return os.str();
   }
   return {};
-}
-
-int megaslide::cpu::dsa3dNumThreads() {
-  if (const char *env = std::getenv("MEGASLIDE_NUM_THREADS")) {
-    char *end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0)
-      return static_cast<int>(std::min<long>(n, 1024));
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 namespace {

@@ -85,10 +85,6 @@ Dsa3dView<Elem> dsa3dGraphLayout(Elem *data, const Dsa3dConfig &cfg) {
   return {data, cfg.tokens() * strideN, strideH, strideN};
 }
 
-/// Worker threads the kernels use: MEGASLIDE_NUM_THREADS if set to a
-/// positive integer, else std::thread::hardware_concurrency() (at least 1).
-int dsa3dNumThreads();
-
 /// out = softmax(scale * q k^T) v over exactly kt * ky * kx keys per query
 /// (the tile's clamped, per-key-frame displaced window). Accumulates in
 /// fp32 with an online softmax; writes the log-sum-exp of the scaled logits

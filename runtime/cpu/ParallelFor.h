@@ -1,8 +1,9 @@
 //===- ParallelFor.h - Threads and loops of the CPU kernels -----*- C++ -*-===//
 //
-// The work distribution and the inner loops that the 3D-DSA kernels
-// (Dsa3d.cpp) and the video kernels of the cpu backend (kernels/Video.cpp)
-// share. Results never depend on the thread count: an item runs entirely
+// The work distribution and the inner loops that the CPU kernels (3D-DSA,
+// AdamW, the cpu backend's dense and video ops) share: parallelFor hands
+// out items dynamically, parallelChunks and parallelRanges split a range
+// statically. Results never depend on the thread count: an item runs entirely
 // on one thread, and sums keep a fixed association.
 //
 //===----------------------------------------------------------------------===//
@@ -10,7 +11,6 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H
 #define MEGASLIDE_RUNTIME_CPU_PARALLELFOR_H
 
-#include "cpu/Dsa3d.h"
 #include "cpu/WorkerPool.h"
 
 #include <algorithm>
@@ -19,7 +19,7 @@
 
 namespace megaslide::cpu {
 
-/// Runs items [0, count) on up to dsa3dNumThreads() workers. Each worker
+/// Runs items [0, count) on up to cpuThreads() workers. Each worker
 /// calls makeWorker() once, so per-thread scratch lives in the returned
 /// callable rather than being reallocated per item; items are handed out
 /// dynamically because border tiles and clamped windows make them uneven.
@@ -27,7 +27,7 @@ template <typename MakeWorker>
 void parallelFor(int64_t count, MakeWorker makeWorker) {
   if (count <= 0)
     return;
-  int64_t numThreads = std::min<int64_t>(dsa3dNumThreads(), count);
+  int64_t numThreads = std::min<int64_t>(cpuThreads(), count);
   std::atomic<int64_t> next{0};
   runOnWorkers(numThreads, [&](int64_t) {
     auto worker = makeWorker();
@@ -49,6 +49,21 @@ void parallelChunks(int64_t count, int64_t parts, int64_t align, Fn fn) {
   runOnWorkers((count + chunk - 1) / chunk, [&](int64_t worker) {
     fn(worker * chunk, std::min(count, (worker + 1) * chunk));
   });
+}
+
+/// Runs fn(begin, end) over a static partition of [0, count) into at most
+/// cpuThreads() contiguous chunks of at least `grain` items, so small
+/// loops stay on the calling thread. Callers make each item's result
+/// independent of the chunk it lands in, so the partition (and hence the
+/// thread count) never changes the output.
+template <typename Fn>
+void parallelRanges(int64_t count, int64_t grain, Fn fn) {
+  if (count <= 0)
+    return;
+  int64_t numThreads = std::min<int64_t>(
+      cpuThreads(),
+      std::max<int64_t>(1, count / std::max<int64_t>(grain, 1)));
+  parallelChunks(count, numThreads, 1, fn);
 }
 
 /// Dot product with eight independent partial sums: the lanes vectorise

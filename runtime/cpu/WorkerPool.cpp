@@ -2,7 +2,9 @@
 
 #include "cpu/WorkerPool.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -10,6 +12,16 @@
 #include <pthread.h>
 
 using namespace megaslide::cpu;
+
+int megaslide::cpu::cpuThreads() {
+  if (const char *env = std::getenv("MEGASLIDE_NUM_THREADS")) {
+    char *end = nullptr;
+    long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0)
+      return static_cast<int>(std::min<long>(n, 1024));
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 namespace {
 

@@ -1,7 +1,7 @@
 //===- WorkerPool.h - Persistent threads of the CPU kernels -----*- C++ -*-===//
 //
 // The CPU kernels (3D-DSA, AdamW, the cpu backend's dense and video ops)
-// split their work over dsa3dNumThreads() workers. Starting std::threads
+// split their work over cpuThreads() workers. Starting std::threads
 // per call cost more than the start itself: a memory-bound 50 ms AdamW step
 // took 55 ms (median) against 50 ms on persistent workers, and trailed
 // torch's persistent OpenMP threads (docs/Benchmarks.md, "Host AdamW"); a
@@ -18,6 +18,12 @@
 #include <type_traits>
 
 namespace megaslide::cpu {
+
+/// The process-wide count of threads the CPU kernels split their work
+/// over: MEGASLIDE_NUM_THREADS if set to a positive integer (at most 1024),
+/// else std::thread::hardware_concurrency() (at least 1). Read at each call,
+/// so a test may change the variable between kernels.
+int cpuThreads();
 
 namespace detail {
 void runOnWorkers(int64_t numWorkers, void (*call)(void *, int64_t),

@@ -1,24 +1,34 @@
-//===- HyperParameters.h - The valid AdamW hyper-parameters ----*- C++ -*-===//
+//===- HyperParameters.h - The AdamW hyper-parameters ----------*- C++ -*-===//
 //
-// One rule for the AdamW hyper-parameters wherever they come from: the
-// command line (--lr, --weight-decay), a model config (learning_rate), the
-// C API and Python plan options, and the host_adamw attributes of a loaded
-// execution plan (exec::validate). Header-only and without MLIR, so the
-// runtime and the compiler include the same definition.
+// One rule and one set of defaults for the AdamW hyper-parameters wherever
+// they come from: the command line (--lr, --weight-decay), a model config
+// (learning_rate), the C API and Python plan options, and the host_adamw
+// attributes of a loaded execution plan (exec::validate). Header-only and
+// without MLIR or LLVM, so the compiler, the runtime and its kernels
+// (cpu/AdamW.h) include the same definition.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MEGASLIDE_RUNTIME_PLAN_HYPERPARAMETERS_H
 #define MEGASLIDE_RUNTIME_PLAN_HYPERPARAMETERS_H
 
-#include "llvm/ADT/StringRef.h"
-
 #include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace megaslide::exec {
+
+/// The AdamW hyper-parameters where nothing sets one: the training step's
+/// defaults (no --lr and no config learning_rate gives kDefaultLr) and the
+/// backends' reading of a host_adamw that leaves an attribute out (the
+/// compiler's plans carry all five).
+inline constexpr double kDefaultLr = 1e-5;
+inline constexpr double kDefaultBeta1 = 0.9;
+inline constexpr double kDefaultBeta2 = 0.999;
+inline constexpr double kDefaultEps = 1e-8;
+inline constexpr double kDefaultWeightDecay = 0.0;
 
 /// What is wrong with `value` as the AdamW hyper-parameter `name`, as the
 /// predicate of a sentence whose subject the caller names ("--lr", "config
@@ -31,8 +41,8 @@ namespace megaslide::exec {
 ///
 /// `name` is one of those five (the plan's attribute names); any other
 /// name is a programming error and reported as such.
-inline std::optional<std::string> checkAdamWHyperParameter(llvm::StringRef name,
-                                                           double value) {
+inline std::optional<std::string>
+checkAdamWHyperParameter(std::string_view name, double value) {
   bool ok;
   const char *rule;
   if (name == "lr" || name == "eps") {

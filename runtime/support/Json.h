@@ -5,9 +5,9 @@
 // thousand levels deep overflows the stack (a crash, not an error). The
 // JSON the runtime reads from the user (safetensors headers, checkpoint
 // manifests, weight indexes, hardware descriptions, trainer state) goes
-// through parseJson, which refuses such nesting before parsing; model
-// configs are checked with checkJsonNesting. Header-only: no library
-// dependency beyond LLVM Support.
+// through parseJson, which refuses such nesting before parsing; so do the
+// compiler's (model configs, C API plan options), through parseJsonObject.
+// Header-only: no library dependency beyond LLVM Support.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,6 +59,24 @@ inline llvm::Expected<llvm::json::Value> parseJson(llvm::StringRef text) {
   if (llvm::Error e = checkJsonNesting(text))
     return std::move(e);
   return llvm::json::parse(text);
+}
+
+/// parseJson of a document that must be an object; errors name `source`
+/// and say what `what` (e.g. "a model config") must be.
+inline llvm::Expected<llvm::json::Object>
+parseJsonObject(llvm::StringRef text, llvm::StringRef source,
+                llvm::StringRef what) {
+  llvm::Expected<llvm::json::Value> parsed = parseJson(text);
+  if (!parsed)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: invalid JSON: %s", source.str().c_str(),
+                                   llvm::toString(parsed.takeError()).c_str());
+  llvm::json::Object *obj = parsed->getAsObject();
+  if (!obj)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: %s must be a JSON object",
+                                   source.str().c_str(), what.str().c_str());
+  return std::move(*obj);
 }
 
 } // namespace megaslide

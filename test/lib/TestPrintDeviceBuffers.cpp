@@ -1,7 +1,8 @@
 //===- TestPrintDeviceBuffers.cpp - Prints buffers, lifetimes, offsets ----===//
 //
-// One line per device buffer of @train_step after plan-memory: what it is,
-// its size, live range and arena offset, so lit can pin packings.
+// One line per device buffer of @train_step: what it is, its size, live
+// range and arena offset (-1 before plan-memory), so lit can pin the
+// buffers and their packing (test/Analysis/device_buffers.mlir).
 //
 //===----------------------------------------------------------------------===//
 

@@ -28,8 +28,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/Dsa3d.h"
 #include "cpu/GraphKernels.h"
+#include "cpu/WorkerPool.h"
 
 #include "gtest/gtest.h"
 
@@ -498,7 +498,7 @@ public:
   }
   void set(int n) {
     setenv("MEGASLIDE_NUM_THREADS", std::to_string(n).c_str(), 1);
-    EXPECT_EQ(dsa3dNumThreads(), n);
+    EXPECT_EQ(cpuThreads(), n);
   }
 
 private:

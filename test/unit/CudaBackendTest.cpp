@@ -9,8 +9,9 @@
 //    register spills (skips without NVRTC);
 //  * every lowered graph op computes what the cpu kernel computes: the
 //    generated CUDA C++ is compiled with the host compiler against a small
-//    emulation of the CUDA execution model (threads as fibers, warp
-//    shuffles and barriers as rendezvous), cuBLASLt GEMMs by a naive
+//    emulation of the CUDA execution model (support/CudaEmulation.h:
+//    threads as fibers, warp shuffles and barriers as rendezvous),
+//    cuBLASLt GEMMs by a naive
 //    column-major GEMM, and compared with cpu::findGraphKernel within bf16
 //    rounding (skips without a host compiler);
 //  * preparation of a hand-built plan: lowering, pools, cross-stream
@@ -39,6 +40,7 @@
 
 #include "FakeCuda.h"
 #include "TestPlans.h"
+#include "support/CudaEmulation.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -69,11 +71,6 @@ using exec::TensorType;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string hostCompiler() {
-  const char *cxx = std::getenv("CXX");
-  return cxx && *cxx ? cxx : "c++";
-}
 
 fs::path freshDir(const std::string &name) {
   fs::path dir =
@@ -161,7 +158,7 @@ int main() {
 }
 )";
   std::string cmd =
-      hostCompiler() + " -std=c++17 -I" + include + " -o '" +
+      test::hostCompiler() + " -std=c++17 -I" + include + " -o '" +
       (dir / "abi").string() + "' '" + (dir / "abi.cpp").string() + "' > '" +
       (dir / "cc.log").string() + "' 2>&1 && '" + (dir / "abi").string() +
       "' > '" + (dir / "out.txt").string() + "'";
@@ -221,140 +218,12 @@ TEST(CudaKernelsTest, EveryKernelCompilesForSm90aWithoutSpills) {
 // Host emulation of the generated kernels
 //===----------------------------------------------------------------------===//
 
-/// Prepended to the generated source: the CUDA execution model on fibers.
-/// Blocks run one after another; a block's threads are fibers switched at
-/// barriers and warp shuffles.
-constexpr const char *kEmulation = R"emu(
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <vector>
-#include <setjmp.h>
-#include <ucontext.h>
-
+/// What the dense kernels take from inline PTX in their CUDA build, put
+/// after the CUDA execution model (support/CudaEmulation.h).
+constexpr const char *kDenseEmulation = R"emu(
 #define MS_HOST_EMULATION 1
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float msHalfToFloat(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short msFloatToHalf(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
-
-namespace emu {
-struct Dim3 { unsigned x = 1, y = 1, z = 1; };
-inline Dim3 gBlockIdx, gBlockDim, gGridDim;
-// Fibers start on their own stack through makecontext; after that they
-// switch with _setjmp/_longjmp, which (unlike swapcontext) makes no system
-// call: warp shuffles switch every lane.
-struct Fiber { ucontext_t ctx; jmp_buf env; Dim3 idx; bool done = false, started = false; };
-struct State {
-  std::vector<Fiber> fibers;
-  std::vector<std::vector<char>> stacks;
-  ucontext_t scheduler;
-  jmp_buf schedulerEnv;
-  Fiber *current = nullptr;
-  std::function<void()> kernel;
-  int blockArrived = 0; long blockGeneration = 0;
-  std::vector<int> warpArrived; std::vector<long> warpGeneration;
-  std::vector<float> warpIn, warpOut;
-  long progress = 0;
-};
-inline State &state() { static State s; return s; }
-inline void fail(const char *what) { std::fprintf(stderr, "emulation: %s\n", what); std::abort(); }
-inline void yield() {
-  State &s = state();
-  if (!_setjmp(s.current->env)) _longjmp(s.schedulerEnv, 1);
-}
-inline void blockBarrier() {
-  State &s = state();
-  long gen = s.blockGeneration;
-  ++s.progress;
-  if (++s.blockArrived == (int)gBlockDim.x) { s.blockArrived = 0; ++s.blockGeneration; return; }
-  while (s.blockGeneration == gen) yield();
-}
-inline float shflXor(float v, int mask) {
-  State &s = state();
-  unsigned t = s.current->idx.x, w = t / 32, lane = t % 32;
-  long gen = s.warpGeneration[w];
-  s.warpIn[w * 32 + lane] = v;
-  ++s.progress;
-  if (++s.warpArrived[w] == 32) {
-    for (unsigned l = 0; l < 32; ++l)
-      s.warpOut[w * 32 + l] = s.warpIn[w * 32 + (l ^ (unsigned)mask)];
-    s.warpArrived[w] = 0;
-    ++s.warpGeneration[w];
-  } else {
-    while (s.warpGeneration[w] == gen) yield();
-  }
-  return s.warpOut[w * 32 + lane];
-}
-inline void entry() {
-  State &s = state();
-  s.kernel();
-  s.current->done = true;
-  ++s.progress;
-  _longjmp(s.schedulerEnv, 1);
-}
-inline void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-                   std::function<void()> kernel) {
-  State &s = state();
-  gGridDim = {gx, gy, gz};
-  gBlockDim = {threads, 1, 1};
-  s.kernel = std::move(kernel);
-  if (s.stacks.size() < threads) s.stacks.resize(threads, std::vector<char>(64 * 1024));
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {
-        gBlockIdx = {x, y, z};
-        unsigned warps = (threads + 31) / 32;
-        s.fibers.assign(threads, Fiber());
-        s.warpArrived.assign(warps, 0);
-        s.warpGeneration.assign(warps, 0);
-        s.warpIn.assign(warps * 32, 0.0f);
-        s.warpOut.assign(warps * 32, 0.0f);
-        s.blockArrived = 0;
-        for (unsigned t = 0; t < threads; ++t) {
-          Fiber &f = s.fibers[t];
-          f.idx = {t, 0, 0};
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = s.stacks[t].data();
-          f.ctx.uc_stack.ss_size = s.stacks[t].size();
-          f.ctx.uc_link = &s.scheduler;
-          makecontext(&f.ctx, entry, 0);
-        }
-        for (;;) {
-          bool live = false;
-          long before = s.progress;
-          for (Fiber &f : s.fibers) {
-            if (f.done) continue;
-            live = true;
-            s.current = &f;
-            if (!_setjmp(s.schedulerEnv)) {
-              if (f.started) _longjmp(f.env, 1);
-              f.started = true;
-              swapcontext(&s.scheduler, &f.ctx);
-            }
-          }
-          if (!live) break;
-          if (s.progress == before) fail("deadlock: no thread made progress");
-        }
-      }
-}
-} // namespace emu
-
-#define threadIdx (emu::state().current->idx)
-#define blockIdx (emu::gBlockIdx)
-#define blockDim (emu::gBlockDim)
-#define gridDim (emu::gGridDim)
-inline void __syncthreads() { emu::blockBarrier(); }
-inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu::shflXor(v, mask); }
 )emu";
 
 /// The generated kernels built for the host, with one C entry point per
@@ -365,14 +234,15 @@ public:
   build(const std::vector<KernelInstance> &kernels, std::string &why) {
     static int builds = 0;
     fs::path dir = freshDir("megaslide-dense-emu" + std::to_string(builds++));
-    std::string source = kEmulation + emitElementwiseSource(kernels);
+    std::string source = std::string(test::kCudaEmulationPrelude) +
+                         kDenseEmulation + emitElementwiseSource(kernels);
     for (const KernelInstance &k : kernels) {
       std::vector<std::string> types = kernelParameterTypes(k);
       source += "extern \"C\" __attribute__((visibility(\"default\"))) void "
                 "emu_" +
                 k.name() +
                 "(unsigned gx, unsigned gy, unsigned gz, void **args) {\n"
-                "  emu::launch(gx, gy, gz, " +
+                "  emu::launch({gx, gy, gz}, " +
                 std::to_string(kElementwiseBlockThreads) + ", [&] { " +
                 k.name() + "(";
       for (size_t i = 0; i < types.size(); ++i)
@@ -380,29 +250,9 @@ public:
                   types[i] + "*>(args[" + std::to_string(i) + "])";
       source += "); });\n}\n";
     }
-    std::ofstream(dir / "dense.emu.cpp") << source;
-    fs::path so = dir / "dense.emu.so";
-    // Hidden symbols, no GNU-unique ones: each library keeps its own
-    // emulator state. The flag is GCC's; other compilers get a second try.
-    std::string cmd;
-    int rc = 1;
-    for (const char *extra : {" -fno-gnu-unique", ""}) {
-      cmd = hostCompiler() +
-            " -std=c++17 -O1 -fPIC -shared -w -fvisibility=hidden" + extra +
-            " -o '" + so.string() + "' '" + (dir / "dense.emu.cpp").string() +
-            "' > '" + (dir / "cc.log").string() + "' 2>&1";
-      if ((rc = std::system(cmd.c_str())) == 0)
-        break;
-    }
-    if (rc != 0) {
-      why = "host compiler failed (" + cmd + "):\n" + readFile(dir / "cc.log");
+    void *handle = test::buildHostLibrary(source, dir, "dense", why);
+    if (!handle)
       return nullptr;
-    }
-    void *handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      why = dlerror();
-      return nullptr;
-    }
     auto e = std::unique_ptr<EmulatedKernels>(new EmulatedKernels);
     e->handle = handle;
     e->dir = dir;

@@ -6,8 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Transforms/Autodiff.h"
-
+#include "Graph/GraphAutodiff.h"
 #include "Graph/GraphOps.h"
 
 #include "mlir/IR/BuiltinOps.h"

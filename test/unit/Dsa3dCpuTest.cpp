@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "cpu/Dsa3d.h"
+#include "cpu/WorkerPool.h"
 
 #include "gtest/gtest.h"
 
@@ -743,7 +744,7 @@ TEST(Dsa3dCpuTest, ResultsDoNotDependOnThreadCount) {
   std::vector<std::vector<int32_t>> offsets;
   for (const char *threads : {"1", "3", "8"}) {
     setenv("MEGASLIDE_NUM_THREADS", threads, 1);
-    EXPECT_EQ(dsa3dNumThreads(), std::atoi(threads));
+    EXPECT_EQ(cpuThreads(), std::atoi(threads));
     outs.push_back(runForward(p, Layout::Python));
     grads.push_back(runBackward(p, dout, Layout::Python));
     offsets.push_back(runOffsets(p, 2));

@@ -3,15 +3,17 @@
 // The CUDA kernels of lib/Target/Cuda cannot run here (no GPU), so this test
 // compiles the generated source with the host C++ compiler against a small
 // emulation of the CUDA execution model and compares the results with the
-// CPU reference kernels (runtime/cpu/Dsa3d.h). Threads are fibers
-// (ucontext) scheduled cooperatively; warp collectives (mma.sync m16n8k16,
-// ldmatrix, shuffles) and __syncthreads are rendezvous of the fibers of a
-// warp or block, with the PTX ISA's fragment layouts written out
-// independently of the kernels. What this checks: tile/window geometry,
-// chunking and masking, online softmax, the backward's work split and
-// atomics, offset estimation, fragment indexing. What it cannot: timing,
-// races of real asynchronous copies, or the hardware's own reading of the
-// PTX (that needs a GPU: scripts/device-check.sh).
+// CPU reference kernels (runtime/cpu/Dsa3d.h). The emulation is the tests'
+// shared one (support/CudaEmulation.h: threads are fibers scheduled
+// cooperatively; __syncthreads and warp collectives are rendezvous of the
+// fibers of a block or warp); this test adds the collectives of the
+// kernels' inline PTX (mma.sync m16n8k16, ldmatrix), with the PTX ISA's
+// fragment layouts written out independently of the kernels. What this
+// checks: tile/window geometry, chunking and masking, online softmax, the
+// backward's work split and atomics, offset estimation, fragment indexing.
+// What it cannot: timing, races of real asynchronous copies, or the
+// hardware's own reading of the PTX (that needs a GPU:
+// scripts/device-check.sh).
 //
 // Skips when no host C++ compiler ($CXX or c++) can build the emulation.
 //
@@ -19,6 +21,7 @@
 
 #include "cpu/Dsa3d.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
+#include "support/CudaEmulation.h"
 
 #include <gtest/gtest.h>
 
@@ -26,7 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include <dlfcn.h>
@@ -36,184 +38,6 @@ using namespace megaslide;
 namespace fs = std::filesystem;
 
 namespace {
-
-/// Prepended to the generated source: the CUDA execution model on fibers.
-constexpr const char *kRuntime = R"emu(
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <vector>
-#include <ucontext.h>
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) alignas(n)
-#define DSA_HOST_EMULATION 1
-
-struct uint3_ { unsigned x = 0, y = 0, z = 0; };
-struct float2 { float x, y; };
-inline float2 make_float2(float x, float y) { return {x, y}; }
-inline int min(int a, int b) { return a < b ? a : b; }
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline unsigned floatBits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-inline float __log2f(float x) { return std::log2(x); }
-inline void atomicAdd(float2 *p, float2 v) { p->x += v.x; p->y += v.y; }
-
-namespace emu {
-constexpr size_t kSmemBytes = 256 * 1024;
-alignas(16) inline unsigned char g_smem[kSmemBytes];
-inline uint3_ gBlockIdx, gBlockDim, gGridDim;
-
-struct Slot { unsigned w[12]; };
-struct Fiber {
-  ucontext_t ctx;
-  std::vector<char> stack;
-  uint3_ idx;
-  bool done = false;
-  int parity = 0;
-};
-struct State {
-  std::vector<Fiber> fibers;
-  ucontext_t scheduler;
-  Fiber *current = nullptr;
-  std::vector<int> warpArrived, warpGeneration;
-  int blockArrived = 0, blockGeneration = 0;
-  long progress = 0;
-  std::vector<Slot> in, out; // [warp][parity][lane]
-  std::vector<std::function<void(const Slot *, Slot *)>> pending; // [warp]
-  std::function<void()> kernel;
-};
-inline State &state() { static State s; return s; }
-inline void fail(const char *what) { std::fprintf(stderr, "emulation: %s\n", what); std::abort(); }
-inline void yield() { State &s = state(); swapcontext(&s.current->ctx, &s.scheduler); }
-
-/// Rendezvous of the 32 lanes of the current warp; the last to arrive runs
-/// `last` (the collective's computation) before releasing the others.
-inline void warpBarrier(const std::function<void()> &last = {}) {
-  State &s = state();
-  int w = s.current->idx.x / 32, gen = s.warpGeneration[w];
-  ++s.progress;
-  if (++s.warpArrived[w] == 32) {
-    if (last)
-      last();
-    s.warpArrived[w] = 0;
-    ++s.warpGeneration[w];
-    return;
-  }
-  while (s.warpGeneration[w] == gen)
-    yield();
-}
-
-inline void blockBarrier() {
-  State &s = state();
-  int gen = s.blockGeneration;
-  ++s.progress;
-  if (++s.blockArrived == (int)gBlockDim.x) {
-    s.blockArrived = 0;
-    ++s.blockGeneration;
-    return;
-  }
-  while (s.blockGeneration == gen)
-    yield();
-}
-
-/// A warp collective: every lane deposits `in`; `all` maps the 32 inputs
-/// to the 32 outputs once; each lane gets its own. Double-buffered by
-/// parity: a lane can be one collective ahead of the slowest reader.
-inline Slot collective(const Slot &mine, void (*all)(const Slot *, Slot *)) {
-  State &s = state();
-  Fiber *me = s.current;
-  int w = me->idx.x / 32, lane = me->idx.x % 32;
-  size_t base = (size_t(w) * 2 + me->parity) * 32;
-  me->parity ^= 1;
-  s.in[base + lane] = mine;
-  warpBarrier([&] { all(&s.in[base], &s.out[base]); });
-  return s.out[base + lane];
-}
-
-inline void entry() {
-  State &s = state();
-  s.kernel();
-  s.current->done = true;
-  ++s.progress;
-}
-
-template <class F> void launch(uint3_ grid, unsigned threads, F kernel) {
-  State &s = state();
-  gGridDim = grid;
-  gBlockDim = {threads, 1, 1};
-  s.kernel = kernel;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        gBlockIdx = {x, y, z};
-        // Uninitialised shared memory reads as NaN (0xffff in 16 bits).
-        std::memset(g_smem, 0xff, kSmemBytes);
-        int warps = (threads + 31) / 32;
-        s.fibers.assign(threads, Fiber());
-        s.warpArrived.assign(warps, 0);
-        s.warpGeneration.assign(warps, 0);
-        s.in.assign(size_t(warps) * 64, Slot());
-        s.out.assign(size_t(warps) * 64, Slot());
-        s.blockArrived = s.blockGeneration = 0;
-        for (unsigned t = 0; t < threads; ++t) {
-          Fiber &f = s.fibers[t];
-          f.idx = {t, 0, 0};
-          f.stack.resize(128 * 1024);
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.data();
-          f.ctx.uc_stack.ss_size = f.stack.size();
-          f.ctx.uc_link = &s.scheduler;
-          makecontext(&f.ctx, entry, 0);
-        }
-        for (;;) {
-          bool live = false;
-          long before = s.progress;
-          for (Fiber &f : s.fibers) {
-            if (f.done)
-              continue;
-            live = true;
-            s.current = &f;
-            swapcontext(&s.scheduler, &f.ctx);
-          }
-          if (!live)
-            break;
-          if (s.progress == before)
-            fail("deadlock: no fiber made progress");
-        }
-      }
-}
-} // namespace emu
-
-#define threadIdx (emu::state().current->idx)
-#define blockIdx (emu::gBlockIdx)
-#define blockDim (emu::gBlockDim)
-#define gridDim (emu::gGridDim)
-
-inline void __syncthreads() { emu::blockBarrier(); }
-
-inline float __shfl_xor_sync(unsigned, float v, int m) {
-  emu::Slot in{};
-  in.w[0] = floatBits(v);
-  in.w[1] = unsigned(m);
-  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
-    for (int l = 0; l < 32; ++l)
-      res[l].w[0] = all[l ^ all[l].w[1]].w[0];
-  });
-  return __uint_as_float(out.w[0]);
-}
-inline int __shfl_xor_sync(unsigned m0, int v, int m) {
-  return (int)floatBits(__shfl_xor_sync(m0, __int_as_float(v), m));
-}
-)emu";
 
 /// Replaces the kernels' inline-PTX primitives (inserted where they are).
 constexpr const char *kPrimitives = R"emu(
@@ -228,7 +52,7 @@ inline float toFloat(elem_t v) {
 }
 inline elem_t toElem(float f) {
 #if DSA_BF16
-  unsigned u = floatBits(f);
+  unsigned u = __float_as_uint(f);
   u += 0x7fff + ((u >> 16) & 1); // round to nearest even
   return (elem_t)(u >> 16);
 #else
@@ -251,7 +75,7 @@ inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
   emu::Slot in{};
   for (int i = 0; i < 4; ++i) {
     in.w[i] = a[i];
-    in.w[6 + i] = floatBits(c[i]);
+    in.w[6 + i] = __float_as_uint(c[i]);
   }
   in.w[4] = b0;
   in.w[5] = b1;
@@ -276,7 +100,7 @@ inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
         float acc = C[rows[e]][cols[e]];
         for (int k = 0; k < 16; ++k)
           acc += A[rows[e]][k] * B[k][cols[e]];
-        res[l].w[e] = floatBits(acc);
+        res[l].w[e] = __float_as_uint(acc);
       }
     }
   });
@@ -364,11 +188,6 @@ extern "C" __attribute__((visibility("default"))) void emuOffsets(int batch, con
 }
 )emu";
 
-std::string hostCompiler() {
-  const char *cxx = std::getenv("CXX");
-  return cxx && *cxx ? cxx : "c++";
-}
-
 /// Builds the emulation of one configuration into a shared library.
 void *buildEmulation(const cuda::DsaConfig &config, const fs::path &dir,
                      std::string &why) {
@@ -397,31 +216,11 @@ void *buildEmulation(const cuda::DsaConfig &config, const fs::path &dir,
     why = "no primitives marker in the generated source";
     return nullptr;
   }
-  fs::path cpp = dir / (cuda::configName(config) + ".emu.cpp");
-  fs::path so = dir / (cuda::configName(config) + ".emu.so");
-  std::ofstream(cpp) << kRuntime << source << kLaunchers;
-  // Hidden visibility and no GNU-unique symbols: each configuration's
-  // library keeps its own emulator state and can be unloaded. The last
-  // flag is GCC's; compilers without it (clang) get a second try.
-  std::string cmd;
-  int rc = 1;
-  for (const char *extra : {" -fno-gnu-unique", ""}) {
-    cmd = hostCompiler() + " -std=c++17 -O1 -fPIC -shared -w " +
-          "-fvisibility=hidden" + extra + " -o '" + so.string() + "' '" +
-          cpp.string() + "' > '" + (dir / "cc.log").string() + "' 2>&1";
-    if ((rc = std::system(cmd.c_str())) == 0)
-      break;
-  }
-  if (rc != 0) {
-    std::ifstream log(dir / "cc.log");
-    why = "host compiler failed (" + cmd + "):\n" +
-          std::string(std::istreambuf_iterator<char>(log), {});
-    return nullptr;
-  }
-  void *lib = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib)
-    why = dlerror();
-  return lib;
+  // DSA_HOST_EMULATION compiles the PTX primitives out.
+  return test::buildHostLibrary(std::string(test::kCudaEmulationPrelude) +
+                                    "#define DSA_HOST_EMULATION 1\n" + source +
+                                    kLaunchers,
+                                dir, cuda::configName(config), why);
 }
 
 using elem_t = uint16_t;
@@ -508,7 +307,7 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
     std::error_code ec;
     fs::remove_all(dir, ec);
     if (why.find("host compiler failed") != std::string::npos &&
-        std::system((hostCompiler() + " --version > /dev/null 2>&1").c_str()))
+        std::system((test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
       GTEST_SKIP() << "no host C++ compiler: " << why;
     FAIL() << why;
   }

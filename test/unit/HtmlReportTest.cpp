@@ -1,6 +1,6 @@
 //===- HtmlReportTest.cpp - Self-contained HTML page of a plan ------------===//
 
-#include "megaslide/Analysis/PlanReport.h"
+#include "megaslide/Report/HtmlReport.h"
 
 #include "llvm/ADT/StringRef.h"
 

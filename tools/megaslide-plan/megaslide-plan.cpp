@@ -12,6 +12,7 @@
 
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Report/HtmlReport.h"
 #include "megaslide/Version.h"
 #include "support/AtomicFile.h"
 

@@ -88,10 +88,6 @@ PlanReport buildPlanReport(mlir::ModuleOp module, const HardwareModel &hw,
 void addToJson(const PlanReport &report, llvm::json::Object &out);
 void printText(const PlanReport &report, llvm::raw_ostream &os);
 
-/// One self-contained HTML page (inline SVG plots, no network) of a plan
-/// JSON as `megaslide-plan --format json` prints it.
-std::string renderHtmlReport(const llvm::json::Value &plan);
-
 } // namespace megaslide
 
 #endif // MEGASLIDE_ANALYSIS_PLANREPORT_H

@@ -4,6 +4,7 @@
 #define MEGASLIDE_MODEL_MODELBUILDER_H
 
 #include "megaslide/Model/ModelConfig.h"
+#include "plan/HyperParameters.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -30,12 +31,13 @@ struct TrainingOptions {
   ComputeType computeType = ComputeType::BF16;
   /// Text tokens per prompt; the config's `text_len` when unset.
   std::optional<int64_t> textLen;
-  /// AdamW learning rate; 0 means the config's `learning_rate`, else 1e-5.
+  /// AdamW learning rate; 0 means the config's `learning_rate`, else
+  /// exec::kDefaultLr.
   double learningRate = 0;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double adamEps = 1e-8;
-  double weightDecay = 0.0;
+  double beta1 = exec::kDefaultBeta1;
+  double beta2 = exec::kDefaultBeta2;
+  double adamEps = exec::kDefaultEps;
+  double weightDecay = exec::kDefaultWeightDecay;
 };
 
 /// Name of the training-step function in built modules.

@@ -64,7 +64,8 @@ struct ModelConfig {
   bool classDropout = false;
 
   /// AdamW learning rate the model trains with unless the run says
-  /// otherwise (MegaSlide key `learning_rate`; 1e-5 when absent).
+  /// otherwise (MegaSlide key `learning_rate`; exec::kDefaultLr when
+  /// absent).
   std::optional<double> learningRate;
   /// The JSON text it was parsed from (diffusers keys as written), which
   /// saved weights carry as their config.json.

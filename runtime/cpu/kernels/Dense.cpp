@@ -18,7 +18,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/Dsa3d.h"
 #include "cpu/ParallelFor.h"
 #include "cpu/kernels/Checks.h"
 #include "cpu/kernels/Registry.h"
@@ -66,19 +65,6 @@ int64_t product(ArrayRef<int64_t> dims) {
 // Threading
 //===----------------------------------------------------------------------===//
 
-/// Runs fn(begin, end) over a static partition of [0, count) into at most
-/// dsa3dNumThreads() contiguous chunks of at least `grain` items. Callers
-/// make each item's result independent of which chunk it lands in, so the
-/// partition (and hence the thread count) never changes the output.
-template <typename Fn> void parallelFor(int64_t count, int64_t grain, Fn fn) {
-  if (count <= 0)
-    return;
-  int64_t numThreads = std::min<int64_t>(
-      dsa3dNumThreads(),
-      std::max<int64_t>(1, count / std::max<int64_t>(grain, 1)));
-  parallelChunks(count, numThreads, 1, fn);
-}
-
 /// Elementwise and row-wise loops go parallel above this many elements;
 /// below it handing work to the pool's threads costs more than the loop.
 constexpr int64_t kElementGrain = 1 << 16;
@@ -88,7 +74,7 @@ constexpr int64_t kElementGrain = 1 << 16;
 template <typename Fn> void parallelRows(int64_t rows, int64_t width, Fn fn) {
   int64_t grain =
       std::max<int64_t>(1, kElementGrain / std::max<int64_t>(width, 1));
-  parallelFor(rows, grain, [&](int64_t r0, int64_t r1) {
+  parallelRanges(rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       fn(r);
   });
@@ -236,7 +222,7 @@ void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
 
   int64_t macs = numI * numJ * numP;
   int64_t rowTiles = (numI + kMR - 1) / kMR;
-  int64_t threads = macs < kGemmParallelMacs ? 1 : dsa3dNumThreads();
+  int64_t threads = macs < kGemmParallelMacs ? 1 : cpuThreads();
   if (threads <= 1) {
     block(0, numI, 0, numPanels);
     return;
@@ -246,14 +232,14 @@ void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
   int64_t grainMacs = kGemmParallelMacs / 2;
   if (rowTiles >= 4 * threads) {
     int64_t macsPerTile = kMR * numJ * numP;
-    parallelFor(rowTiles, std::max<int64_t>(1, grainMacs / macsPerTile),
-                [&](int64_t t0, int64_t t1) {
-                  block(t0 * kMR, std::min(numI, t1 * kMR), 0, numPanels);
-                });
+    parallelRanges(rowTiles, std::max<int64_t>(1, grainMacs / macsPerTile),
+                   [&](int64_t t0, int64_t t1) {
+                     block(t0 * kMR, std::min(numI, t1 * kMR), 0, numPanels);
+                   });
   } else {
     int64_t macsPerPanel = numI * kNR * numP;
-    parallelFor(numPanels, std::max<int64_t>(1, grainMacs / macsPerPanel),
-                [&](int64_t p0, int64_t p1) { block(0, numI, p0, p1); });
+    parallelRanges(numPanels, std::max<int64_t>(1, grainMacs / macsPerPanel),
+                   [&](int64_t p0, int64_t p1) { block(0, numI, p0, p1); });
   }
 }
 
@@ -799,7 +785,7 @@ Error elementwise(const Instruction &inst, ArrayRef<OpTensor> operands,
   const float *a = operands[0].f32;
   const float *b = numOperands > 1 ? operands[1].f32 : nullptr;
   float *out = results[0].f32;
-  parallelFor(count, kElementGrain, [&](int64_t i0, int64_t i1) {
+  parallelRanges(count, kElementGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       out[i] = fn(a[i], b ? b[i] : 0.0f);
   });

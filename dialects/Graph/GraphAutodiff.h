@@ -1,7 +1,12 @@
-//===- Autodiff.h - Reverse-mode differentiation of graph IR ----*- C++ -*-===//
+//===- GraphAutodiff.h - Reverse mode over graph IR -------------*- C++ -*-===//
+//
+// Part of the graph dialect: it needs nothing but DifferentiableOpInterface,
+// which each op implements (GraphGradients.cpp).
+//
+//===----------------------------------------------------------------------===//
 
-#ifndef MEGASLIDE_TRANSFORMS_AUTODIFF_H
-#define MEGASLIDE_TRANSFORMS_AUTODIFF_H
+#ifndef MEGASLIDE_GRAPH_GRAPHAUTODIFF_H
+#define MEGASLIDE_GRAPH_GRAPHAUTODIFF_H
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Value.h"
@@ -21,4 +26,4 @@ emitBackward(mlir::OpBuilder &builder, mlir::Value loss,
 
 } // namespace megaslide
 
-#endif // MEGASLIDE_TRANSFORMS_AUTODIFF_H
+#endif // MEGASLIDE_GRAPH_GRAPHAUTODIFF_H

@@ -1,7 +1,6 @@
-//===- Autodiff.cpp - Reverse-mode differentiation of graph IR ------------===//
+//===- GraphAutodiff.cpp - Reverse-mode differentiation of graph IR -------===//
 
-#include "megaslide/Transforms/Autodiff.h"
-
+#include "Graph/GraphAutodiff.h"
 #include "Graph/GraphOps.h"
 
 #include "llvm/ADT/DenseMap.h"

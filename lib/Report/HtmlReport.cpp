@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Analysis/PlanReport.h"
+#include "megaslide/Report/HtmlReport.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Format.h"
