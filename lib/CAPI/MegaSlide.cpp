@@ -191,7 +191,7 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
       return planOptionError(key, "expected a number");
     // The rule of the command line and of loaded plans.
     if (std::optional<std::string> problem =
-            exec::checkAdamWHyperParameter(key, *number))
+            exec::checkAdamWHyperParameter(llvm::StringRef(key), *number))
       return planOptionError(key, *problem);
     *real = *number;
   }
