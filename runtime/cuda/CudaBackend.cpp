@@ -5,26 +5,24 @@
 #include "cpu/AdamW.h"
 #include "cpu/CpuBackend.h"
 #include "cpu/Finite.h"
+#include "cuda/Gemm.h"
+#include "cuda/HostWorker.h"
 #include "cuda/Nvrtc.h"
-#include "support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/JSON.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <mutex>
-#include <set>
 #include <thread>
-#include <tuple>
+#include <variant>
 
 namespace megaslide::cuda {
 
@@ -32,460 +30,13 @@ using exec::DType;
 using exec::Home;
 using exec::Stream;
 
-namespace {
-
-constexpr int kStreams = exec::kNumStreams;
-constexpr int64_t kPoolAlign = 256;
-
-int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
-bool isGpuStream(Stream s) { return s != Stream::Host; }
-
-bool isScheduleOp(llvm::StringRef op) {
-  return llvm::is_contained(
-      {"fetch", "h2d", "d2h", "host_adamw", "record", "wait"}, op);
-}
-
-bool isDsaOp(llvm::StringRef op) {
-  return op == "dsa3d" || op == "dsa3d_grad" || op == "dsa3d_offsets";
-}
-
-llvm::Error instError(size_t i, const exec::Instruction &inst,
-                      const llvm::Twine &msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "instruction #" + llvm::Twine(i) + " ('" +
-                                     inst.op + "'): " + msg);
-}
-
-/// Arena offset of a device value (a view: its own offset, else its base's).
-int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id) {
-  for (int guard = 0; guard < 64; ++guard) {
-    const exec::Value &v = plan.values[id];
-    if (v.offset >= 0 || !v.viewOf)
-      return v.offset;
-    id = *v.viewOf;
-  }
-  return -1;
-}
-
-//===----------------------------------------------------------------------===//
-// Hazards: the last instruction of each stream touching each byte range
-//===----------------------------------------------------------------------===//
-
-/// Partitions [0, size) into segments, each remembering per stream the last
-/// instruction (program order) that read or wrote it.
-class HazardMap {
-public:
-  explicit HazardMap(int64_t size) {
-    std::array<int64_t, kStreams> none;
-    none.fill(-1);
-    segments[0] = none;
-    segments[std::max<int64_t>(size, 1)] = none; // sentinel
-  }
-
-  /// Records that `inst` on `stream` touches [lo, hi); a write also raises
-  /// `deps` to the last toucher of those bytes on every other stream.
-  void touch(int64_t lo, int64_t hi, Stream stream, int64_t inst, bool write,
-             std::array<int64_t, kStreams> &deps) {
-    if (lo >= hi)
-      return;
-    split(lo);
-    split(hi);
-    int s = static_cast<int>(stream);
-    for (auto it = segments.find(lo); it != segments.end() && it->first < hi;
-         ++it) {
-      if (write)
-        for (int o = 0; o < kStreams; ++o)
-          if (o != s)
-            deps[o] = std::max(deps[o], it->second[o]);
-      it->second[s] = inst;
-    }
-  }
-
-private:
-  void split(int64_t at) {
-    auto it = segments.upper_bound(at);
-    if (it == segments.begin())
-      return;
-    --it;
-    if (it->first != at)
-      segments.emplace(at, it->second);
-  }
-  std::map<int64_t, std::array<int64_t, kStreams>> segments;
-};
-
-llvm::Expected<std::array<int64_t, 3>> tripleAttr(const exec::Instruction &inst,
-                                                  llvm::StringRef name) {
-  auto v = inst.intsAttr(name);
-  if (!v || v->size() != 3)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "needs a 3-element '" + name +
-                                       "' attribute");
-  return std::array<int64_t, 3>{(*v)[0], (*v)[1], (*v)[2]};
-}
-
-} // namespace
-
-//===----------------------------------------------------------------------===//
-// 3D-DSA modules
-//===----------------------------------------------------------------------===//
-
-llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
-  auto fail = [&](const llvm::Twine &what) {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "kernel module '" + m.name + "': manifest " +
-                                       what);
-  };
-  llvm::Expected<llvm::json::Value> json = parseJson(m.manifest);
-  if (!json)
-    return fail("is not JSON: " + llvm::toString(json.takeError()));
-  const llvm::json::Object *root = json->getAsObject();
-  if (!root)
-    return fail("is not an object");
-  // writeDsaManifest's form: {"configs": [...]}; a bare configuration too.
-  const llvm::json::Object *cfg = root;
-  if (const llvm::json::Array *configs = root->getArray("configs")) {
-    cfg = nullptr;
-    for (const llvm::json::Value &c : *configs) {
-      const llvm::json::Object *o = c.getAsObject();
-      if (!o)
-        continue;
-      std::optional<llvm::StringRef> name = o->getString("name");
-      if (!cfg || (name && *name == m.name))
-        cfg = o;
-    }
-    if (!cfg)
-      return fail("has no configuration");
-  }
-  DsaModuleSpec spec;
-  spec.name = m.name;
-  auto triple = [&](llvm::StringRef key, std::array<int64_t, 3> &out) -> bool {
-    const llvm::json::Array *a = cfg->getArray(key);
-    if (!a || a->size() != 3)
-      return false;
-    for (size_t i = 0; i < 3; ++i) {
-      std::optional<int64_t> v = (*a)[i].getAsInteger();
-      if (!v)
-        return false;
-      out[i] = *v;
-    }
-    return true;
-  };
-  std::optional<int64_t> heads = cfg->getInteger("heads"),
-                         headDim = cfg->getInteger("head_dim"),
-                         radius = cfg->getInteger("radius");
-  std::optional<llvm::StringRef> elem = cfg->getString("element_type");
-  if (!triple("grid", spec.grid) || !triple("window", spec.window) ||
-      !triple("tile", spec.tile) || !heads || !headDim || !radius || !elem)
-    return fail("lacks the configuration (grid, window, tile, heads, "
-                "head_dim, radius, element_type)");
-  spec.heads = *heads;
-  spec.headDim = *headDim;
-  spec.radius = *radius;
-  spec.elementType = elem->str();
-  const llvm::json::Array *kernels = cfg->getArray("kernels");
-  if (!kernels)
-    return fail("lists no kernels");
-  for (const llvm::json::Value &k : *kernels) {
-    const llvm::json::Object *o = k.getAsObject();
-    if (!o)
-      return fail("has a kernel that is not an object");
-    std::optional<llvm::StringRef> kind = o->getString("kind"),
-                                   name = o->getString("name");
-    const llvm::json::Array *grid = o->getArray("grid_for_batch_1");
-    const llvm::json::Array *block = o->getArray("block");
-    std::optional<int64_t> smem = o->getInteger("dynamic_shared_bytes");
-    if (!kind || !name || !grid || grid->size() != 3 || !block ||
-        block->empty() || !smem)
-      return fail("has an incomplete kernel entry");
-    DsaKernelSpec spec1;
-    spec1.name = name->str();
-    for (size_t i = 0; i < 3; ++i)
-      spec1.grid[i] = (*grid)[i].getAsInteger().value_or(0);
-    spec1.threads = static_cast<int>((*block)[0].getAsInteger().value_or(0));
-    spec1.dynamicSharedBytes = *smem;
-    if (spec1.threads <= 0 ||
-        llvm::any_of(spec1.grid, [](int64_t g) { return g <= 0; }))
-      return fail("has an empty launch for '" + spec1.name + "'");
-    spec.kernels[kind->str()] = spec1;
-  }
-  return spec;
-}
-
-/// The module of a 3D-DSA instruction: same geometry, heads, head dim and
-/// element type; for offset estimation also the same radius.
-static llvm::Expected<int64_t>
-matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
-               llvm::ArrayRef<DsaModuleSpec> modules) {
-  auto grid = tripleAttr(inst, "grid");
-  if (!grid)
-    return grid.takeError();
-  auto window = tripleAttr(inst, "window");
-  if (!window)
-    return window.takeError();
-  auto tile = tripleAttr(inst, "tile");
-  if (!tile)
-    return tile.takeError();
-  const exec::TensorType &q = plan.values[inst.operands.at(0)].type;
-  if (q.shape.size() != 4)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "query must be [B, N, H, Dh]");
-  std::optional<int64_t> radius;
-  if (inst.op == "dsa3d_offsets")
-    radius = inst.intAttr("radius").value_or(0);
-  for (auto [i, m] : llvm::enumerate(modules))
-    if (m.grid == *grid && m.window == *window && m.tile == *tile &&
-        m.heads == q.shape[2] && m.headDim == q.shape[3] &&
-        m.elementType == exec::dtypeName(q.dtype) &&
-        (!radius || *radius == m.radius))
-      return static_cast<int64_t>(i);
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(),
-      llvm::formatv(
-          "no generated 3D-DSA kernel module for grid ({0},{1},{2}) "
-          "window ({3},{4},{5}) tile ({6},{7},{8}) heads {9} head "
-          "dim {10} {11}{12} (the plan has {13} module(s))",
-          (*grid)[0], (*grid)[1], (*grid)[2], (*window)[0], (*window)[1],
-          (*window)[2], (*tile)[0], (*tile)[1], (*tile)[2], q.shape[2],
-          q.shape[3], exec::dtypeName(q.dtype),
-          radius ? " radius " + std::to_string(*radius) : "", modules.size())
-          .str());
-}
-
-//===----------------------------------------------------------------------===//
-// Preparation
-//===----------------------------------------------------------------------===//
-
-llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
-                                             const CudaOptions &options) {
-  PreparedPlan p;
-  size_t n = plan.instructions.size();
-  p.instructions.resize(n);
-  exec::Liveness live = exec::computeLiveness(plan);
-  p.peakLiveBytes = live.peakLiveBytes;
-
-  for (const exec::KernelModule &m : plan.kernelModules) {
-    llvm::Expected<DsaModuleSpec> spec = parseDsaManifest(m);
-    if (!spec)
-      return spec.takeError();
-    p.dsaModules.push_back(std::move(*spec));
-  }
-
-  std::set<KernelInstance> kernels;
-  std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
-  std::vector<int64_t> eventRecorder(plan.numEvents, -1);
-  for (size_t i = 0; i < n; ++i) {
-    const exec::Instruction &inst = plan.instructions[i];
-    PreparedInstruction &pi = p.instructions[i];
-    for (int64_t r : inst.results)
-      if (plan.values[r].home == Home::Device && !plan.values[r].viewOf)
-        p.arenaHighWater =
-            std::max(p.arenaHighWater,
-                     plan.values[r].offset + plan.values[r].type.bytes());
-    for (const exec::Range &w : inst.workspace)
-      p.arenaHighWater = std::max(p.arenaHighWater, w.offset + w.size);
-
-    if (isScheduleOp(inst.op)) {
-      if (inst.op == "record" && inst.event) {
-        pi.recordedOn = inst.stream;
-        eventStream[*inst.event] = inst.stream;
-        eventRecorder[*inst.event] = i;
-      }
-      if (inst.op == "fetch")
-        p.stagingSlotBytes = std::max(
-            p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
-      if ((inst.op == "fetch" || inst.op == "h2d") &&
-          inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
-        return instError(i, inst,
-                         "host-to-device copies must be on the h2d "
-                         "or compute stream");
-      if (inst.op == "d2h" && inst.stream == Stream::Host)
-        return instError(i, inst, "a device-to-host copy on the host stream");
-      if (inst.op == "host_adamw" && inst.stream != Stream::Host)
-        return instError(i, inst, "host_adamw must be on the host stream");
-      continue;
-    }
-    if (!isGpuStream(inst.stream))
-      return instError(i, inst, "a graph op on the host stream");
-    for (int64_t id : llvm::concat<const int64_t>(inst.operands, inst.results))
-      if (plan.values[id].home != Home::Device || deviceOffset(plan, id) < 0)
-        return instError(i, inst,
-                         "value %" + llvm::Twine(id) +
-                             " is not in the device arena (graph ops run on "
-                             "the device)");
-    if (isDsaOp(inst.op)) {
-      llvm::Expected<int64_t> m = matchDsaModule(plan, inst, p.dsaModules);
-      if (!m)
-        return instError(i, inst, llvm::toString(m.takeError()));
-      pi.dsaModule = *m;
-      const DsaModuleSpec &spec = p.dsaModules[*m];
-      const char *needed[3][2] = {{"dsa3d", "forward"},
-                                  {"dsa3d_grad", "backward"},
-                                  {"dsa3d_offsets", "offsets"}};
-      for (auto &[op, kind] : needed)
-        if (inst.op == op && !spec.kernels.count(kind))
-          return instError(
-              i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
-      if (inst.op == "dsa3d_grad") {
-        if (!spec.kernels.count("backward_finalize"))
-          return instError(i, inst,
-                           "module '" + spec.name +
-                               "' has no backward_finalize kernel");
-        int64_t bytes = plan.values[inst.operands[0]].type.numElements() * 4;
-        // dK and dV accumulators: one workspace range for both, two
-        // ranges, or the backend's own scratch.
-        const std::vector<exec::Range> &ws = inst.workspace;
-        if (!ws.empty() && ws[0].size >= 2 * bytes) {
-          pi.dk32Offset = ws[0].offset;
-          pi.dv32Offset = ws[0].offset + bytes;
-        } else if (ws.size() >= 2 && ws[0].size >= bytes &&
-                   ws[1].size >= bytes) {
-          pi.dk32Offset = ws[0].offset;
-          pi.dv32Offset = ws[1].offset;
-        } else {
-          p.dsaFallbackBytes = std::max(p.dsaFallbackBytes, 2 * bytes + 256);
-        }
-      }
-      continue;
-    }
-    if (!hasGraphOpLowering(inst.op))
-      return instError(i, inst, "the cuda backend has no kernel for it");
-    std::vector<exec::TensorType> ops, res;
-    for (int64_t id : inst.operands)
-      ops.push_back(plan.values[id].type);
-    for (int64_t id : inst.results)
-      res.push_back(plan.values[id].type);
-    llvm::Expected<LoweredOp> lowered = lowerGraphOp(inst, ops, res);
-    if (!lowered)
-      return instError(i, inst, llvm::toString(lowered.takeError()));
-    for (const KernelInstance &k : kernelsOf(*lowered))
-      kernels.insert(k);
-    p.scratchBytes = std::max(p.scratchBytes, lowered->scratchBytes);
-    pi.lowered = std::move(*lowered);
-  }
-  p.eventRecorder = eventRecorder;
-  p.kernels.assign(kernels.begin(), kernels.end());
-  p.elementwiseSource = emitElementwiseSource(p.kernels);
-
-  // Pinned pools. Inputs are written before the step starts and only
-  // read; host values are written by d2h copies.
-  p.hostOffset.assign(plan.values.size(), -1);
-  std::vector<int64_t> hostValues;
-  for (size_t id = 0; id < plan.values.size(); ++id) {
-    const exec::Value &v = plan.values[id];
-    if (v.home == Home::Input) {
-      p.hostOffset[id] = p.inputPoolBytes;
-      p.inputPoolBytes +=
-          alignUp(std::max<int64_t>(v.type.bytes(), 1), kPoolAlign);
-    } else if (v.home == Home::Host) {
-      hostValues.push_back(id);
-    }
-  }
-  int64_t hostTotal = 0;
-  for (int64_t id : hostValues)
-    hostTotal +=
-        alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
-  if (hostTotal <= options.hostPoolNoReuseBytes) {
-    for (int64_t id : hostValues) {
-      p.hostOffset[id] = p.hostPoolBytes;
-      p.hostPoolBytes += alignUp(
-          std::max<int64_t>(plan.values[id].type.bytes(), 1), kPoolAlign);
-    }
-  } else {
-    // First fit over program-order lifetimes; outputs live to the end.
-    p.hostPoolShared = true;
-    std::vector<bool> isOutput(plan.values.size());
-    for (int64_t id : plan.outputs)
-      isOutput[id] = true;
-    auto lastOf = [&](int64_t id) {
-      return isOutput[id] ? static_cast<int64_t>(n)
-                          : std::max(live.def[id], live.lastUse[id]);
-    };
-    llvm::sort(hostValues,
-               [&](int64_t a, int64_t b) { return live.def[a] < live.def[b]; });
-    struct Placed {
-      int64_t offset, size, last;
-    };
-    std::vector<Placed> active;
-    for (int64_t id : hostValues) {
-      int64_t size = alignUp(std::max<int64_t>(plan.values[id].type.bytes(), 1),
-                             kPoolAlign);
-      llvm::erase_if(active,
-                     [&](const Placed &a) { return a.last < live.def[id]; });
-      llvm::sort(active, [](const Placed &a, const Placed &b) {
-        return a.offset < b.offset;
-      });
-      int64_t at = 0;
-      for (const Placed &a : active) {
-        if (a.offset >= at + size)
-          break;
-        at = std::max(at, a.offset + a.size);
-      }
-      p.hostOffset[id] = at;
-      p.hostPoolBytes = std::max(p.hostPoolBytes, at + size);
-      active.push_back({at, size, lastOf(id)});
-    }
-  }
-
-  // Cross-stream write-after-read/write waits, in program order.
-  HazardMap arena(plan.arenaBytes), hostPool(p.hostPoolBytes);
-  p.needsDoneEvent.assign(n, false);
-  int64_t lastWaited[kStreams][kStreams];
-  for (auto &row : lastWaited)
-    std::fill(std::begin(row), std::end(row), -1);
-  for (size_t i = 0; i < n; ++i) {
-    const exec::Instruction &inst = plan.instructions[i];
-    PreparedInstruction &pi = p.instructions[i];
-    int S = static_cast<int>(inst.stream);
-    std::array<int64_t, kStreams> deps;
-    deps.fill(-1);
-    auto touchValue = [&](int64_t id, bool write) {
-      const exec::Value &v = plan.values[id];
-      if (v.home == Home::Device) {
-        int64_t off = deviceOffset(plan, id);
-        if (off >= 0)
-          arena.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
-      } else if (v.home == Home::Host) {
-        int64_t off = p.hostOffset[id];
-        hostPool.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
-      }
-    };
-    for (int64_t id : inst.operands)
-      touchValue(id, false);
-    for (int64_t id : inst.results)
-      touchValue(id, true);
-    for (const exec::Range &w : inst.workspace)
-      arena.touch(w.offset, w.offset + w.size, inst.stream, i, true, deps);
-    // A plan wait orders this stream after the recorder.
-    if (inst.op == "wait" && inst.event && eventRecorder[*inst.event] >= 0) {
-      int R = static_cast<int>(eventStream[*inst.event]);
-      lastWaited[S][R] = std::max(lastWaited[S][R], eventRecorder[*inst.event]);
-    }
-    for (int s = 0; s < kStreams; ++s) {
-      if (s == S || deps[s] < 0 || deps[s] <= lastWaited[S][s])
-        continue;
-      lastWaited[S][s] = deps[s];
-      pi.waits.push_back({static_cast<Stream>(s), deps[s]});
-      if (isGpuStream(static_cast<Stream>(s)))
-        p.needsDoneEvent[deps[s]] = true;
-    }
-    if (inst.op == "host_adamw" && p.firstUpdate < 0)
-      p.firstUpdate = i;
-  }
-  std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);
-  // The guard needs the loss made on a GPU stream before the first update
-  // (the compiler's plans); without, the loss is checked after the step.
-  if (p.lossDef < 0 || p.lossDef > p.firstUpdate ||
-      !isGpuStream(plan.instructions[p.lossDef].stream))
-    p.lossDef = -1;
-  return p;
-}
-
 //===----------------------------------------------------------------------===//
 // Host helpers
 //===----------------------------------------------------------------------===//
 
 namespace {
+
+int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 /// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
 void parallelChunks(int64_t n,
@@ -565,81 +116,6 @@ void widen(const void *src, DType dtype, int64_t n, float *dst) {
   }
 }
 
-cudaDataType_t cudaType(DType t) {
-  switch (t) {
-  case DType::BF16:
-    return CUDA_R_16BF;
-  case DType::F16:
-    return CUDA_R_16F;
-  default:
-    return CUDA_R_32F;
-  }
-}
-
-/// The host stream: tasks run in program order on one thread; the issuing
-/// thread can wait until a given instruction has run.
-class HostWorker {
-public:
-  void start(std::function<void()> init) {
-    thread = std::thread([this, init] {
-      init();
-      std::unique_lock<std::mutex> lock(mu);
-      for (;;) {
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty())
-          return;
-        auto [index, task] = std::move(queue.front());
-        queue.pop_front();
-        busy = true;
-        lock.unlock();
-        task();
-        lock.lock();
-        busy = false;
-        completed = std::max(completed, index);
-        done.notify_all();
-      }
-    });
-  }
-  void enqueue(int64_t index, std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      queue.emplace_back(index, std::move(task));
-    }
-    cv.notify_one();
-  }
-  /// Until the task of instruction `index` (and all before it) has run.
-  void waitFor(int64_t index) {
-    std::unique_lock<std::mutex> lock(mu);
-    done.wait(lock, [&] { return completed >= index; });
-  }
-  void drain() {
-    std::unique_lock<std::mutex> lock(mu);
-    done.wait(lock, [&] { return queue.empty() && !busy; });
-  }
-  void reset() {
-    std::lock_guard<std::mutex> lock(mu);
-    completed = -1;
-  }
-  void shutdown() {
-    if (!thread.joinable())
-      return;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-
-private:
-  std::thread thread;
-  std::mutex mu;
-  std::condition_variable cv, done;
-  std::deque<std::pair<int64_t, std::function<void()>>> queue;
-  int64_t completed = -1;
-  bool busy = false, stop = false;
-};
-
 /// A kernel launch with its arguments, each in an 8-byte slot (a float
 /// sits in the slot's first bytes, as cuLaunchKernel reads it).
 struct LaunchCmd {
@@ -661,14 +137,6 @@ struct CopyCmd {
   size_t bytes = 0;
 };
 using DeviceCmd = std::variant<LaunchCmd, GemmCmd, MemsetCmd, CopyCmd>;
-
-struct GemmPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspaceBytes = 0;
-  CUdeviceptr A = 0, B = 0, D = 0;
-};
 
 uint64_t slotOf(double f, bool isFloat) {
   uint64_t slot = 0;
@@ -709,8 +177,7 @@ struct CudaBackend::Impl {
   std::vector<bool> slotUsed;
   CUmodule elementwiseModule = nullptr;
   std::vector<CUmodule> dsaModules;
-  cublasLtHandle_t ltHandle = nullptr;
-  std::vector<GemmPlan> gemms;
+  GemmPlans gemms;
   std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
   HostWorker worker;
   std::mutex errorMu;
@@ -730,9 +197,6 @@ struct CudaBackend::Impl {
   llvm::Error
   buildCommands(const std::vector<std::map<std::string, CUfunction>> &dsaFns,
                 const std::map<std::string, CUfunction> &dense);
-  llvm::Error addGemm(const GemmCall &g, CUdeviceptr A, CUdeviceptr B,
-                      CUdeviceptr D, CUdeviceptr bias,
-                      std::vector<DeviceCmd> &out);
   llvm::Error issue(const DeviceCmd &cmd, CUstream stream);
 
   CUdeviceptr deviceAddress(int64_t id) const {
@@ -784,15 +248,7 @@ CudaBackend::Impl::~Impl() {
   for (CUstream s : streams)
     if (s)
       cu->cuStreamSynchronize(s);
-  for (GemmPlan &g : gemms) {
-    if (g.desc)
-      lt->cublasLtMatmulDescDestroy(g.desc);
-    for (cublasLtMatrixLayout_t l : {g.a, g.b, g.d})
-      if (l)
-        lt->cublasLtMatrixLayoutDestroy(l);
-  }
-  if (ltHandle)
-    lt->cublasLtDestroy(ltHandle);
+  gemms.destroy();
   for (auto *events :
        {&planEvents, &doneEvents, &startEvents, &endEvents, &slotEvents})
     for (CUevent e : *events)
@@ -961,8 +417,7 @@ llvm::Error CudaBackend::Impl::init() {
   std::map<std::string, CUfunction> dense;
   if (auto e = compileKernels(dsaFns, dense))
     return e;
-  if (auto e =
-          checkCublas(*lt, lt->cublasLtCreate(&ltHandle), "cublasLtCreate"))
+  if (auto e = gemms.init(*lt, gemmWorkspace, options.gemmWorkspaceBytes))
     return e;
   if (auto e = buildCommands(dsaFns, dense))
     return e;
@@ -1035,103 +490,6 @@ llvm::Error CudaBackend::Impl::compileKernels(
   return llvm::Error::success();
 }
 
-llvm::Error CudaBackend::Impl::addGemm(const GemmCall &g, CUdeviceptr A,
-                                       CUdeviceptr B, CUdeviceptr D,
-                                       CUdeviceptr bias,
-                                       std::vector<DeviceCmd> &out) {
-  GemmPlan gp;
-  gp.A = A;
-  gp.B = B;
-  gp.D = D;
-  auto ok = [&](cublasStatus_t s, const char *what) {
-    return checkCublas(*lt, s, what);
-  };
-  if (auto e = ok(lt->cublasLtMatmulDescCreate(&gp.desc, CUBLAS_COMPUTE_32F,
-                                               CUDA_R_32F),
-                  "cublasLtMatmulDescCreate"))
-    return e;
-  gemms.push_back(gp); // owned from here on, destroyed with the backend
-  GemmPlan &p = gemms.back();
-  int32_t ta = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int32_t tb = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
-                      p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-                  "cublasLtMatmulDescSetAttribute (transa)"))
-    return e;
-  if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
-                      p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-                  "cublasLtMatmulDescSetAttribute (transb)"))
-    return e;
-  if (g.hasBias) {
-    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void *biasPtr = reinterpret_cast<const void *>(bias);
-    if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
-                        p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                        sizeof(epilogue)),
-                    "cublasLtMatmulDescSetAttribute (epilogue)"))
-      return e;
-    if (auto e = ok(lt->cublasLtMatmulDescSetAttribute(
-                        p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPtr,
-                        sizeof(biasPtr)),
-                    "cublasLtMatmulDescSetAttribute (bias)"))
-      return e;
-  }
-  cudaDataType_t ab = cudaType(g.abType), dt = cudaType(g.dType);
-  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.a, ab, g.transA ? g.k : g.m,
-                                                 g.transA ? g.m : g.k, g.lda),
-                  "cublasLtMatrixLayoutCreate (A)"))
-    return e;
-  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.b, ab, g.transB ? g.n : g.k,
-                                                 g.transB ? g.k : g.n, g.ldb),
-                  "cublasLtMatrixLayoutCreate (B)"))
-    return e;
-  if (auto e = ok(lt->cublasLtMatrixLayoutCreate(&p.d, dt, g.m, g.n, g.ldd),
-                  "cublasLtMatrixLayoutCreate (D)"))
-    return e;
-  cublasLtMatmulPreference_t pref = nullptr;
-  if (auto e = ok(lt->cublasLtMatmulPreferenceCreate(&pref),
-                  "cublasLtMatmulPreferenceCreate"))
-    return e;
-  uint64_t ws = static_cast<uint64_t>(options.gemmWorkspaceBytes);
-  cublasStatus_t st = lt->cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  // Algorithms may assume 256-byte aligned matrices unless told otherwise;
-  // arena offsets are only as aligned as the plan's alignment.
-  auto alignmentOf = [](CUdeviceptr p) {
-    uint32_t a = 256;
-    while (a > 1 && p % a)
-      a /= 2;
-    return a;
-  };
-  uint32_t aligns[4] = {alignmentOf(A), alignmentOf(B), alignmentOf(D),
-                        alignmentOf(D)};
-  for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
-    st = lt->cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i, &aligns[i],
-        sizeof(aligns[i]));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = lt->cublasLtMatmulAlgoGetHeuristic(ltHandle, p.desc, p.a, p.b, p.d,
-                                            p.d, pref, 1, &result, &found);
-  lt->cublasLtMatmulPreferenceDestroy(pref);
-  if (auto e = ok(st, "cublasLtMatmulAlgoGetHeuristic"))
-    return e;
-  if (found == 0)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        "cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%lld n=%lld "
-        "k=%lld%s",
-        exec::dtypeName(g.abType), exec::dtypeName(g.abType),
-        exec::dtypeName(g.dType), static_cast<long long>(g.m),
-        static_cast<long long>(g.n), static_cast<long long>(g.k),
-        g.hasBias ? " with bias" : "");
-  p.algo = result.algo;
-  p.workspaceBytes = result.workspaceSize;
-  out.push_back(GemmCmd{gemms.size() - 1});
-  return llvm::Error::success();
-}
-
 llvm::Error CudaBackend::Impl::buildCommands(
     const std::vector<std::map<std::string, CUfunction>> &dsaFns,
     const std::map<std::string, CUfunction> &dense) {
@@ -1187,9 +545,12 @@ llvm::Error CudaBackend::Impl::buildCommands(
           }
           out.push_back(std::move(c));
         } else if (auto *g = std::get_if<GemmCall>(&s)) {
-          if (auto e = addGemm(*g, resolve(g->a), resolve(g->b), resolve(g->d),
-                               g->hasBias ? resolve(g->bias) : 0, out))
-            return instError(i, inst, llvm::toString(std::move(e)));
+          llvm::Expected<size_t> gemm =
+              gemms.add(*g, resolve(g->a), resolve(g->b), resolve(g->d),
+                        g->hasBias ? resolve(g->bias) : 0);
+          if (!gemm)
+            return instError(i, inst, llvm::toString(gemm.takeError()));
+          out.push_back(GemmCmd{*gemm});
         } else if (auto *m = std::get_if<MemsetCall>(&s)) {
           out.push_back(
               MemsetCmd{resolve(m->dst), static_cast<size_t>(m->bytes)});
@@ -1258,19 +619,8 @@ llvm::Error CudaBackend::Impl::issue(const DeviceCmd &cmd, CUstream stream) {
                                     stream, params.data(), nullptr),
                  "cuLaunchKernel (" + l->name + ")");
   }
-  if (auto *g = std::get_if<GemmCmd>(&cmd)) {
-    const GemmPlan &p = gemms[g->index];
-    float alpha = 1.0f, beta = 0.0f;
-    return checkCublas(
-        *lt,
-        lt->cublasLtMatmul(
-            ltHandle, p.desc, &alpha, reinterpret_cast<const void *>(p.A), p.a,
-            reinterpret_cast<const void *>(p.B), p.b, &beta,
-            reinterpret_cast<const void *>(p.D), p.d,
-            reinterpret_cast<void *>(p.D), p.d, &p.algo,
-            reinterpret_cast<void *>(gemmWorkspace), p.workspaceBytes, stream),
-        "cublasLtMatmul");
-  }
+  if (auto *g = std::get_if<GemmCmd>(&cmd))
+    return gemms.run(g->index, stream);
   if (auto *m = std::get_if<MemsetCmd>(&cmd))
     return check(cu->cuMemsetD8Async(m->dst, 0, m->bytes, stream),
                  "cuMemsetD8Async");
@@ -1392,7 +742,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         return;
       }
       const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
-      float loss;
+      float loss = 0;
       widen(lossValue.home == Home::Device
                 ? static_cast<const uint8_t *>(I.lossStage)
                 : I.hostAddress(I.prep.lossValue),
@@ -1431,7 +781,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                     count)
               : cpu::firstNonFinite(wide.data(), count);
       if (bad) {
-        float value;
+        float value = 0;
         widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
               &value);
         I.setWorkerError(cpu::nonFiniteGradientMessage(

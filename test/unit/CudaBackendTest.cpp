@@ -34,6 +34,7 @@
 #include "cpu/GraphKernels.h"
 #include "cuda/CudaApi.h"
 #include "cuda/ElementwiseKernels.h"
+#include "cuda/GraphOpLowering.h"
 #include "cuda/Nvrtc.h"
 #include "train/SyntheticData.h"
 
