@@ -195,7 +195,8 @@ llvm::Error CudaBackend::Impl::init() {
       if (auto e = event(doneEvents[i], CU_EVENT_DISABLE_TIMING))
         return e;
     const exec::Instruction &inst = plan.instructions[i];
-    if (isGpuStream(inst.stream) && inst.op != "record" && inst.op != "wait") {
+    if (isGpuStream(inst.stream) && inst.op != exec::OpCode::Record &&
+        inst.op != exec::OpCode::Wait) {
       if (auto e = event(startEvents[i], CU_EVENT_DEFAULT))
         return e;
       if (auto e = event(endEvents[i], CU_EVENT_DEFAULT))
@@ -380,9 +381,9 @@ llvm::Error CudaBackend::Impl::buildCommands(
     };
     auto op = [&](size_t k) { return deviceAddress(inst.operands[k]); };
     auto res = [&](size_t k) { return deviceAddress(inst.results[k]); };
-    if (inst.op == "dsa3d_offsets") {
+    if (inst.op == exec::OpCode::Dsa3dOffsets) {
       launch("offsets", {op(0), op(1), res(0)});
-    } else if (inst.op == "dsa3d") {
+    } else if (inst.op == exec::OpCode::Dsa3d) {
       launch("forward",
              {op(0), op(1), op(2), op(3), res(0), res(1), slotOf(scale, true)});
     } else {

@@ -16,13 +16,14 @@
 namespace megaslide::cuda {
 
 using exec::Home;
+using exec::OpCode;
 using exec::Stream;
 
 llvm::Error instError(size_t i, const exec::Instruction &inst,
                       const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                  "instruction #" + llvm::Twine(i) + " ('" +
-                                     inst.op + "'): " + msg);
+                                     exec::opName(inst.op) + "'): " + msg);
 }
 
 int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id) {
@@ -39,13 +40,19 @@ namespace {
 
 constexpr int kStreams = exec::kNumStreams;
 
-bool isScheduleOp(llvm::StringRef op) {
-  return llvm::is_contained(
-      {"fetch", "h2d", "d2h", "host_adamw", "record", "wait"}, op);
-}
-
-bool isDsaOp(llvm::StringRef op) {
-  return op == "dsa3d" || op == "dsa3d_grad" || op == "dsa3d_offsets";
+/// The ops that run the plan's generated 3D-DSA modules, with the kernel
+/// each needs; every other graph op has a lowering (GraphOpLowering.h).
+const char *dsaKernelOf(OpCode op) {
+  switch (op) {
+  case OpCode::Dsa3d:
+    return "forward";
+  case OpCode::Dsa3dGrad:
+    return "backward";
+  case OpCode::Dsa3dOffsets:
+    return "offsets";
+  default:
+    return nullptr;
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -211,7 +218,7 @@ matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "query must be [B, N, H, Dh]");
   std::optional<int64_t> radius;
-  if (inst.op == "dsa3d_offsets")
+  if (inst.op == OpCode::Dsa3dOffsets)
     radius = inst.intAttr("radius").value_or(0);
   for (auto [i, m] : llvm::enumerate(modules))
     if (m.grid == *grid && m.window == *window && m.tile == *tile &&
@@ -265,23 +272,23 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     for (const exec::Range &w : inst.workspace)
       p.arenaHighWater = std::max(p.arenaHighWater, w.offset + w.size);
 
-    if (isScheduleOp(inst.op)) {
-      if (inst.op == "record" && inst.event) {
+    if (exec::isScheduleOp(inst.op)) {
+      if (inst.op == OpCode::Record && inst.event) {
         pi.recordedOn = inst.stream;
         eventStream[*inst.event] = inst.stream;
         eventRecorder[*inst.event] = i;
       }
-      if (inst.op == "fetch")
+      if (inst.op == OpCode::Fetch)
         p.stagingSlotBytes = std::max(
             p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
-      if ((inst.op == "fetch" || inst.op == "h2d") &&
+      if ((inst.op == OpCode::Fetch || inst.op == OpCode::HostToDevice) &&
           inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
         return instError(i, inst,
                          "host-to-device copies must be on the h2d "
                          "or compute stream");
-      if (inst.op == "d2h" && inst.stream == Stream::Host)
+      if (inst.op == OpCode::DeviceToHost && inst.stream == Stream::Host)
         return instError(i, inst, "a device-to-host copy on the host stream");
-      if (inst.op == "host_adamw" && inst.stream != Stream::Host)
+      if (inst.op == OpCode::HostAdamW && inst.stream != Stream::Host)
         return instError(i, inst, "host_adamw must be on the host stream");
       continue;
     }
@@ -293,20 +300,16 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                          "value %" + llvm::Twine(id) +
                              " is not in the device arena (graph ops run on "
                              "the device)");
-    if (isDsaOp(inst.op)) {
+    if (const char *kind = dsaKernelOf(inst.op)) {
       llvm::Expected<int64_t> m = matchDsaModule(plan, inst, p.dsaModules);
       if (!m)
         return instError(i, inst, llvm::toString(m.takeError()));
       pi.dsaModule = *m;
       const DsaModuleSpec &spec = p.dsaModules[*m];
-      const char *needed[3][2] = {{"dsa3d", "forward"},
-                                  {"dsa3d_grad", "backward"},
-                                  {"dsa3d_offsets", "offsets"}};
-      for (auto &[op, kind] : needed)
-        if (inst.op == op && !spec.kernels.count(kind))
-          return instError(
-              i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
-      if (inst.op == "dsa3d_grad") {
+      if (!spec.kernels.count(kind))
+        return instError(
+            i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
+      if (inst.op == OpCode::Dsa3dGrad) {
         if (!spec.kernels.count("backward_finalize"))
           return instError(i, inst,
                            "module '" + spec.name +
@@ -328,8 +331,6 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
       }
       continue;
     }
-    if (!hasGraphOpLowering(inst.op))
-      return instError(i, inst, "the cuda backend has no kernel for it");
     std::vector<exec::TensorType> ops, res;
     for (int64_t id : inst.operands)
       ops.push_back(plan.values[id].type);
@@ -379,7 +380,8 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     for (const exec::Range &w : inst.workspace)
       arena.touch(w.offset, w.offset + w.size, inst.stream, i, true, deps);
     // A plan wait orders this stream after the recorder.
-    if (inst.op == "wait" && inst.event && eventRecorder[*inst.event] >= 0) {
+    if (inst.op == OpCode::Wait && inst.event &&
+        eventRecorder[*inst.event] >= 0) {
       int R = static_cast<int>(eventStream[*inst.event]);
       lastWaited[S][R] = std::max(lastWaited[S][R], eventRecorder[*inst.event]);
     }
@@ -391,7 +393,7 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
       if (isGpuStream(static_cast<Stream>(s)))
         p.needsDoneEvent[deps[s]] = true;
     }
-    if (inst.op == "host_adamw" && p.firstUpdate < 0)
+    if (inst.op == OpCode::HostAdamW && p.firstUpdate < 0)
       p.firstUpdate = i;
   }
   std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);

@@ -263,12 +263,12 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         for (const Dependency &d : pi.waits)
           if (isGpuStream(d.stream))
             events.push_back(I.doneEvents[d.instruction]);
-        if (inst.op == "wait" && inst.event) {
+        if (inst.op == exec::OpCode::Wait && inst.event) {
           int64_t recorder = I.prep.eventRecorder[*inst.event];
           if (recorder >= 0 && isGpuStream(plan.instructions[recorder].stream))
             events.push_back(I.planEvents[*inst.event]);
         }
-        bool update = inst.op == "host_adamw";
+        bool update = inst.op == exec::OpCode::HostAdamW;
         if (update)
           pendingUpdate[inst.param] = i;
         I.worker.enqueue(i, [&I, &hostUpdate, events, i, update] {
@@ -278,7 +278,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             if (CUresult r = I.cu->cuEventSynchronize(ev)) {
               I.setWorkerError(
                   "instruction #" + std::to_string(i) + " ('" +
-                  I.plan.instructions[i].op +
+                  exec::opName(I.plan.instructions[i].op) +
                   "'): cuEventSynchronize: " + cuResultString(*I.cu, r));
               return;
             }
@@ -300,14 +300,14 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           I.worker.waitFor(d.instruction);
         }
       }
-      if (inst.op == "record") {
+      if (inst.op == exec::OpCode::Record) {
         if (auto e =
                 I.check(cu.cuEventRecord(I.planEvents[*inst.event], stream),
                         "cuEventRecord"))
           return e;
         continue;
       }
-      if (inst.op == "wait") {
+      if (inst.op == exec::OpCode::Wait) {
         int64_t recorder = I.prep.eventRecorder[*inst.event];
         if (recorder >= 0 && !isGpuStream(plan.instructions[recorder].stream)) {
           I.worker.waitFor(recorder);
@@ -320,7 +320,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         continue;
       }
 
-      if (inst.op == "fetch") {
+      if (inst.op == exec::OpCode::Fetch) {
         // The master may be updated this step already: its AdamW first.
         auto pending = pendingUpdate.find(inst.param);
         if (pending != pendingUpdate.end())
@@ -356,7 +356,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       } else {
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
-        if (inst.op == "h2d") {
+        if (inst.op == exec::OpCode::HostToDevice) {
           if (auto e = I.check(cu.cuMemcpyHtoDAsync_v2(
                                    I.deviceAddress(inst.results[0]),
                                    I.hostAddress(inst.operands[0]),
@@ -364,7 +364,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                    stream),
                                "cuMemcpyHtoDAsync"))
             return instError(i, inst, llvm::toString(std::move(e)));
-        } else if (inst.op == "d2h") {
+        } else if (inst.op == exec::OpCode::DeviceToHost) {
           if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(
                                    I.hostAddress(inst.results[0]),
                                    I.deviceAddress(inst.operands[0]),
@@ -467,11 +467,11 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   if (trace) {
     for (size_t i = 0; i < n; ++i) {
       const exec::Instruction &inst = plan.instructions[i];
-      if (inst.op == "record" || inst.op == "wait")
+      if (inst.op == exec::OpCode::Record || inst.op == exec::OpCode::Wait)
         continue;
       exec::TraceSpan span;
       span.stream = inst.stream;
-      span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+      span.name = exec::spanName(inst);
       span.instruction = i;
       span.layer = inst.layer;
       span.flops = inst.cost.matmulFlops + inst.cost.attentionFlops +

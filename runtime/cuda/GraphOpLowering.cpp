@@ -3,7 +3,6 @@
 #include "cuda/GraphOpLowering.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 namespace megaslide::cuda {
 
 using exec::DType;
+using exec::OpCode;
 using exec::TensorType;
 
 namespace {
@@ -38,9 +38,9 @@ public:
   llvm::Expected<LoweredOp> run();
 
   /// Each op with a cuda lowering and the member that emits it: the one
-  /// list hasGraphOpLowering and run() both read.
+  /// table hasGraphOpLowering and run() both read.
   using LowerFn = llvm::Error (*)(Lowerer &);
-  static const llvm::StringMap<LowerFn> &lowerings();
+  static const exec::OpTable<LowerFn> &lowerings();
 
 private:
   const exec::Instruction &inst;
@@ -49,7 +49,8 @@ private:
 
   llvm::Error fail(const llvm::Twine &msg) const {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "'" + inst.op + "' on cuda: " + msg);
+                                   llvm::Twine("'") + exec::opName(inst.op) +
+                                       "' on cuda: " + msg);
   }
   llvm::Error arity(size_t minOps, size_t maxOps, size_t minRes,
                     size_t maxRes) const {
@@ -63,7 +64,7 @@ private:
     return llvm::Error::success();
   }
   bool isIdsOp() const {
-    return llvm::StringRef(inst.op).starts_with("embedding");
+    return inst.op == OpCode::Embedding || inst.op == OpCode::EmbeddingGrad;
   }
 
   int64_t scratch(int64_t bytes) {
@@ -268,11 +269,10 @@ void Lowerer::gemmGradParams(BufferRef x, DType tx, int64_t M, int64_t In,
 }
 
 llvm::Error Lowerer::lowerLinear() {
-  const std::string &name = inst.op;
   auto lastDim = [](const TensorType &t) {
     return t.shape.empty() ? int64_t(1) : t.shape.back();
   };
-  if (name == "linear") {
+  if (inst.op == OpCode::Linear) {
     if (auto e = arity(2, 3, 1, 1))
       return e;
     const TensorType &x = ops[0], &w = ops[1];
@@ -291,7 +291,7 @@ llvm::Error Lowerer::lowerLinear() {
                 bias);
     return llvm::Error::success();
   }
-  if (name == "linear_grad_data") {
+  if (inst.op == OpCode::LinearGradData) {
     if (auto e = arity(2, 2, 1, 1))
       return e;
     const TensorType &dy = ops[0], &w = ops[1];
@@ -698,7 +698,7 @@ llvm::Error Lowerer::lowerElementwise(size_t nOps) {
   types.push_back(res[0].dtype);
   args.push_back(B(rs(0)));
   args.push_back(I(n));
-  launch1d(inst.op.c_str(), types, n, args);
+  launch1d(exec::opName(inst.op), types, n, args);
   return llvm::Error::success();
 }
 
@@ -767,63 +767,81 @@ llvm::Error Lowerer::lowerFlowInterpolate() {
   return llvm::Error::success();
 }
 
-const llvm::StringMap<Lowerer::LowerFn> &Lowerer::lowerings() {
-  static const llvm::StringMap<LowerFn> table = {
-      {"add", [](Lowerer &l) { return l.lowerElementwise(2); }},
-      {"attention", [](Lowerer &l) { return l.lowerAttention(); }},
-      {"attention_grad", [](Lowerer &l) { return l.lowerAttentionGrad(); }},
-      {"bias_add", [](Lowerer &l) { return l.lowerBiasAdd(); }},
-      {"bias_add_grad", [](Lowerer &l) { return l.lowerBiasAddGrad(); }},
-      {"cast", [](Lowerer &l) { return l.lowerElementwise(1); }},
-      {"concat", [](Lowerer &l) { return l.lowerSplitConcat(false); }},
-      {"embedding", [](Lowerer &l) { return l.lowerEmbedding(false); }},
-      {"embedding_grad", [](Lowerer &l) { return l.lowerEmbedding(true); }},
-      {"flow_interpolate", [](Lowerer &l) { return l.lowerFlowInterpolate(); }},
-      {"flow_matching_loss", [](Lowerer &l) { return l.lowerFlowLoss(false); }},
-      {"flow_matching_loss_grad",
-       [](Lowerer &l) { return l.lowerFlowLoss(true); }},
-      {"gate", [](Lowerer &l) { return l.lowerModulateLike(true); }},
-      {"gate_grad", [](Lowerer &l) { return l.lowerModulateGrad(true); }},
-      {"gelu", [](Lowerer &l) { return l.lowerElementwise(1); }},
-      {"gelu_grad", [](Lowerer &l) { return l.lowerElementwise(2); }},
-      {"layer_norm", [](Lowerer &l) { return l.lowerNorm(false); }},
-      {"layer_norm_grad", [](Lowerer &l) { return l.lowerNormGrad(false); }},
-      {"linear", [](Lowerer &l) { return l.lowerLinear(); }},
-      {"linear_grad_data", [](Lowerer &l) { return l.lowerLinear(); }},
-      {"linear_grad_params", [](Lowerer &l) { return l.lowerLinear(); }},
-      {"modulate", [](Lowerer &l) { return l.lowerModulateLike(false); }},
-      {"modulate_grad", [](Lowerer &l) { return l.lowerModulateGrad(false); }},
-      {"patch_embed", [](Lowerer &l) { return l.lowerPatchEmbed(false); }},
-      {"patch_embed_grad", [](Lowerer &l) { return l.lowerPatchEmbed(true); }},
-      {"patchify", [](Lowerer &l) { return l.lowerPatchify(false); }},
-      {"reshape", [](Lowerer &l) { return l.lowerReshape(); }},
-      {"rms_norm", [](Lowerer &l) { return l.lowerNorm(true); }},
-      {"rms_norm_grad", [](Lowerer &l) { return l.lowerNormGrad(true); }},
-      {"rope3d", [](Lowerer &l) { return l.lowerRope(); }},
-      {"silu", [](Lowerer &l) { return l.lowerElementwise(1); }},
-      {"silu_grad", [](Lowerer &l) { return l.lowerElementwise(2); }},
-      {"split", [](Lowerer &l) { return l.lowerSplitConcat(true); }},
-      {"timestep_embedding",
-       [](Lowerer &l) { return l.lowerTimestepEmbedding(); }},
-      {"unpatchify", [](Lowerer &l) { return l.lowerPatchify(true); }},
-      {"zeros", [](Lowerer &l) { return l.lowerZeros(); }},
-  };
+const exec::OpTable<Lowerer::LowerFn> &Lowerer::lowerings() {
+  static const exec::OpTable<LowerFn> table = [] {
+    exec::OpTable<LowerFn> t;
+    t[OpCode::Add] = [](Lowerer &l) { return l.lowerElementwise(2); };
+    t[OpCode::Attention] = [](Lowerer &l) { return l.lowerAttention(); };
+    t[OpCode::AttentionGrad] = [](Lowerer &l) {
+      return l.lowerAttentionGrad();
+    };
+    t[OpCode::BiasAdd] = [](Lowerer &l) { return l.lowerBiasAdd(); };
+    t[OpCode::BiasAddGrad] = [](Lowerer &l) { return l.lowerBiasAddGrad(); };
+    t[OpCode::Cast] = [](Lowerer &l) { return l.lowerElementwise(1); };
+    t[OpCode::Concat] = [](Lowerer &l) { return l.lowerSplitConcat(false); };
+    t[OpCode::Embedding] = [](Lowerer &l) { return l.lowerEmbedding(false); };
+    t[OpCode::EmbeddingGrad] = [](Lowerer &l) {
+      return l.lowerEmbedding(true);
+    };
+    t[OpCode::FlowInterpolate] = [](Lowerer &l) {
+      return l.lowerFlowInterpolate();
+    };
+    t[OpCode::FlowMatchingLoss] = [](Lowerer &l) {
+      return l.lowerFlowLoss(false);
+    };
+    t[OpCode::FlowMatchingLossGrad] = [](Lowerer &l) {
+      return l.lowerFlowLoss(true);
+    };
+    t[OpCode::Gate] = [](Lowerer &l) { return l.lowerModulateLike(true); };
+    t[OpCode::GateGrad] = [](Lowerer &l) { return l.lowerModulateGrad(true); };
+    t[OpCode::Gelu] = [](Lowerer &l) { return l.lowerElementwise(1); };
+    t[OpCode::GeluGrad] = [](Lowerer &l) { return l.lowerElementwise(2); };
+    t[OpCode::LayerNorm] = [](Lowerer &l) { return l.lowerNorm(false); };
+    t[OpCode::LayerNormGrad] = [](Lowerer &l) {
+      return l.lowerNormGrad(false);
+    };
+    t[OpCode::Linear] = [](Lowerer &l) { return l.lowerLinear(); };
+    t[OpCode::LinearGradData] = [](Lowerer &l) { return l.lowerLinear(); };
+    t[OpCode::LinearGradParams] = [](Lowerer &l) { return l.lowerLinear(); };
+    t[OpCode::Modulate] = [](Lowerer &l) { return l.lowerModulateLike(false); };
+    t[OpCode::ModulateGrad] = [](Lowerer &l) {
+      return l.lowerModulateGrad(false);
+    };
+    t[OpCode::PatchEmbed] = [](Lowerer &l) { return l.lowerPatchEmbed(false); };
+    t[OpCode::PatchEmbedGrad] = [](Lowerer &l) {
+      return l.lowerPatchEmbed(true);
+    };
+    t[OpCode::Patchify] = [](Lowerer &l) { return l.lowerPatchify(false); };
+    t[OpCode::Reshape] = [](Lowerer &l) { return l.lowerReshape(); };
+    t[OpCode::RMSNorm] = [](Lowerer &l) { return l.lowerNorm(true); };
+    t[OpCode::RMSNormGrad] = [](Lowerer &l) { return l.lowerNormGrad(true); };
+    t[OpCode::Rope3d] = [](Lowerer &l) { return l.lowerRope(); };
+    t[OpCode::Silu] = [](Lowerer &l) { return l.lowerElementwise(1); };
+    t[OpCode::SiluGrad] = [](Lowerer &l) { return l.lowerElementwise(2); };
+    t[OpCode::Split] = [](Lowerer &l) { return l.lowerSplitConcat(true); };
+    t[OpCode::TimestepEmbedding] = [](Lowerer &l) {
+      return l.lowerTimestepEmbedding();
+    };
+    t[OpCode::Unpatchify] = [](Lowerer &l) { return l.lowerPatchify(true); };
+    t[OpCode::Zeros] = [](Lowerer &l) { return l.lowerZeros(); };
+    return t;
+  }();
   return table;
 }
 
 llvm::Expected<LoweredOp> Lowerer::run() {
-  auto it = lowerings().find(inst.op);
-  if (it == lowerings().end())
+  LowerFn lower = lowerings()[inst.op];
+  if (!lower)
     return fail("no cuda lowering");
-  if (llvm::Error e = it->second(*this))
+  if (llvm::Error e = lower(*this))
     return std::move(e);
   return std::move(out);
 }
 
 } // namespace
 
-bool hasGraphOpLowering(llvm::StringRef op) {
-  return Lowerer::lowerings().count(op) != 0;
+bool hasGraphOpLowering(exec::OpCode op) {
+  return Lowerer::lowerings()[op] != nullptr;
 }
 
 llvm::Expected<LoweredOp> lowerGraphOp(const exec::Instruction &inst,

@@ -86,9 +86,9 @@ struct LoweredOp {
   int64_t scratchBytes = 0; ///< device scratch the steps need
 };
 
-/// True for the ops lowerGraphOp handles (every cpu graph op but the
-/// 3D-DSA ones, which run the plan's generated modules, and adamw).
-bool hasGraphOpLowering(llvm::StringRef op);
+/// True for the ops lowerGraphOp handles: every graph op of plan/Ops.def
+/// but the 3D-DSA ones, which run the plan's generated modules.
+bool hasGraphOpLowering(exec::OpCode op);
 
 /// Lowers graph op `inst` with the given operand and result types. Errors
 /// name the op and what is unsupported (shapes, head dims over 256, ...).
