@@ -18,12 +18,22 @@ uint64_t megaslide::tensorBytes(Type type) {
   return tensor.getNumElements() * ((bits + 7) / 8);
 }
 
+std::optional<exec::OpCode> megaslide::planOpOf(Operation *op) {
+  bool graphOp = isa<graph::GraphDialect>(op->getDialect());
+  if (!graphOp && !isa<sched::ScheduleDialect>(op->getDialect()))
+    return std::nullopt;
+  std::optional<exec::OpCode> code =
+      exec::parseOpCode(op->getName().stripDialect());
+  if (!code || exec::isScheduleOp(*code) == graphOp)
+    return std::nullopt;
+  return code;
+}
+
 sim::CostKind megaslide::costKindOf(Operation *op) {
-  if (isa<graph::GraphDialect>(op->getDialect()) ||
-      isa<sched::FetchOp, sched::HostToDeviceOp, sched::DeviceToHostOp,
-          sched::HostAdamWOp>(op))
-    return sim::costKindOf(op->getName().stripDialect());
-  return sim::CostKind::None;
+  if (std::optional<exec::OpCode> code = planOpOf(op))
+    return sim::costKindOf(*code);
+  return isa<graph::GraphDialect>(op->getDialect()) ? sim::CostKind::Device
+                                                    : sim::CostKind::None;
 }
 
 exec::CostInputs megaslide::costInputsOf(Operation *op,

@@ -202,14 +202,13 @@ CpuBackend::create(const exec::ExecPlan &plan) {
   }
   for (const exec::Instruction &inst : plan.instructions) {
     GraphKernel kernel = nullptr;
-    bool schedule = llvm::is_contained(
-        {"fetch", "h2d", "d2h", "host_adamw", "record", "wait", "reshape"},
-        inst.op);
-    if (!schedule) {
+    // A reshape's result is a view: it holds the operand's bytes already.
+    if (!exec::isScheduleOp(inst.op) && inst.op != exec::OpCode::Reshape) {
       kernel = findGraphKernel(inst.op);
       if (!kernel)
-        return llvm::createStringError("the cpu backend has no kernel for '" +
-                                       inst.op + "'");
+        return llvm::createStringError(
+            llvm::Twine("the cpu backend has no kernel for '") +
+            exec::opName(inst.op) + "'");
     }
     backend->kernels.push_back(kernel);
   }
@@ -286,7 +285,7 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       if (llvm::Error err = run.arena.allocate(w.offset, w.size, -1))
         return std::move(err);
 
-    if (inst.op == "fetch") {
+    if (inst.op == exec::OpCode::Fetch) {
       const host::HostTensor *source = state.find(inst.param);
       if (!source)
         return llvm::createStringError("host state has no parameter '" +
@@ -294,10 +293,11 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       const exec::Value &v = plan.values[inst.results[0]];
       narrow(source->data.data(), v.type.dtype, v.type.numElements(),
              run.data(inst.results[0]));
-    } else if (inst.op == "h2d" || inst.op == "d2h") {
+    } else if (inst.op == exec::OpCode::HostToDevice ||
+               inst.op == exec::OpCode::DeviceToHost) {
       std::memcpy(run.data(inst.results[0]), run.data(inst.operands[0]),
                   plan.values[inst.results[0]].type.bytes());
-    } else if (inst.op == "host_adamw") {
+    } else if (inst.op == exec::OpCode::HostAdamW) {
       host::HostTensor *master = state.find(inst.param);
       host::HostTensor *m = state.expAvg(inst.param);
       host::HostTensor *v = state.expAvgSq(inst.param);
@@ -368,10 +368,11 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                  results[k].type.numElements(), run.data(inst.results[k]));
     }
 
-    if (options.trace && inst.op != "record" && inst.op != "wait") {
+    if (options.trace && inst.op != exec::OpCode::Record &&
+        inst.op != exec::OpCode::Wait) {
       exec::TraceSpan span;
       span.stream = inst.stream;
-      span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+      span.name = exec::spanName(inst);
       span.start = since(start);
       span.seconds = since(Clock::now()) - span.start;
       span.instruction = i;

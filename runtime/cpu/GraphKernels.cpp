@@ -3,8 +3,6 @@
 #include "cpu/GraphKernels.h"
 #include "cpu/kernels/Registry.h"
 
-#include <algorithm>
-
 using namespace megaslide;
 using namespace megaslide::cpu;
 
@@ -18,15 +16,4 @@ static const GraphKernelTable &table() {
   return kernels;
 }
 
-GraphKernel cpu::findGraphKernel(llvm::StringRef name) {
-  auto it = table().find(name);
-  return it == table().end() ? nullptr : it->second;
-}
-
-std::vector<std::string> cpu::graphKernelNames() {
-  std::vector<std::string> names;
-  for (const auto &entry : table())
-    names.push_back(entry.getKey().str());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+GraphKernel cpu::findGraphKernel(exec::OpCode op) { return table()[op]; }

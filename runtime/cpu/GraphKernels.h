@@ -34,11 +34,9 @@ using GraphKernel = llvm::Error (*)(const exec::Instruction &inst,
                                     llvm::ArrayRef<OpTensor> operands,
                                     llvm::ArrayRef<OpTensor> results);
 
-/// The kernel of graph op `name` ("linear", "dsa3d_grad", ...), or null.
-GraphKernel findGraphKernel(llvm::StringRef name);
-
-/// Names of all ops with a cpu kernel, sorted.
-std::vector<std::string> graphKernelNames();
+/// The kernel of graph op `op`, or null for a schedule op (the backend
+/// runs those itself). Every graph op of plan/Ops.def has one.
+GraphKernel findGraphKernel(exec::OpCode op);
 
 } // namespace megaslide::cpu
 

@@ -42,6 +42,15 @@ struct TraceSpan {
   uint64_t bytes = 0, flops = 0;
 };
 
+/// The name every backend gives an instruction's span: the op, and the
+/// parameter of a fetch or host_adamw ("fetch blocks.0.norm1.weight").
+inline std::string spanName(const Instruction &inst) {
+  std::string name = opName(inst.op);
+  if (!inst.param.empty())
+    name += " " + inst.param;
+  return name;
+}
+
 /// Device memory of a step: what the plan promised and what the backend
 /// measured (cpu: its tracking arena; cuda: the same bookkeeping on the
 /// real arena; sim: replayed).
@@ -86,7 +95,8 @@ inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
         inst.results.end())
       continue;
     def = i;
-    if ((inst.op != "d2h" && inst.op != "h2d") || inst.operands.size() != 1)
+    if ((inst.op != OpCode::DeviceToHost && inst.op != OpCode::HostToDevice) ||
+        inst.operands.size() != 1)
       break;
     id = inst.operands[0]; // a copy: look for where its source is made
   }

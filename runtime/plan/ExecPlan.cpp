@@ -260,7 +260,7 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
   auto counts = [&](size_t operands, size_t results) {
     if (inst.operands.size() == operands && inst.results.size() == results)
       return true;
-    return c.fail(where + ": '" + inst.op + "' takes " +
+    return c.fail(where + ": '" + opName(inst.op) + "' takes " +
                   llvm::Twine(operands) + " operand(s) and " +
                   llvm::Twine(results) + " result(s), not " +
                   llvm::Twine(inst.operands.size()) + " and " +
@@ -270,10 +270,11 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
   auto sameBytes = [&](int64_t a, int64_t b) {
     if (plan.values[a].type.bytes() == plan.values[b].type.bytes())
       return true;
-    return c.fail(where + ": '" + inst.op +
+    return c.fail(where + ": '" + opName(inst.op) +
                   "' copies between tensors of different sizes");
   };
-  if (inst.op == "fetch") {
+  switch (inst.op) {
+  case OpCode::Fetch: {
     if (!counts(0, 1))
       return false;
     const Param *p = plan.findParam(inst.param);
@@ -287,23 +288,21 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
       return c.fail(where + ": fetch result is not a device value");
     return true;
   }
-  if (inst.op == "h2d") {
+  case OpCode::HostToDevice:
     if (!counts(1, 1) || !sameBytes(inst.operands[0], inst.results[0]))
       return false;
     if (home(inst.operands[0]) == Home::Device ||
         home(inst.results[0]) != Home::Device)
       return c.fail(where + ": h2d must copy a host value to a device value");
     return true;
-  }
-  if (inst.op == "d2h") {
+  case OpCode::DeviceToHost:
     if (!counts(1, 1) || !sameBytes(inst.operands[0], inst.results[0]))
       return false;
     if (home(inst.operands[0]) != Home::Device ||
         home(inst.results[0]) != Home::Host)
       return c.fail(where + ": d2h must copy a device value to a host value");
     return true;
-  }
-  if (inst.op == "host_adamw") {
+  case OpCode::HostAdamW: {
     if (!counts(2, 0))
       return false;
     const Param *p = plan.findParam(inst.param);
@@ -334,14 +333,14 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
     }
     return true;
   }
-  if (inst.op == "record" || inst.op == "wait")
+  case OpCode::Record:
+  case OpCode::Wait:
     return counts(0, 0);
-  return c.fail(where + ": unknown schedule op '" + inst.op + "'");
-}
-
-static bool isScheduleOp(llvm::StringRef op) {
-  return llvm::is_contained(
-      {"fetch", "h2d", "d2h", "host_adamw", "record", "wait"}, op);
+#define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost) case OpCode::Name:
+#include "plan/Ops.def"
+    return true;
+  }
+  return true;
 }
 
 llvm::Error exec::validate(const ExecPlan &plan) {
@@ -469,8 +468,12 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   std::vector<int64_t> writer(n, -1); ///< defining instruction; -1: input
   for (size_t i = 0; i < plan.instructions.size(); ++i) {
     const Instruction &inst = plan.instructions[i];
-    std::string where = "instruction #" + std::to_string(i) + " ('" +
-                        inst.op + "')";
+    if (static_cast<size_t>(inst.op) >= kNumOpCodes) {
+      c.fail("instruction #" + llvm::Twine(i) + " has no valid op");
+      return done();
+    }
+    std::string where =
+        "instruction #" + std::to_string(i) + " ('" + opName(inst.op) + "')";
     int s = static_cast<int>(inst.stream);
     if (s < 0 || s >= kNumStreams) {
       c.fail(where + " has no valid stream");
@@ -513,13 +516,13 @@ llvm::Error exec::validate(const ExecPlan &plan) {
         c.fail(where + " has a workspace at offset " +
                std::to_string(w.offset) + ", not a multiple of the alignment " +
                std::to_string(plan.alignment));
-    if (inst.op == "record" || inst.op == "wait") {
+    if (inst.op == OpCode::Record || inst.op == OpCode::Wait) {
       if (!inst.event || *inst.event < 0 || *inst.event >= plan.numEvents) {
         c.fail(where + " names no valid event");
         return done();
       }
       Clock &event = eventClock[*inst.event];
-      if (inst.op == "record") {
+      if (inst.op == OpCode::Record) {
         recorded[*inst.event] = 1;
         event = clock[s];
       } else if (!recorded[*inst.event]) {
@@ -531,10 +534,9 @@ llvm::Error exec::validate(const ExecPlan &plan) {
       }
     }
     checkAttrs(c, inst, where);
-    if (inst.op == "host_adamw")
+    if (inst.op == OpCode::HostAdamW)
       checkHyperParameters(c, inst, where);
-    if (isScheduleOp(inst.op))
-      checkScheduleOp(c, plan, inst, where);
+    checkScheduleOp(c, plan, inst, where);
     if (!c.error.empty())
       return done();
   }
@@ -585,7 +587,7 @@ llvm::Error exec::validate(const ExecPlan &plan) {
       return std::max(live.def[a], live.lastUse[a]) < at;
     });
     std::string where =
-        "instruction #" + std::to_string(i) + " ('" + inst.op + "')";
+        "instruction #" + std::to_string(i) + " ('" + opName(inst.op) + "')";
     for (size_t k = 0; k < inst.workspace.size(); ++k) {
       const Range &w = inst.workspace[k];
       auto overlaps = [&](int64_t offset, int64_t size) {
@@ -635,6 +637,19 @@ static bool fromJSON(const llvm::json::Value &v, Stream &s,
     }
   path.report("expected one of compute, h2d, d2h, host");
   return false;
+}
+
+static bool fromJSON(const llvm::json::Value &v, OpCode &op,
+                     llvm::json::Path path) {
+  std::optional<llvm::StringRef> name = v.getAsString();
+  std::optional<OpCode> parsed = name ? parseOpCode(*name) : std::nullopt;
+  if (!parsed) {
+    // parseExecPlan names an unknown op before mapping gets here.
+    path.report("expected the name of an op");
+    return false;
+  }
+  op = *parsed;
+  return true;
 }
 
 static bool fromJSON(const llvm::json::Value &v, Home &h,
@@ -781,7 +796,7 @@ std::string exec::serialize(const ExecPlan &plan) {
   }
   Array instructions;
   for (const Instruction &inst : plan.instructions) {
-    Object o{{"op", inst.op}, {"stream", streamName(inst.stream)}};
+    Object o{{"op", opName(inst.op)}, {"stream", streamName(inst.stream)}};
     if (!inst.operands.empty())
       o["operands"] = inst.operands;
     if (!inst.results.empty())
@@ -882,6 +897,15 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         plan.runtimeVersion + ", this is runtime " MEGASLIDE_VERSION
         " (a plan runs only on the release that compiled it; recompile it "
         "with this release's megaslide-run --save-plan)");
+  // llvm::json::Path reports only fixed messages; an unknown op is named.
+  if (const llvm::json::Array *insts = root->getArray("instructions"))
+    for (auto [i, inst] : llvm::enumerate(*insts))
+      if (const llvm::json::Object *fields = inst.getAsObject())
+        if (std::optional<llvm::StringRef> op = fields->getString("op"))
+          if (!parseOpCode(*op))
+            return llvm::createStringError(
+                llvm::Twine(source) + ": unknown op '" + *op +
+                "' at plan.instructions[" + llvm::Twine(i) + "].op");
   if (!(o.map("model", plan.model) && o.map("model_config", plan.modelConfig) &&
         o.map("grid", plan.grid) && o.map("batch", plan.batch) &&
         o.map("arena_bytes", plan.arenaBytes) &&

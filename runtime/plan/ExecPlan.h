@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "megaslide/Version.h"
+#include "plan/OpCode.h"
 
 namespace megaslide::exec {
 
@@ -100,10 +101,8 @@ struct Range {
 /// One op of the step. Program order is a valid serial execution; streams
 /// and events say what may overlap on an asynchronous backend.
 struct Instruction {
-  /// The op without its dialect prefix: graph ops keep their name
-  /// ("linear", "dsa3d_grad", ...); schedule ops are "fetch", "h2d",
-  /// "d2h", "host_adamw", "record" and "wait".
-  std::string op;
+  /// The op (plan/Ops.def); the file names it by opName(op).
+  OpCode op{};
   Stream stream = Stream::Compute;
   std::vector<int64_t> operands, results; ///< value ids
   std::map<std::string, Attr, std::less<>> attrs;

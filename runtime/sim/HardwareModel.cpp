@@ -5,7 +5,6 @@
 #include "support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -143,14 +142,14 @@ llvm::json::Value sim::toJson(const HardwareModel &hw) {
   return obj;
 }
 
-CostKind sim::costKindOf(llvm::StringRef op) {
-  return llvm::StringSwitch<CostKind>(op)
-      .Case("fetch", CostKind::Fetch)
-      .Case("h2d", CostKind::HostToDevice)
-      .Case("d2h", CostKind::DeviceToHost)
-      .Case("host_adamw", CostKind::HostAdamW)
-      .Cases({"reshape", "record", "wait"}, CostKind::None)
-      .Default(CostKind::Device);
+CostKind sim::costKindOf(exec::OpCode op) {
+  switch (op) {
+#define MEGASLIDE_OP(Name, Spelling, Cost)                                     \
+  case exec::OpCode::Name:                                                     \
+    return CostKind::Cost;
+#include "plan/Ops.def"
+  }
+  return CostKind::Device;
 }
 
 double sim::secondsFor(CostKind kind, const exec::CostInputs &in,

@@ -64,10 +64,10 @@ enum class CostKind : uint8_t {
   Device,       ///< a kernel: roofline of FLOPs and HBM bytes
 };
 
-/// The kind of an execution-plan op name (exec::Instruction::op): the
-/// schedule ops by name, "reshape", "record" and "wait" do no work, every
-/// other name is a device kernel.
-CostKind costKindOf(llvm::StringRef op);
+/// The kind of an execution-plan op, as plan/Ops.def declares it: the
+/// transfers and the host optimizer by their formula; reshape, record and
+/// wait do no work; every other op is a device kernel.
+CostKind costKindOf(exec::OpCode op);
 
 /// FLOPs per parameter the host AdamW reports (in CostInputs::otherFlops);
 /// its time is the parameter count at host_adamw_params_per_second.

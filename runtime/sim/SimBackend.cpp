@@ -21,7 +21,7 @@ llvm::Error errorAt(size_t instruction, const llvm::Twine &message) {
 }
 
 bool isEvent(const exec::Instruction &inst) {
-  return inst.op == "record" || inst.op == "wait";
+  return inst.op == exec::OpCode::Record || inst.op == exec::OpCode::Wait;
 }
 
 /// A device buffer of the step: a value that owns arena bytes, with the
@@ -92,8 +92,9 @@ llvm::Error checkIds(const exec::ExecPlan &plan) {
     if (!isEvent(inst))
       continue;
     if (!inst.event || *inst.event < 0 || *inst.event >= plan.numEvents)
-      return errorAt(i, "'" + inst.op + "' has no event in range");
-    if (inst.op == "record")
+      return errorAt(i, llvm::Twine("'") + exec::opName(inst.op) +
+                            "' has no event in range");
+    if (inst.op == exec::OpCode::Record)
       recorded[*inst.event] = true;
     else if (!recorded[*inst.event])
       return errorAt(i, "waits for event " + llvm::Twine(*inst.event) +
@@ -128,11 +129,11 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
     const exec::Instruction &inst = plan.instructions[i];
     Task &task = tasks[i];
     task.stream = static_cast<StreamId>(inst.stream);
-    if (inst.op == "record") {
+    if (inst.op == exec::OpCode::Record) {
       recordOf[*inst.event] = i;
       continue;
     }
-    if (inst.op == "wait") {
+    if (inst.op == exec::OpCode::Wait) {
       task.deps.push_back(recordOf[*inst.event]);
       continue;
     }
@@ -152,7 +153,7 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
       producer[r] = i;
     // Results occupy their arena bytes from the producer on; a reshape is a
     // view and writes nothing.
-    if (inst.op == "reshape")
+    if (inst.op == exec::OpCode::Reshape)
       continue;
     for (int64_t r : inst.results) {
       const exec::Value &v = plan.values[r];
@@ -239,9 +240,9 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
   for (const exec::Instruction &inst : plan.instructions) {
     if (inst.stream == exec::Stream::Compute)
       r.deviceFlops += flopsOf(inst.cost);
-    if (inst.op == "fetch" || inst.op == "h2d")
+    if (inst.op == exec::OpCode::Fetch || inst.op == exec::OpCode::HostToDevice)
       r.h2dBytes += inst.cost.bytes;
-    else if (inst.op == "d2h")
+    else if (inst.op == exec::OpCode::DeviceToHost)
       r.d2hBytes += inst.cost.bytes;
   }
 
@@ -291,7 +292,7 @@ std::vector<exec::TraceSpan> sim::traceSpans(const exec::ExecPlan &plan,
       continue;
     exec::TraceSpan span;
     span.stream = inst.stream;
-    span.name = inst.param.empty() ? inst.op : inst.op + " " + inst.param;
+    span.name = exec::spanName(inst);
     span.start = result.start[i];
     span.seconds = result.end[i] - result.start[i];
     span.instruction = i;

@@ -74,7 +74,7 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
     // Weight staging: CudaOptions::stagingSlots slots of the largest fetch.
     uint64_t largestFetch = 0;
     for (const exec::Instruction &inst : plan.instructions)
-      if (inst.op == "fetch")
+      if (inst.op == exec::OpCode::Fetch)
         largestFetch = std::max<uint64_t>(
             largestFetch, plan.values[inst.results[0]].type.bytes());
     need.parts.push_back({"pinned weight staging",
@@ -134,7 +134,7 @@ static Settings computeSettings(const exec::ExecPlan &plan,
   s.push_back({"data", data});
   s.push_back({"model", plan.model});
   for (const exec::Instruction &inst : plan.instructions) {
-    if (inst.op != "host_adamw")
+    if (inst.op != exec::OpCode::HostAdamW)
       continue;
     for (const char *name : {"lr", "beta1", "beta2", "eps", "weight_decay"})
       if (std::optional<double> v = inst.floatAttr(name))
@@ -142,7 +142,7 @@ static Settings computeSettings(const exec::ExecPlan &plan,
     break;
   }
   for (const exec::Instruction &inst : plan.instructions)
-    if (inst.op == "fetch") {
+    if (inst.op == exec::OpCode::Fetch) {
       s.push_back({"precision",
                    llvm::StringRef(exec::dtypeName(
                                        plan.values[inst.results[0]].type.dtype))

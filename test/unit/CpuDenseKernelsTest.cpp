@@ -115,7 +115,7 @@ Tensor output(std::vector<int64_t> shape) {
 exec::Instruction makeInst(std::string op,
                            std::optional<double> eps = std::nullopt) {
   exec::Instruction inst;
-  inst.op = std::move(op);
+  inst.op = exec::parseOpCode(op).value();
   if (eps)
     inst.attrs["eps"] = *eps;
   return inst;
@@ -131,7 +131,7 @@ std::string runViews(const exec::Instruction &inst,
                      const std::vector<OpTensor> &results) {
   GraphKernel kernel = findGraphKernel(inst.op);
   if (!kernel)
-    return "no kernel for " + inst.op;
+    return std::string("no kernel for ") + exec::opName(inst.op);
   return errorText(kernel(inst, operands, results));
 }
 
@@ -144,7 +144,8 @@ std::string run(const exec::Instruction &inst, std::vector<Tensor *> operands,
     res.push_back(t->view());
   std::string error = runViews(inst, ops, res);
   for (Tensor *t : results)
-    EXPECT_TRUE(t->guardIntact()) << inst.op << " wrote past a result";
+    EXPECT_TRUE(t->guardIntact())
+        << exec::opName(inst.op) << " wrote past a result";
   return error;
 }
 
@@ -348,7 +349,7 @@ TEST(CpuDenseRegistry, EveryDenseOpHasAKernel) {
   std::istringstream names(kDenseOps);
   int count = 0;
   for (std::string op; names >> op; ++count)
-    EXPECT_NE(findGraphKernel(op), nullptr) << op;
+    EXPECT_NE(findGraphKernel(exec::parseOpCode(op).value()), nullptr) << op;
   EXPECT_EQ(count, 23);
 }
 

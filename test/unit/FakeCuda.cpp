@@ -491,8 +491,8 @@ std::string describe(const Device &d, int64_t op) {
   if (o.instruction < 0)
     return what + " (the backend's own)";
   const exec::Instruction &inst = d.plan->instructions[o.instruction];
-  return "instruction #" + std::to_string(o.instruction) + " ('" + inst.op +
-         (inst.param.empty() ? "" : " " + inst.param) + "'): " + what;
+  return "instruction #" + std::to_string(o.instruction) + " ('" +
+         exec::spanName(inst) + "'): " + what;
 }
 
 std::string bytesOf(const Access &a) {
@@ -942,12 +942,12 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
     d.byKind[c.kind].push_back(d.candidates.size());
     d.candidates.push_back(std::move(c));
   };
-  if (inst.op == "fetch" || inst.op == "h2d") {
+  if (inst.op == exec::OpCode::Fetch || inst.op == exec::OpCode::HostToDevice) {
     add(Candidate::of(Candidate::H2D, {arena(offsetOf(inst.results[0]))},
                       plan.values[inst.results[0]].type.bytes()));
     return;
   }
-  if (inst.op == "d2h") {
+  if (inst.op == exec::OpCode::DeviceToHost) {
     add(Candidate::of(Candidate::D2H, {arena(offsetOf(inst.operands[0]))},
                       plan.values[inst.results[0]].type.bytes()));
     return;
@@ -1053,9 +1053,9 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
       c.writes.insert(c.writes.end(), acc.begin(), acc.end());
     add(std::move(c));
   };
-  if (inst.op == "dsa3d_offsets") {
+  if (inst.op == exec::OpCode::Dsa3dOffsets) {
     launch("offsets", {op(0), op(1), res(0)}, {0, 1}, {0});
-  } else if (inst.op == "dsa3d") {
+  } else if (inst.op == exec::OpCode::Dsa3d) {
     launch("forward", {op(0), op(1), op(2), op(3), res(0), res(1), Slot{}},
            {0, 1, 2, 3}, {0, 1});
   } else {

@@ -59,6 +59,7 @@
 #include "cuda/CudaApi.h"
 #include "cuda/CudaBackend.h"
 #include "cuda/ElementwiseKernels.h"
+#include "cuda/GraphOpLowering.h"
 #include "plan/ExecPlan.h"
 
 #include <chrono>

@@ -27,9 +27,15 @@ using sim::toJson;
 /// Bytes of a ranked tensor type.
 uint64_t tensorBytes(mlir::Type type);
 
-/// Which formula of sim::secondsFor times `op`: graph ops and the schedule
-/// transfers and host optimizer by their name (sim::costKindOf), every
-/// other op (events, packing, budget checks, the terminator) is no work.
+/// The execution-plan op (runtime/plan/Ops.def) of a `megaslide` or
+/// `msched` op, or nullopt for the ops a plan does not carry (params,
+/// host-state access, packing, budget checks, joins, the terminator).
+std::optional<exec::OpCode> planOpOf(mlir::Operation *op);
+
+/// Which formula of sim::secondsFor times `op`: a plan op as Ops.def says
+/// (sim::costKindOf); the graph ops the plan does not carry (load, store,
+/// adamw, before insert-transfers) as device kernels; every other op is no
+/// work.
 sim::CostKind costKindOf(mlir::Operation *op);
 
 /// What `op` of a scheduled training step does, as the execution plan

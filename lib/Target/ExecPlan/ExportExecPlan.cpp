@@ -166,8 +166,12 @@ llvm::Error Exporter::exportOp(Operation *op) {
     return llvm::Error::success();
   }
 
+  std::optional<exec::OpCode> code = planOpOf(op);
+  if (!code)
+    return errorAt(op, "not an op execution plans carry (runtime/plan/"
+                       "Ops.def; docs/AddingAnOp.md)");
   exec::Instruction inst;
-  inst.op = op->getName().stripDialect().str();
+  inst.op = *code;
   if (auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
     inst.stream = static_cast<exec::Stream>(stream.getValue());
   if (std::optional<int64_t> layer = graph::getLayer(op))

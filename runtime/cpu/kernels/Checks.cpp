@@ -28,7 +28,8 @@ std::string cpu::shapeString(llvm::ArrayRef<int64_t> shape) {
 
 Error cpu::opError(const exec::Instruction &inst, const Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "megaslide." + inst.op + ": " + message);
+                                 llvm::Twine("megaslide.") + opName(inst.op) +
+                                     ": " + message);
 }
 
 Error cpu::checkArity(const exec::Instruction &inst,

@@ -35,6 +35,7 @@ using namespace megaslide;
 using namespace megaslide::cpu;
 
 using exec::Instruction;
+using exec::OpCode;
 using llvm::ArrayRef;
 using llvm::Error;
 using llvm::Expected;
@@ -1021,27 +1022,27 @@ Error zeros(const Instruction &inst, ArrayRef<OpTensor> operands,
 } // namespace
 
 void cpu::registerDenseKernels(GraphKernelTable &table) {
-  table["linear"] = linear;
-  table["linear_grad_data"] = linearGradData;
-  table["linear_grad_params"] = linearGradParams;
-  table["layer_norm"] = layerNorm;
-  table["layer_norm_grad"] = layerNormGrad;
-  table["rms_norm"] = rmsNorm;
-  table["rms_norm_grad"] = rmsNormGrad;
-  table["modulate"] = modulate;
-  table["modulate_grad"] = modulateGrad;
-  table["gate"] = gate;
-  table["gate_grad"] = gateGrad;
-  table["gelu"] = gelu;
-  table["gelu_grad"] = geluGrad;
-  table["silu"] = silu;
-  table["silu_grad"] = siluGrad;
-  table["add"] = add;
-  table["bias_add"] = biasAdd;
-  table["bias_add_grad"] = biasAddGrad;
-  table["cast"] = cast;
-  table["reshape"] = reshape;
-  table["split"] = split;
-  table["concat"] = concat;
-  table["zeros"] = zeros;
+  table[OpCode::Linear] = linear;
+  table[OpCode::LinearGradData] = linearGradData;
+  table[OpCode::LinearGradParams] = linearGradParams;
+  table[OpCode::LayerNorm] = layerNorm;
+  table[OpCode::LayerNormGrad] = layerNormGrad;
+  table[OpCode::RMSNorm] = rmsNorm;
+  table[OpCode::RMSNormGrad] = rmsNormGrad;
+  table[OpCode::Modulate] = modulate;
+  table[OpCode::ModulateGrad] = modulateGrad;
+  table[OpCode::Gate] = gate;
+  table[OpCode::GateGrad] = gateGrad;
+  table[OpCode::Gelu] = gelu;
+  table[OpCode::GeluGrad] = geluGrad;
+  table[OpCode::Silu] = silu;
+  table[OpCode::SiluGrad] = siluGrad;
+  table[OpCode::Add] = add;
+  table[OpCode::BiasAdd] = biasAdd;
+  table[OpCode::BiasAddGrad] = biasAddGrad;
+  table[OpCode::Cast] = cast;
+  table[OpCode::Reshape] = reshape;
+  table[OpCode::Split] = split;
+  table[OpCode::Concat] = concat;
+  table[OpCode::Zeros] = zeros;
 }

@@ -9,11 +9,9 @@
 
 #include "cpu/GraphKernels.h"
 
-#include "llvm/ADT/StringMap.h"
-
 namespace megaslide::cpu {
 
-using GraphKernelTable = llvm::StringMap<GraphKernel>;
+using GraphKernelTable = exec::OpTable<GraphKernel>;
 
 /// linear*, norms, modulate/gate, activations, add, bias_add, cast, split,
 /// concat, zeros (kernels/Dense.cpp).

@@ -37,6 +37,7 @@
 using namespace megaslide;
 using namespace megaslide::cpu;
 
+using exec::OpCode;
 using llvm::ArrayRef;
 using llvm::Error;
 using llvm::Expected;
@@ -1138,20 +1139,20 @@ Error flowMatchingLossGrad(const exec::Instruction &inst,
 } // namespace
 
 void cpu::registerVideoKernels(GraphKernelTable &table) {
-  table["patch_embed"] = patchEmbed;
-  table["patch_embed_grad"] = patchEmbedGrad;
-  table["patchify"] = patchify;
-  table["unpatchify"] = unpatchify;
-  table["timestep_embedding"] = timestepEmbedding;
-  table["embedding"] = embedding;
-  table["embedding_grad"] = embeddingGrad;
-  table["rope3d"] = rope3d;
-  table["attention"] = attention;
-  table["attention_grad"] = attentionGrad;
-  table["dsa3d"] = dsa3d;
-  table["dsa3d_grad"] = dsa3dGrad;
-  table["dsa3d_offsets"] = dsa3dOffsetsKernel;
-  table["flow_interpolate"] = flowInterpolate;
-  table["flow_matching_loss"] = flowMatchingLoss;
-  table["flow_matching_loss_grad"] = flowMatchingLossGrad;
+  table[OpCode::PatchEmbed] = patchEmbed;
+  table[OpCode::PatchEmbedGrad] = patchEmbedGrad;
+  table[OpCode::Patchify] = patchify;
+  table[OpCode::Unpatchify] = unpatchify;
+  table[OpCode::TimestepEmbedding] = timestepEmbedding;
+  table[OpCode::Embedding] = embedding;
+  table[OpCode::EmbeddingGrad] = embeddingGrad;
+  table[OpCode::Rope3d] = rope3d;
+  table[OpCode::Attention] = attention;
+  table[OpCode::AttentionGrad] = attentionGrad;
+  table[OpCode::Dsa3d] = dsa3d;
+  table[OpCode::Dsa3dGrad] = dsa3dGrad;
+  table[OpCode::Dsa3dOffsets] = dsa3dOffsetsKernel;
+  table[OpCode::FlowInterpolate] = flowInterpolate;
+  table[OpCode::FlowMatchingLoss] = flowMatchingLoss;
+  table[OpCode::FlowMatchingLossGrad] = flowMatchingLossGrad;
 }

@@ -1,0 +1,408 @@
+//===- CudaPlan.cpp - GPU-free preparation of a plan for the GPU ----------===//
+
+#include "cuda/CudaPlan.h"
+
+#include "plan/Backend.h"
+#include "support/Json.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+namespace megaslide::cuda {
+
+using exec::Home;
+using exec::OpCode;
+using exec::Stream;
+
+llvm::Error instError(size_t i, const exec::Instruction &inst,
+                      const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "instruction #" + llvm::Twine(i) + " ('" +
+                                     exec::opName(inst.op) + "'): " + msg);
+}
+
+int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id) {
+  for (int guard = 0; guard < 64; ++guard) {
+    const exec::Value &v = plan.values[id];
+    if (v.offset >= 0 || !v.viewOf)
+      return v.offset;
+    id = *v.viewOf;
+  }
+  return -1;
+}
+
+namespace {
+
+constexpr int kStreams = exec::kNumStreams;
+
+/// The ops that run the plan's generated 3D-DSA modules, with the kernel
+/// each needs; every other graph op has a lowering (GraphOpLowering.h).
+const char *dsaKernelOf(OpCode op) {
+  switch (op) {
+  case OpCode::Dsa3d:
+    return "forward";
+  case OpCode::Dsa3dGrad:
+    return "backward";
+  case OpCode::Dsa3dOffsets:
+    return "offsets";
+  default:
+    return nullptr;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Hazards: the last instruction of each stream touching each byte range
+//===----------------------------------------------------------------------===//
+
+/// Partitions [0, size) into segments, each remembering per stream the last
+/// instruction (program order) that read or wrote it.
+class HazardMap {
+public:
+  explicit HazardMap(int64_t size) {
+    std::array<int64_t, kStreams> none;
+    none.fill(-1);
+    segments[0] = none;
+    segments[std::max<int64_t>(size, 1)] = none; // sentinel
+  }
+
+  /// Records that `inst` on `stream` touches [lo, hi); a write also raises
+  /// `deps` to the last toucher of those bytes on every other stream.
+  void touch(int64_t lo, int64_t hi, Stream stream, int64_t inst, bool write,
+             std::array<int64_t, kStreams> &deps) {
+    if (lo >= hi)
+      return;
+    split(lo);
+    split(hi);
+    int s = static_cast<int>(stream);
+    for (auto it = segments.find(lo); it != segments.end() && it->first < hi;
+         ++it) {
+      if (write)
+        for (int o = 0; o < kStreams; ++o)
+          if (o != s)
+            deps[o] = std::max(deps[o], it->second[o]);
+      it->second[s] = inst;
+    }
+  }
+
+private:
+  void split(int64_t at) {
+    auto it = segments.upper_bound(at);
+    if (it == segments.begin())
+      return;
+    --it;
+    if (it->first != at)
+      segments.emplace(at, it->second);
+  }
+  std::map<int64_t, std::array<int64_t, kStreams>> segments;
+};
+
+llvm::Expected<std::array<int64_t, 3>> tripleAttr(const exec::Instruction &inst,
+                                                  llvm::StringRef name) {
+  auto v = inst.intsAttr(name);
+  if (!v || v->size() != 3)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "needs a 3-element '" + name +
+                                       "' attribute");
+  return std::array<int64_t, 3>{(*v)[0], (*v)[1], (*v)[2]};
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// 3D-DSA modules
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m) {
+  auto fail = [&](const llvm::Twine &what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "kernel module '" + m.name + "': manifest " +
+                                       what);
+  };
+  llvm::Expected<llvm::json::Value> json = parseJson(m.manifest);
+  if (!json)
+    return fail("is not JSON: " + llvm::toString(json.takeError()));
+  const llvm::json::Object *root = json->getAsObject();
+  if (!root)
+    return fail("is not an object");
+  // writeDsaManifest's form: {"configs": [...]}; a bare configuration too.
+  const llvm::json::Object *cfg = root;
+  if (const llvm::json::Array *configs = root->getArray("configs")) {
+    cfg = nullptr;
+    for (const llvm::json::Value &c : *configs) {
+      const llvm::json::Object *o = c.getAsObject();
+      if (!o)
+        continue;
+      std::optional<llvm::StringRef> name = o->getString("name");
+      if (!cfg || (name && *name == m.name))
+        cfg = o;
+    }
+    if (!cfg)
+      return fail("has no configuration");
+  }
+  DsaModuleSpec spec;
+  spec.name = m.name;
+  auto triple = [&](llvm::StringRef key, std::array<int64_t, 3> &out) -> bool {
+    const llvm::json::Array *a = cfg->getArray(key);
+    if (!a || a->size() != 3)
+      return false;
+    for (size_t i = 0; i < 3; ++i) {
+      std::optional<int64_t> v = (*a)[i].getAsInteger();
+      if (!v)
+        return false;
+      out[i] = *v;
+    }
+    return true;
+  };
+  std::optional<int64_t> heads = cfg->getInteger("heads"),
+                         headDim = cfg->getInteger("head_dim"),
+                         radius = cfg->getInteger("radius");
+  std::optional<llvm::StringRef> elem = cfg->getString("element_type");
+  if (!triple("grid", spec.grid) || !triple("window", spec.window) ||
+      !triple("tile", spec.tile) || !heads || !headDim || !radius || !elem)
+    return fail("lacks the configuration (grid, window, tile, heads, "
+                "head_dim, radius, element_type)");
+  spec.heads = *heads;
+  spec.headDim = *headDim;
+  spec.radius = *radius;
+  spec.elementType = elem->str();
+  const llvm::json::Array *kernels = cfg->getArray("kernels");
+  if (!kernels)
+    return fail("lists no kernels");
+  for (const llvm::json::Value &k : *kernels) {
+    const llvm::json::Object *o = k.getAsObject();
+    if (!o)
+      return fail("has a kernel that is not an object");
+    std::optional<llvm::StringRef> kind = o->getString("kind"),
+                                   name = o->getString("name");
+    const llvm::json::Array *grid = o->getArray("grid_for_batch_1");
+    const llvm::json::Array *block = o->getArray("block");
+    std::optional<int64_t> smem = o->getInteger("dynamic_shared_bytes");
+    if (!kind || !name || !grid || grid->size() != 3 || !block ||
+        block->empty() || !smem)
+      return fail("has an incomplete kernel entry");
+    DsaKernelSpec spec1;
+    spec1.name = name->str();
+    for (size_t i = 0; i < 3; ++i)
+      spec1.grid[i] = (*grid)[i].getAsInteger().value_or(0);
+    spec1.threads = static_cast<int>((*block)[0].getAsInteger().value_or(0));
+    spec1.dynamicSharedBytes = *smem;
+    if (spec1.threads <= 0 ||
+        llvm::any_of(spec1.grid, [](int64_t g) { return g <= 0; }))
+      return fail("has an empty launch for '" + spec1.name + "'");
+    spec.kernels[kind->str()] = spec1;
+  }
+  return spec;
+}
+
+/// The module of a 3D-DSA instruction: same geometry, heads, head dim and
+/// element type; for offset estimation also the same radius.
+static llvm::Expected<int64_t>
+matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
+               llvm::ArrayRef<DsaModuleSpec> modules) {
+  auto grid = tripleAttr(inst, "grid");
+  if (!grid)
+    return grid.takeError();
+  auto window = tripleAttr(inst, "window");
+  if (!window)
+    return window.takeError();
+  auto tile = tripleAttr(inst, "tile");
+  if (!tile)
+    return tile.takeError();
+  const exec::TensorType &q = plan.values[inst.operands.at(0)].type;
+  if (q.shape.size() != 4)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "query must be [B, N, H, Dh]");
+  std::optional<int64_t> radius;
+  if (inst.op == OpCode::Dsa3dOffsets)
+    radius = inst.intAttr("radius").value_or(0);
+  for (auto [i, m] : llvm::enumerate(modules))
+    if (m.grid == *grid && m.window == *window && m.tile == *tile &&
+        m.heads == q.shape[2] && m.headDim == q.shape[3] &&
+        m.elementType == exec::dtypeName(q.dtype) &&
+        (!radius || *radius == m.radius))
+      return static_cast<int64_t>(i);
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      llvm::formatv(
+          "no generated 3D-DSA kernel module for grid ({0},{1},{2}) "
+          "window ({3},{4},{5}) tile ({6},{7},{8}) heads {9} head "
+          "dim {10} {11}{12} (the plan has {13} module(s))",
+          (*grid)[0], (*grid)[1], (*grid)[2], (*window)[0], (*window)[1],
+          (*window)[2], (*tile)[0], (*tile)[1], (*tile)[2], q.shape[2],
+          q.shape[3], exec::dtypeName(q.dtype),
+          radius ? " radius " + std::to_string(*radius) : "", modules.size())
+          .str());
+}
+
+//===----------------------------------------------------------------------===//
+// Preparation
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
+                                             const CudaOptions &options) {
+  PreparedPlan p;
+  size_t n = plan.instructions.size();
+  p.instructions.resize(n);
+  exec::Liveness live = exec::computeLiveness(plan);
+  p.peakLiveBytes = live.peakLiveBytes;
+
+  for (const exec::KernelModule &m : plan.kernelModules) {
+    llvm::Expected<DsaModuleSpec> spec = parseDsaManifest(m);
+    if (!spec)
+      return spec.takeError();
+    p.dsaModules.push_back(std::move(*spec));
+  }
+
+  std::set<KernelInstance> kernels;
+  std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
+  std::vector<int64_t> eventRecorder(plan.numEvents, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    PreparedInstruction &pi = p.instructions[i];
+    for (int64_t r : inst.results)
+      if (plan.values[r].home == Home::Device && !plan.values[r].viewOf)
+        p.arenaHighWater =
+            std::max(p.arenaHighWater,
+                     plan.values[r].offset + plan.values[r].type.bytes());
+    for (const exec::Range &w : inst.workspace)
+      p.arenaHighWater = std::max(p.arenaHighWater, w.offset + w.size);
+
+    if (exec::isScheduleOp(inst.op)) {
+      if (inst.op == OpCode::Record && inst.event) {
+        pi.recordedOn = inst.stream;
+        eventStream[*inst.event] = inst.stream;
+        eventRecorder[*inst.event] = i;
+      }
+      if (inst.op == OpCode::Fetch)
+        p.stagingSlotBytes = std::max(
+            p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
+      if ((inst.op == OpCode::Fetch || inst.op == OpCode::HostToDevice) &&
+          inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
+        return instError(i, inst,
+                         "host-to-device copies must be on the h2d "
+                         "or compute stream");
+      if (inst.op == OpCode::DeviceToHost && inst.stream == Stream::Host)
+        return instError(i, inst, "a device-to-host copy on the host stream");
+      if (inst.op == OpCode::HostAdamW && inst.stream != Stream::Host)
+        return instError(i, inst, "host_adamw must be on the host stream");
+      continue;
+    }
+    if (!isGpuStream(inst.stream))
+      return instError(i, inst, "a graph op on the host stream");
+    for (int64_t id : llvm::concat<const int64_t>(inst.operands, inst.results))
+      if (plan.values[id].home != Home::Device || deviceOffset(plan, id) < 0)
+        return instError(i, inst,
+                         "value %" + llvm::Twine(id) +
+                             " is not in the device arena (graph ops run on "
+                             "the device)");
+    if (const char *kind = dsaKernelOf(inst.op)) {
+      llvm::Expected<int64_t> m = matchDsaModule(plan, inst, p.dsaModules);
+      if (!m)
+        return instError(i, inst, llvm::toString(m.takeError()));
+      pi.dsaModule = *m;
+      const DsaModuleSpec &spec = p.dsaModules[*m];
+      if (!spec.kernels.count(kind))
+        return instError(
+            i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
+      if (inst.op == OpCode::Dsa3dGrad) {
+        if (!spec.kernels.count("backward_finalize"))
+          return instError(i, inst,
+                           "module '" + spec.name +
+                               "' has no backward_finalize kernel");
+        int64_t bytes = plan.values[inst.operands[0]].type.numElements() * 4;
+        // dK and dV accumulators: one workspace range for both, two
+        // ranges, or the backend's own scratch.
+        const std::vector<exec::Range> &ws = inst.workspace;
+        if (!ws.empty() && ws[0].size >= 2 * bytes) {
+          pi.dk32Offset = ws[0].offset;
+          pi.dv32Offset = ws[0].offset + bytes;
+        } else if (ws.size() >= 2 && ws[0].size >= bytes &&
+                   ws[1].size >= bytes) {
+          pi.dk32Offset = ws[0].offset;
+          pi.dv32Offset = ws[1].offset;
+        } else {
+          p.dsaFallbackBytes = std::max(p.dsaFallbackBytes, 2 * bytes + 256);
+        }
+      }
+      continue;
+    }
+    std::vector<exec::TensorType> ops, res;
+    for (int64_t id : inst.operands)
+      ops.push_back(plan.values[id].type);
+    for (int64_t id : inst.results)
+      res.push_back(plan.values[id].type);
+    llvm::Expected<LoweredOp> lowered = lowerGraphOp(inst, ops, res);
+    if (!lowered)
+      return instError(i, inst, llvm::toString(lowered.takeError()));
+    for (const KernelInstance &k : kernelsOf(*lowered))
+      kernels.insert(k);
+    p.scratchBytes = std::max(p.scratchBytes, lowered->scratchBytes);
+    pi.lowered = std::move(*lowered);
+  }
+  p.eventRecorder = eventRecorder;
+  p.kernels.assign(kernels.begin(), kernels.end());
+  p.elementwiseSource = emitElementwiseSource(p.kernels);
+
+  layoutHostPools(plan, live, options, p);
+
+  // Cross-stream write-after-read/write waits, in program order.
+  HazardMap arena(plan.arenaBytes), hostPool(p.hostPoolBytes);
+  p.needsDoneEvent.assign(n, false);
+  int64_t lastWaited[kStreams][kStreams];
+  for (auto &row : lastWaited)
+    std::fill(std::begin(row), std::end(row), -1);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    PreparedInstruction &pi = p.instructions[i];
+    int S = static_cast<int>(inst.stream);
+    std::array<int64_t, kStreams> deps;
+    deps.fill(-1);
+    auto touchValue = [&](int64_t id, bool write) {
+      const exec::Value &v = plan.values[id];
+      if (v.home == Home::Device) {
+        int64_t off = deviceOffset(plan, id);
+        if (off >= 0)
+          arena.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
+      } else if (v.home == Home::Host) {
+        int64_t off = p.hostOffset[id];
+        hostPool.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
+      }
+    };
+    for (int64_t id : inst.operands)
+      touchValue(id, false);
+    for (int64_t id : inst.results)
+      touchValue(id, true);
+    for (const exec::Range &w : inst.workspace)
+      arena.touch(w.offset, w.offset + w.size, inst.stream, i, true, deps);
+    // A plan wait orders this stream after the recorder.
+    if (inst.op == OpCode::Wait && inst.event &&
+        eventRecorder[*inst.event] >= 0) {
+      int R = static_cast<int>(eventStream[*inst.event]);
+      lastWaited[S][R] = std::max(lastWaited[S][R], eventRecorder[*inst.event]);
+    }
+    for (int s = 0; s < kStreams; ++s) {
+      if (s == S || deps[s] < 0 || deps[s] <= lastWaited[S][s])
+        continue;
+      lastWaited[S][s] = deps[s];
+      pi.waits.push_back({static_cast<Stream>(s), deps[s]});
+      if (isGpuStream(static_cast<Stream>(s)))
+        p.needsDoneEvent[deps[s]] = true;
+    }
+    if (inst.op == OpCode::HostAdamW && p.firstUpdate < 0)
+      p.firstUpdate = i;
+  }
+  std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);
+  // The guard needs the loss made on a GPU stream before the first update
+  // (the compiler's plans); without, the loss is checked after the step.
+  if (p.lossDef < 0 || p.lossDef > p.firstUpdate ||
+      !isGpuStream(plan.instructions[p.lossDef].stream))
+    p.lossDef = -1;
+  return p;
+}
+
+} // namespace megaslide::cuda

@@ -1,0 +1,506 @@
+//===- CudaStep.cpp - One training step on the cuda backend ---------------===//
+//
+// Issues the plan's instructions in program order on their streams: the GPU
+// streams' work through the driver, the host stream's on the host worker.
+//
+//===----------------------------------------------------------------------===//
+
+#include "cuda/CudaBackendImpl.h"
+
+#include "cpu/AdamW.h"
+#include "cpu/CpuBackend.h"
+#include "cpu/Finite.h"
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+namespace megaslide::cuda {
+
+using exec::DType;
+using exec::Home;
+using exec::Stream;
+
+namespace {
+
+/// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
+void parallelChunks(int64_t n,
+                    const std::function<void(int64_t, int64_t)> &body) {
+  int64_t threads = std::min<int64_t>(
+      {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
+       std::max<int64_t>(1, n >> 20)});
+  if (threads <= 1) {
+    body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t) {
+    int64_t b = t * chunk, e = std::min(n, b + chunk);
+    if (b < e)
+      pool.emplace_back(body, b, e);
+  }
+  for (std::thread &t : pool)
+    t.join();
+}
+
+/// fp32 -> the plan's dtype (bf16 rounds to nearest even, as the cpu backend).
+void narrow(const float *src, DType dtype, int64_t n, void *dst) {
+  parallelChunks(n, [&](int64_t b, int64_t e) {
+    switch (dtype) {
+    case DType::BF16: {
+      uint16_t *d = static_cast<uint16_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = cpu::floatToBf16(src[i]);
+      return;
+    }
+    case DType::F16: {
+      uint16_t *d = static_cast<uint16_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = cpu::floatToHalf(src[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(static_cast<float *>(dst) + b, src + b, (e - b) * 4);
+      return;
+    case DType::I32: {
+      int32_t *d = static_cast<int32_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = static_cast<int32_t>(src[i]);
+      return;
+    }
+    case DType::I64: {
+      int64_t *d = static_cast<int64_t *>(dst);
+      for (int64_t i = b; i < e; ++i)
+        d[i] = static_cast<int64_t>(src[i]);
+      return;
+    }
+    }
+  });
+}
+
+void widen(const void *src, DType dtype, int64_t n, float *dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+    case DType::BF16:
+      dst[i] = cpu::bf16ToFloat(static_cast<const uint16_t *>(src)[i]);
+      break;
+    case DType::F16:
+      dst[i] = cpu::halfToFloat(static_cast<const uint16_t *>(src)[i]);
+      break;
+    case DType::F32:
+      dst[i] = static_cast<const float *>(src)[i];
+      break;
+    case DType::I32:
+      dst[i] = static_cast<float>(static_cast<const int32_t *>(src)[i]);
+      break;
+    case DType::I64:
+      dst[i] = static_cast<float>(static_cast<const int64_t *>(src)[i]);
+      break;
+    }
+  }
+}
+
+} // namespace
+
+llvm::Expected<exec::StepResult>
+CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
+                  const exec::StepOptions &options) {
+  Impl &I = *impl;
+  const exec::ExecPlan &plan = I.plan;
+  const CudaDriverApi &cu = *I.cu;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point begin = Clock::now();
+  if (auto e = I.check(cu.cuCtxSetCurrent(I.ctx), "cuCtxSetCurrent"))
+    return std::move(e);
+
+  // Inputs into their pinned pool, in the planned dtype.
+  int64_t optimizerStep = state.step + 1;
+  for (int64_t id : plan.inputs) {
+    const exec::Value &v = plan.values[id];
+    int64_t n = v.type.numElements();
+    uint8_t *dst = I.hostAddress(id);
+    if (v.name == "step") {
+      std::vector<float> one(n, static_cast<float>(optimizerStep));
+      narrow(one.data(), v.type.dtype, n, dst);
+      if (v.type.dtype == DType::I64 && n == 1)
+        std::memcpy(dst, &optimizerStep, 8);
+      continue;
+    }
+    auto it = inputs.find(v.name);
+    if (it == inputs.end())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "step input '" + v.name +
+                                         "' was not provided");
+    if (static_cast<int64_t>(it->second.size()) != n)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
+              " elements; the plan expects " + llvm::Twine(n));
+    narrow(it->second.data(), v.type.dtype, n, dst);
+  }
+
+  CUstream compute = I.streams[0];
+  if (auto e = I.syncStream(0, "step start", I.baseEvent))
+    return std::move(e);
+  Clock::time_point t0 = Clock::now();
+  auto since0 = [t0](Clock::time_point t) {
+    return std::chrono::duration<double>(t - t0).count();
+  };
+  {
+    std::lock_guard<std::mutex> lock(I.errorMu);
+    I.workerError.clear();
+  }
+  I.worker.reset();
+
+  size_t n = plan.instructions.size();
+  std::vector<std::pair<double, double>> hostTimes(n, {-1.0, 0.0});
+  llvm::StringMap<int64_t> pendingUpdate; // param -> its host_adamw
+  size_t fetchCount = 0;
+  bool trace = options.trace;
+  // Written by the worker, read after drain(); only the first update sets it.
+  std::atomic<bool> skipped = false;
+
+  // host_adamw `i` on the worker, once its gradient is on the host.
+  auto hostUpdate = [&](size_t i) {
+    // An error (of the worker or of the issue loop) cancels the updates
+    // still queued: the step fails as a whole.
+    if (I.workerFailed() || skipped)
+      return;
+    const exec::Instruction &inst = plan.instructions[i];
+    if (options.applyUpdates && I.prep.lossDef >= 0 &&
+        static_cast<int64_t>(i) == I.prep.firstUpdate) {
+      // Nothing is updated yet: a non-finite loss skips the step.
+      if (CUresult r = I.cu->cuEventSynchronize(I.lossEvent)) {
+        I.setWorkerError(
+            "instruction #" + std::to_string(i) +
+            ": cuEventSynchronize (loss): " + cuResultString(*I.cu, r));
+        return;
+      }
+      const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
+      float loss = 0;
+      widen(lossValue.home == Home::Device
+                ? static_cast<const uint8_t *>(I.lossStage)
+                : I.hostAddress(I.prep.lossValue),
+            lossValue.type.dtype, 1, &loss);
+      if (!std::isfinite(loss)) {
+        skipped = true;
+        return;
+      }
+    }
+    Clock::time_point start = Clock::now();
+    host::HostTensor *master = state.find(inst.param);
+    host::HostTensor *m = state.expAvg(inst.param);
+    host::HostTensor *v = state.expAvgSq(inst.param);
+    if (!master || !m || !v) {
+      I.setWorkerError("host state lacks '" + inst.param +
+                       "' or its AdamW moments");
+      return;
+    }
+    const exec::Value &g = I.plan.values[inst.operands[0]];
+    int64_t count = g.type.numElements();
+    const uint8_t *grad = I.hostAddress(inst.operands[0]);
+    std::vector<float> wide;
+    if (options.onGradient || g.type.dtype == DType::F16) {
+      wide.resize(count);
+      widen(grad, g.type.dtype, count, wide.data());
+    }
+    if (options.onGradient)
+      options.onGradient(inst.param, wide);
+    if (options.applyUpdates) {
+      std::optional<int64_t> bad =
+          g.type.dtype == DType::BF16
+              ? cpu::firstNonFiniteBf16(
+                    reinterpret_cast<const uint16_t *>(grad), count)
+          : g.type.dtype == DType::F32
+              ? cpu::firstNonFinite(reinterpret_cast<const float *>(grad),
+                                    count)
+              : cpu::firstNonFinite(wide.data(), count);
+      if (bad) {
+        float value = 0;
+        widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
+              &value);
+        I.setWorkerError(cpu::nonFiniteGradientMessage(
+            inst.param, optimizerStep, *bad, value));
+        return;
+      }
+      state.incomplete = true;
+      cpu::AdamWHyper hyper = cpu::adamwHyperOf(inst, optimizerStep);
+      if (g.type.dtype == DType::BF16)
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), reinterpret_cast<const uint16_t *>(grad),
+                       nullptr);
+      else if (g.type.dtype == DType::F32)
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), reinterpret_cast<const float *>(grad),
+                       nullptr);
+      else
+        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
+                       v->data.data(), wide.data(), nullptr);
+    }
+    hostTimes[i] = {since0(start), since0(Clock::now()) - since0(start)};
+  };
+
+  auto issueAll = [&]() -> llvm::Error {
+    for (size_t i = 0; i < n; ++i) {
+      const exec::Instruction &inst = plan.instructions[i];
+      const PreparedInstruction &pi = I.prep.instructions[i];
+      if (I.workerFailed())
+        return llvm::Error::success(); // reported after the drain
+
+      if (!isGpuStream(inst.stream)) {
+        // The host stream: everything on the worker, in order, each task
+        // after the GPU work it waits for (derived waits, a plan wait).
+        std::vector<CUevent> events;
+        for (const Dependency &d : pi.waits)
+          if (isGpuStream(d.stream))
+            events.push_back(I.doneEvents[d.instruction]);
+        if (inst.op == exec::OpCode::Wait && inst.event) {
+          int64_t recorder = I.prep.eventRecorder[*inst.event];
+          if (recorder >= 0 && isGpuStream(plan.instructions[recorder].stream))
+            events.push_back(I.planEvents[*inst.event]);
+        }
+        bool update = inst.op == exec::OpCode::HostAdamW;
+        if (update)
+          pendingUpdate[inst.param] = i;
+        I.worker.enqueue(i, [&I, &hostUpdate, events, i, update] {
+          if (I.workerFailed())
+            return;
+          for (CUevent ev : events)
+            if (CUresult r = I.cu->cuEventSynchronize(ev)) {
+              I.setWorkerError(
+                  "instruction #" + std::to_string(i) + " ('" +
+                  exec::opName(I.plan.instructions[i].op) +
+                  "'): cuEventSynchronize: " + cuResultString(*I.cu, r));
+              return;
+            }
+          if (update)
+            hostUpdate(i);
+        });
+        continue;
+      }
+
+      // A GPU stream: cross-stream waits first.
+      CUstream stream = I.streamOf(inst.stream);
+      for (const Dependency &d : pi.waits) {
+        if (isGpuStream(d.stream)) {
+          if (auto e = I.check(
+                  cu.cuStreamWaitEvent(stream, I.doneEvents[d.instruction], 0),
+                  "cuStreamWaitEvent"))
+            return e;
+        } else {
+          I.worker.waitFor(d.instruction);
+        }
+      }
+      if (inst.op == exec::OpCode::Record) {
+        if (auto e =
+                I.check(cu.cuEventRecord(I.planEvents[*inst.event], stream),
+                        "cuEventRecord"))
+          return e;
+        continue;
+      }
+      if (inst.op == exec::OpCode::Wait) {
+        int64_t recorder = I.prep.eventRecorder[*inst.event];
+        if (recorder >= 0 && !isGpuStream(plan.instructions[recorder].stream)) {
+          I.worker.waitFor(recorder);
+          continue;
+        }
+        if (auto e = I.check(
+                cu.cuStreamWaitEvent(stream, I.planEvents[*inst.event], 0),
+                "cuStreamWaitEvent"))
+          return e;
+        continue;
+      }
+
+      if (inst.op == exec::OpCode::Fetch) {
+        // The master may be updated this step already: its AdamW first.
+        auto pending = pendingUpdate.find(inst.param);
+        if (pending != pendingUpdate.end())
+          I.worker.waitFor(pending->second);
+        const host::HostTensor *source = state.find(inst.param);
+        if (!source)
+          return instError(i, inst,
+                           "host state has no parameter '" + inst.param + "'");
+        const exec::Value &v = plan.values[inst.results[0]];
+        if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
+          return instError(
+              i, inst, "host tensor '" + inst.param + "' has the wrong size");
+        size_t slot = fetchCount++ % I.slotEvents.size();
+        if (I.slotUsed[slot])
+          if (auto e = I.check(cu.cuEventSynchronize(I.slotEvents[slot]),
+                               "cuEventSynchronize (staging)"))
+            return e;
+        uint8_t *stage =
+            static_cast<uint8_t *>(I.staging) +
+            slot * alignUp(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
+        narrow(source->data.data(), v.type.dtype, v.type.numElements(), stage);
+        if (trace)
+          cu.cuEventRecord(I.startEvents[i], stream);
+        if (auto e = I.check(
+                cu.cuMemcpyHtoDAsync_v2(I.deviceAddress(inst.results[0]), stage,
+                                        v.type.bytes(), stream),
+                "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
+          return e;
+        if (auto e = I.check(cu.cuEventRecord(I.slotEvents[slot], stream),
+                             "cuEventRecord"))
+          return e;
+        I.slotUsed[slot] = true;
+      } else {
+        if (trace)
+          cu.cuEventRecord(I.startEvents[i], stream);
+        if (inst.op == exec::OpCode::HostToDevice) {
+          if (auto e = I.check(cu.cuMemcpyHtoDAsync_v2(
+                                   I.deviceAddress(inst.results[0]),
+                                   I.hostAddress(inst.operands[0]),
+                                   plan.values[inst.results[0]].type.bytes(),
+                                   stream),
+                               "cuMemcpyHtoDAsync"))
+            return instError(i, inst, llvm::toString(std::move(e)));
+        } else if (inst.op == exec::OpCode::DeviceToHost) {
+          if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(
+                                   I.hostAddress(inst.results[0]),
+                                   I.deviceAddress(inst.operands[0]),
+                                   plan.values[inst.results[0]].type.bytes(),
+                                   stream),
+                               "cuMemcpyDtoHAsync"))
+            return instError(i, inst, llvm::toString(std::move(e)));
+        } else {
+          for (const DeviceCmd &cmd : I.commands[i])
+            if (auto e = I.issue(cmd, stream))
+              return instError(i, inst, llvm::toString(std::move(e)));
+        }
+      }
+      if (trace)
+        cu.cuEventRecord(I.endEvents[i], stream);
+      if (I.prep.needsDoneEvent[i])
+        if (auto e = I.check(cu.cuEventRecord(I.doneEvents[i], stream),
+                             "cuEventRecord"))
+          return e;
+      if (static_cast<int64_t>(i) == I.prep.lossDef) {
+        int64_t lossId = I.prep.lossValue;
+        const exec::Value &loss = plan.values[lossId];
+        if (auto e = I.check(loss.home == Home::Device
+                                 ? cu.cuMemcpyDtoHAsync_v2(
+                                       I.lossStage, I.deviceAddress(lossId),
+                                       loss.type.bytes(), stream)
+                                 : CUDA_SUCCESS,
+                             "cuMemcpyDtoHAsync (loss)"))
+          return e;
+        if (auto e = I.check(cu.cuEventRecord(I.lossEvent, stream),
+                             "cuEventRecord (loss)"))
+          return e;
+      }
+    }
+    return llvm::Error::success();
+  };
+
+  llvm::Error issued = issueAll();
+  if (issued)
+    I.setWorkerError("cancelled"); // no queued update may apply (hostUpdate)
+  // Whatever happened, nothing may stay in flight past this call.
+  I.worker.drain();
+  llvm::Error synced = llvm::Error::success();
+  for (int s = 0; s < 3; ++s) {
+    llvm::Error e = I.syncStream(s, "the step failed on the GPU");
+    if (!synced)
+      synced = std::move(e);
+    else
+      llvm::consumeError(std::move(e));
+  }
+  if (issued) {
+    llvm::consumeError(std::move(synced));
+    return std::move(issued);
+  }
+  if (synced)
+    return std::move(synced);
+  {
+    std::lock_guard<std::mutex> lock(I.errorMu);
+    if (!I.workerError.empty())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "host stream: " + I.workerError);
+  }
+
+  exec::StepResult result;
+  if (plan.outputs.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "the plan returns no loss");
+  int64_t lossId = plan.outputs[0];
+  const exec::Value &lossValue = plan.values[lossId];
+  if (lossValue.home == Home::Device) {
+    std::vector<uint8_t> bytes(lossValue.type.bytes());
+    if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(bytes.data(),
+                                                 I.deviceAddress(lossId),
+                                                 bytes.size(), compute),
+                         "cuMemcpyDtoHAsync (loss)"))
+      return std::move(e);
+    if (auto e = I.syncStream(0, "loss"))
+      return std::move(e);
+    widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
+  } else {
+    widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
+  }
+  if (skipped || (options.applyUpdates && I.prep.firstUpdate < 0 &&
+                  !std::isfinite(result.loss))) {
+    result.skipped = true;
+  } else if (options.applyUpdates && !std::isfinite(result.loss)) {
+    state.incomplete = true; // updated before the loss was known
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("step {0}: the loss is {1}, and this plan updates "
+                      "parameters before it computes the loss, so the step "
+                      "could not be skipped: the host state is incomplete",
+                      optimizerStep, result.loss)
+            .str());
+  } else if (options.applyUpdates) {
+    state.step = optimizerStep;
+    state.incomplete = false;
+  }
+
+  if (trace) {
+    for (size_t i = 0; i < n; ++i) {
+      const exec::Instruction &inst = plan.instructions[i];
+      if (inst.op == exec::OpCode::Record || inst.op == exec::OpCode::Wait)
+        continue;
+      exec::TraceSpan span;
+      span.stream = inst.stream;
+      span.name = exec::spanName(inst);
+      span.instruction = i;
+      span.layer = inst.layer;
+      span.flops = inst.cost.matmulFlops + inst.cost.attentionFlops +
+                   inst.cost.otherFlops;
+      span.bytes = inst.cost.bytes;
+      if (isGpuStream(inst.stream)) {
+        float startMs = 0, durMs = 0;
+        if (cu.cuEventElapsedTime(&startMs, I.baseEvent, I.startEvents[i]) !=
+                CUDA_SUCCESS ||
+            cu.cuEventElapsedTime(&durMs, I.startEvents[i], I.endEvents[i]) !=
+                CUDA_SUCCESS)
+          continue;
+        span.start = startMs * 1e-3;
+        span.seconds = durMs * 1e-3;
+      } else {
+        if (hostTimes[i].first < 0)
+          continue;
+        span.start = hostTimes[i].first;
+        span.seconds = hostTimes[i].second;
+      }
+      result.spans.push_back(std::move(span));
+    }
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  result.memory.plannedArenaBytes = plan.arenaBytes;
+  result.memory.plannedLiveBytes = plan.plannedLiveBytes;
+  result.memory.measuredArenaBytes = I.prep.arenaHighWater;
+  result.memory.measuredLiveBytes = I.prep.peakLiveBytes;
+  return result;
+}
+
+} // namespace megaslide::cuda
