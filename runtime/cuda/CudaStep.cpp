@@ -340,7 +340,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             return e;
         uint8_t *stage =
             static_cast<uint8_t *>(I.staging) +
-            slot * alignUp(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
+            slot * alignTo(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
         narrow(source->data.data(), v.type.dtype, v.type.numElements(), stage);
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
