@@ -3,6 +3,7 @@
 #include "cpu/CpuBackend.h"
 
 #include "cpu/AdamW.h"
+#include "cpu/Convert.h"
 #include "cpu/Finite.h"
 
 #include "llvm/ADT/Twine.h"
@@ -70,70 +71,6 @@ private:
   std::map<int64_t, Allocation> live; ///< by offset
   int64_t liveBytes = 0;
 };
-
-void widen(const uint8_t *src, DType dtype, int64_t n, float *dst) {
-  switch (dtype) {
-  case DType::BF16: {
-    const uint16_t *bits = reinterpret_cast<const uint16_t *>(src);
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = bf16ToFloat(bits[i]);
-    return;
-  }
-  case DType::F16: {
-    const uint16_t *bits = reinterpret_cast<const uint16_t *>(src);
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = halfToFloat(bits[i]);
-    return;
-  }
-  case DType::F32:
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  case DType::I32: {
-    const int32_t *v = reinterpret_cast<const int32_t *>(src);
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = static_cast<float>(v[i]);
-    return;
-  }
-  case DType::I64: {
-    const int64_t *v = reinterpret_cast<const int64_t *>(src);
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = static_cast<float>(v[i]);
-    return;
-  }
-  }
-}
-
-void narrow(const float *src, DType dtype, int64_t n, uint8_t *dst) {
-  switch (dtype) {
-  case DType::BF16: {
-    uint16_t *bits = reinterpret_cast<uint16_t *>(dst);
-    for (int64_t i = 0; i < n; ++i)
-      bits[i] = floatToBf16(src[i]);
-    return;
-  }
-  case DType::F16: {
-    uint16_t *bits = reinterpret_cast<uint16_t *>(dst);
-    for (int64_t i = 0; i < n; ++i)
-      bits[i] = floatToHalf(src[i]);
-    return;
-  }
-  case DType::F32:
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  case DType::I32: {
-    int32_t *v = reinterpret_cast<int32_t *>(dst);
-    for (int64_t i = 0; i < n; ++i)
-      v[i] = static_cast<int32_t>(src[i]);
-    return;
-  }
-  case DType::I64: {
-    int64_t *v = reinterpret_cast<int64_t *>(dst);
-    for (int64_t i = 0; i < n; ++i)
-      v[i] = static_cast<int64_t>(src[i]);
-    return;
-  }
-  }
-}
 
 bool isFloat(DType d) {
   return d == DType::BF16 || d == DType::F16 || d == DType::F32;

@@ -112,7 +112,7 @@ llvm::Error CudaBackend::Impl::init() {
   // Runtime budget guard: everything the step needs on the device, up
   // front, with the free memory in the message.
   int64_t deviceBytes = std::max<int64_t>(plan.arenaBytes, 256) +
-                        alignUp(prep.scratchBytes, 256) +
+                        alignTo(prep.scratchBytes, 256) +
                         prep.dsaFallbackBytes + options.gemmWorkspaceBytes;
   if (static_cast<uint64_t>(deviceBytes) > info.freeBytes)
     return llvm::createStringError(
@@ -151,7 +151,7 @@ llvm::Error CudaBackend::Impl::init() {
   if (auto e = pinned(hostPool, prep.hostPoolBytes, "host values"))
     return e;
   int64_t slotBytes =
-      alignUp(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
+      alignTo(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
   if (auto e = pinned(staging, slotBytes * slots, "weight staging"))
     return e;
   if (auto e = pinned(lossStage, 8, "loss"))
@@ -393,7 +393,7 @@ llvm::Error CudaBackend::Impl::buildCommands(
           pi.dk32Offset >= 0 ? arena + pi.dk32Offset : dsaScratch;
       CUdeviceptr dv32 = pi.dv32Offset >= 0
                              ? arena + pi.dv32Offset
-                             : dsaScratch + alignUp(count * 4, 256);
+                             : dsaScratch + alignTo(count * 4, 256);
       out.push_back(MemsetCmd{dk32, static_cast<size_t>(count * 4)});
       out.push_back(MemsetCmd{dv32, static_cast<size_t>(count * 4)});
       launch("backward", {op(0), op(1), op(2), op(3), op(4), op(6), op(5),

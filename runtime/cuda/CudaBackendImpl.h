@@ -12,6 +12,7 @@
 #include "cuda/CudaBackend.h"
 #include "cuda/Gemm.h"
 #include "cuda/HostWorker.h"
+#include "support/Packing.h"
 
 #include <array>
 #include <map>
@@ -21,8 +22,6 @@
 #include <vector>
 
 namespace megaslide::cuda {
-
-inline int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 /// A kernel launch with its arguments, each in an 8-byte slot (a float
 /// sits in the slot's first bytes, as cuLaunchKernel reads it).

@@ -8,8 +8,10 @@
 #include "cuda/CudaBackendImpl.h"
 
 #include "cpu/AdamW.h"
+#include "cpu/Convert.h"
 #include "cpu/CpuBackend.h"
 #include "cpu/Finite.h"
+#include "cpu/ParallelFor.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/Twine.h"
@@ -31,82 +33,20 @@ using exec::Stream;
 
 namespace {
 
-/// Runs body(begin, end) over [0, n) on up to 8 threads for large n.
-void parallelChunks(int64_t n,
-                    const std::function<void(int64_t, int64_t)> &body) {
-  int64_t threads = std::min<int64_t>(
+/// cpu::narrow on up to 8 workers of the CPU kernels' pool for large n (a
+/// fetch is staged while the copy stream waits for it). The pool runs one
+/// job at a time (cpu/WorkerPool.h): while the host worker's AdamW holds
+/// it, this runs on the issuing thread alone, and an AdamW starting while
+/// this holds it runs on the host worker alone.
+void narrowOnWorkers(const float *src, DType dtype, int64_t n, void *dst) {
+  int64_t parts = std::min<int64_t>(
       {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
        std::max<int64_t>(1, n >> 20)});
-  if (threads <= 1) {
-    body(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  int64_t chunk = (n + threads - 1) / threads;
-  for (int64_t t = 0; t < threads; ++t) {
-    int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e)
-      pool.emplace_back(body, b, e);
-  }
-  for (std::thread &t : pool)
-    t.join();
-}
-
-/// fp32 -> the plan's dtype (bf16 rounds to nearest even, as the cpu backend).
-void narrow(const float *src, DType dtype, int64_t n, void *dst) {
-  parallelChunks(n, [&](int64_t b, int64_t e) {
-    switch (dtype) {
-    case DType::BF16: {
-      uint16_t *d = static_cast<uint16_t *>(dst);
-      for (int64_t i = b; i < e; ++i)
-        d[i] = cpu::floatToBf16(src[i]);
-      return;
-    }
-    case DType::F16: {
-      uint16_t *d = static_cast<uint16_t *>(dst);
-      for (int64_t i = b; i < e; ++i)
-        d[i] = cpu::floatToHalf(src[i]);
-      return;
-    }
-    case DType::F32:
-      std::memcpy(static_cast<float *>(dst) + b, src + b, (e - b) * 4);
-      return;
-    case DType::I32: {
-      int32_t *d = static_cast<int32_t *>(dst);
-      for (int64_t i = b; i < e; ++i)
-        d[i] = static_cast<int32_t>(src[i]);
-      return;
-    }
-    case DType::I64: {
-      int64_t *d = static_cast<int64_t *>(dst);
-      for (int64_t i = b; i < e; ++i)
-        d[i] = static_cast<int64_t>(src[i]);
-      return;
-    }
-    }
+  int64_t bytes = exec::dtypeBytes(dtype);
+  cpu::parallelChunks(n, parts, 1, [&](int64_t begin, int64_t end) {
+    cpu::narrow(src + begin, dtype, end - begin,
+                static_cast<uint8_t *>(dst) + begin * bytes);
   });
-}
-
-void widen(const void *src, DType dtype, int64_t n, float *dst) {
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-    case DType::BF16:
-      dst[i] = cpu::bf16ToFloat(static_cast<const uint16_t *>(src)[i]);
-      break;
-    case DType::F16:
-      dst[i] = cpu::halfToFloat(static_cast<const uint16_t *>(src)[i]);
-      break;
-    case DType::F32:
-      dst[i] = static_cast<const float *>(src)[i];
-      break;
-    case DType::I32:
-      dst[i] = static_cast<float>(static_cast<const int32_t *>(src)[i]);
-      break;
-    case DType::I64:
-      dst[i] = static_cast<float>(static_cast<const int64_t *>(src)[i]);
-      break;
-    }
-  }
 }
 
 } // namespace
@@ -130,7 +70,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     uint8_t *dst = I.hostAddress(id);
     if (v.name == "step") {
       std::vector<float> one(n, static_cast<float>(optimizerStep));
-      narrow(one.data(), v.type.dtype, n, dst);
+      narrowOnWorkers(one.data(), v.type.dtype, n, dst);
       if (v.type.dtype == DType::I64 && n == 1)
         std::memcpy(dst, &optimizerStep, 8);
       continue;
@@ -145,7 +85,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           llvm::inconvertibleErrorCode(),
           "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
               " elements; the plan expects " + llvm::Twine(n));
-    narrow(it->second.data(), v.type.dtype, n, dst);
+    narrowOnWorkers(it->second.data(), v.type.dtype, n, dst);
   }
 
   CUstream compute = I.streams[0];
@@ -186,11 +126,11 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         return;
       }
       const exec::Value &lossValue = I.plan.values[I.prep.lossValue];
-      float loss = 0;
-      widen(lossValue.home == Home::Device
-                ? static_cast<const uint8_t *>(I.lossStage)
-                : I.hostAddress(I.prep.lossValue),
-            lossValue.type.dtype, 1, &loss);
+      float loss;
+      cpu::widen(lossValue.home == Home::Device
+                     ? static_cast<const uint8_t *>(I.lossStage)
+                     : I.hostAddress(I.prep.lossValue),
+                 lossValue.type.dtype, 1, &loss);
       if (!std::isfinite(loss)) {
         skipped = true;
         return;
@@ -211,7 +151,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     std::vector<float> wide;
     if (options.onGradient || g.type.dtype == DType::F16) {
       wide.resize(count);
-      widen(grad, g.type.dtype, count, wide.data());
+      cpu::widen(grad, g.type.dtype, count, wide.data());
     }
     if (options.onGradient)
       options.onGradient(inst.param, wide);
@@ -225,9 +165,9 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                     count)
               : cpu::firstNonFinite(wide.data(), count);
       if (bad) {
-        float value = 0;
-        widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype, 1,
-              &value);
+        float value;
+        cpu::widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype,
+                   1, &value);
         I.setWorkerError(cpu::nonFiniteGradientMessage(
             inst.param, optimizerStep, *bad, value));
         return;
@@ -340,8 +280,9 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             return e;
         uint8_t *stage =
             static_cast<uint8_t *>(I.staging) +
-            slot * alignUp(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
-        narrow(source->data.data(), v.type.dtype, v.type.numElements(), stage);
+            slot * alignTo(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
+        narrowOnWorkers(source->data.data(), v.type.dtype, v.type.numElements(),
+                        stage);
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
         if (auto e = I.check(
@@ -443,9 +384,9 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       return std::move(e);
     if (auto e = I.syncStream(0, "loss"))
       return std::move(e);
-    widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
+    cpu::widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
   } else {
-    widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
+    cpu::widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
   }
   if (skipped || (options.applyUpdates && I.prep.firstUpdate < 0 &&
                   !std::isfinite(result.loss))) {

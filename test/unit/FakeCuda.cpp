@@ -923,7 +923,7 @@ CUresult freeAlloc(void *p, const char *call) {
 }
 
 /// The launches, GEMMs, memsets and copies of instruction `i`, as the
-/// backend issues them (CudaBackend.cpp, buildCommands and step).
+/// backend issues them (CudaBackend.cpp, buildCommands; CudaStep.cpp).
 void addCandidates(Device &d, const exec::ExecPlan &plan,
                    const PreparedPlan &prep, size_t i) {
   using Slot = Candidate::Slot;

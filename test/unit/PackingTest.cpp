@@ -1,6 +1,6 @@
 //===- PackingTest.cpp - Best-fit packing against a naive checker ---------===//
 //
-// packSlices (lib/Analysis/Packing.cpp) is checked on many random slice
+// packSlices (runtime/support/Packing.cpp) is checked on many random slice
 // sets against an independent quadratic checker: slices live at the same
 // step never share a byte, offsets are aligned, the arena is exactly the
 // highest aligned end, and no packing beats the peak of live bytes. Small
@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Analysis/Packing.h"
+#include "support/Packing.h"
 
 #include "gtest/gtest.h"
 

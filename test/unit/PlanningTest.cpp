@@ -23,7 +23,7 @@
 #include "megaslide/Transforms/Planning.h"
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
-#include "megaslide/Analysis/Packing.h"
+#include "support/Packing.h"
 #include "megaslide/Model/ModelBuilder.h"
 
 #include "mlir/IR/Diagnostics.h"

@@ -1,6 +1,6 @@
 //===- Packing.cpp - Static offsets for buffers with lifetimes ------------===//
 
-#include "megaslide/Analysis/Packing.h"
+#include "support/Packing.h"
 
 #include "llvm/ADT/STLExtras.h"
 

@@ -1,7 +1,12 @@
 //===- Packing.h - Static offsets for buffers with lifetimes ----*- C++ -*-===//
+//
+// MLIR-free, so that one packer serves the compiler's device arena
+// (megaslide-plan-memory) and the cuda backend's shared pinned pool (HostPool.cpp).
+//
+//===----------------------------------------------------------------------===//
 
-#ifndef MEGASLIDE_ANALYSIS_PACKING_H
-#define MEGASLIDE_ANALYSIS_PACKING_H
+#ifndef MEGASLIDE_RUNTIME_SUPPORT_PACKING_H
+#define MEGASLIDE_RUNTIME_SUPPORT_PACKING_H
 
 #include "llvm/ADT/ArrayRef.h"
 
@@ -40,4 +45,4 @@ inline int64_t alignTo(int64_t bytes, int64_t alignment) {
 
 } // namespace megaslide
 
-#endif // MEGASLIDE_ANALYSIS_PACKING_H
+#endif // MEGASLIDE_RUNTIME_SUPPORT_PACKING_H

@@ -1,0 +1,76 @@
+//===- Convert.cpp - A plan's element types to and from fp32 --------------===//
+
+#include "cpu/Convert.h"
+
+#include "cpu/HalfFloat.h"
+
+#include <cstring>
+
+using namespace megaslide::cpu;
+using megaslide::exec::DType;
+
+void megaslide::cpu::widen(const void *src, DType dtype, int64_t n,
+                           float *dst) {
+  switch (dtype) {
+  case DType::BF16: {
+    const uint16_t *bits = static_cast<const uint16_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = bf16ToFloat(bits[i]);
+    return;
+  }
+  case DType::F16: {
+    const uint16_t *bits = static_cast<const uint16_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = halfToFloat(bits[i]);
+    return;
+  }
+  case DType::F32:
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  case DType::I32: {
+    const int32_t *v = static_cast<const int32_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<float>(v[i]);
+    return;
+  }
+  case DType::I64: {
+    const int64_t *v = static_cast<const int64_t *>(src);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<float>(v[i]);
+    return;
+  }
+  }
+}
+
+void megaslide::cpu::narrow(const float *src, DType dtype, int64_t n,
+                            void *dst) {
+  switch (dtype) {
+  case DType::BF16: {
+    uint16_t *bits = static_cast<uint16_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      bits[i] = floatToBf16(src[i]);
+    return;
+  }
+  case DType::F16: {
+    uint16_t *bits = static_cast<uint16_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      bits[i] = floatToHalf(src[i]);
+    return;
+  }
+  case DType::F32:
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  case DType::I32: {
+    int32_t *v = static_cast<int32_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<int32_t>(src[i]);
+    return;
+  }
+  case DType::I64: {
+    int64_t *v = static_cast<int64_t *>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = static_cast<int64_t>(src[i]);
+    return;
+  }
+  }
+}
