@@ -11,8 +11,6 @@
 
 #include "plan/ExecPlan.h"
 
-#include "megaslide/Pipelines/Plan.h"
-
 #include "mlir/IR/BuiltinOps.h"
 
 namespace megaslide {
@@ -24,16 +22,6 @@ namespace megaslide {
 /// batch) are left for the caller. The result is validated; a module the
 /// runtime could not execute gives an error naming the op.
 llvm::Expected<exec::ExecPlan> exportExecPlan(mlir::ModuleOp module);
-
-/// Compiles `model` at `video` into a validated execution plan: builds the
-/// training step, runs megaslide-pipeline, exports it, fills in the model
-/// fields and passes the text through the runtime's loader, so what is run
-/// is exactly what a saved plan file would give. A plan over its budgets is
-/// an error listing the violations, with `*overBudget` set.
-llvm::Expected<exec::ExecPlan>
-compileExecPlan(mlir::MLIRContext &context, llvm::StringRef model,
-                const VideoShape &video, const TrainingOptions &training,
-                const PlanOptions &options, bool *overBudget = nullptr);
 
 /// Registers `megaslide-translate --emit-exec-plan`.
 void registerExportExecPlanTranslation();
