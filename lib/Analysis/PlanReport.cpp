@@ -145,7 +145,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   sim::Timeline timeline = sim::replay(*tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
-  for (int s = 0; s < sim::kNumStreams; ++s)
+  for (int s = 0; s < exec::kNumStreams; ++s)
     r.busySeconds[s] = timeline.busy[s];
 
   // Per-instruction figures; events (record, wait) do no work.
@@ -215,7 +215,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   }
   // The last interval of each stream, by index (no search back through
   // the other streams' intervals).
-  std::array<std::optional<size_t>, sim::kNumStreams> lastOfStream;
+  std::array<std::optional<size_t>, exec::kNumStreams> lastOfStream;
   for (int64_t i : work) {
     const exec::Instruction &inst = program.instructions[i];
     int stream = static_cast<int>(inst.stream);
@@ -264,18 +264,18 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
     memory.push_back(llvm::json::Array{t, bytes});
   for (const PlanReport::Interval &iv : r.streamTimeline)
     streams.push_back(llvm::json::Object{
-        {"stream", sim::streamName(static_cast<sim::StreamId>(iv.stream))},
+        {"stream", exec::streamName(static_cast<exec::Stream>(iv.stream))},
         {"start", iv.start},
         {"end", iv.end},
         {"label", iv.label}});
-  static const char *streamNames[] = {"compute", "h2d", "d2h", "host"};
   llvm::json::Object busy;
   int boundBy = 0;
-  for (int s = 0; s < 4; ++s) {
-    busy[streamNames[s]] = r.busySeconds[s];
+  for (int s = 0; s < exec::kNumStreams; ++s) {
+    busy[exec::streamName(static_cast<exec::Stream>(s))] = r.busySeconds[s];
     if (r.busySeconds[s] > r.busySeconds[boundBy])
       boundBy = s;
   }
+  const char *boundName = exec::streamName(static_cast<exec::Stream>(boundBy));
   out["fits"] = r.fits();
   out["violations"] = std::move(violations);
   out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
@@ -300,7 +300,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                          {"d2h_by_kind", categories(r.d2hByKind)}};
   out["step"] = llvm::json::Object{{"predicted_seconds", r.predictedSeconds},
                                    {"lower_bound_seconds", r.lowerBoundSeconds},
-                                   {"bound_by", streamNames[boundBy]},
+                                   {"bound_by", boundName},
                                    {"busy_seconds", std::move(busy)},
                                    {"device_flops", r.deviceFlops}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},

@@ -60,7 +60,7 @@ struct PlanReport {
 
   uint64_t deviceFlops = 0; ///< incl. recomputation
   double predictedSeconds = 0, lowerBoundSeconds = 0;
-  double busySeconds[4] = {}; ///< compute, h2d, d2h, host
+  double busySeconds[exec::kNumStreams] = {}; ///< by exec::Stream
 
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;

@@ -194,20 +194,20 @@ llvm::Error Exporter::exportOp(Operation *op) {
 
   exec::Instruction inst;
   inst.op = op->getName().stripDialect().str();
-  if (auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
-    inst.stream = static_cast<exec::Stream>(stream.getValue());
+  if (std::optional<exec::Stream> stream = sched::getStream(op))
+    inst.stream = *stream;
   if (std::optional<int64_t> layer = graph::getLayer(op))
     inst.layer = *layer;
 
   if (auto record = dyn_cast<sched::RecordOp>(op)) {
-    inst.stream = static_cast<exec::Stream>(record.getStream());
+    inst.stream = record.getStream();
     inst.event = plan.numEvents++;
     events[record.getTimepoint()] = {*inst.event};
     addInstruction(op, std::move(inst));
     return llvm::Error::success();
   }
   if (auto wait = dyn_cast<sched::WaitOp>(op)) {
-    inst.stream = static_cast<exec::Stream>(wait.getStream());
+    inst.stream = wait.getStream();
     for (int64_t event : events[wait.getTimepoint()]) {
       exec::Instruction one = inst;
       one.event = event;
