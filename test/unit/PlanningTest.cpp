@@ -459,8 +459,7 @@ TEST_F(PlanningReferenceTest, PrefetchMatchesMovingOneAtATime) {
 
 bool referenceOnDevice(Operation *op) {
   std::optional<exec::Stream> s = sched::getStream(op);
-  return s &&
-         (*s == exec::Stream::Compute || *s == exec::Stream::HostToDevice);
+  return s && (*s == exec::Stream::Compute || *s == exec::Stream::HostToDevice);
 }
 
 TEST_F(PlanningReferenceTest, DeviceBuffersMatchUnionFind) {

@@ -35,9 +35,7 @@ Task task(Stream stream, double seconds, std::vector<int64_t> deps = {},
   return t;
 }
 
-double busy(const Timeline &t, Stream s) {
-  return t.busy[static_cast<int>(s)];
-}
+double busy(const Timeline &t, Stream s) { return t.busy[static_cast<int>(s)]; }
 
 TEST(Timeline, EmptyScheduleTakesNoTime) {
   Timeline t = replay({});

@@ -114,8 +114,7 @@ public:
   /// Without `attributes`, instructions have no `attrs` and no `param`.
   Exporter(ModuleOp module, func::FuncOp step, bool attributes,
            std::vector<Operation *> *origins)
-      : module(module), step(step), attributes(attributes), origins(origins) {
-  }
+      : module(module), step(step), attributes(attributes), origins(origins) {}
   /// The parameters, values and instructions.
   llvm::Expected<exec::ExecPlan> run();
 
@@ -260,8 +259,7 @@ llvm::Error Exporter::exportOp(Operation *op) {
       if (key.starts_with("msched.") || key == graph::kLayerAttrName)
         continue;
       if (key == "param" && isa<sched::FetchOp, sched::HostAdamWOp>(op)) {
-        inst.param =
-            cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
+        inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
         continue;
       }
       std::optional<exec::Attr> value = convertAttr(named.getValue());
