@@ -39,10 +39,20 @@ def Schedule_Residency : I32EnumAttr<"Residency", "where a buffer lives", [
   let cppNamespace = "::megaslide::sched";
 }
 
-def Schedule_Stream : I32EnumAttr<"Stream", "an execution queue", [
-    I32EnumAttrCase<"compute", 0>, I32EnumAttrCase<"h2d", 1>,
-    I32EnumAttrCase<"d2h", 2>, I32EnumAttrCase<"host", 3>]> {
-  let cppNamespace = "::megaslide::sched";
+// A stream of the step: an i32 holding an exec::Stream, the enum the
+// runtime defines (runtime/plan/Stream.h: compute 0, h2d 1, d2h 2, host 3)
+// and the compiler shares rather than restates. `record` and `wait` print
+// it by name (custom<Stream>); the discardable `msched.stream` of every
+// scheduled op holds the same i32 (sched::getStream).
+def Schedule_Stream : TypedSignlessIntegerAttrBase<I32,
+    "::megaslide::exec::Stream", "an execution queue"> {
+  let predicate = And<[I32Attr.predicate,
+      CPred<"::megaslide::exec::isStream("
+            "::llvm::cast<::mlir::IntegerAttr>($_self).getInt())">]>;
+  let convertFromStorage =
+      "static_cast<::megaslide::exec::Stream>($_self.getInt())";
+  let constBuilderCall =
+      "$_builder.getI32IntegerAttr(static_cast<int32_t>($0))";
 }
 
 def Schedule_TimepointType : TypeDef<Schedule_Dialect, "Timepoint"> {

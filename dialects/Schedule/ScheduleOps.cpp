@@ -154,5 +154,38 @@ LogicalResult JoinOp::verify() {
   return success();
 }
 
+std::optional<exec::Stream> sched::getStream(Operation *op) {
+  auto attr = op->getAttrOfType<IntegerAttr>(kStreamAttrName);
+  if (!attr || !attr.getType().isSignlessInteger(32) ||
+      !exec::isStream(attr.getInt()))
+    return std::nullopt;
+  return static_cast<exec::Stream>(attr.getInt());
+}
+
+IntegerAttr sched::getStreamAttr(MLIRContext *context, exec::Stream stream) {
+  return IntegerAttr::get(IntegerType::get(context, 32),
+                          static_cast<int32_t>(stream));
+}
+
+/// custom<Stream>: a stream by its name (exec::streamName).
+static ParseResult parseStream(OpAsmParser &parser, IntegerAttr &stream) {
+  SMLoc loc = parser.getCurrentLocation();
+  std::string name;
+  if (failed(parser.parseKeywordOrString(&name)))
+    return failure();
+  std::optional<exec::Stream> parsed = exec::parseStream(name);
+  if (!parsed)
+    return parser.emitError(loc) << "expected a stream (compute, h2d, d2h or "
+                                    "host), got '"
+                                 << name << "'";
+  stream = getStreamAttr(parser.getContext(), *parsed);
+  return success();
+}
+
+static void printStream(OpAsmPrinter &printer, Operation *,
+                        IntegerAttr stream) {
+  printer << exec::streamName(static_cast<exec::Stream>(stream.getInt()));
+}
+
 #define GET_OP_CLASSES
 #include "Schedule/ScheduleOps.cpp.inc"

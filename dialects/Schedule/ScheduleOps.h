@@ -4,7 +4,9 @@
 #define MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
 
 #include "Graph/GraphOps.h"
+#include "plan/Stream.h"
 
+#include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
 
@@ -15,6 +17,13 @@ inline constexpr llvm::StringLiteral kStreamAttrName = "msched.stream";
 inline constexpr llvm::StringLiteral kOffsetsAttrName = "msched.offsets";
 inline constexpr llvm::StringLiteral kWorkspaceAttrName = "msched.workspace";
 inline constexpr llvm::StringLiteral kCheckpointAttrName = "msched.checkpoint";
+
+/// The stream of a scheduled op: its `msched.stream`, an i32 holding an
+/// exec::Stream; none when absent or not a stream.
+std::optional<exec::Stream> getStream(mlir::Operation *op);
+/// The `msched.stream` value of `stream`.
+mlir::IntegerAttr getStreamAttr(mlir::MLIRContext *context,
+                                exec::Stream stream);
 
 } // namespace megaslide::sched
 

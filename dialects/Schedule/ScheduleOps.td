@@ -183,7 +183,7 @@ def Schedule_RecordOp : Schedule_Op<"record"> {
   }];
   let arguments = (ins Schedule_Stream:$stream);
   let results = (outs Schedule_TimepointType:$timepoint);
-  let assemblyFormat = "$stream attr-dict";
+  let assemblyFormat = "custom<Stream>($stream) attr-dict";
 }
 
 def Schedule_WaitOp : Schedule_Op<"wait"> {
@@ -197,7 +197,7 @@ def Schedule_WaitOp : Schedule_Op<"wait"> {
   }];
   let arguments = (ins Schedule_TimepointType:$timepoint,
                        Schedule_Stream:$stream);
-  let assemblyFormat = "$timepoint $stream attr-dict";
+  let assemblyFormat = "$timepoint custom<Stream>($stream) attr-dict";
 }
 
 def Schedule_JoinOp : Schedule_Op<"join", [Pure]> {

@@ -78,18 +78,3 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
   }
   return in;
 }
-
-OpCost megaslide::costOf(Operation *op, const HardwareModel &hw,
-                         SymbolTableCollection &symbols) {
-  exec::CostInputs in = costInputsOf(op, symbols);
-  OpCost cost;
-  cost.flops = in.matmulFlops + in.attentionFlops + in.otherFlops;
-  cost.bytes = in.bytes;
-  exec::DType resultType = exec::DType::BF16;
-  if (op->getNumResults())
-    if (auto t = dyn_cast<RankedTensorType>(op->getResult(0).getType());
-        t && t.getElementType().isF32())
-      resultType = exec::DType::F32;
-  cost.seconds = sim::secondsFor(costKindOf(op), in, hw, resultType);
-  return cost;
-}

@@ -16,9 +16,9 @@ using namespace megaslide;
 namespace {
 
 bool onDevice(Operation *op) {
-  auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
-  return stream && (stream.getValue() == sched::Stream::compute ||
-                    stream.getValue() == sched::Stream::h2d);
+  std::optional<exec::Stream> stream = sched::getStream(op);
+  return stream && (*stream == exec::Stream::Compute ||
+                    *stream == exec::Stream::HostToDevice);
 }
 
 llvm::StringRef categorize(Value v) {

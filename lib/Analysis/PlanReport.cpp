@@ -7,6 +7,7 @@
 
 #include "Graph/GraphOps.h"
 #include "Schedule/ScheduleOps.h"
+#include "sim/SimBackend.h"
 #include "sim/Timeline.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -18,23 +19,6 @@ using namespace mlir;
 using namespace megaslide;
 
 namespace {
-
-std::optional<sim::StreamId> streamOf(Operation *op) {
-  auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
-  if (!attr)
-    return std::nullopt;
-  switch (attr.getValue()) {
-  case sched::Stream::compute:
-    return sim::StreamId::Compute;
-  case sched::Stream::h2d:
-    return sim::StreamId::HostToDevice;
-  case sched::Stream::d2h:
-    return sim::StreamId::DeviceToHost;
-  case sched::Stream::host:
-    return sim::StreamId::Host;
-  }
-  return std::nullopt;
-}
 
 const char *roleCategory(graph::ParamRole role) {
   switch (role) {
@@ -96,10 +80,12 @@ megaslide::hostMemoryByCategory(ModuleOp module) {
   return sorted(byCategory);
 }
 
-PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
-                                      uint64_t gpuBudget, uint64_t gpuReserve,
-                                      uint64_t hostBudget,
-                                      std::vector<std::string> violations) {
+llvm::Expected<PlanReport>
+megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
+                           llvm::ArrayRef<Operation *> origins,
+                           const HardwareModel &hw, uint64_t gpuBudget,
+                           uint64_t gpuReserve, uint64_t hostBudget,
+                           std::vector<std::string> violations) {
   PlanReport r;
   r.hardware = hw;
   r.gpuBudget = gpuBudget;
@@ -143,34 +129,41 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
   for (const DeviceBuffer *b : llvm::ArrayRef(peak.buffers).take_front(10))
     r.topConsumers.push_back({b->slice.size, b->describe()});
 
-  // Tasks in issue order for the replay, and per-block figures.
   std::vector<Operation *> opAt(buffers.numSteps, nullptr);
   for (auto [op, index] : buffers.index)
     opAt[index] = op;
-  std::vector<sim::Task> tasks;
-  SymbolTableCollection symbols;
-  DenseMap<Operation *, int64_t> taskOf;
-  std::vector<Operation *> taskOps;
-  std::map<std::string, uint64_t> h2dKinds, d2hKinds;
-  for (Operation *op : opAt) {
-    if (!op)
-      continue;
-    std::optional<sim::StreamId> stream = streamOf(op);
-    if (std::optional<int64_t> l = graph::getLayer(op); l && *l < numLayers)
+  for (Operation *op : opAt)
+    if (std::optional<int64_t> l = op ? graph::getLayer(op) : std::nullopt;
+        l && *l < numLayers)
       r.layers[*l].devicePeak =
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
-    if (!stream || op->hasTrait<OpTrait::IsTerminator>())
+
+  // The step time: the sim backend's replay of the exported program.
+  llvm::Expected<std::vector<sim::Task>> tasks = sim::buildTasks(program, hw);
+  if (!tasks)
+    return tasks.takeError();
+  sim::Timeline timeline = sim::replay(*tasks);
+  r.predictedSeconds = timeline.makespan;
+  r.lowerBoundSeconds = timeline.lowerBound();
+  for (int s = 0; s < exec::kNumStreams; ++s)
+    r.busySeconds[s] = timeline.busy[s];
+
+  // Per-instruction figures; events (record, wait) do no work.
+  DenseMap<Operation *, int64_t> instructionOf;
+  std::vector<int64_t> work;
+  Operation *loss = nullptr;
+  std::map<std::string, uint64_t> h2dKinds, d2hKinds;
+  for (auto [i, inst] : llvm::enumerate(program.instructions)) {
+    Operation *op = origins[i];
+    if (isa<sched::RecordOp, sched::WaitOp>(op))
       continue;
-    OpCost cost = costOf(op, hw, symbols);
-    sim::Task task;
-    task.stream = *stream;
-    task.seconds = cost.seconds;
-    for (Value v : op->getOperands())
-      if (Operation *def = v.getDefiningOp())
-        if (auto it = taskOf.find(def); it != taskOf.end())
-          task.deps.push_back(it->second);
-    if (*stream == sim::StreamId::Compute)
-      r.deviceFlops += cost.flops;
+    instructionOf[op] = i;
+    work.push_back(i);
+    const exec::CostInputs &cost = inst.cost;
+    if (inst.stream == exec::Stream::Compute)
+      r.deviceFlops += cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
+    if (isa<graph::FlowMatchingLossOp>(op))
+      loss = op;
     if (isa<sched::FetchOp>(op)) {
       r.h2dBytes += cost.bytes;
       h2dKinds["weights"] += cost.bytes;
@@ -190,71 +183,13 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
                : checkpoint ? "checkpoints"
                             : "loss"] += cost.bytes;
     }
-    // Results occupy their arena bytes from the producer on (reshapes are
-    // views and write nothing).
-    if (!isa<graph::ReshapeOp>(op)) {
-      if (auto offsets =
-              op->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName))
-        for (auto [offset, result] :
-             llvm::zip(offsets.asArrayRef(), op->getResults()))
-          if (offset >= 0)
-            task.writes.push_back(
-                {offset, static_cast<int64_t>(tensorBytes(result.getType()))});
-      if (auto ws =
-              op->getAttrOfType<DenseI64ArrayAttr>(sched::kWorkspaceAttrName))
-        task.writes.push_back({ws[0], ws[1]});
-    }
-    taskOf[op] = tasks.size();
-    taskOps.push_back(op);
-    tasks.push_back(std::move(task));
   }
-  // A buffer's bytes are free once every user of it has finished; the
-  // release is attached to its last user in issue order.
-  std::vector<SmallVector<Value, 2>> members(buffers.buffers.size());
-  for (auto [v, index] : buffers.bufferOf)
-    members[index].push_back(v);
-  for (auto [bufferIndex, b] : llvm::enumerate(buffers.buffers)) {
-    Operation *last = opAt[b.slice.end];
-    auto lastTask = taskOf.find(last);
-    if (lastTask == taskOf.end())
-      continue;
-    int64_t offset = -1;
-    if (b.value) {
-      auto offsets =
-          b.owner->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
-      if (!offsets)
-        continue;
-      offset = offsets[cast<OpResult>(b.value).getResultNumber()];
-    } else if (auto ws = b.owner->getAttrOfType<DenseI64ArrayAttr>(
-                   sched::kWorkspaceAttrName)) {
-      offset = ws[0];
-    }
-    if (offset < 0)
-      continue;
-    sim::Release release{{offset, b.slice.size}, {}};
-    if (auto owner = taskOf.find(b.owner); owner != taskOf.end())
-      release.users.push_back(owner->second);
-    for (Value v : members[bufferIndex])
-      for (Operation *user : v.getUsers())
-        if (auto t = taskOf.find(user); t != taskOf.end())
-          release.users.push_back(t->second);
-    tasks[lastTask->second].frees.push_back(std::move(release));
-  }
-  sim::Timeline timeline = sim::replay(tasks);
-  r.predictedSeconds = timeline.makespan;
-  r.lowerBoundSeconds = timeline.lowerBound();
-  for (int s = 0; s < sim::kNumStreams; ++s)
-    r.busySeconds[s] = timeline.busy[s];
 
   // Weight shard per block: bytes fetched in its forward pass.
-  Operation *loss = nullptr;
-  for (Operation *op : taskOps)
-    if (isa<graph::FlowMatchingLossOp>(op))
-      loss = op;
-  for (Operation *op : taskOps)
-    if (auto fetch = dyn_cast<sched::FetchOp>(op))
-      if (std::optional<int64_t> l = graph::getLayer(op);
-          l && *l < numLayers && loss && op->isBeforeInBlock(loss))
+  for (int64_t i : work)
+    if (auto fetch = dyn_cast<sched::FetchOp>(origins[i]))
+      if (std::optional<int64_t> l = graph::getLayer(fetch);
+          l && *l < numLayers && loss && fetch->isBeforeInBlock(loss))
         r.layers[*l].shardBytes += tensorBytes(fetch.getType());
   for (const DeviceBuffer &b : buffers.buffers)
     if (b.category == "checkpoints" && b.value &&
@@ -273,18 +208,19 @@ PlanReport megaslide::buildPlanReport(ModuleOp module, const HardwareModel &hw,
     double at = 0;
     for (size_t j = i; j < std::min(opAt.size(), i + stride); ++j) {
       peak = std::max(peak, live[j]);
-      if (auto t = taskOf.find(opAt[j]); t != taskOf.end())
+      if (auto t = instructionOf.find(opAt[j]); t != instructionOf.end())
         at = timeline.start[t->second];
     }
     r.memoryTimeline.push_back({at, static_cast<uint64_t>(peak)});
   }
   // The last interval of each stream, by index (no search back through
   // the other streams' intervals).
-  std::array<std::optional<size_t>, sim::kNumStreams> lastOfStream;
-  for (size_t i = 0; i < taskOps.size(); ++i) {
-    int stream = static_cast<int>(tasks[i].stream);
-    std::optional<int64_t> l = graph::getLayer(taskOps[i]);
-    std::string label = l ? "block " + std::to_string(*l) : "other";
+  std::array<std::optional<size_t>, exec::kNumStreams> lastOfStream;
+  for (int64_t i : work) {
+    const exec::Instruction &inst = program.instructions[i];
+    int stream = static_cast<int>(inst.stream);
+    std::string label =
+        inst.layer ? "block " + std::to_string(*inst.layer) : "other";
     // Merge with the last interval of the same stream and label.
     if (std::optional<size_t> last = lastOfStream[stream]) {
       PlanReport::Interval &iv = r.streamTimeline[*last];
@@ -328,18 +264,18 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
     memory.push_back(llvm::json::Array{t, bytes});
   for (const PlanReport::Interval &iv : r.streamTimeline)
     streams.push_back(llvm::json::Object{
-        {"stream", sim::streamName(static_cast<sim::StreamId>(iv.stream))},
+        {"stream", exec::streamName(static_cast<exec::Stream>(iv.stream))},
         {"start", iv.start},
         {"end", iv.end},
         {"label", iv.label}});
-  static const char *streamNames[] = {"compute", "h2d", "d2h", "host"};
   llvm::json::Object busy;
   int boundBy = 0;
-  for (int s = 0; s < 4; ++s) {
-    busy[streamNames[s]] = r.busySeconds[s];
+  for (int s = 0; s < exec::kNumStreams; ++s) {
+    busy[exec::streamName(static_cast<exec::Stream>(s))] = r.busySeconds[s];
     if (r.busySeconds[s] > r.busySeconds[boundBy])
       boundBy = s;
   }
+  const char *boundName = exec::streamName(static_cast<exec::Stream>(boundBy));
   out["fits"] = r.fits();
   out["violations"] = std::move(violations);
   out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
@@ -364,7 +300,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                          {"d2h_by_kind", categories(r.d2hByKind)}};
   out["step"] = llvm::json::Object{{"predicted_seconds", r.predictedSeconds},
                                    {"lower_bound_seconds", r.lowerBoundSeconds},
-                                   {"bound_by", streamNames[boundBy]},
+                                   {"bound_by", boundName},
                                    {"busy_seconds", std::move(busy)},
                                    {"device_flops", r.deviceFlops}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},

@@ -4,6 +4,7 @@
 
 #include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Support/Units.h"
+#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
 #include "Schedule/ScheduleOps.h"
 #include "plan/HyperParameters.h"
@@ -156,9 +157,17 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "planning failed: %s", all.c_str());
   }
-  result.report =
-      buildPlanReport(*result.module, hw, *gpu, *reserve, *host,
-                      failed(ran) ? diagnostics : std::vector<std::string>());
+  std::vector<Operation *> origins;
+  llvm::Expected<exec::ExecPlan> program =
+      exportProgram(*result.module, &origins);
+  if (!program)
+    return program.takeError();
+  llvm::Expected<PlanReport> report = buildPlanReport(
+      *result.module, *program, origins, hw, *gpu, *reserve, *host,
+      failed(ran) ? diagnostics : std::vector<std::string>());
+  if (!report)
+    return report.takeError();
+  result.report = std::move(*report);
   // parseHardwareModel's ranges keep every figure finite; should one still
   // not be, refuse it by name rather than print "inf" into a JSON report.
   if (std::optional<std::string> bad = firstNonFinite(toJson(result)))

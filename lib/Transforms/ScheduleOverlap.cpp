@@ -19,25 +19,20 @@ namespace megaslide {
 
 using namespace mlir;
 using namespace megaslide;
-using sched::Stream;
+using exec::Stream;
+using sched::getStream;
 
 namespace {
 
 std::optional<Stream> streamFor(Operation *op) {
   if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
-    return Stream::h2d;
+    return Stream::HostToDevice;
   if (isa<sched::DeviceToHostOp>(op))
-    return Stream::d2h;
+    return Stream::DeviceToHost;
   if (isa<sched::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
-    return Stream::host;
+    return Stream::Host;
   if (isa<graph::GraphDialect>(op->getDialect()))
-    return Stream::compute;
-  return std::nullopt;
-}
-
-std::optional<Stream> getStream(Operation *op) {
-  if (auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
-    return attr.getValue();
+    return Stream::Compute;
   return std::nullopt;
 }
 
@@ -60,7 +55,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     Operation *firstCompute = nullptr;
     for (Operation &op : body) {
       if (op.isBeforeInBlock(loss) == backward || &op == loss ||
-          getStream(&op) != Stream::compute)
+          getStream(&op) != Stream::Compute)
         continue;
       if (!firstCompute)
         firstCompute = &op;
@@ -99,7 +94,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     for (Operation &op : llvm::reverse(body)) {
       if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
         nextCompute[&op] = next;
-      if (getStream(&op) == Stream::compute)
+      if (getStream(&op) == Stream::Compute)
         next = &op;
     }
     // A transfer cannot overlap when nothing computes between it and its
@@ -179,14 +174,13 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
   // The attribute's name and its four values made once, not once per op.
   MLIRContext *context = module.getContext();
   StringAttr streamName = StringAttr::get(context, sched::kStreamAttrName);
-  std::optional<sched::StreamAttr> streamAttrs[4];
+  IntegerAttr streamAttrs[exec::kNumStreams];
   for (Operation &op : step->getBody().front())
     if (std::optional<Stream> s = streamFor(&op)) {
-      std::optional<sched::StreamAttr> &attr =
-          streamAttrs[static_cast<uint32_t>(*s)];
+      IntegerAttr &attr = streamAttrs[static_cast<int>(*s)];
       if (!attr)
-        attr = sched::StreamAttr::get(context, *s);
-      op.setAttr(streamName, *attr);
+        attr = sched::getStreamAttr(context, *s);
+      op.setAttr(streamName, attr);
     }
   if (loss)
     prefetch(*step, loss, distance, emitRemarks);

@@ -48,10 +48,10 @@ LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
     return module.emitError() << "has no device arena; run "
                                  "megaslide-plan-memory";
   for (Operation &op : step.getBody().front()) {
-    auto stream = op.getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName);
+    std::optional<exec::Stream> stream = sched::getStream(&op);
     if (!stream ||
-        (stream.getValue() != sched::Stream::compute &&
-         stream.getValue() != sched::Stream::h2d) ||
+        (*stream != exec::Stream::Compute &&
+         *stream != exec::Stream::HostToDevice) ||
         op.getNumResults() == 0)
       continue;
     auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);

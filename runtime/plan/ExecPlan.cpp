@@ -54,20 +54,6 @@ int64_t exec::dtypeBytes(DType dtype) {
   return 0;
 }
 
-const char *exec::streamName(Stream stream) {
-  switch (stream) {
-  case Stream::Compute:
-    return "compute";
-  case Stream::HostToDevice:
-    return "h2d";
-  case Stream::DeviceToHost:
-    return "d2h";
-  case Stream::Host:
-    return "host";
-  }
-  return "?";
-}
-
 int64_t TensorType::numElements() const {
   int64_t n = 1;
   for (int64_t d : shape)
@@ -630,11 +616,10 @@ static bool fromJSON(const llvm::json::Value &v, DType &d,
 static bool fromJSON(const llvm::json::Value &v, Stream &s,
                      llvm::json::Path path) {
   std::optional<llvm::StringRef> name = v.getAsString();
-  for (int i = 0; i < kNumStreams; ++i)
-    if (name && *name == streamName(static_cast<Stream>(i))) {
-      s = static_cast<Stream>(i);
-      return true;
-    }
+  if (std::optional<Stream> parsed = name ? parseStream(*name) : std::nullopt) {
+    s = *parsed;
+    return true;
+  }
   path.report("expected one of compute, h2d, d2h, host");
   return false;
 }

@@ -23,6 +23,7 @@
 
 #include "megaslide/Version.h"
 #include "plan/OpCode.h"
+#include "plan/Stream.h"
 
 namespace megaslide::exec {
 
@@ -39,16 +40,6 @@ enum class DType : uint8_t { BF16, F16, F32, I32, I64 };
 const char *dtypeName(DType dtype);
 std::optional<DType> parseDType(llvm::StringRef name);
 int64_t dtypeBytes(DType dtype);
-
-/// The four queues of a step, as `msched.stream` numbers them.
-enum class Stream : uint8_t {
-  Compute = 0,
-  HostToDevice = 1,
-  DeviceToHost = 2,
-  Host = 3
-};
-inline constexpr int kNumStreams = 4;
-const char *streamName(Stream stream);
 
 struct TensorType {
   DType dtype = DType::F32;

@@ -128,7 +128,7 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
   for (size_t i = 0; i < n; ++i) {
     const exec::Instruction &inst = plan.instructions[i];
     Task &task = tasks[i];
-    task.stream = static_cast<StreamId>(inst.stream);
+    task.stream = inst.stream;
     if (inst.op == exec::OpCode::Record) {
       recordOf[*inst.event] = i;
       continue;

@@ -1,11 +1,11 @@
 //===- SimBackend.h - Predicted timing of an execution plan -----*- C++ -*-===//
 //
 // The sim backend: replays one step of an execution plan on a hardware
-// description, with no device and no numerics. It builds the replay's tasks
-// from the plan by the rules the planner applies to the IR
-// (lib/Analysis/PlanReport.cpp; docs/CostModel.md, "The replay") and times
-// each instruction with sim::secondsFor, so for the plan exported from a
-// planned module it predicts what `megaslide-plan` predicts for that module.
+// description, with no device and no numerics (docs/CostModel.md, "The
+// replay"). megaslide-plan's predicted step is the same replay of the
+// planned module exported in memory (buildPlanReport), so for a plan
+// compiled from a module this backend predicts what `megaslide-plan`
+// predicts for that module.
 //
 //===----------------------------------------------------------------------===//
 

@@ -8,20 +8,6 @@
 
 using namespace megaslide::sim;
 
-const char *megaslide::sim::streamName(StreamId stream) {
-  switch (stream) {
-  case StreamId::Compute:
-    return "compute";
-  case StreamId::HostToDevice:
-    return "h2d";
-  case StreamId::DeviceToHost:
-    return "d2h";
-  case StreamId::Host:
-    return "host";
-  }
-  return "?";
-}
-
 double Timeline::lowerBound() const {
   return *std::max_element(std::begin(busy), std::end(busy));
 }
@@ -78,7 +64,7 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks) {
   Timeline t;
   t.start.resize(tasks.size());
   t.end.resize(tasks.size());
-  double streamFree[kNumStreams] = {};
+  double streamFree[exec::kNumStreams] = {};
   ReleaseTimes released;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task &task = tasks[i];

@@ -8,15 +8,12 @@
 #ifndef MEGASLIDE_RUNTIME_SIM_TIMELINE_H
 #define MEGASLIDE_RUNTIME_SIM_TIMELINE_H
 
+#include "plan/Stream.h"
+
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace megaslide::sim {
-
-enum class StreamId : uint8_t { Compute = 0, HostToDevice, DeviceToHost, Host };
-inline constexpr int kNumStreams = 4;
-const char *streamName(StreamId stream);
 
 /// Device bytes [offset, offset + size) of the arena.
 struct ByteRange {
@@ -32,7 +29,7 @@ struct Release {
 };
 
 struct Task {
-  StreamId stream;
+  exec::Stream stream;
   double seconds = 0;
   std::vector<int64_t> deps;     ///< tasks whose results this one reads
   std::vector<ByteRange> writes; ///< arena bytes this task's results occupy
@@ -41,7 +38,7 @@ struct Task {
 
 struct Timeline {
   std::vector<double> start, end; ///< per task, seconds
-  double busy[kNumStreams] = {};  ///< summed task time per stream
+  double busy[exec::kNumStreams] = {}; ///< summed task time per stream
   double makespan = 0;
   /// max over streams of busy time: no schedule can be faster.
   double lowerBound() const;

@@ -256,41 +256,36 @@ void referenceApplyPolicies(ModuleOp module,
 // Prefetch
 //===----------------------------------------------------------------------===//
 
-std::optional<sched::Stream> getStream(Operation *op) {
-  if (auto attr = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
-    return attr.getValue();
-  return std::nullopt;
-}
-
 /// Streams as schedule-overlap assigns them, then each transfer moved as
 /// soon as its target is known; remarks found by scanning forward.
 void referenceStreamsAndPrefetch(ModuleOp module, int64_t distance,
                                  std::vector<std::string> &remarks) {
-  using sched::Stream;
+  using exec::Stream;
+  using sched::getStream;
   func::FuncOp step = *getTrainStep(module);
   Operation *loss = findLoss(step);
   Block &body = step.getBody().front();
   for (Operation &op : body) {
     std::optional<Stream> s;
     if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
-      s = Stream::h2d;
+      s = Stream::HostToDevice;
     else if (isa<sched::DeviceToHostOp>(op))
-      s = Stream::d2h;
+      s = Stream::DeviceToHost;
     else if (isa<sched::HostAdamWOp>(op) ||
              op.hasTrait<OpTrait::IsTerminator>())
-      s = Stream::host;
+      s = Stream::Host;
     else if (isa<graph::GraphDialect>(op.getDialect()))
-      s = Stream::compute;
+      s = Stream::Compute;
     if (s)
       op.setAttr(sched::kStreamAttrName,
-                 sched::StreamAttr::get(module.getContext(), *s));
+                 sched::getStreamAttr(module.getContext(), *s));
   }
   for (bool backward : {false, true}) {
     SmallVector<std::pair<int64_t, Operation *>> segments;
     Operation *firstCompute = nullptr;
     for (Operation &op : body) {
       if (op.isBeforeInBlock(loss) == backward || &op == loss ||
-          getStream(&op) != Stream::compute)
+          getStream(&op) != Stream::Compute)
         continue;
       if (!firstCompute)
         firstCompute = &op;
@@ -327,7 +322,7 @@ void referenceStreamsAndPrefetch(ModuleOp module, int64_t distance,
         continue;
       bool overlapped = false;
       for (Operation *op = fetch->getNextNode(); op; op = op->getNextNode()) {
-        if (getStream(op) != Stream::compute)
+        if (getStream(op) != Stream::Compute)
           continue;
         overlapped =
             !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
@@ -463,8 +458,8 @@ TEST_F(PlanningReferenceTest, PrefetchMatchesMovingOneAtATime) {
 }
 
 bool referenceOnDevice(Operation *op) {
-  std::optional<sched::Stream> s = getStream(op);
-  return s && (*s == sched::Stream::compute || *s == sched::Stream::h2d);
+  std::optional<exec::Stream> s = sched::getStream(op);
+  return s && (*s == exec::Stream::Compute || *s == exec::Stream::HostToDevice);
 }
 
 TEST_F(PlanningReferenceTest, DeviceBuffersMatchUnionFind) {

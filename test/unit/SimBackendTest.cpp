@@ -362,16 +362,16 @@ TEST(SimBackend, TasksFollowThePlannersRules) {
       llvm::cantFail(buildTasks(block.b.plan, roundHardware()));
   ASSERT_EQ(tasks.size(), 14u);
   // Streams and durations from the formula.
-  EXPECT_EQ(tasks[3].stream, StreamId::HostToDevice);
+  EXPECT_EQ(tasks[3].stream, Stream::HostToDevice);
   EXPECT_DOUBLE_EQ(tasks[3].seconds, 1);
-  EXPECT_EQ(tasks[7].stream, StreamId::Compute);
+  EXPECT_EQ(tasks[7].stream, Stream::Compute);
   EXPECT_DOUBLE_EQ(tasks[7].seconds, 3);
   EXPECT_DOUBLE_EQ(tasks[10].seconds, 2);
   EXPECT_DOUBLE_EQ(tasks[13].seconds, 10);
   // Events are zero-length: a wait depends on its record.
   EXPECT_DOUBLE_EQ(tasks[1].seconds, 0);
-  EXPECT_EQ(tasks[1].stream, StreamId::HostToDevice);
-  EXPECT_EQ(tasks[2].stream, StreamId::Compute);
+  EXPECT_EQ(tasks[1].stream, Stream::HostToDevice);
+  EXPECT_EQ(tasks[2].stream, Stream::Compute);
   EXPECT_EQ(tasks[2].deps, std::vector<int64_t>{1});
   // Dependencies are the producers of the values read (inputs have none).
   EXPECT_EQ(tasks[4].deps, std::vector<int64_t>{0});

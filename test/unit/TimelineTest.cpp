@@ -15,15 +15,16 @@
 #include <vector>
 
 using namespace megaslide::sim;
+using megaslide::exec::Stream;
 
 namespace {
 
-constexpr StreamId kCompute = StreamId::Compute;
-constexpr StreamId kH2D = StreamId::HostToDevice;
-constexpr StreamId kD2H = StreamId::DeviceToHost;
-constexpr StreamId kHost = StreamId::Host;
+constexpr Stream kCompute = Stream::Compute;
+constexpr Stream kH2D = Stream::HostToDevice;
+constexpr Stream kD2H = Stream::DeviceToHost;
+constexpr Stream kHost = Stream::Host;
 
-Task task(StreamId stream, double seconds, std::vector<int64_t> deps = {},
+Task task(Stream stream, double seconds, std::vector<int64_t> deps = {},
           std::vector<ByteRange> writes = {}, std::vector<Release> frees = {}) {
   Task t;
   t.stream = stream;
@@ -34,9 +35,7 @@ Task task(StreamId stream, double seconds, std::vector<int64_t> deps = {},
   return t;
 }
 
-double busy(const Timeline &t, StreamId s) {
-  return t.busy[static_cast<int>(s)];
-}
+double busy(const Timeline &t, Stream s) { return t.busy[static_cast<int>(s)]; }
 
 TEST(Timeline, EmptyScheduleTakesNoTime) {
   Timeline t = replay({});
@@ -172,11 +171,17 @@ TEST(Timeline, LowerBoundIsTheBusiestStream) {
   EXPECT_LE(t.lowerBound(), t.makespan);
 }
 
+// The names of the printed IR and the plan's JSON (plan/Stream.h).
 TEST(Timeline, StreamNames) {
+  using megaslide::exec::parseStream;
+  using megaslide::exec::streamName;
   EXPECT_EQ(std::string(streamName(kCompute)), "compute");
   EXPECT_EQ(std::string(streamName(kH2D)), "h2d");
   EXPECT_EQ(std::string(streamName(kD2H)), "d2h");
   EXPECT_EQ(std::string(streamName(kHost)), "host");
+  for (Stream s : {kCompute, kH2D, kD2H, kHost})
+    EXPECT_EQ(parseStream(streamName(s)), s);
+  EXPECT_EQ(parseStream("gpu"), std::nullopt);
 }
 
 } // namespace

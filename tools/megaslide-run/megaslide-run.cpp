@@ -9,7 +9,7 @@
 #include "../common/PlanFlags.h"
 #include "../common/RunDriver.h"
 
-#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
+#include "megaslide/Pipelines/CompileExecPlan.h"
 
 #include "mlir/IR/MLIRContext.h"
 

@@ -1,11 +1,11 @@
 //===- CostModel.h - What each op of a scheduled step costs -----*- C++ -*-===//
 //
 // The cost inputs of an op of the planned `@train_step` (FLOPs by category,
-// bytes moved) and its time on a hardware description. The description and
-// the formula live in the runtime (runtime/sim/HardwareModel.h), shared with
-// the sim backend: the planner derives CostInputs from the IR here, the
-// execution-plan exporter stores the same CostInputs in the plan, and both
-// time them with sim::secondsFor.
+// bytes moved). The hardware description and the formula that times them
+// live in the runtime (runtime/sim/HardwareModel.h): the execution-plan
+// exporter stores these CostInputs in the plan, and the sim backend's
+// replay of it, which megaslide-plan's report runs too, times them with
+// sim::secondsFor.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,18 +47,6 @@ sim::CostKind costKindOf(mlir::Operation *op);
 /// `symbols` caches the lookups of fetched parameters across calls.
 exec::CostInputs costInputsOf(mlir::Operation *op,
                               mlir::SymbolTableCollection &symbols);
-
-/// Where an op's time goes on `hw`.
-struct OpCost {
-  uint64_t flops = 0;
-  uint64_t bytes = 0; ///< moved through HBM, PCIe or host memory
-  double seconds = 0;
-};
-
-/// costInputsOf, timed by sim::secondsFor; an op whose first result is
-/// fp32 runs its tensor work at `f32_dense_flops`.
-OpCost costOf(mlir::Operation *op, const HardwareModel &hw,
-              mlir::SymbolTableCollection &symbols);
 
 } // namespace megaslide
 

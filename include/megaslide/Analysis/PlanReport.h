@@ -2,8 +2,8 @@
 //
 // Reads a module after `megaslide-pipeline` and reports host and device
 // memory by category and per block, transfer volume, and the step time
-// predicted by replaying the schedule on a hardware model, next to its
-// lower bound. Schema: docs/PlanSchema.md.
+// predicted by replaying its execution plan on a hardware model, next to
+// its lower bound. Schema: docs/PlanSchema.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,6 +11,7 @@
 #define MEGASLIDE_ANALYSIS_PLANREPORT_H
 
 #include "megaslide/Analysis/CostModel.h"
+#include "plan/ExecPlan.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/JSON.h"
@@ -59,7 +60,7 @@ struct PlanReport {
 
   uint64_t deviceFlops = 0; ///< incl. recomputation
   double predictedSeconds = 0, lowerBoundSeconds = 0;
-  double busySeconds[4] = {}; ///< compute, h2d, d2h, host
+  double busySeconds[exec::kNumStreams] = {}; ///< by exec::Stream
 
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;
@@ -77,12 +78,19 @@ struct PlanReport {
 std::vector<std::pair<std::string, uint64_t>>
 hostMemoryByCategory(mlir::ModuleOp module);
 
-/// Builds the report of a planned module. `violations` are the budget
-/// errors the pipeline reported (empty when it fits).
-PlanReport buildPlanReport(mlir::ModuleOp module, const HardwareModel &hw,
-                           uint64_t gpuBudget, uint64_t gpuReserve,
-                           uint64_t hostBudget,
-                           std::vector<std::string> violations);
+/// Builds the report of a planned module. `program` is the module's
+/// training step as exported for the runtime (exportProgram), `origins` the
+/// op of each of its instructions: the step time is the sim backend's
+/// replay of the program (sim::buildTasks, docs/CostModel.md), so the
+/// planner and the backend predict one step. `violations` are the budget
+/// errors the pipeline reported (empty when it fits). Fails when the
+/// replay does (sim::buildTasks: e.g. a time that is not finite).
+llvm::Expected<PlanReport>
+buildPlanReport(mlir::ModuleOp module, const exec::ExecPlan &program,
+                llvm::ArrayRef<mlir::Operation *> origins,
+                const HardwareModel &hw, uint64_t gpuBudget,
+                uint64_t gpuReserve, uint64_t hostBudget,
+                std::vector<std::string> violations);
 
 /// Adds the report's fields to `out` (docs/PlanSchema.md).
 void addToJson(const PlanReport &report, llvm::json::Object &out);

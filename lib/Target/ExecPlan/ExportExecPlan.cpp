@@ -90,9 +90,32 @@ std::optional<exec::Attr> convertAttr(Attribute attr) {
   return std::nullopt;
 }
 
+/// The CUDA sources of the module's 3D-DSA configurations.
+void addKernelModules(ModuleOp module, exec::ExecPlan &plan) {
+  // Configurations the CUDA kernels do not support (e.g. an f32 step) get
+  // no module: the cpu and sim backends run them, and the cuda backend
+  // refuses the plan naming the configuration.
+  for (const cuda::DsaConfig &config : cuda::collectDsaConfigs(module)) {
+    cuda::DsaKernelPlan kernels;
+    std::string unsupported;
+    if (!cuda::planDsaKernels(config, kernels, unsupported))
+      continue;
+    exec::KernelModule kernel;
+    kernel.name = cuda::configName(config);
+    kernel.source = cuda::emitDsaKernelSource(config, kernels);
+    llvm::raw_string_ostream os(kernel.manifest);
+    cuda::writeDsaManifest(config, kernels, os);
+    plan.kernelModules.push_back(std::move(kernel));
+  }
+}
+
 class Exporter {
 public:
-  Exporter(ModuleOp module, func::FuncOp step) : module(module), step(step) {}
+  /// Without `attributes`, instructions have no `attrs` and no `param`.
+  Exporter(ModuleOp module, func::FuncOp step, bool attributes,
+           std::vector<Operation *> *origins)
+      : module(module), step(step), attributes(attributes), origins(origins) {}
+  /// The parameters, values and instructions.
   llvm::Expected<exec::ExecPlan> run();
 
 private:
@@ -100,7 +123,7 @@ private:
   llvm::Expected<int64_t> newValue(mlir::Value v, exec::Home home,
                                    int64_t offset = -1);
   llvm::Error exportOp(Operation *op);
-  llvm::Error addKernelModules();
+  void addInstruction(Operation *op, exec::Instruction inst);
 
   ModuleOp module;
   func::FuncOp step;
@@ -109,6 +132,8 @@ private:
   /// Events a timepoint stands for (a join stands for several).
   llvm::DenseMap<mlir::Value, llvm::SmallVector<int64_t, 2>> events;
   SymbolTableCollection symbols;
+  bool attributes;
+  std::vector<Operation *> *origins;
 };
 
 } // namespace
@@ -172,28 +197,30 @@ llvm::Error Exporter::exportOp(Operation *op) {
                        "Ops.def; docs/AddingAnOp.md)");
   exec::Instruction inst;
   inst.op = *code;
-  if (auto stream = op->getAttrOfType<sched::StreamAttr>(sched::kStreamAttrName))
-    inst.stream = static_cast<exec::Stream>(stream.getValue());
+  if (std::optional<exec::Stream> stream = sched::getStream(op))
+    inst.stream = *stream;
   if (std::optional<int64_t> layer = graph::getLayer(op))
     inst.layer = *layer;
 
   if (auto record = dyn_cast<sched::RecordOp>(op)) {
-    inst.stream = static_cast<exec::Stream>(record.getStream());
+    inst.stream = record.getStream();
     inst.event = plan.numEvents++;
     events[record.getTimepoint()] = {*inst.event};
-    plan.instructions.push_back(std::move(inst));
+    addInstruction(op, std::move(inst));
     return llvm::Error::success();
   }
   if (auto wait = dyn_cast<sched::WaitOp>(op)) {
-    inst.stream = static_cast<exec::Stream>(wait.getStream());
+    inst.stream = wait.getStream();
     for (int64_t event : events[wait.getTimepoint()]) {
       exec::Instruction one = inst;
       one.event = event;
-      plan.instructions.push_back(std::move(one));
+      addInstruction(op, std::move(one));
     }
     return llvm::Error::success();
   }
 
+  inst.operands.reserve(op->getNumOperands());
+  inst.results.reserve(op->getNumResults());
   for (mlir::Value operand : op->getOperands()) {
     auto it = ids.find(operand);
     if (it == ids.end())
@@ -228,43 +255,32 @@ llvm::Error Exporter::exportOp(Operation *op) {
     for (size_t i = 0; i + 1 < ws.asArrayRef().size(); i += 2)
       inst.workspace.push_back({ws[i], ws[i + 1]});
 
-  NamedAttrList attrs(op->getAttrDictionary());
-  op->getName().populateDefaultAttrs(attrs);
-  for (NamedAttribute named : attrs) {
-    StringRef key = named.getName().getValue();
-    if (key.starts_with("msched.") || key == graph::kLayerAttrName)
-      continue;
-    if (key == "param" && isa<sched::FetchOp, sched::HostAdamWOp>(op)) {
-      inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
-      continue;
+  if (attributes) {
+    NamedAttrList attrs(op->getAttrDictionary());
+    op->getName().populateDefaultAttrs(attrs);
+    for (NamedAttribute named : attrs) {
+      StringRef key = named.getName().getValue();
+      if (key.starts_with("msched.") || key == graph::kLayerAttrName)
+        continue;
+      if (key == "param" && isa<sched::FetchOp, sched::HostAdamWOp>(op)) {
+        inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
+        continue;
+      }
+      std::optional<exec::Attr> value = convertAttr(named.getValue());
+      if (!value)
+        return errorAt(op, "attribute '" + key + "' has no plan encoding");
+      inst.attrs.emplace(key.str(), std::move(*value));
     }
-    std::optional<exec::Attr> value = convertAttr(named.getValue());
-    if (!value)
-      return errorAt(op, "attribute '" + key + "' has no plan encoding");
-    inst.attrs.emplace(key.str(), std::move(*value));
   }
   inst.cost = costInputsOf(op, symbols);
-  plan.instructions.push_back(std::move(inst));
+  addInstruction(op, std::move(inst));
   return llvm::Error::success();
 }
 
-llvm::Error Exporter::addKernelModules() {
-  // Configurations the CUDA kernels do not support (e.g. an f32 step) get
-  // no module: the cpu and sim backends run them, and the cuda backend
-  // refuses the plan naming the configuration.
-  for (const cuda::DsaConfig &config : cuda::collectDsaConfigs(module)) {
-    cuda::DsaKernelPlan kernels;
-    std::string unsupported;
-    if (!cuda::planDsaKernels(config, kernels, unsupported))
-      continue;
-    exec::KernelModule kernel;
-    kernel.name = cuda::configName(config);
-    kernel.source = cuda::emitDsaKernelSource(config, kernels);
-    llvm::raw_string_ostream os(kernel.manifest);
-    cuda::writeDsaManifest(config, kernels, os);
-    plan.kernelModules.push_back(std::move(kernel));
-  }
-  return llvm::Error::success();
+void Exporter::addInstruction(Operation *op, exec::Instruction inst) {
+  plan.instructions.push_back(std::move(inst));
+  if (origins)
+    origins->push_back(op);
 }
 
 llvm::Expected<exec::ExecPlan> Exporter::run() {
@@ -280,6 +296,13 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   plan.arenaBytes = pack.getArenaSize().value_or(0);
   plan.alignment = pack.getAlignment();
 
+  // About one instruction and one value per op (a wait of a join makes
+  // more, bookkeeping ops none).
+  size_t numOps = body.getOperations().size();
+  plan.instructions.reserve(numOps);
+  plan.values.reserve(body.getNumArguments() + numOps);
+  if (origins)
+    origins->reserve(numOps);
   for (BlockArgument arg : body.getArguments()) {
     llvm::Expected<int64_t> id = newValue(arg, exec::Home::Input);
     if (!id)
@@ -292,52 +315,39 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   for (Operation &op : body)
     if (llvm::Error err = exportOp(&op))
       return std::move(err);
-
-  plan.plannedLiveBytes = findDevicePeak(collectDeviceBuffers(step)).bytes;
-  if (llvm::Error err = addKernelModules())
-    return std::move(err);
-  if (llvm::Error err = exec::validate(plan))
-    return llvm::createStringError("exported plan is inconsistent (a bug in "
-                                   "the exporter or the passes): " +
-                                   llvm::toString(std::move(err)));
   return std::move(plan);
 }
 
-llvm::Expected<exec::ExecPlan> megaslide::exportExecPlan(ModuleOp module) {
+namespace {
+
+llvm::Expected<exec::ExecPlan> exportStep(ModuleOp module, bool attributes,
+                                          std::vector<Operation *> *origins) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step))
     return llvm::createStringError("cannot export: no @train_step function");
-  return Exporter(module, *step).run();
+  return Exporter(module, *step, attributes, origins).run();
 }
 
+} // namespace
+
 llvm::Expected<exec::ExecPlan>
-megaslide::compileExecPlan(MLIRContext &context, StringRef model,
-                           const VideoShape &video,
-                           const TrainingOptions &training,
-                           const PlanOptions &options, bool *overBudget) {
-  llvm::Expected<PlanResult> planned =
-      planModel(context, model, video, training, options);
-  if (!planned)
-    return planned.takeError();
-  if (!planned->report.fits()) {
-    std::string why;
-    for (const std::string &v : planned->report.violations)
-      why += "\n  " + StringRef(v).split('\n').first.str();
-    if (overBudget)
-      *overBudget = true;
-    return llvm::createStringError("the plan does not fit its budgets (see "
-                                   "megaslide-plan for the full report):" +
-                                   why);
-  }
-  llvm::Expected<exec::ExecPlan> plan = exportExecPlan(*planned->module);
+megaslide::exportProgram(ModuleOp module, std::vector<Operation *> *origins) {
+  return exportStep(module, /*attributes=*/false, origins);
+}
+
+llvm::Expected<exec::ExecPlan> megaslide::exportExecPlan(ModuleOp module) {
+  llvm::Expected<exec::ExecPlan> plan =
+      exportStep(module, /*attributes=*/true, nullptr);
   if (!plan)
     return plan.takeError();
-  const ModelInfo &info = planned->info;
-  plan->model = info.config.name;
-  plan->modelConfig = info.config.sourceJson;
-  plan->grid.assign(info.geometry.grid.begin(), info.geometry.grid.end());
-  plan->batch = info.options.batch;
-  return exec::parseExecPlan(exec::serialize(*plan), "<compiled plan>");
+  plan->plannedLiveBytes =
+      findDevicePeak(collectDeviceBuffers(*getTrainStep(module))).bytes;
+  addKernelModules(module, *plan);
+  if (llvm::Error err = exec::validate(*plan))
+    return llvm::createStringError("exported plan is inconsistent (a bug in "
+                                   "the exporter or the passes): " +
+                                   llvm::toString(std::move(err)));
+  return plan;
 }
 
 void megaslide::registerExportExecPlanTranslation() {

@@ -11,8 +11,6 @@
 
 #include "plan/ExecPlan.h"
 
-#include "megaslide/Pipelines/Plan.h"
-
 #include "mlir/IR/BuiltinOps.h"
 
 namespace megaslide {
@@ -25,15 +23,16 @@ namespace megaslide {
 /// runtime could not execute gives an error naming the op.
 llvm::Expected<exec::ExecPlan> exportExecPlan(mlir::ModuleOp module);
 
-/// Compiles `model` at `video` into a validated execution plan: builds the
-/// training step, runs megaslide-pipeline, exports it, fills in the model
-/// fields and passes the text through the runtime's loader, so what is run
-/// is exactly what a saved plan file would give. A plan over its budgets is
-/// an error listing the violations, with `*overBudget` set.
+/// What the replay of a step reads (sim::buildTasks): exportExecPlan's
+/// parameters, values and instructions without the instructions' op
+/// attributes (`attrs`, `param`), the kernel sources or the planned live
+/// peak, and not validated. megaslide-plan replays it for its predicted
+/// step (buildPlanReport) on every run, where validating 20k instructions
+/// would cost a third of planning. `origins`, when given, receives the op
+/// each instruction was exported from.
 llvm::Expected<exec::ExecPlan>
-compileExecPlan(mlir::MLIRContext &context, llvm::StringRef model,
-                const VideoShape &video, const TrainingOptions &training,
-                const PlanOptions &options, bool *overBudget = nullptr);
+exportProgram(mlir::ModuleOp module,
+              std::vector<mlir::Operation *> *origins = nullptr);
 
 /// Registers `megaslide-translate --emit-exec-plan`.
 void registerExportExecPlanTranslation();
