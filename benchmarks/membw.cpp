@@ -20,8 +20,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/AdamW.h"
-#include "cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <chrono>

@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/AdamW.h"
-#include "cpu/Dsa3d.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>

@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cuda/CudaBackend.h"
-#include "cuda/Nvrtc.h"
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/pybind11.h>

@@ -6,9 +6,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "host/Weights.h"
-#include "trace/ChromeTrace.h"
-#include "train/Session.h"
+#include "megaslide/runtime/host/Weights.h"
+#include "megaslide/runtime/trace/ChromeTrace.h"
+#include "megaslide/runtime/train/Session.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs the NVRTC-built 3D-DSA kernels on a GPU: numerics against a float64
-NumPy reference of DESIGN.md's semantics, timings, and a FlexAttention
+NumPy reference of docs/Dsa3d.md's semantics, timings, and a FlexAttention
 baseline of the same attention.
 
     megaslide-translate --emit-dsa-kernels m.mlir -o DIR --cubin sm_90a

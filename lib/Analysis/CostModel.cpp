@@ -2,8 +2,8 @@
 
 #include "megaslide/Analysis/CostModel.h"
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 
@@ -20,7 +20,7 @@ uint64_t megaslide::tensorBytes(Type type) {
 
 std::optional<exec::OpCode> megaslide::planOpOf(Operation *op) {
   bool graphOp = isa<graph::GraphDialect>(op->getDialect());
-  if (!graphOp && !isa<sched::ScheduleDialect>(op->getDialect()))
+  if (!graphOp && !isa<schedule::ScheduleDialect>(op->getDialect()))
     return std::nullopt;
   std::optional<exec::OpCode> code =
       exec::parseOpCode(op->getName().stripDialect());
@@ -49,7 +49,7 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
   case sim::CostKind::None:
     break;
   case sim::CostKind::Fetch: {
-    auto fetch = cast<sched::FetchOp>(op);
+    auto fetch = cast<schedule::FetchOp>(op);
     in.bytes = tensorBytes(fetch.getType());
     auto source = symbols.lookupNearestSymbolFrom<graph::ParamOp>(
         fetch, fetch.getParamAttr());
@@ -61,7 +61,7 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
     in.bytes = sumBytes(op->getResults());
     break;
   case sim::CostKind::HostAdamW: {
-    auto grad = cast<sched::HostAdamWOp>(op).getGrad().getType();
+    auto grad = cast<schedule::HostAdamWOp>(op).getGrad().getType();
     in.otherFlops = sim::kHostAdamWFlopsPerParam *
                     cast<RankedTensorType>(grad).getNumElements();
     break;

@@ -4,8 +4,8 @@
 
 #include "megaslide/Analysis/CostModel.h"
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/Support/raw_ostream.h"
@@ -16,23 +16,23 @@ using namespace megaslide;
 namespace {
 
 bool onDevice(Operation *op) {
-  std::optional<exec::Stream> stream = sched::getStream(op);
+  std::optional<exec::Stream> stream = schedule::getStream(op);
   return stream && (*stream == exec::Stream::Compute ||
                     *stream == exec::Stream::HostToDevice);
 }
 
 llvm::StringRef categorize(Value v) {
   Operation *def = v.getDefiningOp();
-  if (isa<sched::FetchOp>(def))
+  if (isa<schedule::FetchOp>(def))
     return "weights";
-  if (auto copy = dyn_cast<sched::HostToDeviceOp>(def))
+  if (auto copy = dyn_cast<schedule::HostToDeviceOp>(def))
     return isa<BlockArgument>(copy.getInput()) ? "data batch" : "checkpoints";
-  if (def->hasAttr(sched::kCheckpointAttrName))
+  if (def->hasAttr(schedule::kCheckpointAttrName))
     return "checkpoints";
   for (Operation *user : v.getUsers())
-    if (isa<sched::DeviceToHostOp>(user) &&
+    if (isa<schedule::DeviceToHostOp>(user) &&
         llvm::any_of(user->getUsers(),
-                     [](Operation *u) { return isa<sched::HostAdamWOp>(u); }))
+                     [](Operation *u) { return isa<schedule::HostAdamWOp>(u); }))
       return "gradients";
   return "activations";
 }
@@ -97,7 +97,7 @@ std::string DeviceBuffer::describe() const {
   os << category << " ";
   if (!value) {
     os << owner->getName().stripDialect();
-  } else if (auto fetch = value.getDefiningOp<sched::FetchOp>()) {
+  } else if (auto fetch = value.getDefiningOp<schedule::FetchOp>()) {
     os << fetch.getParam();
   } else {
     os << value.getDefiningOp()->getName().stripDialect() << " output";
@@ -121,7 +121,7 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
   size_t numOps = body.getOperations().size();
   result.index.reserve(numOps);
   for (Operation &op : body)
-    if (!isa<sched::PackOp, sched::BudgetCheckOp>(op))
+    if (!isa<schedule::PackOp, schedule::BudgetCheckOp>(op))
       result.index[&op] = result.numSteps++;
 
   // Reshapes are views: they share their input's buffer, whose value (the

@@ -5,10 +5,10 @@
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Support/Units.h"
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
-#include "sim/SimBackend.h"
-#include "sim/Timeline.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/runtime/sim/SimBackend.h"
+#include "megaslide/runtime/sim/Timeline.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -61,7 +61,7 @@ void accountHost(ModuleOp module, PlanReport &r) {
   for (const auto &[name, bytes] : r.hostByCategory)
     r.hostTotal += bytes;
   uint64_t allowance = 0;
-  if (auto os = module.lookupSymbol<sched::ResourceOp>("os_allowance"))
+  if (auto os = module.lookupSymbol<schedule::ResourceOp>("os_allowance"))
     allowance = os.getSize();
   if (params)
     r.hostBytesPerParam = double(r.hostTotal - allowance) / double(params);
@@ -74,8 +74,8 @@ megaslide::hostMemoryByCategory(ModuleOp module) {
   std::map<std::string, uint64_t> byCategory;
   for (auto param : module.getOps<graph::ParamOp>())
     byCategory[roleCategory(param.getRole())] += tensorBytes(param.getType());
-  for (auto resource : module.getOps<sched::ResourceOp>())
-    if (resource.getResidency() != sched::Residency::device)
+  for (auto resource : module.getOps<schedule::ResourceOp>())
+    if (resource.getResidency() != schedule::Residency::device)
       byCategory[resource.getCategory().str()] += resource.getSize();
   return sorted(byCategory);
 }
@@ -117,7 +117,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
 
   // Device: buffers, the peak and who is live there.
   DeviceBuffers buffers = collectDeviceBuffers(step);
-  if (auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena"))
+  if (auto arena = module.lookupSymbol<schedule::ResourceOp>("device_arena"))
     r.devicePeak = arena.getSize();
   DevicePeak peak = findDevicePeak(buffers);
   const std::vector<int64_t> &live = peak.live;
@@ -155,7 +155,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   std::map<std::string, uint64_t> h2dKinds, d2hKinds;
   for (auto [i, inst] : llvm::enumerate(program.instructions)) {
     Operation *op = origins[i];
-    if (isa<sched::RecordOp, sched::WaitOp>(op))
+    if (isa<schedule::RecordOp, schedule::WaitOp>(op))
       continue;
     instructionOf[op] = i;
     work.push_back(i);
@@ -164,20 +164,20 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
       r.deviceFlops += cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
     if (isa<graph::FlowMatchingLossOp>(op))
       loss = op;
-    if (isa<sched::FetchOp>(op)) {
+    if (isa<schedule::FetchOp>(op)) {
       r.h2dBytes += cost.bytes;
       h2dKinds["weights"] += cost.bytes;
-    } else if (auto in = dyn_cast<sched::HostToDeviceOp>(op)) {
+    } else if (auto in = dyn_cast<schedule::HostToDeviceOp>(op)) {
       r.h2dBytes += cost.bytes;
       h2dKinds[isa<BlockArgument>(in.getInput()) ? "data batch"
                                                  : "checkpoints"] += cost.bytes;
-    } else if (auto out = dyn_cast<sched::DeviceToHostOp>(op)) {
+    } else if (auto out = dyn_cast<schedule::DeviceToHostOp>(op)) {
       r.d2hBytes += cost.bytes;
       bool grad = llvm::any_of(out->getUsers(), [](Operation *u) {
-        return isa<sched::HostAdamWOp>(u);
+        return isa<schedule::HostAdamWOp>(u);
       });
       bool checkpoint = llvm::any_of(out->getUsers(), [](Operation *u) {
-        return isa<sched::HostToDeviceOp>(u);
+        return isa<schedule::HostToDeviceOp>(u);
       });
       d2hKinds[grad         ? "gradients"
                : checkpoint ? "checkpoints"
@@ -187,15 +187,15 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
 
   // Weight shard per block: bytes fetched in its forward pass.
   for (int64_t i : work)
-    if (auto fetch = dyn_cast<sched::FetchOp>(origins[i]))
+    if (auto fetch = dyn_cast<schedule::FetchOp>(origins[i]))
       if (std::optional<int64_t> l = graph::getLayer(fetch);
           l && *l < numLayers && loss && fetch->isBeforeInBlock(loss))
         r.layers[*l].shardBytes += tensorBytes(fetch.getType());
   for (const DeviceBuffer &b : buffers.buffers)
     if (b.category == "checkpoints" && b.value &&
-        !isa<sched::HostToDeviceOp>(b.owner))
+        !isa<schedule::HostToDeviceOp>(b.owner))
       if (auto l =
-              b.owner->getAttrOfType<IntegerAttr>(sched::kCheckpointAttrName);
+              b.owner->getAttrOfType<IntegerAttr>(schedule::kCheckpointAttrName);
           l && l.getInt() < numLayers)
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);

@@ -2,8 +2,8 @@
 
 #include "megaslide/CAPI/MegaSlide.h"
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Model/ModelBuilder.h"
 #include "megaslide/Model/ModelInfo.h"
@@ -14,8 +14,8 @@
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
-#include "plan/HyperParameters.h"
-#include "support/Json.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
+#include "megaslide/runtime/support/Json.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -287,7 +287,7 @@ namespace {
 /// The dialects megaslide-opt registers.
 mlir::DialectRegistry dialectRegistry() {
   mlir::DialectRegistry registry;
-  registry.insert<graph::GraphDialect, sched::ScheduleDialect,
+  registry.insert<graph::GraphDialect, schedule::ScheduleDialect,
                   mlir::func::FuncDialect>();
   return registry;
 }
@@ -608,10 +608,10 @@ static llvm::json::Array deviceBuffersJson(mlir::ModuleOp module,
     int64_t offset = -1;
     if (b.value) {
       if (auto offsets = b.owner->getAttrOfType<mlir::DenseI64ArrayAttr>(
-              sched::kOffsetsAttrName))
+              schedule::kOffsetsAttrName))
         offset = offsets[llvm::cast<mlir::OpResult>(b.value).getResultNumber()];
     } else if (auto ws = b.owner->getAttrOfType<mlir::DenseI64ArrayAttr>(
-                   sched::kWorkspaceAttrName)) {
+                   schedule::kWorkspaceAttrName)) {
       offset = ws[0];
     }
     out.push_back(llvm::json::Object{

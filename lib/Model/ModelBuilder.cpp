@@ -16,9 +16,9 @@
 
 #include "megaslide/Model/ModelBuilder.h"
 
-#include "Graph/GraphAutodiff.h"
-#include "Graph/GraphOps.h"
-#include "plan/ExecPlan.h"
+#include "megaslide/Dialect/Graph/GraphAutodiff.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"

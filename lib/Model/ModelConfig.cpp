@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "plan/HyperParameters.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"

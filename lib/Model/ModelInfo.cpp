@@ -4,7 +4,7 @@
 
 #include "megaslide/Support/Units.h"
 
-#include "Schedule/SchedulePolicies.h"
+#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -143,12 +143,12 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
   for (const auto &[name, n] : info.blockBreakdown)
     breakdown[name] = n;
   llvm::json::Array policies;
-  for (sched::HostStatePolicy p : sched::hostStatePolicies())
+  for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
     policies.push_back(llvm::json::Object{
-        {"name", sched::stringifyEnum(p)},
-        {"description", sched::describe(p)},
-        {"bytes_per_param", sched::bytesPerParam(p)},
-        {"bytes", sched::bytesPerParam(p) * info.trainableParams +
+        {"name", schedule::stringifyEnum(p)},
+        {"description", schedule::describe(p)},
+        {"bytes_per_param", schedule::bytesPerParam(p)},
+        {"bytes", schedule::bytesPerParam(p) * info.trainableParams +
                       4 * info.frozenParams}});
   FlopCount total = info.forward;
   total += info.backward;
@@ -270,10 +270,10 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
                       formatBytes(4 * info.trainableParams));
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       formatBytes(8 * info.trainableParams));
-  for (sched::HostStatePolicy p : sched::hostStatePolicies())
+  for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
     os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n",
-                        sched::bytesPerParam(p), sched::describe(p),
-                        formatBytes(sched::bytesPerParam(p) *
+                        schedule::bytesPerParam(p), schedule::describe(p),
+                        formatBytes(schedule::bytesPerParam(p) *
                                         info.trainableParams +
                                     4 * info.frozenParams));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",

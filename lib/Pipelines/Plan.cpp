@@ -6,8 +6,8 @@
 #include "megaslide/Support/Units.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
-#include "Schedule/ScheduleOps.h"
-#include "plan/HyperParameters.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
@@ -149,7 +149,7 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
   // Budget violations come from the last phase, after memory is planned;
   // any earlier failure is a problem with the input or options.
   bool memoryPlanned = static_cast<bool>(
-      result.module->lookupSymbol<sched::ResourceOp>("device_arena"));
+      result.module->lookupSymbol<schedule::ResourceOp>("device_arena"));
   if (failed(ran) && !memoryPlanned) {
     std::string all;
     for (const std::string &d : diagnostics)

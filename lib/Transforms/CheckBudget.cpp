@@ -108,7 +108,7 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     if (failed(step) || failed(gpu) || failed(host) || failed(reserve))
       return signalPassFailure();
     uint64_t arenaBudget = *gpu - std::min(*gpu, *reserve);
-    auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena");
+    auto arena = module.lookupSymbol<schedule::ResourceOp>("device_arena");
     if (!arena) {
       module.emitError() << "no device arena: run megaslide-plan-memory first";
       return signalPassFailure();
@@ -134,15 +134,15 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
-      sched::HostStatePolicy smallest = sched::HostStatePolicy::bf16_moments;
-      if (policy && policy.getValue() == sched::stringifyEnum(smallest))
+      schedule::HostStatePolicy smallest = schedule::HostStatePolicy::bf16_moments;
+      if (policy && policy.getValue() == schedule::stringifyEnum(smallest))
         diag.attachNote() << "to fit: use a host with more memory or a "
                              "smaller model";
       else
         diag.attachNote() << "to fit: keep AdamW moments in bf16 "
                              "(--host-state-policy "
-                          << sched::stringifyEnum(smallest) << ", "
-                          << sched::bytesPerParam(smallest)
+                          << schedule::stringifyEnum(smallest) << ", "
+                          << schedule::bytesPerParam(smallest)
                           << " B/param), or use a host with more memory";
       fits = false;
     }
@@ -152,10 +152,10 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     // The runtime re-checks before it allocates the arena.
     Block &body = step->getBody().front();
     for (auto check :
-         llvm::make_early_inc_range(body.getOps<sched::BudgetCheckOp>()))
+         llvm::make_early_inc_range(body.getOps<schedule::BudgetCheckOp>()))
       check.erase();
     OpBuilder b(&body, body.begin());
-    sched::BudgetCheckOp::create(b, step->getLoc(), "device_arena",
+    schedule::BudgetCheckOp::create(b, step->getLoc(), "device_arena",
                                  static_cast<int64_t>(arenaBudget));
   }
 };

@@ -35,7 +35,7 @@ void copyInBatch(func::FuncOp step) {
   for (BlockArgument arg : body.getArguments()) {
     if (llvm::none_of(arg.getUsers(), isDeviceCompute))
       continue;
-    auto copy = sched::HostToDeviceOp::create(b, arg.getLoc(), arg);
+    auto copy = schedule::HostToDeviceOp::create(b, arg.getLoc(), arg);
     arg.replaceUsesWithIf(
         copy, [](OpOperand &use) { return isDeviceCompute(use.getOwner()); });
   }
@@ -46,7 +46,7 @@ LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
   bool persistentCopies =
       module->getAttrOfType<StringAttr>(kHostStatePolicyAttr) &&
       module->getAttrOfType<StringAttr>(kHostStatePolicyAttr).getValue() ==
-          sched::stringifyEnum(sched::HostStatePolicy::persistent_bf16);
+          schedule::stringifyEnum(schedule::HostStatePolicy::persistent_bf16);
   SymbolTable symbols(module);
   for (auto load : llvm::make_early_inc_range(step.getOps<LoadOp>())) {
     auto param = symbols.lookup<ParamOp>(load.getParam());
@@ -63,7 +63,7 @@ LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
       if (persistentCopies && param.getRole() == ParamRole::master &&
           mlir::getElementTypeOrSelf(type).isBF16())
         source += ".bf16";
-      auto fetch = sched::FetchOp::create(b, load.getLoc(), type, source);
+      auto fetch = schedule::FetchOp::create(b, load.getLoc(), type, source);
       copyLayer(user, fetch);
       if (cast) {
         cast.replaceAllUsesWith(fetch.getResult());
@@ -100,8 +100,8 @@ LogicalResult moveOptimizerToHost(func::FuncOp step) {
       b.setInsertionPointAfter(anchor);
     else
       b.setInsertionPointToStart(&body);
-    auto out = sched::DeviceToHostOp::create(b, adamw.getLoc(), grad);
-    auto update = sched::HostAdamWOp::create(
+    auto out = schedule::DeviceToHostOp::create(b, adamw.getLoc(), grad);
+    auto update = schedule::HostAdamWOp::create(
         b, adamw.getLoc(), master.getParamAttr(), out, adamw.getStep(),
         adamw.getLrAttr(), adamw.getBeta1Attr(), adamw.getBeta2Attr(),
         adamw.getEpsAttr(), adamw.getWeightDecayAttr());
@@ -141,7 +141,7 @@ LogicalResult megaslide::insertTransfers(ModuleOp module) {
   auto ret = cast<func::ReturnOp>(step->getBody().front().getTerminator());
   OpBuilder b(ret);
   for (OpOperand &operand : ret->getOpOperands())
-    operand.set(sched::DeviceToHostOp::create(b, ret.getLoc(), operand.get()));
+    operand.set(schedule::DeviceToHostOp::create(b, ret.getLoc(), operand.get()));
   return success();
 }
 

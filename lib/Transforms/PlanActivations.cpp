@@ -100,7 +100,7 @@ uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
 
   OpBuilder b(step.getContext());
   for (Value c : checkpoints)
-    c.getDefiningOp()->setAttr(sched::kCheckpointAttrName,
+    c.getDefiningOp()->setAttr(schedule::kCheckpointAttrName,
                                b.getI64IntegerAttr(layer));
 
   IRMapping map;
@@ -118,9 +118,9 @@ uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
       }
       OpBuilder after(lastForwardUse->getBlock(),
                       ++Block::iterator(lastForwardUse));
-      auto out = sched::DeviceToHostOp::create(after, c.getLoc(), c);
+      auto out = schedule::DeviceToHostOp::create(after, c.getLoc(), c);
       copiesOut.insert(out);
-      auto back = sched::HostToDeviceOp::create(b, c.getLoc(), out);
+      auto back = schedule::HostToDeviceOp::create(b, c.getLoc(), out);
       for (Operation *op : {out.getOperation(), back.getOperation()})
         op->setAttr(graph::kLayerAttrName, b.getI64IntegerAttr(layer));
       c.replaceUsesWithIf(back, [&](OpOperand &use) {
@@ -164,12 +164,12 @@ megaslide::applyActivationPolicies(ModuleOp module,
   OpBuilder b(module.getContext());
   std::vector<BlockOps> blocks = collectBlocks(*step, loss, policies.size());
   for (auto [layer, policy] : llvm::enumerate(policies)) {
-    names.push_back(b.getStringAttr(sched::stringifyEnum(policy)));
+    names.push_back(b.getStringAttr(schedule::stringifyEnum(policy)));
     if (policy != ActivationPolicy::keep)
       offloaded += applyToBlock(*step, blocks[layer], layer, policy);
   }
   module->setAttr(kActivationPolicyAttr, b.getArrayAttr(names));
-  declareResource(module, "checkpoint_pool", sched::Residency::host, offloaded,
+  declareResource(module, "checkpoint_pool", schedule::Residency::host, offloaded,
                   "offloaded checkpoints");
   return success();
 }
@@ -237,7 +237,7 @@ struct PlanActivationsPass
     }
     if (failed(ran))
       return failure();
-    return trial->lookupSymbol<sched::ResourceOp>("device_arena").getSize();
+    return trial->lookupSymbol<schedule::ResourceOp>("device_arena").getSize();
   }
 
   void runOnOperation() override {

@@ -31,22 +31,12 @@ static Packing pack(const DeviceBuffers &buffers, int64_t alignment) {
   return packSlices(slices, alignment);
 }
 
-FailureOr<int64_t> megaslide::packedArenaSize(ModuleOp module,
-                                              int64_t alignment) {
-  FailureOr<func::FuncOp> step = getTrainStep(module);
-  if (failed(step) || failed(checkAlignment(module, alignment)))
-    return failure();
-  // Bookkeeping ops (an earlier msched.pack) take no step of the buffers'
-  // lifetimes, so they need not be removed first.
-  return pack(collectDeviceBuffers(*step), alignment).arenaSize;
-}
-
 FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step) || failed(checkAlignment(module, alignment)))
     return failure();
   Block &body = step->getBody().front();
-  for (auto pack : llvm::make_early_inc_range(body.getOps<sched::PackOp>()))
+  for (auto pack : llvm::make_early_inc_range(body.getOps<schedule::PackOp>()))
     pack.erase();
 
   DeviceBuffers buffers = collectDeviceBuffers(*step);
@@ -60,13 +50,13 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
 
   // The problem and its solution, reified for tests and the plan file.
   OpBuilder b(&body, body.begin());
-  sched::PackOp::create(
+  schedule::PackOp::create(
       b, step->getLoc(), b.getI64IntegerAttr(alignment),
       b.getDenseI64ArrayAttr(sizes), b.getDenseI64ArrayAttr(starts),
       b.getDenseI64ArrayAttr(ends), b.getDenseI64ArrayAttr(packing.offsets),
       b.getI64IntegerAttr(packing.arenaSize));
 
-  StringAttr offsetsName = b.getStringAttr(sched::kOffsetsAttrName);
+  StringAttr offsetsName = b.getStringAttr(schedule::kOffsetsAttrName);
   for (Operation &op : body) {
     if (op.getNumResults() == 0)
       continue;
@@ -84,10 +74,10 @@ FailureOr<int64_t> megaslide::planMemory(ModuleOp module, int64_t alignment) {
   for (auto [i, buffer] : llvm::enumerate(buffers.buffers))
     if (!buffer.value)
       buffer.owner->setAttr(
-          sched::kWorkspaceAttrName,
+          schedule::kWorkspaceAttrName,
           b.getDenseI64ArrayAttr({packing.offsets[i], buffer.slice.size}));
 
-  declareResource(module, "device_arena", sched::Residency::device,
+  declareResource(module, "device_arena", schedule::Residency::device,
                   packing.arenaSize, "device arena");
   return packing.arenaSize;
 }

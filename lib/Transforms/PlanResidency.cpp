@@ -104,10 +104,10 @@ struct PlanResidencyPass
       return signalPassFailure();
     }
     switch (hostStatePolicy) {
-    case sched::HostStatePolicy::bf16_moments:
+    case schedule::HostStatePolicy::bf16_moments:
       narrowMoments(module);
       break;
-    case sched::HostStatePolicy::persistent_bf16:
+    case schedule::HostStatePolicy::persistent_bf16:
       if (!hasBf16WorkingCopies(module)) {
         module.emitError()
             << "option 'host-state-policy': 'persistent-bf16' keeps a bf16 "
@@ -117,21 +117,21 @@ struct PlanResidencyPass
       }
       addPersistentCopies(module);
       break;
-    case sched::HostStatePolicy::master_moments:
+    case schedule::HostStatePolicy::master_moments:
       break;
     }
     OpBuilder b(module.getContext());
     module->setAttr(kHostStatePolicyAttr,
-                    b.getStringAttr(sched::stringifyEnum(hostStatePolicy)));
+                    b.getStringAttr(schedule::stringifyEnum(hostStatePolicy)));
 
     // The data batch is staged in pinned memory; the allowance covers the
     // OS, the CUDA driver and the runtime's own heap.
     uint64_t batchBytes = 0;
     for (Type t : step->getArgumentTypes())
       batchBytes += tensorBytes(t);
-    declareResource(module, "data_batch", sched::Residency::pinned, batchBytes,
+    declareResource(module, "data_batch", schedule::Residency::pinned, batchBytes,
                     "data batch");
-    declareResource(module, "os_allowance", sched::Residency::host, *allowance,
+    declareResource(module, "os_allowance", schedule::Residency::host, *allowance,
                     "OS and runtime allowance");
   }
 };

@@ -2,7 +2,7 @@
 
 #include "megaslide/Transforms/Planning.h"
 
-#include "Graph/GraphOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Model/ModelBuilder.h"
 #include "megaslide/Support/Units.h"
 
@@ -35,17 +35,17 @@ Operation *megaslide::findLoss(func::FuncOp step) {
 }
 
 void megaslide::declareResource(ModuleOp module, StringRef name,
-                                sched::Residency residency, uint64_t size,
+                                schedule::Residency residency, uint64_t size,
                                 StringRef category) {
-  if (auto existing = module.lookupSymbol<sched::ResourceOp>(name)) {
+  if (auto existing = module.lookupSymbol<schedule::ResourceOp>(name)) {
     existing.setSize(size);
     return;
   }
   // Declarations stay together, in the order the passes made them.
   OpBuilder b(module.getBodyRegion());
-  for (auto resource : module.getOps<sched::ResourceOp>())
+  for (auto resource : module.getOps<schedule::ResourceOp>())
     b.setInsertionPointAfter(resource);
-  sched::ResourceOp::create(b, module.getLoc(), name, residency, size,
+  schedule::ResourceOp::create(b, module.getLoc(), name, residency, size,
                             category);
 }
 

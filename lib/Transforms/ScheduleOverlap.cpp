@@ -20,16 +20,16 @@ namespace megaslide {
 using namespace mlir;
 using namespace megaslide;
 using exec::Stream;
-using sched::getStream;
+using schedule::getStream;
 
 namespace {
 
 std::optional<Stream> streamFor(Operation *op) {
-  if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
+  if (isa<schedule::FetchOp, schedule::HostToDeviceOp>(op))
     return Stream::HostToDevice;
-  if (isa<sched::DeviceToHostOp>(op))
+  if (isa<schedule::DeviceToHostOp>(op))
     return Stream::DeviceToHost;
-  if (isa<sched::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
+  if (isa<schedule::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
     return Stream::Host;
   if (isa<graph::GraphDialect>(op->getDialect()))
     return Stream::Compute;
@@ -67,7 +67,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       continue;
     SmallVector<Operation *> fetches;
     for (Operation &op : body)
-      if (isa<sched::FetchOp, sched::HostToDeviceOp>(op) &&
+      if (isa<schedule::FetchOp, schedule::HostToDeviceOp>(op) &&
           op.isBeforeInBlock(loss) != backward && getLayer(&op))
         fetches.push_back(&op);
     // Targets are compute ops, which never move, and each fetch moves at
@@ -92,7 +92,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     DenseMap<Operation *, Operation *> nextCompute;
     Operation *next = nullptr;
     for (Operation &op : llvm::reverse(body)) {
-      if (isa<sched::FetchOp, sched::HostToDeviceOp>(op))
+      if (isa<schedule::FetchOp, schedule::HostToDeviceOp>(op))
         nextCompute[&op] = next;
       if (getStream(&op) == Stream::Compute)
         next = &op;
@@ -102,7 +102,7 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
     DenseSet<std::pair<int64_t, int>> reported;
     for (Operation *fetch : fetches) {
       int64_t layer = *getLayer(fetch);
-      bool weights = isa<sched::FetchOp>(fetch);
+      bool weights = isa<schedule::FetchOp>(fetch);
       if (!reported.insert({layer, weights}).second)
         continue;
       Operation *op = nextCompute.lookup(fetch);
@@ -142,12 +142,12 @@ void insertEvents(func::FuncOp step) {
       Value &tp = recorded[producer];
       if (!tp) {
         OpBuilder b(producer->getBlock(), ++Block::iterator(producer));
-        tp = sched::RecordOp::create(b, producer->getLoc(), *source);
+        tp = schedule::RecordOp::create(b, producer->getLoc(), *source);
       }
       if (!waited.insert({tp, static_cast<int>(*consumer)}).second)
         continue;
       OpBuilder b(&op);
-      sched::WaitOp::create(b, op.getLoc(), tp, *consumer);
+      schedule::WaitOp::create(b, op.getLoc(), tp, *consumer);
     }
   }
 }
@@ -156,8 +156,7 @@ void insertEvents(func::FuncOp step) {
 
 LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                                          int64_t prefetchDistance,
-                                         int64_t buffers, bool emitRemarks,
-                                         bool withEvents) {
+                                         int64_t buffers, bool emitRemarks) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step))
     return failure();
@@ -173,19 +172,18 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
 
   // The attribute's name and its four values made once, not once per op.
   MLIRContext *context = module.getContext();
-  StringAttr streamName = StringAttr::get(context, sched::kStreamAttrName);
+  StringAttr streamName = StringAttr::get(context, schedule::kStreamAttrName);
   IntegerAttr streamAttrs[exec::kNumStreams];
   for (Operation &op : step->getBody().front())
     if (std::optional<Stream> s = streamFor(&op)) {
       IntegerAttr &attr = streamAttrs[static_cast<int>(*s)];
       if (!attr)
-        attr = sched::getStreamAttr(context, *s);
+        attr = schedule::getStreamAttr(context, *s);
       op.setAttr(streamName, attr);
     }
   if (loss)
     prefetch(*step, loss, distance, emitRemarks);
-  if (withEvents)
-    insertEvents(*step);
+  insertEvents(*step);
 
   // Pinned staging: weight shards in flight, and gradients on their way
   // out, sized by the largest block.
@@ -195,20 +193,20 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     std::optional<int64_t> layer = getLayer(&op);
     if (!layer)
       continue;
-    if (auto fetch = dyn_cast<sched::FetchOp>(op)) {
+    if (auto fetch = dyn_cast<schedule::FetchOp>(op)) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
       largestWeights = std::max(largestWeights,
                                 weights[key] += tensorBytes(fetch.getType()));
     }
-    if (auto out = dyn_cast<sched::DeviceToHostOp>(op))
+    if (auto out = dyn_cast<schedule::DeviceToHostOp>(op))
       if (llvm::any_of(out->getUsers(),
-                       [](Operation *u) { return isa<sched::HostAdamWOp>(u); }))
+                       [](Operation *u) { return isa<schedule::HostAdamWOp>(u); }))
         largestGrads =
             std::max(largestGrads, grads[*layer] += tensorBytes(out.getType()));
   }
-  declareResource(module, "weight_staging", sched::Residency::pinned,
+  declareResource(module, "weight_staging", schedule::Residency::pinned,
                   (distance + 1) * largestWeights, "pinned staging");
-  declareResource(module, "gradient_staging", sched::Residency::pinned,
+  declareResource(module, "gradient_staging", schedule::Residency::pinned,
                   2 * largestGrads, "pinned staging");
   return success();
 }

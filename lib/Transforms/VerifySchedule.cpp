@@ -18,8 +18,8 @@ using namespace megaslide;
 namespace {
 
 bool isBookkeeping(Operation *op) {
-  return isa<sched::PackOp, sched::BudgetCheckOp, sched::RecordOp,
-             sched::WaitOp, sched::JoinOp>(op);
+  return isa<schedule::PackOp, schedule::BudgetCheckOp, schedule::RecordOp,
+             schedule::WaitOp, schedule::JoinOp>(op);
 }
 
 LogicalResult verifyTransfers(func::FuncOp step) {
@@ -36,25 +36,25 @@ LogicalResult verifyTransfers(func::FuncOp step) {
 
 LogicalResult verifyStreams(func::FuncOp step) {
   for (Operation &op : step.getBody().front())
-    if (!isBookkeeping(&op) && !op.hasAttr(sched::kStreamAttrName))
+    if (!isBookkeeping(&op) && !op.hasAttr(schedule::kStreamAttrName))
       return op.emitOpError() << "has no stream; run "
                                  "megaslide-schedule-overlap";
   return success();
 }
 
 LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
-  auto arena = module.lookupSymbol<sched::ResourceOp>("device_arena");
+  auto arena = module.lookupSymbol<schedule::ResourceOp>("device_arena");
   if (!arena)
     return module.emitError() << "has no device arena; run "
                                  "megaslide-plan-memory";
   for (Operation &op : step.getBody().front()) {
-    std::optional<exec::Stream> stream = sched::getStream(&op);
+    std::optional<exec::Stream> stream = schedule::getStream(&op);
     if (!stream ||
         (*stream != exec::Stream::Compute &&
          *stream != exec::Stream::HostToDevice) ||
         op.getNumResults() == 0)
       continue;
-    auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
+    auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(schedule::kOffsetsAttrName);
     if (!offsets || offsets.size() != static_cast<int64_t>(op.getNumResults()))
       return op.emitOpError() << "produces device values without offsets";
     for (auto [offset, result] :

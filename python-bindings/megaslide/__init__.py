@@ -57,7 +57,7 @@ def _check_path(name: str, value: Any) -> str:
 
 
 #: Largest plan file read, as the runtime's loader (kMaxExecPlanBytes in
-#: runtime/support/ReadFile.h, docs/Runtime.md "Limits on
+#: include/megaslide/runtime/support/ReadFile.h, docs/Runtime.md "Limits on
 #: input files").
 _MAX_PLAN_BYTES = 256 << 20
 
@@ -308,9 +308,9 @@ def dsa3d(
     queries of a tile attend to the same ``window`` = (kt, ky, kx) keys:
     frames [s_t, s_t + kt) around the tile's centre frame and, per key frame
     j, a spatial window displaced by ``offsets[b, h, it, iy, ix, j]`` =
-    (dy, dx) and clamped inside the grid (DESIGN.md, "3D Deformable Slide
-    Attention"). ``offsets``: int32 (B, H, ceil(T/tt), ceil(Y/ty),
-    ceil(X/tx), kt, 2), e.g. from :func:`dsa3d_offsets` or zeros.
+    (dy, dx) and clamped inside the grid (docs/Dsa3d.md, "Definition").
+    ``offsets``: int32 (B, H, ceil(T/tt), ceil(Y/ty), ceil(X/tx), kt, 2),
+    e.g. from :func:`dsa3d_offsets` or zeros.
 
     Returns softmax(scale * q k^T) v over exactly kt * ky * kx keys per
     query, float32 (B, H, T, Y, X, D); ``scale`` defaults to 1/sqrt(D).

@@ -5,7 +5,7 @@
 // chunk and runs a branch-free loop that the compiler vectorises. The bias
 // corrections and 1 - beta are scalars computed once per call in double
 // precision from the double hyper-parameters, then rounded to fp32. The
-// test (test/unit/AdamWTest.cpp) compares against a naive double-precision
+// test (test/unit/runtime/cpu/AdamWTest.cpp) compares against a naive double-precision
 // reference.
 //
 // The loop is compiled three times on x86-64 -- AVX-512, AVX2 and the
@@ -27,8 +27,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/AdamW.h"
-#include "cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <cassert>

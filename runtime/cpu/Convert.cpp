@@ -1,8 +1,8 @@
 //===- Convert.cpp - A plan's element types to and from fp32 --------------===//
 
-#include "cpu/Convert.h"
+#include "megaslide/runtime/cpu/Convert.h"
 
-#include "cpu/HalfFloat.h"
+#include "megaslide/runtime/cpu/HalfFloat.h"
 
 #include <cstring>
 

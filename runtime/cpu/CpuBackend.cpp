@@ -1,10 +1,10 @@
 //===- CpuBackend.cpp - The reference backend -----------------------------===//
 
-#include "cpu/CpuBackend.h"
+#include "megaslide/runtime/cpu/CpuBackend.h"
 
-#include "cpu/AdamW.h"
-#include "cpu/Convert.h"
-#include "cpu/Finite.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/cpu/Finite.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"

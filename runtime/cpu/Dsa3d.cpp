@@ -1,7 +1,7 @@
 //===- Dsa3d.cpp - 3D Deformable Slide Attention on the CPU ---------------===//
 //
-// Window geometry follows DESIGN.md exactly; the test
-// (test/unit/Dsa3dCpuTest.cpp) rebuilds it from the definition and
+// Window geometry follows docs/Dsa3d.md exactly; the test
+// (test/unit/runtime/cpu/Dsa3dTest.cpp) rebuilds it from the definition and
 // compares against naive double-precision attention.
 //
 // Work is split into independent items run on the persistent workers of
@@ -13,8 +13,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cpu/Dsa3d.h"
-#include "cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <cassert>
@@ -85,7 +85,7 @@ inline void scaleInPlace(float *y, float a, int64_t n) {
 }
 
 //===----------------------------------------------------------------------===//
-// Window geometry (DESIGN.md)
+// Window geometry (docs/Dsa3d.md, "Definition")
 //===----------------------------------------------------------------------===//
 
 inline int64_t clampStart(int64_t start, int64_t extent, int64_t window) {

@@ -1,7 +1,7 @@
 //===- GraphKernels.cpp - Lookup of the cpu graph kernels -----------------===//
 
-#include "cpu/GraphKernels.h"
-#include "cpu/kernels/Registry.h"
+#include "megaslide/runtime/cpu/GraphKernels.h"
+#include "megaslide/runtime/cpu/kernels/Registry.h"
 
 using namespace megaslide;
 using namespace megaslide::cpu;

@@ -1,6 +1,6 @@
 //===- WorkerPool.cpp - Persistent worker threads of the CPU kernels ------===//
 
-#include "cpu/WorkerPool.h"
+#include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include <algorithm>
 #include <condition_variable>

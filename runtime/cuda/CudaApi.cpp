@@ -1,6 +1,6 @@
 //===- CudaApi.cpp - CUDA driver and cuBLASLt loaded at run time ----------===//
 
-#include "cuda/CudaApi.h"
+#include "megaslide/runtime/cuda/CudaApi.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/FormatVariadic.h"

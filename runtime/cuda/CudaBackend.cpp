@@ -6,9 +6,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cuda/CudaBackendImpl.h"
+#include "megaslide/runtime/cuda/CudaBackendImpl.h"
 
-#include "cuda/Nvrtc.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"

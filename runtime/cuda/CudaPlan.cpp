@@ -1,9 +1,9 @@
 //===- CudaPlan.cpp - GPU-free preparation of a plan for the GPU ----------===//
 
-#include "cuda/CudaPlan.h"
+#include "megaslide/runtime/cuda/CudaPlan.h"
 
-#include "plan/Backend.h"
-#include "support/Json.h"
+#include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -5,13 +5,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cuda/CudaBackendImpl.h"
+#include "megaslide/runtime/cuda/CudaBackendImpl.h"
 
-#include "cpu/AdamW.h"
-#include "cpu/Convert.h"
-#include "cpu/CpuBackend.h"
-#include "cpu/Finite.h"
-#include "cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/cpu/CpuBackend.h"
+#include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/Twine.h"

@@ -1,6 +1,6 @@
 //===- ElementwiseKernels.cpp - CUDA C++ of the dense graph ops -----------===//
 
-#include "cuda/ElementwiseKernels.h"
+#include "megaslide/runtime/cuda/ElementwiseKernels.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
@@ -12,7 +12,7 @@
 
 namespace megaslide::cuda {
 
-#include "cuda/ElementwiseKernelsSource.inc"
+#include "ElementwiseKernelsSource.inc"
 
 using exec::DType;
 

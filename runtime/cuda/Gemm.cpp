@@ -1,6 +1,6 @@
 //===- Gemm.cpp - cuBLASLt plans of the cuda backend's GEMMs --------------===//
 
-#include "cuda/Gemm.h"
+#include "megaslide/runtime/cuda/Gemm.h"
 
 using namespace megaslide;
 using namespace megaslide::cuda;

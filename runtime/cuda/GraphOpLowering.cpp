@@ -1,6 +1,6 @@
 //===- GraphOpLowering.cpp - Graph ops as CUDA kernels and GEMMs ----------===//
 
-#include "cuda/GraphOpLowering.h"
+#include "megaslide/runtime/cuda/GraphOpLowering.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -8,9 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cuda/CudaPlan.h"
+#include "megaslide/runtime/cuda/CudaPlan.h"
 
-#include "support/Packing.h"
+#include "megaslide/runtime/support/Packing.h"
 
 #include "llvm/ADT/STLExtras.h"
 

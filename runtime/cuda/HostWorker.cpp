@@ -1,6 +1,6 @@
 //===- HostWorker.cpp - The cuda backend's host stream --------------------===//
 
-#include "cuda/HostWorker.h"
+#include "megaslide/runtime/cuda/HostWorker.h"
 
 #include <algorithm>
 

@@ -7,9 +7,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "cuda/Nvrtc.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,12 +1,12 @@
 //===- Checkpoint.cpp - Training checkpoints of the host state ------------===//
 
-#include "host/Checkpoint.h"
+#include "megaslide/runtime/host/Checkpoint.h"
 
-#include "cpu/Finite.h"
-#include "host/Safetensors.h"
-#include "host/Weights.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/host/Safetensors.h"
+#include "megaslide/runtime/host/Weights.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"

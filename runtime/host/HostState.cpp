@@ -1,8 +1,8 @@
 //===- HostState.cpp - The model state in host memory ---------------------===//
 
-#include "host/HostState.h"
+#include "megaslide/runtime/host/HostState.h"
 
-#include "train/Random.h"
+#include "megaslide/runtime/train/Random.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"

@@ -1,11 +1,11 @@
 //===- Safetensors.cpp - Reading and writing .safetensors files -----------===//
 
-#include "host/Safetensors.h"
+#include "megaslide/runtime/host/Safetensors.h"
 
-#include "cpu/AdamW.h"
-#include "support/AtomicFile.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/support/AtomicFile.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"

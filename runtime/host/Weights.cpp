@@ -1,12 +1,12 @@
 //===- Weights.cpp - diffusers-format model weights -----------------------===//
 
-#include "host/Weights.h"
+#include "megaslide/runtime/host/Weights.h"
 
-#include "cpu/Finite.h"
+#include "megaslide/runtime/cpu/Finite.h"
 
-#include "support/AtomicFile.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"

@@ -1,11 +1,11 @@
 //===- ExecPlan.cpp - Execution plan: types, JSON, validation -------------===//
 
-#include "plan/ExecPlan.h"
-#include "plan/HyperParameters.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
 
-#include "support/AtomicFile.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -323,7 +323,7 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
   case OpCode::Wait:
     return counts(0, 0);
 #define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost) case OpCode::Name:
-#include "plan/Ops.def"
+#include "megaslide/runtime/plan/Ops.def"
     return true;
   }
   return true;

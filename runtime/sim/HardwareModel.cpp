@@ -1,8 +1,8 @@
 //===- HardwareModel.cpp - Hardware description and instruction time ------===//
 
-#include "sim/HardwareModel.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
+#include "megaslide/runtime/sim/HardwareModel.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -147,7 +147,7 @@ CostKind sim::costKindOf(exec::OpCode op) {
 #define MEGASLIDE_OP(Name, Spelling, Cost)                                     \
   case exec::OpCode::Name:                                                     \
     return CostKind::Cost;
-#include "plan/Ops.def"
+#include "megaslide/runtime/plan/Ops.def"
   }
   return CostKind::Device;
 }

@@ -1,6 +1,6 @@
 //===- SimBackend.cpp - Predicted timing of an execution plan -------------===//
 
-#include "sim/SimBackend.h"
+#include "megaslide/runtime/sim/SimBackend.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"

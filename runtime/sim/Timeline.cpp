@@ -1,6 +1,6 @@
 //===- Timeline.cpp - Discrete-event replay of a stream schedule ----------===//
 
-#include "Timeline.h"
+#include "megaslide/runtime/sim/Timeline.h"
 
 #include <algorithm>
 #include <iterator>

@@ -1,6 +1,6 @@
 //===- AtomicFile.cpp - Output files that are all-or-nothing --------------===//
 
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include "llvm/Support/Path.h"
 

@@ -1,6 +1,6 @@
 //===- Packing.cpp - Static offsets for buffers with lifetimes ------------===//
 
-#include "support/Packing.h"
+#include "megaslide/runtime/support/Packing.h"
 
 #include "llvm/ADT/STLExtras.h"
 

@@ -1,6 +1,6 @@
 //===- ReadFile.cpp - Reading the user's files with bounds ----------------===//
 
-#include "support/ReadFile.h"
+#include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/Twine.h"
 

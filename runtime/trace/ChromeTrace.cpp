@@ -1,8 +1,8 @@
 //===- ChromeTrace.cpp - Chrome trace-event JSON of a step ----------------===//
 
-#include "trace/ChromeTrace.h"
+#include "megaslide/runtime/trace/ChromeTrace.h"
 
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallVector.h"

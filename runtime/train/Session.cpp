@@ -1,11 +1,11 @@
 //===- Session.cpp - A training run over an execution plan ----------------===//
 
-#include "train/Session.h"
+#include "megaslide/runtime/train/Session.h"
 
-#include "cpu/CpuBackend.h"
-#include "cuda/CudaBackend.h"
-#include "sim/SimBackend.h"
-#include "support/Json.h"
+#include "megaslide/runtime/cpu/CpuBackend.h"
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/sim/SimBackend.h"
+#include "megaslide/runtime/support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"

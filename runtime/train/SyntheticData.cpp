@@ -1,9 +1,9 @@
 //===- SyntheticData.cpp - A learnable flow-matching task -----------------===//
 
-#include "train/SyntheticData.h"
+#include "megaslide/runtime/train/SyntheticData.h"
 
-#include "cpu/Finite.h"
-#include "host/Safetensors.h"
+#include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/host/Safetensors.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FileSystem.h"

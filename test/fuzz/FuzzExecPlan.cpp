@@ -10,8 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "plan/ExecPlan.h"
-#include "sim/SimBackend.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/sim/SimBackend.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"

@@ -11,8 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -33,7 +33,7 @@ static mlir::DialectRegistry &registry() {
   static mlir::DialectRegistry *r = [] {
     auto *reg = new mlir::DialectRegistry();
     reg->insert<megaslide::graph::GraphDialect,
-                megaslide::sched::ScheduleDialect, mlir::func::FuncDialect>();
+                megaslide::schedule::ScheduleDialect, mlir::func::FuncDialect>();
     return reg;
   }();
   return *r;

@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "host/Safetensors.h"
+#include "megaslide/runtime/host/Safetensors.h"
 
 #include "llvm/Support/Error.h"
 

@@ -8,7 +8,7 @@
 
 #include "megaslide/Analysis/DeviceBuffers.h"
 
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
@@ -41,10 +41,10 @@ struct TestPrintDeviceBuffersPass
       int64_t offset = -1;
       if (b.value) {
         if (auto offsets = b.owner->getAttrOfType<DenseI64ArrayAttr>(
-                sched::kOffsetsAttrName))
+                schedule::kOffsetsAttrName))
           offset = offsets[cast<OpResult>(b.value).getResultNumber()];
       } else if (auto ws = b.owner->getAttrOfType<DenseI64ArrayAttr>(
-                     sched::kWorkspaceAttrName)) {
+                     schedule::kWorkspaceAttrName)) {
         offset = ws[0];
       }
       os << "buffer " << i << ": " << b.describe() << " size " << b.slice.size
@@ -52,7 +52,7 @@ struct TestPrintDeviceBuffersPass
          << offset << "\n";
     }
     if (auto arena =
-            getOperation().lookupSymbol<sched::ResourceOp>("device_arena"))
+            getOperation().lookupSymbol<schedule::ResourceOp>("device_arena"))
       os << "arena " << arena.getSize() << "\n";
   }
 };

@@ -1,5 +1,5 @@
 """megaslide.dsa3d, dsa3d_backward and dsa3d_offsets (the CPU 3D-DSA kernels)
-against references written here from DESIGN.md alone: explicit key index
+against references written here from docs/Dsa3d.md alone: explicit key index
 lists per query, softmax attention over them in float64 numpy, dense
 attention when the window is the grid, block matching by direct window
 means, central finite differences and jax autodiff; plus argument checking.

@@ -10,8 +10,8 @@ MegaSlide's kernels: diffusers' ``WanTransformer3DModel`` (Wan 2.1) with the
 parameter names and shapes of its checkpoints, the hyper-parameters read
 from configs/tiny.json, rectified-flow training (x_t = (1 - t) x0 + t noise,
 velocity target noise - x0, mean squared error over every element, model
-timestep 1000 t) and 3D Deformable Slide Attention as DESIGN.md defines it.
-Where MegaSlide's op definitions (dialects/Graph/GraphOps.td) make a choice,
+timestep 1000 t) and 3D Deformable Slide Attention as docs/Dsa3d.md defines it.
+Where MegaSlide's op definitions (include/megaslide/Dialect/Graph/GraphOps.td) make a choice,
 the choice is stated next to the code that makes it.
 
 Configurations (B from ``Trainer.input_shapes()``):
@@ -322,7 +322,7 @@ def global_attention(q, k, v, r):
     return r(jnp.einsum("bhnm,bmhd->bnhd", p, v))
 
 
-# --- 3D Deformable Slide Attention (DESIGN.md) -----------------------------
+# --- 3D Deformable Slide Attention (docs/Dsa3d.md) -------------------------
 
 def _tile_centre(first, tile, extent):
     last = min(first + tile, extent) - 1

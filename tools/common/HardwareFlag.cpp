@@ -1,6 +1,6 @@
 //===- HardwareFlag.cpp - The --hw flag -----------------------------------===//
 
-#include "HardwareFlag.h"
+#include "megaslide/Tools/HardwareFlag.h"
 
 using namespace llvm;
 

@@ -1,12 +1,12 @@
 //===- PlanFlags.cpp - Command-line flags shared by the tools -------------===//
 
-#include "PlanFlags.h"
+#include "megaslide/Tools/PlanFlags.h"
 
-#include "HardwareFlag.h"
+#include "megaslide/Tools/HardwareFlag.h"
 
 #include "megaslide/Pipelines/Pipelines.h"
 
-#include "plan/HyperParameters.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
 
 #include "llvm/Support/StringSaver.h"
 

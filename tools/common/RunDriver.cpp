@@ -12,21 +12,21 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "RunDriver.h"
+#include "megaslide/Tools/RunDriver.h"
 
-#include "HardwareFlag.h"
+#include "megaslide/Tools/HardwareFlag.h"
 
-#include "cuda/CudaBackend.h"
-#include "cuda/Nvrtc.h"
-#include "host/Checkpoint.h"
-#include "host/Safetensors.h"
-#include "host/Weights.h"
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
+#include "megaslide/runtime/host/Checkpoint.h"
+#include "megaslide/runtime/host/Safetensors.h"
+#include "megaslide/runtime/host/Weights.h"
 #include "megaslide/Version.h"
-#include "support/AtomicFile.h"
-#include "support/Json.h"
-#include "support/ReadFile.h"
-#include "trace/ChromeTrace.h"
-#include "train/Session.h"
+#include "megaslide/runtime/support/AtomicFile.h"
+#include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/ReadFile.h"
+#include "megaslide/runtime/trace/ChromeTrace.h"
+#include "megaslide/runtime/train/Session.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"

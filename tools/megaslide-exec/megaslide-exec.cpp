@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/RunDriver.h"
+#include "megaslide/Tools/RunDriver.h"
 
 int main(int argc, char **argv) {
   megaslide::tools::RunTool tool;

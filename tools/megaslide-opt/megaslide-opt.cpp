@@ -10,13 +10,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
 
   mlir::DialectRegistry registry;
   registry.insert<megaslide::graph::GraphDialect,
-                  megaslide::sched::ScheduleDialect, mlir::func::FuncDialect>();
+                  megaslide::schedule::ScheduleDialect, mlir::func::FuncDialect>();
   auto [inputFile, outputFile] = mlir::registerAndParseCLIOptions(
       argc, argv, "MegaSlide optimizer driver\n", registry);
 

@@ -7,14 +7,14 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/HardwareFlag.h"
-#include "../common/PlanFlags.h"
+#include "megaslide/Tools/HardwareFlag.h"
+#include "megaslide/Tools/PlanFlags.h"
 
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Report/HtmlReport.h"
 #include "megaslide/Version.h"
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringExtras.h"

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "../common/PlanFlags.h"
-#include "../common/RunDriver.h"
+#include "megaslide/Tools/PlanFlags.h"
+#include "megaslide/Tools/RunDriver.h"
 
 #include "megaslide/Pipelines/CompileExecPlan.h"
 

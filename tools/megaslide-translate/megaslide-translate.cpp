@@ -8,13 +8,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
-#include "cuda/Nvrtc.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Version.h"
-#include "support/AtomicFile.h"
+#include "megaslide/runtime/support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -107,7 +107,7 @@ bool writeBinary(StringRef path, StringRef data) {
 /// failure, after the diagnostics have been printed.
 int processBuffer(std::unique_ptr<MemoryBuffer> buffer, raw_ostream &os) {
   mlir::DialectRegistry registry;
-  registry.insert<graph::GraphDialect, sched::ScheduleDialect,
+  registry.insert<graph::GraphDialect, schedule::ScheduleDialect,
                   mlir::func::FuncDialect>();
   mlir::MLIRContext context(registry);
   // The location says which op; its full text (video-sized tensor types)

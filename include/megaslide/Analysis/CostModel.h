@@ -2,7 +2,7 @@
 //
 // The cost inputs of an op of the planned `@train_step` (FLOPs by category,
 // bytes moved). The hardware description and the formula that times them
-// live in the runtime (runtime/sim/HardwareModel.h): the execution-plan
+// live in the runtime (include/megaslide/runtime/sim/HardwareModel.h): the execution-plan
 // exporter stores these CostInputs in the plan, and the sim backend's
 // replay of it, which megaslide-plan's report runs too, times them with
 // sim::secondsFor.
@@ -12,7 +12,7 @@
 #ifndef MEGASLIDE_ANALYSIS_COSTMODEL_H
 #define MEGASLIDE_ANALYSIS_COSTMODEL_H
 
-#include "sim/HardwareModel.h"
+#include "megaslide/runtime/sim/HardwareModel.h"
 
 #include "mlir/IR/Operation.h"
 #include "mlir/IR/SymbolTable.h"
@@ -27,7 +27,7 @@ using sim::toJson;
 /// Bytes of a ranked tensor type.
 uint64_t tensorBytes(mlir::Type type);
 
-/// The execution-plan op (runtime/plan/Ops.def) of a `megaslide` or
+/// The execution-plan op (include/megaslide/runtime/plan/Ops.def) of a `megaslide` or
 /// `msched` op, or nullopt for the ops a plan does not carry (params,
 /// host-state access, packing, budget checks, joins, the terminator).
 std::optional<exec::OpCode> planOpOf(mlir::Operation *op);

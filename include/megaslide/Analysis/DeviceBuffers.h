@@ -9,7 +9,7 @@
 #ifndef MEGASLIDE_ANALYSIS_DEVICEBUFFERS_H
 #define MEGASLIDE_ANALYSIS_DEVICEBUFFERS_H
 
-#include "support/Packing.h"
+#include "megaslide/runtime/support/Packing.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 

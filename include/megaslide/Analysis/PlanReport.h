@@ -11,7 +11,7 @@
 #define MEGASLIDE_ANALYSIS_PLANREPORT_H
 
 #include "megaslide/Analysis/CostModel.h"
-#include "plan/ExecPlan.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/JSON.h"

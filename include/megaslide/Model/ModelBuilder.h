@@ -4,7 +4,7 @@
 #define MEGASLIDE_MODEL_MODELBUILDER_H
 
 #include "megaslide/Model/ModelConfig.h"
-#include "plan/HyperParameters.h"
+#include "megaslide/runtime/plan/HyperParameters.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"

@@ -10,7 +10,7 @@
 #define MEGASLIDE_PIPELINES_COMPILEEXECPLAN_H
 
 #include "megaslide/Pipelines/Plan.h"
-#include "plan/ExecPlan.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
 
 namespace megaslide {
 

@@ -21,7 +21,7 @@
 #ifndef MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H
 #define MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H
 
-#include "Schedule/SchedulePolicies.h"
+#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
 
 #include "mlir/Pass/Pass.h"
 #include "llvm/ADT/SmallVector.h"
@@ -53,22 +53,22 @@ template <> struct OptionEnum<AttentionKind> {
   }
 };
 
-template <> struct OptionEnum<sched::ActivationPolicy> {
-  static auto values() { return sched::activationPolicies(); }
-  static llvm::StringRef name(sched::ActivationPolicy p) {
-    return sched::stringifyEnum(p);
+template <> struct OptionEnum<schedule::ActivationPolicy> {
+  static auto values() { return schedule::activationPolicies(); }
+  static llvm::StringRef name(schedule::ActivationPolicy p) {
+    return schedule::stringifyEnum(p);
   }
-  static llvm::StringRef help(sched::ActivationPolicy p) {
-    return sched::describe(p);
+  static llvm::StringRef help(schedule::ActivationPolicy p) {
+    return schedule::describe(p);
   }
 };
-template <> struct OptionEnum<sched::HostStatePolicy> {
-  static auto values() { return sched::hostStatePolicies(); }
-  static llvm::StringRef name(sched::HostStatePolicy p) {
-    return sched::stringifyEnum(p);
+template <> struct OptionEnum<schedule::HostStatePolicy> {
+  static auto values() { return schedule::hostStatePolicies(); }
+  static llvm::StringRef name(schedule::HostStatePolicy p) {
+    return schedule::stringifyEnum(p);
   }
-  static llvm::StringRef help(sched::HostStatePolicy p) {
-    return sched::describe(p);
+  static llvm::StringRef help(schedule::HostStatePolicy p) {
+    return schedule::describe(p);
   }
 };
 

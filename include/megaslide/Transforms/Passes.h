@@ -3,8 +3,8 @@
 #ifndef MEGASLIDE_TRANSFORMS_PASSES_H
 #define MEGASLIDE_TRANSFORMS_PASSES_H
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"

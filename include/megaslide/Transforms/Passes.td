@@ -49,7 +49,7 @@ def PlanResidencyPass : Pass<"megaslide-plan-residency", "mlir::ModuleOp"> {
     include/megaslide/Pipelines/PipelineOptions.def (listed in
     docs/reference/PipelineOptions.md).
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
 def PlanActivationsPass : Pass<"megaslide-plan-activations",
@@ -69,7 +69,7 @@ def PlanActivationsPass : Pass<"megaslide-plan-activations",
     include/megaslide/Pipelines/PipelineOptions.def (listed in
     docs/reference/PipelineOptions.md).
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
 def InsertTransfersPass : Pass<"megaslide-insert-transfers",
@@ -84,7 +84,7 @@ def InsertTransfersPass : Pass<"megaslide-insert-transfers",
     `msched.d2h` after their forward and a `msched.h2d` before the
     recomputation.
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
 def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
@@ -102,7 +102,7 @@ def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
     include/megaslide/Pipelines/PipelineOptions.def (listed in
     docs/reference/PipelineOptions.md).
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
 def PlanMemoryPass : Pass<"megaslide-plan-memory", "mlir::ModuleOp"> {
@@ -114,7 +114,7 @@ def PlanMemoryPass : Pass<"megaslide-plan-memory", "mlir::ModuleOp"> {
     and annotates each defining op with `msched.offsets`. The arena size
     is the planned device peak.
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
   let options = [
     Option<"alignment", "alignment", "int64_t", "256",
            "Byte alignment of every slice">,
@@ -134,11 +134,11 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
     include/megaslide/Pipelines/PipelineOptions.def (listed in
     docs/reference/PipelineOptions.md).
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
 def VerifySchedulePass : Pass<"megaslide-verify-schedule", "mlir::ModuleOp"> {
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
   let summary = "Verify gate: checks the invariants a planning phase promises";
   let description = [{
     `transfers`: no graph op reads host state directly (no
@@ -177,7 +177,7 @@ def ReportBytesMovedPass : Pass<"megaslide-report-bytes-moved",
     docs/AddingAPass.md walks through this pass as the example of adding
     one.
   }];
-  let dependentDialects = ["megaslide::sched::ScheduleDialect"];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
   let options = [
     Option<"minBytes", "min-bytes", "std::string", "\"0\"",
            "Skip blocks that move fewer bytes than this, both directions "

@@ -8,8 +8,8 @@
 #ifndef MEGASLIDE_TRANSFORMS_PLANNING_H
 #define MEGASLIDE_TRANSFORMS_PLANNING_H
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -37,7 +37,7 @@ inline constexpr llvm::StringLiteral kActivationPolicyAttr =
 inline constexpr llvm::StringLiteral kHostStatePolicyAttr =
     "msched.host_state_policy";
 
-using sched::ActivationPolicy;
+using schedule::ActivationPolicy;
 
 /// Rewrites the step so that each block follows its policy (keep,
 /// recompute or offload; see PlanActivationsPass).
@@ -53,25 +53,17 @@ std::unique_ptr<mlir::Pass> createPlanActivationsPass(mlir::OpPassManager trials
 mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
 
 /// Streams, prefetch, events and pinned staging (see ScheduleOverlapPass).
-/// Trials that only compare arena sizes pass `withEvents` false: events are
-/// no device buffers and move no op, so the packing is the same without
-/// them.
 mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,
                                     int64_t prefetchDistance, int64_t buffers,
-                                    bool emitRemarks, bool withEvents = true);
+                                    bool emitRemarks);
 
 /// Packs device buffers; returns the arena size (the planned peak).
 mlir::FailureOr<int64_t> planMemory(mlir::ModuleOp module, int64_t alignment);
 
-/// The arena size planMemory would return, without writing the plan into
-/// the module (for trial plans, which only compare peaks).
-mlir::FailureOr<int64_t> packedArenaSize(mlir::ModuleOp module,
-                                         int64_t alignment);
-
 /// Declares (or, when planning again, resizes) the module-level resource
 /// `name`.
 void declareResource(mlir::ModuleOp module, llvm::StringRef name,
-                     megaslide::sched::Residency residency, uint64_t size,
+                     megaslide::schedule::Residency residency, uint64_t size,
                      llvm::StringRef category);
 
 /// Parses a --gpu-mem style option, emitting an error naming `option`.

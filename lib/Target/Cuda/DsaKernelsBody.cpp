@@ -41,7 +41,7 @@ static_assert(KT <= T && KY <= Y && KX <= X, "window exceeds the grid");
 typedef unsigned short elem_t;
 
 // The device primitives below are inline PTX; the host emulation of the
-// unit tests (test/unit/DsaKernelEmulationTest.cpp) defines
+// unit tests (test/unit/lib/Target/Cuda/DsaKernelsTest.cpp) defines
 // DSA_HOST_EMULATION and supplies its own.
 #ifndef DSA_HOST_EMULATION
 
@@ -136,7 +136,7 @@ __device__ __forceinline__ long long rowOffset(int b, int n, int h) {
 }
 
 //===----------------------------------------------------------------------===//
-// Tile and window geometry (DESIGN.md, "3D Deformable Slide Attention")
+// Tile and window geometry (docs/Dsa3d.md, "Definition")
 //===----------------------------------------------------------------------===//
 
 /// A query tile: its first token and extent along t, y, x (border tiles

@@ -7,8 +7,8 @@
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
-#include "Graph/GraphOps.h"
-#include "Schedule/ScheduleOps.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
@@ -177,14 +177,14 @@ llvm::Expected<int64_t> Exporter::newValue(mlir::Value v, exec::Home home,
 }
 
 llvm::Error Exporter::exportOp(Operation *op) {
-  if (isa<sched::PackOp, sched::BudgetCheckOp>(op))
+  if (isa<schedule::PackOp, schedule::BudgetCheckOp>(op))
     return llvm::Error::success();
   if (auto ret = dyn_cast<func::ReturnOp>(op)) {
     for (mlir::Value v : ret.getOperands())
       plan.outputs.push_back(ids.lookup(v));
     return llvm::Error::success();
   }
-  if (auto join = dyn_cast<sched::JoinOp>(op)) {
+  if (auto join = dyn_cast<schedule::JoinOp>(op)) {
     auto &joined = events[join.getResult()];
     for (mlir::Value t : join.getTimepoints())
       joined.append(events[t]);
@@ -197,19 +197,19 @@ llvm::Error Exporter::exportOp(Operation *op) {
                        "Ops.def; docs/AddingAnOp.md)");
   exec::Instruction inst;
   inst.op = *code;
-  if (std::optional<exec::Stream> stream = sched::getStream(op))
+  if (std::optional<exec::Stream> stream = schedule::getStream(op))
     inst.stream = *stream;
   if (std::optional<int64_t> layer = graph::getLayer(op))
     inst.layer = *layer;
 
-  if (auto record = dyn_cast<sched::RecordOp>(op)) {
+  if (auto record = dyn_cast<schedule::RecordOp>(op)) {
     inst.stream = record.getStream();
     inst.event = plan.numEvents++;
     events[record.getTimepoint()] = {*inst.event};
     addInstruction(op, std::move(inst));
     return llvm::Error::success();
   }
-  if (auto wait = dyn_cast<sched::WaitOp>(op)) {
+  if (auto wait = dyn_cast<schedule::WaitOp>(op)) {
     inst.stream = wait.getStream();
     for (int64_t event : events[wait.getTimepoint()]) {
       exec::Instruction one = inst;
@@ -228,7 +228,7 @@ llvm::Error Exporter::exportOp(Operation *op) {
     inst.operands.push_back(it->second);
   }
 
-  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(sched::kOffsetsAttrName);
+  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(schedule::kOffsetsAttrName);
   for (auto [i, result] : llvm::enumerate(op->getResults())) {
     exec::Home home = exec::Home::Host;
     int64_t offset = -1;
@@ -251,7 +251,7 @@ llvm::Error Exporter::exportOp(Operation *op) {
   if (isa<graph::ReshapeOp>(op))
     plan.values[inst.results[0]].viewOf = inst.operands[0];
 
-  if (auto ws = op->getAttrOfType<DenseI64ArrayAttr>(sched::kWorkspaceAttrName))
+  if (auto ws = op->getAttrOfType<DenseI64ArrayAttr>(schedule::kWorkspaceAttrName))
     for (size_t i = 0; i + 1 < ws.asArrayRef().size(); i += 2)
       inst.workspace.push_back({ws[i], ws[i + 1]});
 
@@ -262,7 +262,7 @@ llvm::Error Exporter::exportOp(Operation *op) {
       StringRef key = named.getName().getValue();
       if (key.starts_with("msched.") || key == graph::kLayerAttrName)
         continue;
-      if (key == "param" && isa<sched::FetchOp, sched::HostAdamWOp>(op)) {
+      if (key == "param" && isa<schedule::FetchOp, schedule::HostAdamWOp>(op)) {
         inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
         continue;
       }
@@ -287,12 +287,12 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   if (llvm::Error err = declareParams())
     return std::move(err);
   Block &body = step.getBody().front();
-  auto packs = body.getOps<sched::PackOp>();
+  auto packs = body.getOps<schedule::PackOp>();
   if (packs.empty())
     return llvm::createStringError(
         "cannot export: the training step has no msched.pack (run "
         "megaslide-pipeline first)");
-  sched::PackOp pack = *packs.begin();
+  schedule::PackOp pack = *packs.begin();
   plan.arenaBytes = pack.getArenaSize().value_or(0);
   plan.alignment = pack.getAlignment();
 
@@ -365,7 +365,7 @@ void megaslide::registerExportExecPlanTranslation() {
         return success();
       },
       [](DialectRegistry &registry) {
-        registry.insert<graph::GraphDialect, sched::ScheduleDialect,
+        registry.insert<graph::GraphDialect, schedule::ScheduleDialect,
                         func::FuncDialect>();
       });
 }

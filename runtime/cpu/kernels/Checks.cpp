@@ -1,6 +1,6 @@
 //===- Checks.cpp - Argument checks of the cpu graph kernels --------------===//
 
-#include "cpu/kernels/Checks.h"
+#include "megaslide/runtime/cpu/kernels/Checks.h"
 
 #include <cmath>
 

@@ -4,7 +4,7 @@
 // module and emits, per configuration, one CUDA C++ source with the
 // forward, backward (+ its fp32 -> element-type finalisation) and
 // offset-estimation kernels, every shape a compile-time constant. The
-// sources are compiled at run time by NVRTC (runtime/cuda/Nvrtc.h).
+// sources are compiled at run time by NVRTC (include/megaslide/runtime/cuda/Nvrtc.h).
 //
 //===----------------------------------------------------------------------===//
 

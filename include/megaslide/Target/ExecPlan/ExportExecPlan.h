@@ -2,14 +2,14 @@
 //
 // The last step of the compilation flow: the training step after
 // `megaslide-pipeline` becomes the flat, serialisable program the runtime
-// executes (runtime/plan/ExecPlan.h, docs/ExecutionPlan.md).
+// executes (include/megaslide/runtime/plan/ExecPlan.h, docs/ExecutionPlan.md).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MEGASLIDE_TARGET_EXECPLAN_EXPORTEXECPLAN_H
 #define MEGASLIDE_TARGET_EXECPLAN_EXPORTEXECPLAN_H
 
-#include "plan/ExecPlan.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/BuiltinOps.h"
 

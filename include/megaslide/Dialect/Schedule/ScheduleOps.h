@@ -1,0 +1,39 @@
+//===- ScheduleOps.h - MegaSlide schedule dialect ---------------*- C++ -*-===//
+
+#ifndef MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
+#define MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
+
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/runtime/plan/Stream.h"
+
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+
+namespace megaslide::schedule {
+
+/// Discardable attributes written by the planning passes.
+inline constexpr llvm::StringLiteral kStreamAttrName = "msched.stream";
+inline constexpr llvm::StringLiteral kOffsetsAttrName = "msched.offsets";
+inline constexpr llvm::StringLiteral kWorkspaceAttrName = "msched.workspace";
+inline constexpr llvm::StringLiteral kCheckpointAttrName = "msched.checkpoint";
+
+/// The stream of a scheduled op: its `msched.stream`, an i32 holding an
+/// exec::Stream; none when absent or not a stream.
+std::optional<exec::Stream> getStream(mlir::Operation *op);
+/// The `msched.stream` value of `stream`.
+mlir::IntegerAttr getStreamAttr(mlir::MLIRContext *context,
+                                exec::Stream stream);
+
+} // namespace megaslide::schedule
+
+#include "megaslide/Dialect/Schedule/ScheduleDialect.h.inc"
+#include "megaslide/Dialect/Schedule/ScheduleEnums.h.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "megaslide/Dialect/Schedule/ScheduleTypes.h.inc"
+
+#define GET_OP_CLASSES
+#include "megaslide/Dialect/Schedule/ScheduleOps.h.inc"
+
+#endif // MEGASLIDE_SCHEDULE_SCHEDULEOPS_H

@@ -1,0 +1,216 @@
+//===- ScheduleOps.td - MegaSlide schedule ops -------------*- tablegen -*-===//
+
+#ifndef MEGASLIDE_SCHEDULE_OPS
+#define MEGASLIDE_SCHEDULE_OPS
+
+include "megaslide/Dialect/Schedule/ScheduleDialect.td"
+include "megaslide/Dialect/Schedule/SchedulePolicies.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+//===----------------------------------------------------------------------===//
+// Resources
+//===----------------------------------------------------------------------===//
+
+def Schedule_ResourceOp : Schedule_Op<"resource", [Symbol]> {
+  let summary = "declares a buffer pool that is not a tensor of the model";
+  let description = [{
+    The device arena, pinned staging buffers, the host pool of offloaded
+    activation checkpoints, the data batch and the host allowance for the
+    OS and runtime. `category` groups it in memory reports.
+
+    ```mlir
+    msched.resource @device_arena device size(1048576) category("arena")
+    msched.resource @weight_staging pinned size(8388608) category("pinned staging")
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, Schedule_Residency:$residency,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$size,
+                       StrAttr:$category);
+  let assemblyFormat = [{
+    $sym_name $residency `size` `(` $size `)` `category` `(` $category `)` attr-dict
+  }];
+}
+
+def Schedule_BudgetCheckOp : Schedule_Op<"budget_check"> {
+  let summary = "runtime guard: the resource must fit the budget";
+  let description = [{
+    Placed before the first use of a resource. The runtime fails with a
+    message naming the resource, its size and the budget (and, on a GPU,
+    the free memory) instead of running out of memory mid-step.
+
+    ```mlir
+    msched.budget_check @device_arena budget(141000000000)
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$resource,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$budget);
+  let assemblyFormat = "$resource `budget` `(` $budget `)` attr-dict";
+}
+
+def Schedule_PackOp : Schedule_Op<"pack"> {
+  let summary = "a device-memory packing problem and, once solved, its solution";
+  let description = [{
+    One slice per device buffer: `sizes[i]` bytes live from op index
+    `starts[i]` to `ends[i]` (inclusive, in program order). The solver
+    fills `offsets` (multiples of `alignment`) so that slices live at the
+    same time never overlap, and `arena_size`, the planned device peak.
+
+    ```mlir
+    msched.pack {alignment = 256 : i64, sizes = array<i64: 1024, 512>,
+                 starts = array<i64: 0, 1>, ends = array<i64: 2, 3>,
+                 offsets = array<i64: 0, 1024>, arena_size = 1536 : i64}
+    ```
+  }];
+  let arguments = (ins ConfinedAttr<I64Attr, [IntPositive]>:$alignment,
+                       DenseI64ArrayAttr:$sizes, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$ends,
+                       OptionalAttr<DenseI64ArrayAttr>:$offsets,
+                       OptionalAttr<I64Attr>:$arena_size);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Transfers and host work
+//===----------------------------------------------------------------------===//
+
+def Schedule_FetchOp : Schedule_Op<"fetch", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "streams a parameter's working copy from host to device";
+  let description = [{
+    Reads the persistent host tensor `param` (fp32 master, frozen buffer or
+    persistent bf16 copy), converts it to the result's element type while
+    staging it in pinned memory, and copies it to the device.
+
+    ```mlir
+    %w = msched.fetch @"blocks.0.attn1.to_q.weight" : tensor<64x64xbf16>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$param attr-dict `:` type($result)";
+}
+
+def Schedule_HostToDeviceOp : Schedule_Op<"h2d", [SameOperandsAndResultType]> {
+  let summary = "copies a host tensor to the device";
+  let description = [{
+    Used for the data batch and for reloading offloaded activation
+    checkpoints.
+
+    ```mlir
+    %d = msched.h2d %h : tensor<1x16x64xbf16>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Schedule_DeviceToHostOp : Schedule_Op<"d2h", [SameOperandsAndResultType]> {
+  let summary = "copies a device tensor to the host";
+  let description = [{
+    Used for gradients on their way to the host optimizer, offloaded
+    activation checkpoints and the loss.
+
+    ```mlir
+    %h = msched.d2h %g : tensor<64x64xbf16>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "AdamW update of one parameter's host state";
+  let description = [{
+    Updates the fp32 master of `param` and its two moments (the
+    `megaslide.param moment ... of @param` tensors) in place with the host
+    gradient, as `megaslide.adamw` defines; refreshes a persistent bf16
+    copy when the host-state policy keeps one.
+
+    ```mlir
+    msched.host_adamw @"blocks.0.attn1.to_q.weight", %g, %step {lr = 1.0e-05 : f64}
+        : tensor<64x64xbf16>, tensor<i64>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, AnyRankedTensor:$grad,
+                       0DTensorOf<[I64]>:$step,
+                       DefaultValuedAttr<F64Attr, "1.0e-4">:$lr,
+                       DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                       DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                       DefaultValuedAttr<F64Attr, "1.0e-8">:$eps,
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $step attr-dict `:` type($grad) `,` type($step)
+  }];
+}
+
+def Schedule_LaunchOp : Schedule_Op<"launch", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "launches an outlined device kernel";
+  let description = [{
+    Calls the kernel function `kernel` (outlined from graph ops, e.g. one
+    per distinct 3D-DSA configuration) on device tensors.
+
+    ```mlir
+    %o = msched.launch @dsa3d_fwd_0(%q, %k, %v, %off)
+        : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
+           tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$kernel,
+                       Variadic<AnyRankedTensor>:$operands);
+  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let assemblyFormat = [{
+    $kernel `(` $operands `)` attr-dict `:` functional-type($operands, $results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Timepoints
+//===----------------------------------------------------------------------===//
+
+def Schedule_RecordOp : Schedule_Op<"record"> {
+  let summary = "records a timepoint after the work issued so far on a stream";
+  let description = [{
+    ```mlir
+    %tp = msched.record h2d
+    ```
+  }];
+  let arguments = (ins Schedule_Stream:$stream);
+  let results = (outs Schedule_TimepointType:$timepoint);
+  let assemblyFormat = "custom<Stream>($stream) attr-dict";
+}
+
+def Schedule_WaitOp : Schedule_Op<"wait"> {
+  let summary = "makes a stream wait for a timepoint";
+  let description = [{
+    Work issued on `stream` after the wait starts after the timepoint.
+
+    ```mlir
+    msched.wait %tp compute
+    ```
+  }];
+  let arguments = (ins Schedule_TimepointType:$timepoint,
+                       Schedule_Stream:$stream);
+  let assemblyFormat = "$timepoint custom<Stream>($stream) attr-dict";
+}
+
+def Schedule_JoinOp : Schedule_Op<"join", [Pure]> {
+  let summary = "a timepoint reached when all given timepoints are";
+  let description = [{
+    ```mlir
+    %all = msched.join %a, %b
+    ```
+  }];
+  let arguments = (ins Variadic<Schedule_TimepointType>:$timepoints);
+  let results = (outs Schedule_TimepointType:$result);
+  let assemblyFormat = "$timepoints attr-dict";
+  let hasVerifier = 1;
+}
+
+#endif // MEGASLIDE_SCHEDULE_OPS

@@ -1,0 +1,72 @@
+//===- SchedulePolicies.h - What each planning policy means -----*- C++ -*-===//
+//
+// The per-case facts of the policy enums (SchedulePolicies.td): one row per
+// case, beside its name, and a table that misses a case does not compile.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_SCHEDULE_SCHEDULEPOLICIES_H
+#define MEGASLIDE_SCHEDULE_SCHEDULEPOLICIES_H
+
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+
+#include "llvm/ADT/SmallVector.h"
+
+#include <iterator>
+
+namespace megaslide::schedule {
+
+/// Every case, in order (the cases are dense from 0).
+template <typename E, unsigned Max> llvm::SmallVector<E> allCases() {
+  llvm::SmallVector<E> all;
+  for (unsigned i = 0; i <= Max; ++i)
+    all.push_back(static_cast<E>(i));
+  return all;
+}
+inline llvm::SmallVector<ActivationPolicy> activationPolicies() {
+  return allCases<ActivationPolicy, getMaxEnumValForActivationPolicy()>();
+}
+inline llvm::SmallVector<HostStatePolicy> hostStatePolicies() {
+  return allCases<HostStatePolicy, getMaxEnumValForHostStatePolicy()>();
+}
+
+/// What a host-state policy costs and keeps, per trainable parameter.
+struct HostStatePolicyFacts {
+  uint64_t bytesPerParam;
+  llvm::StringRef description; ///< model reports, --help
+};
+inline constexpr HostStatePolicyFacts kHostStatePolicyFacts[] = {
+    /*master_moments*/ {12, "fp32 master + AdamW m + v"},
+    /*persistent_bf16*/ {14, "+ persistent bf16 working copy"},
+    /*bf16_moments*/ {8, "fp32 master + bf16 AdamW m + v"},
+};
+static_assert(std::size(kHostStatePolicyFacts) ==
+                  getMaxEnumValForHostStatePolicy() + 1,
+              "a host-state policy without its facts");
+
+inline constexpr llvm::StringLiteral kActivationPolicyDescriptions[] = {
+    /*keep*/ "every activation stays on device until backward",
+    /*recompute*/ "keep each block's input on device, recompute the rest",
+    /*offload*/ "recompute, with the block input in host memory",
+    /*auto*/ "keep if it fits gpu-mem, else recompute and offload as needed",
+};
+static_assert(std::size(kActivationPolicyDescriptions) ==
+                  getMaxEnumValForActivationPolicy() + 1,
+              "an activation policy without its description");
+
+/// Host bytes of persistent state per trainable parameter.
+inline uint64_t bytesPerParam(HostStatePolicy policy) {
+  return kHostStatePolicyFacts[static_cast<unsigned>(policy)].bytesPerParam;
+}
+
+inline llvm::StringRef describe(HostStatePolicy policy) {
+  return kHostStatePolicyFacts[static_cast<unsigned>(policy)].description;
+}
+
+inline llvm::StringRef describe(ActivationPolicy policy) {
+  return kActivationPolicyDescriptions[static_cast<unsigned>(policy)];
+}
+
+} // namespace megaslide::schedule
+
+#endif // MEGASLIDE_SCHEDULE_SCHEDULEPOLICIES_H

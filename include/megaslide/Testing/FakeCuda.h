@@ -1,0 +1,146 @@
+//===- FakeCuda.h - An asynchronous fake CUDA device for tests --*- C++ -*-===//
+//
+// The driver and cuBLASLt entry points of cuda/CudaApi.h as host code, so
+// the cuda backend runs whole plans without a GPU. Device memory is host
+// memory; every CUstream is a thread that runs its queue in order (copies,
+// memsets, kernels, GEMMs, event records, waits), with a random delay
+// before each copy, memset, kernel and GEMM, so the streams interleave
+// differently under every seed. Events complete when their stream reaches
+// them; cuStreamWaitEvent waits for the event's record current at the
+// call; cuEventSynchronize and cuStreamSynchronize block the caller;
+// cuEventElapsedTime measures completion times. Kernels run on the host:
+// the dense ones on a host build of the generated CUDA C++ (given by the
+// test), global attention and 3D-DSA as host loops with the kernels'
+// argument lists, GEMMs naively as cuBLASLt's documentation defines the
+// descriptors.
+//
+// What it checks, each failure an error naming the instruction, the call
+// and the bytes (endStep()):
+//  * ordering, deterministically: every operation is given the vector
+//    clock of its stream at the call (program order on a stream, the
+//    clocks of the events it waits for, what host threads had synchronised
+//    with). A read of bytes whose last writer in issue order is not ordered
+//    before it is a missing wait (read after write); so is a write not
+//    ordered after every earlier read and write of its bytes on another
+//    stream (write after read or write). Timing plays no part: a missing
+//    wait is found under every seed;
+//  * liveness: a read of arena bytes that no operation of this step wrote
+//    (never written, or last written in an earlier step);
+//  * the execution itself: when an operation runs, its input bytes must
+//    hold what the writer it was ordered after wrote (a check of the
+//    fake's own streams, and what a broken wait looks like at run time);
+//    a copy from pinned memory written by the host must see the same bytes
+//    as at the call (the host overwrote an in-flight source);
+//  * host reads of pinned memory: a device-to-host copy first fills its
+//    destination with NaN, waits, then copies, so the host reading a
+//    result before waiting for its copy's event reads NaN or stale bytes,
+//    and the numbers (or the backend's finite checks) fail;
+//  * launches and GEMMs match the plan: arguments as the instruction's
+//    lowering gives them, shapes and descriptors as cuBLASLt reads them,
+//    ranges inside their allocations;
+//  * host waits that would spin a core on a real GPU (stats()).
+//
+// The granularity is the plan's alignment (256 bytes): every buffer of the
+// arena and of the pinned pools starts on such a block, so a block belongs
+// to one buffer at a time. What a kernel reads and writes is known from
+// the plan: its operands and results (arena ranges of the values). What
+// it cannot see: accesses of kernels to scratch memory (untracked), host
+// writes to pinned memory (only their effect on an in-flight copy), host
+// reads (only through the numbers), and orderings the backend makes
+// between its own host threads: host threads count as one, so a wait one
+// thread made orders the later calls of all of them. Whether bytes hold
+// the right value at all (the memory plan) is exec::validate's.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_TEST_UNIT_FAKECUDA_H
+#define MEGASLIDE_TEST_UNIT_FAKECUDA_H
+
+#include "megaslide/runtime/cuda/CudaApi.h"
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/ElementwiseKernels.h"
+#include "megaslide/runtime/cuda/GraphOpLowering.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megaslide::cuda::fake {
+
+/// The host build of one generated kernel: entry(grid x, y, z, argument
+/// pointers) and how many arguments it takes.
+struct HostKernel {
+  void (*entry)(unsigned, unsigned, unsigned, void **) = nullptr;
+  size_t params = 0;
+};
+/// The host build of the kernel named `name`; no entry when there is none.
+using KernelLookup = std::function<HostKernel(const std::string &name)>;
+
+/// The `nth` call (counting from setUp, 1-based) of the entry point named
+/// `call` fails with `result` and does nothing.
+struct Fault {
+  std::string call;
+  int64_t nth = 1;
+  CUresult result = 999; // CUDA_ERROR_UNKNOWN
+};
+
+struct Options {
+  /// Up to this many microseconds before every copy, memset, kernel and
+  /// GEMM.
+  int maxDelayMicros = 200;
+  /// Graph ops whose lowering launches dense kernels run as the cpu
+  /// backend's kernel instead, at the instruction's last operation, the
+  /// others doing nothing (still ordered and checked as the backend issues
+  /// them). The host build of the CUDA kernels takes seconds per step of a
+  /// tiny plan; this is for many steps where the orderings matter, not the
+  /// kernels.
+  bool referenceKernels = false;
+  std::optional<Fault> fault;
+};
+
+struct Stats {
+  int64_t launches = 0, gemms = 0;
+  /// Host waits that spin a core on a real GPU with the default context
+  /// scheduling: cuEventSynchronize on an event made without
+  /// CU_EVENT_BLOCKING_SYNC, cuStreamSynchronize while the stream works.
+  int64_t spinningWaits = 0;
+  /// Calls per entry point.
+  std::map<std::string, int64_t> calls;
+};
+
+/// Prepares the device for one backend running `plan` (prepared as
+/// `prep`): forgets errors, counts and faults. Every backend of an earlier
+/// setUp must be gone.
+void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
+           KernelLookup kernels, const Options &options = {});
+/// Call before each step: seeds the delays and starts the step's checks.
+void beginStep(uint64_t seed);
+/// Call after each step (also a failed one): checks that no work is in
+/// flight; returns what the checks found since setUp (the first 20, then a
+/// count).
+std::vector<std::string> endStep();
+Stats stats();
+/// Until the injected fault has fired or `timeout` passed; whether it has.
+bool waitForFault(std::chrono::milliseconds timeout);
+
+/// The entry points. Valid between setUp and the next setUp.
+const CudaDriverApi &driver();
+const CublasLtApi &cublasLt();
+
+/// Element `i` of `p` in type `t`, as float (and back).
+float loadAs(const void *p, exec::DType t, int64_t i);
+void storeAs(void *p, exec::DType t, int64_t i, float v);
+
+/// cuBLASLt's contract, naively: D = op(A) op(B) (+ bias per row),
+/// column-major, fp32 accumulation.
+void naiveGemm(const GemmCall &g, const void *A, const void *B, void *D,
+               const void *bias);
+
+} // namespace megaslide::cuda::fake
+
+#endif // MEGASLIDE_TEST_UNIT_FAKECUDA_H

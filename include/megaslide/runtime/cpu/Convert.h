@@ -1,0 +1,28 @@
+//===- Convert.h - A plan's element types to and from fp32 ------*- C++ -*-===//
+//
+// Both backends compute in fp32 on the host (the cpu backend's kernels, the
+// host AdamW, step inputs and the loss) and store tensors in their planned
+// dtype: one definition of the conversions, with HalfFloat.h's rounding.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CPU_CONVERT_H
+#define MEGASLIDE_RUNTIME_CPU_CONVERT_H
+
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include <cstdint>
+
+namespace megaslide::cpu {
+
+/// dst[i] = the fp32 value of element i of `src` (n elements of `dtype`):
+/// exact for bf16 and f16, integers rounded to the nearest float.
+void widen(const void *src, exec::DType dtype, int64_t n, float *dst);
+
+/// Element i of `dst` (n elements of `dtype`) = src[i]: bf16 and f16 round
+/// to nearest even, integers truncate toward zero.
+void narrow(const float *src, exec::DType dtype, int64_t n, void *dst);
+
+} // namespace megaslide::cpu
+
+#endif // MEGASLIDE_RUNTIME_CPU_CONVERT_H

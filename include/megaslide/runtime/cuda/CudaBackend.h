@@ -1,0 +1,67 @@
+//===- CudaBackend.h - Runs execution plans on an NVIDIA GPU ----*- C++ -*-===//
+//
+// The cuda backend: one device arena (every device tensor at its planned
+// offset), one compute and two copy streams (h2d, d2h), one CUevent per plan
+// event, pinned host pools for weight staging, step inputs and host values
+// (gradients, offloaded checkpoints, the loss), cuBLASLt GEMMs (Gemm.h), the
+// dense kernels of ElementwiseKernels.h and the plan's generated 3D-DSA
+// modules, both compiled with NVRTC (on-disk cache), and the host AdamW on
+// a worker thread as gradients arrive (HostWorker.h).
+//
+// Everything GPU-free (lowering, module matching, hazards, pool layout) is
+// in prepareCudaPlan (CudaPlan.h) so that it can be tested without a GPU.
+// The driver, cuBLASLt and NVRTC are loaded at run time (CudaApi.h): this
+// builds everywhere, and create() says clearly why there is no GPU.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CUDA_CUDABACKEND_H
+#define MEGASLIDE_RUNTIME_CUDA_CUDABACKEND_H
+
+#include "megaslide/runtime/cuda/CudaPlan.h"
+#include "megaslide/runtime/plan/Backend.h"
+
+#include <memory>
+
+namespace megaslide::cuda {
+
+class CudaBackend : public exec::Backend {
+public:
+  /// Prepares the plan, then loads the driver, cuBLASLt and NVRTC, opens
+  /// the device, allocates the arena and pools and compiles the kernels.
+  /// Errors: "no CUDA driver: libcuda.so.1 not found ...", "CUDA driver
+  /// reports no device (CUDA_ERROR_NO_DEVICE ...)", NVRTC or cuBLASLt
+  /// missing, not enough device memory for the plan (with both figures),
+  /// a kernel that does not compile (with NVRTC's log).
+  static llvm::Expected<std::unique_ptr<CudaBackend>>
+  create(const exec::ExecPlan &plan, const CudaOptions &options = {});
+  ~CudaBackend() override;
+
+  const char *name() const override { return "cuda"; }
+  /// Issues the step's instructions in program order on their streams,
+  /// waits for all of them, returns the loss. The optimizer step passed to
+  /// AdamW is state.step + 1 (state.step advances with applyUpdates);
+  /// onGradient is called on the host worker thread, in program order. A
+  /// step that fails leaves no work in flight and applies none of the
+  /// updates still queued (state.incomplete is set only if one was).
+  llvm::Expected<exec::StepResult>
+  step(const exec::StepInputs &inputs, host::HostState &state,
+       const exec::StepOptions &options) override;
+
+  const CudaDeviceInfo &deviceInfo() const;
+  const PreparedPlan &prepared() const;
+
+  struct Impl;
+
+private:
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl;
+};
+
+/// True when a CUDA device can be opened here; otherwise `whyNot` holds the
+/// reason (what create() would say). For tests that skip without a GPU.
+bool cudaDeviceAvailable(std::string *whyNot = nullptr);
+
+} // namespace megaslide::cuda
+
+#endif // MEGASLIDE_RUNTIME_CUDA_CUDABACKEND_H

@@ -1,0 +1,136 @@
+//===- CudaBackendImpl.h - The cuda backend's state -------------*- C++ -*-===//
+//
+// Private to the backend: what CudaBackend.cpp creates (device and pinned
+// memory, streams, events, modules, GEMM plans, each instruction's device
+// commands) and CudaStep.cpp issues every step.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CUDA_CUDABACKENDIMPL_H
+#define MEGASLIDE_RUNTIME_CUDA_CUDABACKENDIMPL_H
+
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/Gemm.h"
+#include "megaslide/runtime/cuda/HostWorker.h"
+#include "megaslide/runtime/support/Packing.h"
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace megaslide::cuda {
+
+/// A kernel launch with its arguments, each in an 8-byte slot (a float
+/// sits in the slot's first bytes, as cuLaunchKernel reads it).
+struct LaunchCmd {
+  CUfunction function = nullptr;
+  std::array<uint32_t, 3> grid{1, 1, 1};
+  uint32_t block = 1, sharedBytes = 0;
+  std::vector<uint64_t> args;
+  std::string name;
+};
+struct GemmCmd {
+  size_t index = 0;
+};
+struct MemsetCmd {
+  CUdeviceptr dst = 0;
+  size_t bytes = 0;
+};
+struct CopyCmd {
+  CUdeviceptr src = 0, dst = 0;
+  size_t bytes = 0;
+};
+/// What an instruction runs on its GPU stream, resolved to device addresses
+/// once (Impl::buildCommands) and issued every step.
+using DeviceCmd = std::variant<LaunchCmd, GemmCmd, MemsetCmd, CopyCmd>;
+
+struct CudaBackend::Impl {
+  const exec::ExecPlan &plan;
+  CudaOptions options;
+  PreparedPlan prep;
+  const CudaDriverApi *cu = nullptr;
+  const CublasLtApi *lt = nullptr;
+  CudaDeviceInfo info;
+  CUcontext ctx = nullptr;
+  std::string arch;
+
+  CUdeviceptr arena = 0, scratch = 0, dsaScratch = 0, gemmWorkspace = 0;
+  void *inputPool = nullptr, *hostPool = nullptr, *staging = nullptr;
+  void *lossStage = nullptr; ///< pinned: the loss, read by the first update
+  CUstream streams[3] = {nullptr, nullptr, nullptr};
+  /// Recorded at the end of a stream's work to wait for it (syncStream).
+  CUevent idleEvents[3] = {nullptr, nullptr, nullptr};
+  CUevent baseEvent = nullptr, lossEvent = nullptr;
+  std::vector<CUevent> planEvents, doneEvents, startEvents, endEvents,
+      slotEvents;
+  std::vector<bool> slotUsed;
+  CUmodule elementwiseModule = nullptr;
+  std::vector<CUmodule> dsaModules;
+  GemmPlans gemms;
+  std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
+  HostWorker worker;
+  std::mutex errorMu;
+  std::string workerError;
+
+  Impl(const exec::ExecPlan &plan, const CudaOptions &options)
+      : plan(plan), options(options) {}
+  ~Impl();
+
+  llvm::Error check(CUresult r, const llvm::Twine &what) const {
+    return checkCu(*cu, r, what);
+  }
+  llvm::Error init();
+  llvm::Error
+  compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
+                 std::map<std::string, CUfunction> &dense);
+  llvm::Error
+  buildCommands(const std::vector<std::map<std::string, CUfunction>> &dsaFns,
+                const std::map<std::string, CUfunction> &dense);
+  llvm::Error issue(const DeviceCmd &cmd, CUstream stream);
+
+  CUdeviceptr deviceAddress(int64_t id) const {
+    return arena + static_cast<CUdeviceptr>(deviceOffset(plan, id));
+  }
+  uint8_t *hostAddress(int64_t id) const {
+    const exec::Value &v = plan.values[id];
+    uint8_t *base = static_cast<uint8_t *>(
+        v.home == exec::Home::Input ? inputPool : hostPool);
+    return base + prep.hostOffset[id];
+  }
+  CUstream streamOf(exec::Stream s) const {
+    return streams[std::min(static_cast<int>(s), 2)];
+  }
+  /// Records `event` on streams[s] and waits until the stream has run all
+  /// it was given. Through an event: with the context's default
+  /// scheduling, cuStreamSynchronize spins a core while the GPU works, and
+  /// the host AdamW needs the cores.
+  llvm::Error syncStream(int s, const llvm::Twine &what,
+                         CUevent event = nullptr) {
+    event = event ? event : idleEvents[s];
+    llvm::Error e = check(cu->cuEventRecord(event, streams[s]),
+                          "cuEventRecord (" + what + ")");
+    if (!e)
+      e = check(cu->cuEventSynchronize(event),
+                "cuEventSynchronize (" + what + ")");
+    // Even so, nothing may stay in flight: pinned buffers are reused.
+    if (e)
+      cu->cuStreamSynchronize(streams[s]);
+    return e;
+  }
+  void setWorkerError(const std::string &e) {
+    std::lock_guard<std::mutex> lock(errorMu);
+    if (workerError.empty())
+      workerError = e;
+  }
+  bool workerFailed() {
+    std::lock_guard<std::mutex> lock(errorMu);
+    return !workerError.empty();
+  }
+};
+
+} // namespace megaslide::cuda
+
+#endif // MEGASLIDE_RUNTIME_CUDA_CUDABACKENDIMPL_H

@@ -1,0 +1,32 @@
+//===- CudaOptions.h - Options of the cuda backend --------------*- C++ -*-===//
+
+#ifndef MEGASLIDE_RUNTIME_CUDA_CUDAOPTIONS_H
+#define MEGASLIDE_RUNTIME_CUDA_CUDAOPTIONS_H
+
+#include "megaslide/runtime/cuda/CudaApi.h"
+
+#include <cstdint>
+#include <string>
+
+namespace megaslide::cuda {
+
+struct CudaOptions {
+  int device = 0; ///< CUDA device ordinal
+  /// NVRTC target; empty: the device's own (sm_90a on H100/H200).
+  std::string arch;
+  /// Pinned buffers fetches are staged through, each as large as the
+  /// largest fetch (2: one filling while one copies).
+  int stagingSlots = 2;
+  /// Host values (d2h results) get pinned bytes of their own while all of
+  /// them fit this; beyond, they share bytes by liveness.
+  int64_t hostPoolNoReuseBytes = int64_t(8) << 30;
+  int64_t gemmWorkspaceBytes = int64_t(32) << 20;
+  /// Symbol tables to use instead of the loaded driver and cuBLASLt: tests
+  /// run the backend on a fake device (host memory, emulated kernels).
+  const CudaDriverApi *driver = nullptr;
+  const CublasLtApi *cublasLt = nullptr;
+};
+
+} // namespace megaslide::cuda
+
+#endif // MEGASLIDE_RUNTIME_CUDA_CUDAOPTIONS_H

@@ -1,0 +1,71 @@
+//===- ElementwiseKernels.h - CUDA C++ of the dense graph ops --*- C++ -*-===//
+//
+// The cuda backend's kernels for every graph op that is neither a GEMM nor
+// 3D-DSA: norms, modulation, activations, residual and bias adds, casts,
+// split/concat, patch embedding (im2col + GEMM), (un)patchify, timestep and
+// table embeddings, 3D RoPE, global attention, flow matching. Each kernel is
+// a CUDA C++ template over the element types it reads and writes (bf16, f16,
+// f32; ids i32/i64) with fp32 arithmetic, instantiated as one extern "C"
+// kernel per type combination a plan needs and compiled with NVRTC
+// (include/megaslide/runtime/cuda/Nvrtc.h) for sm_90a. Shapes are kernel arguments, so one
+// compilation serves every layer. Which kernels an op launches is
+// GraphOpLowering.h's.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CUDA_ELEMENTWISEKERNELS_H
+#define MEGASLIDE_RUNTIME_CUDA_ELEMENTWISEKERNELS_H
+
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include "llvm/ADT/ArrayRef.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megaslide::cuda {
+
+/// Threads per block of every generated kernel.
+inline constexpr unsigned kElementwiseBlockThreads = 256;
+/// Largest head dim the global-attention kernels take (8 values per lane).
+inline constexpr int64_t kAttentionMaxHeadDim = 256;
+
+/// A kernel template instantiated for concrete element types.
+struct KernelInstance {
+  std::string kind;               ///< e.g. "layer_norm", "colsum_partial"
+  std::vector<exec::DType> types; ///< one per template type parameter
+
+  /// The extern "C" name: "ms_" + kind + "_" + type names joined by "_",
+  /// e.g. ms_layer_norm_bf16_bf16_bf16_bf16.
+  std::string name() const;
+  bool operator<(const KernelInstance &o) const;
+  bool operator==(const KernelInstance &o) const;
+};
+
+/// Kernel kinds the generator knows, with how many type parameters each
+/// takes, in source order.
+struct KernelKindInfo {
+  const char *kind;
+  int numTypes;
+};
+llvm::ArrayRef<KernelKindInfo> elementwiseKernelKinds();
+
+/// The C type of each parameter of an instance's kernel, e.g. {"const
+/// ms_bf16 *", "float *", "long long", "float"}; empty for an unknown kind.
+std::vector<std::string> kernelParameterTypes(const KernelInstance &kernel);
+
+/// CUDA C++ with the shared helpers, every kernel template and one
+/// `extern "C" __global__` per (distinct) instance. Header-free: the
+/// 16-bit conversions are written out; with MS_HOST_EMULATION defined the
+/// inline PTX is left out for a host compiler (the emulator supplies it).
+std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels);
+
+/// Every kind with uniform bf16, f16 and f32 types and a mixed bf16/f32
+/// variant (ids i32 and i64 where a kind takes them): what the tests
+/// compile.
+std::vector<KernelInstance> representativeKernelInstances();
+
+} // namespace megaslide::cuda
+
+#endif // MEGASLIDE_RUNTIME_CUDA_ELEMENTWISEKERNELS_H

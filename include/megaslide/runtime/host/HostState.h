@@ -1,0 +1,78 @@
+//===- HostState.h - The model state in host memory -------------*- C++ -*-===//
+//
+// Every persistent tensor of a plan (fp32 masters, AdamW moments, frozen
+// buffers) plus the optimizer step, owned by the host (docs/MemoryAccounting.md).
+// Backends read masters when staging weights and update them in the host
+// AdamW; weights and checkpoints are saved from and loaded into it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H
+#define MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H
+
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include "llvm/ADT/StringMap.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace megaslide::host {
+
+/// One persistent tensor, always fp32 on the host.
+struct HostTensor {
+  const exec::Param *param = nullptr; ///< in the plan the state was made for
+  std::vector<float> data;
+};
+
+struct HostState {
+  /// Tensors in the plan's parameter order; `index` maps names to them.
+  std::vector<HostTensor> tensors;
+  llvm::StringMap<size_t> index;
+  /// Completed optimizer steps (the next step passes step + 1 to AdamW).
+  int64_t step = 0;
+  /// Set by a backend before it applies a step's first update and cleared
+  /// when the step completes: while set (a step failed part-way, e.g. on a
+  /// non-finite gradient), some tensors hold step + 1's values and others
+  /// step's, so the state must not be stepped, saved or checkpointed.
+  bool incomplete = false;
+
+  HostTensor *find(llvm::StringRef name);
+  const HostTensor *find(llvm::StringRef name) const;
+  /// The moments of trainable parameter `name` (role moment, `of` name).
+  HostTensor *expAvg(llvm::StringRef name);
+  HostTensor *expAvgSq(llvm::StringRef name);
+  /// Bytes of all tensors.
+  uint64_t bytes() const;
+};
+
+/// What this machine says about its memory (docs/Runtime.md, "Host
+/// memory").
+struct HostMemoryReadings {
+  uint64_t physicalBytes = 0; ///< online pages (MemTotal)
+  /// Every block of /sys/devices/system/memory, online or not: a VM whose
+  /// memory is hot-plugged as it is used starts with few blocks online.
+  std::optional<uint64_t> blockBytes;
+  std::optional<uint64_t> cgroupLimit; ///< none for "max" and v1's ~2^63
+  std::optional<std::string> override; ///< $MEGASLIDE_HOST_MEMORY
+};
+HostMemoryReadings readHostMemory();
+
+/// Bytes of memory a run may use, what its host memory is checked against
+/// before anything is allocated: the override if given (bytes, or with a
+/// KiB/MiB/GiB/TiB or KB/MB/GB/TB suffix); else the larger of MemTotal and
+/// the memory blocks, capped by the cgroup's limit where there is one
+/// (containers, batch jobs). A malformed override is an error.
+llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
+/// The same for this machine.
+llvm::Expected<uint64_t> usableHostMemoryBytes();
+
+/// Allocates the state of `plan` and initialises it deterministically from
+/// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
+/// layers ~ N(0, 0.02), biases and moments zero, norm weights one,
+/// embedding tables ~ N(0, 0.02), the output projection zero as in DiT.
+HostState initHostState(const exec::ExecPlan &plan, uint64_t seed);
+
+} // namespace megaslide::host
+
+#endif // MEGASLIDE_RUNTIME_HOST_HOSTSTATE_H

@@ -1,0 +1,119 @@
+//===- Backend.h - What every runtime backend provides ----------*- C++ -*-===//
+//
+// A backend executes one training step of an execution plan against the
+// host state: cpu (reference numerics, tracking arena), cuda (the GPU) and
+// sim (predicted timing only). The trainer (runtime/train) drives them all
+// through this interface.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_PLAN_BACKEND_H
+#define MEGASLIDE_RUNTIME_PLAN_BACKEND_H
+
+#include "megaslide/runtime/host/HostState.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace megaslide::exec {
+
+/// The step's inputs by argument name (latents, noise, timesteps,
+/// condition, ...) as fp32 host arrays in the plan's shapes; integer inputs
+/// hold exact small integers. The optimizer step counter ("step") is
+/// supplied by the backend from HostState::step.
+using StepInputs = std::map<std::string, std::vector<float>>;
+
+/// One span of work for the trace: `start` and `seconds` are measured
+/// (cpu, cuda) or predicted (sim), relative to the step's start.
+struct TraceSpan {
+  Stream stream;
+  std::string name;
+  double start = 0, seconds = 0;
+  int64_t instruction = -1;
+  std::optional<int64_t> layer;
+  uint64_t bytes = 0, flops = 0;
+};
+
+/// The name every backend gives an instruction's span: the op, and the
+/// parameter of a fetch or host_adamw ("fetch blocks.0.norm1.weight").
+inline std::string spanName(const Instruction &inst) {
+  std::string name = opName(inst.op);
+  if (!inst.param.empty())
+    name += " " + inst.param;
+  return name;
+}
+
+/// Device memory of a step: what the plan promised and what the backend
+/// measured (cpu: its tracking arena; cuda: the same bookkeeping on the
+/// real arena; sim: replayed).
+struct MemoryStats {
+  int64_t plannedArenaBytes = 0, measuredArenaBytes = 0;
+  int64_t plannedLiveBytes = 0, measuredLiveBytes = 0;
+};
+
+struct StepResult {
+  float loss = 0;
+  /// The loss was NaN or infinite, so no update was applied and the state
+  /// (step included) is as before (docs/Runtime.md, "Non-finite values").
+  bool skipped = false;
+  double seconds = 0; ///< wall time (cpu, cuda) or predicted time (sim)
+  MemoryStats memory;
+  std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
+};
+
+struct StepOptions {
+  /// Apply the host AdamW updates; without, the step only computes the
+  /// gradients (parity tests, gradient inspection).
+  bool applyUpdates = true;
+  bool trace = false;
+  /// Called with each parameter's gradient (fp32) as it reaches the host.
+  std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
+};
+
+/// Where the step's loss is computed: the value and the instruction
+/// defining it. The plan's output is often a device-to-host copy placed
+/// at the end of the step; the device value it copies exists as soon as
+/// the forward pass ends, before any gradient reaches the host optimizer,
+/// so backends read that one to skip a step with a non-finite loss before
+/// anything is updated. {-1, -1} when the plan returns nothing.
+inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
+  if (plan.outputs.empty())
+    return {-1, -1};
+  int64_t id = plan.outputs[0], def = -1;
+  for (int64_t i = static_cast<int64_t>(plan.instructions.size()) - 1;
+       i >= 0; --i) {
+    const Instruction &inst = plan.instructions[i];
+    if (std::find(inst.results.begin(), inst.results.end(), id) ==
+        inst.results.end())
+      continue;
+    def = i;
+    if ((inst.op != OpCode::DeviceToHost && inst.op != OpCode::HostToDevice) ||
+        inst.operands.size() != 1)
+      break;
+    id = inst.operands[0]; // a copy: look for where its source is made
+  }
+  return {id, def};
+}
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual const char *name() const = 0;
+  /// Whether steps compute numbers (cpu, cuda) or only timing (sim).
+  virtual bool computesLoss() const { return true; }
+  virtual llvm::Expected<StepResult> step(const StepInputs &inputs,
+                                          host::HostState &state,
+                                          const StepOptions &options) = 0;
+};
+
+} // namespace megaslide::exec
+
+#endif // MEGASLIDE_RUNTIME_PLAN_BACKEND_H

@@ -1,0 +1,185 @@
+//===- ExecPlan.h - The serialised execution plan ---------------*- C++ -*-===//
+//
+// What the compiler hands the runtime: the scheduled training step as a flat
+// program over numbered tensors, with every device tensor at its planned
+// arena offset. Written by lib/Target/ExecPlan from the pipeline's final IR,
+// read here without MLIR. The file format (JSON) is docs/ExecutionPlan.md;
+// a loaded plan is validated as untrusted input before any backend sees it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_PLAN_EXECPLAN_H
+#define MEGASLIDE_RUNTIME_PLAN_EXECPLAN_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "megaslide/Version.h"
+#include "megaslide/runtime/plan/OpCode.h"
+#include "megaslide/runtime/plan/Stream.h"
+
+namespace megaslide::exec {
+
+/// Bump on any change a reader of the previous version would misread.
+inline constexpr int64_t kPlanFormatVersion = 2;
+inline constexpr llvm::StringLiteral kPlanFormatName = "megaslide-exec-plan";
+/// The most tokens (batch x tokens per sample) a step may have: what the
+/// planner accepts (buildTrainingStep) and validate() holds a plan's
+/// `batch` x `grid` to, so every tensor's byte count stays far from
+/// overflowing int64.
+inline constexpr int64_t kMaxTokensPerStep = int64_t(1) << 31;
+
+enum class DType : uint8_t { BF16, F16, F32, I32, I64 };
+const char *dtypeName(DType dtype);
+std::optional<DType> parseDType(llvm::StringRef name);
+int64_t dtypeBytes(DType dtype);
+
+struct TensorType {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  int64_t numElements() const;
+  int64_t bytes() const { return numElements() * dtypeBytes(dtype); }
+};
+
+/// Where a tensor of the step lives.
+enum class Home : uint8_t {
+  Device, ///< in the arena at `offset` (or a view of another device value)
+  Input,  ///< an argument of the step, provided by the caller on the host
+  Host,   ///< host memory the runtime allocates (d2h results)
+};
+
+struct Value {
+  TensorType type;
+  Home home = Home::Device;
+  int64_t offset = -1;            ///< arena offset of a device value
+  std::optional<int64_t> viewOf;  ///< id of the value whose bytes this reuses
+  std::string name;               ///< argument name of an input
+};
+
+/// A persistent tensor of the model state (`megaslide.param`).
+struct Param {
+  std::string name;  ///< diffusers name; moments add .exp_avg/.exp_avg_sq
+  std::string role;  ///< master | moment | weight | gradient | frozen
+  std::string group; ///< embeddings | blocks | head
+  std::optional<int64_t> layer;
+  std::string of; ///< for moments: the parameter they belong to
+  TensorType type;
+};
+
+/// An attribute of an instruction, from the op's attribute dictionary with
+/// defaults filled in.
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>>;
+
+/// What the cost model needs to time an instruction on some hardware.
+struct CostInputs {
+  uint64_t matmulFlops = 0, attentionFlops = 0, otherFlops = 0;
+  uint64_t bytes = 0;       ///< moved through HBM, PCIe or host memory
+  uint64_t sourceBytes = 0; ///< fetch: bytes of the persistent source read
+};
+
+struct Range {
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+/// One op of the step. Program order is a valid serial execution; streams
+/// and events say what may overlap on an asynchronous backend.
+struct Instruction {
+  /// The op (plan/Ops.def); the file names it by opName(op).
+  OpCode op{};
+  Stream stream = Stream::Compute;
+  std::vector<int64_t> operands, results; ///< value ids
+  std::map<std::string, Attr, std::less<>> attrs;
+  std::optional<int64_t> layer;
+  std::string param;                ///< fetch, host_adamw: the Param name
+  std::optional<int64_t> event;     ///< record: event defined; wait: used
+  std::vector<Range> workspace;     ///< arena scratch live during the op
+  CostInputs cost;
+
+  const Attr *attr(llvm::StringRef name) const;
+  std::optional<int64_t> intAttr(llvm::StringRef name) const;
+  std::optional<double> floatAttr(llvm::StringRef name) const;
+  std::optional<std::vector<int64_t>> intsAttr(llvm::StringRef name) const;
+};
+
+/// Generated device code the plan's kernels need (the 3D-DSA kernels of
+/// lib/Target/Cuda), compiled by the cuda backend with NVRTC.
+struct KernelModule {
+  std::string name;     ///< configuration name, e.g. dsa3d_g2x4x4_..._r4
+  std::string source;   ///< CUDA C++
+  std::string manifest; ///< JSON: launch shapes per kernel (DsaLaunch)
+};
+
+struct ExecPlan {
+  int64_t version = kPlanFormatVersion;
+  /// The MegaSlide release whose runtime the plan was compiled for; a
+  /// runtime of another release refuses it (docs/ExecutionPlan.md).
+  std::string runtimeVersion = MEGASLIDE_VERSION;
+  std::string model; ///< preset name or config path it was compiled from
+  /// The model config as JSON text (diffusers keys), for weight loading.
+  std::string modelConfig;
+  std::vector<int64_t> grid; ///< (T, Y, X) tokens per sample
+  int64_t batch = 1;
+
+  int64_t arenaBytes = 0; ///< planned device peak (msched.pack arena_size)
+  int64_t alignment = 1;
+  int64_t plannedLiveBytes = 0; ///< planned peak of live (unaligned) bytes
+
+  std::vector<Param> params;
+  std::vector<Value> values;
+  std::vector<int64_t> inputs;  ///< value ids, in argument order
+  std::vector<int64_t> outputs; ///< value ids returned (the loss)
+  int64_t numEvents = 0;
+  std::vector<Instruction> instructions;
+  std::vector<KernelModule> kernelModules;
+
+  const Param *findParam(llvm::StringRef name) const;
+};
+
+/// When each value is needed, in instruction indices: a value is live from
+/// the instruction defining it (inputs: from 0) to its last reader,
+/// inclusive; a view keeps the value it views live. The planner's
+/// liveness (lib/Analysis/DeviceBuffers) is the same rule.
+struct Liveness {
+  std::vector<int64_t> def, lastUse; ///< per value; -1 when never used
+  /// Device values that own arena bytes (not views), with their intervals.
+  std::vector<int64_t> deviceBuffers;
+  /// Bytes live at each instruction: device buffers plus workspace.
+  std::vector<int64_t> liveBytes;
+  int64_t peakLiveBytes = 0;
+};
+Liveness computeLiveness(const ExecPlan &plan);
+
+/// Checks every invariant a backend relies on: ids and offsets in range,
+/// device offsets (values and workspaces) multiples of `alignment`, device
+/// bytes inside the arena, batch x grid within kMaxTokensPerStep,
+/// operand/result counts and types of each op, AdamW moments matching
+/// their parameter and hyper-parameters in range (checkAdamWHyperParameter),
+/// events recorded before they are waited on, every read of a value
+/// written on another stream ordered after that write by record/wait
+/// pairs (directly or transitively), no two live device values (or a
+/// workspace and a live value) overlapping (the event check is one pass
+/// over the instructions). Errors name the instruction and what is wrong.
+llvm::Error validate(const ExecPlan &plan);
+
+/// Parses and validates a plan; `source` names it in errors.
+llvm::Expected<ExecPlan> parseExecPlan(llvm::StringRef text,
+                                       llvm::StringRef source);
+llvm::Expected<ExecPlan> loadExecPlan(llvm::StringRef path);
+
+/// The plan as its JSON text (docs/ExecutionPlan.md).
+std::string serialize(const ExecPlan &plan);
+/// Writes serialize(plan) to `path` atomically (support/AtomicFile.h): on
+/// any error `path` is as it was, and the error names it.
+llvm::Error saveExecPlan(const ExecPlan &plan, llvm::StringRef path);
+
+} // namespace megaslide::exec
+
+#endif // MEGASLIDE_RUNTIME_PLAN_EXECPLAN_H

@@ -1,0 +1,56 @@
+//===- Stream.h - The four queues of a training step ------------*- C++ -*-===//
+//
+// The one definition of a step's streams, shared by the compiler and the
+// runtime: the schedule dialect stores it as an i32 (`msched.stream`, the
+// stream of `msched.record` and `msched.wait`;
+// include/megaslide/Dialect/Schedule/ScheduleDialect.td), the execution plan names it in
+// each instruction, and the replay (include/megaslide/runtime/sim/Timeline.h) and the
+// backends run one queue per stream. Header only and free of MLIR and
+// LLVM, so the dialect includes it without linking the runtime.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_PLAN_STREAM_H
+#define MEGASLIDE_RUNTIME_PLAN_STREAM_H
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace megaslide::exec {
+
+/// The values are the i32s of `msched.stream`: printed IR and saved
+/// modules depend on them.
+enum class Stream : uint8_t {
+  Compute = 0,
+  HostToDevice = 1,
+  DeviceToHost = 2,
+  Host = 3
+};
+inline constexpr int kNumStreams = 4;
+
+/// Whether `value` is the number of a stream.
+constexpr bool isStream(int64_t value) {
+  return value >= 0 && value < kNumStreams;
+}
+
+/// "compute", "h2d", "d2h" or "host": the stream's name in the printed IR,
+/// the plan's JSON, traces and reports.
+constexpr const char *streamName(Stream stream) {
+  constexpr const char *names[kNumStreams] = {"compute", "h2d", "d2h", "host"};
+  return isStream(static_cast<int64_t>(stream))
+             ? names[static_cast<int>(stream)]
+             : "?";
+}
+
+/// The stream named `name` (streamName), if any.
+constexpr std::optional<Stream> parseStream(std::string_view name) {
+  for (int i = 0; i < kNumStreams; ++i)
+    if (name == streamName(static_cast<Stream>(i)))
+      return static_cast<Stream>(i);
+  return std::nullopt;
+}
+
+} // namespace megaslide::exec
+
+#endif // MEGASLIDE_RUNTIME_PLAN_STREAM_H

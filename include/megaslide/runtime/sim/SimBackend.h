@@ -1,0 +1,104 @@
+//===- SimBackend.h - Predicted timing of an execution plan -----*- C++ -*-===//
+//
+// The sim backend: replays one step of an execution plan on a hardware
+// description, with no device and no numerics (docs/CostModel.md, "The
+// replay"). megaslide-plan's predicted step is the same replay of the
+// planned module exported in memory (buildPlanReport), so for a plan
+// compiled from a module this backend predicts what `megaslide-plan`
+// predicts for that module.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_SIM_SIMBACKEND_H
+#define MEGASLIDE_RUNTIME_SIM_SIMBACKEND_H
+
+#include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/sim/HardwareModel.h"
+#include "megaslide/runtime/sim/Timeline.h"
+#include "megaslide/runtime/trace/ChromeTrace.h"
+
+#include "llvm/Support/Error.h"
+
+#include <memory>
+#include <vector>
+
+namespace megaslide::sim {
+
+/// The replay's tasks, one per instruction, in program order:
+///  * an instruction runs on its stream for secondsFor(plan, inst, hw);
+///  * it depends on the instructions defining the values it reads;
+///  * it writes the arena bytes of its device results and of its workspace
+///    (a reshape, a view, writes nothing);
+///  * each device buffer (a value with its views) is released by its last
+///    reader in program order, once the buffer's producer and all its
+///    readers have ended; a buffer the step returns is never released, and
+///    a workspace is released by its instruction;
+///  * `record` is a zero-length task on its stream (it is reached when the
+///    work issued before it there has ended) and `wait` a zero-length task
+///    on its stream that depends on the record of its event, so later work
+///    on that stream starts after the event.
+/// Errors name the instruction when ids, views or events are out of range;
+/// everything else is for exec::validate to check.
+llvm::Expected<std::vector<Task>> buildTasks(const exec::ExecPlan &plan,
+                                             const HardwareModel &hw);
+
+struct SimResult {
+  double makespan = 0;   ///< predicted step time, seconds
+  double lowerBound = 0; ///< busy time of the busiest stream
+  double busy[exec::kNumStreams] = {};
+  exec::Stream boundBy = exec::Stream::Compute; ///< the busiest stream
+  /// Per instruction, seconds from the start of the step.
+  std::vector<double> start, end;
+  uint64_t deviceFlops = 0;            ///< of compute-stream instructions
+  uint64_t h2dBytes = 0, d2hBytes = 0; ///< copied over PCIe
+  int64_t arenaHighWater = 0; ///< one past the highest arena byte written
+  /// Most device bytes occupied at one time: a buffer holds its bytes from
+  /// its producer's start until its release, a workspace during its
+  /// instruction.
+  int64_t peakLiveBytes = 0;
+};
+
+/// Replays one step of `plan` on `hw`. With `trace`, adds a complete event
+/// per instruction but record and wait (named like the cpu backend's:
+/// the op, and the parameter of a fetch or host_adamw), a "device memory"
+/// counter, and otherData (backend, hardware, prediction); the caller
+/// finishes the trace.
+llvm::Expected<SimResult> simulateStep(const exec::ExecPlan &plan,
+                                       const HardwareModel &hw,
+                                       trace::ChromeTrace *trace = nullptr);
+
+/// The trace spans of a replayed step, in program order.
+std::vector<exec::TraceSpan> traceSpans(const exec::ExecPlan &plan,
+                                        const SimResult &result);
+
+/// exec::Backend over simulateStep: every step takes the predicted time and
+/// leaves the host state untouched; the loss is not computed.
+class SimBackend final : public exec::Backend {
+public:
+  /// Replays the plan once (the timing does not depend on the data).
+  static llvm::Expected<std::unique_ptr<SimBackend>>
+  create(const exec::ExecPlan &plan, HardwareModel hw);
+
+  const char *name() const override { return "sim"; }
+  bool computesLoss() const override { return false; }
+  /// `seconds` is the predicted step, `memory` the replayed arena high-water
+  /// mark and peak of occupied bytes, `spans` the predicted instructions.
+  llvm::Expected<exec::StepResult>
+  step(const exec::StepInputs &inputs, host::HostState &state,
+       const exec::StepOptions &options) override;
+
+  const SimResult &result() const { return sim; }
+  const HardwareModel &hardware() const { return hw; }
+
+private:
+  SimBackend(const exec::ExecPlan &plan, HardwareModel hw, SimResult sim)
+      : plan(plan), hw(std::move(hw)), sim(std::move(sim)) {}
+  const exec::ExecPlan &plan;
+  HardwareModel hw;
+  SimResult sim;
+};
+
+} // namespace megaslide::sim
+
+#endif // MEGASLIDE_RUNTIME_SIM_SIMBACKEND_H

@@ -1,0 +1,132 @@
+//===- SyntheticData.h - A learnable flow-matching task ---------*- C++ -*-===//
+//
+// The default data of megaslide-run: a fixed-seed set of smooth moving
+// latent videos ("prototypes"), each with its own condition (text
+// embeddings, or a class label for DiT). Every step draws a prototype per
+// sample, a timestep t ~ U(0, 1) and Gaussian noise. Because the clean
+// latents are a function of the condition, the velocity target is
+// predictable and the loss falls well below its starting value; with
+// random latents it could not.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_TRAIN_SYNTHETICDATA_H
+#define MEGASLIDE_RUNTIME_TRAIN_SYNTHETICDATA_H
+
+#include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/train/Random.h"
+
+#include "megaslide/runtime/host/Safetensors.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace megaslide::train {
+
+/// The shapes of a plan's step inputs, by name.
+struct InputShapes {
+  std::vector<int64_t> latents, timesteps, condition;
+  bool conditionIsLabel = false; ///< DiT: integer class labels
+  /// Reads them from the plan's inputs; errors name what is missing.
+  static llvm::Expected<InputShapes> of(const exec::ExecPlan &plan);
+};
+
+/// Where a run's batches come from. Every batch draws its samples, its
+/// timesteps and its noise from one generator, so the generator's state is
+/// all a checkpoint needs to continue the same sequence.
+///
+/// Batches can be made ahead on a thread of their own (`readAhead` of
+/// them), so that reading sample files overlaps the step; the sequence is
+/// the same either way, and state() is that of the batches handed out.
+class DataSource {
+public:
+  virtual ~DataSource();
+  /// The next batch; advances the sampling state. On error (a sample that
+  /// cannot be read or holds a non-finite value) the state is unchanged.
+  llvm::Expected<exec::StepInputs> next();
+
+  uint64_t state() const { return consumedState; }
+  void setState(uint64_t s);
+
+  /// Host bytes this source holds: samples kept in memory and batches
+  /// made ahead (what the run's memory check counts).
+  uint64_t bytesHeld() const;
+
+protected:
+  DataSource(const InputShapes &shapes, uint64_t seed, int readAhead);
+  /// Writes the clean latents [C, T, H, W] and condition of sample `k`.
+  virtual llvm::Error readSample(size_t k, float *latents,
+                                 float *condition) = 0;
+  virtual size_t numSamples() const = 0;
+  /// Bytes of samples kept in memory.
+  virtual uint64_t bytesKept() const { return 0; }
+  /// Stops the read-ahead thread; derived destructors call it first, since
+  /// the thread calls their readSample.
+  void stopReadAhead();
+
+  InputShapes shapes;
+  int64_t latentElements = 0, conditionElements = 0;
+
+private:
+  struct Made {
+    llvm::Expected<exec::StepInputs> inputs;
+    uint64_t stateAfter;
+    bool ok = true; ///< whether `inputs` holds a batch (read without locking it)
+  };
+  Made make(uint64_t state);
+  void readAheadLoop();
+
+  uint64_t consumedState;
+  int readAhead;
+  // Read-ahead: batches made from producedState on, in order.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Made> ready;
+  uint64_t producedState;
+  uint64_t generation = 0; ///< bumped when the sequence is reset
+  bool stopping = false;
+  std::thread worker;
+};
+
+class SyntheticData : public DataSource {
+public:
+  static constexpr int kPrototypes = 8;
+  SyntheticData(const InputShapes &shapes, uint64_t seed);
+  ~SyntheticData() override { stopReadAhead(); }
+
+private:
+  llvm::Error readSample(size_t k, float *latents, float *condition) override;
+  size_t numSamples() const override { return latents.size(); }
+  uint64_t bytesKept() const override;
+  std::vector<std::vector<float>> latents, conditions;
+};
+
+/// Samples from files (docs/Runtime.md, "Data files"): every
+/// `*.safetensors` in a directory holds one sample, `latents` [C, T, H, W]
+/// and `condition` [L, D] (text embeddings; DiT: a one-element class
+/// label), in f32, bf16 or f16. Headers are checked when the directory is
+/// opened; tensors are read when a batch needs them (kReadAhead batches
+/// ahead), so a dataset of any size costs a few batches of memory, and
+/// every value read is checked to be finite.
+class FileData : public DataSource {
+public:
+  static constexpr int kReadAhead = 2;
+  static llvm::Expected<std::unique_ptr<FileData>>
+  open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed);
+  ~FileData() override { stopReadAhead(); }
+
+private:
+  FileData(const InputShapes &shapes, uint64_t seed,
+           std::vector<std::string> files)
+      : DataSource(shapes, seed, kReadAhead), files(std::move(files)) {}
+  llvm::Error readSample(size_t k, float *latents, float *condition) override;
+  size_t numSamples() const override { return files.size(); }
+  llvm::Error checkHeader(const host::SafetensorsReader &reader) const;
+  std::vector<std::string> files;
+};
+
+} // namespace megaslide::train
+
+#endif // MEGASLIDE_RUNTIME_TRAIN_SYNTHETICDATA_H

@@ -1,0 +1,491 @@
+//===- DsaKernelEmulationTest.cpp - Generated 3D-DSA kernels on the host --===//
+//
+// The CUDA kernels of lib/Target/Cuda cannot run here (no GPU), so this test
+// compiles the generated source with the host C++ compiler against a small
+// emulation of the CUDA execution model and compares the results with the
+// CPU reference kernels (include/megaslide/runtime/cpu/Dsa3d.h). The emulation is the tests'
+// shared one (support/CudaEmulation.h: threads are fibers scheduled
+// cooperatively; __syncthreads and warp collectives are rendezvous of the
+// fibers of a block or warp); this test adds the collectives of the
+// kernels' inline PTX (mma.sync m16n8k16, ldmatrix), with the PTX ISA's
+// fragment layouts written out independently of the kernels. What this
+// checks: tile/window geometry, chunking and masking, online softmax, the
+// backward's work split and atomics, offset estimation, fragment indexing.
+// What it cannot: timing, races of real asynchronous copies, or the
+// hardware's own reading of the PTX (that needs a GPU:
+// scripts/device-check.sh).
+//
+// Skips when no host C++ compiler ($CXX or c++) can build the emulation.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/Target/Cuda/DsaKernels.h"
+#include "megaslide/Testing/CudaEmulation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+using namespace megaslide;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Replaces the kernels' inline-PTX primitives (inserted where they are).
+constexpr const char *kPrimitives = R"emu(
+inline float toFloat(elem_t v) {
+#if DSA_BF16
+  return __uint_as_float(static_cast<unsigned>(v) << 16);
+#else
+  _Float16 h;
+  std::memcpy(&h, &v, 2);
+  return (float)h;
+#endif
+}
+inline elem_t toElem(float f) {
+#if DSA_BF16
+  unsigned u = __float_as_uint(f);
+  u += 0x7fff + ((u >> 16) & 1); // round to nearest even
+  return (elem_t)(u >> 16);
+#else
+  _Float16 h = (_Float16)f;
+  elem_t v;
+  std::memcpy(&v, &h, 2);
+  return v;
+#endif
+}
+inline unsigned pack2(float lo, float hi) {
+  return toElem(lo) | (unsigned(toElem(hi)) << 16);
+}
+inline float lo16(unsigned x) { return toFloat((elem_t)(x & 0xffff)); }
+inline float hi16(unsigned x) { return toFloat((elem_t)(x >> 16)); }
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: lane = 4 g + c holds
+/// A (row g|g+8, cols 2c..2c+1 | 2c+8..2c+9) in a0..a3, B (rows 2c..2c+1 |
+/// 2c+8..2c+9, col g) in b0, b1 and C/D (row g|g+8, cols 2c, 2c+1).
+inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  emu::Slot in{};
+  for (int i = 0; i < 4; ++i) {
+    in.w[i] = a[i];
+    in.w[6 + i] = __float_as_uint(c[i]);
+  }
+  in.w[4] = b0;
+  in.w[5] = b1;
+  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      const unsigned *w = all[l].w;
+      A[g][c2] = lo16(w[0]);     A[g][c2 + 1] = hi16(w[0]);
+      A[g + 8][c2] = lo16(w[1]); A[g + 8][c2 + 1] = hi16(w[1]);
+      A[g][c2 + 8] = lo16(w[2]); A[g][c2 + 9] = hi16(w[2]);
+      A[g + 8][c2 + 8] = lo16(w[3]); A[g + 8][c2 + 9] = hi16(w[3]);
+      B[c2][g] = lo16(w[4]);     B[c2 + 1][g] = hi16(w[4]);
+      B[c2 + 8][g] = lo16(w[5]); B[c2 + 9][g] = hi16(w[5]);
+      C[g][c2] = __uint_as_float(w[6]);     C[g][c2 + 1] = __uint_as_float(w[7]);
+      C[g + 8][c2] = __uint_as_float(w[8]); C[g + 8][c2 + 1] = __uint_as_float(w[9]);
+    }
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {c2, c2 + 1, c2, c2 + 1};
+      for (int e = 0; e < 4; ++e) {
+        float acc = C[rows[e]][cols[e]];
+        for (int k = 0; k < 16; ++k)
+          acc += A[rows[e]][k] * B[k][cols[e]];
+        res[l].w[e] = __float_as_uint(acc);
+      }
+    }
+  });
+  for (int e = 0; e < 4; ++e)
+    c[e] = __uint_as_float(out.w[e]);
+}
+
+inline unsigned smemAddr(const void *p) {
+  const unsigned char *b = static_cast<const unsigned char *>(p);
+  if (b < emu::g_smem || b >= emu::g_smem + emu::kSmemBytes)
+    emu::fail("smemAddr of a pointer outside shared memory");
+  return unsigned(b - emu::g_smem);
+}
+
+/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
+/// the row addresses of matrix i; lane 4 g + c receives, per matrix, (row
+/// g, cols 2c, 2c+1), or transposed (rows 2c, 2c+1, col g).
+template <bool Trans> inline void ldsm(unsigned r[4], unsigned addr) {
+  if (addr % 16 || addr + 16 > emu::kSmemBytes)
+    emu::fail("ldmatrix row address misaligned or out of range");
+  emu::Slot in{};
+  in.w[0] = addr;
+  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
+    auto at = [&](int i, int row, int col) {
+      unsigned short v;
+      std::memcpy(&v, emu::g_smem + all[i * 8 + row].w[0] + 2 * col, 2);
+      return unsigned(v);
+    };
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      for (int i = 0; i < 4; ++i)
+        res[l].w[i] = Trans ? at(i, c2, g) | at(i, c2 + 1, g) << 16
+                            : at(i, g, c2) | at(i, g, c2 + 1) << 16;
+    }
+  });
+  for (int i = 0; i < 4; ++i)
+    r[i] = out.w[i];
+}
+inline void ldsm4(unsigned r[4], unsigned addr) { ldsm<false>(r, addr); }
+inline void ldsm4T(unsigned r[4], unsigned addr) { ldsm<true>(r, addr); }
+
+inline void cpAsync16(void *dst, const void *src, int bytes) {
+  smemAddr(dst);
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    emu::fail("cp.async with a misaligned address");
+  if (bytes == 16)
+    std::memcpy(dst, src, 16);
+  else if (bytes == 0)
+    std::memset(dst, 0, 16);
+  else
+    emu::fail("cp.async of a partial vector");
+}
+inline void cpAsyncCommit() {}
+template <int Pending> inline void cpAsyncWait() {}
+inline float infinity() { return INFINITY; }
+inline float fastExp2(float x) { return std::exp2(x); }
+)emu";
+
+/// Appended: C entry points launching each kernel over its whole grid.
+constexpr const char *kLaunchers = R"emu(
+extern "C" __attribute__((visibility("default"))) void emuForward(int batch, const elem_t *q, const elem_t *k,
+                           const elem_t *v, const int *offsets, elem_t *out,
+                           float *lse, float scale) {
+  emu::launch({unsigned(NTILES * FWD_QBLOCKS), unsigned(H), unsigned(batch)},
+              FWD_THREADS, [&] { DSA_FWD_NAME(q, k, v, offsets, out, lse, scale); });
+}
+extern "C" __attribute__((visibility("default"))) void emuBackward(int batch, const elem_t *q, const elem_t *k,
+                            const elem_t *v, const int *offsets,
+                            const elem_t *o, const elem_t *dout,
+                            const float *lse, elem_t *dq, float *dk32,
+                            float *dv32, float scale) {
+  emu::launch({unsigned(NTILES * BWD_QBLOCKS), unsigned(H), unsigned(batch)},
+              BWD_THREADS, [&] {
+                DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale);
+              });
+}
+extern "C" __attribute__((visibility("default"))) void emuFinalize(const float *dk32, const float *dv32, elem_t *dk,
+                            elem_t *dv, long long count) {
+  emu::launch({3, 1, 1}, 256, [&] { DSA_BWD_FINALIZE_NAME(dk32, dv32, dk, dv, count); });
+}
+extern "C" __attribute__((visibility("default"))) void emuOffsets(int batch, const elem_t *q, const elem_t *k,
+                           int *offsets) {
+  emu::launch({unsigned(NTILES), unsigned(H), unsigned(batch)}, OFF_THREADS,
+              [&] { DSA_OFFSETS_NAME(q, k, offsets); });
+}
+)emu";
+
+/// Builds the emulation of one configuration into a shared library.
+void *buildEmulation(const cuda::DsaConfig &config, const fs::path &dir,
+                     std::string &why) {
+  cuda::DsaKernelPlan plan;
+  std::string error;
+  if (!cuda::planDsaKernels(config, plan, error)) {
+    why = error;
+    return nullptr;
+  }
+  std::string source = cuda::emitDsaKernelSource(config, plan);
+  auto replace = [&](const std::string &from, const std::string &to) {
+    size_t at = source.find(from);
+    if (at == std::string::npos)
+      return false;
+    source.replace(at, from.size(), to);
+    return true;
+  };
+  // Dynamic shared memory is the emulator's buffer; the primitives go
+  // where the PTX versions are compiled out. Both occur in every kernel
+  // using them, so replace all.
+  while (replace("extern __shared__ __align__(16) unsigned char smem[];",
+                 "unsigned char *smem = emu::g_smem;"))
+    ;
+  if (!replace("#ifndef DSA_HOST_EMULATION",
+               std::string(kPrimitives) + "\n#ifndef DSA_HOST_EMULATION")) {
+    why = "no primitives marker in the generated source";
+    return nullptr;
+  }
+  // DSA_HOST_EMULATION compiles the PTX primitives out.
+  return test::buildHostLibrary(std::string(test::kCudaEmulationPrelude) +
+                                    "#define DSA_HOST_EMULATION 1\n" + source +
+                                    kLaunchers,
+                                dir, cuda::configName(config), why);
+}
+
+using elem_t = uint16_t;
+
+float toFloat(elem_t v, bool bf16) {
+  if (bf16) {
+    uint32_t u = uint32_t(v) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  _Float16 h;
+  std::memcpy(&h, &v, 2);
+  return float(h);
+}
+
+elem_t toElem(float f, bool bf16) {
+  if (bf16) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return elem_t(u >> 16);
+  }
+  _Float16 h = _Float16(f);
+  elem_t v;
+  std::memcpy(&v, &h, 2);
+  return v;
+}
+
+/// A buffer with canaries on both sides to catch out-of-bounds writes.
+template <typename T> struct Guarded {
+  static constexpr size_t kPad = 64;
+  std::vector<T> storage;
+  size_t size;
+  explicit Guarded(size_t n, T fill = T()) : storage(n + 2 * kPad), size(n) {
+    std::memset(storage.data(), 0x5a, storage.size() * sizeof(T));
+    std::fill(data(), data() + n, fill);
+  }
+  T *data() { return storage.data() + kPad; }
+  T &operator[](size_t i) { return data()[i]; }
+  bool intact() const {
+    const unsigned char *p =
+        reinterpret_cast<const unsigned char *>(storage.data());
+    size_t pad = kPad * sizeof(T), total = storage.size() * sizeof(T);
+    for (size_t i = 0; i < pad; ++i)
+      if (p[i] != 0x5a || p[total - 1 - i] != 0x5a)
+        return false;
+    return true;
+  }
+};
+
+struct Case {
+  const char *name;
+  std::array<int64_t, 3> grid, window, tile;
+  int64_t heads, headDim;
+  const char *elem;
+  int64_t radius;
+  int batch;
+};
+
+void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
+
+class DsaKernelEmulation : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
+  const Case &tc = GetParam();
+  cuda::DsaConfig config;
+  config.grid = tc.grid;
+  config.window = tc.window;
+  config.tile = tc.tile;
+  config.heads = tc.heads;
+  config.headDim = tc.headDim;
+  config.elementType = tc.elem;
+  config.radius = tc.radius;
+  const bool bf16 = config.elementType == "bf16";
+
+  std::string pattern =
+      (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
+  ASSERT_TRUE(mkdtemp(pattern.data()));
+  fs::path dir(pattern);
+  std::string why;
+  void *lib = buildEmulation(config, dir, why);
+  if (!lib) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (why.find("host compiler failed") != std::string::npos &&
+        std::system((test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
+      GTEST_SKIP() << "no host C++ compiler: " << why;
+    FAIL() << why;
+  }
+
+  using Fwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
+                       const int *, elem_t *, float *, float);
+  using Bwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
+                       const int *, const elem_t *, const elem_t *,
+                       const float *, elem_t *, float *, float *, float);
+  using Fin =
+      void (*)(const float *, const float *, elem_t *, elem_t *, long long);
+  using Off = void (*)(int, const elem_t *, const elem_t *, int *);
+  auto fwd = reinterpret_cast<Fwd>(dlsym(lib, "emuForward"));
+  auto bwd = reinterpret_cast<Bwd>(dlsym(lib, "emuBackward"));
+  auto fin = reinterpret_cast<Fin>(dlsym(lib, "emuFinalize"));
+  auto off = reinterpret_cast<Off>(dlsym(lib, "emuOffsets"));
+  ASSERT_TRUE(fwd && bwd && fin && off);
+
+  cpu::Dsa3dConfig cfg;
+  cfg.batch = tc.batch;
+  cfg.heads = tc.heads;
+  cfg.T = tc.grid[0];
+  cfg.Y = tc.grid[1];
+  cfg.X = tc.grid[2];
+  cfg.headDim = tc.headDim;
+  cfg.window = tc.window;
+  cfg.tile = tc.tile;
+  cfg.scale = 1.0 / std::sqrt(double(tc.headDim));
+  ASSERT_EQ(cfg.validate(), "");
+  const size_t n = size_t(cfg.batch) * cfg.tokens() * cfg.heads * cfg.headDim;
+  const size_t lseSize = size_t(cfg.batch) * cfg.heads * cfg.tokens();
+
+  // Inputs in the element type; the reference sees the same values.
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal;
+  auto input = [&] {
+    std::pair<Guarded<elem_t>, std::vector<float>> x{Guarded<elem_t>(n),
+                                                     std::vector<float>(n)};
+    for (size_t i = 0; i < n; ++i) {
+      x.first[i] = toElem(normal(rng), bf16);
+      x.second[i] = toFloat(x.first[i], bf16);
+    }
+    return x;
+  };
+  auto [q, qf] = input();
+  auto [k, kf] = input();
+  auto [v, vf] = input();
+  auto [dout, doutf] = input();
+  auto view = [&](const std::vector<float> &x) {
+    return cpu::dsa3dGraphLayout(x.data(), cfg);
+  };
+
+  // Offsets: the emulated estimate must equal the reference's.
+  Guarded<int32_t> offsets(cfg.offsetsSize(), -99);
+  std::vector<int32_t> offsetsRef(cfg.offsetsSize());
+  off(tc.batch, q.data(), k.data(), offsets.data());
+  cpu::dsa3dOffsets(cfg, view(qf), view(kf), tc.radius, offsetsRef.data());
+  EXPECT_TRUE(offsets.intact());
+  size_t offsetMismatches = 0;
+  for (size_t i = 0; i < offsetsRef.size(); ++i)
+    offsetMismatches += offsets[i] != offsetsRef[i];
+  EXPECT_EQ(offsetMismatches, 0u) << "of " << offsetsRef.size();
+
+  // Random displacements (beyond the radius) exercise the clamping.
+  std::uniform_int_distribution<int> shift(-3, 3);
+  for (size_t i = 0; i < offsetsRef.size(); ++i)
+    offsets[i] = offsetsRef[i] = shift(rng);
+
+  const float scale = float(cfg.scale);
+  Guarded<elem_t> out(n);
+  Guarded<float> lse(lseSize);
+  fwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
+      lse.data(), scale);
+  std::vector<float> outRef(n), lseRef(lseSize);
+  cpu::dsa3dForward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
+                    cpu::dsa3dGraphLayout(outRef.data(), cfg), lseRef.data());
+  EXPECT_TRUE(out.intact() && lse.intact());
+
+  const float tol = 2e-2f;
+  auto expectClose = [&](const char *what, auto got,
+                         const std::vector<float> &want, float atol) {
+    size_t bad = 0, worst = 0;
+    float worstErr = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      float err = std::fabs(got(i) - want[i]);
+      if (!(err <= atol + tol * std::fabs(want[i])))
+        ++bad;
+      if (!(err <= worstErr)) {
+        worstErr = err;
+        worst = i;
+      }
+    }
+    EXPECT_EQ(bad, 0u) << what << ": worst error " << worstErr << " at "
+                       << worst << " (got " << got(worst) << ", want "
+                       << want[worst] << ")";
+  };
+  auto maxAbs = [](const std::vector<float> &x) {
+    float m = 0;
+    for (float f : x)
+      m = std::max(m, std::fabs(f));
+    return m;
+  };
+  expectClose(
+      "out", [&](size_t i) { return toFloat(out[i], bf16); }, outRef, tol);
+  expectClose(
+      "lse", [&](size_t i) { return lse[i]; }, lseRef, 1e-3f);
+
+  Guarded<elem_t> dq(n), dk(n), dv(n);
+  Guarded<float> dk32(n, 0.f), dv32(n, 0.f);
+  bwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
+      dout.data(), lse.data(), dq.data(), dk32.data(), dv32.data(), scale);
+  fin(dk32.data(), dv32.data(), dk.data(), dv.data(), (long long)n);
+  EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && dk32.intact() &&
+              dv32.intact());
+  std::vector<float> dqRef(n), dkRef(n), dvRef(n);
+  cpu::dsa3dBackward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
+                     view(outRef), view(doutf), lseRef.data(),
+                     cpu::dsa3dGraphLayout(dqRef.data(), cfg),
+                     cpu::dsa3dGraphLayout(dkRef.data(), cfg),
+                     cpu::dsa3dGraphLayout(dvRef.data(), cfg));
+  expectClose(
+      "dq", [&](size_t i) { return toFloat(dq[i], bf16); }, dqRef,
+      tol * maxAbs(dqRef));
+  expectClose(
+      "dk", [&](size_t i) { return toFloat(dk[i], bf16); }, dkRef,
+      tol * maxAbs(dkRef));
+  expectClose(
+      "dv", [&](size_t i) { return toFloat(dv[i], bf16); }, dvRef,
+      tol * maxAbs(dvRef));
+
+  dlclose(lib);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// Small shapes (the emulation runs every thread as a fiber), chosen to
+// cover what the kernels specialise on.
+INSTANTIATE_TEST_SUITE_P(
+    Configs, DsaKernelEmulation,
+    ::testing::Values(
+        // The tiny model's geometry, two samples: batch and head indexing.
+        Case{"tiny_d16", {2, 4, 4}, {2, 2, 2}, {1, 2, 2}, 2, 16, "bf16", 1, 2},
+        // Partial border tiles along every axis, one masked 32-key chunk, f16.
+        Case{"borders_f16_d64",
+             {3, 5, 6},
+             {2, 3, 4},
+             {2, 2, 4},
+             1,
+             64,
+             "f16",
+             1,
+             1},
+        // 144-key windows: two full 64-key chunks and a masked partial one
+        // through two cp.async stages; 2 warps per CTA.
+        Case{"chunks_d128",
+             {3, 6, 8},
+             {3, 6, 8},
+             {2, 3, 4},
+             1,
+             128,
+             "bf16",
+             2,
+             1},
+        // 144-query tiles: two query blocks of 5 warps.
+        Case{"qblocks_d32",
+             {2, 8, 9},
+             {2, 4, 4},
+             {2, 8, 9},
+             1,
+             32,
+             "bf16",
+             1,
+             1},
+        // 32-key chunks (head dims 96 and 256).
+        Case{"d96", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 96, "bf16", 1, 1},
+        Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1}),
+    [](const ::testing::TestParamInfo<Case> &info) {
+      return std::string(info.param.name);
+    });
+
+} // namespace
