@@ -27,19 +27,23 @@ enum class Stream : uint8_t {
   DeviceToHost = 2,
   Host = 3
 };
-inline constexpr int kNumStreams = 4;
+inline constexpr int kNumStreams = static_cast<int>(Stream::Host) + 1;
+
+/// The streams' names, in the enum's order: in the printed IR, the plan's
+/// JSON, traces and reports.
+inline constexpr const char *kStreamNames[] = {"compute", "h2d", "d2h",
+                                               "host"};
+static_assert(sizeof(kStreamNames) / sizeof(kStreamNames[0]) == kNumStreams,
+              "a stream without its name");
 
 /// Whether `value` is the number of a stream.
 constexpr bool isStream(int64_t value) {
   return value >= 0 && value < kNumStreams;
 }
 
-/// "compute", "h2d", "d2h" or "host": the stream's name in the printed IR,
-/// the plan's JSON, traces and reports.
 constexpr const char *streamName(Stream stream) {
-  constexpr const char *names[kNumStreams] = {"compute", "h2d", "d2h", "host"};
   return isStream(static_cast<int64_t>(stream))
-             ? names[static_cast<int>(stream)]
+             ? kStreamNames[static_cast<int>(stream)]
              : "?";
 }
 
