@@ -28,6 +28,13 @@ llvm_config.use_default_substitutions()
 if config.has_cuda:
     config.available_features.add("cuda")
 
+# The Python module is built by scripts/build.sh but not in the sanitize
+# build (scripts/sanitize.sh says why); tests that import it require this.
+_package = os.path.join(config.megaslide_obj_root, "python_packages", "megaslide")
+if os.path.isdir(_package) and any(
+        n.startswith("_megaslide.") and n.endswith(".so") for n in os.listdir(_package)):
+    config.available_features.add("python-module")
+
 
 def _nvrtc_loadable():
     """NVRTC compiles CUDA C++ without a GPU (TOOLCHAIN.md)."""
