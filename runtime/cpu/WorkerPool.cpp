@@ -23,12 +23,11 @@ int megaslide::cpu::cpuThreads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-namespace {
+namespace megaslide::cpu {
 
 /// One job at a time: `generation` announces it, workers 1 .. numWorkers-1
 /// (pool thread i is worker i + 1) run it, `remaining` counts them home.
-class WorkerPool {
-public:
+struct WorkerPool::State {
   void run(int64_t numWorkers, void (*call)(void *, int64_t), void *context) {
     auto runHere = [&] {
       for (int64_t w = 0; w < numWorkers; ++w)
@@ -57,12 +56,13 @@ public:
     done.wait(lock, [&] { return remaining == 0; });
   }
 
-private:
   void serve(int64_t worker) {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
-      wake.wait(lock, [&] { return generation != seen; });
+      wake.wait(lock, [&] { return quit || generation != seen; });
+      if (quit)
+        return;
       seen = generation;
       if (worker >= numWorkers)
         continue;
@@ -74,15 +74,38 @@ private:
     }
   }
 
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      quit = true;
+    }
+    wake.notify_all();
+    for (std::thread &t : threads)
+      t.join();
+  }
+
   std::mutex busy; ///< held by the caller for a whole job
   std::mutex mutex;
   std::condition_variable wake, done;
   std::vector<std::thread> threads;
   uint64_t generation = 0;
   int64_t numWorkers = 0, remaining = 0;
+  bool quit = false;
   void (*call)(void *, int64_t) = nullptr;
   void *context = nullptr;
 };
+
+WorkerPool::WorkerPool() : state(std::make_unique<State>()) {}
+WorkerPool::~WorkerPool() { state->stop(); }
+
+void WorkerPool::run(int64_t numWorkers, void (*call)(void *, int64_t),
+                     void *context) {
+  state->run(numWorkers, call, context);
+}
+
+} // namespace megaslide::cpu
+
+namespace {
 
 // Never destroyed: workers may still be parked in it while the process
 // exits. A forked child has none of the parent's threads, so it starts a
@@ -90,7 +113,9 @@ private:
 // abandoned as it was).
 WorkerPool *pool = nullptr;
 
-WorkerPool &thePool() {
+} // namespace
+
+WorkerPool &megaslide::cpu::processPool() {
   static WorkerPool *const first = [] {
     pool = new WorkerPool;
     pthread_atfork(nullptr, nullptr, [] { pool = new WorkerPool; });
@@ -98,12 +123,4 @@ WorkerPool &thePool() {
   }();
   (void)first;
   return *pool;
-}
-
-} // namespace
-
-void megaslide::cpu::detail::runOnWorkers(int64_t numWorkers,
-                                          void (*call)(void *, int64_t),
-                                          void *context) {
-  thePool().run(numWorkers, call, context);
 }

@@ -36,6 +36,7 @@ uint64_t slotOf(double f, bool isFloat) {
 
 CudaBackend::Impl::~Impl() {
   worker.shutdown();
+  stager.shutdown();
   if (!cu)
     return;
   if (ctx)
@@ -45,7 +46,7 @@ CudaBackend::Impl::~Impl() {
       cu->cuStreamSynchronize(s);
   gemms.destroy();
   for (auto *events :
-       {&planEvents, &doneEvents, &startEvents, &endEvents, &slotEvents})
+       {&planEvents, &doneEvents, &startEvents, &endEvents, &copyEvents})
     for (CUevent e : *events)
       if (e)
         cu->cuEventDestroy_v2(e);
@@ -145,14 +146,11 @@ llvm::Error CudaBackend::Impl::init() {
                  llvm::Twine("cuMemHostAlloc (") + what + ", " +
                      llvm::Twine(bytes) + " bytes)");
   };
-  int slots = std::max(options.stagingSlots, 1);
   if (auto e = pinned(inputPool, prep.inputPoolBytes, "step inputs"))
     return e;
   if (auto e = pinned(hostPool, prep.hostPoolBytes, "host values"))
     return e;
-  int64_t slotBytes =
-      alignTo(std::max<int64_t>(prep.stagingSlotBytes, 1), 4096);
-  if (auto e = pinned(staging, slotBytes * slots, "weight staging"))
+  if (auto e = pinned(staging, prep.stagingBytes, "weight staging"))
     return e;
   if (auto e = pinned(lossStage, 8, "loss"))
     return e;
@@ -203,9 +201,8 @@ llvm::Error CudaBackend::Impl::init() {
         return e;
     }
   }
-  slotEvents.resize(slots);
-  slotUsed.assign(slots, false);
-  for (CUevent &ev : slotEvents)
+  copyEvents.resize(prep.fetches.size());
+  for (CUevent &ev : copyEvents)
     if (auto e = event(ev, CU_EVENT_DISABLE_TIMING))
       return e;
 
@@ -221,6 +218,16 @@ llvm::Error CudaBackend::Impl::init() {
   CUcontext context = ctx;
   const CudaDriverApi *api = cu;
   worker.start([api, context] { api->cuCtxSetCurrent(context); });
+  stager.start([api, context] { api->cuCtxSetCurrent(context); },
+               static_cast<uint8_t *>(staging), prep.stagingBytes,
+               [this](int64_t k) -> std::string {
+                 CUresult r = cu->cuEventSynchronize(copyEvents[k]);
+                 if (r == CUDA_SUCCESS)
+                   return {};
+                 return "cuEventSynchronize (staging, fetch #" +
+                        std::to_string(prep.fetches[k]) +
+                        "): " + cuResultString(*cu, r);
+               });
   return llvm::Error::success();
 }
 

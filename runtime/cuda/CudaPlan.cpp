@@ -4,12 +4,14 @@
 
 #include "megaslide/runtime/plan/Backend.h"
 #include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/Packing.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -243,6 +245,29 @@ matchDsaModule(const exec::ExecPlan &plan, const exec::Instruction &inst,
 // Preparation
 //===----------------------------------------------------------------------===//
 
+int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override) {
+  auto aligned = [](int64_t b) { return alignTo(std::max<int64_t>(b, 1), 4096); };
+  std::pair<int64_t, int64_t> lossAt = exec::lossSource(plan);
+  std::map<std::pair<int64_t, bool>, int64_t> blocks;
+  int64_t largest = 0, largestBlock = 0;
+  for (size_t i = 0; i < plan.instructions.size(); ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    if (inst.op != OpCode::Fetch)
+      continue;
+    int64_t bytes = aligned(plan.values[inst.results[0]].type.bytes());
+    largest = std::max(largest, bytes);
+    int64_t block = bytes;
+    if (inst.layer)
+      block = blocks[{*inst.layer,
+                      lossAt.second >= 0 && static_cast<int64_t>(i) > lossAt.second}] +=
+          bytes;
+    largestBlock = std::max(largestBlock, block);
+  }
+  if (override > 0)
+    return std::max(aligned(override), largest);
+  return std::max(2 * largest, 2 * largestBlock);
+}
+
 llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                                              const CudaOptions &options) {
   PreparedPlan p;
@@ -261,6 +286,7 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
   std::set<KernelInstance> kernels;
   std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
   std::vector<int64_t> eventRecorder(plan.numEvents, -1);
+  std::set<std::string> updated; // params a host_adamw before has updated
   for (size_t i = 0; i < n; ++i) {
     const exec::Instruction &inst = plan.instructions[i];
     PreparedInstruction &pi = p.instructions[i];
@@ -278,9 +304,12 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
         eventStream[*inst.event] = inst.stream;
         eventRecorder[*inst.event] = i;
       }
-      if (inst.op == OpCode::Fetch)
-        p.stagingSlotBytes = std::max(
-            p.stagingSlotBytes, plan.values[inst.results[0]].type.bytes());
+      if (inst.op == OpCode::Fetch) {
+        p.fetches.push_back(i);
+        p.fetchAfterUpdate.push_back(updated.count(inst.param) != 0);
+      }
+      if (inst.op == OpCode::HostAdamW)
+        updated.insert(inst.param);
       if ((inst.op == OpCode::Fetch || inst.op == OpCode::HostToDevice) &&
           inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
         return instError(i, inst,
@@ -349,6 +378,7 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
   p.elementwiseSource = emitElementwiseSource(p.kernels);
 
   layoutHostPools(plan, live, options, p);
+  p.stagingBytes = weightStagingBytes(plan, options.stagingBytes);
 
   // Cross-stream write-after-read/write waits, in program order.
   HazardMap arena(plan.arenaBytes), hostPool(p.hostPoolBytes);

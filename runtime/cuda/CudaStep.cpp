@@ -31,25 +31,6 @@ using exec::DType;
 using exec::Home;
 using exec::Stream;
 
-namespace {
-
-/// cpu::narrow on up to 8 workers of the CPU kernels' pool for large n (a
-/// fetch is staged while the copy stream waits for it). The pool runs one
-/// job at a time (cpu/WorkerPool.h): while the host worker's AdamW holds
-/// it, this runs on the issuing thread alone, and an AdamW starting while
-/// this holds it runs on the host worker alone.
-void narrowOnWorkers(const float *src, DType dtype, int64_t n, void *dst) {
-  int64_t parts = std::min<int64_t>(
-      {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
-       std::max<int64_t>(1, n >> 20)});
-  int64_t bytes = exec::dtypeBytes(dtype);
-  cpu::parallelChunks(n, parts, 1, [&](int64_t begin, int64_t end) {
-    cpu::narrow(src + begin, dtype, end - begin,
-                static_cast<uint8_t *>(dst) + begin * bytes);
-  });
-}
-
-} // namespace
 
 llvm::Expected<exec::StepResult>
 CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
@@ -70,7 +51,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     uint8_t *dst = I.hostAddress(id);
     if (v.name == "step") {
       std::vector<float> one(n, static_cast<float>(optimizerStep));
-      narrowOnWorkers(one.data(), v.type.dtype, n, dst);
+      narrowOnWorkers(cpu::processPool(), one.data(), v.type.dtype, n, dst);
       if (v.type.dtype == DType::I64 && n == 1)
         std::memcpy(dst, &optimizerStep, 8);
       continue;
@@ -85,12 +66,30 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           llvm::inconvertibleErrorCode(),
           "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
               " elements; the plan expects " + llvm::Twine(n));
-    narrowOnWorkers(it->second.data(), v.type.dtype, n, dst);
+    narrowOnWorkers(cpu::processPool(), it->second.data(), v.type.dtype, n, dst);
+  }
+
+  // The masters every fetch casts, checked before anything is issued.
+  std::vector<WeightStager::Job> jobs;
+  for (size_t k = 0; k < I.prep.fetches.size(); ++k) {
+    size_t i = I.prep.fetches[k];
+    const exec::Instruction &inst = plan.instructions[i];
+    const host::HostTensor *source = state.find(inst.param);
+    if (!source)
+      return instError(i, inst,
+                       "host state has no parameter '" + inst.param + "'");
+    const exec::Value &v = plan.values[inst.results[0]];
+    if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
+      return instError(i, inst,
+                       "host tensor '" + inst.param + "' has the wrong size");
+    jobs.push_back({source->data.data(), v.type.numElements(), v.type.dtype,
+                    I.prep.fetchAfterUpdate[k]});
   }
 
   CUstream compute = I.streams[0];
   if (auto e = I.syncStream(0, "step start", I.baseEvent))
     return std::move(e);
+  I.stager.begin(std::move(jobs));
   Clock::time_point t0 = Clock::now();
   auto since0 = [t0](Clock::time_point t) {
     return std::chrono::duration<double>(t - t0).count();
@@ -261,28 +260,20 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       }
 
       if (inst.op == exec::OpCode::Fetch) {
-        // The master may be updated this step already: its AdamW first.
-        auto pending = pendingUpdate.find(inst.param);
-        if (pending != pendingUpdate.end())
-          I.worker.waitFor(pending->second);
-        const host::HostTensor *source = state.find(inst.param);
-        if (!source)
+        // Cast by the staging thread, ahead of this one; a master updated
+        // this step already is cast after its AdamW.
+        int64_t k = fetchCount++;
+        if (I.prep.fetchAfterUpdate[k]) {
+          I.worker.waitFor(pendingUpdate.lookup(inst.param));
+          I.stager.release(k);
+        }
+        uint8_t *stage = I.stager.staged(k);
+        if (!stage) {
+          std::string why = I.stager.error();
           return instError(i, inst,
-                           "host state has no parameter '" + inst.param + "'");
+                           why.empty() ? "weight staging stopped" : why);
+        }
         const exec::Value &v = plan.values[inst.results[0]];
-        if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
-          return instError(
-              i, inst, "host tensor '" + inst.param + "' has the wrong size");
-        size_t slot = fetchCount++ % I.slotEvents.size();
-        if (I.slotUsed[slot])
-          if (auto e = I.check(cu.cuEventSynchronize(I.slotEvents[slot]),
-                               "cuEventSynchronize (staging)"))
-            return e;
-        uint8_t *stage =
-            static_cast<uint8_t *>(I.staging) +
-            slot * alignTo(std::max<int64_t>(I.prep.stagingSlotBytes, 1), 4096);
-        narrowOnWorkers(source->data.data(), v.type.dtype, v.type.numElements(),
-                        stage);
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
         if (auto e = I.check(
@@ -290,10 +281,10 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                         v.type.bytes(), stream),
                 "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
           return e;
-        if (auto e = I.check(cu.cuEventRecord(I.slotEvents[slot], stream),
+        if (auto e = I.check(cu.cuEventRecord(I.copyEvents[k], stream),
                              "cuEventRecord"))
           return e;
-        I.slotUsed[slot] = true;
+        I.stager.copyIssued(k);
       } else {
         if (trace)
           cu.cuEventRecord(I.startEvents[i], stream);
@@ -346,8 +337,12 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   llvm::Error issued = issueAll();
   if (issued)
     I.setWorkerError("cancelled"); // no queued update may apply (hostUpdate)
+  // Every fetch the loop issued is staged; a loop that stopped early leaves
+  // the staging thread waiting for copies that will not come.
+  I.stager.stop();
   // Whatever happened, nothing may stay in flight past this call.
   I.worker.drain();
+  I.stager.finish();
   llvm::Error synced = llvm::Error::success();
   for (int s = 0; s < 3; ++s) {
     llvm::Error e = I.syncStream(s, "the step failed on the GPU");

@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/support/Json.h"
 
@@ -71,14 +72,8 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
     }
     need.parts.push_back({"fp32 operands of the largest kernel", widest});
   } else {
-    // Weight staging: CudaOptions::stagingSlots slots of the largest fetch.
-    uint64_t largestFetch = 0;
-    for (const exec::Instruction &inst : plan.instructions)
-      if (inst.op == exec::OpCode::Fetch)
-        largestFetch = std::max<uint64_t>(
-            largestFetch, plan.values[inst.results[0]].type.bytes());
     need.parts.push_back({"pinned weight staging",
-                          cuda::CudaOptions().stagingSlots * largestFetch});
+                          static_cast<uint64_t>(cuda::weightStagingBytes(plan))});
   }
   need.parts.push_back(
       {"data (samples in memory, batches read ahead)", data.bytesHeld()});

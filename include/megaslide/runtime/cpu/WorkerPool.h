@@ -15,9 +15,43 @@
 #define MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
 
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <utility>
 
 namespace megaslide::cpu {
+
+/// Persistent threads that run one job at a time: run(n, call, context)
+/// calls call(context, w) for w in [0, n), w = 0 on the calling thread,
+/// and returns when all have returned; the pool grows to the largest n
+/// asked for. A call made while a job runs (from inside it, or from
+/// another thread) runs its workers one after another on the calling
+/// thread. The CPU kernels share one process-wide pool (runOnWorkers); a
+/// thread that must not fall back to running alone while they hold it (the
+/// cuda backend's weight staging) owns one.
+class WorkerPool {
+public:
+  WorkerPool();
+  /// Joins the threads (none may be in a job).
+  ~WorkerPool();
+  WorkerPool(const WorkerPool &) = delete;
+  WorkerPool &operator=(const WorkerPool &) = delete;
+
+  void run(int64_t numWorkers, void (*call)(void *, int64_t), void *context);
+  template <typename Fn> void run(int64_t numWorkers, Fn &&fn) {
+    using F = std::remove_reference_t<Fn>;
+    run(
+        numWorkers,
+        [](void *context, int64_t worker) {
+          (*static_cast<F *>(context))(worker);
+        },
+        const_cast<void *>(static_cast<const void *>(&fn)));
+  }
+
+private:
+  struct State;
+  std::unique_ptr<State> state;
+};
 
 /// The process-wide count of threads the CPU kernels split their work
 /// over: MEGASLIDE_NUM_THREADS if set to a positive integer (at most 1024),
@@ -25,25 +59,12 @@ namespace megaslide::cpu {
 /// so a test may change the variable between kernels.
 int cpuThreads();
 
-namespace detail {
-void runOnWorkers(int64_t numWorkers, void (*call)(void *, int64_t),
-                  void *context);
-} // namespace detail
+/// The CPU kernels' pool, one per process (a forked child gets its own).
+WorkerPool &processPool();
 
-/// Calls fn(w) for every w in [0, numWorkers) and returns when all calls
-/// have returned: w = 0 on the calling thread, the others on threads of a
-/// process-wide pool, which grows to the largest count asked for. A call
-/// made while the pool is busy (from inside fn, or from another thread)
-/// runs its workers one after another on the calling thread, so fn must
-/// not make one worker wait for another.
+/// WorkerPool::run on processPool().
 template <typename Fn> void runOnWorkers(int64_t numWorkers, Fn &&fn) {
-  using F = std::remove_reference_t<Fn>;
-  detail::runOnWorkers(
-      numWorkers,
-      [](void *context, int64_t worker) {
-        (*static_cast<F *>(context))(worker);
-      },
-      const_cast<void *>(static_cast<const void *>(&fn)));
+  processPool().run(numWorkers, std::forward<Fn>(fn));
 }
 
 } // namespace megaslide::cpu

@@ -12,6 +12,7 @@
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Gemm.h"
 #include "megaslide/runtime/cuda/HostWorker.h"
+#include "megaslide/runtime/cuda/Staging.h"
 #include "megaslide/runtime/support/Packing.h"
 
 #include <array>
@@ -64,14 +65,16 @@ struct CudaBackend::Impl {
   /// Recorded at the end of a stream's work to wait for it (syncStream).
   CUevent idleEvents[3] = {nullptr, nullptr, nullptr};
   CUevent baseEvent = nullptr, lossEvent = nullptr;
+  /// copyEvents[k]: recorded after the copy of the k-th fetch; its staged
+  /// bytes are free once it completes.
   std::vector<CUevent> planEvents, doneEvents, startEvents, endEvents,
-      slotEvents;
-  std::vector<bool> slotUsed;
+      copyEvents;
   CUmodule elementwiseModule = nullptr;
   std::vector<CUmodule> dsaModules;
   GemmPlans gemms;
   std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
   HostWorker worker;
+  WeightStager stager;
   std::mutex errorMu;
   std::string workerError;
 

@@ -14,9 +14,10 @@ struct CudaOptions {
   int device = 0; ///< CUDA device ordinal
   /// NVRTC target; empty: the device's own (sm_90a on H100/H200).
   std::string arch;
-  /// Pinned buffers fetches are staged through, each as large as the
-  /// largest fetch (2: one filling while one copies).
-  int stagingSlots = 2;
+  /// Bytes of the pinned ring fetches are cast into; 0: two blocks' fetches
+  /// (weightStagingBytes in CudaPlan.h). Tests give less to make the
+  /// staging thread wait for copies.
+  int64_t stagingBytes = 0;
   /// Host values (d2h results) get pinned bytes of their own while all of
   /// them fit this; beyond, they share bytes by liveness.
   int64_t hostPoolNoReuseBytes = int64_t(8) << 30;

@@ -81,9 +81,15 @@ struct PreparedPlan {
   /// 3D-DSA accumulators when the plan gives no workspace for them.
   int64_t scratchBytes = 0, dsaFallbackBytes = 0;
   /// Pinned pools: step inputs and host values, offsets per value (-1 for
-  /// device values); the staging slot size (largest fetch).
+  /// device values).
   std::vector<int64_t> hostOffset;
-  int64_t inputPoolBytes = 0, hostPoolBytes = 0, stagingSlotBytes = 0;
+  int64_t inputPoolBytes = 0, hostPoolBytes = 0;
+  /// The fetches in program order, whether each one's master is updated
+  /// earlier in the step, and the pinned ring they are cast into
+  /// (weightStagingBytes).
+  std::vector<int64_t> fetches;
+  std::vector<bool> fetchAfterUpdate;
+  int64_t stagingBytes = 0;
   bool hostPoolShared = false; ///< host values share bytes by liveness
   /// Instructions whose completion another stream waits for.
   std::vector<bool> needsDoneEvent;
@@ -110,6 +116,13 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
 /// hostPoolShared) from the plan's values and their liveness.
 void layoutHostPools(const exec::ExecPlan &plan, const exec::Liveness &live,
                      const CudaOptions &options, PreparedPlan &prep);
+
+/// The pinned ring the fetches of `plan` are cast into (cuda/Staging.h):
+/// room for the fetches of two blocks (a block: one layer's fetches before
+/// or after the loss, as the planner sizes its "pinned staging"), at least
+/// two of the largest fetch, each fetch rounded up to 4 KiB;
+/// `override` > 0 replaces it, raised to the largest fetch.
+int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override = 0);
 
 /// The copy streams and compute: what the GPU runs.
 inline bool isGpuStream(exec::Stream s) { return s != exec::Stream::Host; }

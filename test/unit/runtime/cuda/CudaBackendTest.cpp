@@ -843,7 +843,12 @@ TEST(CudaBackendTest, HandBuiltPlanIsValidAndPrepares) {
     }
   }
   EXPECT_FALSE(prep->kernels.empty());
-  EXPECT_GE(prep->stagingSlotBytes, 64 * 32 * 2);
+  // Three fetches (w1, b1, w2) of at most 4 KiB, none in a layer: room
+  // for two.
+  EXPECT_EQ(prep->fetches.size(), 3u);
+  EXPECT_NE(std::find(prep->fetches.begin(), prep->fetches.end(), h.fetchW2),
+            prep->fetches.end());
+  EXPECT_EQ(prep->stagingBytes, 2 * 4096);
   EXPECT_LE(prep->arenaHighWater, h.plan.arenaBytes);
   EXPECT_GT(prep->arenaHighWater, h.plan.arenaBytes - 256);
   // Inputs and the four host values each have their own pinned bytes.
@@ -1023,8 +1028,8 @@ void expectNoFakeDeviceErrors(const std::string &context) {
 /// step s seeded with s.
 void runOnFakeDevice(const exec::ExecPlan &plan,
                      const std::function<exec::StepInputs(int)> &inputs,
-                     int steps) {
-  auto prep = prepareCudaPlan(plan);
+                     int steps, CudaOptions options = fakeDeviceOptions()) {
+  auto prep = prepareCudaPlan(plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   std::string why;
   if (!setUpFakeDevice(plan, *prep, why))
@@ -1032,7 +1037,7 @@ void runOnFakeDevice(const exec::ExecPlan &plan,
   StepHooks hooks{
       [](int s) { fake::beginStep(s); },
       [](int s) { expectNoFakeDeviceErrors("step " + std::to_string(s)); }};
-  compareWithCpu(plan, inputs, steps, 2e-2, 5e-2, fakeDeviceOptions(), hooks);
+  compareWithCpu(plan, inputs, steps, 2e-2, 5e-2, options, hooks);
   fake::Stats stats = fake::stats();
   EXPECT_GT(stats.launches, 0);
   EXPECT_GT(stats.gemms, 0);
@@ -1058,6 +1063,22 @@ std::function<exec::StepInputs(int)> handBuiltInputs() {
 TEST(CudaBackendFakeDeviceTest, HandBuiltPlanStepsLikeTheCpuBackend) {
   HandBuiltPlan h = handBuiltPlan();
   runOnFakeDevice(h.plan, handBuiltInputs(), 3);
+}
+
+/// A staging ring with room for one fetch: the staging thread casts b1
+/// only once w1's copy has completed, into the bytes w1 was copied from,
+/// and w2 after b1's
+/// (the fake device fails a copy whose pinned source the host overwrote
+/// while it was in flight).
+TEST(CudaBackendFakeDeviceTest, StagingRingOfOneFetchWaitsForEachCopy) {
+  HandBuiltPlan h = handBuiltPlan();
+  CudaOptions options = fakeDeviceOptions();
+  options.stagingBytes = 1;
+  auto prep = prepareCudaPlan(h.plan, options);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  ASSERT_EQ(prep->fetches.size(), 3u);
+  EXPECT_EQ(prep->stagingBytes, 4096); // raised to the largest fetch
+  runOnFakeDevice(h.plan, handBuiltInputs(), 3, options);
 }
 
 /// The fake device's own semantics, on raw driver calls: a read on one
