@@ -153,6 +153,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   std::vector<int64_t> work;
   Operation *loss = nullptr;
   std::map<std::string, uint64_t> h2dKinds, d2hKinds;
+  bool lowPrecision = false; // a GEMM of the step runs in bf16/f16
   for (auto [i, inst] : llvm::enumerate(program.instructions)) {
     Operation *op = origins[i];
     if (isa<schedule::RecordOp, schedule::WaitOp>(op))
@@ -160,8 +161,15 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
     instructionOf[op] = i;
     work.push_back(i);
     const exec::CostInputs &cost = inst.cost;
-    if (inst.stream == exec::Stream::Compute)
-      r.deviceFlops += cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
+    if (inst.stream == exec::Stream::Compute) {
+      if (cost.matmulFlops && !inst.results.empty() &&
+          program.values[inst.results[0]].type.dtype != exec::DType::F32)
+        lowPrecision = true;
+      uint64_t flops = cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
+      r.deviceFlops += flops;
+      if (op->hasAttr(schedule::kRecomputeAttrName))
+        r.recomputeFlops += flops;
+    }
     if (isa<graph::FlowMatchingLossOp>(op))
       loss = op;
     if (isa<schedule::FetchOp>(op)) {
@@ -184,6 +192,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
                             : "loss"] += cost.bytes;
     }
   }
+  r.peakFlops = lowPrecision ? hw.bf16DenseFlops : hw.f32DenseFlops;
 
   // Weight shard per block: bytes fetched in its forward pass.
   for (int64_t i : work)
@@ -302,7 +311,11 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                                    {"lower_bound_seconds", r.lowerBoundSeconds},
                                    {"bound_by", boundName},
                                    {"busy_seconds", std::move(busy)},
-                                   {"device_flops", r.deviceFlops}};
+                                   {"device_flops", r.deviceFlops},
+                                   {"recompute_flops", r.recomputeFlops},
+                                   {"model_flops", r.modelFlops()},
+                                   {"peak_flops", r.peakFlops},
+                                   {"mfu", r.mfu()}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
                                        {"streams", std::move(streams)}};
 }
@@ -350,6 +363,13 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
                       "host optimizer {3:F3} s\n",
                       r.busySeconds[0], r.busySeconds[1], r.busySeconds[2],
                       r.busySeconds[3]);
+  os << llvm::formatv(
+      "  FLOPs: model {0:E3} (as planned, without recomputation), executed "
+      "{1:E3} ({2:F1}% recomputation); MFU {3:F1}% of {4:F0} TFLOP/s\n",
+      double(r.modelFlops()), double(r.deviceFlops),
+      r.deviceFlops ? 100.0 * double(r.recomputeFlops) / double(r.deviceFlops)
+                    : 0.0,
+      100.0 * r.mfu(), r.peakFlops / 1e12);
   if (r.fits()) {
     os << "\nFITS.\n";
   } else {

@@ -638,9 +638,22 @@ void renderSummary(raw_ostream &os, const json::Object *plan) {
               (n ? std::to_string(*n) : std::string("n/a"));
     }
   }
-  std::string flops = "n/a";
-  if (std::optional<double> total = numberAt(objectAt(plan, "flops"), "total"))
-    flops = llvm::formatv("{0:E3}", *total).str();
+  auto flopsAt = [](const json::Object *o, StringRef key) {
+    std::optional<double> v = numberAt(o, key);
+    return v ? llvm::formatv("{0:E3}", *v).str() : std::string("n/a");
+  };
+  std::string executed = flopsAt(step, "device_flops");
+  std::optional<double> deviceFlops = numberAt(step, "device_flops"),
+                        recompute = numberAt(step, "recompute_flops");
+  if (deviceFlops && recompute && *deviceFlops > 0)
+    executed += llvm::formatv(" ({0:F1}% recomputation)",
+                              100.0 * *recompute / *deviceFlops)
+                    .str();
+  std::string mfu = "n/a";
+  if (std::optional<double> m = numberAt(step, "mfu"))
+    mfu = llvm::formatv("{0:F1}% of {1:F0} TFLOP/s", 100.0 * *m,
+                        numberAt(step, "peak_flops").value_or(0) / 1e12)
+              .str();
   std::string busyText;
   for (StringRef stream : kStreams)
     busyText += (busyText.empty() ? "" : ", ") + stream.str() + " " +
@@ -653,7 +666,12 @@ void renderSummary(raw_ostream &os, const json::Object *plan) {
                 formatCount(params, "frozen") + " frozen)");
   renderRow(os, "Tokens per sample",
             formatCount(plan, "tokens") + " (grid " + grid + ")");
-  renderRow(os, "FLOPs per step", flops);
+  renderRow(os, "Model FLOPs per step, as built (global attention)",
+            flopsAt(objectAt(plan, "flops"), "total"));
+  renderRow(os, "Model FLOPs per step, as planned (no recomputation)",
+            flopsAt(step, "model_flops"));
+  renderRow(os, "Device FLOPs executed per step", executed);
+  renderRow(os, "Predicted model-FLOP utilisation", mfu);
   renderRow(os, "Hardware",
             escapedOr(stringAt(objectAt(plan, "hardware"), "name")));
   renderRow(os, "Host memory",

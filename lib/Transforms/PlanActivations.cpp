@@ -142,9 +142,12 @@ uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
                !cloneSet.contains(use.getOwner());
       });
   // Clones the backward does not need (e.g. the block output) go away.
-  for (Operation *clone : llvm::reverse(clones))
+  for (Operation *clone : llvm::reverse(clones)) {
     if (clone->use_empty())
       clone->erase();
+    else
+      clone->setAttr(schedule::kRecomputeAttrName, b.getUnitAttr());
+  }
   return offloaded;
 }
 

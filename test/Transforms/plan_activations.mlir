@@ -30,8 +30,8 @@
 // Recompute: the checkpoint is marked with the block that reads it and
 // stays on device; each block's forward (its loads and casts included) is
 // cloned right before its first backward op and the backward reads the
-// clones, including AdamW's master; clones nothing reads (the gelus) are
-// dropped.
+// clones, including AdamW's master, which carry msched.recompute; clones
+// nothing reads (the gelus) are dropped.
 // RECOMPUTE-LABEL: module attributes {msched.activation_policy = ["recompute", "recompute"]}
 // RECOMPUTE-NEXT:    msched.resource @checkpoint_pool host size(0) category("offloaded checkpoints")
 // RECOMPUTE:         func.func @train_step(
@@ -41,15 +41,15 @@
 // RECOMPUTE:         %[[H1:.*]] = megaslide.linear %[[A0]], %{{.*}} {megaslide.layer = 1 : i64}
 // RECOMPUTE:         megaslide.flow_matching_loss
 // RECOMPUTE-NEXT:    %[[G:.*]] = megaslide.flow_matching_loss_grad
-// RECOMPUTE-NEXT:    %[[P1R:.*]] = megaslide.load @w1 {megaslide.layer = 1 : i64}
-// RECOMPUTE-NEXT:    %[[C1R:.*]] = megaslide.cast %[[P1R]] {megaslide.layer = 1 : i64}
-// RECOMPUTE-NEXT:    %[[H1R:.*]] = megaslide.linear %[[A0]], %[[C1R]] {megaslide.layer = 1 : i64}
+// RECOMPUTE-NEXT:    %[[P1R:.*]] = megaslide.load @w1 {megaslide.layer = 1 : i64, msched.recompute}
+// RECOMPUTE-NEXT:    %[[C1R:.*]] = megaslide.cast %[[P1R]] {megaslide.layer = 1 : i64, msched.recompute}
+// RECOMPUTE-NEXT:    %[[H1R:.*]] = megaslide.linear %[[A0]], %[[C1R]] {megaslide.layer = 1 : i64, msched.recompute}
 // RECOMPUTE-NEXT:    %[[GH1:.*]] = megaslide.gelu_grad %[[H1R]], %[[G]] {megaslide.layer = 1 : i64}
 // RECOMPUTE-NEXT:    %[[DA0:.*]] = megaslide.linear_grad_data %[[GH1]], %[[C1R]]
 // RECOMPUTE-NEXT:    %[[DW1:.*]] = megaslide.linear_grad_params %[[A0]], %[[GH1]]
-// RECOMPUTE-NEXT:    %[[P0R:.*]] = megaslide.load @w0 {megaslide.layer = 0 : i64}
-// RECOMPUTE-NEXT:    %[[C0R:.*]] = megaslide.cast %[[P0R]] {megaslide.layer = 0 : i64}
-// RECOMPUTE-NEXT:    %[[H0R:.*]] = megaslide.linear %[[X]], %[[C0R]] {megaslide.layer = 0 : i64}
+// RECOMPUTE-NEXT:    %[[P0R:.*]] = megaslide.load @w0 {megaslide.layer = 0 : i64, msched.recompute}
+// RECOMPUTE-NEXT:    %[[C0R:.*]] = megaslide.cast %[[P0R]] {megaslide.layer = 0 : i64, msched.recompute}
+// RECOMPUTE-NEXT:    %[[H0R:.*]] = megaslide.linear %[[X]], %[[C0R]] {megaslide.layer = 0 : i64, msched.recompute}
 // RECOMPUTE-NEXT:    megaslide.gelu_grad %[[H0R]], %[[DA0]] {megaslide.layer = 0 : i64}
 // RECOMPUTE:         megaslide.adamw %[[P1R]], %[[DW1]]
 // RECOMPUTE:         megaslide.adamw %[[P0R]],
@@ -95,8 +95,8 @@
 // TINY-RECOMPUTE:         %[[LN0:.*]] = megaslide.layer_norm %[[IN0]] {megaslide.layer = 0 : i64}
 // TINY-RECOMPUTE:         megaslide.add {{.*}}{megaslide.layer = 0 : i64, msched.checkpoint = 1 : i64}
 // TINY-RECOMPUTE:         megaslide.flow_matching_loss
-// TINY-RECOMPUTE:         megaslide.load @blocks.0.scale_shift_table {megaslide.layer = 0 : i64}
-// TINY-RECOMPUTE:         %[[LN0R:.*]] = megaslide.layer_norm %[[IN0]] {megaslide.layer = 0 : i64}
+// TINY-RECOMPUTE:         megaslide.load @blocks.0.scale_shift_table {megaslide.layer = 0 : i64, msched.recompute}
+// TINY-RECOMPUTE:         %[[LN0R:.*]] = megaslide.layer_norm %[[IN0]] {megaslide.layer = 0 : i64, msched.recompute}
 // TINY-RECOMPUTE-NOT:     megaslide.modulate_grad %[[LN0]],
 // TINY-RECOMPUTE:         megaslide.modulate_grad %[[LN0R]], {{.*}}{megaslide.layer = 0 : i64}
 
@@ -114,10 +114,10 @@
 // TINY-OFFLOAD:         megaslide.flow_matching_loss
 // TINY-OFFLOAD:         %[[BACK1:.*]] = msched.h2d %[[OUT1]] {megaslide.layer = 1 : i64}
 // TINY-OFFLOAD-NEXT:    megaslide.load @blocks.1.scale_shift_table
-// TINY-OFFLOAD:         megaslide.layer_norm %[[BACK1]] {megaslide.layer = 1 : i64}
+// TINY-OFFLOAD:         megaslide.layer_norm %[[BACK1]] {megaslide.layer = 1 : i64, msched.recompute}
 // TINY-OFFLOAD:         %[[BACK0:.*]] = msched.h2d %[[OUT0]] {megaslide.layer = 0 : i64}
 // TINY-OFFLOAD-NEXT:    megaslide.load @blocks.0.scale_shift_table
-// TINY-OFFLOAD:         megaslide.layer_norm %[[BACK0]] {megaslide.layer = 0 : i64}
+// TINY-OFFLOAD:         megaslide.layer_norm %[[BACK0]] {megaslide.layer = 0 : i64, msched.recompute}
 
 // Auto: the tiny step fits 141 GB with everything kept.
 // TINY-AUTO-LABEL: module @tiny attributes {{.*}}msched.activation_policy = ["keep", "keep"]

@@ -58,7 +58,19 @@ struct PlanReport {
   uint64_t h2dBytes = 0, d2hBytes = 0;
   std::vector<std::pair<std::string, uint64_t>> h2dByKind, d2hByKind;
 
-  uint64_t deviceFlops = 0; ///< incl. recomputation
+  /// FLOPs of the compute stream: all of them (recomputation included),
+  /// and those of the recomputed forward ops (msched.recompute).
+  uint64_t deviceFlops = 0, recomputeFlops = 0;
+  /// The step as planned (3D-DSA where rewritten) without recomputation.
+  uint64_t modelFlops() const { return deviceFlops - recomputeFlops; }
+  /// Model-FLOP utilisation: modelFlops() / (predicted step x the dense
+  /// tensor-core peak of the plan's precision).
+  double mfu() const {
+    return predictedSeconds > 0 && peakFlops > 0
+               ? double(modelFlops()) / (predictedSeconds * peakFlops)
+               : 0.0;
+  }
+  double peakFlops = 0;
   double predictedSeconds = 0, lowerBoundSeconds = 0;
   double busySeconds[exec::kNumStreams] = {}; ///< by exec::Stream
 

@@ -17,6 +17,9 @@ inline constexpr llvm::StringLiteral kStreamAttrName = "msched.stream";
 inline constexpr llvm::StringLiteral kOffsetsAttrName = "msched.offsets";
 inline constexpr llvm::StringLiteral kWorkspaceAttrName = "msched.workspace";
 inline constexpr llvm::StringLiteral kCheckpointAttrName = "msched.checkpoint";
+/// A forward op cloned in front of its block's backward (recompute): the
+/// report counts its FLOPs apart from the model's.
+inline constexpr llvm::StringLiteral kRecomputeAttrName = "msched.recompute";
 
 /// The stream of a scheduled op: its `msched.stream`, an i32 holding an
 /// exec::Stream; none when absent or not a stream.

@@ -229,9 +229,12 @@ uint64_t referenceApplyToBlock(func::FuncOp step, Operation *loss,
         return inBlockBackward(use.getOwner()) &&
                !llvm::is_contained(clones, use.getOwner());
       });
-  for (Operation *clone : llvm::reverse(clones))
+  for (Operation *clone : llvm::reverse(clones)) {
     if (clone->use_empty())
       clone->erase();
+    else
+      clone->setAttr(schedule::kRecomputeAttrName, b.getUnitAttr());
+  }
   return offloaded;
 }
 
