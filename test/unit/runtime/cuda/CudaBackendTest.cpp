@@ -739,6 +739,208 @@ TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
   EXPECT_EQ(checked, static_cast<int>(denseCases().size()));
 }
 
+//===----------------------------------------------------------------------===//
+// Global attention on tensor cores (AttentionKernelsSource.inc)
+//===----------------------------------------------------------------------===//
+
+/// A global-attention shape the tensor-core kernels must handle: cross-
+/// attention (Nq != Nk), tails (neither a multiple of 64), several heads,
+/// batch 2, head dims 16, 64 and 128, bf16 and f16 inputs, 16-bit and f32
+/// outputs.
+struct AttentionTcCase {
+  int64_t B, Nq, Nk, H, Dh;
+  DType in, out;
+};
+
+std::vector<AttentionTcCase> attentionTcCases() {
+  const DType bf = DType::BF16, f16 = DType::F16, f32 = DType::F32;
+  return {{2, 80, 24, 3, 16, bf, bf},
+          {2, 80, 24, 2, 64, bf, f32},
+          {2, 70, 100, 2, 128, bf, bf},
+          {1, 65, 33, 2, 64, f16, f16}};
+}
+
+/// attention and attention_grad of a case, with the operand and result
+/// types lowerGraphOp gets.
+std::pair<OpCase, OpCase> attentionTcOps(const AttentionTcCase &c) {
+  TensorType q = tt(c.in, {c.B, c.Nq, c.H, c.Dh});
+  TensorType kv = tt(c.in, {c.B, c.Nk, c.H, c.Dh});
+  TensorType o = tt(c.out, {c.B, c.Nq, c.H, c.Dh});
+  TensorType dkv = tt(c.out, {c.B, c.Nk, c.H, c.Dh});
+  OpCase fwd{"attention", makeInst("attention"), {q, kv, kv}, {o}};
+  OpCase bwd{"attention_grad",
+             makeInst("attention_grad"),
+             {q, kv, kv, tt(c.in, q.shape), q},
+             {o, dkv, dkv}};
+  return {fwd, bwd};
+}
+
+TEST(CudaDenseLoweringTest, AttentionPicksTensorCoresFor16BitInputs) {
+  auto kinds = [](const exec::Instruction &inst, std::vector<TensorType> ops,
+                  std::vector<TensorType> res) {
+    auto lowered = lowerGraphOp(inst, ops, res);
+    EXPECT_TRUE(!!lowered);
+    std::vector<std::string> out;
+    if (lowered)
+      for (const KernelInstance &k : kernelsOf(*lowered))
+        out.push_back(k.kind);
+    else
+      llvm::consumeError(lowered.takeError());
+    return out;
+  };
+  const DType bf = DType::BF16, f32 = DType::F32;
+  using S = std::vector<std::string>;
+  TensorType q = tt(bf, {1, 75600, 96, 128}), kv = tt(bf, {1, 512, 96, 128});
+  EXPECT_EQ(kinds(makeInst("attention"), {q, kv, kv}, {q}),
+            S{"attention_fwd_tc128"});
+  EXPECT_EQ(kinds(makeInst("attention_grad"), {q, kv, kv, q, q}, {q, kv, kv}),
+            (S{"attention_bwd_dq_tc128", "attention_bwd_dkv_tc128"}));
+  // fp32 inputs, a head dim that is not a multiple of 16 or over 128,
+  // mixed input types: the scalar kernels.
+  TensorType q32 = tt(f32, {1, 6, 2, 64});
+  EXPECT_EQ(kinds(makeInst("attention"), {q32, q32, q32}, {q32}),
+            S{"attention_fwd"});
+  TensorType q40 = tt(bf, {1, 6, 2, 40}), q256 = tt(bf, {1, 6, 2, 256});
+  EXPECT_EQ(kinds(makeInst("attention"), {q40, q40, q40}, {q40}),
+            S{"attention_fwd"});
+  EXPECT_EQ(kinds(makeInst("attention"), {q256, q256, q256}, {q256}),
+            S{"attention_fwd"});
+  TensorType q64 = tt(bf, {1, 6, 2, 64});
+  EXPECT_EQ(kinds(makeInst("attention"), {q64, q32, q64}, {q64}),
+            S{"attention_fwd"});
+  // One CTA per 64 rows of one (head, sample), 128 threads.
+  auto lowered = lowerGraphOp(makeInst("attention"), {q, kv, kv}, {q});
+  ASSERT_TRUE(!!lowered);
+  const auto &l = std::get<KernelLaunch>(lowered->steps[0]);
+  EXPECT_EQ(l.grid, (std::array<uint32_t, 3>{1182, 96, 1}));
+  EXPECT_EQ(kernelBlockThreads(l.kernel.name()), 128u);
+  EXPECT_EQ(kernelBlockThreads("ms_attention_fwd_bf16_bf16_bf16_bf16"), 256u);
+}
+
+TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
+  if (!emu)
+    GTEST_SKIP() << whyNot;
+  std::mt19937 rng(11);
+  for (const AttentionTcCase &c : attentionTcCases()) {
+    SCOPED_TRACE(llvm::formatv("B {0} Nq {1} Nk {2} H {3} Dh {4} {5}->{6}",
+                               c.B, c.Nq, c.Nk, c.H, c.Dh,
+                               exec::dtypeName(c.in), exec::dtypeName(c.out))
+                     .str());
+    auto [fwd, bwd] = attentionTcOps(c);
+    // Inputs rounded to their 16-bit type; the references (cpu kernels in
+    // fp32, lse in fp64) read the same rounded values.
+    std::vector<Buffer> ops;
+    fillOperands(bwd, rng, ops); // q, k, v, o (overwritten), dout
+    std::vector<std::vector<float>> wide;
+    for (const Buffer &b : ops)
+      wide.push_back(widened(b));
+    auto cpuRun = [&](const OpCase &op, std::vector<int> in,
+                      size_t nres) {
+      std::vector<cpu::OpTensor> ts;
+      for (int i : in)
+        ts.push_back({ops[i].type, wide[i].data()});
+      std::vector<std::vector<float>> out;
+      for (size_t r = 0; r < nres; ++r)
+        out.emplace_back(op.results[r].numElements());
+      std::vector<cpu::OpTensor> rs;
+      for (size_t r = 0; r < nres; ++r)
+        rs.push_back({op.results[r], out[r].data()});
+      llvm::Error err = cpu::findGraphKernel(op.inst.op)(op.inst, ts, rs);
+      EXPECT_FALSE(!!err) << llvm::toString(std::move(err));
+      return out;
+    };
+    // The forward on tensor cores, with the lse the plans leave null.
+    auto lowered = lowerGraphOp(fwd.inst, fwd.operands, fwd.results);
+    ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+    ASSERT_EQ(lowered->steps.size(), 1u);
+    auto &launch = std::get<KernelLaunch>(lowered->steps[0]);
+    ASSERT_EQ(launch.kernel.kind, "attention_fwd_tc" + std::to_string(c.Dh));
+    launch.args[4] = KernelArg::buf(BufferRef::result(1));
+    TensorType lseType = tt(DType::F32, {c.B, c.H, c.Nq});
+    std::vector<Buffer> fwdOps(ops.begin(), ops.begin() + 3);
+    std::vector<Buffer> fwdRes = {
+        {fwd.results[0], std::vector<uint8_t>(fwd.results[0].bytes(), 0xff)},
+        {lseType, std::vector<uint8_t>(lseType.bytes(), 0xff)}};
+    runLowered(*lowered, *emu, fwdOps, fwdRes);
+
+    // The backward's o operand: the cpu forward, rounded to its type.
+    std::vector<float> oRef = cpuRun(fwd, {0, 1, 2}, 1)[0];
+    for (size_t e = 0; e < oRef.size(); ++e)
+      storeAs(ops[3].bytes.data(), ops[3].type.dtype, e, oRef[e]);
+    wide[3] = widened(ops[3]);
+    std::vector<std::vector<float>> gradRef = cpuRun(bwd, {0, 1, 2, 3, 4}, 3);
+    auto blowered = lowerGraphOp(bwd.inst, bwd.operands, bwd.results);
+    ASSERT_TRUE(!!blowered) << llvm::toString(blowered.takeError());
+    ASSERT_EQ(kernelsOf(*blowered).size(), 2u);
+    EXPECT_EQ(kernelsOf(*blowered)[0].kind,
+              "attention_bwd_dq_tc" + std::to_string(c.Dh));
+    std::vector<Buffer> bwdRes;
+    for (const TensorType &t : bwd.results)
+      bwdRes.push_back({t, std::vector<uint8_t>(t.bytes(), 0xff)});
+    runLowered(*blowered, *emu, ops, bwdRes);
+
+    // lse in fp64 from the rounded inputs.
+    std::vector<double> lseRef(c.B * c.H * c.Nq);
+    double scale = 1.0 / std::sqrt(double(c.Dh));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Nq; ++i) {
+          std::vector<double> s(c.Nk);
+          double m = -INFINITY, l = 0;
+          for (int64_t j = 0; j < c.Nk; ++j) {
+            double d = 0;
+            for (int64_t x = 0; x < c.Dh; ++x)
+              d += double(wide[0][((b * c.Nq + i) * c.H + h) * c.Dh + x]) *
+                   wide[1][((b * c.Nk + j) * c.H + h) * c.Dh + x];
+            s[j] = d * scale;
+            m = std::max(m, s[j]);
+          }
+          for (double x : s)
+            l += std::exp(x - m);
+          lseRef[(b * c.H + h) * c.Nq + i] = m + std::log(l);
+        }
+
+    // Tolerances, relative to max(1, max |reference|): a 16-bit output is
+    // one rounding (2^-8 for bf16) from the fp32 reference; on top, the
+    // kernels round P (forward) and dS (dQ, dK) to the input type before
+    // their second product, an error of 2^-9 relative per term that
+    // averages over the keys (measured below 4e-3 for these shapes). lse
+    // is fp32 from fp32 sums of 16-bit products: 1e-5 absolute on values
+    // of order 1 to 5 (measured 6e-7).
+    auto compare = [&](const char *what, const std::vector<float> &got,
+                       const std::vector<float> &want, DType stored) {
+      float ref = 1.0f;
+      for (float w : want)
+        ref = std::max(ref, std::fabs(w));
+      float tol = (stored == DType::F32 ? 6e-3f : 1.5e-2f) * ref;
+      float worst = 0;
+      size_t at = 0;
+      for (size_t e = 0; e < want.size(); ++e) {
+        float err = std::fabs(got[e] - want[e]);
+        if (!(err <= worst)) {
+          worst = err;
+          at = e;
+        }
+      }
+      if (std::getenv("MS_ATT_TC_VERBOSE")) std::printf("%s worst %g tol %g ref %g\n", what, worst, tol, ref);
+      EXPECT_LE(worst, tol) << what << " element " << at << ": got "
+                            << got[at] << ", cpu " << want[at];
+    };
+    compare("O", widened(fwdRes[0]), oRef, c.out);
+    std::vector<float> lseGot = widened(fwdRes[1]);
+    double lseWorst = 0;
+    for (size_t e = 0; e < lseRef.size(); ++e) {
+      ASSERT_TRUE(std::isfinite(lseGot[e])) << "lse element " << e;
+      lseWorst = std::max(lseWorst, std::fabs(lseGot[e] - lseRef[e]));
+    }
+    if (std::getenv("MS_ATT_TC_VERBOSE")) std::printf("lse worst %g\n", lseWorst);
+    EXPECT_LE(lseWorst, 1e-5) << "lse";
+    const char *names[] = {"dQ", "dK", "dV"};
+    for (int r = 0; r < 3; ++r)
+      compare(names[r], widened(bwdRes[r]), gradRef[r], c.out);
+  }
+}
+
 TEST(CudaDenseLoweringTest, EveryGraphOpButDsaHasALowering) {
   // The 3D-DSA ops run the plan's generated modules instead.
   using exec::OpCode;
@@ -1531,7 +1733,13 @@ EmulatedKernels *sharedEmulation(std::string &why) {
   if (!built) {
     built = true;
     std::set<KernelInstance> all;
-    for (const OpCase &c : denseCases()) {
+    std::vector<OpCase> cases = denseCases();
+    for (const AttentionTcCase &a : attentionTcCases()) {
+      auto [fwd, bwd] = attentionTcOps(a);
+      cases.push_back(fwd);
+      cases.push_back(bwd);
+    }
+    for (const OpCase &c : cases) {
       auto lowered = lowerGraphOp(c.inst, c.operands, c.results);
       if (!lowered) {
         whyNot = c.label + ": " + llvm::toString(lowered.takeError());
