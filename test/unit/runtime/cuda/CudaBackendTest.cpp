@@ -941,6 +941,119 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
   }
 }
 
+/// cuobjdump: $MEGASLIDE_CUOBJDUMP, on PATH, or in the nvidia-cuda-cuobjdump
+/// wheel of python3 (as test/lit.cfg.py finds it); empty when absent.
+std::string findCuobjdump() {
+  if (const char *env = std::getenv("MEGASLIDE_CUOBJDUMP"))
+    return env;
+  auto run = [](const std::string &cmd) {
+    std::string out;
+    if (FILE *p = popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (fgets(buf, sizeof buf, p))
+        out += buf;
+      pclose(p);
+    }
+    return llvm::StringRef(out).trim().str();
+  };
+  std::string path = run("command -v cuobjdump 2>/dev/null");
+  if (path.empty())
+    path = run("python3 -c \"import glob, os, nvidia; print(next(iter(sorted("
+               "p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "
+               "'*', 'bin', 'cuobjdump')))), ''))\" 2>/dev/null");
+  return !path.empty() && fs::exists(path) ? path : "";
+}
+
+TEST(CudaKernelsTest, AttentionOnTensorCoresCompilesToMmaWithoutSpills) {
+  std::string why;
+  if (!nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  // The kernels of the 105B plan's cross-attention (75,600 video tokens x
+  // 512 text keys, 96 heads x 128) and the same at head dim 64; shapes are
+  // kernel arguments, so these are the cubins that shape runs.
+  std::set<KernelInstance> set;
+  const DType bf = DType::BF16;
+  for (int64_t Dh : {64, 128}) {
+    TensorType q = tt(bf, {1, 75600, 96, Dh}), kv = tt(bf, {1, 512, 96, Dh});
+    for (auto [op, ops, res] :
+         {std::tuple<const char *, std::vector<TensorType>,
+                     std::vector<TensorType>>{"attention", {q, kv, kv}, {q}},
+          {"attention_grad", {q, kv, kv, q, q}, {q, kv, kv}}}) {
+      auto lowered = lowerGraphOp(makeInst(op), ops, res);
+      ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+      for (const KernelInstance &k : kernelsOf(*lowered))
+        set.insert(k);
+    }
+  }
+  std::vector<KernelInstance> kernels(set.begin(), set.end());
+  ASSERT_EQ(kernels.size(), 6u);
+  CompileResult r = compileCuda(emitElementwiseSource(kernels),
+                                "megaslide_attention_tc.cu", "sm_90a");
+  ASSERT_TRUE(r.ok()) << r.error;
+  ASSERT_GT(r.cubin.size(), 0u);
+  std::vector<KernelResources> res = parsePtxasLog(r.log);
+  ASSERT_EQ(res.size(), kernels.size()) << r.log;
+  for (const KernelResources &k : res) {
+    Occupancy occ = occupancySm90(k, kAttentionTcBlockThreads);
+    // The figures docs/Runtime.md ("Attention on tensor cores") quotes.
+    std::printf("%s: %d registers, %d bytes smem, %d spill stores, %d spill "
+                "loads, %d blocks (%d warps) per SM, limited by %s\n",
+                k.kernel.c_str(), k.registers, k.sharedBytes, k.spillStores,
+                k.spillLoads, occ.blocksPerSm, occ.warpsPerSm,
+                occ.limiter.c_str());
+    EXPECT_EQ(k.spillStores, 0) << k.kernel;
+    EXPECT_EQ(k.spillLoads, 0) << k.kernel;
+    EXPECT_EQ(k.stackBytes, 0) << k.kernel;
+    EXPECT_LE(k.sharedBytes, 48 * 1024) << k.kernel; // static: no opt-in
+    EXPECT_GE(occ.blocksPerSm, 2) << k.kernel;
+  }
+
+  // The SASS: HMMA on bf16 with fp32 accumulation, ldmatrix (LDSM) and
+  // cp.async (LDGSTS) everywhere; no global or shared atomics or
+  // reductions (RED, ATOM) in any kernel, the backward ones included.
+  std::string cuobjdump = findCuobjdump();
+  if (cuobjdump.empty())
+    GTEST_SKIP() << "cuobjdump not found (pip install nvidia-cuda-cuobjdump "
+                    "nvidia-cuda-nvdisasm, scripts/requirements-test.txt)";
+  fs::path dir = freshDir("megaslide-attention-sass");
+  {
+    std::ofstream out(dir / "attention.cubin", std::ios::binary);
+    out.write(r.cubin.data(), r.cubin.size());
+  }
+  std::string cmd = "'" + cuobjdump + "' -sass '" +
+                    (dir / "attention.cubin").string() + "' 2>&1";
+  std::string sass;
+  if (FILE *p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+      sass.append(buf, n);
+    pclose(p);
+  }
+  fs::remove_all(dir);
+  // Per function: "Function : <name>" up to the next one.
+  std::map<std::string, std::string> bodies;
+  llvm::StringRef rest(sass);
+  while (true) {
+    size_t at = rest.find("Function : ");
+    if (at == llvm::StringRef::npos)
+      break;
+    rest = rest.drop_front(at + 11);
+    llvm::StringRef name = rest.take_until([](char ch) { return ch == '\n'; });
+    size_t next = rest.find("Function : ");
+    bodies[name.trim().str()] = rest.take_front(next).str();
+  }
+  ASSERT_EQ(bodies.size(), kernels.size()) << sass.substr(0, 2000);
+  for (const auto &[name, body] : bodies) {
+    SCOPED_TRACE(name);
+    EXPECT_NE(body.find("HMMA.16816.F32.BF16"), std::string::npos);
+    EXPECT_NE(body.find("LDSM.16.M88.4"), std::string::npos);
+    EXPECT_NE(body.find("LDGSTS.E.BYPASS.128"), std::string::npos);
+    for (const char *atomic : {" RED", " REDG", " ATOM", " ATOMG", " ATOMS"})
+      EXPECT_EQ(body.find(atomic), std::string::npos) << atomic;
+  }
+}
+
 TEST(CudaDenseLoweringTest, EveryGraphOpButDsaHasALowering) {
   // The 3D-DSA ops run the plan's generated modules instead.
   using exec::OpCode;
