@@ -450,15 +450,16 @@ llvm::Error Lowerer::lowerModulateGrad(bool isGate) {
 
 /// True when global attention over these inputs runs on the tensor-core
 /// kernels: one 16-bit type for every input read through mma.sync and a
-/// head dim that is a multiple of 16 up to 128. fp32 inputs stay on the
-/// scalar kernels: rounding them to bf16 would change the plan's numerics.
+/// head dim that is a multiple of 8 up to 128 (zero-padded to a multiple of
+/// 16 inside the kernel). fp32 inputs stay on the scalar kernels: rounding
+/// them to bf16 would change the plan's numerics.
 bool attentionOnTensorCores(llvm::ArrayRef<DType> inputs, int64_t Dh) {
   DType t = inputs.front();
   if (t != DType::BF16 && t != DType::F16)
     return false;
   if (!llvm::all_of(inputs, [&](DType d) { return d == t; }))
     return false;
-  return Dh >= 16 && Dh % 16 == 0 && Dh <= kAttentionTcMaxHeadDim;
+  return Dh >= 8 && Dh % 8 == 0 && Dh <= kAttentionTcMaxHeadDim;
 }
 
 /// The tensor-core kind of a scalar attention kind at head dim Dh.

@@ -33,7 +33,8 @@ inline constexpr int64_t kAttentionMaxHeadDim = 256;
 /// Threads per block of the tensor-core attention kernels (4 warps of 16
 /// rows each, docs/Runtime.md, "Attention on tensor cores").
 inline constexpr unsigned kAttentionTcBlockThreads = 128;
-/// Largest head dim of the tensor-core attention kernels (a multiple of 16).
+/// Largest head dim of the tensor-core attention kernels (which take the
+/// multiples of 8 up to it).
 inline constexpr int64_t kAttentionTcMaxHeadDim = 128;
 
 /// A kernel template instantiated for concrete element types.

@@ -745,8 +745,8 @@ TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
 
 /// A global-attention shape the tensor-core kernels must handle: cross-
 /// attention (Nq != Nk), tails (neither a multiple of 64), several heads,
-/// batch 2, head dims 16, 64 and 128, bf16 and f16 inputs, 16-bit and f32
-/// outputs.
+/// batch 2, head dims 16, 64 and 128 and a padded 72 (DiT-XL/2), bf16 and
+/// f16 inputs, 16-bit and f32 outputs.
 struct AttentionTcCase {
   int64_t B, Nq, Nk, H, Dh;
   DType in, out;
@@ -757,7 +757,8 @@ std::vector<AttentionTcCase> attentionTcCases() {
   return {{2, 80, 24, 3, 16, bf, bf},
           {2, 80, 24, 2, 64, bf, f32},
           {2, 70, 100, 2, 128, bf, bf},
-          {1, 65, 33, 2, 64, f16, f16}};
+          {1, 65, 33, 2, 64, f16, f16},
+          {2, 40, 70, 2, 72, bf, bf}};
 }
 
 /// attention and attention_grad of a case, with the operand and result
@@ -795,14 +796,18 @@ TEST(CudaDenseLoweringTest, AttentionPicksTensorCoresFor16BitInputs) {
             S{"attention_fwd_tc128"});
   EXPECT_EQ(kinds(makeInst("attention_grad"), {q, kv, kv, q, q}, {q, kv, kv}),
             (S{"attention_bwd_dq_tc128", "attention_bwd_dkv_tc128"}));
-  // fp32 inputs, a head dim that is not a multiple of 16 or over 128,
+  // fp32 inputs, a head dim that is not a multiple of 8 or over 128,
   // mixed input types: the scalar kernels.
   TensorType q32 = tt(f32, {1, 6, 2, 64});
   EXPECT_EQ(kinds(makeInst("attention"), {q32, q32, q32}, {q32}),
             S{"attention_fwd"});
-  TensorType q40 = tt(bf, {1, 6, 2, 40}), q256 = tt(bf, {1, 6, 2, 256});
-  EXPECT_EQ(kinds(makeInst("attention"), {q40, q40, q40}, {q40}),
+  TensorType q36 = tt(bf, {1, 6, 2, 36}), q256 = tt(bf, {1, 6, 2, 256});
+  EXPECT_EQ(kinds(makeInst("attention"), {q36, q36, q36}, {q36}),
             S{"attention_fwd"});
+  // DiT-XL/2's head dim 72: zero-padded to 80 inside the kernel.
+  TensorType q72 = tt(bf, {1, 6, 2, 72});
+  EXPECT_EQ(kinds(makeInst("attention"), {q72, q72, q72}, {q72}),
+            S{"attention_fwd_tc72"});
   EXPECT_EQ(kinds(makeInst("attention"), {q256, q256, q256}, {q256}),
             S{"attention_fwd"});
   TensorType q64 = tt(bf, {1, 6, 2, 64});
