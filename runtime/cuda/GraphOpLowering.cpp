@@ -486,12 +486,12 @@ llvm::Error Lowerer::lowerAttention() {
         llvm::formatv("head dim {0} over {1}", Dh, kAttentionMaxHeadDim));
   double scale = floatAttr("scale", 1.0 / std::sqrt(double(Dh)));
   if (attentionOnTensorCores({q.dtype, k.dtype, v.dtype}, Dh)) {
-    out.steps.push_back(KernelLaunch{
-        KernelInstance{tensorCoreKind("attention_fwd", Dh),
-                       {q.dtype, k.dtype, v.dtype, res[0].dtype}},
-        tensorCoreGrid(Nq, H, Bn),
-        {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), KernelArg::null(), I(Bn),
-         I(Nq), I(Nk), I(H), I(Dh), F(scale)}});
+    out.steps.push_back(
+        KernelLaunch{KernelInstance{tensorCoreKind("attention_fwd", Dh),
+                                    {q.dtype, k.dtype, v.dtype, res[0].dtype}},
+                     tensorCoreGrid(Nq, H, Bn),
+                     {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), KernelArg::null(),
+                      I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)}});
     return llvm::Error::success();
   }
   int64_t warps = Bn * H * Nq;
@@ -525,9 +525,9 @@ llvm::Error Lowerer::lowerAttentionGrad() {
   BufferRef delta = BufferRef::scratch(scratch(Bn * H * Nq * 4));
   if (attentionOnTensorCores({q.dtype, k.dtype, v.dtype, dout.dtype}, Dh)) {
     out.steps.push_back(KernelLaunch{
-        KernelInstance{tensorCoreKind("attention_bwd_dq", Dh),
-                       {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype,
-                        res[0].dtype}},
+        KernelInstance{
+            tensorCoreKind("attention_bwd_dq", Dh),
+            {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, res[0].dtype}},
         tensorCoreGrid(Nq, H, Bn),
         {B(op(0)), B(op(1)), B(op(2)), B(op(3)), B(op(4)), B(rs(0)), B(lse),
          B(delta), I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)}});

@@ -54,8 +54,8 @@ struct KernelInstance {
 struct KernelKindInfo {
   const char *kind;
   int numTypes;
-  unsigned threads;  ///< threads per block of its launches
-  bool tensorCore;   ///< 16-bit inputs only (no f32 instance)
+  unsigned threads; ///< threads per block of its launches
+  bool tensorCore;  ///< 16-bit inputs only (no f32 instance)
 };
 llvm::ArrayRef<KernelKindInfo> elementwiseKernelKinds();
 

@@ -53,9 +53,8 @@ TEST(CompileExecPlanTest, EveryPresetsAttentionRunsOnTensorCores) {
       mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
       PlanOptions options;
       options.attention = self;
-      llvm::Expected<exec::ExecPlan> plan =
-          compileExecPlan(context, preset, videoOf(preset), TrainingOptions{},
-                          options);
+      llvm::Expected<exec::ExecPlan> plan = compileExecPlan(
+          context, preset, videoOf(preset), TrainingOptions{}, options);
       if (!plan) {
         // A preset over its budgets (global self-attention at 75,600
         // tokens) is still a plan to lower: only other errors fail.

@@ -827,9 +827,9 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
     GTEST_SKIP() << whyNot;
   std::mt19937 rng(11);
   for (const AttentionTcCase &c : attentionTcCases()) {
-    SCOPED_TRACE(llvm::formatv("B {0} Nq {1} Nk {2} H {3} Dh {4} {5}->{6}",
-                               c.B, c.Nq, c.Nk, c.H, c.Dh,
-                               exec::dtypeName(c.in), exec::dtypeName(c.out))
+    SCOPED_TRACE(llvm::formatv("B {0} Nq {1} Nk {2} H {3} Dh {4} {5}->{6}", c.B,
+                               c.Nq, c.Nk, c.H, c.Dh, exec::dtypeName(c.in),
+                               exec::dtypeName(c.out))
                      .str());
     auto [fwd, bwd] = attentionTcOps(c);
     // Inputs rounded to their 16-bit type; the references (cpu kernels in
@@ -839,8 +839,7 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
     std::vector<std::vector<float>> wide;
     for (const Buffer &b : ops)
       wide.push_back(widened(b));
-    auto cpuRun = [&](const OpCase &op, std::vector<int> in,
-                      size_t nres) {
+    auto cpuRun = [&](const OpCase &op, std::vector<int> in, size_t nres) {
       std::vector<cpu::OpTensor> ts;
       for (int i : in)
         ts.push_back({ops[i].type, wide[i].data()});
@@ -905,6 +904,7 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
           lseRef[(b * c.H + h) * c.Nq + i] = m + std::log(l);
         }
 
+    // MS_ATT_TC_VERBOSE=1 prints the worst errors next to the tolerances.
     // Tolerances, relative to max(1, max |reference|): a 16-bit output is
     // one rounding (2^-8 for bf16) from the fp32 reference; on top, the
     // kernels round P (forward) and dS (dQ, dK) to the input type before
@@ -927,9 +927,10 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
           at = e;
         }
       }
-      if (std::getenv("MS_ATT_TC_VERBOSE")) std::printf("%s worst %g tol %g ref %g\n", what, worst, tol, ref);
-      EXPECT_LE(worst, tol) << what << " element " << at << ": got "
-                            << got[at] << ", cpu " << want[at];
+      if (std::getenv("MS_ATT_TC_VERBOSE"))
+        std::printf("%s worst %g tol %g ref %g\n", what, worst, tol, ref);
+      EXPECT_LE(worst, tol) << what << " element " << at << ": got " << got[at]
+                            << ", cpu " << want[at];
     };
     compare("O", widened(fwdRes[0]), oRef, c.out);
     std::vector<float> lseGot = widened(fwdRes[1]);
@@ -938,7 +939,8 @@ TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
       ASSERT_TRUE(std::isfinite(lseGot[e])) << "lse element " << e;
       lseWorst = std::max(lseWorst, std::fabs(lseGot[e] - lseRef[e]));
     }
-    if (std::getenv("MS_ATT_TC_VERBOSE")) std::printf("lse worst %g\n", lseWorst);
+    if (std::getenv("MS_ATT_TC_VERBOSE"))
+      std::printf("lse worst %g\n", lseWorst);
     EXPECT_LE(lseWorst, 1e-5) << "lse";
     const char *names[] = {"dQ", "dK", "dV"};
     for (int r = 0; r < 3; ++r)
