@@ -6,7 +6,12 @@
 //    libcublasLt, our self-declared ABI constants equal to the CUDA
 //    headers' (when a host compiler and the headers exist);
 //  * every dense kernel compiles with NVRTC to an sm_90a cubin with no
-//    register spills (skips without NVRTC);
+//    register spills (skips without NVRTC); the tensor-core attention
+//    kernels of the 105B cross-attention also have HMMA and no atomics in
+//    their SASS (skips that part without cuobjdump);
+//  * 16-bit attention lowers to the tensor-core kernels, which match the
+//    cpu kernels in emulation (cross-attention, tails, head dims 16 to 128,
+//    forward lse; AttentionOnTensorCoresMatchesCpuKernels);
 //  * every lowered graph op computes what the cpu kernel computes: the
 //    generated CUDA C++ is compiled with the host compiler against a small
 //    emulation of the CUDA execution model (support/CudaEmulation.h:
