@@ -319,7 +319,7 @@ llvm::Error CudaBackend::Impl::buildCommands(
           c.name = l->kernel.name();
           c.function = dense.at(c.name);
           c.grid = l->grid;
-          c.block = kElementwiseBlockThreads;
+          c.block = kernelBlockThreads(c.name);
           std::vector<std::string> types = kernelParameterTypes(l->kernel);
           if (types.size() != l->args.size())
             return instError(i, inst,

@@ -7,11 +7,13 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstring>
 #include <set>
 #include <tuple>
 
 namespace megaslide::cuda {
 
+#include "AttentionKernelsSource.inc"
 #include "ElementwiseKernelsSource.inc"
 
 using exec::DType;
@@ -120,10 +122,23 @@ llvm::ArrayRef<KernelKindInfo> elementwiseKernelKinds() {
   static const std::vector<KernelKindInfo> kinds = [] {
     std::vector<KernelKindInfo> k;
     for (const KernelBody &b : kKernelBodies)
-      k.push_back({b.kind, b.numTypes});
+      k.push_back({b.kind, b.numTypes, b.threads, b.tensorCore});
     return k;
   }();
   return kinds;
+}
+
+unsigned kernelBlockThreads(llvm::StringRef name) {
+  // The longest kind the name starts with: attention_fwd_tc64 over
+  // attention_fwd.
+  const KernelBody *best = nullptr;
+  for (const KernelBody &b : kKernelBodies) {
+    std::string prefix = std::string("ms_") + b.kind + "_";
+    if (name.starts_with(prefix) &&
+        (!best || std::strlen(b.kind) > std::strlen(best->kind)))
+      best = &b;
+  }
+  return best ? best->threads : kElementwiseBlockThreads;
 }
 
 std::vector<std::string> kernelParameterTypes(const KernelInstance &kernel) {
@@ -144,8 +159,10 @@ std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels) {
   os << "// MegaSlide dense graph-op kernels (runtime/cuda/"
         "ElementwiseKernels.cpp).\n// "
      << unique.size() << " instances; fp32 arithmetic, bf16/f16/f32 storage; "
-     << kElementwiseBlockThreads << " threads per block.\n"
-     << kPrelude;
+     << kElementwiseBlockThreads
+     << " threads per block (attention on tensor cores: "
+     << kAttentionTcBlockThreads << ").\n"
+     << kPrelude << kAttentionPrelude;
   for (const KernelBody &b : kKernelBodies) {
     std::vector<Param> params = parseParams(b.params);
     os << "\ntemplate <";
@@ -165,8 +182,8 @@ std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels) {
       continue;
     std::vector<Param> params = parseParams(b->params);
     std::vector<std::string> types = kernelParameterTypes(k);
-    os << "extern \"C\" __global__ void __launch_bounds__("
-       << kElementwiseBlockThreads << ")\n"
+    os << "extern \"C\" __global__ void __launch_bounds__(" << b->threads
+       << ")\n"
        << k.name() << "(";
     for (size_t i = 0; i < params.size(); ++i)
       os << (i ? ", " : "") << declare(types[i], params[i].name);
@@ -185,6 +202,21 @@ std::vector<KernelInstance> representativeKernelInstances() {
   std::vector<KernelInstance> all;
   for (const KernelBody &b : kKernelBodies) {
     bool ids = llvm::StringRef(b.kind).starts_with("embedding");
+    if (b.tensorCore) {
+      // bf16 at every head dim (the kind carries it); f16 and an f32
+      // output at 64 and 128 only: compiling all would double the test's
+      // NVRTC time for the same code.
+      llvm::StringRef kind(b.kind);
+      bool wide = kind.ends_with("_tc64") || kind.ends_with("_tc128");
+      all.push_back({b.kind, std::vector<DType>(b.numTypes, DType::BF16)});
+      if (wide) {
+        all.push_back({b.kind, std::vector<DType>(b.numTypes, DType::F16)});
+        KernelInstance k{b.kind, std::vector<DType>(b.numTypes, DType::BF16)};
+        k.types.back() = DType::F32;
+        all.push_back(k);
+      }
+      continue;
+    }
     for (DType t : {DType::BF16, DType::F16, DType::F32}) {
       KernelInstance k{b.kind, std::vector<DType>(b.numTypes, t)};
       if (ids)

@@ -448,6 +448,31 @@ llvm::Error Lowerer::lowerModulateGrad(bool isGate) {
   return reduce(2, true);
 }
 
+/// True when global attention over these inputs runs on the tensor-core
+/// kernels: one 16-bit type for every input read through mma.sync and a
+/// head dim that is a multiple of 8 up to 128 (zero-padded to a multiple of
+/// 16 inside the kernel). fp32 inputs stay on the scalar kernels: rounding
+/// them to bf16 would change the plan's numerics.
+bool attentionOnTensorCores(llvm::ArrayRef<DType> inputs, int64_t Dh) {
+  DType t = inputs.front();
+  if (t != DType::BF16 && t != DType::F16)
+    return false;
+  if (!llvm::all_of(inputs, [&](DType d) { return d == t; }))
+    return false;
+  return Dh >= 8 && Dh % 8 == 0 && Dh <= kAttentionTcMaxHeadDim;
+}
+
+/// The tensor-core kind of a scalar attention kind at head dim Dh.
+std::string tensorCoreKind(const char *kind, int64_t Dh) {
+  return std::string(kind) + "_tc" + std::to_string(Dh);
+}
+
+/// Grid of the tensor-core kernels: 64 rows of one (head, sample) per CTA.
+std::array<uint32_t, 3> tensorCoreGrid(int64_t rows, int64_t H, int64_t Bn) {
+  return {static_cast<uint32_t>(ceilDiv(rows, 64)), static_cast<uint32_t>(H),
+          static_cast<uint32_t>(Bn)};
+}
+
 llvm::Error Lowerer::lowerAttention() {
   if (auto e = arity(3, 3, 1, 1))
     return e;
@@ -460,6 +485,15 @@ llvm::Error Lowerer::lowerAttention() {
     return fail(
         llvm::formatv("head dim {0} over {1}", Dh, kAttentionMaxHeadDim));
   double scale = floatAttr("scale", 1.0 / std::sqrt(double(Dh)));
+  if (attentionOnTensorCores({q.dtype, k.dtype, v.dtype}, Dh)) {
+    out.steps.push_back(
+        KernelLaunch{KernelInstance{tensorCoreKind("attention_fwd", Dh),
+                                    {q.dtype, k.dtype, v.dtype, res[0].dtype}},
+                     tensorCoreGrid(Nq, H, Bn),
+                     {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), KernelArg::null(),
+                      I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)}});
+    return llvm::Error::success();
+  }
   int64_t warps = Bn * H * Nq;
   launch("attention_fwd", {q.dtype, k.dtype, v.dtype, res[0].dtype},
          {gridFor(warps * 32), 1, 1},
@@ -489,6 +523,23 @@ llvm::Error Lowerer::lowerAttentionGrad() {
   double scale = floatAttr("scale", 1.0 / std::sqrt(double(Dh)));
   BufferRef lse = BufferRef::scratch(scratch(Bn * H * Nq * 4));
   BufferRef delta = BufferRef::scratch(scratch(Bn * H * Nq * 4));
+  if (attentionOnTensorCores({q.dtype, k.dtype, v.dtype, dout.dtype}, Dh)) {
+    out.steps.push_back(KernelLaunch{
+        KernelInstance{
+            tensorCoreKind("attention_bwd_dq", Dh),
+            {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, res[0].dtype}},
+        tensorCoreGrid(Nq, H, Bn),
+        {B(op(0)), B(op(1)), B(op(2)), B(op(3)), B(op(4)), B(rs(0)), B(lse),
+         B(delta), I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)}});
+    out.steps.push_back(KernelLaunch{
+        KernelInstance{tensorCoreKind("attention_bwd_dkv", Dh),
+                       {q.dtype, k.dtype, v.dtype, dout.dtype, res[1].dtype,
+                        res[2].dtype}},
+        tensorCoreGrid(Nk, H, Bn),
+        {B(op(0)), B(op(1)), B(op(2)), B(op(4)), B(rs(1)), B(rs(2)), B(lse),
+         B(delta), I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)}});
+    return llvm::Error::success();
+  }
   launch("attention_bwd_dq",
          {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, res[0].dtype},
          {static_cast<uint32_t>(

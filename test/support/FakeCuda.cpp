@@ -1381,6 +1381,8 @@ CudaDriverApi makeDriver() {
     if (!fn.host.entry && !fn.dsa)
       return CUresult(500); // CUDA_ERROR_NOT_FOUND
     llvm::StringRef n(name);
+    // The prefixes cover the tensor-core kernels too (ms_attention_fwd_tc64_
+    // ...): same argument lists and contracts, the head dim in the kind.
     for (auto [prefix, kind, types] :
          {std::tuple<const char *, int, size_t>{"ms_attention_fwd_", 0, 4},
           {"ms_attention_bwd_dq_", 1, 6},
@@ -1405,7 +1407,7 @@ CudaDriverApi makeDriver() {
     const Function &fn = *reinterpret_cast<Function *>(f);
     if (!gx || !gy || !gz || !bx || by != 1 || bz != 1 || extra)
       return kInvalidValue;
-    if (!fn.dsa && (bx != kElementwiseBlockThreads || smem))
+    if (!fn.dsa && (bx != kernelBlockThreads(fn.name) || smem))
       return kInvalidValue;
     // Arguments are copied at the launch.
     std::vector<uint64_t> slots(fn.params());

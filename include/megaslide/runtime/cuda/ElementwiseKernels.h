@@ -30,6 +30,12 @@ namespace megaslide::cuda {
 inline constexpr unsigned kElementwiseBlockThreads = 256;
 /// Largest head dim the global-attention kernels take (8 values per lane).
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
+/// Threads per block of the tensor-core attention kernels (4 warps of 16
+/// rows each, docs/Runtime.md, "Attention on tensor cores").
+inline constexpr unsigned kAttentionTcBlockThreads = 128;
+/// Largest head dim of the tensor-core attention kernels (which take the
+/// multiples of 8 up to it).
+inline constexpr int64_t kAttentionTcMaxHeadDim = 128;
 
 /// A kernel template instantiated for concrete element types.
 struct KernelInstance {
@@ -48,8 +54,14 @@ struct KernelInstance {
 struct KernelKindInfo {
   const char *kind;
   int numTypes;
+  unsigned threads; ///< threads per block of its launches
+  bool tensorCore;  ///< 16-bit inputs only (no f32 instance)
 };
 llvm::ArrayRef<KernelKindInfo> elementwiseKernelKinds();
+
+/// Threads per block of the generated kernel named `name` (ms_<kind>_...):
+/// kElementwiseBlockThreads but for the tensor-core attention kernels.
+unsigned kernelBlockThreads(llvm::StringRef name);
 
 /// The C type of each parameter of an instance's kernel, e.g. {"const
 /// ms_bf16 *", "float *", "long long", "float"}; empty for an unknown kind.
@@ -62,8 +74,8 @@ std::vector<std::string> kernelParameterTypes(const KernelInstance &kernel);
 std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels);
 
 /// Every kind with uniform bf16, f16 and f32 types and a mixed bf16/f32
-/// variant (ids i32 and i64 where a kind takes them): what the tests
-/// compile.
+/// variant (ids i32 and i64 where a kind takes them; the tensor-core kinds
+/// without f32 inputs): what the tests compile.
 std::vector<KernelInstance> representativeKernelInstances();
 
 } // namespace megaslide::cuda

@@ -44,8 +44,9 @@ struct KernelArg {
   static KernelArg f64(double v) { return {F64, {}, 0, v}; }
 };
 
-/// One launch of a generated kernel: grid x/y/z, kElementwiseBlockThreads
-/// threads, no dynamic shared memory.
+/// One launch of a generated kernel: grid x/y/z, kernelBlockThreads(name)
+/// threads (kElementwiseBlockThreads but for attention on tensor cores), no
+/// dynamic shared memory.
 struct KernelLaunch {
   KernelInstance kernel;
   std::array<uint32_t, 3> grid{1, 1, 1};

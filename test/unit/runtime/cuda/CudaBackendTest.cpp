@@ -6,7 +6,12 @@
 //    libcublasLt, our self-declared ABI constants equal to the CUDA
 //    headers' (when a host compiler and the headers exist);
 //  * every dense kernel compiles with NVRTC to an sm_90a cubin with no
-//    register spills (skips without NVRTC);
+//    register spills (skips without NVRTC); the tensor-core attention
+//    kernels of the 105B cross-attention also have HMMA and no atomics in
+//    their SASS (skips that part without cuobjdump);
+//  * 16-bit attention lowers to the tensor-core kernels, which match the
+//    cpu kernels in emulation (cross-attention, tails, head dims 16 to 128,
+//    forward lse; AttentionOnTensorCoresMatchesCpuKernels);
 //  * every lowered graph op computes what the cpu kernel computes: the
 //    generated CUDA C++ is compiled with the host compiler against a small
 //    emulation of the CUDA execution model (support/CudaEmulation.h:
@@ -210,7 +215,7 @@ TEST(CudaKernelsTest, EveryKernelCompilesForSm90aWithoutSpills) {
     EXPECT_EQ(k.spillLoads, 0) << k.kernel;
     EXPECT_LE(k.registers, 255) << k.kernel;
     // 256 threads must fit one SM at least once.
-    EXPECT_GE(occupancySm90(k, kElementwiseBlockThreads).blocksPerSm, 1)
+    EXPECT_GE(occupancySm90(k, kernelBlockThreads(k.kernel)).blocksPerSm, 1)
         << k.kernel;
   }
 }
@@ -225,6 +230,107 @@ constexpr const char *kDenseEmulation = R"emu(
 #define MS_HOST_EMULATION 1
 inline float msHalfToFloat(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short msFloatToHalf(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+
+// The tensor-core attention kernels' primitives (AttentionKernelsSource.inc),
+// after test/unit/lib/Target/Cuda/DsaKernelsTest.cpp's: mma.sync as a warp
+// rendezvous computing the 16x16x8 product in fp32 from the lanes'
+// fragments, ldmatrix from the 32 lanes' row pointers, cp.async as a copy.
+inline unsigned short emuBf16(float f) {
+  unsigned u = __float_as_uint(f);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float emuFromBf16(unsigned short h) { return __uint_as_float(unsigned(h) << 16); }
+inline unsigned msPackBf16x2(float lo, float hi) { return emuBf16(lo) | unsigned(emuBf16(hi)) << 16; }
+inline unsigned msPackF16x2(float lo, float hi) { return msFloatToHalf(lo) | unsigned(msFloatToHalf(hi)) << 16; }
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: lane = 4 g + c holds
+/// A (row g|g+8, cols 2c..2c+1 | 2c+8..2c+9) in a0..a3, B (rows 2c..2c+1 |
+/// 2c+8..2c+9, col g) in b0, b1 and C/D (row g|g+8, cols 2c, 2c+1).
+template <bool Bf16>
+inline void emuMma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  emu::Slot in{};
+  for (int i = 0; i < 4; ++i) {
+    in.w[i] = a[i];
+    in.w[6 + i] = __float_as_uint(c[i]);
+  }
+  in.w[4] = b0;
+  in.w[5] = b1;
+  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
+    auto lo = [](unsigned x) { return Bf16 ? emuFromBf16(x & 0xffff) : msHalfToFloat(x & 0xffff); };
+    auto hi = [](unsigned x) { return Bf16 ? emuFromBf16(x >> 16) : msHalfToFloat(x >> 16); };
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      const unsigned *w = all[l].w;
+      A[g][c2] = lo(w[0]);     A[g][c2 + 1] = hi(w[0]);
+      A[g + 8][c2] = lo(w[1]); A[g + 8][c2 + 1] = hi(w[1]);
+      A[g][c2 + 8] = lo(w[2]); A[g][c2 + 9] = hi(w[2]);
+      A[g + 8][c2 + 8] = lo(w[3]); A[g + 8][c2 + 9] = hi(w[3]);
+      B[c2][g] = lo(w[4]);     B[c2 + 1][g] = hi(w[4]);
+      B[c2 + 8][g] = lo(w[5]); B[c2 + 9][g] = hi(w[5]);
+      C[g][c2] = __uint_as_float(w[6]);     C[g][c2 + 1] = __uint_as_float(w[7]);
+      C[g + 8][c2] = __uint_as_float(w[8]); C[g + 8][c2 + 1] = __uint_as_float(w[9]);
+    }
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {c2, c2 + 1, c2, c2 + 1};
+      for (int e = 0; e < 4; ++e) {
+        float acc = C[rows[e]][cols[e]];
+        for (int k = 0; k < 16; ++k)
+          acc += A[rows[e]][k] * B[k][cols[e]];
+        res[l].w[e] = __float_as_uint(acc);
+      }
+    }
+  });
+  for (int e = 0; e < 4; ++e)
+    c[e] = __uint_as_float(out.w[e]);
+}
+inline void msMmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emuMma<true>(c, a, b0, b1); }
+inline void msMmaF16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emuMma<false>(c, a, b0, b1); }
+
+/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
+/// the row addresses of matrix i; lane 4 g + c receives, per matrix, (row
+/// g, cols 2c, 2c+1), or transposed (rows 2c, 2c+1, col g).
+template <bool Trans> inline void emuLdsm(unsigned r[4], const void *p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16)
+    emu::fail("ldmatrix row address misaligned");
+  emu::Slot in{};
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  in.w[0] = unsigned(a);
+  in.w[1] = unsigned(uint64_t(a) >> 32);
+  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
+    auto at = [&](int i, int row, int col) {
+      const emu::Slot &s = all[i * 8 + row];
+      uintptr_t base = uintptr_t(s.w[0]) | uintptr_t(uint64_t(s.w[1]) << 32);
+      unsigned short v;
+      std::memcpy(&v, reinterpret_cast<const unsigned char *>(base) + 2 * col, 2);
+      return unsigned(v);
+    };
+    for (int l = 0; l < 32; ++l) {
+      int g = l / 4, c2 = 2 * (l % 4);
+      for (int i = 0; i < 4; ++i)
+        res[l].w[i] = Trans ? at(i, c2, g) | at(i, c2 + 1, g) << 16
+                            : at(i, g, c2) | at(i, g, c2 + 1) << 16;
+    }
+  });
+  for (int i = 0; i < 4; ++i)
+    r[i] = out.w[i];
+}
+inline void msLdsm4(unsigned r[4], const void *p) { emuLdsm<false>(r, p); }
+inline void msLdsm4T(unsigned r[4], const void *p) { emuLdsm<true>(r, p); }
+inline void msCpAsync16(void *dst, const void *src, int bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    emu::fail("cp.async with a misaligned address");
+  if (bytes == 16)
+    std::memcpy(dst, src, 16);
+  else if (bytes == 0)
+    std::memset(dst, 0, 16);
+  else
+    emu::fail("cp.async of a partial vector");
+}
+inline void msCpAsyncCommit() {}
+template <int Pending> inline void msCpAsyncWait() {}
+inline float msExp2(float x) { return std::exp2(x); }
 )emu";
 
 /// The generated kernels built for the host, with one C entry point per
@@ -244,7 +350,7 @@ public:
                 k.name() +
                 "(unsigned gx, unsigned gy, unsigned gz, void **args) {\n"
                 "  emu::launch({gx, gy, gz}, " +
-                std::to_string(kElementwiseBlockThreads) + ", [&] { " +
+                std::to_string(kernelBlockThreads(k.name())) + ", [&] { " +
                 k.name() + "(";
       for (size_t i = 0; i < types.size(); ++i)
         source += (i ? ", " : "") + std::string("*reinterpret_cast<") +
@@ -636,6 +742,328 @@ TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(denseCases().size()));
+}
+
+//===----------------------------------------------------------------------===//
+// Global attention on tensor cores (AttentionKernelsSource.inc)
+//===----------------------------------------------------------------------===//
+
+/// A global-attention shape the tensor-core kernels must handle: cross-
+/// attention (Nq != Nk), tails (neither a multiple of 64), several heads,
+/// batch 2, head dims 16, 64 and 128 and a padded 72 (DiT-XL/2), bf16 and
+/// f16 inputs, 16-bit and f32 outputs.
+struct AttentionTcCase {
+  int64_t B, Nq, Nk, H, Dh;
+  DType in, out;
+};
+
+std::vector<AttentionTcCase> attentionTcCases() {
+  const DType bf = DType::BF16, f16 = DType::F16, f32 = DType::F32;
+  return {{2, 80, 24, 3, 16, bf, bf},
+          {2, 80, 24, 2, 64, bf, f32},
+          {2, 70, 100, 2, 128, bf, bf},
+          {1, 65, 33, 2, 64, f16, f16},
+          {2, 40, 70, 2, 72, bf, bf}};
+}
+
+/// attention and attention_grad of a case, with the operand and result
+/// types lowerGraphOp gets.
+std::pair<OpCase, OpCase> attentionTcOps(const AttentionTcCase &c) {
+  TensorType q = tt(c.in, {c.B, c.Nq, c.H, c.Dh});
+  TensorType kv = tt(c.in, {c.B, c.Nk, c.H, c.Dh});
+  TensorType o = tt(c.out, {c.B, c.Nq, c.H, c.Dh});
+  TensorType dkv = tt(c.out, {c.B, c.Nk, c.H, c.Dh});
+  OpCase fwd{"attention", makeInst("attention"), {q, kv, kv}, {o}};
+  OpCase bwd{"attention_grad",
+             makeInst("attention_grad"),
+             {q, kv, kv, tt(c.in, q.shape), q},
+             {o, dkv, dkv}};
+  return {fwd, bwd};
+}
+
+TEST(CudaDenseLoweringTest, AttentionPicksTensorCoresFor16BitInputs) {
+  auto kinds = [](const exec::Instruction &inst, std::vector<TensorType> ops,
+                  std::vector<TensorType> res) {
+    auto lowered = lowerGraphOp(inst, ops, res);
+    EXPECT_TRUE(!!lowered);
+    std::vector<std::string> out;
+    if (lowered)
+      for (const KernelInstance &k : kernelsOf(*lowered))
+        out.push_back(k.kind);
+    else
+      llvm::consumeError(lowered.takeError());
+    return out;
+  };
+  const DType bf = DType::BF16, f32 = DType::F32;
+  using S = std::vector<std::string>;
+  TensorType q = tt(bf, {1, 75600, 96, 128}), kv = tt(bf, {1, 512, 96, 128});
+  EXPECT_EQ(kinds(makeInst("attention"), {q, kv, kv}, {q}),
+            S{"attention_fwd_tc128"});
+  EXPECT_EQ(kinds(makeInst("attention_grad"), {q, kv, kv, q, q}, {q, kv, kv}),
+            (S{"attention_bwd_dq_tc128", "attention_bwd_dkv_tc128"}));
+  // fp32 inputs, a head dim that is not a multiple of 8 or over 128,
+  // mixed input types: the scalar kernels.
+  TensorType q32 = tt(f32, {1, 6, 2, 64});
+  EXPECT_EQ(kinds(makeInst("attention"), {q32, q32, q32}, {q32}),
+            S{"attention_fwd"});
+  TensorType q36 = tt(bf, {1, 6, 2, 36}), q256 = tt(bf, {1, 6, 2, 256});
+  EXPECT_EQ(kinds(makeInst("attention"), {q36, q36, q36}, {q36}),
+            S{"attention_fwd"});
+  // DiT-XL/2's head dim 72: zero-padded to 80 inside the kernel.
+  TensorType q72 = tt(bf, {1, 6, 2, 72});
+  EXPECT_EQ(kinds(makeInst("attention"), {q72, q72, q72}, {q72}),
+            S{"attention_fwd_tc72"});
+  EXPECT_EQ(kinds(makeInst("attention"), {q256, q256, q256}, {q256}),
+            S{"attention_fwd"});
+  TensorType q64 = tt(bf, {1, 6, 2, 64});
+  EXPECT_EQ(kinds(makeInst("attention"), {q64, q32, q64}, {q64}),
+            S{"attention_fwd"});
+  // One CTA per 64 rows of one (head, sample), 128 threads.
+  auto lowered = lowerGraphOp(makeInst("attention"), {q, kv, kv}, {q});
+  ASSERT_TRUE(!!lowered);
+  const auto &l = std::get<KernelLaunch>(lowered->steps[0]);
+  EXPECT_EQ(l.grid, (std::array<uint32_t, 3>{1182, 96, 1}));
+  EXPECT_EQ(kernelBlockThreads(l.kernel.name()), 128u);
+  EXPECT_EQ(kernelBlockThreads("ms_attention_fwd_bf16_bf16_bf16_bf16"), 256u);
+}
+
+TEST_F(CudaDenseEmulationTest, AttentionOnTensorCoresMatchesCpuKernels) {
+  if (!emu)
+    GTEST_SKIP() << whyNot;
+  std::mt19937 rng(11);
+  for (const AttentionTcCase &c : attentionTcCases()) {
+    SCOPED_TRACE(llvm::formatv("B {0} Nq {1} Nk {2} H {3} Dh {4} {5}->{6}", c.B,
+                               c.Nq, c.Nk, c.H, c.Dh, exec::dtypeName(c.in),
+                               exec::dtypeName(c.out))
+                     .str());
+    auto [fwd, bwd] = attentionTcOps(c);
+    // Inputs rounded to their 16-bit type; the references (cpu kernels in
+    // fp32, lse in fp64) read the same rounded values.
+    std::vector<Buffer> ops;
+    fillOperands(bwd, rng, ops); // q, k, v, o (overwritten), dout
+    std::vector<std::vector<float>> wide;
+    for (const Buffer &b : ops)
+      wide.push_back(widened(b));
+    auto cpuRun = [&](const OpCase &op, std::vector<int> in, size_t nres) {
+      std::vector<cpu::OpTensor> ts;
+      for (int i : in)
+        ts.push_back({ops[i].type, wide[i].data()});
+      std::vector<std::vector<float>> out;
+      for (size_t r = 0; r < nres; ++r)
+        out.emplace_back(op.results[r].numElements());
+      std::vector<cpu::OpTensor> rs;
+      for (size_t r = 0; r < nres; ++r)
+        rs.push_back({op.results[r], out[r].data()});
+      llvm::Error err = cpu::findGraphKernel(op.inst.op)(op.inst, ts, rs);
+      EXPECT_FALSE(!!err) << llvm::toString(std::move(err));
+      return out;
+    };
+    // The forward on tensor cores, with the lse the plans leave null.
+    auto lowered = lowerGraphOp(fwd.inst, fwd.operands, fwd.results);
+    ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+    ASSERT_EQ(lowered->steps.size(), 1u);
+    auto &launch = std::get<KernelLaunch>(lowered->steps[0]);
+    ASSERT_EQ(launch.kernel.kind, "attention_fwd_tc" + std::to_string(c.Dh));
+    launch.args[4] = KernelArg::buf(BufferRef::result(1));
+    TensorType lseType = tt(DType::F32, {c.B, c.H, c.Nq});
+    std::vector<Buffer> fwdOps(ops.begin(), ops.begin() + 3);
+    std::vector<Buffer> fwdRes = {
+        {fwd.results[0], std::vector<uint8_t>(fwd.results[0].bytes(), 0xff)},
+        {lseType, std::vector<uint8_t>(lseType.bytes(), 0xff)}};
+    runLowered(*lowered, *emu, fwdOps, fwdRes);
+
+    // The backward's o operand: the cpu forward, rounded to its type.
+    std::vector<float> oRef = cpuRun(fwd, {0, 1, 2}, 1)[0];
+    for (size_t e = 0; e < oRef.size(); ++e)
+      storeAs(ops[3].bytes.data(), ops[3].type.dtype, e, oRef[e]);
+    wide[3] = widened(ops[3]);
+    std::vector<std::vector<float>> gradRef = cpuRun(bwd, {0, 1, 2, 3, 4}, 3);
+    auto blowered = lowerGraphOp(bwd.inst, bwd.operands, bwd.results);
+    ASSERT_TRUE(!!blowered) << llvm::toString(blowered.takeError());
+    ASSERT_EQ(kernelsOf(*blowered).size(), 2u);
+    EXPECT_EQ(kernelsOf(*blowered)[0].kind,
+              "attention_bwd_dq_tc" + std::to_string(c.Dh));
+    std::vector<Buffer> bwdRes;
+    for (const TensorType &t : bwd.results)
+      bwdRes.push_back({t, std::vector<uint8_t>(t.bytes(), 0xff)});
+    runLowered(*blowered, *emu, ops, bwdRes);
+
+    // lse in fp64 from the rounded inputs.
+    std::vector<double> lseRef(c.B * c.H * c.Nq);
+    double scale = 1.0 / std::sqrt(double(c.Dh));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Nq; ++i) {
+          std::vector<double> s(c.Nk);
+          double m = -INFINITY, l = 0;
+          for (int64_t j = 0; j < c.Nk; ++j) {
+            double d = 0;
+            for (int64_t x = 0; x < c.Dh; ++x)
+              d += double(wide[0][((b * c.Nq + i) * c.H + h) * c.Dh + x]) *
+                   wide[1][((b * c.Nk + j) * c.H + h) * c.Dh + x];
+            s[j] = d * scale;
+            m = std::max(m, s[j]);
+          }
+          for (double x : s)
+            l += std::exp(x - m);
+          lseRef[(b * c.H + h) * c.Nq + i] = m + std::log(l);
+        }
+
+    // MS_ATT_TC_VERBOSE=1 prints the worst errors next to the tolerances.
+    // Tolerances, relative to max(1, max |reference|): a 16-bit output is
+    // one rounding (2^-8 for bf16) from the fp32 reference; on top, the
+    // kernels round P (forward) and dS (dQ, dK) to the input type before
+    // their second product, an error of 2^-9 relative per term that
+    // averages over the keys (measured below 4e-3 for these shapes). lse
+    // is fp32 from fp32 sums of 16-bit products: 1e-5 absolute on values
+    // of order 1 to 5 (measured 6e-7).
+    auto compare = [&](const char *what, const std::vector<float> &got,
+                       const std::vector<float> &want, DType stored) {
+      float ref = 1.0f;
+      for (float w : want)
+        ref = std::max(ref, std::fabs(w));
+      float tol = (stored == DType::F32 ? 6e-3f : 1.5e-2f) * ref;
+      float worst = 0;
+      size_t at = 0;
+      for (size_t e = 0; e < want.size(); ++e) {
+        float err = std::fabs(got[e] - want[e]);
+        if (!(err <= worst)) {
+          worst = err;
+          at = e;
+        }
+      }
+      if (std::getenv("MS_ATT_TC_VERBOSE"))
+        std::printf("%s worst %g tol %g ref %g\n", what, worst, tol, ref);
+      EXPECT_LE(worst, tol) << what << " element " << at << ": got " << got[at]
+                            << ", cpu " << want[at];
+    };
+    compare("O", widened(fwdRes[0]), oRef, c.out);
+    std::vector<float> lseGot = widened(fwdRes[1]);
+    double lseWorst = 0;
+    for (size_t e = 0; e < lseRef.size(); ++e) {
+      ASSERT_TRUE(std::isfinite(lseGot[e])) << "lse element " << e;
+      lseWorst = std::max(lseWorst, std::fabs(lseGot[e] - lseRef[e]));
+    }
+    if (std::getenv("MS_ATT_TC_VERBOSE"))
+      std::printf("lse worst %g\n", lseWorst);
+    EXPECT_LE(lseWorst, 1e-5) << "lse";
+    const char *names[] = {"dQ", "dK", "dV"};
+    for (int r = 0; r < 3; ++r)
+      compare(names[r], widened(bwdRes[r]), gradRef[r], c.out);
+  }
+}
+
+/// cuobjdump: $MEGASLIDE_CUOBJDUMP, on PATH, or in the nvidia-cuda-cuobjdump
+/// wheel of python3 (as test/lit.cfg.py finds it); empty when absent.
+std::string findCuobjdump() {
+  if (const char *env = std::getenv("MEGASLIDE_CUOBJDUMP"))
+    return env;
+  auto run = [](const std::string &cmd) {
+    std::string out;
+    if (FILE *p = popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (fgets(buf, sizeof buf, p))
+        out += buf;
+      pclose(p);
+    }
+    return llvm::StringRef(out).trim().str();
+  };
+  std::string path = run("command -v cuobjdump 2>/dev/null");
+  if (path.empty())
+    path = run("python3 -c \"import glob, os, nvidia; print(next(iter(sorted("
+               "p for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "
+               "'*', 'bin', 'cuobjdump')))), ''))\" 2>/dev/null");
+  return !path.empty() && fs::exists(path) ? path : "";
+}
+
+TEST(CudaKernelsTest, AttentionOnTensorCoresCompilesToMmaWithoutSpills) {
+  std::string why;
+  if (!nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  // The kernels of the 105B plan's cross-attention (75,600 video tokens x
+  // 512 text keys, 96 heads x 128) and the same at head dim 64; shapes are
+  // kernel arguments, so these are the cubins that shape runs.
+  std::set<KernelInstance> set;
+  const DType bf = DType::BF16;
+  for (int64_t Dh : {64, 128}) {
+    TensorType q = tt(bf, {1, 75600, 96, Dh}), kv = tt(bf, {1, 512, 96, Dh});
+    for (auto [op, ops, res] :
+         {std::tuple<const char *, std::vector<TensorType>,
+                     std::vector<TensorType>>{"attention", {q, kv, kv}, {q}},
+          {"attention_grad", {q, kv, kv, q, q}, {q, kv, kv}}}) {
+      auto lowered = lowerGraphOp(makeInst(op), ops, res);
+      ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+      for (const KernelInstance &k : kernelsOf(*lowered))
+        set.insert(k);
+    }
+  }
+  std::vector<KernelInstance> kernels(set.begin(), set.end());
+  ASSERT_EQ(kernels.size(), 6u);
+  CompileResult r = compileCuda(emitElementwiseSource(kernels),
+                                "megaslide_attention_tc.cu", "sm_90a");
+  ASSERT_TRUE(r.ok()) << r.error;
+  ASSERT_GT(r.cubin.size(), 0u);
+  std::vector<KernelResources> res = parsePtxasLog(r.log);
+  ASSERT_EQ(res.size(), kernels.size()) << r.log;
+  for (const KernelResources &k : res) {
+    Occupancy occ = occupancySm90(k, kAttentionTcBlockThreads);
+    // The figures docs/Runtime.md ("Attention on tensor cores") quotes.
+    std::printf("%s: %d registers, %d bytes smem, %d spill stores, %d spill "
+                "loads, %d blocks (%d warps) per SM, limited by %s\n",
+                k.kernel.c_str(), k.registers, k.sharedBytes, k.spillStores,
+                k.spillLoads, occ.blocksPerSm, occ.warpsPerSm,
+                occ.limiter.c_str());
+    EXPECT_EQ(k.spillStores, 0) << k.kernel;
+    EXPECT_EQ(k.spillLoads, 0) << k.kernel;
+    EXPECT_EQ(k.stackBytes, 0) << k.kernel;
+    EXPECT_LE(k.sharedBytes, 48 * 1024) << k.kernel; // static: no opt-in
+    EXPECT_GE(occ.blocksPerSm, 2) << k.kernel;
+  }
+
+  // The SASS: HMMA on bf16 with fp32 accumulation, ldmatrix (LDSM) and
+  // cp.async (LDGSTS) everywhere; no global or shared atomics or
+  // reductions (RED, ATOM) in any kernel, the backward ones included.
+  std::string cuobjdump = findCuobjdump();
+  if (cuobjdump.empty())
+    GTEST_SKIP() << "cuobjdump not found (pip install nvidia-cuda-cuobjdump "
+                    "nvidia-cuda-nvdisasm, scripts/requirements-test.txt)";
+  fs::path dir = freshDir("megaslide-attention-sass");
+  {
+    std::ofstream out(dir / "attention.cubin", std::ios::binary);
+    out.write(r.cubin.data(), r.cubin.size());
+  }
+  std::string cmd = "'" + cuobjdump + "' -sass '" +
+                    (dir / "attention.cubin").string() + "' 2>&1";
+  std::string sass;
+  if (FILE *p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+      sass.append(buf, n);
+    pclose(p);
+  }
+  fs::remove_all(dir);
+  // Per function: "Function : <name>" up to the next one.
+  std::map<std::string, std::string> bodies;
+  llvm::StringRef rest(sass);
+  while (true) {
+    size_t at = rest.find("Function : ");
+    if (at == llvm::StringRef::npos)
+      break;
+    rest = rest.drop_front(at + 11);
+    llvm::StringRef name = rest.take_until([](char ch) { return ch == '\n'; });
+    size_t next = rest.find("Function : ");
+    bodies[name.trim().str()] = rest.take_front(next).str();
+  }
+  ASSERT_EQ(bodies.size(), kernels.size()) << sass.substr(0, 2000);
+  for (const auto &[name, body] : bodies) {
+    SCOPED_TRACE(name);
+    EXPECT_NE(body.find("HMMA.16816.F32.BF16"), std::string::npos);
+    EXPECT_NE(body.find("LDSM.16.M88.4"), std::string::npos);
+    EXPECT_NE(body.find("LDGSTS.E.BYPASS.128"), std::string::npos);
+    for (const char *atomic : {" RED", " REDG", " ATOM", " ATOMG", " ATOMS"})
+      EXPECT_EQ(body.find(atomic), std::string::npos) << atomic;
+  }
 }
 
 TEST(CudaDenseLoweringTest, EveryGraphOpButDsaHasALowering) {
@@ -1451,7 +1879,13 @@ EmulatedKernels *sharedEmulation(std::string &why) {
   if (!built) {
     built = true;
     std::set<KernelInstance> all;
-    for (const OpCase &c : denseCases()) {
+    std::vector<OpCase> cases = denseCases();
+    for (const AttentionTcCase &a : attentionTcCases()) {
+      auto [fwd, bwd] = attentionTcOps(a);
+      cases.push_back(fwd);
+      cases.push_back(bwd);
+    }
+    for (const OpCase &c : cases) {
       auto lowered = lowerGraphOp(c.inst, c.operands, c.results);
       if (!lowered) {
         whyNot = c.label + ": " + llvm::toString(lowered.takeError());

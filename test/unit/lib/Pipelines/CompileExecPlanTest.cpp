@@ -1,0 +1,110 @@
+//===- CompileExecPlanTest.cpp - Every preset's plan on the cuda backend --===//
+//
+// Compiles every preset (ModelConfig.h, presetNames) into its execution
+// plan, with 3D-DSA and with global self-attention, and prepares it for the
+// cuda backend (no GPU needed): every 16-bit global attention, self- or
+// cross-, must lower to the tensor-core kernels (docs/Runtime.md,
+// "Attention on tensor cores"), never to the scalar fallback, whose
+// one-warp-per-query fp32 loops are for fp32 plans and odd head dims.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/Pipelines/CompileExecPlan.h"
+#include "megaslide/Model/ModelConfig.h"
+#include "megaslide/runtime/cuda/CudaPlan.h"
+#include "megaslide/runtime/cuda/GraphOpLowering.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include "gtest/gtest.h"
+
+#include <cstdio>
+#include <set>
+#include <string>
+
+using namespace megaslide;
+
+namespace {
+
+/// The video each preset is planned for: the 105B plan's 81 x 720 x 1280
+/// (75,600 tokens, cross-attention over 512 text tokens), one 256 x 256
+/// image for the image DiT, the default 17 x 128 x 128 of megaslide-run
+/// otherwise.
+VideoShape videoOf(const std::string &preset) {
+  if (preset == "megaslide-105b")
+    return {81, 720, 1280, false};
+  if (preset == "dit-xl-2")
+    return {1, 256, 256, false};
+  return {17, 128, 128, false};
+}
+
+bool is16Bit(exec::DType t) {
+  return t == exec::DType::BF16 || t == exec::DType::F16;
+}
+
+TEST(CompileExecPlanTest, EveryPresetsAttentionRunsOnTensorCores) {
+  std::vector<std::string> presets = presetNames();
+  ASSERT_GE(presets.size(), 4u);
+  for (const std::string &preset : presets)
+    for (AttentionKind self : {AttentionKind::Dsa, AttentionKind::Global}) {
+      SCOPED_TRACE(preset + (self == AttentionKind::Dsa ? " dsa" : " global"));
+      mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+      PlanOptions options;
+      options.attention = self;
+      llvm::Expected<exec::ExecPlan> plan = compileExecPlan(
+          context, preset, videoOf(preset), TrainingOptions{}, options);
+      if (!plan) {
+        // A preset over its budgets (global self-attention at 75,600
+        // tokens) is still a plan to lower: only other errors fail.
+        std::string msg = llvm::toString(plan.takeError());
+        EXPECT_NE(msg.find("budget"), std::string::npos) << msg;
+        std::printf("%s, %s self-attention: over budget, not lowered\n",
+                    preset.c_str(),
+                    self == AttentionKind::Dsa ? "3D-DSA" : "global");
+        continue;
+      }
+      int attention = 0;
+      std::set<std::string> shapes;
+      for (const exec::Instruction &inst : plan->instructions) {
+        if (inst.op != exec::OpCode::Attention &&
+            inst.op != exec::OpCode::AttentionGrad)
+          continue;
+        std::vector<exec::TensorType> ops, res;
+        for (int64_t v : inst.operands)
+          ops.push_back(plan->values[v].type);
+        for (int64_t v : inst.results)
+          res.push_back(plan->values[v].type);
+        if (!is16Bit(ops[0].dtype))
+          continue;
+        ++attention;
+        shapes.insert(llvm::formatv("{0} q {1}x{2}x{3}x{4} k {5}",
+                                    exec::opName(inst.op), ops[0].shape[0],
+                                    ops[0].shape[1], ops[0].shape[2],
+                                    ops[0].shape[3], ops[1].shape[1])
+                          .str());
+        auto lowered = cuda::lowerGraphOp(inst, ops, res);
+        ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+        for (const cuda::KernelInstance &k : cuda::kernelsOf(*lowered))
+          EXPECT_TRUE(llvm::StringRef(k.kind).contains("_tc"))
+              << exec::opName(inst.op) << " of head dim " << ops[0].shape[3]
+              << " lowers to the scalar kernel " << k.name();
+      }
+      EXPECT_GT(attention, 0) << "no 16-bit global attention in the plan";
+      for (const std::string &shape : shapes)
+        std::printf("%s, %s self-attention: %s\n", preset.c_str(),
+                    self == AttentionKind::Dsa ? "3D-DSA" : "global",
+                    shape.c_str());
+      // The whole plan as the backend prepares it: no scalar attention
+      // kernel among the ones it would compile.
+      llvm::Expected<cuda::PreparedPlan> prep = cuda::prepareCudaPlan(*plan);
+      ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+      for (const cuda::KernelInstance &k : prep->kernels)
+        EXPECT_FALSE(llvm::StringRef(k.kind).starts_with("attention") &&
+                     !llvm::StringRef(k.kind).contains("_tc"))
+            << k.name();
+    }
+}
+
+} // namespace
