@@ -170,16 +170,31 @@ extern "C" __attribute__((visibility("default"))) void emuForward(int batch, con
 extern "C" __attribute__((visibility("default"))) void emuBackward(int batch, const elem_t *q, const elem_t *k,
                             const elem_t *v, const int *offsets,
                             const elem_t *o, const elem_t *dout,
-                            const float *lse, elem_t *dq, float *dk32,
-                            float *dv32, float scale) {
+                            const float *lse, elem_t *dq, float *delta,
+                            float scale) {
   emu::launch({unsigned(NTILES * BWD_QBLOCKS), unsigned(H), unsigned(batch)},
               BWD_THREADS, [&] {
-                DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale);
+                DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, delta, scale);
               });
 }
-extern "C" __attribute__((visibility("default"))) void emuFinalize(const float *dk32, const float *dv32, elem_t *dk,
-                            elem_t *dv, long long count) {
-  emu::launch({3, 1, 1}, 256, [&] { DSA_BWD_FINALIZE_NAME(dk32, dv32, dk, dv, count); });
+/// The dK/dV kernel over its whole grid, or (`block` >= 0) over the one
+/// block (block, 0, 0): the 105B subset.
+extern "C" __attribute__((visibility("default"))) void emuBackwardKeys(int batch, int block, const elem_t *q,
+                            const elem_t *k, const elem_t *v,
+                            const int *offsets, const elem_t *dout,
+                            const float *lse, const float *delta, elem_t *dk,
+                            elem_t *dv, float scale) {
+  if (block >= 0) {
+    emu::launch({1, 1, 1}, BKV_THREADS, [&] {
+      emu::gBlockIdx = {unsigned(block), 0, 0};
+      DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+    });
+    return;
+  }
+  emu::launch({unsigned(NTILES * BKV_KBLOCKS), unsigned(H), unsigned(batch)},
+              BKV_THREADS, [&] {
+                DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+              });
 }
 extern "C" __attribute__((visibility("default"))) void emuOffsets(int batch, const elem_t *q, const elem_t *k,
                            int *offsets) {
@@ -279,9 +294,15 @@ struct Case {
   const char *elem;
   int64_t radius;
   int batch;
+  bool beyondRadius = false; ///< displacements up to R + 2, not R
 };
 
 void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
+
+using BwdKeys = void (*)(int, int, const elem_t *, const elem_t *,
+                         const elem_t *, const int *, const elem_t *,
+                         const float *, const float *, elem_t *, elem_t *,
+                         float);
 
 class DsaKernelEmulation : public ::testing::TestWithParam<Case> {};
 
@@ -316,15 +337,13 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
                        const int *, elem_t *, float *, float);
   using Bwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
                        const int *, const elem_t *, const elem_t *,
-                       const float *, elem_t *, float *, float *, float);
-  using Fin =
-      void (*)(const float *, const float *, elem_t *, elem_t *, long long);
+                       const float *, elem_t *, float *, float);
   using Off = void (*)(int, const elem_t *, const elem_t *, int *);
   auto fwd = reinterpret_cast<Fwd>(dlsym(lib, "emuForward"));
   auto bwd = reinterpret_cast<Bwd>(dlsym(lib, "emuBackward"));
-  auto fin = reinterpret_cast<Fin>(dlsym(lib, "emuFinalize"));
+  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
   auto off = reinterpret_cast<Off>(dlsym(lib, "emuOffsets"));
-  ASSERT_TRUE(fwd && bwd && fin && off);
+  ASSERT_TRUE(fwd && bwd && keys && off);
 
   cpu::Dsa3dConfig cfg;
   cfg.batch = tc.batch;
@@ -371,8 +390,12 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
     offsetMismatches += offsets[i] != offsetsRef[i];
   EXPECT_EQ(offsetMismatches, 0u) << "of " << offsetsRef.size();
 
-  // Random displacements (beyond the radius) exercise the clamping.
-  std::uniform_int_distribution<int> shift(-3, 3);
+  // Random displacements exercise the clamping and the dK/dV kernel's
+  // inverse tile neighbourhood (windows shifted by up to R across tile
+  // borders and against the grid's edges); displacements beyond the
+  // radius, its fallback to every query tile.
+  const int reach = tc.beyondRadius ? int(tc.radius) + 2 : int(tc.radius);
+  std::uniform_int_distribution<int> shift(-reach, reach);
   for (size_t i = 0; i < offsetsRef.size(); ++i)
     offsets[i] = offsetsRef[i] = shift(rng);
 
@@ -415,13 +438,14 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   expectClose(
       "lse", [&](size_t i) { return lse[i]; }, lseRef, 1e-3f);
 
-  Guarded<elem_t> dq(n), dk(n), dv(n);
-  Guarded<float> dk32(n, 0.f), dv32(n, 0.f);
+  // dK and dV start as NaN: the key kernel must write every element.
+  Guarded<elem_t> dq(n), dk(n, 0xffff), dv(n, 0xffff);
+  Guarded<float> delta(lseSize, NAN);
   bwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
-      dout.data(), lse.data(), dq.data(), dk32.data(), dv32.data(), scale);
-  fin(dk32.data(), dv32.data(), dk.data(), dv.data(), (long long)n);
-  EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && dk32.intact() &&
-              dv32.intact());
+      dout.data(), lse.data(), dq.data(), delta.data(), scale);
+  keys(tc.batch, -1, q.data(), k.data(), v.data(), offsets.data(),
+       dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), scale);
+  EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && delta.intact());
   std::vector<float> dqRef(n), dkRef(n), dvRef(n);
   cpu::dsa3dBackward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
                      view(outRef), view(doutf), lseRef.data(),
@@ -483,7 +507,32 @@ INSTANTIATE_TEST_SUITE_P(
              1},
         // 32-key chunks (head dims 96 and 256).
         Case{"d96", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 96, "bf16", 1, 1},
-        Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1}),
+        Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1},
+        // 4 x 4 x 4 tiles with windows displaced by up to R = 2 across tile
+        // borders and clamped at the grid's edges: each key tile's inverse
+        // neighbourhood is a strict subset of the tiles (2 to 3 per axis),
+        // so a bound one tile too narrow loses gradient.
+        Case{"shifted_r2_d32",
+             {4, 12, 16},
+             {2, 5, 6},
+             {1, 3, 4},
+             2,
+             32,
+             "bf16",
+             2,
+             1},
+        // The same with displacements up to R + 2 (offsets not from this
+        // configuration's estimator): every query tile is a candidate.
+        Case{"beyond_radius_d32",
+             {4, 12, 16},
+             {2, 5, 6},
+             {1, 3, 4},
+             1,
+             32,
+             "bf16",
+             2,
+             1,
+             true}),
     [](const ::testing::TestParamInfo<Case> &info) {
       return std::string(info.param.name);
     });
