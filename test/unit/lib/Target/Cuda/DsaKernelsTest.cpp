@@ -508,18 +508,19 @@ INSTANTIATE_TEST_SUITE_P(
         // 32-key chunks (head dims 96 and 256).
         Case{"d96", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 96, "bf16", 1, 1},
         Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1},
-        // 4 x 4 x 4 tiles with windows displaced by up to R = 2 across tile
-        // borders and clamped at the grid's edges: each key tile's inverse
-        // neighbourhood is a strict subset of the tiles (2 to 3 per axis),
-        // so a bound one tile too narrow loses gradient.
-        Case{"shifted_r2_d32",
-             {4, 12, 16},
-             {2, 5, 6},
-             {1, 3, 4},
+        // 3 x 8 x 6 tiles of 1 x 2 x 2 with 4 x 4 windows displaced by up
+        // to R = 3 across tile borders and clamped at the grid's edges:
+        // each key tile's inverse neighbourhood is 6 of the 8 (y) or 6 (x)
+        // tiles inside the grid, fewer at its edges, and the tiles at R
+        // are needed: a bound for R - 1 loses gradient.
+        Case{"shifted_r3_d16",
+             {3, 16, 12},
+             {2, 4, 4},
+             {1, 2, 2},
              2,
-             32,
+             16,
              "bf16",
-             2,
+             3,
              1},
         // The same with displacements up to R + 2 (offsets not from this
         // configuration's estimator): every query tile is a candidate.
