@@ -30,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -462,6 +463,158 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
       "dv", [&](size_t i) { return toFloat(dv[i], bf16); }, dvRef,
       tol * maxAbs(dvRef));
 
+  dlclose(lib);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// The dK/dV kernel of the 105B configuration (grid (21, 45, 80), window
+// (9, 15, 24), tile (3, 5, 8), D 128, R 4: 630 key tiles, up to 4 x 5 x 5
+// candidate query tiles each, 128-query chunks in two stages), emulated for
+// a subset: one head (H only strides the tensors; the kernel's plan does not
+// depend on it) and 4 key tiles, the two grid corners, one on the y = 0 edge
+// and one inside, against sums written from the definition (every query
+// tile whose window holds the key). Windows are displaced by random offsets
+// in [-4, 4]. lse and Delta are inputs of the kernel, so they are drawn at
+// random too (the full 105B forward is out of reach of the emulation); the
+// gradient formulas hold for any values.
+TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
+  cuda::DsaConfig config;
+  config.grid = {21, 45, 80};
+  config.window = {9, 15, 24};
+  config.tile = {3, 5, 8};
+  config.heads = 1;
+  config.headDim = 128;
+  config.elementType = "bf16";
+  config.radius = 4;
+  std::string pattern =
+      (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
+  ASSERT_TRUE(mkdtemp(pattern.data()));
+  fs::path dir(pattern);
+  std::string why;
+  void *lib = buildEmulation(config, dir, why);
+  if (!lib) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (why.find("host compiler failed") != std::string::npos &&
+        std::system((test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
+      GTEST_SKIP() << "no host C++ compiler: " << why;
+    FAIL() << why;
+  }
+  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
+  ASSERT_TRUE(keys);
+
+  const int T = 21, Y = 45, X = 80, D = 128;
+  const int KT = 9, KY = 15, KX = 24, TT = 3, TY = 5, TX = 8;
+  const int NT = 7, NY = 9, NX = 10, N = T * Y * X;
+  const size_t n = size_t(N) * D;
+  std::mt19937 rng(105);
+  std::normal_distribution<float> normal;
+  auto input = [&] {
+    std::pair<std::vector<elem_t>, std::vector<float>> x{
+        std::vector<elem_t>(n), std::vector<float>(n)};
+    for (size_t i = 0; i < n; ++i) {
+      x.first[i] = toElem(normal(rng), true);
+      x.second[i] = toFloat(x.first[i], true);
+    }
+    return x;
+  };
+  auto [q, qf] = input();
+  auto [k, kf] = input();
+  auto [v, vf] = input();
+  auto [dout, doutf] = input();
+  std::vector<float> lse(N), delta(N);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (int i = 0; i < N; ++i) {
+    lse[i] = 6.f + unit(rng);
+    delta[i] = 0.1f * normal(rng);
+  }
+  std::vector<int32_t> offsets(size_t(NT) * NY * NX * KT * 2);
+  std::uniform_int_distribution<int> shift(-4, 4);
+  for (int32_t &o : offsets)
+    o = shift(rng);
+  const float scale = 1.f / std::sqrt(float(D));
+
+  // The definition: tile centres, clamped and displaced windows.
+  auto centre = [](int i, int t, int g) {
+    int first = i * t, count = std::min(t, g - first);
+    return (2 * first + count - 1) / 2;
+  };
+  auto clampTo = [](int v, int lo, int hi) {
+    return std::max(lo, std::min(v, hi));
+  };
+  auto inWindow = [&](int tile, int key) {
+    int it = tile / (NY * NX), iy = tile / NX % NY, ix = tile % NX;
+    int t = key / (Y * X), y = key / X % Y, x = key % X;
+    int st = clampTo(centre(it, TT, T) - KT / 2, 0, T - KT);
+    int j = t - st;
+    if (j < 0 || j >= KT)
+      return false;
+    const int32_t *off = &offsets[(size_t(tile) * KT + j) * 2];
+    int sy = clampTo(centre(iy, TY, Y) + off[0] - KY / 2, 0, Y - KY);
+    int sx = clampTo(centre(ix, TX, X) + off[1] - KX / 2, 0, X - KX);
+    return y >= sy && y < sy + KY && x >= sx && x < sx + KX;
+  };
+  auto forQueries = [&](int tile, auto fn) {
+    int it = tile / (NY * NX), iy = tile / NX % NY, ix = tile % NX;
+    for (int t = it * TT; t < std::min(T, it * TT + TT); ++t)
+      for (int y = iy * TY; y < std::min(Y, iy * TY + TY); ++y)
+        for (int x = ix * TX; x < std::min(X, ix * TX + TX); ++x)
+          fn((t * Y + y) * X + x);
+  };
+
+  std::vector<elem_t> dk(n, 0xffff), dv(n, 0xffff);
+  const int keyTiles[] = {0, NT * NY * NX - 1, (3 * NY + 0) * NX + 4,
+                          (3 * NY + 4) * NX + 5};
+  for (int kt : keyTiles) {
+    keys(1, kt, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
+         lse.data(), delta.data(), dk.data(), dv.data(), scale);
+    std::vector<float> dkRef, dvRef, dkGot, dvGot;
+    size_t reached = 0;
+    forQueries(kt, [&](int key) {
+      std::vector<double> gk(D, 0.0), gv(D, 0.0);
+      for (int tile = 0; tile < NT * NY * NX; ++tile) {
+        if (!inWindow(tile, key))
+          continue;
+        ++reached;
+        forQueries(tile, [&](int m) {
+          double s = 0, dp = 0;
+          for (int d = 0; d < D; ++d) {
+            s += double(qf[size_t(m) * D + d]) * kf[size_t(key) * D + d];
+            dp += double(doutf[size_t(m) * D + d]) * vf[size_t(key) * D + d];
+          }
+          double p = std::exp(scale * s - lse[m]);
+          double ds = p * (dp - delta[m]);
+          for (int d = 0; d < D; ++d) {
+            gv[d] += p * doutf[size_t(m) * D + d];
+            gk[d] += scale * ds * qf[size_t(m) * D + d];
+          }
+        });
+      }
+      for (int d = 0; d < D; ++d) {
+        dkRef.push_back(float(gk[d]));
+        dvRef.push_back(float(gv[d]));
+        dkGot.push_back(toFloat(dk[size_t(key) * D + d], true));
+        dvGot.push_back(toFloat(dv[size_t(key) * D + d], true));
+      }
+    });
+    EXPECT_GT(reached, 0u) << "key tile " << kt;
+    for (auto [what, got, want] :
+         {std::tuple{"dk", &dkGot, &dkRef}, std::tuple{"dv", &dvGot, &dvRef}}) {
+      float big = 0;
+      for (float w : *want)
+        big = std::max(big, std::fabs(w));
+      size_t bad = 0;
+      float worst = 0;
+      for (size_t i = 0; i < want->size(); ++i) {
+        float err = std::fabs((*got)[i] - (*want)[i]);
+        bad += !(err <= 2e-2f * big + 2e-2f * std::fabs((*want)[i]));
+        worst = std::max(worst, err);
+      }
+      EXPECT_EQ(bad, 0u) << what << " of key tile " << kt << ": worst error "
+                         << worst << " (largest value " << big << ")";
+    }
+  }
   dlclose(lib);
   std::error_code ec;
   fs::remove_all(dir, ec);
