@@ -675,6 +675,10 @@ constexpr int BKV_ROWS = 16 * BKV_WARPS;       // keys per CTA
 constexpr int BKV_TILE_ROWS = TT * TY * TX;    // queries of a full tile
 constexpr int BKV_QCHUNKS = (BKV_TILE_ROWS + BKV_QC - 1) / BKV_QC;
 constexpr int BKV_NCAND = BKV_CAND_T * BKV_CAND_Y * BKV_CAND_X; // upper bound
+// dK/dV columns per pass over the candidates (whole 16-column steps; the
+// last pass may be partial) and the passes.
+constexpr int BKV_DCOLS = D <= 176 ? D : 16 * ((D / 16 + 1) / 2);
+constexpr int BKV_PASSES = (D + BKV_DCOLS - 1) / BKV_DCOLS;
 static_assert(BKV_QC % 16 == 0, "query chunk must be a multiple of 16");
 } // namespace dsa
 
@@ -794,9 +798,16 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
     kx[r] = n >= 0 ? n % X : 0;
   }
   const float scaleLog2 = scale * LOG2E;
-  float dkAcc[D / 8][4], dvAcc[D / 8][4];
+  // dK and dV columns [part * BKV_DCOLS, +BKV_DCOLS) per pass over the
+  // candidates: one pass up to D = 176, two above (S^T and dP^T are
+  // recomputed, but 2 * D accumulators would spill). Unrolled, so that
+  // the column guards of a partial last pass are constants.
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i)
+  for (int part = 0; part < BKV_PASSES; ++part) {
+  const int col0 = part * BKV_DCOLS;
+  float dkAcc[BKV_DCOLS / 8][4], dvAcc[BKV_DCOLS / 8][4];
+#pragma unroll
+  for (int i = 0; i < BKV_DCOLS / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dkAcc[i][e] = dvAcc[i][e] = 0.f;
@@ -910,12 +921,14 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
                                   pack2(dpt[1][0], dpt[1][1]),
                                   pack2(dpt[1][2], dpt[1][3])};
 #pragma unroll
-          for (int dd = 0; dd < D / 16; ++dd) {
+          for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
+            if (col0 + dd * 16 >= D)
+              break;
             unsigned bf[4];
-            loadBKN(bf, doc, DP, qq * 16, dd * 16);
+            loadBKN(bf, doc, DP, qq * 16, col0 + dd * 16);
             mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
             mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
-            loadBKN(bf, qc, DP, qq * 16, dd * 16);
+            loadBKN(bf, qc, DP, qq * 16, col0 + dd * 16);
             mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
             mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
           }
@@ -930,22 +943,23 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
   }
   cpAsyncWait<0>(); // K and V when no query tile reaches these keys
 
-  if (!active)
-    return;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + g + 8 * r;
-    if (row >= keys)
+    if (!active || row >= keys)
       continue;
-    const long long base = rowOffset(b, keyToken[row], h);
+    const long long base = rowOffset(b, keyToken[row], h) + col0;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
+    for (int i = 0; i < BKV_DCOLS / 8; ++i) {
+      if (col0 + i * 8 >= D)
+        break;
       *reinterpret_cast<unsigned *>(dk + base + i * 8 + 2 * c) =
           pack2(dkAcc[i][2 * r] * scale, dkAcc[i][2 * r + 1] * scale);
       *reinterpret_cast<unsigned *>(dv + base + i * 8 + 2 * c) =
           pack2(dvAcc[i][2 * r], dvAcc[i][2 * r + 1]);
     }
   }
+  } // part
 }
 
 //===----------------------------------------------------------------------===//

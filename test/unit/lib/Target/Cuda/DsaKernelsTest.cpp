@@ -658,9 +658,12 @@ INSTANTIATE_TEST_SUITE_P(
              "bf16",
              1,
              1},
-        // 32-key chunks (head dims 96 and 256).
+        // 32-key chunks (head dims 96 and 256); dK/dV in two column passes
+        // of 128 (D = 256).
         Case{"d96", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 96, "bf16", 1, 1},
         Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1},
+        // dK/dV in two column passes, the second partial (112 + 96).
+        Case{"d208", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 208, "bf16", 1, 1},
         // 3 x 8 x 6 tiles of 1 x 2 x 2 with 4 x 4 windows displaced by up
         // to R = 3 across tile borders and clamped at the grid's edges:
         // each key tile's inverse neighbourhood is 6 of the 8 (y) or 6 (x)
