@@ -679,6 +679,13 @@ constexpr int BKV_NCAND = BKV_CAND_T * BKV_CAND_Y * BKV_CAND_X; // upper bound
 // last pass may be partial) and the passes.
 constexpr int BKV_DCOLS = D <= 176 ? D : 16 * ((D / 16 + 1) / 2);
 constexpr int BKV_PASSES = (D + BKV_DCOLS - 1) / BKV_DCOLS;
+// Queries per inner step: 32 (k and v fragments reused twice, 80 instead
+// of 96 ldmatrix per 128 mma) when the chunk allows and the registers do
+// (one pass of at most 160 columns; NVRTC 13.0: D = 176 spilled 72 bytes,
+// D = 256 in two passes 24), else 16.
+constexpr int BKV_QSTEP =
+    BKV_QC % 32 == 0 && BKV_PASSES == 1 && BKV_DCOLS <= 160 ? 32 : 16;
+constexpr int BKV_QG = BKV_QSTEP / 16;
 static_assert(BKV_QC % 16 == 0, "query chunk must be a multiple of 16");
 } // namespace dsa
 
@@ -879,58 +886,69 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
       const float *dc = rowDelta + buf * BKV_QC;
 
       if (active && any) {
-        for (int qq = 0; qq * 16 < qrows; ++qq) {
-          // S^T and dP^T for the warp's 16 keys and 16 queries.
-          float st[2][4], dpt[2][4];
+        for (int qq = 0; qq * BKV_QSTEP < qrows; ++qq) {
+          // S^T and dP^T for the warp's 16 keys and BKV_QSTEP queries (the
+          // k and v fragments serve BKV_QG groups of 16 queries).
+          float st[2 * BKV_QG][4], dpt[2 * BKV_QG][4];
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < 2 * BKV_QG; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
               st[i][e] = dpt[i][e] = 0.f;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned ak[4], av[4], bq[4], bd[4];
+            unsigned ak[4], av[4];
             loadA(ak, ks, DP, row0, kk * 16);
-            loadBNK(bq, qc, DP, qq * 16, kk * 16);
-            mma16816(st[0], ak, bq[0], bq[1]);
-            mma16816(st[1], ak, bq[2], bq[3]);
             loadA(av, vs, DP, row0, kk * 16);
-            loadBNK(bd, doc, DP, qq * 16, kk * 16);
-            mma16816(dpt[0], av, bd[0], bd[1]);
-            mma16816(dpt[1], av, bd[2], bd[3]);
+#pragma unroll
+            for (int qg = 0; qg < BKV_QG; ++qg) {
+              unsigned bq[4], bd[4];
+              const int q0 = qq * BKV_QSTEP + qg * 16;
+              loadBNK(bq, qc, DP, q0, kk * 16);
+              mma16816(st[2 * qg], ak, bq[0], bq[1]);
+              mma16816(st[2 * qg + 1], ak, bq[2], bq[3]);
+              loadBNK(bd, doc, DP, q0, kk * 16);
+              mma16816(dpt[2 * qg], av, bd[0], bd[1]);
+              mma16816(dpt[2 * qg + 1], av, bd[2], bd[3]);
+            }
           }
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < 2 * BKV_QG; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int col = qq * 16 + i * 8 + 2 * c + (e & 1);
+              const int col = qq * BKV_QSTEP + i * 8 + 2 * c + (e & 1);
               float p = fastExp2(st[i][e] * scaleLog2 - lc[col]);
               if (!in[e / 2])
                 p = 0.f;
               st[i][e] = p;                           // P^T
               dpt[i][e] = p * (dpt[i][e] - dc[col]);  // dS^T (unscaled)
             }
-          // The C fragments of the two query n-tiles are the A fragment of
-          // one 16-query k-step.
-          const unsigned ap[4] = {pack2(st[0][0], st[0][1]),
-                                  pack2(st[0][2], st[0][3]),
-                                  pack2(st[1][0], st[1][1]),
-                                  pack2(st[1][2], st[1][3])};
-          const unsigned as[4] = {pack2(dpt[0][0], dpt[0][1]),
-                                  pack2(dpt[0][2], dpt[0][3]),
-                                  pack2(dpt[1][0], dpt[1][1]),
-                                  pack2(dpt[1][2], dpt[1][3])};
 #pragma unroll
-          for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
-            if (col0 + dd * 16 >= D)
-              break;
-            unsigned bf[4];
-            loadBKN(bf, doc, DP, qq * 16, col0 + dd * 16);
-            mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
-            mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
-            loadBKN(bf, qc, DP, qq * 16, col0 + dd * 16);
-            mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
-            mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
+          for (int qg = 0; qg < BKV_QG; ++qg) {
+            // The C fragments of two query n-tiles are the A fragment of
+            // one 16-query k-step.
+            const unsigned ap[4] = {pack2(st[2 * qg][0], st[2 * qg][1]),
+                                    pack2(st[2 * qg][2], st[2 * qg][3]),
+                                    pack2(st[2 * qg + 1][0], st[2 * qg + 1][1]),
+                                    pack2(st[2 * qg + 1][2], st[2 * qg + 1][3])};
+            const unsigned as[4] = {
+                pack2(dpt[2 * qg][0], dpt[2 * qg][1]),
+                pack2(dpt[2 * qg][2], dpt[2 * qg][3]),
+                pack2(dpt[2 * qg + 1][0], dpt[2 * qg + 1][1]),
+                pack2(dpt[2 * qg + 1][2], dpt[2 * qg + 1][3])};
+            const int q0 = qq * BKV_QSTEP + qg * 16;
+#pragma unroll
+            for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
+              if (col0 + dd * 16 >= D)
+                break;
+              unsigned bf[4];
+              loadBKN(bf, doc, DP, q0, col0 + dd * 16);
+              mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
+              mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
+              loadBKN(bf, qc, DP, q0, col0 + dd * 16);
+              mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
+              mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
+            }
           }
         }
       }
