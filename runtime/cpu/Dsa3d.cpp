@@ -263,9 +263,9 @@ static void backward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
         std::fill_n(dv.row(b, h, token), D, 0.0f);
         // D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's
         // correction term, computed once per query instead of per key.
-        rowDot[token] = delta ? delta[item * N + token]
-                              : dot(dout.row(b, h, token),
-                                    out->row(b, h, token), D);
+        rowDot[token] =
+            delta ? delta[item * N + token]
+                  : dot(dout.row(b, h, token), out->row(b, h, token), D);
       }
       for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
         QueryTile tile = tileAt(cfg, tileIndex);

@@ -316,11 +316,11 @@ struct Function {
   size_t params() const {
     if (!dsa)
       return host.params;
-    return dsa->kind == "offsets"        ? 3
-           : dsa->kind == "fwd"          ? 7
-           : dsa->kind == "bwd"          ? 10
-           : dsa->kind == "bwd_keys"     ? 10
-                                         : 0;
+    return dsa->kind == "offsets"    ? 3
+           : dsa->kind == "fwd"      ? 7
+           : dsa->kind == "bwd"      ? 10
+           : dsa->kind == "bwd_keys" ? 10
+                                     : 0;
   }
 };
 

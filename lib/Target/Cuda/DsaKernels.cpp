@@ -299,14 +299,14 @@ bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
   // whole tile's queries per staged chunk when they fit (one step per
   // query tile), two stages, then smaller chunks, one stage, fewer warps.
   for (int axis = 0; axis < 3; ++axis) {
-    plan.inverseRanges[axis] =
-        inverseRange(c.grid[axis], c.window[axis], c.tile[axis],
-                     axis == 0 ? 0 : c.radius);
+    plan.inverseRanges[axis] = inverseRange(
+        c.grid[axis], c.window[axis], c.tile[axis], axis == 0 ? 0 : c.radius);
     for (const auto &r : plan.inverseRanges[axis])
       plan.maxInverseRange[axis] =
           std::max(plan.maxInverseRange[axis], r[1] - r[0] + 1);
     // At least one, so that the kernel's candidate batches make progress.
-    plan.maxInverseRange[axis] = std::max<int64_t>(plan.maxInverseRange[axis], 1);
+    plan.maxInverseRange[axis] =
+        std::max<int64_t>(plan.maxInverseRange[axis], 1);
   }
   int64_t candidates = plan.maxInverseRange[0] * plan.maxInverseRange[1] *
                        plan.maxInverseRange[2];

@@ -4,7 +4,8 @@
 // module and emits, per configuration, one CUDA C++ source with the
 // forward, backward (dQ by query tiles, dK/dV by key tiles) and
 // offset-estimation kernels, every shape a compile-time constant. The
-// sources are compiled at run time by NVRTC (include/megaslide/runtime/cuda/Nvrtc.h).
+// sources are compiled at run time by NVRTC
+// (include/megaslide/runtime/cuda/Nvrtc.h).
 //
 //===----------------------------------------------------------------------===//
 

@@ -114,8 +114,8 @@ void dsa3dRowDot(const Dsa3dConfig &cfg, Dsa3dInput out, Dsa3dInput dout,
 /// dsa3dBackward with Delta given (as dsa3dRowDot computes it) instead of
 /// `out`: the same gradients bit for bit. The contract of the CUDA dK/dV
 /// kernel, which reads the Delta its backward stored.
-void dsa3dBackwardFromDelta(const Dsa3dConfig &cfg, Dsa3dInput q,
-                            Dsa3dInput k, Dsa3dInput v, const int32_t *offsets,
+void dsa3dBackwardFromDelta(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
+                            Dsa3dInput v, const int32_t *offsets,
                             Dsa3dInput dout, const float *lse,
                             const float *delta, Dsa3dOutput dq, Dsa3dOutput dk,
                             Dsa3dOutput dv);

@@ -444,8 +444,8 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   Guarded<float> delta(lseSize, NAN);
   bwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
       dout.data(), lse.data(), dq.data(), delta.data(), scale);
-  keys(tc.batch, -1, q.data(), k.data(), v.data(), offsets.data(),
-       dout.data(), lse.data(), delta.data(), dk.data(), dv.data(), scale);
+  keys(tc.batch, -1, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
+       lse.data(), delta.data(), dk.data(), dv.data(), scale);
   EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && delta.intact());
   std::vector<float> dqRef(n), dkRef(n), dvRef(n);
   cpu::dsa3dBackward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
@@ -497,7 +497,8 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
     std::error_code ec;
     fs::remove_all(dir, ec);
     if (why.find("host compiler failed") != std::string::npos &&
-        std::system((test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
+        std::system(
+            (test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
       GTEST_SKIP() << "no host C++ compiler: " << why;
     FAIL() << why;
   }
@@ -511,8 +512,8 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
   std::mt19937 rng(105);
   std::normal_distribution<float> normal;
   auto input = [&] {
-    std::pair<std::vector<elem_t>, std::vector<float>> x{
-        std::vector<elem_t>(n), std::vector<float>(n)};
+    std::pair<std::vector<elem_t>, std::vector<float>> x{std::vector<elem_t>(n),
+                                                         std::vector<float>(n)};
     for (size_t i = 0; i < n; ++i) {
       x.first[i] = toElem(normal(rng), true);
       x.second[i] = toFloat(x.first[i], true);
