@@ -748,10 +748,7 @@ class Kernels:
     def run(self, cuda, kind, batch, args):
         fn, kern = self.launches[kind]
         grid = list(kern["grid_for_batch_1"])
-        if kind == "backward_finalize":
-            grid[0] *= batch  # grid-stride: any x covers the count
-        else:
-            grid[2] = batch
+        grid[2] = batch
         cuda.launch(fn, grid, kern["block"][0], kern["dynamic_shared_bytes"],
                     args)
 
@@ -778,9 +775,9 @@ class Run:
                               if isinstance(x, Periodic) else cuda.upload(x))
         for name in ("out", "dq", "dk", "dv"):
             self.ptr[name] = cuda.alloc(self.elems * 2)
-        for name in ("dk32", "dv32"):
-            self.ptr[name] = cuda.alloc(self.elems * 4)
+        # lse and the backward's scratch Delta = rowsum(dO * O), [B, H, N].
         self.ptr["lse"] = cuda.alloc(batch * H * N * 4)
+        self.ptr["delta"] = cuda.alloc(batch * H * N * 4)
         self.ptr["offsets"] = cuda.alloc(int(np.prod(self.off_shape)) * 4)
 
     def launch(self, kind, names, *extra):
@@ -795,12 +792,11 @@ class Run:
                     float(scale))
 
     def backward(self, scale):
-        self.cuda.zero(self.ptr["dk32"], self.elems * 4)
-        self.cuda.zero(self.ptr["dv32"], self.elems * 4)
+        # dQ and Delta by query tiles, then dK and dV by key tiles.
         self.launch("backward", ("q", "k", "v", "offsets", "out", "do", "lse",
-                                 "dq", "dk32", "dv32"), float(scale))
-        self.launch("backward_finalize", ("dk32", "dv32", "dk", "dv"),
-                    self.elems)
+                                 "dq", "delta"), float(scale))
+        self.launch("backward_keys", ("q", "k", "v", "offsets", "do", "lse",
+                                      "delta", "dk", "dv"), float(scale))
 
     def get_offsets(self):
         return self.cuda.download(self.ptr["offsets"], self.off_shape,

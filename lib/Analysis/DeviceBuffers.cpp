@@ -69,14 +69,13 @@ DevicePeak megaslide::findDevicePeak(const DeviceBuffers &buffers) {
 uint64_t megaslide::workspaceBytes(Operation *op) {
   // 3D-DSA: the forward's log-sum-exp is its second result, a buffer like
   // any other, so the forward needs no scratch. The backward needs the fp32
-  // row sums D = rowsum(dO * O), one per (batch, head, token), and the fp32
-  // dK and dV accumulators the CUDA backward reduces into with atomics
-  // (windows of different tiles share keys) before its finalize kernel
-  // converts them (docs/Dsa3dKernels.md).
+  // row sums D = rowsum(dO * O), one per (batch, head, token), which its
+  // dQ kernel writes and its dK/dV kernel reads; dK and dV are written once
+  // by the key tiles that own them, with no accumulators
+  // (docs/Dsa3dKernels.md).
   if (auto g = dyn_cast<graph::Dsa3dGradOp>(op)) {
     auto s = cast<RankedTensorType>(g.getQuery().getType()).getShape();
-    uint64_t rows = s[0] * s[1] * s[2];
-    return 4 * rows + 2 * 4 * rows * s[3];
+    return 4 * uint64_t(s[0] * s[1] * s[2]);
   }
   Value q;
   uint64_t rows = 0;

@@ -240,12 +240,12 @@ void megaslide::cpu::dsa3dForward(const Dsa3dConfig &cfg, Dsa3dInput q,
 // Backward
 //===----------------------------------------------------------------------===//
 
-void megaslide::cpu::dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q,
-                                   Dsa3dInput k, Dsa3dInput v,
-                                   const int32_t *offsets, Dsa3dInput out,
-                                   Dsa3dInput dout, const float *lse,
-                                   Dsa3dOutput dq, Dsa3dOutput dk,
-                                   Dsa3dOutput dv) {
+/// dsa3dBackward, with Delta from `out` (delta null) or given.
+static void backward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
+                     Dsa3dInput v, const int32_t *offsets,
+                     const Dsa3dInput *out, Dsa3dInput dout, const float *lse,
+                     const float *delta, Dsa3dOutput dq, Dsa3dOutput dk,
+                     Dsa3dOutput dv) {
   assert(cfg.validate().empty() && "invalid 3D-DSA configuration");
   std::array<int64_t, 3> n = cfg.numTiles();
   const int64_t tiles = n[0] * n[1] * n[2];
@@ -263,7 +263,9 @@ void megaslide::cpu::dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q,
         std::fill_n(dv.row(b, h, token), D, 0.0f);
         // D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's
         // correction term, computed once per query instead of per key.
-        rowDot[token] = dot(dout.row(b, h, token), out.row(b, h, token), D);
+        rowDot[token] =
+            delta ? delta[item * N + token]
+                  : dot(dout.row(b, h, token), out->row(b, h, token), D);
       }
       for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
         QueryTile tile = tileAt(cfg, tileIndex);
@@ -289,6 +291,33 @@ void megaslide::cpu::dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q,
       }
     };
   });
+}
+
+void megaslide::cpu::dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q,
+                                   Dsa3dInput k, Dsa3dInput v,
+                                   const int32_t *offsets, Dsa3dInput out,
+                                   Dsa3dInput dout, const float *lse,
+                                   Dsa3dOutput dq, Dsa3dOutput dk,
+                                   Dsa3dOutput dv) {
+  backward(cfg, q, k, v, offsets, &out, dout, lse, nullptr, dq, dk, dv);
+}
+
+void megaslide::cpu::dsa3dBackwardFromDelta(
+    const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k, Dsa3dInput v,
+    const int32_t *offsets, Dsa3dInput dout, const float *lse,
+    const float *delta, Dsa3dOutput dq, Dsa3dOutput dk, Dsa3dOutput dv) {
+  backward(cfg, q, k, v, offsets, nullptr, dout, lse, delta, dq, dk, dv);
+}
+
+void megaslide::cpu::dsa3dRowDot(const Dsa3dConfig &cfg, Dsa3dInput out,
+                                 Dsa3dInput dout, float *delta) {
+  assert(cfg.validate().empty() && "invalid 3D-DSA configuration");
+  const int64_t N = cfg.tokens();
+  for (int64_t b = 0; b < cfg.batch; ++b)
+    for (int64_t h = 0; h < cfg.heads; ++h)
+      for (int64_t token = 0; token < N; ++token)
+        delta[(b * cfg.heads + h) * N + token] =
+            dot(dout.row(b, h, token), out.row(b, h, token), cfg.headDim);
 }
 
 //===----------------------------------------------------------------------===//

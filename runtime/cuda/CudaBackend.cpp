@@ -379,8 +379,6 @@ llvm::Error CudaBackend::Impl::buildCommands(
       c.function = fns.at(kind);
       c.grid = {static_cast<uint32_t>(k.grid[0]),
                 static_cast<uint32_t>(k.grid[1]), static_cast<uint32_t>(batch)};
-      if (llvm::StringRef(kind) == "backward_finalize")
-        c.grid = {static_cast<uint32_t>(k.grid[0] * batch), 1, 1};
       c.block = static_cast<uint32_t>(k.threads);
       c.sharedBytes = static_cast<uint32_t>(k.dynamicSharedBytes);
       c.args = std::move(args);
@@ -394,19 +392,15 @@ llvm::Error CudaBackend::Impl::buildCommands(
       launch("forward",
              {op(0), op(1), op(2), op(3), res(0), res(1), slotOf(scale, true)});
     } else {
-      // (q, k, v, offsets, o, lse, dout) -> (dq, dk, dv)
-      int64_t count = q.numElements();
-      CUdeviceptr dk32 =
-          pi.dk32Offset >= 0 ? arena + pi.dk32Offset : dsaScratch;
-      CUdeviceptr dv32 = pi.dv32Offset >= 0
-                             ? arena + pi.dv32Offset
-                             : dsaScratch + alignTo(count * 4, 256);
-      out.push_back(MemsetCmd{dk32, static_cast<size_t>(count * 4)});
-      out.push_back(MemsetCmd{dv32, static_cast<size_t>(count * 4)});
+      // (q, k, v, offsets, o, lse, dout) -> (dq, dk, dv). The backward
+      // writes dQ and Delta; the dK/dV kernel, owning key tiles, reads
+      // Delta and writes dK and dV once (no accumulators, no memset).
+      CUdeviceptr delta =
+          pi.deltaOffset >= 0 ? arena + pi.deltaOffset : dsaScratch;
       launch("backward", {op(0), op(1), op(2), op(3), op(4), op(6), op(5),
-                          res(0), dk32, dv32, slotOf(scale, true)});
-      launch("backward_finalize",
-             {dk32, dv32, res(1), res(2), static_cast<uint64_t>(count)});
+                          res(0), delta, slotOf(scale, true)});
+      launch("backward_keys", {op(0), op(1), op(2), op(3), op(6), op(5), delta,
+                               res(1), res(2), slotOf(scale, true)});
     }
   }
   return llvm::Error::success();

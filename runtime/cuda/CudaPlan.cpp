@@ -339,24 +339,19 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
         return instError(
             i, inst, "module '" + spec.name + "' has no " + kind + " kernel");
       if (inst.op == OpCode::Dsa3dGrad) {
-        if (!spec.kernels.count("backward_finalize"))
+        if (!spec.kernels.count("backward_keys"))
           return instError(i, inst,
                            "module '" + spec.name +
-                               "' has no backward_finalize kernel");
-        int64_t bytes = plan.values[inst.operands[0]].type.numElements() * 4;
-        // dK and dV accumulators: one workspace range for both, two
-        // ranges, or the backend's own scratch.
+                               "' has no backward_keys kernel");
+        // Delta, fp32 [B, H, N] (q is [B, N, H, D]): the plan's workspace,
+        // or the backend's own scratch.
+        const exec::TensorType &q = plan.values[inst.operands[0]].type;
+        int64_t bytes = q.shape[0] * q.shape[1] * q.shape[2] * 4;
         const std::vector<exec::Range> &ws = inst.workspace;
-        if (!ws.empty() && ws[0].size >= 2 * bytes) {
-          pi.dk32Offset = ws[0].offset;
-          pi.dv32Offset = ws[0].offset + bytes;
-        } else if (ws.size() >= 2 && ws[0].size >= bytes &&
-                   ws[1].size >= bytes) {
-          pi.dk32Offset = ws[0].offset;
-          pi.dv32Offset = ws[1].offset;
-        } else {
-          p.dsaFallbackBytes = std::max(p.dsaFallbackBytes, 2 * bytes + 256);
-        }
+        if (!ws.empty() && ws[0].size >= bytes)
+          pi.deltaOffset = ws[0].offset;
+        else
+          p.dsaFallbackBytes = std::max(p.dsaFallbackBytes, bytes);
       }
       continue;
     }

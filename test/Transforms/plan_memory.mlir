@@ -128,33 +128,35 @@ module @views {
 
 // Tests the 3D-DSA buffers: the forward's log-sum-exp is a result buffer
 // (no workspace on dsa3d), and dsa3d_grad's workspace holds the fp32 row
-// sums D = rowsum(dO * O) plus the fp32 dK and dV accumulators.
+// sums D = rowsum(dO * O) only (dK and dV are written once by the key
+// tiles that own them: no accumulators).
 // q [B, N, H, Dh] = [1, 8, 2, 16] bf16 over grid (2, 2, 2), tile (1, 2, 2):
 //   q, o, do, dq, dk, dv  1 * 8 * 2 * 16 * 2 = 512 B each
 //   offsets [1, 2, 2, 1, 1, 2, 2] i32 = 16 * 4 = 64 B -> 256
 //   lse [B, H, N] = [1, 2, 8] f32 = 64 B -> 256
-//   workspace = B*H*N*4 + 2 * B*N*H*Dh*4 = 64 + 2048 = 2112 B -> 2304
+//   workspace = B*H*N*4 = 64 B -> 256
 // Slices (live [start, end]): q [0, 4], off [1, 4], o and lse [2, 4],
 // do [3, 4], dq [4, 5], dk [4, 6], dv [4, 7], workspace [4, 4]. Nothing
-// dies before 4, so each slice stacks on the top; at 4 the largest (the
-// workspace) goes first:
-//   q @ 0, off @ 512, o @ 768, lse @ 1280, do @ 1536, workspace @ 2048,
-//   dq @ 4352, dk @ 4864, dv @ 5376; arena 5888 = everything live at 4.
+// dies before 4, so each slice stacks on the top; at 4 the largest go
+// first (dq, dk, dv, then the workspace):
+//   q @ 0, off @ 512, o @ 768, lse @ 1280, do @ 1536, dq @ 2048,
+//   dk @ 2560, dv @ 3072, workspace @ 3584; arena 3840 = everything live
+//   at 4.
 
 // CHECK-LABEL: module @dsa3d
-// CHECK:         msched.resource @device_arena device size([[ARENA:5888]]) category("device arena")
+// CHECK:         msched.resource @device_arena device size([[ARENA:3840]]) category("device arena")
 // CHECK:       func.func @train_step(
 // CHECK-NEXT:    msched.pack {alignment = 256 : i64, arena_size = [[ARENA]] : i64,
 // CHECK-SAME:      ends = array<i64: 4, 4, 4, 4, 4, 5, 6, 7, 4>,
-// CHECK-SAME:      offsets = array<i64: 0, 512, 768, 1280, 1536, 4352, 4864, 5376, 2048>,
-// CHECK-SAME:      sizes = array<i64: 512, 64, 512, 64, 512, 512, 512, 512, 2112>,
+// CHECK-SAME:      offsets = array<i64: 0, 512, 768, 1280, 1536, 2048, 2560, 3072, 3584>,
+// CHECK-SAME:      sizes = array<i64: 512, 64, 512, 64, 512, 512, 512, 512, 64>,
 // CHECK-SAME:      starts = array<i64: 0, 1, 2, 2, 3, 4, 4, 4, 4>}
 // CHECK-NEXT:    msched.h2d
 // CHECK-NEXT:    megaslide.dsa3d_offsets
 // The forward: two result offsets and no msched.workspace.
 // CHECK-NEXT:    megaslide.dsa3d {{.*}}, msched.offsets = array<i64: 768, 1280>, msched.stream = 0 : i32, tile = {{.*}}} :
 // CHECK-NEXT:    megaslide.zeros
-// CHECK-NEXT:    megaslide.dsa3d_grad {{.*}}msched.offsets = array<i64: 4352, 4864, 5376>, msched.stream = 0 : i32, msched.workspace = array<i64: 2048, 2112>,
+// CHECK-NEXT:    megaslide.dsa3d_grad {{.*}}msched.offsets = array<i64: 2048, 2560, 3072>, msched.stream = 0 : i32, msched.workspace = array<i64: 3584, 64>,
 
 module @dsa3d {
   func.func @train_step(%arg0: tensor<1x8x2x16xbf16>) -> (tensor<1x8x2x16xbf16>, tensor<1x8x2x16xbf16>, tensor<1x8x2x16xbf16>) {

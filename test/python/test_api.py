@@ -282,7 +282,7 @@ def test_emit_dsa_kernels(dsa_ir):
     assert kernel.description == ("grid (2,2,2) window (2,2,2) tile (1,2,2) "
                                   "heads 4 head-dim 16 bf16 radius 4")
     kinds = {k["kind"]: k["name"] for k in kernel.kernels}
-    assert set(kinds) == {"forward", "backward", "backward_finalize",
+    assert set(kinds) == {"forward", "backward", "backward_keys",
                           "offsets"}
     for name in kinds.values():
         assert f'extern "C" __global__' in kernel.source and name in \

@@ -295,6 +295,7 @@ class FakeCuda:
         self.dsa, self.fault, self.name = dsa, fault, "fake GPU"
         self.configs = {k["name"]: c for c in configs for k in c["kernels"]}
         self.mem, self.top = {}, 1 << 16
+        self.o = {}  # Delta buffer address -> the output it was formed from
 
     def alloc(self, nbytes):
         ptr = self.top
@@ -346,12 +347,6 @@ class FakeCuda:
         cfg = self.configs[fn]
         kind = fn[len(cfg["name"]) + 1:]
         elem = cfg["element_type"]
-        if kind == "bwd_finalize":
-            dk32, dv32, dk, dv, count = args
-            for src, dst in ((dk32, dk), (dv32, dv)):
-                x = self.read(src, np.empty(count, np.float32))
-                self.write(dst, d.to_bits(x, elem))
-            return
         geo = d.Geometry(cfg)
         shape = (grid[2], cfg["tokens"], cfg["heads"], cfg["head_dim"])
         off_shape = shape[:1] + (cfg["heads"], geo.nt, geo.ny, geo.nx,
@@ -373,7 +368,8 @@ class FakeCuda:
             return
         offsets = self.download(args[3], off_shape, np.int32)
         src["v"] = tensor(args[2])
-        src["do"] = tensor(args[5]) if kind == "bwd" else src["v"]
+        src["do"] = (tensor(args[5]) if kind == "bwd" else
+                     tensor(args[4]) if kind == "bwd_keys" else src["v"])
         scale = args[-1]
         if kind == "fwd":
             o, lse = d.reference(geo, src, offsets, scale)[:2]
@@ -382,14 +378,22 @@ class FakeCuda:
             self.write(args[4], d.to_bits(o, elem))
             self.write(args[5], lse.astype(np.float32))
             return
+        if kind == "bwd":
+            # (q, k, v, offsets, o, do, lse, dq, delta, scale)
+            o = tensor(args[4])
+            _, _, dq, dk, dv = d.reference(geo, src, offsets, scale, o)
+            self.write(args[7], d.to_bits(dq, elem))
+            # Delta = rowsum(dO * O), [B, H, N]: the dK/dV kernel's input.
+            self.o[args[8].value] = o
+            return
+        # bwd_keys: (q, k, v, offsets, do, lse, delta, dk, dv, scale); the
+        # fake keeps the forward output the backward's Delta came from.
         _, _, dq, dk, dv = d.reference(geo, src, offsets, scale,
-                                       tensor(args[4]))
+                                       self.o[args[6].value])
         if self.fault == "dk":
             dk *= 1.1
-        self.write(args[7], d.to_bits(dq, elem))
-        for ptr, x in ((args[8], dk), (args[9], dv)):
-            acc = self.download(ptr, shape, np.float32)
-            self.write(ptr, acc + x.astype(np.float32))
+        self.write(args[7], d.to_bits(dk, elem))
+        self.write(args[8], d.to_bits(dv, elem))
 
 
 def fake_run(tmp_path, monkeypatch, fault=None):
@@ -405,7 +409,7 @@ def fake_run(tmp_path, monkeypatch, fault=None):
              "grid_for_batch_1": [dsa.Geometry(cfg).ntiles, cfg["heads"], 1],
              "block": [256, 1, 1], "dynamic_shared_bytes": 0}
             for kind, suffix in (("forward", "_fwd"), ("backward", "_bwd"),
-                                 ("backward_finalize", "_bwd_finalize"),
+                                 ("backward_keys", "_bwd_keys"),
                                  ("offsets", "_offsets"))]
         configs.append(cfg)
     (tmp_path / "manifest.json").write_text(json.dumps({"configs": configs}))

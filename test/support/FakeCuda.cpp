@@ -204,10 +204,11 @@ struct HostAttention {
       }
   }
 };
-/// A generated 3D-DSA kernel (named configName + _fwd/_bwd/_bwd_finalize/
+/// A generated 3D-DSA kernel (named configName + _fwd/_bwd/_bwd_keys/
 /// _offsets) as the cpu reference with the kernels' argument lists and
-/// contracts: the backward adds into the fp32 dK/dV scratch, finalize
-/// converts it. Their CUDA versions are checked by DsaKernelEmulationTest
+/// contracts: the backward writes dQ and the fp32 row sums Delta =
+/// rowsum(dO * O) [B, H, N], the dK/dV kernel reads Delta and writes dK
+/// and dV. Their CUDA versions are checked by DsaKernelEmulationTest
 /// and, on a GPU, scripts/dsa_gpu_check.py; this checks how the backend
 /// binds them.
 struct HostDsa {
@@ -252,14 +253,6 @@ struct HostDsa {
     };
     auto view = [&](float *p) { return cpu::dsa3dGraphLayout(p, c); };
     auto cview = [&](const float *p) { return cpu::dsa3dGraphLayout(p, c); };
-    if (kind == "bwd_finalize") {
-      long long count = *reinterpret_cast<long long *>(args[4]);
-      for (long long e = 0; e < count; ++e) {
-        storeAs(ptr(2), elem, e, static_cast<float *>(ptr(0))[e]);
-        storeAs(ptr(3), elem, e, static_cast<float *>(ptr(1))[e]);
-      }
-      return;
-    }
     std::vector<float> q = wide(0), k = wide(1);
     if (kind == "offsets") {
       // Block matching ignores the softmax scale, but dsa3dOffsets requires
@@ -281,20 +274,34 @@ struct HostDsa {
         storeAs(ptr(4), elem, e, out[e]);
       return;
     }
-    // bwd: (q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale)
-    c.scale = *reinterpret_cast<float *>(args[10]);
+    if (kind == "bwd_keys") {
+      // (q, k, v, offsets, dout, lse, delta, dk, dv, scale): dK and dV
+      // from Delta as the backward stored it (not recomputed from o).
+      c.scale = *reinterpret_cast<float *>(args[9]);
+      std::vector<float> dout = wide(4), dq(n), dk(n), dv(n);
+      const float *lse = static_cast<const float *>(ptr(5));
+      const float *delta = static_cast<const float *>(ptr(6));
+      cpu::dsa3dBackwardFromDelta(c, cview(q.data()), cview(k.data()),
+                                  cview(v.data()), offsets, cview(dout.data()),
+                                  lse, delta, view(dq.data()), view(dk.data()),
+                                  view(dv.data()));
+      for (int64_t e = 0; e < n; ++e) {
+        storeAs(ptr(7), elem, e, dk[e]);
+        storeAs(ptr(8), elem, e, dv[e]);
+      }
+      return;
+    }
+    // bwd: (q, k, v, offsets, o, dout, lse, dq, delta, scale)
+    c.scale = *reinterpret_cast<float *>(args[9]);
     std::vector<float> o = wide(4), dout = wide(5), dq(n), dk(n), dv(n);
     cpu::dsa3dBackward(c, cview(q.data()), cview(k.data()), cview(v.data()),
                        offsets, cview(o.data()), cview(dout.data()),
                        static_cast<const float *>(ptr(6)), view(dq.data()),
                        view(dk.data()), view(dv.data()));
-    float *dk32 = static_cast<float *>(ptr(8));
-    float *dv32 = static_cast<float *>(ptr(9));
-    for (int64_t e = 0; e < n; ++e) {
+    for (int64_t e = 0; e < n; ++e)
       storeAs(ptr(7), elem, e, dq[e]);
-      dk32[e] += dk[e];
-      dv32[e] += dv[e];
-    }
+    cpu::dsa3dRowDot(c, cview(o.data()), cview(dout.data()),
+                     static_cast<float *>(ptr(8)));
   }
 };
 
@@ -309,11 +316,11 @@ struct Function {
   size_t params() const {
     if (!dsa)
       return host.params;
-    return dsa->kind == "offsets"        ? 3
-           : dsa->kind == "fwd"          ? 7
-           : dsa->kind == "bwd"          ? 11
-           : dsa->kind == "bwd_finalize" ? 5
-                                         : 0;
+    return dsa->kind == "offsets"    ? 3
+           : dsa->kind == "fwd"      ? 7
+           : dsa->kind == "bwd"      ? 10
+           : dsa->kind == "bwd_keys" ? 10
+                                     : 0;
   }
 };
 
@@ -1032,12 +1039,12 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
   const DsaModuleSpec &spec = prep.dsaModules[pi.dsaModule];
   auto op = [&](size_t k) { return arena(offsetOf(inst.operands[k])); };
   auto res = [&](size_t k) { return arena(offsetOf(inst.results[k])); };
-  // dsa3d_grad's fp32 dK/dV accumulators, where they are in the arena.
-  int64_t accBytes = plan.values[inst.operands[0]].type.numElements() * 4;
+  // dsa3d_grad's fp32 Delta [B, H, N], where it is in the arena.
+  const exec::TensorType &qt = plan.values[inst.operands[0]].type;
+  int64_t accBytes = qt.shape[0] * qt.shape[1] * qt.shape[2] * 4;
   std::vector<std::pair<int64_t, int64_t>> acc;
-  for (int64_t o : {pi.dk32Offset, pi.dv32Offset})
-    if (o >= 0)
-      acc.push_back({o, o + accBytes});
+  if (pi.deltaOffset >= 0)
+    acc.push_back({pi.deltaOffset, pi.deltaOffset + accBytes});
   auto launch = [&](const char *kind, std::vector<Slot> slots,
                     std::vector<size_t> reads, std::vector<size_t> writes,
                     bool readsAcc = false, bool writesAcc = false) {
@@ -1059,19 +1066,16 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
     launch("forward", {op(0), op(1), op(2), op(3), res(0), res(1), Slot{}},
            {0, 1, 2, 3}, {0, 1});
   } else {
-    Slot dk = pi.dk32Offset >= 0 ? arena(pi.dk32Offset) : Slot{};
-    Slot dv = pi.dv32Offset >= 0 ? arena(pi.dv32Offset) : Slot{};
-    add(Candidate::of(Candidate::Memset, {dk}, accBytes));
-    add(Candidate::of(Candidate::Memset, {dv}, accBytes));
+    Slot delta = pi.deltaOffset >= 0 ? arena(pi.deltaOffset) : Slot{};
     // (q, k, v, offsets, o, lse, dout) -> the kernel's (..., o, dout, lse).
     launch("backward",
-           {op(0), op(1), op(2), op(3), op(4), op(6), op(5), res(0), dk, dv,
+           {op(0), op(1), op(2), op(3), op(4), op(6), op(5), res(0), delta,
             Slot{}},
-           {0, 1, 2, 3, 4, 5, 6}, {0}, true, true);
-    launch("backward_finalize",
-           {dk, dv, res(1), res(2),
-            Slot{Slot::Exact, static_cast<uint64_t>(accBytes / 4)}},
-           {}, {1, 2}, true);
+           {0, 1, 2, 3, 4, 5, 6}, {0}, false, true);
+    launch("backward_keys",
+           {op(0), op(1), op(2), op(3), op(6), op(5), delta, res(1), res(2),
+            Slot{}},
+           {0, 1, 2, 3, 5, 6}, {1, 2}, true);
   }
 }
 

@@ -78,8 +78,8 @@ StringRef kindName(DsaKernelKind kind) {
     return "forward";
   case DsaKernelKind::Backward:
     return "backward";
-  case DsaKernelKind::BackwardFinalize:
-    return "backward_finalize";
+  case DsaKernelKind::BackwardKeys:
+    return "backward_keys";
   case DsaKernelKind::Offsets:
     return "offsets";
   }
@@ -88,7 +88,7 @@ StringRef kindName(DsaKernelKind kind) {
 
 std::vector<DsaKernelKind> allKernelKinds() {
   return {DsaKernelKind::Forward, DsaKernelKind::Backward,
-          DsaKernelKind::BackwardFinalize, DsaKernelKind::Offsets};
+          DsaKernelKind::BackwardKeys, DsaKernelKind::Offsets};
 }
 
 std::string configName(const DsaConfig &c) {
@@ -100,7 +100,7 @@ std::string configName(const DsaConfig &c) {
 }
 
 std::string kernelName(const DsaConfig &config, DsaKernelKind kind) {
-  static const char *suffix[] = {"_fwd", "_bwd", "_bwd_finalize", "_offsets"};
+  static const char *suffix[] = {"_fwd", "_bwd", "_bwd_keys", "_offsets"};
   return configName(config) + suffix[static_cast<int>(kind)];
 }
 
@@ -127,8 +127,48 @@ int64_t fwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
 
 int64_t bwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
   int64_t rows = 16 * warps, dp = c.headDim + 8;
-  return 2 * rows * dp * 2 + 2 * stages * chunk * dp * 2 +
-         2 * rows * (chunk + 8) * 2 + rows * 12 + c.window[0] * 4;
+  return 2 * rows * dp * 2 + 2 * stages * chunk * dp * 2 + rows * 12 +
+         c.window[0] * 4;
+}
+
+/// The dK/dV kernel's shared memory (the layout of DSA_BWD_KEYS_NAME): K
+/// and V of its keys, `stages` buffers of `chunk` query rows (q, dO, lse,
+/// Delta, window), key tokens, the step list and candidate flags.
+int64_t keyShared(const DsaConfig &c, int warps, int chunk, int stages,
+                  int64_t candidates) {
+  int64_t rows = 16 * warps, dp = c.headDim + 8;
+  int64_t qchunks = ceilDiv(c.tileQueries(), chunk);
+  return 2 * rows * dp * 2 + 2 * stages * chunk * dp * 2 + stages * chunk * 8 +
+         stages * (2 * c.window[0] + 1) * 4 + rows * 4 +
+         candidates * qchunks * 4 + candidates * 4 + 4;
+}
+
+/// Along one axis (grid g, window k, tile t, radius r): for each key tile,
+/// the range of query tiles whose window, displaced by any d in [-r, r] and
+/// clamped, holds one of its keys (docs/Dsa3dKernels.md, "Backward"). The
+/// window start is nondecreasing in the tile and in d, so the union over d
+/// is [s(-r), s(r) + k) and the query tiles form one range.
+std::vector<std::array<int64_t, 2>> inverseRange(int64_t g, int64_t k,
+                                                 int64_t t, int64_t r) {
+  int64_t tiles = ceilDiv(g, t);
+  auto start = [&](int64_t i, int64_t d) {
+    int64_t first = i * t, n = std::min(t, g - first);
+    int64_t centre = (2 * first + n - 1) / 2;
+    return std::clamp<int64_t>(centre + d - k / 2, 0, g - k);
+  };
+  std::vector<std::array<int64_t, 2>> ranges;
+  for (int64_t m = 0; m < tiles; ++m) {
+    int64_t first = m * t, last = std::min(first + t, g) - 1;
+    std::array<int64_t, 2> range = {0, -1};
+    for (int64_t i = 0; i < tiles; ++i)
+      if (start(i, -r) <= last && start(i, r) + k - 1 >= first) {
+        if (range[1] < range[0])
+          range[0] = i;
+        range[1] = i;
+      }
+    ranges.push_back(range);
+  }
+  return ranges;
 }
 
 /// Splits the tile's 16-query warps into query blocks of at most `maxWarps`
@@ -165,22 +205,6 @@ bool fitShared(const DsaConfig &c, int preferredChunk, SharedFn shared,
   return false;
 }
 
-/// n-tiles (8 columns) per dK/dV work item: an even divisor of D / 8, at
-/// most 8 (32 accumulator registers), large enough to reuse each P^T / dS^T
-/// fragment but small enough to give every warp an item.
-int groupTiles(int64_t headDim, int chunk, int warps) {
-  int nt = static_cast<int>(headDim / 8);
-  int fallback = 2;
-  for (int g = 8; g >= 2; g -= 2) {
-    if (nt % g)
-      continue;
-    fallback = g;
-    if ((chunk / 16) * (nt / g) >= warps)
-      return g;
-  }
-  return fallback;
-}
-
 std::string kernelArguments(DsaKernelKind kind) {
   switch (kind) {
   case DsaKernelKind::Forward:
@@ -189,10 +213,11 @@ std::string kernelArguments(DsaKernelKind kind) {
   case DsaKernelKind::Backward:
     return "const elem_t *q, const elem_t *k, const elem_t *v, const int "
            "*offsets, const elem_t *o, const elem_t *dout, const float *lse, "
-           "elem_t *dq, float *dk32, float *dv32, float scale";
-  case DsaKernelKind::BackwardFinalize:
-    return "const float *dk32, const float *dv32, elem_t *dk, elem_t *dv, "
-           "long long count";
+           "elem_t *dq, float *delta, float scale";
+  case DsaKernelKind::BackwardKeys:
+    return "const elem_t *q, const elem_t *k, const elem_t *v, const int "
+           "*offsets, const elem_t *dout, const float *lse, const float "
+           "*delta, elem_t *dk, elem_t *dv, float scale";
   case DsaKernelKind::Offsets:
     return "const elem_t *q, const elem_t *k, int *offsets";
   }
@@ -251,9 +276,16 @@ bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
                               kSharedPerSm
           ? 2
           : 1;
+  // Q fragments in registers across key chunks (D / 4 registers) when they
+  // fit next to O (D / 2), S (chunk / 2) and about 40 for addresses and
+  // softmax state. NVRTC 13.0, 105B (D = 128, two CTAs): 488 spill bytes
+  // with 64-key chunks, 64 with 32-key chunks; one CTA per SM, 189
+  // registers and no spills. Two CTAs with Q reloaded is kept there.
+  int64_t fwdRegs = c.headDim / 2 + c.headDim / 4 + plan.fwdKeyChunk / 2 + 40;
+  plan.fwdQueryInRegisters = fwdRegs <= (plan.fwdMinBlocks == 2 ? 128 : 255);
 
-  // Backward: dQ (D / 2 registers) stays live across chunks next to S and
-  // dP (chunk / 2 each); one CTA per SM, up to 255 registers.
+  // Backward, queries: dQ (D / 2 registers) stays live across chunks next
+  // to S and dP (chunk / 2 each); one CTA per SM, up to 255 registers.
   int bwdChunk = c.headDim <= 128 ? 64 : 32;
   if (!fitShared(c, bwdChunk, bwdShared, plan.bwdWarps, plan.bwdQueryBlocks,
                  plan.bwdKeyChunk, plan.bwdStages, plan.bwdSharedBytes)) {
@@ -261,7 +293,42 @@ bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
         "no backward kernel shape fits in shared memory for " + c.describe();
     return false;
   }
-  plan.bwdGroupTiles = groupTiles(c.headDim, plan.bwdKeyChunk, plan.bwdWarps);
+
+  // Backward, keys: dK and dV (D registers) stay live across the query
+  // tiles; 16 queries at a time keep S^T and dP^T at 8 registers each. The
+  // whole tile's queries per staged chunk when they fit (one step per
+  // query tile), two stages, then smaller chunks, one stage, fewer warps.
+  for (int axis = 0; axis < 3; ++axis) {
+    plan.inverseRanges[axis] = inverseRange(
+        c.grid[axis], c.window[axis], c.tile[axis], axis == 0 ? 0 : c.radius);
+    for (const auto &r : plan.inverseRanges[axis])
+      plan.maxInverseRange[axis] =
+          std::max(plan.maxInverseRange[axis], r[1] - r[0] + 1);
+    // At least one, so that the kernel's candidate batches make progress.
+    plan.maxInverseRange[axis] =
+        std::max<int64_t>(plan.maxInverseRange[axis], 1);
+  }
+  int64_t candidates = plan.maxInverseRange[0] * plan.maxInverseRange[1] *
+                       plan.maxInverseRange[2];
+  bool keyFits = false;
+  for (int maxWarps = kMaxWarps; maxWarps >= 1 && !keyFits; maxWarps /= 2) {
+    splitQueries(c, maxWarps, plan.keyWarps, plan.keyBlocks);
+    for (int qc = static_cast<int>(
+             std::min<int64_t>(128, ceilDiv(c.tileQueries(), 16) * 16));
+         qc >= 16 && !keyFits; qc = qc / 2 / 16 * 16)
+      for (int st = 2; st >= 1 && !keyFits; --st) {
+        plan.keySharedBytes = keyShared(c, plan.keyWarps, qc, st, candidates);
+        if (plan.keySharedBytes <= kMaxSharedPerBlock) {
+          plan.keyQueryChunk = qc;
+          plan.keyStages = st;
+          keyFits = true;
+        }
+      }
+  }
+  if (!keyFits) {
+    error = "no dK/dV kernel shape fits in shared memory for " + c.describe();
+    return false;
+  }
 
   // Offsets: static shared memory for the pooled query, the dot map of the
   // union of candidate windows and one candidate per warp.
@@ -288,16 +355,14 @@ bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
                     c.tiles(), plan.fwdQueryBlocks, c.heads),
       32 * plan.fwdWarps, plan.fwdSharedBytes);
   add(DsaKernelKind::Backward, {c.tiles() * plan.bwdQueryBlocks, c.heads, 1},
-      llvm::formatv("(tiles {0} x query blocks {1}, heads {2}, batch B); "
-                    "dk32 and dv32 zeroed before",
+      llvm::formatv("(tiles {0} x query blocks {1}, heads {2}, batch B)",
                     c.tiles(), plan.bwdQueryBlocks, c.heads),
       32 * plan.bwdWarps, plan.bwdSharedBytes);
-  int64_t elements = c.tokens() * c.heads * c.headDim;
-  add(DsaKernelKind::BackwardFinalize, {ceilDiv(elements, 512), 1, 1},
-      llvm::formatv("(ceil(B x {0} / 512), 1, 1), count = B x {0} "
-                    "(grid-stride: any x works)",
-                    elements),
-      256, 0);
+  add(DsaKernelKind::BackwardKeys, {c.tiles() * plan.keyBlocks, c.heads, 1},
+      llvm::formatv("(key tiles {0} x key blocks {1}, heads {2}, batch B); "
+                    "after the backward (reads its delta)",
+                    c.tiles(), plan.keyBlocks, c.heads),
+      32 * plan.keyWarps, plan.keySharedBytes);
   add(DsaKernelKind::Offsets, {c.tiles(), c.heads, 1},
       llvm::formatv("(tiles {0}, heads {1}, batch B)", c.tiles(), c.heads),
       plan.offThreads, 0);
@@ -337,9 +402,11 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
         "log of\n"
      << "// sum exp(scale q.k): written by the forward (megaslide.dsa3d's "
         "second result),\n"
-     << "// read by the backward (megaslide.dsa3d_grad's lse operand); dk32, "
-        "dv32 fp32\n"
-     << "// [B, N, H, D] scratch of the backward.\n//\n"
+     << "// read by the backward (megaslide.dsa3d_grad's lse operand); delta "
+        "fp32\n"
+     << "// [B, H, N], rowsum(dO * O): scratch written by the backward, read "
+        "by the\n"
+     << "// dK/dV kernel (launched after it).\n//\n"
      << "// Kernels (grid for batch B; all dynamic shared memory beyond 48 KB "
         "needs\n"
      << "// cudaFuncAttributeMaxDynamicSharedMemorySize):\n";
@@ -351,8 +418,8 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
      << "#define DSA_FWD_NAME " << kernelName(c, DsaKernelKind::Forward) << "\n"
      << "#define DSA_BWD_NAME " << kernelName(c, DsaKernelKind::Backward)
      << "\n"
-     << "#define DSA_BWD_FINALIZE_NAME "
-     << kernelName(c, DsaKernelKind::BackwardFinalize) << "\n"
+     << "#define DSA_BWD_KEYS_NAME "
+     << kernelName(c, DsaKernelKind::BackwardKeys) << "\n"
      << "#define DSA_OFFSETS_NAME " << kernelName(c, DsaKernelKind::Offsets)
      << "\n\n"
      << "namespace dsa {\n"
@@ -371,12 +438,35 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
                       "FWD_STAGES = {2}, FWD_QBLOCKS = {3};\n",
                       p.fwdWarps, p.fwdKeyChunk, p.fwdStages, p.fwdQueryBlocks)
      << llvm::formatv("constexpr int FWD_MIN_BLOCKS = {0};\n", p.fwdMinBlocks)
+     << llvm::formatv("constexpr bool FWD_QREG = {0};\n",
+                      p.fwdQueryInRegisters ? "true" : "false")
      << llvm::formatv("constexpr int BWD_WARPS = {0}, BWD_KC = {1}, "
                       "BWD_STAGES = {2}, BWD_QBLOCKS = {3};\n",
                       p.bwdWarps, p.bwdKeyChunk, p.bwdStages, p.bwdQueryBlocks)
-     << llvm::formatv("constexpr int BWD_NGW = {0}, BWD_MIN_BLOCKS = 1;\n",
-                      p.bwdGroupTiles)
-     << llvm::formatv("constexpr int OFF_THREADS = {0};\n", p.offThreads)
+     << "constexpr int BWD_MIN_BLOCKS = 1;\n"
+     << llvm::formatv("constexpr int BKV_WARPS = {0}, BKV_QC = {1}, "
+                      "BKV_STAGES = {2}, BKV_KBLOCKS = {3};\n",
+                      p.keyWarps, p.keyQueryChunk, p.keyStages, p.keyBlocks)
+     << "// Inverse tile neighbourhood (computed by the generator): per key "
+        "tile along\n"
+     << "// t, y, x, the first and last query tile whose window can hold one "
+        "of its\n"
+     << "// keys for some displacement in [-R, R] (none along t).\n"
+     << llvm::formatv("constexpr int BKV_CAND_T = {0}, BKV_CAND_Y = {1}, "
+                      "BKV_CAND_X = {2};\n",
+                      p.maxInverseRange[0], p.maxInverseRange[1],
+                      p.maxInverseRange[2]);
+  static const char *axisName[] = {"T", "Y", "X"};
+  for (int axis = 0; axis < 3; ++axis) {
+    os << "__device__ const int INV_" << axisName[axis] << "["
+       << p.inverseRanges[axis].size() << "][2] = {";
+    llvm::interleaveComma(p.inverseRanges[axis], os,
+                          [&](const std::array<int64_t, 2> &r) {
+                            os << "{" << r[0] << ", " << r[1] << "}";
+                          });
+    os << "};\n";
+  }
+  os << llvm::formatv("constexpr int OFF_THREADS = {0};\n", p.offThreads)
      << "} // namespace dsa\n"
      << detail::kDsaKernelBody;
   return out;
@@ -487,8 +577,7 @@ void writeDsaManifest(ArrayRef<DsaConfig> configs,
     j.attribute("generator", "megaslide-translate --emit-dsa-kernels");
     j.attribute("layouts",
                 "q, k, v, out, dq, dk, dv [B, N, H, D]; offsets i32 [B, H, "
-                "nT, nY, nX, kt, 2]; lse fp32 [B, H, N]; dk32, dv32 fp32 [B, "
-                "N, H, D]");
+                "nT, nY, nX, kt, 2]; lse, delta fp32 [B, H, N]");
     j.attribute("lse", "forward output (dsa3d's second result), backward "
                        "input (dsa3d_grad's lse operand)");
     j.attributeArray("configs", [&] {
@@ -514,9 +603,10 @@ void writeDsaManifest(ArrayRef<DsaConfig> configs,
           j.attribute("scale", "kernel argument (default 1/sqrt(head_dim))");
           // lse is a graph tensor (planned like any result), not scratch.
           j.attribute("lse_bytes_per_sample", c.heads * c.tokens() * 4);
+          // The backward's scratch: Delta = rowsum(dO * O), written by the
+          // backward, read by the dK/dV kernel (no dK/dV accumulators).
           j.attributeObject("workspace_bytes_per_sample", [&] {
-            j.attribute("dk32", c.tokens() * c.heads * c.headDim * 4);
-            j.attribute("dv32", c.tokens() * c.heads * c.headDim * 4);
+            j.attribute("delta", c.heads * c.tokens() * 4);
           });
           j.attributeArray("kernels", [&] {
             for (const DsaLaunch &l : p.launches)

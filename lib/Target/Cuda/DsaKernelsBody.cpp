@@ -333,6 +333,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-infinity(), -infinity()}; // running max (log2 units), rows g, g+8
   float l[2] = {0.f, 0.f};             // running sum (this lane's columns)
+  // FWD_QREG: the warp's 16 queries as A fragments, loaded from shared
+  // memory once (after the first chunk's wait) and kept in registers for
+  // every chunk; otherwise reloaded per chunk (when D / 4 more registers
+  // would spill, e.g. D = 128 at two CTAs per SM: docs/Dsa3dKernels.md).
+  unsigned qf[D / 16][4];
 
   for (int chunk = 0; chunk < FWD_CHUNKS; ++chunk) {
     const int stage = chunk % FWD_STAGES;
@@ -351,6 +356,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     const elem_t *vc = vs + stage * FWD_KC * DP;
 
     if (active) {
+      if (FWD_QREG && chunk == 0) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          loadA(qf[kk], qs, DP, row0, kk * 16);
+      }
       // S = q k^T for this warp's 16 queries and the chunk's keys.
       float s[FWD_KC / 8][4];
 #pragma unroll
@@ -359,7 +369,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         unsigned a[4];
-        loadA(a, qs, DP, row0, kk * 16);
+        if (FWD_QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            a[e] = qf[kk][e];
+        } else {
+          loadA(a, qs, DP, row0, kk * 16);
+        }
 #pragma unroll
         for (int np = 0; np < FWD_KC / 16; ++np) {
           unsigned bf[4];
@@ -453,88 +469,35 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
 }
 
 //===----------------------------------------------------------------------===//
-// Backward: dQ, dK, dV
+// Backward, queries: dQ and Delta
 //===----------------------------------------------------------------------===//
 //
 // Same CTA decomposition as the forward. Per key chunk, each warp
 // recomputes S = q k^T and dP = dO v^T for its 16 queries, P = exp(scale S -
 // lse), dS = P * (dP - Delta) with Delta = rowsum(dO * O), and accumulates
-// dQ += dS k in registers (a query belongs to exactly one tile, so dQ is
-// written once, without atomics). P and dS go to shared memory as 16-bit
-// values; then all warps together form the chunk's dV = P^T dO and dK =
-// scale dS^T q over the CTA's queries and add them with float2 atomics into
-// fp32 scratch [B, N, H, D]: windows of different tiles overlap and their
-// displacements are data-dependent, so no CTA owns a key. The scratch must
-// be zeroed before the launch; DSA_BWD_FINALIZE_NAME converts it to the
-// element type afterwards.
+// dQ += dS k in registers: a query belongs to exactly one tile, so dQ is
+// written once, without atomics. Delta goes to `delta` (fp32 [B, H, N]) for
+// DSA_BWD_KEYS_NAME, launched after this kernel.
 
 namespace dsa {
 constexpr int BWD_THREADS = 32 * BWD_WARPS;
 constexpr int BWD_ROWS = 16 * BWD_WARPS;
 constexpr int BWD_CHUNKS = (WINDOW + BWD_KC - 1) / BWD_KC;
-constexpr int BWD_KCP = BWD_KC + 8;            // padded P / dS smem row
-constexpr int BWD_NGROUPS = (D / 8) / BWD_NGW; // n-tile groups per 16 keys
-constexpr int BWD_ITEMS = (BWD_KC / 16) * BWD_NGROUPS;
 static_assert(BWD_KC % 16 == 0, "key chunk must be a multiple of 16");
-static_assert((D / 8) % BWD_NGW == 0 && BWD_NGW % 2 == 0,
-              "dK/dV n-tile group must divide D / 8 and be even");
 } // namespace dsa
-
-/// Adds a warp's 16-key x (8 * BWD_NGW) block of dK or dV into fp32 scratch.
-__device__ __forceinline__ void flushKeyGrad(float *dst, const float acc[][4],
-                                             const int *frameBase, int chunk,
-                                             int key0, int col0, int b, int h,
-                                             float mul) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int w = chunk * BWD_KC + key0 + g + 8 * r;
-    if (w >= WINDOW)
-      continue;
-    float *row = dst + rowOffset(b, keyToken(frameBase, w), h) + col0 + 2 * c;
-#pragma unroll
-    for (int i = 0; i < BWD_NGW; ++i)
-      atomicAdd(reinterpret_cast<float2 *>(row + i * 8),
-                make_float2(acc[i][2 * r] * mul, acc[i][2 * r + 1] * mul));
-  }
-}
-
-/// acc = M1^T M2 block for keys [key0, +16) and columns [col0, +8 BWD_NGW):
-/// M1 [rows][BWD_KCP] (P or dS), M2 [rows][DP] (dO or q), k = query rows.
-__device__ __forceinline__ void keyGradBlock(float acc[][4], const elem_t *m1,
-                                             const elem_t *m2, int qsteps,
-                                             int key0, int col0) {
-#pragma unroll
-  for (int i = 0; i < BWD_NGW; ++i)
-    acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  for (int kq = 0; kq < qsteps; ++kq) {
-    unsigned a[4];
-    loadAT(a, m1, BWD_KCP, key0, kq * 16);
-#pragma unroll
-    for (int i = 0; i < BWD_NGW / 2; ++i) {
-      unsigned bf[4];
-      loadBKN(bf, m2, DP, kq * 16, col0 + i * 16);
-      mma16816(acc[2 * i], a, bf[0], bf[1]);
-      mma16816(acc[2 * i + 1], a, bf[2], bf[3]);
-    }
-  }
-}
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
     DSA_BWD_NAME(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                  const elem_t *__restrict__ v, const int *__restrict__ offsets,
                  const elem_t *__restrict__ o, const elem_t *__restrict__ dout,
                  const float *__restrict__ lse, elem_t *__restrict__ dq,
-                 float *__restrict__ dk32, float *__restrict__ dv32,
-                 float scale) {
+                 float *__restrict__ delta, float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
   elem_t *qs = reinterpret_cast<elem_t *>(smem);   // [BWD_ROWS][DP]
   elem_t *dos = qs + BWD_ROWS * DP;                // [BWD_ROWS][DP]
   elem_t *ks = dos + BWD_ROWS * DP;                // [STAGES][KC][DP]
   elem_t *vs = ks + BWD_STAGES * BWD_KC * DP;      // [STAGES][KC][DP]
-  elem_t *ps = vs + BWD_STAGES * BWD_KC * DP;      // [BWD_ROWS][BWD_KCP]
-  elem_t *dss = ps + BWD_ROWS * BWD_KCP;           // [BWD_ROWS][BWD_KCP]
-  float *rowLse = reinterpret_cast<float *>(dss + BWD_ROWS * BWD_KCP);
+  float *rowLse = reinterpret_cast<float *>(vs + BWD_STAGES * BWD_KC * DP);
   float *rowDelta = rowLse + BWD_ROWS;
   int *rowToken = reinterpret_cast<int *>(rowDelta + BWD_ROWS);
   int *frameBase = rowToken + BWD_ROWS;            // [KT]
@@ -575,12 +538,13 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
       rowLse[r] = n >= 0 ? lse[(static_cast<long long>(b) * H + h) * N + n] *
                                LOG2E
                          : infinity();
+      if (n >= 0)
+        delta[(static_cast<long long>(b) * H + h) * N + n] = acc;
     }
   }
 
   const bool active = warp * 16 < rows;
   const int row0 = warp * 16;
-  const int qsteps = (rows + 15) / 16; // 16-query k-steps holding real rows
   const float scaleLog2 = scale * LOG2E;
   float dqAcc[D / 8][4];
 #pragma unroll
@@ -603,7 +567,6 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
     const elem_t *kc = ks + stage * BWD_KC * DP;
     const elem_t *vc = vs + stage * BWD_KC * DP;
 
-    // Phase 1 (per warp, its 16 queries): P, dS, dQ.
     if (active) {
       float s[BWD_KC / 8][4], dp[BWD_KC / 8][4];
 #pragma unroll
@@ -628,27 +591,17 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
         }
       }
       const float lse2[2] = {rowLse[row0 + g], rowLse[row0 + g + 8]};
-      const float delta[2] = {rowDelta[row0 + g], rowDelta[row0 + g + 8]};
+      const float dlt[2] = {rowDelta[row0 + g], rowDelta[row0 + g + 8]};
 #pragma unroll
-      for (int i = 0; i < BWD_KC / 8; ++i) {
+      for (int i = 0; i < BWD_KC / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float p = fastExp2(s[i][e] * scaleLog2 - lse2[e / 2]);
           if (WINDOW % BWD_KC != 0 &&
               chunk * BWD_KC + i * 8 + 2 * c + (e & 1) >= WINDOW)
             p = 0.f;
-          s[i][e] = p;                           // P
-          dp[i][e] = p * (dp[i][e] - delta[e / 2]); // dS (unscaled)
+          dp[i][e] = p * (dp[i][e] - dlt[e / 2]); // dS (unscaled)
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int off = (row0 + g + 8 * r) * BWD_KCP + i * 8 + 2 * c;
-          *reinterpret_cast<unsigned *>(ps + off) =
-              pack2(s[i][2 * r], s[i][2 * r + 1]);
-          *reinterpret_cast<unsigned *>(dss + off) =
-              pack2(dp[i][2 * r], dp[i][2 * r + 1]);
-        }
-      }
       // dQ += dS k (scale applied at the end).
 #pragma unroll
       for (int kk = 0; kk < BWD_KC / 16; ++kk) {
@@ -665,19 +618,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
         }
       }
     }
-    __syncthreads(); // P and dS of all warps are in shared memory
-
-    // Phase 2 (all warps, the CTA's queries): dV = P^T dO, dK = scale dS^T q.
-    for (int item = warp; item < BWD_ITEMS; item += BWD_WARPS) {
-      const int key0 = (item / BWD_NGROUPS) * 16;
-      const int col0 = (item % BWD_NGROUPS) * BWD_NGW * 8;
-      float acc[BWD_NGW][4];
-      keyGradBlock(acc, ps, dos, qsteps, key0, col0);
-      flushKeyGrad(dv32, acc, frameBase, chunk, key0, col0, b, h, 1.f);
-      keyGradBlock(acc, dss, qs, qsteps, key0, col0);
-      flushKeyGrad(dk32, acc, frameBase, chunk, key0, col0, b, h, scale);
-    }
-    __syncthreads(); // the next chunk overwrites K, V, P and dS
+    __syncthreads(); // the next chunk overwrites this stage
     if (BWD_STAGES == 1 && chunk + 1 < BWD_CHUNKS) {
       loadKeyChunk<BWD_KC, BWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1,
                                         b, h);
@@ -701,21 +642,342 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
   }
 }
 
-/// dK and dV from the fp32 scratch of DSA_BWD_NAME to the element type;
-/// `count` = B * N * H * D (even).
-extern "C" __global__ void __launch_bounds__(256)
-    DSA_BWD_FINALIZE_NAME(const float *__restrict__ dk32,
-                          const float *__restrict__ dv32,
-                          elem_t *__restrict__ dk, elem_t *__restrict__ dv,
-                          long long count) {
-  const long long stride = 2ll * gridDim.x * blockDim.x;
-  for (long long i = 2ll * (blockIdx.x * blockDim.x + threadIdx.x); i < count;
-       i += stride) {
-    float2 a = *reinterpret_cast<const float2 *>(dk32 + i);
-    float2 bv = *reinterpret_cast<const float2 *>(dv32 + i);
-    *reinterpret_cast<unsigned *>(dk + i) = pack2(a.x, a.y);
-    *reinterpret_cast<unsigned *>(dv + i) = pack2(bv.x, bv.y);
+//===----------------------------------------------------------------------===//
+// Backward, keys: dK and dV by key ownership
+//===----------------------------------------------------------------------===//
+//
+// One CTA per (key block of a key tile, head, sample); key tiles are the
+// query tiles' grid tiling applied to keys, and one warp owns 16 keys, so
+// every key's dK and dV rows belong to exactly one warp and are written
+// once, in the element type, without atomics or scratch.
+//
+// Inverse tile neighbourhood: query tile i (along one axis) has the window
+// start s(i, d) = clamp(c_i + d - k / 2, 0, G - k) for a displacement d in
+// [-R, R] (R = 0 along t), nondecreasing in i and d, so the query tiles
+// whose window can hold a key of key tile m form the contiguous range
+// INV_*[m] = {i : s(i, -R) <= last_m and s(i, R) + k - 1 >= first_m},
+// computed once per configuration on the host (DsaKernels.cpp). A key
+// tile's candidates are the product of its three ranges; per candidate the
+// CTA reads the tile's actual window (the offsets of this run) and keeps
+// the candidates whose window meets the key tile's box, in candidate order.
+// Each kept query tile's queries stream through shared memory in chunks of
+// BKV_QC rows; per 16 queries a warp recomputes S^T = k q^T and
+// dP^T = v dO^T for its keys, P^T = exp(scale S^T - lse) only for keys in
+// that tile's window (a key is in a window at most once: its frame fixes
+// the key frame j), dS^T = P^T * (dP^T - Delta) with the Delta the query
+// kernel stored, and accumulates dV += P^T dO, dK += dS^T q in registers.
+// Summation order is fixed (candidate order, then query order): dK and dV
+// are deterministic.
+
+namespace dsa {
+constexpr int BKV_THREADS = 32 * BKV_WARPS;
+constexpr int BKV_ROWS = 16 * BKV_WARPS;       // keys per CTA
+constexpr int BKV_TILE_ROWS = TT * TY * TX;    // queries of a full tile
+constexpr int BKV_QCHUNKS = (BKV_TILE_ROWS + BKV_QC - 1) / BKV_QC;
+constexpr int BKV_NCAND = BKV_CAND_T * BKV_CAND_Y * BKV_CAND_X; // upper bound
+// dK/dV columns per pass over the candidates (whole 16-column steps; the
+// last pass may be partial) and the passes.
+constexpr int BKV_DCOLS = D <= 176 ? D : 16 * ((D / 16 + 1) / 2);
+constexpr int BKV_PASSES = (D + BKV_DCOLS - 1) / BKV_DCOLS;
+// Queries per inner step: 32 (k and v fragments reused twice, 80 instead
+// of 96 ldmatrix per 128 mma) when the chunk allows and the registers do
+// (one pass of at most 160 columns; NVRTC 13.0: D = 176 spilled 72 bytes,
+// D = 256 in two passes 24), else 16.
+constexpr int BKV_QSTEP =
+    BKV_QC % 32 == 0 && BKV_PASSES == 1 && BKV_DCOLS <= 160 ? 32 : 16;
+constexpr int BKV_QG = BKV_QSTEP / 16;
+static_assert(BKV_QC % 16 == 0, "query chunk must be a multiple of 16");
+} // namespace dsa
+
+extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
+    DSA_BWD_KEYS_NAME(const elem_t *__restrict__ q,
+                      const elem_t *__restrict__ k,
+                      const elem_t *__restrict__ v,
+                      const int *__restrict__ offsets,
+                      const elem_t *__restrict__ dout,
+                      const float *__restrict__ lse,
+                      const float *__restrict__ delta,
+                      elem_t *__restrict__ dk, elem_t *__restrict__ dv,
+                      float scale) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  elem_t *ks = reinterpret_cast<elem_t *>(smem);   // [BKV_ROWS][DP]
+  elem_t *vs = ks + BKV_ROWS * DP;                 // [BKV_ROWS][DP]
+  elem_t *qs = vs + BKV_ROWS * DP;                 // [STAGES][QC][DP]
+  elem_t *dos = qs + BKV_STAGES * BKV_QC * DP;     // [STAGES][QC][DP]
+  float *rowLse = reinterpret_cast<float *>(dos + BKV_STAGES * BKV_QC * DP);
+  float *rowDelta = rowLse + BKV_STAGES * BKV_QC;  // [STAGES][QC]
+  int *winY = reinterpret_cast<int *>(rowDelta + BKV_STAGES * BKV_QC);
+  int *winX = winY + BKV_STAGES * KT;              // [STAGES][KT]
+  int *winT = winX + BKV_STAGES * KT;              // [STAGES]
+  int *keyToken = winT + BKV_STAGES;               // [BKV_ROWS]
+  int *steps = keyToken + BKV_ROWS;                // [NCAND * QCHUNKS]
+  int *meetsFlag = steps + BKV_NCAND * BKV_QCHUNKS; // [NCAND]
+  int *nsteps = meetsFlag + BKV_NCAND;             // [1]
+  int *wideFlag = nsteps + 1;                      // [1]
+
+  const int ktile = blockIdx.x / BKV_KBLOCKS, kblock = blockIdx.x % BKV_KBLOCKS;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const Tile kgeo = tileGeometry(ktile);
+
+  const int keys = setupRows<BKV_ROWS, BKV_THREADS>(keyToken, kgeo, kblock);
+  if (keys <= 0)
+    return; // a key block past the end of a partial border tile
+  __syncthreads();
+  loadRows<BKV_THREADS>(ks, k, keyToken, BKV_ROWS, b, h);
+  loadRows<BKV_THREADS>(vs, v, keyToken, BKV_ROWS, b, h);
+  cpAsyncCommit();
+
+  // Offsets beyond [-R, R] (not from this configuration's estimator) void
+  // the static bound: then every query tile is a candidate (correct for any
+  // offsets, slower). One pass over the (sample, head)'s offsets.
+  if (threadIdx.x == 0)
+    *wideFlag = 0;
+  __syncthreads();
+  {
+    const int *off =
+        offsets + (static_cast<long long>(b) * H + h) * NTILES * KT * 2;
+    for (int i = threadIdx.x; i < NTILES * KT * 2; i += BKV_THREADS)
+      if (abs(off[i]) > R)
+        *wideFlag = 1;
   }
+  __syncthreads();
+  const bool wide = *wideFlag != 0;
+
+  // The key tile's candidate query tiles: the product of its inverse
+  // ranges (all tiles when `wide`), BKV_NCAND at a time. Each thread tests
+  // some against their actual windows, then thread 0 keeps those whose
+  // window meets the key tile, in candidate order, as steps
+  // (tile * BKV_QCHUNKS + query chunk).
+  const int kti = kgeo.t0 / TT, kyi = kgeo.y0 / TY, kxi = kgeo.x0 / TX;
+  const int t0 = wide ? 0 : INV_T[kti][0], y0 = wide ? 0 : INV_Y[kyi][0],
+            x0 = wide ? 0 : INV_X[kxi][0];
+  const int nct = wide ? NTT : INV_T[kti][1] - t0 + 1,
+            ncy = wide ? NTY : INV_Y[kyi][1] - y0 + 1,
+            ncx = wide ? NTX : INV_X[kxi][1] - x0 + 1;
+  const int ncand = nct * ncy * ncx;
+  auto candidateTile = [&](int i) {
+    return ((t0 + i / (ncy * ncx)) * NTY + y0 + (i / ncx) % ncy) * NTX + x0 +
+           i % ncx;
+  };
+  // Stages step s's query rows, lse, Delta and window into buffer `buf`.
+  auto stage = [&](int s, int buf) {
+    const int qt = steps[s] / BKV_QCHUNKS, ch = steps[s] % BKV_QCHUNKS;
+    const Tile qg = tileGeometry(qt);
+    constexpr int VPR = D / 8;
+    for (int i = threadIdx.x; i < BKV_QC * VPR; i += BKV_THREADS) {
+      const int r = i / VPR, col = (i % VPR) * 8, qi = ch * BKV_QC + r;
+      const long long src =
+          qi < qg.count ? rowOffset(b, queryToken(qg, qi), h) + col : -1;
+      cpAsync16(qs + (buf * BKV_QC + r) * DP + col, q + (src >= 0 ? src : 0),
+                src >= 0 ? 16 : 0);
+      cpAsync16(dos + (buf * BKV_QC + r) * DP + col,
+                dout + (src >= 0 ? src : 0), src >= 0 ? 16 : 0);
+    }
+    for (int r = threadIdx.x; r < BKV_QC; r += BKV_THREADS) {
+      const int qi = ch * BKV_QC + r;
+      const long long row =
+          qi < qg.count
+              ? (static_cast<long long>(b) * H + h) * N + queryToken(qg, qi)
+              : -1;
+      rowLse[buf * BKV_QC + r] = row >= 0 ? lse[row] * LOG2E : infinity();
+      rowDelta[buf * BKV_QC + r] = row >= 0 ? delta[row] : 0.f;
+    }
+    for (int j = threadIdx.x; j < KT; j += BKV_THREADS) {
+      const int base = keyFrameBase(qg, offsets, b, h, qt, j);
+      winY[buf * KT + j] = (base / X) % Y;
+      winX[buf * KT + j] = base % X;
+      if (j == 0)
+        winT[buf] = base / (Y * X);
+    }
+  };
+
+  // This lane's two keys (rows g, g + 8 of the warp): grid coordinates.
+  const int row0 = warp * 16;
+  const bool active = row0 < keys;
+  int kt[2], ky[2], kx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int n = row0 + g + 8 * r < keys ? keyToken[row0 + g + 8 * r] : -1;
+    kt[r] = n >= 0 ? n / (Y * X) : -1; // -1: no key, never in a window
+    ky[r] = n >= 0 ? (n / X) % Y : 0;
+    kx[r] = n >= 0 ? n % X : 0;
+  }
+  const float scaleLog2 = scale * LOG2E;
+  // dK and dV columns [part * BKV_DCOLS, +BKV_DCOLS) per pass over the
+  // candidates: one pass up to D = 176, two above (S^T and dP^T are
+  // recomputed, but 2 * D accumulators would spill). Unrolled, so that
+  // the column guards of a partial last pass are constants.
+#pragma unroll
+  for (int part = 0; part < BKV_PASSES; ++part) {
+  const int col0 = part * BKV_DCOLS;
+  float dkAcc[BKV_DCOLS / 8][4], dvAcc[BKV_DCOLS / 8][4];
+#pragma unroll
+  for (int i = 0; i < BKV_DCOLS / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dkAcc[i][e] = dvAcc[i][e] = 0.f;
+
+  for (int first = 0; first < ncand; first += BKV_NCAND) {
+    const int batch = min(BKV_NCAND, ncand - first);
+    for (int i = threadIdx.x; i < batch; i += BKV_THREADS) {
+      const int qt = candidateTile(first + i);
+      const Tile qg = tileGeometry(qt);
+      const int st = clampi(qg.ct - KT / 2, 0, T - KT);
+      int meets = 0;
+      for (int j = 0; j < KT; ++j) {
+        const int f = st + j;
+        if (f < kgeo.t0 || f >= kgeo.t0 + kgeo.nt)
+          continue;
+        const int base = keyFrameBase(qg, offsets, b, h, qt, j);
+        const int sy = (base / X) % Y, sx = base % X;
+        meets |= sy < kgeo.y0 + kgeo.ny && sy + KY > kgeo.y0 &&
+                 sx < kgeo.x0 + kgeo.nx && sx + KX > kgeo.x0;
+      }
+      meetsFlag[i] = meets;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int n = 0;
+      for (int i = 0; i < batch; ++i) {
+        if (!meetsFlag[i])
+          continue;
+        const int qt = candidateTile(first + i), count = tileGeometry(qt).count;
+        for (int ch = 0; ch * BKV_QC < count; ++ch)
+          steps[n++] = qt * BKV_QCHUNKS + ch;
+      }
+      *nsteps = n;
+    }
+    __syncthreads();
+    const int nstep = *nsteps;
+    if (nstep > 0)
+      stage(0, 0);
+    cpAsyncCommit();
+    for (int s = 0; s < nstep; ++s) {
+      const int buf = s % BKV_STAGES;
+      if (BKV_STAGES > 1 && s + 1 < nstep) {
+        stage(s + 1, (s + 1) % BKV_STAGES);
+        cpAsyncCommit();
+        cpAsyncWait<1>();
+      } else {
+        cpAsyncWait<0>();
+      }
+      __syncthreads();
+      const int qrows = min(BKV_QC, tileGeometry(steps[s] / BKV_QCHUNKS).count -
+                                        (steps[s] % BKV_QCHUNKS) * BKV_QC);
+      // Which of this lane's keys lie in the step's query tile's window.
+      bool in[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = kt[r] - winT[buf];
+        const bool frame = kt[r] >= 0 && j >= 0 && j < KT;
+        const int dy = ky[r] - winY[buf * KT + (frame ? j : 0)];
+        const int dx = kx[r] - winX[buf * KT + (frame ? j : 0)];
+        in[r] = frame && dy >= 0 && dy < KY && dx >= 0 && dx < KX;
+      }
+      int any = in[0] || in[1];
+#pragma unroll
+      for (int sh = 16; sh > 0; sh /= 2)
+        any |= __shfl_xor_sync(0xffffffffu, any, sh);
+      const elem_t *qc = qs + buf * BKV_QC * DP;
+      const elem_t *doc = dos + buf * BKV_QC * DP;
+      const float *lc = rowLse + buf * BKV_QC;
+      const float *dc = rowDelta + buf * BKV_QC;
+
+      if (active && any) {
+        for (int qq = 0; qq * BKV_QSTEP < qrows; ++qq) {
+          // S^T and dP^T for the warp's 16 keys and BKV_QSTEP queries (the
+          // k and v fragments serve BKV_QG groups of 16 queries).
+          float st[2 * BKV_QG][4], dpt[2 * BKV_QG][4];
+#pragma unroll
+          for (int i = 0; i < 2 * BKV_QG; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned ak[4], av[4];
+            loadA(ak, ks, DP, row0, kk * 16);
+            loadA(av, vs, DP, row0, kk * 16);
+#pragma unroll
+            for (int qg = 0; qg < BKV_QG; ++qg) {
+              unsigned bq[4], bd[4];
+              const int q0 = qq * BKV_QSTEP + qg * 16;
+              loadBNK(bq, qc, DP, q0, kk * 16);
+              mma16816(st[2 * qg], ak, bq[0], bq[1]);
+              mma16816(st[2 * qg + 1], ak, bq[2], bq[3]);
+              loadBNK(bd, doc, DP, q0, kk * 16);
+              mma16816(dpt[2 * qg], av, bd[0], bd[1]);
+              mma16816(dpt[2 * qg + 1], av, bd[2], bd[3]);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 2 * BKV_QG; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = qq * BKV_QSTEP + i * 8 + 2 * c + (e & 1);
+              float p = fastExp2(st[i][e] * scaleLog2 - lc[col]);
+              if (!in[e / 2])
+                p = 0.f;
+              st[i][e] = p;                           // P^T
+              dpt[i][e] = p * (dpt[i][e] - dc[col]);  // dS^T (unscaled)
+            }
+#pragma unroll
+          for (int qg = 0; qg < BKV_QG; ++qg) {
+            // The C fragments of two query n-tiles are the A fragment of
+            // one 16-query k-step.
+            const unsigned ap[4] = {pack2(st[2 * qg][0], st[2 * qg][1]),
+                                    pack2(st[2 * qg][2], st[2 * qg][3]),
+                                    pack2(st[2 * qg + 1][0], st[2 * qg + 1][1]),
+                                    pack2(st[2 * qg + 1][2], st[2 * qg + 1][3])};
+            const unsigned as[4] = {
+                pack2(dpt[2 * qg][0], dpt[2 * qg][1]),
+                pack2(dpt[2 * qg][2], dpt[2 * qg][3]),
+                pack2(dpt[2 * qg + 1][0], dpt[2 * qg + 1][1]),
+                pack2(dpt[2 * qg + 1][2], dpt[2 * qg + 1][3])};
+            const int q0 = qq * BKV_QSTEP + qg * 16;
+#pragma unroll
+            for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
+              if (col0 + dd * 16 >= D)
+                break;
+              unsigned bf[4];
+              loadBKN(bf, doc, DP, q0, col0 + dd * 16);
+              mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
+              mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
+              loadBKN(bf, qc, DP, q0, col0 + dd * 16);
+              mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
+              mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
+            }
+          }
+        }
+      }
+      __syncthreads(); // the next stage overwrites this buffer
+      if (BKV_STAGES == 1 && s + 1 < nstep) {
+        stage(s + 1, 0);
+        cpAsyncCommit();
+      }
+    }
+  }
+  cpAsyncWait<0>(); // K and V when no query tile reaches these keys
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (!active || row >= keys)
+      continue;
+    const long long base = rowOffset(b, keyToken[row], h) + col0;
+#pragma unroll
+    for (int i = 0; i < BKV_DCOLS / 8; ++i) {
+      if (col0 + i * 8 >= D)
+        break;
+      *reinterpret_cast<unsigned *>(dk + base + i * 8 + 2 * c) =
+          pack2(dkAcc[i][2 * r] * scale, dkAcc[i][2 * r + 1] * scale);
+      *reinterpret_cast<unsigned *>(dv + base + i * 8 + 2 * c) =
+          pack2(dvAcc[i][2 * r], dvAcc[i][2 * r + 1]);
+    }
+  }
+  } // part
 }
 
 //===----------------------------------------------------------------------===//

@@ -10,9 +10,10 @@
 // Tests that NVRTC compiles the kernels of a small and of the 105B video
 // DiT configuration to sm_90a cubins with no register spills in any kernel,
 // that the forward of the 105B configuration fits two CTAs per SM, that the
-// manifest names every kernel and sizes the backward's fp32 scratch apart
-// from lse (a graph tensor: dsa3d's second result), and that a second run
-// is served from the on-disk kernel cache.
+// manifest names every kernel and sizes the backward's scratch (Delta, fp32
+// [B, H, N]; no dK/dV accumulators) apart from lse (a graph tensor:
+// dsa3d's second result), and that a second run is served from the
+// on-disk kernel cache.
 
 // TOOL:      dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1.cubin: {{[1-9][0-9]*}} bytes{{$}}
 // TOOL-NEXT: dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4.cubin: {{[1-9][0-9]*}} bytes{{$}}
@@ -33,7 +34,7 @@
 // TINY-LABEL: kernel dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1_bwd (backward)
 // TINY:         spill stores:      0 bytes
 // TINY-NEXT:    spill loads:       0 bytes
-// TINY-LABEL: kernel dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1_bwd_finalize (backward_finalize)
+// TINY-LABEL: kernel dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1_bwd_keys (backward_keys)
 // TINY:         spill stores:      0 bytes
 // TINY-NEXT:    spill loads:       0 bytes
 // TINY-LABEL: kernel dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1_offsets (offsets)
@@ -48,15 +49,19 @@
 // BIG-NEXT:    threads per block: 256
 // BIG-NEXT:    occupancy:         2 blocks/SM, 16 warps/SM, 25.0%
 // BIG-LABEL: kernel dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_bwd (backward)
-// BIG:         shared memory:     0 bytes static + 177700 bytes dynamic
+// BIG:         shared memory:     0 bytes static + 140836 bytes dynamic
 // BIG-NEXT:    stack frame:       0 bytes
 // BIG-NEXT:    spill stores:      0 bytes
 // BIG-NEXT:    spill loads:       0 bytes
 // BIG-NEXT:    threads per block: 256
 // BIG-NEXT:    occupancy:         1 blocks/SM, 8 warps/SM, 12.5%
-// BIG-LABEL: kernel dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_bwd_finalize (backward_finalize)
-// BIG:         spill stores:      0 bytes
+// BIG-LABEL: kernel dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_bwd_keys (backward_keys)
+// BIG:         shared memory:     0 bytes static + 212412 bytes dynamic
+// BIG-NEXT:    stack frame:       0 bytes
+// BIG-NEXT:    spill stores:      0 bytes
 // BIG-NEXT:    spill loads:       0 bytes
+// BIG-NEXT:    threads per block: 256
+// BIG-NEXT:    occupancy:         1 blocks/SM, 8 warps/SM, 12.5%
 // BIG-LABEL: kernel dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_offsets (offsets)
 // BIG:         spill stores:      0 bytes
 // BIG-NEXT:    spill loads:       0 bytes
@@ -65,19 +70,17 @@
 // MANIFEST:      "name": "dsa3d_g2x4x4_w2x2x2_t1x2x2_h4_d16_bf16_r1",
 // MANIFEST:      "name": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4",
 // MANIFEST-NEXT: "source": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4.cu",
-// Per sample: lse H * N * 4 = 96 * 75600 * 4; dk32 = dv32 = N * H * D * 4 =
-// 75600 * 96 * 128 * 4.
+// Per sample: lse = delta = H * N * 4 = 96 * 75600 * 4.
 // MANIFEST:      "lse_bytes_per_sample": 29030400,
 // MANIFEST-NEXT: "workspace_bytes_per_sample": {
-// MANIFEST-NEXT:   "dk32": 3715891200,
-// MANIFEST-NEXT:   "dv32": 3715891200
+// MANIFEST-NEXT:   "delta": 29030400
 // MANIFEST-NEXT: },
 // MANIFEST:      "kind": "forward",
 // MANIFEST-NEXT: "name": "dsa3d_g21x45x80_w9x15x24_t3x5x8_h96_d128_bf16_r4_fwd",
 // MANIFEST-NEXT: "grid_formula": "(tiles 630 x query blocks 1, heads 96, batch B)",
 // MANIFEST:      "dynamic_shared_bytes": 104996,
 // MANIFEST:      "kind": "backward",
-// MANIFEST:      "kind": "backward_finalize",
+// MANIFEST:      "kind": "backward_keys",
 // MANIFEST:      "kind": "offsets",
 
 func.func @tiny(%q: tensor<1x32x4x16xbf16>, %k: tensor<1x32x4x16xbf16>, %v: tensor<1x32x4x16xbf16>) {

@@ -2,9 +2,10 @@
 //
 // Collects the distinct 3D Deformable Slide Attention configurations of a
 // module and emits, per configuration, one CUDA C++ source with the
-// forward, backward (+ its fp32 -> element-type finalisation) and
+// forward, backward (dQ by query tiles, dK/dV by key tiles) and
 // offset-estimation kernels, every shape a compile-time constant. The
-// sources are compiled at run time by NVRTC (include/megaslide/runtime/cuda/Nvrtc.h).
+// sources are compiled at run time by NVRTC
+// (include/megaslide/runtime/cuda/Nvrtc.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,9 +48,9 @@ struct DsaConfig {
   std::string describe() const;
 };
 
-enum class DsaKernelKind { Forward, Backward, BackwardFinalize, Offsets };
+enum class DsaKernelKind { Forward, Backward, BackwardKeys, Offsets };
 
-/// "forward", "backward", "backward_finalize", "offsets".
+/// "forward", "backward", "backward_keys", "offsets".
 llvm::StringRef kindName(DsaKernelKind kind);
 
 /// All kinds, in the order they appear in a source and the manifest.
@@ -60,7 +61,7 @@ std::vector<DsaKernelKind> allKernelKinds();
 std::string configName(const DsaConfig &config);
 
 /// The extern "C" name of one kernel: configName + "_fwd" / "_bwd" /
-/// "_bwd_finalize" / "_offsets".
+/// "_bwd_keys" / "_offsets".
 std::string kernelName(const DsaConfig &config, DsaKernelKind kind);
 
 /// Launch shape of one kernel. Grid extents are given for batch B = 1 with
@@ -79,10 +80,22 @@ struct DsaLaunch {
 struct DsaKernelPlan {
   int fwdWarps = 0, fwdKeyChunk = 0, fwdStages = 0, fwdQueryBlocks = 0;
   int fwdMinBlocks = 1; ///< __launch_bounds__ min blocks per SM
+  /// Q fragments loaded once and kept in registers across key chunks.
+  bool fwdQueryInRegisters = false;
   int bwdWarps = 0, bwdKeyChunk = 0, bwdStages = 0, bwdQueryBlocks = 0;
-  int bwdGroupTiles = 0; ///< n-tiles per dK/dV work item
+  /// dK/dV kernel: warps of 16 keys, key blocks per key tile, query rows
+  /// per staged chunk, stages.
+  int keyWarps = 0, keyBlocks = 0, keyQueryChunk = 0, keyStages = 0;
+  /// Inverse tile neighbourhood per axis (t, y, x): for key tile m along
+  /// the axis, the first and last query tile whose window can hold one of
+  /// its keys for some displacement in [-R, R] (R = 0 along t); last <
+  /// first when none can. `maxInverseRange`: the longest range per axis
+  /// (at least 1).
+  std::array<std::vector<std::array<int64_t, 2>>, 3> inverseRanges;
+  std::array<int64_t, 3> maxInverseRange{};
   int offThreads = 256;
-  int64_t fwdSharedBytes = 0, bwdSharedBytes = 0, offStaticSharedBytes = 0;
+  int64_t fwdSharedBytes = 0, bwdSharedBytes = 0, keySharedBytes = 0,
+          offStaticSharedBytes = 0;
   std::vector<DsaLaunch> launches;
 };
 

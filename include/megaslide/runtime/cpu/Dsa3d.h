@@ -106,6 +106,20 @@ void dsa3dBackward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
                    Dsa3dInput dout, const float *lse, Dsa3dOutput dq,
                    Dsa3dOutput dk, Dsa3dOutput dv);
 
+/// The row sums Delta = rowsum(dO * O) that dsa3dBackward computes first,
+/// fp32 [B, H, N] (the layout of lse), bit for bit as it does.
+void dsa3dRowDot(const Dsa3dConfig &cfg, Dsa3dInput out, Dsa3dInput dout,
+                 float *delta);
+
+/// dsa3dBackward with Delta given (as dsa3dRowDot computes it) instead of
+/// `out`: the same gradients bit for bit. The contract of the CUDA dK/dV
+/// kernel, which reads the Delta its backward stored.
+void dsa3dBackwardFromDelta(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
+                            Dsa3dInput v, const int32_t *offsets,
+                            Dsa3dInput dout, const float *lse,
+                            const float *delta, Dsa3dOutput dq, Dsa3dOutput dk,
+                            Dsa3dOutput dv);
+
 /// Block-matching offset estimation: for each query tile and key frame j,
 /// the displacement (dy, dx) in [-radius, radius]^2 maximising the dot
 /// product of the mean-pooled query tile and the mean-pooled keys of the

@@ -43,7 +43,7 @@ struct DsaModuleSpec {
   std::array<int64_t, 3> grid{}, window{}, tile{};
   int64_t heads = 0, headDim = 0, radius = 0;
   std::string elementType;
-  /// forward, backward, backward_finalize, offsets.
+  /// forward, backward, backward_keys, offsets.
   std::map<std::string, DsaKernelSpec, std::less<>> kernels;
 };
 
@@ -61,9 +61,11 @@ struct PreparedInstruction {
   std::optional<LoweredOp> lowered;
   /// dsa3d, dsa3d_grad, dsa3d_offsets: the module (index into dsaModules).
   int64_t dsaModule = -1;
-  /// dsa3d_grad: arena offsets of the fp32 dK/dV accumulators, or -1 when
-  /// the plan's workspace is too small (then the backend's own scratch).
-  int64_t dk32Offset = -1, dv32Offset = -1;
+  /// dsa3d_grad: arena offset of the fp32 row sums Delta = rowsum(dO * O)
+  /// [B, H, N] that the backward writes and the dK/dV kernel reads, or -1
+  /// when the plan's workspace is too small (then the backend's own
+  /// scratch).
+  int64_t deltaOffset = -1;
   /// Write-after-read/write waits on other streams (filtered: none implied
   /// by an earlier wait of the same stream).
   std::vector<Dependency> waits;

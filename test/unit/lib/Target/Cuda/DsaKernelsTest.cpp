@@ -30,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -170,16 +171,31 @@ extern "C" __attribute__((visibility("default"))) void emuForward(int batch, con
 extern "C" __attribute__((visibility("default"))) void emuBackward(int batch, const elem_t *q, const elem_t *k,
                             const elem_t *v, const int *offsets,
                             const elem_t *o, const elem_t *dout,
-                            const float *lse, elem_t *dq, float *dk32,
-                            float *dv32, float scale) {
+                            const float *lse, elem_t *dq, float *delta,
+                            float scale) {
   emu::launch({unsigned(NTILES * BWD_QBLOCKS), unsigned(H), unsigned(batch)},
               BWD_THREADS, [&] {
-                DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, dk32, dv32, scale);
+                DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, delta, scale);
               });
 }
-extern "C" __attribute__((visibility("default"))) void emuFinalize(const float *dk32, const float *dv32, elem_t *dk,
-                            elem_t *dv, long long count) {
-  emu::launch({3, 1, 1}, 256, [&] { DSA_BWD_FINALIZE_NAME(dk32, dv32, dk, dv, count); });
+/// The dK/dV kernel over its whole grid, or (`block` >= 0) over the one
+/// block (block, 0, 0): the 105B subset.
+extern "C" __attribute__((visibility("default"))) void emuBackwardKeys(int batch, int block, const elem_t *q,
+                            const elem_t *k, const elem_t *v,
+                            const int *offsets, const elem_t *dout,
+                            const float *lse, const float *delta, elem_t *dk,
+                            elem_t *dv, float scale) {
+  if (block >= 0) {
+    emu::launch({1, 1, 1}, BKV_THREADS, [&] {
+      emu::gBlockIdx = {unsigned(block), 0, 0};
+      DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+    });
+    return;
+  }
+  emu::launch({unsigned(NTILES * BKV_KBLOCKS), unsigned(H), unsigned(batch)},
+              BKV_THREADS, [&] {
+                DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+              });
 }
 extern "C" __attribute__((visibility("default"))) void emuOffsets(int batch, const elem_t *q, const elem_t *k,
                            int *offsets) {
@@ -279,9 +295,15 @@ struct Case {
   const char *elem;
   int64_t radius;
   int batch;
+  bool beyondRadius = false; ///< displacements up to R + 2, not R
 };
 
 void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
+
+using BwdKeys = void (*)(int, int, const elem_t *, const elem_t *,
+                         const elem_t *, const int *, const elem_t *,
+                         const float *, const float *, elem_t *, elem_t *,
+                         float);
 
 class DsaKernelEmulation : public ::testing::TestWithParam<Case> {};
 
@@ -316,15 +338,13 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
                        const int *, elem_t *, float *, float);
   using Bwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
                        const int *, const elem_t *, const elem_t *,
-                       const float *, elem_t *, float *, float *, float);
-  using Fin =
-      void (*)(const float *, const float *, elem_t *, elem_t *, long long);
+                       const float *, elem_t *, float *, float);
   using Off = void (*)(int, const elem_t *, const elem_t *, int *);
   auto fwd = reinterpret_cast<Fwd>(dlsym(lib, "emuForward"));
   auto bwd = reinterpret_cast<Bwd>(dlsym(lib, "emuBackward"));
-  auto fin = reinterpret_cast<Fin>(dlsym(lib, "emuFinalize"));
+  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
   auto off = reinterpret_cast<Off>(dlsym(lib, "emuOffsets"));
-  ASSERT_TRUE(fwd && bwd && fin && off);
+  ASSERT_TRUE(fwd && bwd && keys && off);
 
   cpu::Dsa3dConfig cfg;
   cfg.batch = tc.batch;
@@ -371,8 +391,12 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
     offsetMismatches += offsets[i] != offsetsRef[i];
   EXPECT_EQ(offsetMismatches, 0u) << "of " << offsetsRef.size();
 
-  // Random displacements (beyond the radius) exercise the clamping.
-  std::uniform_int_distribution<int> shift(-3, 3);
+  // Random displacements exercise the clamping and the dK/dV kernel's
+  // inverse tile neighbourhood (windows shifted by up to R across tile
+  // borders and against the grid's edges); displacements beyond the
+  // radius, its fallback to every query tile.
+  const int reach = tc.beyondRadius ? int(tc.radius) + 2 : int(tc.radius);
+  std::uniform_int_distribution<int> shift(-reach, reach);
   for (size_t i = 0; i < offsetsRef.size(); ++i)
     offsets[i] = offsetsRef[i] = shift(rng);
 
@@ -415,13 +439,14 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   expectClose(
       "lse", [&](size_t i) { return lse[i]; }, lseRef, 1e-3f);
 
-  Guarded<elem_t> dq(n), dk(n), dv(n);
-  Guarded<float> dk32(n, 0.f), dv32(n, 0.f);
+  // dK and dV start as NaN: the key kernel must write every element.
+  Guarded<elem_t> dq(n), dk(n, 0xffff), dv(n, 0xffff);
+  Guarded<float> delta(lseSize, NAN);
   bwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
-      dout.data(), lse.data(), dq.data(), dk32.data(), dv32.data(), scale);
-  fin(dk32.data(), dv32.data(), dk.data(), dv.data(), (long long)n);
-  EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && dk32.intact() &&
-              dv32.intact());
+      dout.data(), lse.data(), dq.data(), delta.data(), scale);
+  keys(tc.batch, -1, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
+       lse.data(), delta.data(), dk.data(), dv.data(), scale);
+  EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && delta.intact());
   std::vector<float> dqRef(n), dkRef(n), dvRef(n);
   cpu::dsa3dBackward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
                      view(outRef), view(doutf), lseRef.data(),
@@ -438,6 +463,159 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
       "dv", [&](size_t i) { return toFloat(dv[i], bf16); }, dvRef,
       tol * maxAbs(dvRef));
 
+  dlclose(lib);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// The dK/dV kernel of the 105B configuration (grid (21, 45, 80), window
+// (9, 15, 24), tile (3, 5, 8), D 128, R 4: 630 key tiles, up to 4 x 5 x 5
+// candidate query tiles each, 128-query chunks in two stages), emulated for
+// a subset: one head (H only strides the tensors; the kernel's plan does not
+// depend on it) and 4 key tiles, the two grid corners, one on the y = 0 edge
+// and one inside, against sums written from the definition (every query
+// tile whose window holds the key). Windows are displaced by random offsets
+// in [-4, 4]. lse and Delta are inputs of the kernel, so they are drawn at
+// random too (the full 105B forward is out of reach of the emulation); the
+// gradient formulas hold for any values.
+TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
+  cuda::DsaConfig config;
+  config.grid = {21, 45, 80};
+  config.window = {9, 15, 24};
+  config.tile = {3, 5, 8};
+  config.heads = 1;
+  config.headDim = 128;
+  config.elementType = "bf16";
+  config.radius = 4;
+  std::string pattern =
+      (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
+  ASSERT_TRUE(mkdtemp(pattern.data()));
+  fs::path dir(pattern);
+  std::string why;
+  void *lib = buildEmulation(config, dir, why);
+  if (!lib) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (why.find("host compiler failed") != std::string::npos &&
+        std::system(
+            (test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
+      GTEST_SKIP() << "no host C++ compiler: " << why;
+    FAIL() << why;
+  }
+  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
+  ASSERT_TRUE(keys);
+
+  const int T = 21, Y = 45, X = 80, D = 128;
+  const int KT = 9, KY = 15, KX = 24, TT = 3, TY = 5, TX = 8;
+  const int NT = 7, NY = 9, NX = 10, N = T * Y * X;
+  const size_t n = size_t(N) * D;
+  std::mt19937 rng(105);
+  std::normal_distribution<float> normal;
+  auto input = [&] {
+    std::pair<std::vector<elem_t>, std::vector<float>> x{std::vector<elem_t>(n),
+                                                         std::vector<float>(n)};
+    for (size_t i = 0; i < n; ++i) {
+      x.first[i] = toElem(normal(rng), true);
+      x.second[i] = toFloat(x.first[i], true);
+    }
+    return x;
+  };
+  auto [q, qf] = input();
+  auto [k, kf] = input();
+  auto [v, vf] = input();
+  auto [dout, doutf] = input();
+  std::vector<float> lse(N), delta(N);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (int i = 0; i < N; ++i) {
+    lse[i] = 6.f + unit(rng);
+    delta[i] = 0.1f * normal(rng);
+  }
+  std::vector<int32_t> offsets(size_t(NT) * NY * NX * KT * 2);
+  std::uniform_int_distribution<int> shift(-4, 4);
+  for (int32_t &o : offsets)
+    o = shift(rng);
+  const float scale = 1.f / std::sqrt(float(D));
+
+  // The definition: tile centres, clamped and displaced windows.
+  auto centre = [](int i, int t, int g) {
+    int first = i * t, count = std::min(t, g - first);
+    return (2 * first + count - 1) / 2;
+  };
+  auto clampTo = [](int v, int lo, int hi) {
+    return std::max(lo, std::min(v, hi));
+  };
+  auto inWindow = [&](int tile, int key) {
+    int it = tile / (NY * NX), iy = tile / NX % NY, ix = tile % NX;
+    int t = key / (Y * X), y = key / X % Y, x = key % X;
+    int st = clampTo(centre(it, TT, T) - KT / 2, 0, T - KT);
+    int j = t - st;
+    if (j < 0 || j >= KT)
+      return false;
+    const int32_t *off = &offsets[(size_t(tile) * KT + j) * 2];
+    int sy = clampTo(centre(iy, TY, Y) + off[0] - KY / 2, 0, Y - KY);
+    int sx = clampTo(centre(ix, TX, X) + off[1] - KX / 2, 0, X - KX);
+    return y >= sy && y < sy + KY && x >= sx && x < sx + KX;
+  };
+  auto forQueries = [&](int tile, auto fn) {
+    int it = tile / (NY * NX), iy = tile / NX % NY, ix = tile % NX;
+    for (int t = it * TT; t < std::min(T, it * TT + TT); ++t)
+      for (int y = iy * TY; y < std::min(Y, iy * TY + TY); ++y)
+        for (int x = ix * TX; x < std::min(X, ix * TX + TX); ++x)
+          fn((t * Y + y) * X + x);
+  };
+
+  std::vector<elem_t> dk(n, 0xffff), dv(n, 0xffff);
+  const int keyTiles[] = {0, NT * NY * NX - 1, (3 * NY + 0) * NX + 4,
+                          (3 * NY + 4) * NX + 5};
+  for (int kt : keyTiles) {
+    keys(1, kt, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
+         lse.data(), delta.data(), dk.data(), dv.data(), scale);
+    std::vector<float> dkRef, dvRef, dkGot, dvGot;
+    size_t reached = 0;
+    forQueries(kt, [&](int key) {
+      std::vector<double> gk(D, 0.0), gv(D, 0.0);
+      for (int tile = 0; tile < NT * NY * NX; ++tile) {
+        if (!inWindow(tile, key))
+          continue;
+        ++reached;
+        forQueries(tile, [&](int m) {
+          double s = 0, dp = 0;
+          for (int d = 0; d < D; ++d) {
+            s += double(qf[size_t(m) * D + d]) * kf[size_t(key) * D + d];
+            dp += double(doutf[size_t(m) * D + d]) * vf[size_t(key) * D + d];
+          }
+          double p = std::exp(scale * s - lse[m]);
+          double ds = p * (dp - delta[m]);
+          for (int d = 0; d < D; ++d) {
+            gv[d] += p * doutf[size_t(m) * D + d];
+            gk[d] += scale * ds * qf[size_t(m) * D + d];
+          }
+        });
+      }
+      for (int d = 0; d < D; ++d) {
+        dkRef.push_back(float(gk[d]));
+        dvRef.push_back(float(gv[d]));
+        dkGot.push_back(toFloat(dk[size_t(key) * D + d], true));
+        dvGot.push_back(toFloat(dv[size_t(key) * D + d], true));
+      }
+    });
+    EXPECT_GT(reached, 0u) << "key tile " << kt;
+    for (auto [what, got, want] :
+         {std::tuple{"dk", &dkGot, &dkRef}, std::tuple{"dv", &dvGot, &dvRef}}) {
+      float big = 0;
+      for (float w : *want)
+        big = std::max(big, std::fabs(w));
+      size_t bad = 0;
+      float worst = 0;
+      for (size_t i = 0; i < want->size(); ++i) {
+        float err = std::fabs((*got)[i] - (*want)[i]);
+        bad += !(err <= 2e-2f * big + 2e-2f * std::fabs((*want)[i]));
+        worst = std::max(worst, err);
+      }
+      EXPECT_EQ(bad, 0u) << what << " of key tile " << kt << ": worst error "
+                         << worst << " (largest value " << big << ")";
+    }
+  }
   dlclose(lib);
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -481,9 +659,38 @@ INSTANTIATE_TEST_SUITE_P(
              "bf16",
              1,
              1},
-        // 32-key chunks (head dims 96 and 256).
+        // 32-key chunks (head dims 96 and 256); dK/dV in two column passes
+        // of 128 (D = 256).
         Case{"d96", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 96, "bf16", 1, 1},
-        Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1}),
+        Case{"d256", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 256, "bf16", 1, 1},
+        // dK/dV in two column passes, the second partial (112 + 96).
+        Case{"d208", {2, 4, 4}, {2, 4, 4}, {2, 4, 4}, 1, 208, "bf16", 1, 1},
+        // 3 x 8 x 6 tiles of 1 x 2 x 2 with 4 x 4 windows displaced by up
+        // to R = 3 across tile borders and clamped at the grid's edges:
+        // each key tile's inverse neighbourhood is 6 of the 8 (y) or 6 (x)
+        // tiles inside the grid, fewer at its edges, and the tiles at R
+        // are needed: a bound for R - 1 loses gradient.
+        Case{"shifted_r3_d16",
+             {3, 16, 12},
+             {2, 4, 4},
+             {1, 2, 2},
+             2,
+             16,
+             "bf16",
+             3,
+             1},
+        // The same with displacements up to R + 2 (offsets not from this
+        // configuration's estimator): every query tile is a candidate.
+        Case{"beyond_radius_d32",
+             {4, 12, 16},
+             {2, 5, 6},
+             {1, 3, 4},
+             1,
+             32,
+             "bf16",
+             2,
+             1,
+             true}),
     [](const ::testing::TestParamInfo<Case> &info) {
       return std::string(info.param.name);
     });
