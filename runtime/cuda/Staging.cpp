@@ -126,9 +126,9 @@ void WeightStager::run(std::function<void()> init) {
 
 uint8_t *WeightStager::staged(int64_t k) {
   std::unique_lock<std::mutex> lock(mu);
-  if (!await(lock, [&] { return stagedCount > k; }))
-    return nullptr;
-  return base + offsets[k];
+  // Bytes staged before a stop are still whole.
+  await(lock, [&] { return stagedCount > k; });
+  return stagedCount > k ? base + offsets[k] : nullptr;
 }
 
 void WeightStager::copyIssued(int64_t k) {

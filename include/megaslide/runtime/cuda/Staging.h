@@ -77,8 +77,8 @@ public:
   void start(std::function<void()> init, uint8_t *ring, int64_t capacity,
              WaitForCopy waitForCopy);
   void begin(std::vector<Job> jobs);
-  /// The staged bytes of job `k` once cast; nullptr once the step stopped
-  /// (stop(), or an error: see error()).
+  /// The staged bytes of job `k` once cast; nullptr if the step stopped
+  /// (stop(), or an error: see error()) before it was.
   uint8_t *staged(int64_t k);
   /// Job `k`'s copy is issued: its bytes are reused once it completes.
   void copyIssued(int64_t k);
