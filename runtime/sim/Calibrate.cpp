@@ -262,28 +262,53 @@ llvm::Expected<Calibration> sim::calibrate(const MeasuredTrace &trace,
       hw.*member = e;
       return predicted(p.samples, hw);
     };
-    double lo = 1e-3, hi = 1, e;
-    if (at(hi) >= target) {
-      e = hi;
-      if (at(hi) > target * 1.001)
+    // [first, last]: the efficiencies that predict the measurement to
+    // 1e-6 and the trace's rounding (1 ns per span); a wide range means
+    // the spans are bound by memory or latency and their time says little
+    // of the efficiency.
+    double tolerance = 1e-6 * target + 1e-9 * p.samples.size();
+    double upper = target + tolerance, lower = target - tolerance;
+    double e;
+    bool identified = true;
+    if (at(1) > upper) {
+      e = 1;
+      if (at(1) > target * 1.001)
         c.notes.push_back(llvm::formatv(
             "{0}: measured {1} s, faster than '{2}' 1 predicts ({3} s): "
             "check the peak rates, bytes and launch_latency",
-            p.row.what, number(target), field, number(at(hi))));
-    } else if (at(lo) <= target) {
-      e = lo;
+            p.row.what, number(target), field, number(at(1))));
+    } else if (at(1e-3) < lower) {
+      e = 1e-3;
       c.notes.push_back(llvm::formatv(
           "{0}: measured {1} s, slower than '{2}' 0.001 predicts: clamped",
           p.row.what, number(target), field));
     } else {
-      for (int i = 0; i < 200 && hi / lo > 1 + 1e-12; ++i) {
-        double mid = std::sqrt(lo * hi);
-        (at(mid) > target ? lo : hi) = mid;
+      // Smallest e with at(e) <= upper, largest with at(e) >= lower.
+      auto bisect = [&](auto inside, bool smallest) {
+        double lo = 1e-3, hi = 1;
+        for (int i = 0; i < 200 && hi / lo > 1 + 1e-12; ++i) {
+          double mid = std::sqrt(lo * hi);
+          bool in = inside(mid);
+          (smallest ? (in ? hi : lo) : (in ? lo : hi)) = mid;
+        }
+        return std::sqrt(lo * hi);
+      };
+      double first = bisect([&](double x) { return at(x) <= upper; }, true);
+      double last = bisect([&](double x) { return at(x) >= lower; }, false);
+      e = bisect([&](double x) { return at(x) <= target; }, true);
+      if (last > 1.25 * first) {
+        identified = false;
+        e = std::clamp(base.*member, first, last);
+        c.notes.push_back(llvm::formatv(
+            "{0}: every '{1}' in [{2:F3}, {3:F3}] predicts the measured "
+            "time (spans bound by memory or launch latency); {4} {5}",
+            p.row.what, field, first, last,
+            e == base.*member ? "kept" : "set to", number(e)));
       }
-      e = std::sqrt(lo * hi);
     }
     c.hw.*member = e;
-    p.row.fitted = field + " " + llvm::formatv("{0:F4}", e).str();
+    if (identified)
+      p.row.fitted = field + " " + llvm::formatv("{0:F4}", e).str();
     rows.push_back(std::move(p));
   }
 
