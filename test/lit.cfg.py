@@ -88,7 +88,8 @@ if _cuobjdump and (
                                  append_path=True)
 
 tool_dirs = [config.megaslide_tools_dir, config.llvm_tools_dir]
-tools = ["megaslide-opt", "megaslide-plan", "megaslide-run", "megaslide-translate"]
+tools = ["megaslide-opt", "megaslide-plan", "megaslide-run", "megaslide-translate",
+         "megaslide-calibrate"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment(

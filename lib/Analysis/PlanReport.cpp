@@ -142,7 +142,7 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   llvm::Expected<std::vector<sim::Task>> tasks = sim::buildTasks(program, hw);
   if (!tasks)
     return tasks.takeError();
-  sim::Timeline timeline = sim::replay(*tasks);
+  sim::Timeline timeline = sim::replay(*tasks, hw.hostMemoryBandwidth);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
   for (int s = 0; s < exec::kNumStreams; ++s)
@@ -161,14 +161,20 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
     instructionOf[op] = i;
     work.push_back(i);
     const exec::CostInputs &cost = inst.cost;
+    uint64_t flops = cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
     if (inst.stream == exec::Stream::Compute) {
       if (cost.matmulFlops && !inst.results.empty() &&
           program.values[inst.results[0]].type.dtype != exec::DType::F32)
         lowPrecision = true;
-      uint64_t flops = cost.matmulFlops + cost.attentionFlops + cost.otherFlops;
       r.deviceFlops += flops;
       if (op->hasAttr(schedule::kRecomputeAttrName))
         r.recomputeFlops += flops;
+      PlanReport::Family &f =
+          r.byFamily[static_cast<int>(sim::kernelFamilyOf(inst.op))];
+      f.seconds += timeline.end[i] - timeline.start[i];
+      f.instructions += 1;
+      f.flops += flops;
+      f.bytes += cost.bytes;
     }
     if (isa<graph::FlowMatchingLossOp>(op))
       loss = op;
@@ -203,8 +209,8 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
   for (const DeviceBuffer &b : buffers.buffers)
     if (b.category == "checkpoints" && b.value &&
         !isa<schedule::HostToDeviceOp>(b.owner))
-      if (auto l =
-              b.owner->getAttrOfType<IntegerAttr>(schedule::kCheckpointAttrName);
+      if (auto l = b.owner->getAttrOfType<IntegerAttr>(
+              schedule::kCheckpointAttrName);
           l && l.getInt() < numLayers)
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);
@@ -307,6 +313,17 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                          {"d2h_bytes", r.d2hBytes},
                          {"h2d_by_kind", categories(r.h2dByKind)},
                          {"d2h_by_kind", categories(r.d2hByKind)}};
+  llvm::json::Object families;
+  for (int f = 0; f < sim::kNumKernelFamilies; ++f) {
+    const PlanReport::Family &family = r.byFamily[f];
+    if (!family.instructions || f == static_cast<int>(sim::KernelFamily::None))
+      continue;
+    families[sim::kernelFamilyName(static_cast<sim::KernelFamily>(f))] =
+        llvm::json::Object{{"seconds", family.seconds},
+                           {"instructions", family.instructions},
+                           {"flops", family.flops},
+                           {"bytes", family.bytes}};
+  }
   out["step"] = llvm::json::Object{{"predicted_seconds", r.predictedSeconds},
                                    {"lower_bound_seconds", r.lowerBoundSeconds},
                                    {"bound_by", boundName},
@@ -315,7 +332,8 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                                    {"recompute_flops", r.recomputeFlops},
                                    {"model_flops", r.modelFlops()},
                                    {"peak_flops", r.peakFlops},
-                                   {"mfu", r.mfu()}};
+                                   {"mfu", r.mfu()},
+                                   {"by_kernel_family", std::move(families)}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
                                        {"streams", std::move(streams)}};
 }
@@ -363,6 +381,24 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
                       "host optimizer {3:F3} s\n",
                       r.busySeconds[0], r.busySeconds[1], r.busySeconds[2],
                       r.busySeconds[3]);
+  // Where the compute stream's time goes, largest first.
+  std::vector<int> order;
+  for (int f = 0; f < sim::kNumKernelFamilies; ++f)
+    if (r.byFamily[f].instructions &&
+        f != static_cast<int>(sim::KernelFamily::None))
+      order.push_back(f);
+  llvm::stable_sort(order, [&](int a, int b) {
+    return r.byFamily[a].seconds > r.byFamily[b].seconds;
+  });
+  if (!order.empty())
+    os << "  compute by kernel family:";
+  for (auto [n, f] : llvm::enumerate(order))
+    os << llvm::formatv(
+        "{0} {1} {2:F3} s", n ? "," : "",
+        sim::kernelFamilyName(static_cast<sim::KernelFamily>(f)),
+        r.byFamily[f].seconds);
+  if (!order.empty())
+    os << "\n";
   os << llvm::formatv(
       "  FLOPs: model {0:E3} (as planned, without recomputation), executed "
       "{1:E3} ({2:F1}% recomputation); MFU {3:F1}% of {4:F0} TFLOP/s\n",

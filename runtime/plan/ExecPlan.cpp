@@ -322,7 +322,7 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
   case OpCode::Record:
   case OpCode::Wait:
     return counts(0, 0);
-#define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost) case OpCode::Name:
+#define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost, Family) case OpCode::Name:
 #include "megaslide/runtime/plan/Ops.def"
     return true;
   }

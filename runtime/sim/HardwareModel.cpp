@@ -43,13 +43,22 @@ struct Field {
 const Field kFields[] = {
     {"bf16_dense_flops", &HardwareModel::bf16DenseFlops, "FLOP/s", kFlopRate},
     {"f32_dense_flops", &HardwareModel::f32DenseFlops, "FLOP/s", kFlopRate},
-    {"matmul_efficiency", &HardwareModel::matmulEfficiency, "0..1",
+    {"gemm_efficiency", &HardwareModel::gemmEfficiency, "0..1", kEfficiency},
+    {"attention_fwd_efficiency", &HardwareModel::attentionFwdEfficiency, "0..1",
      kEfficiency},
-    {"attention_efficiency", &HardwareModel::attentionEfficiency, "0..1",
+    {"attention_bwd_efficiency", &HardwareModel::attentionBwdEfficiency, "0..1",
+     kEfficiency},
+    {"dsa3d_fwd_efficiency", &HardwareModel::dsa3dFwdEfficiency, "0..1",
+     kEfficiency},
+    {"dsa3d_bwd_efficiency", &HardwareModel::dsa3dBwdEfficiency, "0..1",
      kEfficiency},
     {"vector_flops", &HardwareModel::vectorFlops, "FLOP/s", kFlopRate},
     {"hbm_bandwidth", &HardwareModel::hbmBandwidth, "B/s", kByteRate},
     {"hbm_efficiency", &HardwareModel::hbmEfficiency, "0..1", kEfficiency},
+    {"elementwise_hbm_efficiency", &HardwareModel::elementwiseHbmEfficiency,
+     "0..1", kEfficiency},
+    {"dsa3d_offsets_hbm_efficiency", &HardwareModel::dsa3dOffsetsHbmEfficiency,
+     "0..1", kEfficiency},
     {"h2d_bandwidth", &HardwareModel::h2dBandwidth, "B/s", kByteRate},
     {"d2h_bandwidth", &HardwareModel::d2hBandwidth, "B/s", kByteRate},
     {"transfer_latency", &HardwareModel::transferLatency, "s", kLatency},
@@ -58,6 +67,22 @@ const Field kFields[] = {
      kByteRate},
     {"host_adamw_params_per_second", &HardwareModel::hostAdamWParamsPerSecond,
      "params/s", kParamRate},
+};
+
+/// Fields of earlier descriptions and what replaced them: refused with a
+/// pointer to the replacement rather than as unknown.
+struct Removed {
+  const char *key;
+  const char *replacement;
+};
+const Removed kRemoved[] = {
+    {"matmul_efficiency", "replaced by 'gemm_efficiency'"},
+    {"attention_efficiency",
+     "replaced by one efficiency per kernel family: "
+     "'attention_fwd_efficiency', 'attention_bwd_efficiency', "
+     "'dsa3d_fwd_efficiency', 'dsa3d_bwd_efficiency' (and "
+     "'dsa3d_offsets_hbm_efficiency', 'elementwise_hbm_efficiency' for the "
+     "memory-bound kernels)"},
 };
 
 llvm::Error error(const llvm::Twine &message) {
@@ -96,9 +121,16 @@ llvm::Expected<HardwareModel> sim::parseHardwareModel(llvm::StringRef json,
     }
     const Field *field =
         llvm::find_if(kFields, [&](const Field &f) { return key == f.key; });
-    if (field == std::end(kFields))
+    if (field == std::end(kFields)) {
+      const Removed *removed = llvm::find_if(
+          kRemoved, [&](const Removed &r) { return key == r.key; });
+      if (removed != std::end(kRemoved))
+        return fieldError(source, key,
+                          llvm::Twine("no longer a field: ") +
+                              removed->replacement + "; see docs/CostModel.md");
       return fieldError(source, key,
                         "unknown field; see docs/CostModel.md for the list");
+    }
     std::optional<double> number = value.getAsNumber();
     if (!number || *number <= 0)
       return fieldError(
@@ -144,7 +176,7 @@ llvm::json::Value sim::toJson(const HardwareModel &hw) {
 
 CostKind sim::costKindOf(exec::OpCode op) {
   switch (op) {
-#define MEGASLIDE_OP(Name, Spelling, Cost)                                     \
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family)                             \
   case exec::OpCode::Name:                                                     \
     return CostKind::Cost;
 #include "megaslide/runtime/plan/Ops.def"
@@ -152,8 +184,77 @@ CostKind sim::costKindOf(exec::OpCode op) {
   return CostKind::Device;
 }
 
-double sim::secondsFor(CostKind kind, const exec::CostInputs &in,
-                       const HardwareModel &hw, exec::DType resultType) {
+KernelFamily sim::kernelFamilyOf(exec::OpCode op) {
+  switch (op) {
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family)                             \
+  case exec::OpCode::Name:                                                     \
+    return KernelFamily::Family;
+#include "megaslide/runtime/plan/Ops.def"
+  }
+  return KernelFamily::None;
+}
+
+namespace {
+/// Per family, in the enum's order: its name and where its efficiency is.
+struct FamilyInfo {
+  const char *name;
+  double HardwareModel::*efficiency;
+  bool computeBound;
+};
+const FamilyInfo kFamilies[] = {
+    {"none", nullptr, false},
+    {"gemm", &HardwareModel::gemmEfficiency, true},
+    {"attention_fwd", &HardwareModel::attentionFwdEfficiency, true},
+    {"attention_bwd", &HardwareModel::attentionBwdEfficiency, true},
+    {"dsa3d_fwd", &HardwareModel::dsa3dFwdEfficiency, true},
+    {"dsa3d_bwd", &HardwareModel::dsa3dBwdEfficiency, true},
+    {"dsa3d_offsets", &HardwareModel::dsa3dOffsetsHbmEfficiency, false},
+    {"elementwise", &HardwareModel::elementwiseHbmEfficiency, false},
+};
+static_assert(std::size(kFamilies) == kNumKernelFamilies,
+              "a kernel family without its entry");
+
+const FamilyInfo &info(KernelFamily family) {
+  return kFamilies[static_cast<int>(family)];
+}
+} // namespace
+
+const char *sim::kernelFamilyName(KernelFamily family) {
+  return info(family).name;
+}
+
+std::optional<KernelFamily> sim::parseKernelFamily(llvm::StringRef name) {
+  for (int f = 0; f < kNumKernelFamilies; ++f)
+    if (name == kFamilies[f].name)
+      return static_cast<KernelFamily>(f);
+  return std::nullopt;
+}
+
+bool sim::isComputeBound(KernelFamily family) {
+  return info(family).computeBound;
+}
+
+double HardwareModel::*sim::efficiencyMember(KernelFamily family) {
+  return info(family).efficiency;
+}
+
+double sim::efficiencyOf(const HardwareModel &hw, KernelFamily family) {
+  double HardwareModel::*member = info(family).efficiency;
+  return member ? hw.*member : hw.hbmEfficiency;
+}
+
+double sim::hostMemoryBytes(CostKind kind, const exec::CostInputs &in) {
+  if (kind == CostKind::Fetch)
+    return static_cast<double>(in.sourceBytes) + static_cast<double>(in.bytes);
+  if (kind == CostKind::HostAdamW)
+    return static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam) *
+           kHostAdamWBytesPerParam;
+  return 0;
+}
+
+double sim::secondsFor(CostKind kind, KernelFamily family,
+                       const exec::CostInputs &in, const HardwareModel &hw,
+                       exec::DType resultType) {
   // Integer inputs convert to double once, here; the planner's figures
   // depend on the exact order of these operations.
   double bytes = in.bytes;
@@ -163,26 +264,37 @@ double sim::secondsFor(CostKind kind, const exec::CostInputs &in,
   case CostKind::Fetch: {
     // The host reads the persistent tensor and writes the working copy
     // into pinned staging, pipelined with the copy: the slower of the two.
-    double staging =
-        (static_cast<double>(in.sourceBytes) + bytes) / hw.hostMemoryBandwidth;
+    double staging = hostMemoryBytes(kind, in) / hw.hostMemoryBandwidth;
     return hw.transferLatency + std::max(bytes / hw.h2dBandwidth, staging);
   }
   case CostKind::HostToDevice:
     return hw.transferLatency + bytes / hw.h2dBandwidth;
   case CostKind::DeviceToHost:
     return hw.transferLatency + bytes / hw.d2hBandwidth;
-  case CostKind::HostAdamW:
-    return static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam) /
-           hw.hostAdamWParamsPerSecond;
+  case CostKind::HostAdamW: {
+    // Memory-bound on the host: never faster than its bytes allow.
+    double params =
+        static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam);
+    return std::max(params / hw.hostAdamWParamsPerSecond,
+                    hostMemoryBytes(kind, in) / hw.hostMemoryBandwidth);
+  }
   case CostKind::Device: {
     // Roofline; an op without arithmetic (copy, cast, split, ...) is
-    // memory-bound by construction.
+    // memory-bound by construction. fp32 results cannot use the bf16
+    // tensor-core path: their matmul and attention FLOPs run on CUDA
+    // cores at f32_dense_flops, at the family's efficiency.
     double dense =
         resultType == exec::DType::F32 ? hw.f32DenseFlops : hw.bf16DenseFlops;
-    double compute = in.matmulFlops / (dense * hw.matmulEfficiency) +
-                     in.attentionFlops / (dense * hw.attentionEfficiency) +
+    bool tensor = isComputeBound(family);
+    double attention =
+        tensor ? in.attentionFlops / (dense * efficiencyOf(hw, family))
+               : in.attentionFlops / hw.vectorFlops;
+    double compute = in.matmulFlops / (dense * hw.gemmEfficiency) + attention +
                      in.otherFlops / hw.vectorFlops;
-    double memory = bytes / (hw.hbmBandwidth * hw.hbmEfficiency);
+    double hbm = tensor || family == KernelFamily::None
+                     ? hw.hbmEfficiency
+                     : efficiencyOf(hw, family);
+    double memory = bytes / (hw.hbmBandwidth * hbm);
     return hw.launchLatency + std::max(compute, memory);
   }
   }
@@ -194,5 +306,6 @@ double sim::secondsFor(const exec::ExecPlan &plan,
   exec::DType resultType = exec::DType::BF16;
   if (!inst.results.empty())
     resultType = plan.values[inst.results.front()].type.dtype;
-  return secondsFor(costKindOf(inst.op), inst.cost, hw, resultType);
+  return secondsFor(costKindOf(inst.op), kernelFamilyOf(inst.op), inst.cost, hw,
+                    resultType);
 }

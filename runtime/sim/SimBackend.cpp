@@ -146,6 +146,12 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
                             "' gives it a time of " +
                             std::to_string(task.seconds) +
                             " s; check its rates and efficiencies");
+    // Host traffic, at the rate that fills the task's own time.
+    task.hostBytes = hostMemoryBytes(costKindOf(inst.op), inst.cost);
+    if (task.hostBytes > 0 && task.seconds > 0)
+      task.hostRate = task.hostBytes / task.seconds;
+    else
+      task.hostBytes = 0;
     for (int64_t o : inst.operands)
       if (producer[o] >= 0)
         task.deps.push_back(producer[o]);
@@ -227,7 +233,7 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
   llvm::Expected<StepTasks> built = build(plan, hw);
   if (!built)
     return built.takeError();
-  Timeline timeline = replay(built->tasks);
+  Timeline timeline = replay(built->tasks, hw.hostMemoryBandwidth);
 
   SimResult r;
   r.makespan = timeline.makespan;

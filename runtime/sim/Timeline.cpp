@@ -3,7 +3,9 @@
 #include "megaslide/runtime/sim/Timeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
+#include <limits>
 #include <map>
 
 using namespace megaslide::sim;
@@ -58,14 +60,69 @@ private:
   std::map<int64_t, Segment> segments;
 };
 
+/// The host memory bandwidth in use over time by the tasks replayed so
+/// far: a step function, the rate from each breakpoint to the next (0
+/// before the first and after the last).
+class HostUsage {
+public:
+  explicit HostUsage(double bandwidth) : bandwidth(bandwidth) {}
+
+  /// Streams `bytes` from `start` at up to `rate` B/s through what the
+  /// earlier tasks leave, records the use and returns the end time.
+  double take(double start, double bytes, double rate) {
+    if (bytes <= 0 || rate <= 0)
+      return start;
+    // What is left below this counts as nothing: rounding in the sums of
+    // rates must not leave a task crawling at 1e-12 of its rate.
+    const double tiny = 1e-9 * bandwidth;
+    breakpoint(start);
+    auto it = usage.find(start);
+    double t = start, left = bytes;
+    while (true) {
+      auto next = std::next(it);
+      double free = bandwidth - it->second;
+      double r = free > tiny ? std::min(rate, free) : 0;
+      double until = next == usage.end()
+                         ? std::numeric_limits<double>::infinity()
+                         : next->first;
+      if (r > 0 && t + left / r <= until) {
+        double end = t + left / r;
+        breakpoint(end);
+        // `it` survives the insertion: std::map iterators stay valid.
+        it->second += r;
+        return end;
+      }
+      if (r > 0) {
+        left -= r * (until - t);
+        it->second += r;
+      }
+      t = until;
+      it = next;
+    }
+  }
+
+private:
+  /// Makes `at` a breakpoint, with the rate in effect there.
+  void breakpoint(double at) {
+    auto it = usage.upper_bound(at);
+    double rate = it == usage.begin() ? 0 : std::prev(it)->second;
+    usage.emplace(at, rate);
+  }
+  double bandwidth;
+  std::map<double, double> usage;
+};
+
 } // namespace
 
-Timeline megaslide::sim::replay(const std::vector<Task> &tasks) {
+Timeline megaslide::sim::replay(const std::vector<Task> &tasks,
+                                double hostBandwidth) {
   Timeline t;
   t.start.resize(tasks.size());
   t.end.resize(tasks.size());
   double streamFree[exec::kNumStreams] = {};
   ReleaseTimes released;
+  HostUsage host(hostBandwidth);
+  bool shareHost = std::isfinite(hostBandwidth);
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task &task = tasks[i];
     int s = static_cast<int>(task.stream);
@@ -76,8 +133,17 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks) {
       start = std::max(start, released.earliestWrite(r));
     t.start[i] = start;
     t.end[i] = start + task.seconds;
+    double seconds = task.seconds;
+    if (shareHost && task.hostBytes > 0) {
+      double through = host.take(start, task.hostBytes, task.hostRate);
+      // Rounding of bytes / (bytes / seconds) is not a slowdown.
+      if (through - t.end[i] > 1e-9 * task.seconds) {
+        t.end[i] = through;
+        seconds = through - start;
+      }
+    }
     streamFree[s] = t.end[i];
-    t.busy[s] += task.seconds;
+    t.busy[s] += seconds;
     t.makespan = std::max(t.makespan, t.end[i]);
     for (const Release &r : task.frees) {
       double time = t.end[i];

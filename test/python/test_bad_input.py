@@ -2046,9 +2046,12 @@ VALIDATION_HW_CASES = [
     ("rate 1e-300", {"vector_flops": 1e-300},
      "hardware field 'vector_flops': expected a number in [1e6, 1e18] "
      "FLOP/s, got 1e-300"),
-    ("efficiency 1e-300", {"matmul_efficiency": 1e-300},
-     "hardware field 'matmul_efficiency': an efficiency is a fraction in "
+    ("efficiency 1e-300", {"gemm_efficiency": 1e-300},
+     "hardware field 'gemm_efficiency': an efficiency is a fraction in "
      "[0.001, 1], got 1e-300"),
+    ("removed field", {"attention_efficiency": 0.55},
+     "hardware field 'attention_efficiency': no longer a field: replaced by "
+     "one efficiency per kernel family"),
     ("optimizer 1 param/s", {"host_adamw_params_per_second": 1},
      "hardware field 'host_adamw_params_per_second': expected a number in "
      "[1e3, 1e15] params/s, got 1"),

@@ -81,6 +81,22 @@ def test_105b_step_time_is_near_its_lower_bound(plan_141gb):
     assert lower == pytest.approx(max(step["busy_seconds"].values()))
 
 
+def test_105b_compute_time_splits_by_kernel_family(plan_141gb):
+    """step.by_kernel_family (docs/CostModel.md, "Kernel families") adds up
+    to the compute stream's busy time; the GEMMs dominate, and the 3D-DSA
+    kernels replace dense self-attention."""
+    step = plan_141gb["step"]
+    families = step["by_kernel_family"]
+    assert set(families) <= {"gemm", "attention_fwd", "attention_bwd",
+                             "dsa3d_fwd", "dsa3d_bwd", "dsa3d_offsets",
+                             "elementwise"}
+    total = sum(f["seconds"] for f in families.values())
+    assert total == pytest.approx(step["busy_seconds"]["compute"], rel=1e-9)
+    assert max(families, key=lambda f: families[f]["seconds"]) == "gemm"
+    assert families["dsa3d_bwd"]["seconds"] > families["dsa3d_fwd"]["seconds"]
+    assert sum(f["flops"] for f in families.values()) == step["device_flops"]
+
+
 def test_105b_does_not_fit_24gb_and_says_why(plan_24gb):
     plan = plan_24gb
     # Over budget is a result, not an exception.

@@ -73,6 +73,13 @@ struct PlanReport {
   double peakFlops = 0;
   double predictedSeconds = 0, lowerBoundSeconds = 0;
   double busySeconds[exec::kNumStreams] = {}; ///< by exec::Stream
+  /// Predicted device time per kernel family (sim::KernelFamily; the
+  /// compute stream's busy time split by what the cuda backend launches).
+  struct Family {
+    double seconds = 0;
+    uint64_t instructions = 0, flops = 0, bytes = 0;
+  };
+  Family byFamily[sim::kNumKernelFamilies] = {};
 
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;

@@ -21,18 +21,18 @@
 namespace megaslide::exec {
 
 enum class OpCode : uint8_t {
-#define MEGASLIDE_OP(Name, Spelling, Cost) Name,
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family) Name,
 #include "megaslide/runtime/plan/Ops.def"
 };
 
 inline constexpr size_t kNumOpCodes = 0
-#define MEGASLIDE_OP(Name, Spelling, Cost) +1
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family) +1
 #include "megaslide/runtime/plan/Ops.def"
     ;
 
 /// Every op, in the order of Ops.def.
 inline constexpr std::array<OpCode, kNumOpCodes> kAllOpCodes = {
-#define MEGASLIDE_OP(Name, Spelling, Cost) OpCode::Name,
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family) OpCode::Name,
 #include "megaslide/runtime/plan/Ops.def"
 };
 
@@ -40,7 +40,7 @@ inline constexpr std::array<OpCode, kNumOpCodes> kAllOpCodes = {
 /// ("linear", "dsa3d_grad", "fetch").
 inline const char *opName(OpCode op) {
   static constexpr const char *names[] = {
-#define MEGASLIDE_OP(Name, Spelling, Cost) Spelling,
+#define MEGASLIDE_OP(Name, Spelling, Cost, Family) Spelling,
 #include "megaslide/runtime/plan/Ops.def"
   };
   return names[static_cast<size_t>(op)];
@@ -59,10 +59,10 @@ inline std::optional<OpCode> parseOpCode(llvm::StringRef name) {
 /// (a kernel).
 inline bool isScheduleOp(OpCode op) {
   switch (op) {
-#define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost)                               \
+#define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost, Family)                       \
   case OpCode::Name:                                                           \
     return false;
-#define MEGASLIDE_SCHEDULE_OP(Name, Spelling, Cost)                            \
+#define MEGASLIDE_SCHEDULE_OP(Name, Spelling, Cost, Family)                    \
   case OpCode::Name:                                                           \
     return true;
 #include "megaslide/runtime/plan/Ops.def"

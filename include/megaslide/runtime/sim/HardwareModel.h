@@ -2,8 +2,9 @@
 //
 // A hardware description (JSON, docs/CostModel.md) with a built-in default
 // for one H200 SXM on PCIe Gen5 x16 and a 1.5 TB host, and the one formula
-// that times an instruction on it: roofline for device ops, bandwidth for
-// transfers, parameter throughput for the host optimizer. The planner
+// that times an instruction on it: a roofline per kernel family for device
+// ops, bandwidth for transfers, parameter throughput for the host
+// optimizer. The planner
 // (lib/Analysis/CostModel.cpp, from the IR) and the sim backend (from an
 // execution plan) both call secondsFor, so they predict the same step.
 // No MLIR.
@@ -19,6 +20,7 @@
 #include "llvm/Support/JSON.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace megaslide::sim {
@@ -26,13 +28,24 @@ namespace megaslide::sim {
 struct HardwareModel {
   std::string name =
       "1x NVIDIA H200 SXM 141 GB, PCIe Gen5 x16, 1.5 TB host (built-in)";
-  double bf16DenseFlops = 989e12;    ///< tensor-core peak, FLOP/s
-  double f32DenseFlops = 67e12;      ///< fp32 peak on CUDA cores (no TF32)
-  double matmulEfficiency = 0.70;    ///< achievable fraction on large GEMMs
-  double attentionEfficiency = 0.55; ///< fused attention kernels
-  double vectorFlops = 60e12;        ///< CUDA-core rate for elementwise work
-  double hbmBandwidth = 4.8e12;      ///< B/s
+  double bf16DenseFlops = 989e12; ///< tensor-core peak, FLOP/s
+  double f32DenseFlops = 67e12;   ///< fp32 peak on CUDA cores (no TF32)
+  /// Fractions of the dense peak reached by each compute-bound kernel
+  /// family (KernelFamily; docs/CostModel.md derives them; the attention
+  /// and DSA figures are estimates until measured).
+  double gemmEfficiency = 0.70;         ///< cuBLASLt matmul
+  double attentionFwdEfficiency = 0.35; ///< dense attention forward
+  double attentionBwdEfficiency = 0.25; ///< dense attention dQ + dK/dV
+  double dsa3dFwdEfficiency = 0.30;     ///< 3D-DSA forward
+  double dsa3dBwdEfficiency = 0.20;     ///< 3D-DSA backward
+  double vectorFlops = 60e12;           ///< CUDA-core rate, elementwise work
+  double hbmBandwidth = 4.8e12;         ///< B/s
+  /// Fraction of hbm_bandwidth the compute-bound families' bytes move at.
   double hbmEfficiency = 0.80;
+  /// Fractions of hbm_bandwidth the memory-bound families reach: the
+  /// grid-stride kernels with 2-byte scalar loads, and the DSA offsets.
+  double elementwiseHbmEfficiency = 0.40;
+  double dsa3dOffsetsHbmEfficiency = 0.30;
   double h2dBandwidth = 53e9;             ///< pinned host -> device, B/s
   double d2hBandwidth = 50e9;             ///< device -> pinned host, B/s
   double transferLatency = 10e-6;         ///< s per copy
@@ -69,24 +82,70 @@ enum class CostKind : uint8_t {
 /// wait do no work; every other op is a device kernel.
 CostKind costKindOf(exec::OpCode op);
 
+/// The kernels the cuda backend launches for a device op (Ops.def's fourth
+/// column), each with its own efficiency in the hardware description.
+enum class KernelFamily : uint8_t {
+  None,         ///< no kernel: views, transfers, host work, events
+  Gemm,         ///< cuBLASLt matmul (linear, patch embedding)
+  AttentionFwd, ///< dense attention forward
+  AttentionBwd, ///< dense attention backward (dQ and dK/dV kernels)
+  Dsa3dFwd,     ///< 3D dilated sparse attention forward
+  Dsa3dBwd,     ///< 3D-DSA backward
+  Dsa3dOffsets, ///< 3D-DSA neighbour offsets (memory-bound)
+  Elementwise,  ///< grid-stride elementwise and reduction kernels
+};
+inline constexpr int kNumKernelFamilies =
+    static_cast<int>(KernelFamily::Elementwise) + 1;
+
+/// The family of an op, as plan/Ops.def declares it.
+KernelFamily kernelFamilyOf(exec::OpCode op);
+/// The family's name in reports, traces and calibration ("gemm",
+/// "attention_fwd", ..., "elementwise"; "none").
+const char *kernelFamilyName(KernelFamily family);
+/// The family named `name`, if any.
+std::optional<KernelFamily> parseKernelFamily(llvm::StringRef name);
+/// Whether the family's time is bound by FLOPs on the tensor cores (its
+/// efficiency is a fraction of the dense peak) rather than by HBM bytes.
+bool isComputeBound(KernelFamily family);
+/// The family's efficiency in `hw`: of the dense peak for a compute-bound
+/// family, of hbm_bandwidth for a memory-bound one.
+double efficiencyOf(const HardwareModel &hw, KernelFamily family);
+/// The member holding it, for the calibration to write (nullptr for None).
+double HardwareModel::*efficiencyMember(KernelFamily family);
+
 /// FLOPs per parameter the host AdamW reports (in CostInputs::otherFlops);
 /// its time is the parameter count at host_adamw_params_per_second.
 inline constexpr uint64_t kHostAdamWFlopsPerParam = 14;
+/// Host memory traffic of the host AdamW per parameter: it reads the fp32
+/// master and both moments (12 B) and the bf16 gradient (2 B) and writes
+/// the master and the moments (12 B). The replay shares
+/// host_memory_bandwidth between it and the fetches' staging casts.
+inline constexpr uint64_t kHostAdamWBytesPerParam = 26;
 
-/// Seconds an instruction of `kind` with `in` takes on `hw`; `resultType`
-/// is the element type of its first result (an fp32 op runs its matmul and
-/// attention FLOPs at f32_dense_flops, any other at bf16_dense_flops):
+/// Host memory bytes an instruction of `kind` moves (a fetch's staging
+/// cast, the host AdamW's reads and writes; 0 for every other kind).
+double hostMemoryBytes(CostKind kind, const exec::CostInputs &in);
+
+/// Seconds an instruction of `kind` and `family` with `in` takes on `hw`
+/// when it has the host to itself; `resultType` is the element type of
+/// its first result (an fp32 op runs its matmul and attention FLOPs on
+/// CUDA cores, at f32_dense_flops, any other at bf16_dense_flops):
 ///   Fetch        transfer_latency + max(bytes / h2d, (sourceBytes + bytes)
 ///                / host_memory_bandwidth)
 ///   HostToDevice transfer_latency + bytes / h2d
 ///   DeviceToHost transfer_latency + bytes / d2h
-///   HostAdamW    otherFlops / kHostAdamWFlopsPerParam / params_per_second
-///   Device       launch_latency + max(matmul / (dense * matmul_eff) +
-///                attention / (dense * attention_eff) + other / vector,
-///                bytes / (hbm * hbm_eff))
+///   HostAdamW    params / min(params_per_second, host_memory_bandwidth /
+///                kHostAdamWBytesPerParam), params = otherFlops /
+///                kHostAdamWFlopsPerParam
+///   Device       launch_latency + max(matmul / (dense * gemm_eff) +
+///                attention / (dense * family_eff) + other / vector,
+///                bytes / (hbm * hbm_eff(family)))
 ///   None         0
-double secondsFor(CostKind kind, const exec::CostInputs &in,
-                  const HardwareModel &hw,
+/// A compute-bound family's attention FLOPs run at its own efficiency
+/// (a memory-bound family's at vector_flops) and its bytes at
+/// hbm_efficiency; a memory-bound family's bytes run at its own.
+double secondsFor(CostKind kind, KernelFamily family,
+                  const exec::CostInputs &in, const HardwareModel &hw,
                   exec::DType resultType = exec::DType::BF16);
 
 /// secondsFor an instruction of `plan`.

@@ -11,6 +11,7 @@
 #include "megaslide/runtime/plan/Stream.h"
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace megaslide::sim {
@@ -34,11 +35,17 @@ struct Task {
   std::vector<int64_t> deps;     ///< tasks whose results this one reads
   std::vector<ByteRange> writes; ///< arena bytes this task's results occupy
   std::vector<Release> frees;    ///< buffers whose last reader this is
+  /// Host memory bytes the task moves (a fetch's staging cast, the host
+  /// AdamW), at most at `hostRate` B/s: the rate that makes them last
+  /// `seconds` when the task has the host to itself. 0: no host traffic.
+  double hostBytes = 0;
+  double hostRate = 0;
 };
 
 struct Timeline {
   std::vector<double> start, end; ///< per task, seconds
-  double busy[exec::kNumStreams] = {}; ///< summed task time per stream
+  /// Summed task time (end - start) per stream, host sharing included.
+  double busy[exec::kNumStreams] = {};
   double makespan = 0;
   /// max over streams of busy time: no schedule can be faster.
   double lowerBound() const;
@@ -47,7 +54,12 @@ struct Timeline {
 /// Replays tasks in issue order: each starts when its stream is free, its
 /// dependencies have ended, and the arena bytes it writes are no longer
 /// used by earlier buffers (write-after-read reuse of the static plan).
-Timeline replay(const std::vector<Task> &tasks);
+/// Tasks with host traffic share `hostBandwidth` B/s: in issue order each
+/// takes, over time, what the earlier ones leave, up to its own hostRate,
+/// and ends no earlier than `seconds` after its start and no earlier than
+/// its host bytes are through (docs/CostModel.md, "The replay").
+Timeline replay(const std::vector<Task> &tasks,
+                double hostBandwidth = std::numeric_limits<double>::infinity());
 
 } // namespace megaslide::sim
 

@@ -44,18 +44,27 @@ TEST(HardwareModel, AbsentFieldsKeepTheBuiltInH200) {
   EXPECT_DOUBLE_EQ(hw.h2dBandwidth, 25e9);
   EXPECT_DOUBLE_EQ(hw.bf16DenseFlops, HardwareModel().bf16DenseFlops);
   HardwareModel named = llvm::cantFail(parseHardwareModel(
-      R"({"name": "Gen4 box", "matmul_efficiency": 1})", "b.json"));
+      R"({"name": "Gen4 box", "gemm_efficiency": 1})", "b.json"));
   EXPECT_EQ(named.name, "Gen4 box");
-  EXPECT_DOUBLE_EQ(named.matmulEfficiency, 1);
+  EXPECT_DOUBLE_EQ(named.gemmEfficiency, 1);
 }
 
 TEST(HardwareModel, ErrorsNameTheSourceAndTheField) {
   EXPECT_EQ(errorOf(R"({"bogus": 1})"),
             "hw.json: hardware field 'bogus': unknown field; see "
             "docs/CostModel.md for the list");
-  EXPECT_EQ(errorOf(R"({"matmul_efficiency": 1.5})"),
-            "hw.json: hardware field 'matmul_efficiency': an efficiency is a "
+  EXPECT_EQ(errorOf(R"({"gemm_efficiency": 1.5})"),
+            "hw.json: hardware field 'gemm_efficiency': an efficiency is a "
             "fraction in [0.001, 1], got 1.5");
+  // Fields of earlier descriptions say what replaced them.
+  EXPECT_EQ(errorOf(R"({"matmul_efficiency": 0.7})"),
+            "hw.json: hardware field 'matmul_efficiency': no longer a field: "
+            "replaced by 'gemm_efficiency'; see docs/CostModel.md");
+  EXPECT_NE(errorOf(R"({"attention_efficiency": 0.55})")
+                .find("'attention_efficiency': no longer a field: replaced by "
+                      "one efficiency per kernel family: "
+                      "'attention_fwd_efficiency'"),
+            std::string::npos);
   EXPECT_EQ(errorOf(R"({"h2d_bandwidth": 0})"),
             "hw.json: hardware field 'h2d_bandwidth': expected a positive "
             "number in B/s");
@@ -81,8 +90,8 @@ TEST(HardwareModel, ValuesOutsideTheirRangeAreRefusedByName) {
   EXPECT_EQ(errorOf(R"({"bf16_dense_flops": 5})"),
             "hw.json: hardware field 'bf16_dense_flops': expected a number in "
             "[1e6, 1e18] FLOP/s, got 5");
-  EXPECT_EQ(errorOf(R"({"attention_efficiency": 1e-300})"),
-            "hw.json: hardware field 'attention_efficiency': an efficiency is "
+  EXPECT_EQ(errorOf(R"({"dsa3d_bwd_efficiency": 1e-300})"),
+            "hw.json: hardware field 'dsa3d_bwd_efficiency': an efficiency is "
             "a fraction in [0.001, 1], got 1e-300");
   EXPECT_EQ(errorOf(R"({"launch_latency": 3600})"),
             "hw.json: hardware field 'launch_latency': expected a number in "
@@ -127,7 +136,7 @@ TEST(HardwareModel, EveryFigureIsFiniteAtTheEndsOfTheRanges) {
          {CostKind::None, CostKind::Fetch, CostKind::HostToDevice,
           CostKind::DeviceToHost, CostKind::HostAdamW, CostKind::Device})
       for (exec::DType type : {exec::DType::BF16, exec::DType::F32}) {
-        double s = secondsFor(kind, most, hw, type);
+        double s = secondsFor(kind, KernelFamily::Gemm, most, hw, type);
         EXPECT_TRUE(std::isfinite(s) && s >= 0) << s;
         // A step of a million such instructions still sums finitely.
         EXPECT_TRUE(std::isfinite(s * 1e6)) << s;
@@ -174,40 +183,46 @@ TEST(HardwareModel, FormulaMatchesTheWorkedExamples) {
   ffn.matmulFlops = 2ull * 75600 * 32768 * 12288;
   ffn.otherFlops = 2ull * 75600 * 32768 / 2 * 2; // the bias, 2.48e9
   ffn.bytes = 7617839104;
-  double ffnSeconds = secondsFor(CostKind::Device, ffn, hw);
+  double ffnSeconds = secondsFor(CostKind::Device, KernelFamily::Gemm, ffn, hw);
   EXPECT_NEAR(ffnSeconds,
               4e-6 + ffn.matmulFlops / (989e12 * 0.70) + ffn.otherFlops / 60e12,
               1e-15);
   EXPECT_NEAR(ffnSeconds, 0.0880, 5e-5);
   // The same op with an fp32 result runs at f32_dense_flops.
-  EXPECT_NEAR(secondsFor(CostKind::Device, ffn, hw, exec::DType::F32),
+  EXPECT_NEAR(secondsFor(CostKind::Device, KernelFamily::Gemm, ffn, hw,
+                         exec::DType::F32),
               4e-6 + ffn.matmulFlops / (67e12 * 0.70) + ffn.otherFlops / 60e12,
               1e-12);
   // Without arithmetic a kernel is memory-bound.
   exec::CostInputs copy;
   copy.bytes = 3840000000; // 1 ms at 80% of 4.8 TB/s
-  EXPECT_NEAR(secondsFor(CostKind::Device, copy, hw), 4e-6 + 1e-3, 1e-15);
+  EXPECT_NEAR(secondsFor(CostKind::Device, KernelFamily::Gemm, copy, hw),
+              4e-6 + 1e-3, 1e-15);
   // A bf16 fetch of ffn.net.0.proj.weight from its fp32 master: bound by
   // the copy (15.2 ms), not by the staging cast.
   exec::CostInputs fetch;
   fetch.bytes = 805306368;
   fetch.sourceBytes = 2 * fetch.bytes;
-  EXPECT_DOUBLE_EQ(secondsFor(CostKind::Fetch, fetch, hw),
+  EXPECT_DOUBLE_EQ(secondsFor(CostKind::Fetch, KernelFamily::None, fetch, hw),
                    10e-6 + 805306368 / 53e9);
   HardwareModel slowHost = hw;
   slowHost.hostMemoryBandwidth = 100e9;
-  EXPECT_DOUBLE_EQ(secondsFor(CostKind::Fetch, fetch, slowHost),
-                   10e-6 + 3.0 * 805306368 / 100e9);
-  EXPECT_DOUBLE_EQ(secondsFor(CostKind::HostToDevice, fetch, hw),
-                   10e-6 + 805306368 / 53e9);
-  EXPECT_DOUBLE_EQ(secondsFor(CostKind::DeviceToHost, fetch, hw),
-                   10e-6 + 805306368 / 50e9);
+  EXPECT_DOUBLE_EQ(
+      secondsFor(CostKind::Fetch, KernelFamily::None, fetch, slowHost),
+      10e-6 + 3.0 * 805306368 / 100e9);
+  EXPECT_DOUBLE_EQ(
+      secondsFor(CostKind::HostToDevice, KernelFamily::None, fetch, hw),
+      10e-6 + 805306368 / 53e9);
+  EXPECT_DOUBLE_EQ(
+      secondsFor(CostKind::DeviceToHost, KernelFamily::None, fetch, hw),
+      10e-6 + 805306368 / 50e9);
   // One block's AdamW: 2,013,556,736 params at 12e9/s.
   exec::CostInputs adamw;
   adamw.otherFlops = kHostAdamWFlopsPerParam * 2013556736;
-  EXPECT_DOUBLE_EQ(secondsFor(CostKind::HostAdamW, adamw, hw),
-                   2013556736 / 12e9);
-  EXPECT_EQ(secondsFor(CostKind::None, ffn, hw), 0);
+  EXPECT_DOUBLE_EQ(
+      secondsFor(CostKind::HostAdamW, KernelFamily::None, adamw, hw),
+      2013556736 / 12e9);
+  EXPECT_EQ(secondsFor(CostKind::None, KernelFamily::None, ffn, hw), 0);
 }
 
 //===----------------------------------------------------------------------===//
@@ -220,8 +235,10 @@ HardwareModel roundHardware() {
   HardwareModel hw;
   hw.name = "round";
   hw.bf16DenseFlops = 1000;
-  hw.matmulEfficiency = 1;
-  hw.attentionEfficiency = 1;
+  hw.gemmEfficiency = 1;
+  hw.attentionFwdEfficiency = hw.attentionBwdEfficiency = 1;
+  hw.dsa3dFwdEfficiency = hw.dsa3dBwdEfficiency = 1;
+  hw.elementwiseHbmEfficiency = hw.dsa3dOffsetsHbmEfficiency = 1;
   hw.vectorFlops = 1000;
   hw.hbmBandwidth = 1e30;
   hw.hbmEfficiency = 1;

@@ -3,7 +3,7 @@
 // replay() (runtime/sim/Timeline.cpp) on hand-computed schedules: stream
 // order, overlap across streams, dependencies, write-after-read reuse of
 // arena bytes (including releases that wait for other readers and partial
-// re-releases), and the lower bound.
+// re-releases), the sharing of host memory bandwidth, and the lower bound.
 //
 //===----------------------------------------------------------------------===//
 
@@ -169,6 +169,38 @@ TEST(Timeline, LowerBoundIsTheBusiestStream) {
   EXPECT_DOUBLE_EQ(busy(t, kCompute), 2.5);
   EXPECT_DOUBLE_EQ(t.lowerBound(), 4);
   EXPECT_LE(t.lowerBound(), t.makespan);
+}
+
+Task hostTask(Stream stream, double seconds, double bytes) {
+  Task t = task(stream, seconds);
+  t.hostBytes = bytes;
+  t.hostRate = bytes / seconds;
+  return t;
+}
+
+// Host traffic shares the host memory bandwidth (100 B/s here): a task
+// takes what the tasks issued before it leave.
+TEST(Timeline, HostTasksShareTheHostBandwidth) {
+  // Alone, or with room for both: no slowdown.
+  Timeline alone = replay({hostTask(kHost, 2, 100)}, 100);
+  EXPECT_DOUBLE_EQ(alone.end[0], 2);
+  Timeline room =
+      replay({hostTask(kHost, 2, 100), hostTask(kH2D, 2, 100)}, 100);
+  EXPECT_DOUBLE_EQ(room.end[1], 2);
+  // An AdamW at 80 B/s over [0, 2) and a fetch wanting 60 B/s for 1 s
+  // from 0: the fetch gets 20 B/s until 2, then 60 B/s: 40 B by 2, the
+  // other 20 B by 2 + 1/3.
+  Timeline shared =
+      replay({hostTask(kHost, 2, 160), hostTask(kH2D, 1, 60)}, 100);
+  EXPECT_DOUBLE_EQ(shared.end[0], 2);
+  EXPECT_NEAR(shared.end[1], 2 + 1.0 / 3, 1e-12);
+  EXPECT_NEAR(busy(shared, kH2D), 2 + 1.0 / 3, 1e-12);
+  // Never slower than its own time: a fetch bound by the copy keeps it.
+  Timeline copyBound = replay({hostTask(kHost, 2, 160), task(kH2D, 3)}, 100);
+  EXPECT_DOUBLE_EQ(copyBound.end[1], 3);
+  // Without a bandwidth (the default) nothing is shared.
+  Timeline unshared = replay({hostTask(kHost, 2, 160), hostTask(kH2D, 1, 60)});
+  EXPECT_DOUBLE_EQ(unshared.end[1], 1);
 }
 
 // The names of the printed IR and the plan's JSON (plan/Stream.h).
