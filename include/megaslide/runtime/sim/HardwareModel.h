@@ -34,10 +34,10 @@ struct HardwareModel {
   /// family (KernelFamily; docs/CostModel.md derives them; the attention
   /// and DSA figures are estimates until measured).
   double gemmEfficiency = 0.70;         ///< cuBLASLt matmul
-  double attentionFwdEfficiency = 0.35; ///< dense attention forward
-  double attentionBwdEfficiency = 0.25; ///< dense attention dQ + dK/dV
+  double attentionFwdEfficiency = 0.30; ///< dense attention forward
+  double attentionBwdEfficiency = 0.15; ///< dense attention dQ + dK/dV
   double dsa3dFwdEfficiency = 0.30;     ///< 3D-DSA forward
-  double dsa3dBwdEfficiency = 0.20;     ///< 3D-DSA backward
+  double dsa3dBwdEfficiency = 0.16;     ///< 3D-DSA backward
   double vectorFlops = 60e12;           ///< CUDA-core rate, elementwise work
   double hbmBandwidth = 4.8e12;         ///< B/s
   /// Fraction of hbm_bandwidth the compute-bound families' bytes move at.
@@ -45,7 +45,7 @@ struct HardwareModel {
   /// Fractions of hbm_bandwidth the memory-bound families reach: the
   /// grid-stride kernels with 2-byte scalar loads, and the DSA offsets.
   double elementwiseHbmEfficiency = 0.40;
-  double dsa3dOffsetsHbmEfficiency = 0.30;
+  double dsa3dOffsetsHbmEfficiency = 0.04;
   double h2dBandwidth = 53e9;             ///< pinned host -> device, B/s
   double d2hBandwidth = 50e9;             ///< device -> pinned host, B/s
   double transferLatency = 10e-6;         ///< s per copy
