@@ -13,9 +13,10 @@
 #   dsa-kernels/  the 3D-DSA kernels of the device configurations
 #                 (test/Target/Cuda/Inputs/dsa3d_device_configs.mlir) as
 #                 sm_90a cubins with their manifest (scripts/dsa_gpu_check.py);
-#   kernel-cache/ every plan's kernels compiled by NVRTC for sm_90a: the
-#                 cuda backend finds them by a key that includes the NVRTC
-#                 version, so they are hits only where NVRTC is the same;
+#   kernel-cache/ every plan's kernels and the CUDA unit tests' compiled
+#                 by NVRTC for sm_90a: the cuda backend finds them by a
+#                 key that includes the NVRTC version, so they are hits
+#                 only where NVRTC is the same;
 #   manifest.json what is where, sizes, SHA-256, versions.
 # --with-llvm-support also carries the LLVM Support headers the runtime
 # includes and libLLVMSupport.a/libLLVMDemangle.a (sizes in the manifest),
@@ -96,6 +97,11 @@ for plan in "$tmp"/plans/*.json; do
     --precompile-kernels sm_90a >"$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }
 done
 nvrtc=$(tail -n 1 "$tmp/log" | sed 's/.*(NVRTC \(.*\))$/\1/')
+# And the CUDA unit tests' kernels (every dense kernel, the tensor-core
+# attention at the 105B shapes: ~90 s of NVRTC on 2 cores), so that the
+# device check's gtest step reads them from the cache within its limit.
+MEGASLIDE_KERNEL_CACHE=$tmp/kernel-cache "$runtime/bin/megaslide-runtime-tests" \
+  --gtest_filter='CudaKernelsTest.*' >"$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }
 rm "$tmp/log"
 
 if [ $with_llvm = 1 ]; then

@@ -243,91 +243,11 @@ inline float emuFromBf16(unsigned short h) { return __uint_as_float(unsigned(h) 
 inline unsigned msPackBf16x2(float lo, float hi) { return emuBf16(lo) | unsigned(emuBf16(hi)) << 16; }
 inline unsigned msPackF16x2(float lo, float hi) { return msFloatToHalf(lo) | unsigned(msFloatToHalf(hi)) << 16; }
 
-/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: lane = 4 g + c holds
-/// A (row g|g+8, cols 2c..2c+1 | 2c+8..2c+9) in a0..a3, B (rows 2c..2c+1 |
-/// 2c+8..2c+9, col g) in b0, b1 and C/D (row g|g+8, cols 2c, 2c+1).
-template <bool Bf16>
-inline void emuMma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  emu::Slot in{};
-  for (int i = 0; i < 4; ++i) {
-    in.w[i] = a[i];
-    in.w[6 + i] = __float_as_uint(c[i]);
-  }
-  in.w[4] = b0;
-  in.w[5] = b1;
-  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
-    auto lo = [](unsigned x) { return Bf16 ? emuFromBf16(x & 0xffff) : msHalfToFloat(x & 0xffff); };
-    auto hi = [](unsigned x) { return Bf16 ? emuFromBf16(x >> 16) : msHalfToFloat(x >> 16); };
-    float A[16][16], B[16][8], C[16][8];
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      const unsigned *w = all[l].w;
-      A[g][c2] = lo(w[0]);     A[g][c2 + 1] = hi(w[0]);
-      A[g + 8][c2] = lo(w[1]); A[g + 8][c2 + 1] = hi(w[1]);
-      A[g][c2 + 8] = lo(w[2]); A[g][c2 + 9] = hi(w[2]);
-      A[g + 8][c2 + 8] = lo(w[3]); A[g + 8][c2 + 9] = hi(w[3]);
-      B[c2][g] = lo(w[4]);     B[c2 + 1][g] = hi(w[4]);
-      B[c2 + 8][g] = lo(w[5]); B[c2 + 9][g] = hi(w[5]);
-      C[g][c2] = __uint_as_float(w[6]);     C[g][c2 + 1] = __uint_as_float(w[7]);
-      C[g + 8][c2] = __uint_as_float(w[8]); C[g + 8][c2 + 1] = __uint_as_float(w[9]);
-    }
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {c2, c2 + 1, c2, c2 + 1};
-      for (int e = 0; e < 4; ++e) {
-        float acc = C[rows[e]][cols[e]];
-        for (int k = 0; k < 16; ++k)
-          acc += A[rows[e]][k] * B[k][cols[e]];
-        res[l].w[e] = __float_as_uint(acc);
-      }
-    }
-  });
-  for (int e = 0; e < 4; ++e)
-    c[e] = __uint_as_float(out.w[e]);
-}
-inline void msMmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emuMma<true>(c, a, b0, b1); }
-inline void msMmaF16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emuMma<false>(c, a, b0, b1); }
-
-/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
-/// the row addresses of matrix i; lane 4 g + c receives, per matrix, (row
-/// g, cols 2c, 2c+1), or transposed (rows 2c, 2c+1, col g).
-template <bool Trans> inline void emuLdsm(unsigned r[4], const void *p) {
-  if (reinterpret_cast<uintptr_t>(p) % 16)
-    emu::fail("ldmatrix row address misaligned");
-  emu::Slot in{};
-  uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  in.w[0] = unsigned(a);
-  in.w[1] = unsigned(uint64_t(a) >> 32);
-  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
-    auto at = [&](int i, int row, int col) {
-      const emu::Slot &s = all[i * 8 + row];
-      uintptr_t base = uintptr_t(s.w[0]) | uintptr_t(uint64_t(s.w[1]) << 32);
-      unsigned short v;
-      std::memcpy(&v, reinterpret_cast<const unsigned char *>(base) + 2 * col, 2);
-      return unsigned(v);
-    };
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      for (int i = 0; i < 4; ++i)
-        res[l].w[i] = Trans ? at(i, c2, g) | at(i, c2 + 1, g) << 16
-                            : at(i, g, c2) | at(i, g, c2 + 1) << 16;
-    }
-  });
-  for (int i = 0; i < 4; ++i)
-    r[i] = out.w[i];
-}
-inline void msLdsm4(unsigned r[4], const void *p) { emuLdsm<false>(r, p); }
-inline void msLdsm4T(unsigned r[4], const void *p) { emuLdsm<true>(r, p); }
-inline void msCpAsync16(void *dst, const void *src, int bytes) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
-    emu::fail("cp.async with a misaligned address");
-  if (bytes == 16)
-    std::memcpy(dst, src, 16);
-  else if (bytes == 0)
-    std::memset(dst, 0, 16);
-  else
-    emu::fail("cp.async of a partial vector");
-}
+inline void msMmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emu::mma16816<emuFromBf16>(c, a, b0, b1); }
+inline void msMmaF16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) { emu::mma16816<msHalfToFloat>(c, a, b0, b1); }
+inline void msLdsm4(unsigned r[4], const void *p) { emu::ldsm<false>(r, p); }
+inline void msLdsm4T(unsigned r[4], const void *p) { emu::ldsm<true>(r, p); }
+inline void msCpAsync16(void *dst, const void *src, int bytes) { emu::cpAsync16(dst, src, bytes); }
 inline void msCpAsyncCommit() {}
 template <int Pending> inline void msCpAsyncWait() {}
 inline float msExp2(float x) { return std::exp2(x); }

@@ -66,47 +66,9 @@ inline elem_t toElem(float f) {
 inline unsigned pack2(float lo, float hi) {
   return toElem(lo) | (unsigned(toElem(hi)) << 16);
 }
-inline float lo16(unsigned x) { return toFloat((elem_t)(x & 0xffff)); }
-inline float hi16(unsigned x) { return toFloat((elem_t)(x >> 16)); }
 
-/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: lane = 4 g + c holds
-/// A (row g|g+8, cols 2c..2c+1 | 2c+8..2c+9) in a0..a3, B (rows 2c..2c+1 |
-/// 2c+8..2c+9, col g) in b0, b1 and C/D (row g|g+8, cols 2c, 2c+1).
 inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  emu::Slot in{};
-  for (int i = 0; i < 4; ++i) {
-    in.w[i] = a[i];
-    in.w[6 + i] = __float_as_uint(c[i]);
-  }
-  in.w[4] = b0;
-  in.w[5] = b1;
-  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
-    float A[16][16], B[16][8], C[16][8];
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      const unsigned *w = all[l].w;
-      A[g][c2] = lo16(w[0]);     A[g][c2 + 1] = hi16(w[0]);
-      A[g + 8][c2] = lo16(w[1]); A[g + 8][c2 + 1] = hi16(w[1]);
-      A[g][c2 + 8] = lo16(w[2]); A[g][c2 + 9] = hi16(w[2]);
-      A[g + 8][c2 + 8] = lo16(w[3]); A[g + 8][c2 + 9] = hi16(w[3]);
-      B[c2][g] = lo16(w[4]);     B[c2 + 1][g] = hi16(w[4]);
-      B[c2 + 8][g] = lo16(w[5]); B[c2 + 9][g] = hi16(w[5]);
-      C[g][c2] = __uint_as_float(w[6]);     C[g][c2 + 1] = __uint_as_float(w[7]);
-      C[g + 8][c2] = __uint_as_float(w[8]); C[g + 8][c2 + 1] = __uint_as_float(w[9]);
-    }
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {c2, c2 + 1, c2, c2 + 1};
-      for (int e = 0; e < 4; ++e) {
-        float acc = C[rows[e]][cols[e]];
-        for (int k = 0; k < 16; ++k)
-          acc += A[rows[e]][k] * B[k][cols[e]];
-        res[l].w[e] = __float_as_uint(acc);
-      }
-    }
-  });
-  for (int e = 0; e < 4; ++e)
-    c[e] = __uint_as_float(out.w[e]);
+  emu::mma16816<toFloat>(c, a, b0, b1);
 }
 
 inline unsigned smemAddr(const void *p) {
@@ -116,43 +78,18 @@ inline unsigned smemAddr(const void *p) {
   return unsigned(b - emu::g_smem);
 }
 
-/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give
-/// the row addresses of matrix i; lane 4 g + c receives, per matrix, (row
-/// g, cols 2c, 2c+1), or transposed (rows 2c, 2c+1, col g).
+/// ldmatrix on an address in the emulated shared memory.
 template <bool Trans> inline void ldsm(unsigned r[4], unsigned addr) {
   if (addr % 16 || addr + 16 > emu::kSmemBytes)
     emu::fail("ldmatrix row address misaligned or out of range");
-  emu::Slot in{};
-  in.w[0] = addr;
-  emu::Slot out = emu::collective(in, [](const emu::Slot *all, emu::Slot *res) {
-    auto at = [&](int i, int row, int col) {
-      unsigned short v;
-      std::memcpy(&v, emu::g_smem + all[i * 8 + row].w[0] + 2 * col, 2);
-      return unsigned(v);
-    };
-    for (int l = 0; l < 32; ++l) {
-      int g = l / 4, c2 = 2 * (l % 4);
-      for (int i = 0; i < 4; ++i)
-        res[l].w[i] = Trans ? at(i, c2, g) | at(i, c2 + 1, g) << 16
-                            : at(i, g, c2) | at(i, g, c2 + 1) << 16;
-    }
-  });
-  for (int i = 0; i < 4; ++i)
-    r[i] = out.w[i];
+  emu::ldsm<Trans>(r, emu::g_smem + addr);
 }
 inline void ldsm4(unsigned r[4], unsigned addr) { ldsm<false>(r, addr); }
 inline void ldsm4T(unsigned r[4], unsigned addr) { ldsm<true>(r, addr); }
 
 inline void cpAsync16(void *dst, const void *src, int bytes) {
   smemAddr(dst);
-  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
-    emu::fail("cp.async with a misaligned address");
-  if (bytes == 16)
-    std::memcpy(dst, src, 16);
-  else if (bytes == 0)
-    std::memset(dst, 0, 16);
-  else
-    emu::fail("cp.async of a partial vector");
+  emu::cpAsync16(dst, src, bytes);
 }
 inline void cpAsyncCommit() {}
 template <int Pending> inline void cpAsyncWait() {}
