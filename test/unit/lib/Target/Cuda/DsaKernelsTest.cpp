@@ -457,10 +457,18 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
     }
     return x;
   };
-  auto [q, qf] = input();
-  auto [k, kf] = input();
-  auto [v, vf] = input();
-  auto [dout, doutf] = input();
+  auto qIn = input();
+  std::vector<elem_t> &q = qIn.first;
+  std::vector<float> &qf = qIn.second;
+  auto kIn = input();
+  std::vector<elem_t> &k = kIn.first;
+  std::vector<float> &kf = kIn.second;
+  auto vIn = input();
+  std::vector<elem_t> &v = vIn.first;
+  std::vector<float> &vf = vIn.second;
+  auto doutIn = input();
+  std::vector<elem_t> &dout = doutIn.first;
+  std::vector<float> &doutf = doutIn.second;
   std::vector<float> lse(N), delta(N);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
   for (int i = 0; i < N; ++i) {
