@@ -8,6 +8,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 
 using namespace megaslide;
@@ -193,7 +194,12 @@ bool overlaps(const MeasuredSpan &a, const MeasuredSpan &b) {
   return a.start < b.start + b.seconds && b.start < a.start + a.seconds;
 }
 
-std::string number(double v) { return llvm::formatv("{0:g}", v).str(); }
+/// The shortest figure printf's %g gives (formatv has no such style).
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
 
 } // namespace
 
