@@ -286,7 +286,7 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
   std::set<KernelInstance> kernels;
   std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
   std::vector<int64_t> eventRecorder(plan.numEvents, -1);
-  std::set<std::string> updated; // params a host_adamw before has updated
+  std::map<std::string, int64_t> lastUpdate; // param -> its host_adamw so far
   for (size_t i = 0; i < n; ++i) {
     const exec::Instruction &inst = plan.instructions[i];
     PreparedInstruction &pi = p.instructions[i];
@@ -306,10 +306,11 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
       }
       if (inst.op == OpCode::Fetch) {
         p.fetches.push_back(i);
-        p.fetchAfterUpdate.push_back(updated.count(inst.param) != 0);
+        auto u = lastUpdate.find(inst.param);
+        p.fetchUpdate.push_back(u == lastUpdate.end() ? -1 : u->second);
       }
       if (inst.op == OpCode::HostAdamW)
-        updated.insert(inst.param);
+        lastUpdate[inst.param] = i;
       if ((inst.op == OpCode::Fetch || inst.op == OpCode::HostToDevice) &&
           inst.stream != Stream::HostToDevice && inst.stream != Stream::Compute)
         return instError(i, inst,

@@ -13,7 +13,6 @@
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
-#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -83,7 +82,7 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       return instError(i, inst,
                        "host tensor '" + inst.param + "' has the wrong size");
     jobs.push_back({source->data.data(), v.type.numElements(), v.type.dtype,
-                    I.prep.fetchAfterUpdate[k]});
+                    I.prep.fetchUpdate[k] >= 0});
   }
 
   CUstream compute = I.streams[0];
@@ -102,7 +101,6 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
 
   size_t n = plan.instructions.size();
   std::vector<std::pair<double, double>> hostTimes(n, {-1.0, 0.0});
-  llvm::StringMap<int64_t> pendingUpdate; // param -> its host_adamw
   size_t fetchCount = 0;
   bool trace = options.trace;
   // Written by the worker, read after drain(); only the first update sets it.
@@ -208,8 +206,6 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             events.push_back(I.planEvents[*inst.event]);
         }
         bool update = inst.op == exec::OpCode::HostAdamW;
-        if (update)
-          pendingUpdate[inst.param] = i;
         I.worker.enqueue(i, [&I, &hostUpdate, events, i, update] {
           if (I.workerFailed())
             return;
@@ -263,8 +259,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         // Cast by the staging thread, ahead of this one; a master updated
         // this step already is cast after its AdamW.
         int64_t k = fetchCount++;
-        if (I.prep.fetchAfterUpdate[k]) {
-          I.worker.waitFor(pendingUpdate.lookup(inst.param));
+        if (I.prep.fetchUpdate[k] >= 0) {
+          I.worker.waitFor(I.prep.fetchUpdate[k]);
           I.stager.release(k);
         }
         uint8_t *stage = I.stager.staged(k);

@@ -86,11 +86,10 @@ struct PreparedPlan {
   /// device values).
   std::vector<int64_t> hostOffset;
   int64_t inputPoolBytes = 0, hostPoolBytes = 0;
-  /// The fetches in program order, whether each one's master is updated
-  /// earlier in the step, and the pinned ring they are cast into
-  /// (weightStagingBytes).
-  std::vector<int64_t> fetches;
-  std::vector<bool> fetchAfterUpdate;
+  /// The fetches in program order, the host_adamw that updates each one's
+  /// master earlier in the step (-1: none), and the pinned ring they are
+  /// cast into (weightStagingBytes).
+  std::vector<int64_t> fetches, fetchUpdate;
   int64_t stagingBytes = 0;
   bool hostPoolShared = false; ///< host values share bytes by liveness
   /// Instructions whose completion another stream waits for.
