@@ -151,6 +151,14 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   PlanOptions &o = f.options;
   if (Error err = planningFlags.read(o))
     return std::move(err);
+
+  // --min-lr against the lr is checked again with the plan's (the config's
+  // learning_rate when --lr is not given).
+  Expected<train::Recipe> recipe = tools::readRecipeFlags(
+      learningRate.getNumOccurrences() ? double(learningRate) : INFINITY);
+  if (!recipe)
+    return recipe.takeError();
+  f.recipe = *recipe;
   o.hardwarePath = tools::hardwareFile;
   o.precision = precision;
   return f;

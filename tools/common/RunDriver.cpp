@@ -15,6 +15,7 @@
 #include "megaslide/Tools/RunDriver.h"
 
 #include "megaslide/Tools/HardwareFlag.h"
+#include "megaslide/Tools/RecipeFlags.h"
 
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
@@ -405,6 +406,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   addVersionPrinter(tool.name);
   std::vector<const cl::OptionCategory *> categories = tool.categories;
   categories.push_back(&runCategory);
+  categories.push_back(&recipeCategory);
   categories.push_back(&hardwareCategory);
   cl::HideUnrelatedOptions(categories);
   cl::ParseCommandLineOptions(

@@ -66,7 +66,8 @@ bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
 int main(int argc, char **argv) {
   addVersionPrinter("megaslide-plan");
   cl::HideUnrelatedOptions(
-      {&tools::planCategory, &tools::hardwareCategory, &category});
+      {&tools::planCategory, &tools::recipeCategory, &tools::hardwareCategory,
+       &category});
   cl::ParseCommandLineOptions(
       argc, argv,
       "megaslide-plan: does a DiT training step fit this GPU and host, and "

@@ -11,6 +11,7 @@
 #define MEGASLIDE_TOOLS_COMMON_PLANFLAGS_H
 
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Tools/RecipeFlags.h"
 
 #include "llvm/Support/CommandLine.h"
 
@@ -23,6 +24,9 @@ struct PlanFlags {
   VideoShape video;
   TrainingOptions training;
   PlanOptions options;
+  /// The training recipe (docs/Training.md); megaslide-plan reports what
+  /// it costs, megaslide-run follows it.
+  train::Recipe recipe;
   /// Whether --frames, --height and --width were all given.
   bool videoGiven = false;
 };

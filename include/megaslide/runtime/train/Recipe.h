@@ -1,0 +1,101 @@
+//===- Recipe.h - The fine-tuning recipe around the optimizer --*- C++ -*-===//
+//
+// What a run does besides the AdamW step itself (docs/Training.md): the
+// learning-rate schedule, global-norm gradient clipping, gradient
+// accumulation, an EMA of the weights, how flow-matching timesteps are
+// sampled, and validation. The definitions follow the field's libraries
+// so results can be compared with them: schedules as transformers'
+// get_*_schedule_with_warmup, clipping as torch.nn.utils.clip_grad_norm_,
+// the EMA warmup as diffusers' EMAModel, the timestep shift as diffusers'
+// FlowMatchEulerDiscreteScheduler. No MLIR: the runtime-only build and
+// the Python module use it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_TRAIN_RECIPE_H
+#define MEGASLIDE_RUNTIME_TRAIN_RECIPE_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace megaslide::train {
+
+class Random;
+
+enum class LrSchedule { Constant, WarmupConstant, WarmupCosine, WarmupLinear };
+enum class TimestepSampling { Uniform, LogitNormal };
+
+struct Recipe {
+  /// lr at optimizer step s (0-based: the first update is s = 0) is the
+  /// plan's lr times lrFactor(s).
+  LrSchedule lrSchedule = LrSchedule::Constant;
+  int64_t warmupSteps = 0;
+  /// The floor of cosine and linear decay, absolute (not a ratio).
+  double minLr = 0;
+  /// Optimizer steps over which cosine and linear decay reach minLr; 0
+  /// until the run sets it (a fresh run: its --steps).
+  int64_t decaySteps = 0;
+
+  /// Clip the global L2 norm of the gradients to this; 0: no clipping.
+  double maxGradNorm = 0;
+  /// Micro-batches per optimizer step; their gradients are averaged.
+  int64_t gradAccum = 1;
+
+  /// EMA of the fp32 masters after every update; 0: none.
+  double emaDecay = 0;
+  /// diffusers' EMAModel warmup: decay min(emaDecay, (1+k)/(10+k)) at
+  /// the k-th update (k = 0 copies the weights).
+  bool emaWarmup = false;
+  bool emaBf16 = false; ///< keep the EMA in bf16 (2 B/param instead of 4)
+
+  TimestepSampling timesteps = TimestepSampling::Uniform;
+  double logitMean = 0, logitStd = 1; ///< of logit-normal sampling
+  /// Flow shift s: sigma' = s sigma / (1 + (s - 1) sigma); 1 leaves it.
+  double flowShift = 1;
+
+  bool clips() const { return maxGradNorm > 0; }
+  bool hasEma() const { return emaDecay > 0; }
+};
+
+/// Parses "constant", "warmup-constant", "warmup-cosine", "warmup-linear".
+std::optional<LrSchedule> parseLrSchedule(llvm::StringRef name);
+llvm::StringRef lrScheduleName(LrSchedule schedule);
+std::optional<TimestepSampling> parseTimestepSampling(llvm::StringRef name);
+llvm::StringRef timestepSamplingName(TimestepSampling sampling);
+
+/// An error naming the flag of the first value out of range (baseLr: the
+/// plan's lr, which minLr must not exceed).
+llvm::Error checkRecipe(const Recipe &recipe, double baseLr);
+
+/// The learning rate of optimizer step `s` (0-based) for base rate `lr`:
+///   warmup     s < warmupSteps: lr s / warmupSteps (0 at s = 0, as
+///              transformers' schedules)
+///   constant   lr
+///   cosine     minLr + (lr - minLr) (1 + cos(pi p)) / 2
+///   linear     minLr + (lr - minLr) (1 - p)
+/// with p = (s - warmupSteps) / (decaySteps - warmupSteps) clamped to
+/// [0, 1]: decay reaches minLr at s = decaySteps and stays there.
+double scheduledLr(const Recipe &recipe, double lr, int64_t s);
+
+/// torch.nn.utils.clip_grad_norm_'s factor for a global norm: min(1,
+/// maxGradNorm / (norm + 1e-6)); 1 without clipping. A non-finite norm
+/// gives NaN (the step is skipped before it is used).
+double clipFactor(const Recipe &recipe, double norm);
+
+/// The EMA decay of the k-th update (0-based).
+double emaDecayAt(const Recipe &recipe, int64_t k);
+
+/// sigma' = shift sigma / (1 + (shift - 1) sigma).
+double shiftSigma(double sigma, double shift);
+/// One sample's flow-matching time sigma in [0, 1] drawn from `rng`:
+/// uniform consumes one uniform(), logit-normal one normal() (sigmoid of
+/// mean + std z); then the flow shift.
+float sampleSigma(const Recipe &recipe, Random &rng);
+
+} // namespace megaslide::train
+
+#endif // MEGASLIDE_RUNTIME_TRAIN_RECIPE_H

@@ -1,0 +1,150 @@
+//===- Recipe.cpp - The fine-tuning recipe around the optimizer -----------===//
+
+#include "megaslide/runtime/train/Recipe.h"
+
+#include "megaslide/runtime/train/Random.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace megaslide;
+using namespace megaslide::train;
+
+namespace {
+struct Named {
+  const char *name;
+  int value;
+};
+constexpr Named kSchedules[] = {
+    {"constant", int(LrSchedule::Constant)},
+    {"warmup-constant", int(LrSchedule::WarmupConstant)},
+    {"warmup-cosine", int(LrSchedule::WarmupCosine)},
+    {"warmup-linear", int(LrSchedule::WarmupLinear)}};
+constexpr Named kSamplings[] = {
+    {"uniform", int(TimestepSampling::Uniform)},
+    {"logit-normal", int(TimestepSampling::LogitNormal)}};
+
+template <size_t N>
+std::optional<int> lookup(const Named (&table)[N], llvm::StringRef name) {
+  for (const Named &n : table)
+    if (name == n.name)
+      return n.value;
+  return std::nullopt;
+}
+template <size_t N> llvm::StringRef nameOf(const Named (&table)[N], int v) {
+  for (const Named &n : table)
+    if (n.value == v)
+      return n.name;
+  return "?";
+}
+} // namespace
+
+std::optional<LrSchedule> train::parseLrSchedule(llvm::StringRef name) {
+  if (std::optional<int> v = lookup(kSchedules, name))
+    return LrSchedule(*v);
+  return std::nullopt;
+}
+llvm::StringRef train::lrScheduleName(LrSchedule schedule) {
+  return nameOf(kSchedules, int(schedule));
+}
+std::optional<TimestepSampling>
+train::parseTimestepSampling(llvm::StringRef name) {
+  if (std::optional<int> v = lookup(kSamplings, name))
+    return TimestepSampling(*v);
+  return std::nullopt;
+}
+llvm::StringRef train::timestepSamplingName(TimestepSampling sampling) {
+  return nameOf(kSamplings, int(sampling));
+}
+
+llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
+  auto fail = [](const llvm::Twine &what) {
+    return llvm::createStringError(what);
+  };
+  if (r.warmupSteps < 0)
+    return fail("--warmup-steps must be >= 0, got " +
+                llvm::Twine(r.warmupSteps));
+  if (r.warmupSteps > 0 && r.lrSchedule == LrSchedule::Constant)
+    return fail("--warmup-steps needs a warmup schedule: --lr-schedule "
+                "warmup-constant, warmup-cosine or warmup-linear");
+  if (!std::isfinite(r.minLr) || r.minLr < 0 || r.minLr > baseLr)
+    return fail(llvm::formatv("--min-lr must be in [0, lr = {0}], got {1}",
+                              baseLr, r.minLr));
+  if (r.decaySteps < 0)
+    return fail("--lr-decay-steps must be >= 0, got " +
+                llvm::Twine(r.decaySteps));
+  if (r.decaySteps > 0 && r.decaySteps < r.warmupSteps)
+    return fail(llvm::formatv("--lr-decay-steps ({0}) must be at least "
+                              "--warmup-steps ({1})",
+                              r.decaySteps, r.warmupSteps));
+  if (!std::isfinite(r.maxGradNorm) || r.maxGradNorm < 0)
+    return fail(llvm::formatv("--max-grad-norm must be a positive number "
+                              "(0: no clipping), got {0}",
+                              r.maxGradNorm));
+  if (r.gradAccum < 1)
+    return fail("--grad-accum must be >= 1, got " + llvm::Twine(r.gradAccum));
+  if (!(r.emaDecay >= 0 && r.emaDecay < 1))
+    return fail(llvm::formatv("--ema-decay must be in [0, 1) (0: no EMA), "
+                              "got {0}",
+                              r.emaDecay));
+  if (!std::isfinite(r.logitMean))
+    return fail("--logit-mean must be finite");
+  if (!(std::isfinite(r.logitStd) && r.logitStd > 0))
+    return fail(llvm::formatv("--logit-std must be positive, got {0}",
+                              r.logitStd));
+  if (!(std::isfinite(r.flowShift) && r.flowShift > 0))
+    return fail(llvm::formatv("--flow-shift must be positive, got {0}",
+                              r.flowShift));
+  return llvm::Error::success();
+}
+
+double train::scheduledLr(const Recipe &r, double lr, int64_t s) {
+  if (r.lrSchedule == LrSchedule::Constant)
+    return lr;
+  if (s < r.warmupSteps)
+    return lr * double(s) / double(r.warmupSteps);
+  if (r.lrSchedule == LrSchedule::WarmupConstant)
+    return lr;
+  int64_t span = r.decaySteps - r.warmupSteps;
+  double p = span > 0 ? std::clamp(double(s - r.warmupSteps) / double(span),
+                                   0.0, 1.0)
+                      : 1.0;
+  double keep = r.lrSchedule == LrSchedule::WarmupCosine
+                    ? 0.5 * (1.0 + std::cos(M_PI * p))
+                    : 1.0 - p;
+  return r.minLr + (lr - r.minLr) * keep;
+}
+
+double train::clipFactor(const Recipe &r, double norm) {
+  if (!r.clips())
+    return 1.0;
+  if (!std::isfinite(norm))
+    return NAN;
+  return std::min(1.0, r.maxGradNorm / (norm + 1e-6));
+}
+
+double train::emaDecayAt(const Recipe &r, int64_t k) {
+  if (!r.emaWarmup)
+    return r.emaDecay;
+  return std::min(r.emaDecay, double(1 + k) / double(10 + k)) *
+         (k > 0 ? 1.0 : 0.0);
+}
+
+double train::shiftSigma(double sigma, double shift) {
+  return shift * sigma / (1.0 + (shift - 1.0) * sigma);
+}
+
+float train::sampleSigma(const Recipe &r, Random &rng) {
+  double sigma;
+  if (r.timesteps == TimestepSampling::LogitNormal) {
+    double z = r.logitMean + r.logitStd * double(rng.normal());
+    sigma = 1.0 / (1.0 + std::exp(-z));
+  } else {
+    sigma = rng.uniform();
+  }
+  if (r.flowShift != 1.0)
+    sigma = shiftSigma(sigma, r.flowShift);
+  return static_cast<float>(sigma);
+}
