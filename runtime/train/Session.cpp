@@ -5,6 +5,7 @@
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/sim/SimBackend.h"
@@ -353,6 +354,31 @@ host::HostTensor *Session::ema(llvm::StringRef name) {
   return hostState.find((name + ".ema").str());
 }
 
+namespace {
+/// MEGASLIDE_FAULT_NAN_GRADIENT=NAME@STEP, read once: the retained gradient
+/// of parameter NAME at optimizer step STEP (1-based) gets a NaN, so tests
+/// can check that the deferred update skips such a step exactly
+/// (docs/Testing.md); a finite loss with a non-finite gradient is hard to
+/// make from inputs.
+struct NanGradientFault {
+  std::string param;
+  int64_t step = -1;
+};
+const NanGradientFault &nanGradientFault() {
+  static const NanGradientFault fault = [] {
+    NanGradientFault f;
+    const char *text = std::getenv("MEGASLIDE_FAULT_NAN_GRADIENT");
+    if (!text)
+      return f;
+    auto [name, step] = llvm::StringRef(text).rsplit('@');
+    if (!step.getAsInteger(10, f.step))
+      f.param = name.str();
+    return f;
+  }();
+  return fault;
+}
+} // namespace
+
 void Session::retain(const exec::Instruction &inst,
                      const exec::HostGradient &g) {
   Update &u = updates[updateIndex.find(inst.param)->second];
@@ -380,6 +406,15 @@ void Session::retain(const exec::Instruction &inst,
     }
   }
   ++u.received;
+  const NanGradientFault &fault = nanGradientFault();
+  if (fault.step == hostState.step + 1 && fault.param == inst.param) {
+    float nan = NAN;
+    if (u.accum.empty())
+      cpu::narrow(&nan, u.dtype, 1, u.retained.data());
+    else
+      u.accum[0] = nan;
+    u.squaredNorm = NAN;
+  }
 }
 
 void Session::applyPending(llvm::StringRef param) {
@@ -422,8 +457,13 @@ void Session::updateEma(Update &u) {
   float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
   float *e = u.ema->data.data();
   const float *p = u.master->data.data();
-  for (int64_t i = 0; i < u.count; ++i)
-    e[i] -= oneMinus * (e[i] - p[i]);
+  // Elementwise, so the result does not depend on the chunking.
+  int64_t threads = std::clamp<int64_t>(u.count >> 16, 1, cpu::cpuThreads());
+  cpu::parallelChunks(u.count, threads, cpu::kAdamWChunkAlign,
+                      [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i)
+                          e[i] -= oneMinus * (e[i] - p[i]);
+                      });
 }
 
 void Session::flushUpdates() {

@@ -649,3 +649,30 @@ def test_recipe_resumes_bit_exactly(tmp_path, update):
                 (b / "state.safetensors").read_bytes()
         else:
             assert (whole / name).read_bytes() == (half / name).read_bytes()
+
+
+def test_deferred_update_skips_a_nan_gradient_exactly(tmp_path):
+    """A finite loss with one NaN gradient (injected through the
+    MEGASLIDE_FAULT_NAN_GRADIENT seam): the deferred update skips the step
+    with masters, moments and EMA bitwise as before it."""
+    env = dict(os.environ,
+               MEGASLIDE_FAULT_NAN_GRADIENT="blocks.0.attn1.to_q.weight@3")
+    args = [*SMALL, "--lr", "1e-3", "--ema-decay", "0.9", "--max-grad-norm",
+            "1", "--checkpoint-dir", tmp_path / "ck"]
+    run(*args, "--steps", 2, "--checkpoint-every", 1)
+    before = (tmp_path / "ck" / "step-000002" / "state.safetensors")
+    before = before.read_bytes()
+    result = subprocess.run(
+        [tool_path("megaslide-run"), "--no-progress", *map(text, args),
+         "--steps", 1, "--resume", "--metrics", tmp_path / "m.jsonl"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the gradient norm is not finite" in result.stderr
+    line = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert line["skipped"] and line["grad_norm"] is None
+    assert np.isfinite(line["loss"])
+    # Nothing moved: the checkpoint after the skipped step is step 2's.
+    latest = (tmp_path / "ck" / "latest").read_text().strip()
+    assert latest == "step-000002"
+    assert (tmp_path / "ck" / latest / "state.safetensors").read_bytes() == \
+        before
