@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
@@ -424,7 +425,11 @@ public:
       if (t.param->role != "ema")
         continue;
       FloatArray a(t.param->type.shape);
-      std::copy(t.data.begin(), t.data.end(), a.mutable_data());
+      if (t.bf16.empty())
+        std::copy(t.data.begin(), t.data.end(), a.mutable_data());
+      else
+        cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
+                   a.mutable_data());
       out[py::str(t.param->of)] = a;
     }
     return out;

@@ -17,6 +17,7 @@
 #include "megaslide/Tools/HardwareFlag.h"
 #include "megaslide/Tools/RecipeFlags.h"
 
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/Checkpoint.h"
@@ -825,11 +826,27 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
 
   if (!saveWeights.empty()) {
     host::HostState &state = s.state();
-    // --save-ema: the EMA stands in for the masters while they are written.
-    auto swapEma = [&] {
-      for (host::HostTensor &t : state.tensors)
-        if (t.param->role == "ema")
-          std::swap(t.data, state.find(t.param->of)->data);
+    // --save-ema: the EMA stands in for the masters while they are written
+    // (a bf16 EMA widened, exactly, for the time).
+    std::vector<std::vector<float>> kept;
+    auto swapEma = [&, restoring = false]() mutable {
+      size_t k = 0;
+      for (host::HostTensor &t : state.tensors) {
+        if (t.param->role != "ema")
+          continue;
+        std::vector<float> &master = state.find(t.param->of)->data;
+        if (t.bf16.empty()) {
+          std::swap(t.data, master);
+        } else if (restoring) {
+          master = std::move(kept[k++]);
+        } else {
+          kept.push_back(std::move(master));
+          master.resize(t.bf16.size());
+          cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
+                     master.data());
+        }
+      }
+      restoring = true;
     };
     if (saveEma)
       swapEma();
