@@ -67,10 +67,15 @@ struct StepRecord {
 };
 
 /// The numeric fields a line may have, as the page names them.
-constexpr StringRef kNumberFields[] = {
-    "loss",           "val_loss",           "lr",
-    "grad_norm",      "seconds",            "samples_per_second",
-    "tokens_per_second", "host_rss_bytes",  "device_peak_bytes"};
+constexpr StringRef kNumberFields[] = {"loss",
+                                       "val_loss",
+                                       "lr",
+                                       "grad_norm",
+                                       "seconds",
+                                       "samples_per_second",
+                                       "tokens_per_second",
+                                       "host_rss_bytes",
+                                       "device_peak_bytes"};
 
 struct Metrics {
   /// By step: the x axis, in order.
@@ -203,10 +208,15 @@ llvm::Expected<StepRecord> readStep(const json::Object &o, unsigned line,
     return lineError(line, "\"step\" must be a non-negative integer");
   r.step = *number;
 
-  std::optional<double> *numbers[] = {
-      &r.loss,           &r.valLoss,          &r.lr,
-      &r.gradNorm,       &r.seconds,          &r.samplesPerSecond,
-      &r.tokensPerSecond, &r.hostRssBytes,    &r.devicePeakBytes};
+  std::optional<double> *numbers[] = {&r.loss,
+                                      &r.valLoss,
+                                      &r.lr,
+                                      &r.gradNorm,
+                                      &r.seconds,
+                                      &r.samplesPerSecond,
+                                      &r.tokensPerSecond,
+                                      &r.hostRssBytes,
+                                      &r.devicePeakBytes};
   for (auto [key, slot] : llvm::zip(kNumberFields, numbers)) {
     llvm::Expected<std::optional<double>> value = numberField(o, key, line);
     if (!value)
@@ -262,8 +272,8 @@ llvm::Expected<Metrics> readMetrics(StringRef text) {
           m.cutLine = line;
           continue;
         }
-        return lineError(line, "invalid JSON: " +
-                                   parseErrorText(parsed.takeError()));
+        return lineError(line,
+                         "invalid JSON: " + parseErrorText(parsed.takeError()));
       }
     }
     const json::Object *o = parsed->getAsObject();
@@ -378,7 +388,9 @@ struct Plot {
 struct YAxis {
   double min, max;
   bool log;
-  double position(double value) const { return log ? std::log10(value) : value; }
+  double position(double value) const {
+    return log ? std::log10(value) : value;
+  }
 };
 
 struct Frame {
@@ -390,7 +402,8 @@ struct Frame {
     return left + (step - xMin) / (xMax - xMin) * width;
   }
   double py(double value) const {
-    return top + height - (y.position(value) - y.min) / (y.max - y.min) * height;
+    return top + height -
+           (y.position(value) - y.min) / (y.max - y.min) * height;
   }
   double right() const { return left + width; }
   double bottom() const { return top + height; }
@@ -425,8 +438,7 @@ void drawXAxis(raw_ostream &os, const Frame &f) {
   drawText(os, f.left + f.width / 2, f.bottom() + 36, "middle", "step");
 }
 
-void drawYTick(raw_ostream &os, const Frame &f, double value,
-               StringRef label) {
+void drawYTick(raw_ostream &os, const Frame &f, double value, StringRef label) {
   double y = f.py(value);
   drawLine(os, f.left, y, f.right(), y, "grid");
   drawLine(os, f.left - 5, y, f.left, y, "axis");
@@ -564,8 +576,13 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   }
 
   double height = 300;
-  Frame f{90, 34, kSvgWidth - 120, height - 34 - 52, xMin,
-          xMax > xMin ? xMax : xMin + 1, y};
+  Frame f{90,
+          34,
+          kSvgWidth - 120,
+          height - 34 - 52,
+          xMin,
+          xMax > xMin ? xMax : xMin + 1,
+          y};
   openSvg(os, height, plot.id, plot.title);
   drawLegend(os, plot, f.left, 16);
   if (count > 0)
@@ -582,8 +599,8 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   for (const Series &s : plot.series) {
     if (s.points.empty())
       continue;
-    os << "<polyline class=\"series\" data-series=\"" << s.id
-       << "\" stroke=\"" << s.color << "\" points=\"";
+    os << "<polyline class=\"series\" data-series=\"" << s.id << "\" stroke=\""
+       << s.color << "\" points=\"";
     for (auto [i, point] : llvm::enumerate(s.points))
       os << (i ? " " : "")
          << llvm::format("%.1f,%.1f", f.px(point.first), f.py(point.second));
@@ -650,8 +667,8 @@ std::vector<int64_t> skippedSteps(const Metrics &m) {
 std::optional<double> maxGradNormSetting(const TrainingReportInfo &info) {
   for (const auto &[name, value] : info.settings) {
     double threshold;
-    if (name == "max_grad_norm" && llvm::to_float(StringRef(value).trim(),
-                                                  threshold) &&
+    if (name == "max_grad_norm" &&
+        llvm::to_float(StringRef(value).trim(), threshold) &&
         std::isfinite(threshold) && threshold > 0)
       return threshold;
   }
@@ -662,14 +679,15 @@ void renderLossPlot(raw_ostream &os, const Metrics &m,
                     const TrainingReportInfo &info, double xMin, double xMax) {
   Plot plot{"loss", "Loss", "loss"};
   std::vector<int64_t> nonFinite;
-  plot.series.push_back({"train loss", "loss", kLossColor,
-                         pointsOf(m, [](const StepRecord &r) { return r.loss; },
-                                  &nonFinite)});
+  plot.series.push_back(
+      {"train loss", "loss", kLossColor,
+       pointsOf(
+           m, [](const StepRecord &r) { return r.loss; }, &nonFinite)});
   std::vector<int64_t> valNonFinite;
   plot.series.push_back(
       {"validation loss", "val_loss", kValColor,
-       pointsOf(m, [](const StepRecord &r) { return r.valLoss; },
-                &valNonFinite),
+       pointsOf(
+           m, [](const StepRecord &r) { return r.valLoss; }, &valNonFinite),
        /*dots=*/true});
   std::vector<int64_t> skipped = skippedSteps(m);
   // A skipped step's loss is the reason it was skipped: one mark, not two.
@@ -721,11 +739,11 @@ void renderLossPlot(raw_ostream &os, const Metrics &m,
   renderPlot(os, plot, xMin, xMax, empty);
 }
 
-void renderLrPlot(raw_ostream &os, const Metrics &m, double xMin,
-                  double xMax) {
+void renderLrPlot(raw_ostream &os, const Metrics &m, double xMin, double xMax) {
   Plot plot{"lr", "Learning rate", "learning rate"};
-  plot.series.push_back({"learning rate", "lr", kLrColor,
-                         pointsOf(m, [](const StepRecord &r) { return r.lr; })});
+  plot.series.push_back(
+      {"learning rate", "lr", kLrColor,
+       pointsOf(m, [](const StepRecord &r) { return r.lr; })});
   renderPlot(os, plot, xMin, xMax, missingText(m, "lr", ""));
 }
 
@@ -736,8 +754,8 @@ void renderGradNormPlot(raw_ostream &os, const Metrics &m,
   std::vector<int64_t> nonFinite;
   plot.series.push_back(
       {"gradient norm (before clipping)", "grad_norm", kGradColor,
-       pointsOf(m, [](const StepRecord &r) { return r.gradNorm; },
-                &nonFinite)});
+       pointsOf(
+           m, [](const StepRecord &r) { return r.gradNorm; }, &nonFinite)});
   for (const auto &[step, r] : m.steps)
     if (r.clipped && isFinite(r.gradNorm))
       plot.highlights.emplace_back(static_cast<double>(step), *r.gradNorm);
@@ -781,8 +799,7 @@ void renderThroughputPlot(raw_ostream &os, const Metrics &m, double xMin,
        pointsOf(m, [&](const StepRecord &r) {
          return tokens ? r.tokensPerSecond : r.samplesPerSecond;
        })});
-  renderPlot(os, plot, xMin, xMax,
-             missingText(m, "samples_per_second", ""));
+  renderPlot(os, plot, xMin, xMax, missingText(m, "samples_per_second", ""));
 }
 
 void renderMemoryPlot(raw_ostream &os, const Metrics &m, double xMin,
@@ -790,12 +807,14 @@ void renderMemoryPlot(raw_ostream &os, const Metrics &m, double xMin,
   Plot plot{"memory", "Memory", "GB"};
   plot.series.push_back(
       {"host RSS", "host_rss_bytes", kHostColor,
-       pointsOf(m, [](const StepRecord &r) { return r.hostRssBytes; }, nullptr,
-                1 / kBytesPerGB)});
+       pointsOf(
+           m, [](const StepRecord &r) { return r.hostRssBytes; }, nullptr,
+           1 / kBytesPerGB)});
   plot.series.push_back(
       {"device peak", "device_peak_bytes", kDeviceColor,
-       pointsOf(m, [](const StepRecord &r) { return r.devicePeakBytes; },
-                nullptr, 1 / kBytesPerGB)});
+       pointsOf(
+           m, [](const StepRecord &r) { return r.devicePeakBytes; }, nullptr,
+           1 / kBytesPerGB)});
   llvm::erase_if(plot.series, [](const Series &s) { return s.points.empty(); });
   renderPlot(os, plot, xMin, xMax, missingText(m, "host_rss_bytes", ""));
 }
@@ -855,9 +874,8 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
     return html::escape(missingText(m, field, nullWhy));
   };
   os << "<h2>Summary</h2>\n<table>\n";
-  std::string steps = llvm::formatv("{0} (step {1} to {2})", m.steps.size(),
-                                    first, last)
-                          .str();
+  std::string steps =
+      llvm::formatv("{0} (step {1} to {2})", m.steps.size(), first, last).str();
   if (static_cast<int64_t>(m.steps.size()) != last - first + 1)
     steps += llvm::formatv(", {0} steps of the range have no line",
                            last - first + 1 - m.steps.size())
@@ -900,12 +918,12 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
   auto [meanTime, timed] =
       meanOf(m, [](const StepRecord &r) { return r.seconds; });
   if (timed) {
-    std::string text = llvm::formatv("mean {0} over {1} step{2}",
-                                     formatSeconds(meanTime), timed,
-                                     timed == 1 ? "" : "s")
-                           .str();
-    auto [meanRest, rest] =
-        meanOf(m, [](const StepRecord &r) { return r.seconds; }, true);
+    std::string text =
+        llvm::formatv("mean {0} over {1} step{2}", formatSeconds(meanTime),
+                      timed, timed == 1 ? "" : "s")
+            .str();
+    auto [meanRest, rest] = meanOf(
+        m, [](const StepRecord &r) { return r.seconds; }, true);
     if (rest && rest + 1 == timed)
       text += ", " + formatSeconds(meanRest) +
               " without the first (which includes warming up)";
@@ -921,8 +939,8 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
   if (sampled)
     throughput = "mean " + formatNumber(samples) + " samples/s";
   if (tokened)
-    throughput += (throughput.empty() ? "mean " : ", ") +
-                  formatNumber(tokens) + " tokens/s";
+    throughput += (throughput.empty() ? "mean " : ", ") + formatNumber(tokens) +
+                  " tokens/s";
   renderRow(os, "Throughput",
             throughput.empty() ? na("samples_per_second", "") : throughput);
 
@@ -940,8 +958,10 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
   }
   renderRow(os, "Skipped steps",
             skipped.empty()
-                ? std::string(m.present.count("skipped") ? "none" : "none "
-                              "marked (the file has no \"skipped\")")
+                ? std::string(m.present.count("skipped")
+                                  ? "none"
+                                  : "none "
+                                    "marked (the file has no \"skipped\")")
                 : "<span class=\"bad\">" + std::to_string(skipped.size()) +
                       ": step " + formatSteps(skipped) + "</span>");
   renderRow(os, "Clipped steps",
@@ -953,14 +973,12 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
                       .str());
   if (!nonFinite.empty())
     renderRow(os, "Non-finite values",
-              "<span class=\"bad\">step " + formatSteps(nonFinite) +
-                  "</span>");
+              "<span class=\"bad\">step " + formatSteps(nonFinite) + "</span>");
   if (!micro.empty())
     renderRow(os, "Micro-batches per step",
               micro.size() == 1
                   ? std::to_string(*micro.begin())
-                  : llvm::formatv("{0} to {1}", *micro.begin(),
-                                  *micro.rbegin())
+                  : llvm::formatv("{0} to {1}", *micro.begin(), *micro.rbegin())
                         .str());
   auto peak = [&](auto get, StringRef field) {
     std::optional<double> best;

@@ -42,11 +42,11 @@ cl::opt<train::LossScale> lossScale(
                           "(default)"),
                clEnumValN(train::LossScale::Linear, "linear", "linear"),
                clEnumValN(train::LossScale::Log, "log", "logarithmic")));
-cl::list<std::string> settings(
-    "setting", cl::cat(category),
-    cl::desc("A setting of the run for the page's table (repeatable); "
-             "max_grad_norm=X also draws the clipping threshold"),
-    cl::value_desc("NAME=VALUE"));
+cl::list<std::string>
+    settings("setting", cl::cat(category),
+             cl::desc("A setting of the run for the page's table (repeatable); "
+                      "max_grad_norm=X also draws the clipping threshold"),
+             cl::value_desc("NAME=VALUE"));
 
 int fail(const Twine &message) {
   WithColor::error(errs(), "megaslide-report") << message << "\n";
@@ -67,10 +67,10 @@ int main(int argc, char **argv) {
       "Exit status: 0 written, 1 bad input or failure.\n");
 
   train::TrainingReportInfo info;
-  info.title = title.getNumOccurrences()
-                   ? title.getValue()
-                   : "MegaSlide training run: " +
-                         sys::path::filename(metricsFile).str();
+  info.title =
+      title.getNumOccurrences()
+          ? title.getValue()
+          : "MegaSlide training run: " + sys::path::filename(metricsFile).str();
   info.lossScale = lossScale;
   for (StringRef setting : settings) {
     auto [name, value] = setting.split('=');
