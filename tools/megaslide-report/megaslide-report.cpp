@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
   info.lossScale = lossScale;
   for (StringRef setting : settings) {
     auto [name, value] = setting.split('=');
-    if (name.trim().empty() || value.size() == setting.size())
+    if (name.trim().empty() || !setting.contains('='))
       return fail("--setting '" + setting + "' is not NAME=VALUE");
     info.settings.emplace_back(name.trim().str(), value.str());
   }
