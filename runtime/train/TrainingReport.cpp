@@ -629,11 +629,19 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
 }
 
 /// Why a field has nothing to plot: never in the file, or only null.
-std::string missingText(const Metrics &m, StringRef field, StringRef nullWhy) {
-  if (!m.present.count(field.str()))
-    return "n/a: no line has \"" + field.str() +
-           "\" (files of older runs have only step, loss and seconds)";
-  if (!m.valued.count(field.str()))
+/// `brief` for the summary table, whose notes list the absent fields.
+std::string missingText(const Metrics &m, StringRef field, StringRef nullWhy,
+                        bool brief = false) {
+  if (!m.present.count(field)) {
+    if (brief)
+      return "n/a: not in the file";
+    bool old = field == "loss" || field == "seconds";
+    return "n/a: no line has \"" + field.str() + "\"" +
+           (old ? ""
+                : " (files of older runs have only step, loss and "
+                  "seconds)");
+  }
+  if (!m.valued.count(field))
     return "n/a: \"" + field.str() + "\" is null on every line" +
            (nullWhy.empty() ? "" : " (" + nullWhy.str() + ")");
   return "n/a: \"" + field.str() + "\" is not finite on any line";
@@ -871,7 +879,7 @@ std::pair<double, size_t> meanOf(const Metrics &m, Get get,
 void renderSummary(raw_ostream &os, const Metrics &m) {
   int64_t first = m.steps.begin()->first, last = m.steps.rbegin()->first;
   auto na = [&](StringRef field, StringRef nullWhy) {
-    return html::escape(missingText(m, field, nullWhy));
+    return html::escape(missingText(m, field, nullWhy, /*brief=*/true));
   };
   os << "<h2>Summary</h2>\n<table>\n";
   std::string steps =
