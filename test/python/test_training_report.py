@@ -289,8 +289,9 @@ def test_checks_fail_on_a_broken_page(report, tmp_path):
 
 
 def test_tool_errors(tmp_path):
-    """Missing, empty and malformed metrics and an unwritable output exit 1
-    with a message naming the file (docs/ExitCodes.md); no output is made."""
+    """Missing, empty and malformed metrics, an unwritable output and a full
+    disk exit 1 with a message naming the file (docs/ExitCodes.md); no
+    output is made or changed."""
     tool = tool_path("megaslide-report")
     out = tmp_path / "out.html"
 
@@ -319,6 +320,13 @@ def test_tool_errors(tmp_path):
     out.write_text("old")
     fails(bad, "-o", out)
     assert out.read_text() == "old", "a failed run changed the output"
+    # A disk that fills up while the page is written (docs/Testing.md,
+    # "Fault injection"): the old page stays.
+    r = subprocess.run([tool, os.fspath(good), "-o", os.fspath(out)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "MEGASLIDE_FAULT_WRITE_LIMIT": "100"})
+    assert r.returncode == 1 and "No space left on device" in r.stderr, r
+    assert out.read_text() == "old"
     r = subprocess.run([tool, os.fspath(good), "-o", os.fspath(out)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
