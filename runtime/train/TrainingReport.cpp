@@ -36,6 +36,7 @@ namespace json = llvm::json;
 namespace {
 
 constexpr double kBytesPerGB = 1e9;
+constexpr double kBytesPerMB = 1e6;
 constexpr double kSvgWidth = 900;
 
 // Series colours, from the plan report's palette; red marks problems
@@ -317,7 +318,11 @@ std::string formatSeconds(double seconds) {
   return llvm::formatv("{0:F3} s", seconds).str();
 }
 
-std::string formatGB(double bytes) {
+/// Bytes as decimal gigabytes, or megabytes under one gigabyte (the
+/// small models of tests and examples).
+std::string formatBytes(double bytes) {
+  if (bytes < kBytesPerGB)
+    return llvm::formatv("{0:F1} MB", bytes / kBytesPerMB).str();
   return llvm::formatv("{0:F2} GB", bytes / kBytesPerGB).str();
 }
 
@@ -812,17 +817,26 @@ void renderThroughputPlot(raw_ostream &os, const Metrics &m, double xMin,
 
 void renderMemoryPlot(raw_ostream &os, const Metrics &m, double xMin,
                       double xMax) {
-  Plot plot{"memory", "Memory", "GB"};
+  // Gigabytes, or megabytes when the peak is under one gigabyte.
+  double peak = 0;
+  for (const auto &[step, r] : m.steps)
+    for (const std::optional<double> &bytes :
+         {r.hostRssBytes, r.devicePeakBytes})
+      if (isFinite(bytes))
+        peak = std::max(peak, *bytes);
+  bool gb = peak >= kBytesPerGB;
+  double scale = 1 / (gb ? kBytesPerGB : kBytesPerMB);
+  Plot plot{"memory", "Memory", gb ? "GB" : "MB"};
   plot.series.push_back(
-      {"host RSS", "host_rss_bytes", kHostColor,
+      {"host peak RSS", "host_rss_bytes", kHostColor,
        pointsOf(
            m, [](const StepRecord &r) { return r.hostRssBytes; }, nullptr,
-           1 / kBytesPerGB)});
+           scale)});
   plot.series.push_back(
       {"device peak", "device_peak_bytes", kDeviceColor,
        pointsOf(
            m, [](const StepRecord &r) { return r.devicePeakBytes; }, nullptr,
-           1 / kBytesPerGB)});
+           scale)});
   llvm::erase_if(plot.series, [](const Series &s) { return s.points.empty(); });
   renderPlot(os, plot, xMin, xMax, missingText(m, "host_rss_bytes", ""));
 }
@@ -993,7 +1007,7 @@ void renderSummary(raw_ostream &os, const Metrics &m) {
     for (const auto &[step, r] : m.steps)
       if (std::optional<double> value = get(r); isFinite(value))
         best = std::max(best.value_or(0), *value);
-    return best ? formatGB(*best) : na(field, "");
+    return best ? formatBytes(*best) : na(field, "");
   };
   renderRow(os, "Peak host RSS",
             peak([](const StepRecord &r) { return r.hostRssBytes; },
@@ -1071,7 +1085,8 @@ megaslide::train::trainingReportHtml(StringRef metricsJsonl,
   os << "<header>\n<h1>" << title << "</h1>\n"
      << "<p class=\"meta\">" << m.steps.size() << " optimizer step"
      << (m.steps.size() == 1 ? "" : "s")
-     << " from the metrics log; GB = 10^9 bytes.</p>\n</header>\n";
+     << " from the metrics log; GB = 10^9 bytes, MB = 10^6 bytes.</p>\n"
+     << "</header>\n";
   renderSummary(os, m);
   renderNotes(os, m);
 

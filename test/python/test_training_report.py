@@ -1,4 +1,4 @@
-"""The training report (megaslide-report, docs/Runtime.md "Training report")
+"""The training report (megaslide-report, docs/Training.md "Training report")
 rendered by a real browser: headless Chromium opens the page, its
 screenshot must be a PNG of the window's size that shows the curves in
 their colours, and the DOM Chromium parsed must hold each plot's polyline

@@ -1,7 +1,7 @@
 //===- megaslide-report.cpp - A run's metrics as one HTML page ------------===//
 //
 // The metrics log of `megaslide-run --metrics FILE` -> one offline HTML
-// page with the run's curves (train/TrainingReport.h; docs/Runtime.md,
+// page with the run's curves (train/TrainingReport.h; docs/Training.md,
 // "Training report"). No MLIR: built by the runtime-only build too, so
 // the page can be made where the run ran. Exit status: 0 written, 1 bad
 // input or failure (docs/ExitCodes.md).

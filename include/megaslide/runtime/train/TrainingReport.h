@@ -1,7 +1,7 @@
 //===- TrainingReport.h - A run's metrics as one HTML page ------*- C++ -*-===//
 //
 // Renders the metrics log of `megaslide-run --metrics FILE` (JSON Lines,
-// one object per optimizer step; docs/Runtime.md, "Training report") as a
+// one object per optimizer step; docs/Training.md, "Training report") as a
 // single offline HTML page: a summary table, inline-SVG line plots of the
 // loss (train and validation), learning rate, gradient norm, step time,
 // throughput and memory, and the run's settings. No script, no URL: the

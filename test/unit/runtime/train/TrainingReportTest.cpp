@@ -129,6 +129,10 @@ TEST(TrainingReportTest, PlotsEveryCurveWithOnePointPerStep) {
   EXPECT_NE(html.find("1: step 6"), std::string::npos);
   EXPECT_NE(html.find("mean 0.810 s over 10 steps"), std::string::npos);
   EXPECT_NE(html.find("<td>&lt;1e-5&gt;</td>"), std::string::npos);
+  // Under a gigabyte, memory is in megabytes.
+  EXPECT_NE(html.find("<th>Peak host RSS</th><td>123.5 MB</td>"),
+            std::string::npos);
+  EXPECT_NE(memory.find(">MB</text>"), std::string::npos);
   EXPECT_EQ(html.find("Not in this file"), std::string::npos);
 }
 
