@@ -10,6 +10,8 @@
 
 #include "megaslide/Report/HtmlReport.h"
 
+#include "megaslide/runtime/support/Html.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -23,6 +25,9 @@
 using namespace megaslide;
 using llvm::raw_ostream;
 using llvm::StringRef;
+using megaslide::html::escape;
+using megaslide::html::tickLabel;
+using megaslide::html::tickStep;
 namespace json = llvm::json;
 
 namespace {
@@ -84,31 +89,6 @@ sortedEntries(const json::Object *o) {
 // Formatting
 //===----------------------------------------------------------------------===//
 
-/// Escapes text for HTML element content and double-quoted attributes.
-std::string escape(StringRef text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-    case '&':
-      out += "&amp;";
-      break;
-    case '<':
-      out += "&lt;";
-      break;
-    case '>':
-      out += "&gt;";
-      break;
-    case '"':
-      out += "&quot;";
-      break;
-    default:
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string escapedOr(std::optional<StringRef> text) {
   return text ? escape(*text) : "n/a";
 }
@@ -150,16 +130,6 @@ std::string formatUsage(std::optional<double> used,
   return text;
 }
 
-/// The label of a tick at `value`, with as many decimals as `step` needs.
-std::string tickLabel(double value, double step) {
-  int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step))));
-  if (std::abs(value) < step * 1e-6)
-    value = 0; // no "-0.0"
-  std::string label;
-  llvm::raw_string_ostream(label) << llvm::format("%.*f", decimals, value);
-  return label;
-}
-
 //===----------------------------------------------------------------------===//
 // SVG building blocks
 //===----------------------------------------------------------------------===//
@@ -186,28 +156,6 @@ struct Frame {
   double right() const { return left + width; }
   double bottom() const { return top + height; }
 };
-
-/// Round tick spacing (1, 2 or 5 times a power of ten) giving about
-/// `count` ticks over `span`, but never closer than `minStep`.
-double tickStep(double span, int count, double minStep) {
-  double raw = span / count;
-  double power = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = 10 * power;
-  for (double multiple : {1.0, 2.0, 5.0})
-    if (multiple * power >= raw) {
-      step = multiple * power;
-      break;
-    }
-  return std::max(step, minStep);
-}
-
-/// Calls `draw(value)` for each multiple of `step` inside `range`.
-template <typename Fn>
-void forEachTick(const Range &range, double step, Fn draw) {
-  for (double i = std::ceil(range.min / step - 1e-9);
-       i * step <= range.max + step * 1e-9; ++i)
-    draw(i * step);
-}
 
 void drawLine(raw_ostream &os, double x1, double y1, double x2, double y2,
               StringRef cssClass) {
@@ -237,7 +185,7 @@ void drawRect(raw_ostream &os, double x, double y, double width, double height,
 void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
                double minStep = 0) {
   double step = tickStep(f.x.span(), 8, minStep);
-  forEachTick(f.x, step, [&](double value) {
+  html::forEachTick(f.x.min, f.x.max, step, [&](double value) {
     double x = f.px(value);
     drawLine(os, x, f.top, x, f.bottom(), "grid");
     drawLine(os, x, f.bottom(), x, f.bottom() + 5, "axis");
@@ -251,7 +199,7 @@ void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
 /// `label` written upwards beside them.
 void drawYAxis(raw_ostream &os, const Frame &f, StringRef label) {
   double step = tickStep(f.y.span(), 5, 0);
-  forEachTick(f.y, step, [&](double value) {
+  html::forEachTick(f.y.min, f.y.max, step, [&](double value) {
     double y = f.py(value);
     drawLine(os, f.left, y, f.right(), y, "grid");
     drawLine(os, f.left - 5, y, f.left, y, "axis");
