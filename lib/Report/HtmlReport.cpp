@@ -670,6 +670,82 @@ void renderTopConsumers(raw_ostream &os, const json::Array *consumers) {
   os << "</table>\n";
 }
 
+/// The "Training recipe" section: the update mode and why, each mode's
+/// host bytes and step, the recipe's features and what would make it fit.
+void renderRecipe(raw_ostream &os, const json::Object *recipe) {
+  os << "<h2>Training recipe</h2>\n";
+  if (!recipe) {
+    os << "<p>n/a</p>\n";
+    return;
+  }
+  const json::Object *bytes = objectAt(recipe, "bytes");
+  const json::Object *updates = objectAt(recipe, "deferred_updates");
+  os << "<p>Update: <b>" << escapedOr(stringAt(recipe, "update")) << "</b> ("
+     << escapedOr(stringAt(recipe, "reason")) << "); grad-accum "
+     << formatCount(recipe, "grad_accum") << "; EMA "
+     << escapedOr(stringAt(recipe, "ema")) << ". Host left for the recipe: "
+     << formatGB(numberAt(recipe, "host_free_bytes")) << " GB.</p>\n";
+  os << "<table>\n<tr><th>update mode</th><th>host GB</th><th>fits</th>"
+        "<th>step</th><th>host optimizer</th><th>note</th></tr>\n";
+  for (StringRef name : {"deferred", "streaming"}) {
+    const json::Object *mode = objectAt(objectAt(recipe, "modes"), name);
+    std::optional<bool> available =
+        mode ? mode->getBoolean("available") : std::nullopt;
+    std::optional<bool> fits =
+        mode ? mode->getBoolean("host_fits") : std::nullopt;
+    os << "<tr><td>" << name << "</td><td class=\"num\">"
+       << (available.value_or(false) ? formatGB(numberAt(mode, "host_bytes"))
+                                     : std::string("n/a"))
+       << "</td><td>"
+       << (!available.value_or(false) ? "n/a"
+           : fits.value_or(false)     ? "yes"
+                                      : "<span class=\"bad\">no</span>")
+       << "</td><td class=\"num\">"
+       << formatSeconds(numberAt(mode, "step_seconds"))
+       << "</td><td class=\"num\">"
+       << formatSeconds(numberAt(mode, "host_optimizer_seconds")) << "</td><td>"
+       << escapedOr(stringAt(mode, "note")) << "</td></tr>\n";
+  }
+  os << "</table>\n<table>\n";
+  renderRow(os, "Retained gradients (deferred update)",
+            formatGB(numberAt(bytes, "retained_gradients")) + " GB");
+  renderRow(os, "Gradient accumulator (fp32)",
+            formatGB(numberAt(bytes, "gradient_accumulator")) + " GB, " +
+                formatSeconds(numberAt(recipe, "accumulate_seconds")) +
+                " of adds per optimizer step (estimate)");
+  renderRow(os, "EMA weights",
+            formatGB(numberAt(bytes, "ema")) + " GB, " +
+                formatSeconds(numberAt(recipe, "ema_seconds")) +
+                " per optimizer step (estimate)");
+  renderRow(os, "Deferred updates (replay)",
+            formatSeconds(numberAt(updates, "update_seconds")) +
+                " of AdamW before the fetches; the last ends at " +
+                formatSeconds(numberAt(updates, "updates_end_seconds")) +
+                ", the forward at " +
+                formatSeconds(numberAt(updates, "forward_end_seconds")));
+  renderRow(os, "Largest block update against its forward",
+            "block " + formatCount(updates, "block") + ": " +
+                formatSeconds(numberAt(updates, "block_update_seconds")) +
+                " against " +
+                formatSeconds(numberAt(updates, "block_forward_seconds")));
+  std::optional<bool> deviceFits =
+      recipe->getBoolean("device_accumulation_fits");
+  renderRow(os, "Accumulating every gradient on the device",
+            formatGB(numberAt(recipe, "device_accumulation_bytes")) +
+                " GB (fp32): " +
+                (deviceFits ? (*deviceFits ? "fits" : "does not fit") : "n/a"));
+  renderRow(os, "Optimizer step",
+            formatSeconds(numberAt(recipe, "optimizer_step_seconds")));
+  os << "</table>\n";
+  if (const json::Array *advice = arrayAt(recipe, "advice");
+      advice && !advice->empty()) {
+    os << "<ul class=\"violations\">\n";
+    for (const json::Value &a : *advice)
+      os << "<li>to fit: " << escapedOr(a.getAsString()) << "</li>\n";
+    os << "</ul>\n";
+  }
+}
+
 } // namespace
 
 std::string megaslide::renderHtmlReport(const json::Value &plan) {
@@ -697,6 +773,8 @@ std::string megaslide::renderHtmlReport(const json::Value &plan) {
 
   os << "<h2>Host memory by category</h2>\n";
   renderHostMemoryPlot(os, root);
+
+  renderRecipe(os, objectAt(root, "recipe"));
 
   os << "<h2>Per layer</h2>\n";
   renderPerLayerPlot(os, root);
