@@ -139,6 +139,8 @@ public:
         r.emaDecay = py::cast<double>(value);
       } else if (k == "ema_warmup") {
         r.emaWarmup = py::cast<bool>(value);
+      } else if (k == "ema_bf16") {
+        r.emaBf16 = py::cast<bool>(value);
       } else if (k == "logit_mean") {
         r.logitMean = py::cast<double>(value);
       } else if (k == "logit_std") {

@@ -548,13 +548,28 @@ RECIPE_OPTIONS: Dict[str, type] = {
 }
 
 
+#: Planning options the recipe follows too: the plan accounts their host
+#: memory, the Trainer accumulates and keeps the EMA as they say.
+_PLANNED_RECIPE_OPTIONS = ("grad_accum", "ema_dtype")
+
+
 def _recipe_options(options: Dict[str, Any]) -> Dict[str, Any]:
-    """Takes the recipe's keys out of ``options``, type checked."""
+    """Takes the recipe's keys out of ``options``, type checked; the
+    planned ones (grad_accum, ema_dtype) stay for the plan as well."""
     recipe = {}
+    if options.get("ema_decay") and "ema_dtype" not in options:
+        options["ema_dtype"] = "f32"  # as megaslide-plan and -run do
+    if "ema_dtype" in options:
+        dtype = options["ema_dtype"]
+        if dtype not in ("none", "f32", "bf16"):
+            raise ValueError(f"ema_dtype must be none, f32 or bf16, got "
+                             f"{dtype!r}")
+        recipe["ema_bf16"] = dtype == "bf16"
     for name, kind in RECIPE_OPTIONS.items():
         if name not in options:
             continue
-        value = options.pop(name)
+        value = (options.get if name in _PLANNED_RECIPE_OPTIONS
+                 else options.pop)(name)
         if kind is float and isinstance(value, numbers.Real) and \
                 not isinstance(value, bool):
             value = float(value)
@@ -645,6 +660,11 @@ class Trainer:
         _within_int64("seed", seed, high=2**64 - 1)
         if plan_json is not None and plan_file is not None:
             raise ValueError("give plan_json or plan_file, not both")
+        if plan_json is not None or plan_file is not None:
+            # A given plan was accounted when it was compiled; the recipe
+            # still follows these.
+            for name in _PLANNED_RECIPE_OPTIONS:
+                plan_options.pop(name, None)
         if plan_options and (plan_json is not None or plan_file is not None):
             raise TypeError(f"plan options ({', '.join(sorted(plan_options))})"
                             f" only apply when compiling a model, not to a "

@@ -247,7 +247,7 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   double baseLr = exec::kDefaultLr;
   for (const exec::Instruction &inst : plan.instructions)
     if (inst.op == exec::OpCode::HostAdamW) {
-      (inst.attr("deferred") ? deferred : streaming) = true;
+      (inst.hasAttr(exec::kDeferredAttr) ? deferred : streaming) = true;
       baseLr = inst.floatAttr("lr").value_or(baseLr);
     }
   if (deferred && streaming)
@@ -418,10 +418,9 @@ void Session::retain(const exec::Instruction &inst,
 }
 
 void Session::applyPending(llvm::StringRef param) {
-  auto it = updateIndex.find(param);
-  // A persistent bf16 copy ("<name>.bf16") is fetched for its master.
-  if (it == updateIndex.end() && param.ends_with(".bf16"))
-    it = updateIndex.find(param.drop_back(5));
+  // A fetch reads a master, or the persistent bf16 copy its update makes.
+  const exec::Param *master = plan().updatedParam(param);
+  auto it = master ? updateIndex.find(master->name) : updateIndex.end();
   if (it != updateIndex.end() && updates[it->second].pending)
     apply(updates[it->second]);
 }

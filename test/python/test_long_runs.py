@@ -663,8 +663,9 @@ def test_deferred_update_skips_a_nan_gradient_exactly(tmp_path):
     before = (tmp_path / "ck" / "step-000002" / "state.safetensors")
     before = before.read_bytes()
     result = subprocess.run(
-        [tool_path("megaslide-run"), "--no-progress", *map(text, args),
-         "--steps", 1, "--resume", "--metrics", tmp_path / "m.jsonl"],
+        [tool_path("megaslide-run"), "--no-progress",
+         *map(text, [*args, "--steps", 1, "--resume", "--metrics",
+                     tmp_path / "m.jsonl"])],
         capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "the gradient norm is not finite" in result.stderr

@@ -427,14 +427,14 @@ Error adoptRunSettings(const train::Settings &stored) {
   return Error::success();
 }
 
-/// The value of the integer option `name` where the tool has one (a
-/// planning option megaslide-exec, which compiles nothing, lacks).
-std::optional<int64_t> intOption(StringRef name) {
+/// The planning option `name` where the tool has it (megaslide-exec, which
+/// compiles nothing, has none): an integer, or an enum read as text.
+template <typename T> std::optional<T> planningOption(StringRef name) {
   auto &options = cl::getRegisteredOptions();
   auto it = options.find(name);
   if (it == options.end())
     return std::nullopt;
-  return static_cast<cl::opt<int64_t> *>(it->second)->getValue();
+  return static_cast<cl::opt<T> *>(it->second)->getValue();
 }
 
 } // namespace
@@ -588,7 +588,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   sessionOptions.valDataDir = valData;
   sessionOptions.recipe = *recipe;
   train::Recipe &r = sessionOptions.recipe;
-  r.gradAccum = intOption("grad-accum").value_or(1);
+  // What the plan was compiled for (PipelineOptions.def).
+  r.gradAccum = planningOption<int64_t>("grad-accum").value_or(1);
+  r.emaBf16 = planningOption<std::string>("ema-dtype") == "bf16";
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
   // it started with, so that N + N steps follow the same schedule as 2N.
   if (r.decaySteps == 0) {
