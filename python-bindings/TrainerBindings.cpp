@@ -533,7 +533,8 @@ void defineTrainer(py::module_ &m) {
         if (llvm::Error e = train::checkRecipe(r, INFINITY))
           raise(std::move(e));
         std::vector<float> sigmas = train::sampleSigmas(r, seed, step, count);
-        FloatArray a({static_cast<py::ssize_t>(count)});
+        // A vector shape: a braced single size would make a zero-stride view.
+        FloatArray a(std::vector<py::ssize_t>{static_cast<py::ssize_t>(count)});
         std::copy(sigmas.begin(), sigmas.end(), a.mutable_data());
         return a;
       },

@@ -518,13 +518,16 @@ def exec_plan(
     text_len: Optional[int] = None,
     latent: bool = False,
     lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
     **options: Any,
 ) -> str:
     """The execution plan of a training step as JSON text.
 
     This is what ``megaslide-run --save-plan`` writes (docs/ExecutionPlan.md).
     Options are those of :func:`plan`; ``lr`` overrides the config's
-    learning rate. Raises ValueError for bad input or a plan over budget.
+    learning rate, ``weight_decay`` is AdamW's decoupled weight decay
+    (default 0, as ``--weight-decay``). Raises ValueError for bad input or
+    a plan over budget.
     """
     args = _common_args(model, frames, height, width, batch, text_len, latent)
     # JSON cannot carry nan or inf to the C API, which checks the range
@@ -533,8 +536,15 @@ def exec_plan(
                            not isinstance(lr, numbers.Real) or
                            not math.isfinite(lr) or not lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    payload = _options_payload("exec_plan", options,
-                               lr=None if lr is None else float(lr))
+    if weight_decay is not None and (
+            isinstance(weight_decay, bool) or
+            not isinstance(weight_decay, numbers.Real) or
+            not math.isfinite(weight_decay) or weight_decay < 0):
+        raise ValueError(f"weight_decay must be a non-negative number, got "
+                         f"{weight_decay!r}")
+    payload = _options_payload(
+        "exec_plan", options, lr=None if lr is None else float(lr),
+        weight_decay=None if weight_decay is None else float(weight_decay))
     return _megaslide.exec_plan_json(*args, payload)
 
 
