@@ -684,8 +684,8 @@ void renderRecipe(raw_ostream &os, const json::Object *recipe) {
      << escapedOr(stringAt(recipe, "reason")) << "); grad-accum "
      << formatCount(recipe, "grad_accum") << "; EMA "
      << escapedOr(stringAt(recipe, "ema")) << ". Host left for the recipe: "
-     << formatGB(numberAt(recipe, "host_free_bytes")) << " GB.</p>\n";
-  os << "<table>\n<tr><th>update mode</th><th>host GB</th><th>fits</th>"
+     << formatGB(numberAt(recipe, "host_free_bytes")) << ".</p>\n";
+  os << "<table>\n<tr><th>update mode</th><th>host memory</th><th>fits</th>"
         "<th>step</th><th>host optimizer</th><th>note</th></tr>\n";
   for (StringRef name : {"deferred", "streaming"}) {
     const json::Object *mode = objectAt(objectAt(recipe, "modes"), name);
@@ -708,13 +708,13 @@ void renderRecipe(raw_ostream &os, const json::Object *recipe) {
   }
   os << "</table>\n<table>\n";
   renderRow(os, "Retained gradients (deferred update)",
-            formatGB(numberAt(bytes, "retained_gradients")) + " GB");
+            formatGB(numberAt(bytes, "retained_gradients")));
   renderRow(os, "Gradient accumulator (fp32)",
-            formatGB(numberAt(bytes, "gradient_accumulator")) + " GB, " +
+            formatGB(numberAt(bytes, "gradient_accumulator")) + ", " +
                 formatSeconds(numberAt(recipe, "accumulate_seconds")) +
                 " of adds per optimizer step (estimate)");
   renderRow(os, "EMA weights",
-            formatGB(numberAt(bytes, "ema")) + " GB, " +
+            formatGB(numberAt(bytes, "ema")) + ", " +
                 formatSeconds(numberAt(recipe, "ema_seconds")) +
                 " per optimizer step (estimate)");
   renderRow(os, "Deferred updates (replay)",
@@ -732,7 +732,7 @@ void renderRecipe(raw_ostream &os, const json::Object *recipe) {
       recipe->getBoolean("device_accumulation_fits");
   renderRow(os, "Accumulating every gradient on the device",
             formatGB(numberAt(recipe, "device_accumulation_bytes")) +
-                " GB (fp32): " +
+                " (fp32): " +
                 (deviceFits ? (*deviceFits ? "fits" : "does not fit") : "n/a"));
   renderRow(os, "Optimizer step",
             formatSeconds(numberAt(recipe, "optimizer_step_seconds")));

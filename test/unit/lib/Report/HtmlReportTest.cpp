@@ -140,4 +140,52 @@ TEST(HtmlReport, RendersEmptyPlanAsNotAvailable) {
   }
 }
 
+// Tests that the training recipe section shows the mode and why, both
+// modes with their bytes and whether they fit, the features, and the
+// advice; without a recipe it says n/a.
+TEST(HtmlReport, RendersTheTrainingRecipe) {
+  json::Value plan = samplePlan();
+  auto mode = [](int64_t bytes, bool fits, double seconds,
+                 const char *note) {
+    return json::Object{{"available", true},
+                        {"host_bytes", bytes},
+                        {"host_fits", fits},
+                        {"step_seconds", seconds},
+                        {"host_optimizer_seconds", 8.8},
+                        {"note", note}};
+  };
+  (*plan.getAsObject())["recipe"] = json::Object{
+      {"update", "streaming"},
+      {"reason", "update=auto: deferring needs 635.81 GB, more than the "
+                 "125.96 GB host-mem leaves"},
+      {"grad_accum", 1},
+      {"ema", "f32"},
+      {"host_free_bytes", 125960000000},
+      {"bytes", json::Object{{"retained_gradients", 211940000000},
+                             {"gradient_accumulator", 0},
+                             {"ema", 423870000000}}},
+      {"modes",
+       json::Object{{"deferred", mode(635810000000, false, 103.558, "x")},
+                    {"streaming", mode(423870000000, false, 103.43,
+                                       "clips with the previous step's "
+                                       "norm")}}},
+      {"device_accumulation_bytes", 423870000000},
+      {"device_accumulation_fits", false},
+      {"advice", json::Array{"to defer, 509.85 GB more: <bf16-moments>"}}};
+  std::string html = renderHtmlReport(plan);
+  llvm::StringRef page(html);
+  EXPECT_TRUE(page.contains("<h2>Training recipe</h2>"));
+  EXPECT_TRUE(page.contains("Update: <b>streaming</b> (update=auto: "
+                            "deferring needs 635.81 GB"));
+  EXPECT_TRUE(page.contains("<tr><td>deferred</td><td class=\"num\">635.81 "
+                            "GB</td><td><span class=\"bad\">no</span>"));
+  EXPECT_TRUE(page.contains("<td>streaming</td><td class=\"num\">423.87 GB"));
+  EXPECT_TRUE(page.contains("423.87 GB (fp32): does not fit"));
+  EXPECT_TRUE(page.contains("<li>to fit: to defer, 509.85 GB more: "
+                            "&lt;bf16-moments&gt;</li>"));
+  EXPECT_TRUE(
+      llvm::StringRef(renderHtmlReport(samplePlan()))
+          .contains("<h2>Training recipe</h2>\n<p>n/a</p>"));
+}
+
 } // namespace

@@ -373,6 +373,59 @@ struct Block {
 
 std::vector<int64_t> usersOf(const Release &r) { return r.users; }
 
+// Tests that a deferred host_adamw retains its gradient (its 1000 B read
+// and written at the host bandwidth: 0.02 s) and that its update, timed as
+// the host_adamw (1000 params at 100/s: 10 s), runs on the host stream
+// right before the fetch that applies it, which waits for it: w1's fetch
+// starts at 10 instead of 1, the second kernel at 11, the d2h at 14, the
+// retain at 16. w0, updated by nobody, is fetched at once.
+TEST(SimBackend, DeferredUpdateRunsBeforeTheFetchThatAppliesIt) {
+  Block block;
+  exec::ExecPlan &plan = block.b.plan;
+  for (const char *name : {"w0", "w1"}) {
+    exec::Param p;
+    p.name = name;
+    p.role = "master";
+    p.type.shape = {500};
+    plan.params.push_back(p);
+  }
+  exec::setDeferredUpdates(plan, /*deferred=*/true);
+  HardwareModel hw = roundHardware();
+  hw.hostMemoryBandwidth = 1e5;
+
+  StepTasks step = llvm::cantFail(buildTasks(plan, hw));
+  ASSERT_EQ(step.tasks.size(), 15u);
+  ASSERT_EQ(step.updates.size(), 1u);
+  EXPECT_EQ(step.updates[0].fetch, 3);
+  EXPECT_EQ(step.updates[0].hostAdamW, 13);
+  EXPECT_EQ(step.updates[0].task, 3);
+  EXPECT_EQ(step.taskOf[3], 4);
+  EXPECT_EQ(step.tasks[3].stream, Stream::Host);
+  EXPECT_DOUBLE_EQ(step.tasks[3].seconds, 10);
+  EXPECT_EQ(step.tasks[4].deps, (std::vector<int64_t>{3}));
+  EXPECT_DOUBLE_EQ(step.tasks[14].seconds, 0.02);
+
+  SimResult r = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(r.start[0], 0);
+  EXPECT_DOUBLE_EQ(r.start[3], 10);
+  EXPECT_DOUBLE_EQ(r.start[7], 11);
+  EXPECT_DOUBLE_EQ(r.start[10], 14);
+  EXPECT_DOUBLE_EQ(r.start[13], 16);
+  EXPECT_DOUBLE_EQ(r.makespan, 16.02);
+  EXPECT_DOUBLE_EQ(r.busy[static_cast<int>(Stream::Host)], 10.02);
+  ASSERT_EQ(r.updates.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.updates[0].start, 0);
+  EXPECT_DOUBLE_EQ(r.updates[0].end, 10);
+
+  // Unmarked again, the replay is the streaming one: the update is the
+  // host_adamw after the d2h, 8..18.
+  exec::setDeferredUpdates(plan, /*deferred=*/false);
+  SimResult streaming = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(streaming.start[13], 8);
+  EXPECT_DOUBLE_EQ(streaming.makespan, 18);
+  EXPECT_TRUE(streaming.updates.empty());
+}
+
 TEST(SimBackend, TasksFollowThePlannersRules) {
   Block block;
   std::vector<Task> tasks =
