@@ -508,3 +508,344 @@ def test_reference_float32_meets_the_recipe_tolerance(update):
                             rel_tol=NORM_RTOL / 10)
         assert got["clipped"] == want["clipped"]
     assert_state_matches(ref, f32.p, f32.m, f32.v, f32.ema, tighten=10)
+
+
+# ---------------------------------------------------------------------------
+# megaslide.sample_sigmas
+# ---------------------------------------------------------------------------
+
+def logit(x):
+    x = np.asarray(x, np.float64)
+    return np.log(x) - np.log1p(-x)
+
+
+def test_sample_sigmas_are_reproducible_times_in_the_unit_interval():
+    kw = dict(timestep_sampling="logit-normal", logit_mean=0.0, logit_std=1.0,
+              flow_shift=3.0)
+    a = megaslide.sample_sigmas(5, 3, 64, **kw)
+    assert isinstance(a, np.ndarray) and a.dtype == np.float32
+    assert a.shape == (64,)
+    assert ((a >= 0) & (a <= 1)).all()
+    np.testing.assert_array_equal(megaslide.sample_sigmas(5, 3, 64, **kw), a)
+    assert not np.array_equal(megaslide.sample_sigmas(5, 4, 64, **kw), a)
+    assert not np.array_equal(megaslide.sample_sigmas(6, 3, 64, **kw), a)
+    assert len(np.unique(a)) == 64
+    u = megaslide.sample_sigmas(5, 3, 20000, timestep_sampling="uniform")
+    assert ((u >= 0) & (u <= 1)).all()
+    # U(0, 1): mean 1/2 and variance 1/12 within 4 standard errors.
+    se_mean, se_var = math.sqrt(1 / 12 / 20000), math.sqrt(1 / 180 / 20000)
+    assert abs(u.mean() - 0.5) < 4 * se_mean, u.mean()
+    assert abs(u.var() - 1 / 12) < 4 * se_var, u.var()
+
+
+@pytest.mark.parametrize("mean,std", [(0.0, 1.0), (0.4, 0.7)])
+def test_logit_normal_sigmas_have_the_stated_moments(mean, std):
+    n = 20000
+    z = logit(megaslide.sample_sigmas(11, 2, n, timestep_sampling="logit-normal",
+                                      logit_mean=mean, logit_std=std,
+                                      flow_shift=1.0))
+    # Standard errors of a normal sample's mean and standard deviation.
+    se_mean, se_std = std / math.sqrt(n), std / math.sqrt(2 * n)
+    assert abs(z.mean() - mean) < 4 * se_mean, (z.mean(), mean, se_mean)
+    assert abs(z.std() - std) < 4 * se_std, (z.std(), std, se_std)
+    # Normal, not just the two moments: the mass within one std.
+    inside = np.mean(np.abs(z - mean) < std)
+    assert abs(inside - 0.682689) < 4 * math.sqrt(0.6827 * 0.3173 / n), inside
+
+
+@pytest.mark.parametrize("shift", [3.0, 0.5, 5.0])
+def test_flow_shift_transforms_the_unshifted_draws(shift):
+    kw = dict(timestep_sampling="logit-normal", logit_mean=0.2, logit_std=1.3)
+    plain = megaslide.sample_sigmas(9, 7, 4096, flow_shift=1.0, **kw)
+    got = megaslide.sample_sigmas(9, 7, 4096, flow_shift=shift, **kw)
+    np.testing.assert_allclose(got, shifted(plain.astype(np.float64), shift),
+                               rtol=0, atol=1e-6)
+    # The shift moves mass towards noise (s > 1) or data (s < 1).
+    assert (np.median(got) > np.median(plain)) == (shift > 1)
+
+
+# ---------------------------------------------------------------------------
+# The Trainer
+# ---------------------------------------------------------------------------
+
+def trainer(update="deferred", grad_accum=1, recipe=None, **plan):
+    options = dict(RECIPE if recipe is None else recipe)
+    return megaslide.Trainer(
+        "tiny", GLOBAL["frames"], GLOBAL["height"], GLOBAL["width"],
+        backend="cpu", precision="f32", attention=GLOBAL["attention"],
+        seed=TRAINER_SEED, update=update, grad_accum=grad_accum,
+        **options, **plan)
+
+
+def write_diffusers_weights(directory, params):
+    """A diffusers transformer folder, written by Python's safetensors:
+    config.json (configs/tiny.json, the preset's diffusers config) and
+    diffusion_pytorch_model.safetensors."""
+    from safetensors.numpy import save_file
+    directory.mkdir(parents=True, exist_ok=True)
+    from test_parity import SOURCE_ROOT
+    (directory / "config.json").write_text(
+        (SOURCE_ROOT / "configs" / "tiny.json").read_text())
+    save_file({n: np.ascontiguousarray(v) for n, v in params.items()},
+              str(directory / "diffusion_pytorch_model.safetensors"))
+    return directory
+
+
+def hyper_parameters_of(tr):
+    """The host_adamw attributes of the trainer's plan."""
+    import json
+    plan = json.loads(tr.plan_json())
+    attrs = [i["attrs"] for i in plan["instructions"]
+             if i.get("op") == "host_adamw"]
+    assert attrs, "no host_adamw in the plan"
+    return attrs
+
+
+def run_trainer(tr, data, timesteps=None):
+    reports = []
+    for s, batch in enumerate(data):
+        inputs = dict(batch)
+        if timesteps is not None:
+            inputs["timesteps"] = timesteps[s]
+        reports.append(tr.step(**inputs))
+    return reports
+
+
+@pytest.mark.parametrize("update", ["deferred", "streaming"])
+def test_recipe_matches_the_reference(update, tmp_path):
+    """The acceptance test: 20 optimizer steps of the whole recipe."""
+    pytest.importorskip("safetensors")
+    k = 2 if update == "deferred" else 1
+    tr = trainer(update, k, recipe_of(update))
+    assert tr.input_shapes()["latents"][0] == 1
+    for attrs in hyper_parameters_of(tr):
+        assert (attrs["beta1"], attrs["beta2"], attrs["eps"]) == (
+            BETA1, BETA2, EPS), attrs
+    params = random_parameters(CFG, SEED)
+    tr.load_weights(write_diffusers_weights(tmp_path / "initial", params))
+    loaded = tr.parameters()
+    for name, value in params.items():
+        np.testing.assert_array_equal(loaded[name], value, name)
+    # No timesteps: the trainer draws sample_sigmas(seed, step, K B), as the
+    # reference does.
+    reports = run_trainer(tr, recipe_data(STEPS, k))
+    ref = reference_of(update)
+    # The run exercises what it should.
+    clipped = [h["clipped"] for h in ref.history]
+    assert sum(clipped) >= STEPS // 2 and not all(clipped), clipped
+    for h in ref.history:
+        if h["seen_norm"] is not None:
+            assert abs(h["seen_norm"] / RECIPE["max_grad_norm"] - 1) > \
+                CLIP_MARGIN, h
+    assert ref.history[-1]["lr"] == RECIPE["min_lr"]
+    assert_reports_match(reports, ref)
+    assert tr.step_count == STEPS
+    state = tr.optimizer_state()
+    assert_state_matches(
+        ref, trainable(tr.parameters()),
+        {n: s["exp_avg"] for n, s in state.items()},
+        {n: s["exp_avg_sq"] for n, s in state.items()},
+        tr.ema_parameters())
+    # The weights moved by far more than the bounds allow them to err.
+    moved = np.concatenate([np.abs(ref.p[n] - params[n]).ravel()
+                            for n in params])
+    bound = np.concatenate([ref.P[n].ravel() for n in params])
+    assert np.median(moved) > 50 * np.median(bound)
+
+
+def test_accumulated_micro_batches_equal_one_batch():
+    # K = 4 micro-batches of B = 1 against a plan of batch 4, same rows:
+    # the same loss (the mean over equal-sized samples) and gradient, so the
+    # same steps; both against the float64 reference with its bounds, and
+    # their losses against each other.
+    steps, k = 4, 4
+    recipe = dict(RECIPE, lr_schedule="constant", warmup_steps=0,
+                  ema_decay=0.0, max_grad_norm=RECIPE["max_grad_norm"])
+    params = random_parameters(CFG, SEED)
+    data = recipe_data(steps, k)
+    sigmas = fixed_sigmas(steps, k)
+    accumulated = trainer("deferred", k, recipe)
+    batched = trainer("deferred", 1, recipe, batch=k)
+    assert accumulated.input_shapes()["latents"][0] == 1
+    assert batched.input_shapes()["latents"][0] == k
+    ref = run_reference(params, data, recipe, "deferred", k, sigmas=sigmas)
+    for tr in (accumulated, batched):
+        tr.load_parameters(params)
+    a = run_trainer(accumulated, data, sigmas)
+    b = run_trainer(batched, data, sigmas)
+    for got in (a, b):
+        assert_reports_match(got, ref)
+    for x, y in zip(a, b):
+        assert math.isclose(x["loss"], y["loss"], rel_tol=2 * F32_LOSS_RTOL)
+        assert math.isclose(x["grad_norm"], y["grad_norm"],
+                            rel_tol=2 * NORM_RTOL)
+    assert any(h["clipped"] for h in ref.history)
+    for tr in (accumulated, batched):
+        state = tr.optimizer_state()
+        assert_state_matches(ref, trainable(tr.parameters()),
+                             {n: s["exp_avg"] for n, s in state.items()},
+                             {n: s["exp_avg_sq"] for n, s in state.items()},
+                             None)
+
+
+def snapshot(tr):
+    state = tr.optimizer_state()
+    return dict(params=tr.parameters(),
+                exp_avg={n: s["exp_avg"] for n, s in state.items()},
+                exp_avg_sq={n: s["exp_avg_sq"] for n, s in state.items()},
+                ema=tr.ema_parameters(), step=tr.step_count)
+
+
+def assert_bit_identical(a, b):
+    assert a["step"] == b["step"], (a["step"], b["step"])
+    for part in ("params", "exp_avg", "exp_avg_sq", "ema"):
+        assert set(a[part]) == set(b[part]), part
+        for name in a[part]:
+            x, y = np.asarray(a[part][name]), np.asarray(b[part][name])
+            assert x.dtype == y.dtype and x.shape == y.shape, (part, name)
+            assert x.tobytes() == y.tobytes(), (
+                f"{part} {name}: {int((x != y).sum())} elements differ")
+
+
+@pytest.mark.parametrize("poison", ["nan-latents", "huge-noise"])
+def test_nonfinite_step_is_skipped_and_changes_nothing(poison):
+    # Inputs cannot make a gradient non-finite while the loss stays finite
+    # in f32 (measured: the loss overflows first -- noise 1e25 gives an
+    # infinite loss with finite gradients -- and condition values up to
+    # 3e38 leave both finite), so the skip is triggered by the loss: NaN
+    # latents (loss and gradients NaN) or huge noise (loss infinite), in the
+    # *second* micro-batch, after the first one's gradient is accumulated.
+    k = 2
+    data = recipe_data(4, k)
+    sig = fixed_sigmas(4, k)
+    tr = trainer("deferred", k)
+    twin = trainer("deferred", k)  # never sees the bad step
+    params = random_parameters(CFG, SEED)
+    tr.load_parameters(params)
+    twin.load_parameters(params)
+    for t in (tr, twin):
+        run_trainer(t, data[:2], sig[:2])
+    before = snapshot(tr)
+    bad = {n: a.copy() for n, a in data[2].items()}
+    if poison == "nan-latents":
+        bad["latents"][1, 0, 0, 0, 0] = np.nan
+    else:
+        bad["noise"][1, 0, 0, 0, 0] = 1e25
+    r = tr.step(timesteps=sig[2], **bad)
+    assert r["skipped"] is True and r["step"] == 2, r
+    assert not math.isfinite(r["loss"]), r
+    assert_bit_identical(snapshot(tr), before)
+    # The next finite step proceeds as if the bad one had not been there:
+    # the same lr (the schedule did not advance), the same state, bit for bit.
+    got = run_trainer(tr, data[2:], sig[2:])
+    want = run_trainer(twin, data[2:], sig[2:])
+    for x, y in zip(got, want):
+        assert not x["skipped"] and x["step"] == y["step"]
+        assert (x["loss"], x["lr"], x["grad_norm"], x["clipped"]) == (
+            y["loss"], y["lr"], y["grad_norm"], y["clipped"])
+    assert_bit_identical(snapshot(tr), snapshot(twin))
+    assert tr.step_count == 4
+
+
+def test_streaming_needs_one_micro_batch():
+    with pytest.raises(ValueError, match="grad_accum"):
+        trainer("streaming", 2)
+
+
+def test_ema_parameters_need_an_ema():
+    tr = trainer(recipe=dict(RECIPE, ema_decay=0.0))
+    with pytest.raises(ValueError):
+        tr.ema_parameters()
+
+
+@pytest.mark.parametrize("schedule", ["constant", "warmup-constant",
+                                      "warmup-cosine", "warmup-linear"])
+def test_lr_follows_the_schedule(schedule):
+    # Every step's lr against the formula: warmup (from 0), decay, floor.
+    warmup = 0 if schedule == "constant" else 3
+    recipe = dict(lr=2e-3, weight_decay=0.0, lr_schedule=schedule,
+                  warmup_steps=warmup, min_lr=3e-4, lr_decay_steps=9)
+    tr = trainer(recipe=recipe)
+    data = recipe_data(1, 1)[0]
+    got = [tr.step(timesteps=np.float32([0.5]), **data)["lr"]
+           for _ in range(12)]
+    want = [scheduled_lr(s, **recipe) for s in range(12)]
+    for s, (g, w) in enumerate(zip(got, want)):
+        assert math.isclose(g, w, rel_tol=LR_RTOL, abs_tol=0), (s, g, w)
+
+
+# ---------------------------------------------------------------------------
+# Resume
+# ---------------------------------------------------------------------------
+
+CLI_RECIPE = ["--lr", "1e-3", "--weight-decay", "0.1",
+              "--lr-schedule", "warmup-cosine", "--warmup-steps", "2",
+              "--min-lr", "1e-4", "--lr-decay-steps", "5",
+              "--max-grad-norm", "2.0", "--ema-decay", "0.9",
+              "--timestep-sampling", "logit-normal", "--logit-mean", "0.0",
+              "--logit-std", "1.0", "--flow-shift", "3.0"]
+# The megaslide-run flag that writes the EMA weights (docs/Training.md).
+SAVE_EMA_FLAG = "--save-ema-weights"
+
+
+def megaslide_run(*args):
+    import subprocess
+    from conftest import tool_path
+    result = subprocess.run(
+        [tool_path("megaslide-run"), "--no-progress", "--model", "tiny",
+         "--backend", "cpu", "--frames", str(GLOBAL["frames"]), "--height",
+         str(GLOBAL["height"]), "--width", str(GLOBAL["width"]),
+         "--precision", "f32", "--attention", GLOBAL["attention"],
+         *map(str, args)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def metrics(path):
+    import json
+    return [json.loads(line) for line in open(path)]
+
+
+def weights(directory):
+    from safetensors.numpy import load_file
+    return load_file(str(directory / "diffusion_pytorch_model.safetensors"))
+
+
+@pytest.mark.parametrize("update,extra", [
+    ("deferred", ["--grad-accum", "2"]),
+    ("streaming", ["--ema-warmup"]),
+])
+def test_resume_continues_the_recipe_bit_exactly(update, extra, tmp_path):
+    # 6 steps in one run against 3, a checkpoint, and 3 resumed: the
+    # schedule's position, clipping's previous norm (streaming), the EMA
+    # and its update count (ema_warmup) must all come back. Per-step
+    # metrics and the final weights and EMA weights are bit-identical.
+    pytest.importorskip("safetensors")
+    common = [*CLI_RECIPE, "--update", update, *extra]
+    full, split = tmp_path / "full", tmp_path / "split"
+    megaslide_run(*common, "--steps", 6, "--metrics", tmp_path / "full.jsonl",
+                  "--save-weights", full / "w", SAVE_EMA_FLAG, full / "ema")
+    ck = tmp_path / "ck"
+    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", ck,
+                  "--metrics", tmp_path / "a.jsonl")
+    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                  "--metrics", tmp_path / "b.jsonl", "--save-weights",
+                  split / "w", SAVE_EMA_FLAG, split / "ema")
+    one = metrics(tmp_path / "full.jsonl")
+    two = metrics(tmp_path / "a.jsonl") + metrics(tmp_path / "b.jsonl")
+    fields = ("step", "loss", "lr", "grad_norm", "clipped", "skipped")
+    assert [[m[f] for f in fields] for m in two] == [
+        [m[f] for f in fields] for m in one]
+    assert [m["lr"] for m in one] == [scheduled_lr(
+        s, "warmup-cosine", lr=1e-3, warmup_steps=2, min_lr=1e-4,
+        lr_decay_steps=5) for s in range(6)]
+    assert any(m["clipped"] for m in one)
+    for part in ("w", "ema"):
+        a, b = weights(full / part), weights(split / part)
+        assert set(a) == set(b)
+        for name in a:
+            assert a[name].tobytes() == b[name].tobytes(), (part, name)
+    # The EMA is not the weights.
+    assert any(not np.array_equal(weights(full / "w")[n],
+                                  weights(full / "ema")[n])
+               for n in weights(full / "w"))
