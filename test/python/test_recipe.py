@@ -354,7 +354,8 @@ def assert_within(what, got, ref, bound):
     for name in sorted(ref):
         g = np.asarray(got[name], np.float64)
         r = np.asarray(ref[name], np.float64)
-        assert g.shape == r.shape, f"{what} {name}: shape {g.shape} vs {r.shape}"
+        assert g.shape == r.shape, (
+            f"{what} {name}: shape {g.shape} vs {r.shape}")
         err, b = np.abs(g - r), bound(name)
         if not (err <= b).all():
             worst = np.unravel_index(np.argmax(err / b), err.shape)
@@ -395,8 +396,9 @@ def assert_reports_match(reports, ref):
     failures = []
     for s, (got, want) in enumerate(zip(reports, ref.history)):
         if not math.isclose(got["loss"], want["loss"], rel_tol=F32_LOSS_RTOL):
-            failures.append(f"step {s}: loss {got['loss']!r} vs {want['loss']!r}"
-                            f" (rel {abs(got['loss'] / want['loss'] - 1):.2e})")
+            failures.append(
+                f"step {s}: loss {got['loss']!r} vs {want['loss']!r} (rel "
+                f"{abs(got['loss'] / want['loss'] - 1):.2e})")
         if not math.isclose(got["lr"], want["lr"], rel_tol=LR_RTOL,
                             abs_tol=0 if want["lr"] else 1e-300):
             failures.append(f"step {s}: lr {got['lr']!r} vs {want['lr']!r}")
@@ -438,7 +440,8 @@ def test_schedules_reach_their_landmarks():
     linear = [scheduled_lr(s, "warmup-linear", **kw) for s in range(4, 13)]
     # Cosine stays above linear in the first half of the decay.
     assert all(c > l for c, l in zip(cosine[1:4], linear[1:4]))
-    assert [scheduled_lr(s, "constant", lr=3e-4) for s in range(3)] == [3e-4] * 3
+    assert [scheduled_lr(s, "constant", lr=3e-4) for s in range(3)] == [
+        3e-4] * 3
 
 
 def test_ema_decay_ramp_is_diffusers_default():
@@ -541,9 +544,9 @@ def test_sample_sigmas_are_reproducible_times_in_the_unit_interval():
 @pytest.mark.parametrize("mean,std", [(0.0, 1.0), (0.4, 0.7)])
 def test_logit_normal_sigmas_have_the_stated_moments(mean, std):
     n = 20000
-    z = logit(megaslide.sample_sigmas(11, 2, n, timestep_sampling="logit-normal",
-                                      logit_mean=mean, logit_std=std,
-                                      flow_shift=1.0))
+    z = logit(megaslide.sample_sigmas(
+        11, 2, n, timestep_sampling="logit-normal", logit_mean=mean,
+        logit_std=std, flow_shift=1.0))
     # Standard errors of a normal sample's mean and standard deviation.
     se_mean, se_std = std / math.sqrt(n), std / math.sqrt(2 * n)
     assert abs(z.mean() - mean) < 4 * se_mean, (z.mean(), mean, se_mean)
