@@ -94,7 +94,11 @@ float32 initial weights, data, noise and sigmas):
                recipe run by jax in float32 with a float32 AdamW meets them
                with tau divided by 10
                (test_reference_float32_meets_the_recipe_tolerance; the cap
-               is not divided, it is where f32 flips signs).
+               is not divided, it is where f32 flips signs). Measured there:
+               errors up to 0.73 of the tightened master bounds (the
+               rounding term, 20 roundings of 6e-8 |p| random-walking), 0.06
+               of the moments', 0.57 of the EMA's; loss within 8e-8, norm
+               within 4e-7; the median bound is 1e-2 of the median move.
 
 Every test's Trainer uses backend="cpu"; the whole file runs in about a
 minute, most of it jax's compilation of the reference.
