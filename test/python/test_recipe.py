@@ -755,7 +755,7 @@ def test_nonfinite_step_is_skipped_and_changes_nothing(poison):
 
 
 def test_streaming_needs_one_micro_batch():
-    with pytest.raises(ValueError, match="grad_accum"):
+    with pytest.raises(ValueError, match="grad.accum"):
         trainer("streaming", 2)
 
 
