@@ -90,13 +90,63 @@ class Trainer {
 public:
   Trainer(const std::string &planJson, const std::string &source,
           const std::string &backend, uint64_t seed,
-          const std::string &hardwarePath) {
+          const std::string &hardwarePath, const py::dict &recipe) {
     exec::ExecPlan plan = check(exec::parseExecPlan(planJson, source));
     train::SessionOptions options;
     options.backend = backend;
     options.seed = seed;
     options.hardwarePath = hardwarePath;
+    options.recipe = recipeOf(recipe);
     session = check(train::Session::create(std::move(plan), options));
+  }
+
+  /// The recipe of megaslide.Trainer's keyword arguments, already type
+  /// checked in Python (megaslide/__init__.py); ranges are Session's.
+  static train::Recipe recipeOf(const py::dict &d) {
+    train::Recipe r;
+    for (const auto &[key, value] : d) {
+      std::string k = py::cast<std::string>(key);
+      if (k == "lr_schedule") {
+        std::string name = py::cast<std::string>(value);
+        std::optional<train::LrSchedule> v = train::parseLrSchedule(name);
+        if (!v)
+          throw std::invalid_argument(
+              "lr_schedule must be constant, warmup-constant, warmup-cosine "
+              "or warmup-linear, got '" + name + "'");
+        r.lrSchedule = *v;
+      } else if (k == "timestep_sampling") {
+        std::string name = py::cast<std::string>(value);
+        std::optional<train::TimestepSampling> v =
+            train::parseTimestepSampling(name);
+        if (!v)
+          throw std::invalid_argument("timestep_sampling must be uniform or "
+                                      "logit-normal, got '" + name + "'");
+        r.timesteps = *v;
+      } else if (k == "warmup_steps") {
+        r.warmupSteps = py::cast<int64_t>(value);
+      } else if (k == "lr_decay_steps") {
+        r.decaySteps = py::cast<int64_t>(value);
+      } else if (k == "grad_accum") {
+        r.gradAccum = py::cast<int64_t>(value);
+      } else if (k == "min_lr") {
+        r.minLr = py::cast<double>(value);
+      } else if (k == "max_grad_norm") {
+        r.maxGradNorm = py::cast<double>(value);
+      } else if (k == "ema_decay") {
+        r.emaDecay = py::cast<double>(value);
+      } else if (k == "ema_warmup") {
+        r.emaWarmup = py::cast<bool>(value);
+      } else if (k == "logit_mean") {
+        r.logitMean = py::cast<double>(value);
+      } else if (k == "logit_std") {
+        r.logitStd = py::cast<double>(value);
+      } else if (k == "flow_shift") {
+        r.flowShift = py::cast<double>(value);
+      } else {
+        throw std::invalid_argument("unknown recipe option '" + k + "'");
+      }
+    }
+    return r;
   }
 
   CallGuard guard(const char *what) const {
@@ -128,7 +178,7 @@ public:
     requireState("parameters");
     py::dict out;
     for (const host::HostTensor &t : session->state().tensors) {
-      if (t.param->role == "moment")
+      if (t.param->role == "moment" || t.param->role == "ema")
         continue;
       FloatArray a(t.param->type.shape);
       std::copy(t.data.begin(), t.data.end(), a.mutable_data());
@@ -147,7 +197,7 @@ public:
     requireState("load_parameters");
     for (const auto &[name, a] : arrays) {
       host::HostTensor *t = session->state().find(name);
-      if (!t || t->param->role == "moment")
+      if (!t || t->param->role == "moment" || t->param->role == "ema")
         throw std::invalid_argument("load_parameters: the plan has no "
                                     "parameter '" + name + "'");
       std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
@@ -165,8 +215,8 @@ public:
   /// silently; timesteps in [0, 1], the flow-matching time of
   /// flow_interpolate (x_t = (1 - t) x0 + t noise). Reads only the plan,
   /// which no call changes, so it runs before the Trainer is locked.
-  exec::StepInputs stepInputs(const py::dict &arrays,
-                              const char *method) const {
+  exec::StepInputs stepInputs(const py::dict &arrays, const char *method,
+                              int64_t microBatches = 1) const {
     const exec::ExecPlan &plan = session->plan();
     std::string names;
     for (int64_t id : plan.inputs)
@@ -186,8 +236,11 @@ public:
       const exec::Value &v = plan.values[id];
       if (v.name == "step")
         continue;
-      if (!arrays.contains(v.name))
+      if (!arrays.contains(v.name)) {
+        if (v.name == "timesteps" && std::string(method) == "step")
+          continue; // the recipe's timestep sampling
         throw std::invalid_argument("missing step input '" + v.name + "'");
+      }
       py::object value = arrays[py::str(v.name)];
       if (!py::isinstance<py::array>(value))
         throw py::type_error(
@@ -206,10 +259,15 @@ public:
             py::str(array.dtype()).cast<std::string>() +
             (integer ? "" : " (convert with .astype(np.float32))"));
       std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
-      if (shape != v.type.shape)
-        throw std::invalid_argument("step input '" + v.name + "' has shape " +
-                                    shapeText(shape) + "; the plan expects " +
-                                    shapeText(v.type.shape));
+      std::vector<int64_t> expected = v.type.shape;
+      expected[0] *= microBatches; // grad_accum micro-batches, in order
+      if (shape != expected)
+        throw std::invalid_argument(
+            "step input '" + v.name + "' has shape " + shapeText(shape) +
+            "; the plan expects " + shapeText(expected) +
+            (microBatches > 1 ? " (grad_accum micro-batches of " +
+                                    shapeText(v.type.shape) + ")"
+                              : std::string()));
       std::vector<float> &data = inputs[v.name];
       if (integer) {
         // Exact in fp32 up to 2^24: far above any class count.
@@ -271,9 +329,19 @@ public:
   }
 
   py::dict step(const py::object &arrays, const std::string &tracePath) {
-    std::optional<exec::StepInputs> inputs;
-    if (!arrays.is_none())
-      inputs = stepInputs(py::cast<py::dict>(arrays), "step");
+    int64_t K = session->recipe().gradAccum;
+    std::vector<exec::StepInputs> batches;
+    if (!arrays.is_none()) {
+      exec::StepInputs all =
+          stepInputs(py::cast<py::dict>(arrays), "step", K);
+      batches.resize(K);
+      for (auto &[name, data] : all) {
+        size_t per = data.size() / K;
+        for (int64_t k = 0; k < K; ++k)
+          batches[k][name].assign(data.begin() + k * per,
+                                  data.begin() + (k + 1) * per);
+      }
+    }
     CallGuard lock = guard("step");
     checkSignals();
     bool trace = !tracePath.empty();
@@ -283,18 +351,16 @@ public:
       writer = check(trace::ChromeTrace::create(
           tracePath, "megaslide.Trainer " + session->plan().model + " (" +
                          session->backend().name() + ")"));
-    exec::StepResult result;
-    if (arrays.is_none()) {
-      py::gil_scoped_release release;
-      exec::StepOptions options;
-      options.trace = trace;
-      result = check(session->trainStep(options));
-    } else {
+    train::StepReport report;
+    {
       exec::StepOptions options;
       options.trace = trace;
       py::gil_scoped_release release;
-      result = check(session->runStep(*inputs, options));
+      report = check(arrays.is_none()
+                         ? session->trainStep(options)
+                         : session->trainStep(std::move(batches), options));
     }
+    const exec::StepResult &result = report.result;
     if (writer) {
       for (const exec::TraceSpan &span : result.spans)
         writer->complete(span);
@@ -310,6 +376,10 @@ public:
       out["loss"] = result.loss;
     else
       out["loss"] = py::none();
+    out["grad_norm"] = report.gradNorm ? py::cast(*report.gradNorm) : py::none();
+    out["lr"] = report.lr;
+    out["clipped"] = report.clipped;
+    out["micro_batches"] = report.microBatches;
     out["seconds"] = result.seconds;
     out["step"] = session->state().step;
     out["skipped"] = result.skipped;
@@ -317,6 +387,46 @@ public:
     out["measured_peak_bytes"] = result.memory.measuredArenaBytes;
     out["planned_live_bytes"] = result.memory.plannedLiveBytes;
     out["measured_live_bytes"] = result.memory.measuredLiveBytes;
+    return out;
+  }
+
+  py::dict optimizerState() {
+    CallGuard lock = guard("optimizer_state");
+    requireState("optimizer_state");
+    host::HostState &state = session->state();
+    py::dict out;
+    for (const host::HostTensor &t : state.tensors) {
+      if (t.param->role != "master")
+        continue;
+      const host::HostTensor *m = state.expAvg(t.param->name);
+      const host::HostTensor *v = state.expAvgSq(t.param->name);
+      if (!m || !v)
+        continue;
+      py::dict moments;
+      for (auto [key, tensor] : {std::pair{"exp_avg", m}, {"exp_avg_sq", v}}) {
+        FloatArray a(t.param->type.shape);
+        std::copy(tensor->data.begin(), tensor->data.end(), a.mutable_data());
+        moments[key] = a;
+      }
+      out[py::str(t.param->name)] = moments;
+    }
+    return out;
+  }
+
+  py::dict emaParameters() {
+    CallGuard lock = guard("ema_parameters");
+    requireState("ema_parameters");
+    if (!session->recipe().hasEma())
+      throw std::invalid_argument(
+          "ema_parameters: this Trainer keeps no EMA (give ema_decay)");
+    py::dict out;
+    for (const host::HostTensor &t : session->state().tensors) {
+      if (t.param->role != "ema")
+        continue;
+      FloatArray a(t.param->type.shape);
+      std::copy(t.data.begin(), t.data.end(), a.mutable_data());
+      out[py::str(t.param->of)] = a;
+    }
     return out;
   }
 
@@ -377,9 +487,12 @@ private:
 void defineTrainer(py::module_ &m) {
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<const std::string &, const std::string &,
-                    const std::string &, uint64_t, const std::string &>(),
+                    const std::string &, uint64_t, const std::string &,
+                    const py::dict &>(),
            py::arg("plan_json"), py::arg("source"), py::arg("backend"),
-           py::arg("seed"), py::arg("hardware_path"))
+           py::arg("seed"), py::arg("hardware_path"), py::arg("recipe"))
+      .def("optimizer_state", &Trainer::optimizerState)
+      .def("ema_parameters", &Trainer::emaParameters)
       .def("input_shapes", &Trainer::inputShapes)
       .def("parameters", &Trainer::parameters)
       .def("load_parameters", &Trainer::loadParameters, py::arg("params"))
@@ -393,4 +506,18 @@ void defineTrainer(py::module_ &m) {
       .def_property_readonly("computes_loss", &Trainer::computesLoss)
       .def_property_readonly("step_count", &Trainer::stepCount)
       .def_property_readonly("backend", &Trainer::backendName);
+  m.def(
+      "sample_sigmas",
+      [](uint64_t seed, int64_t step, int64_t count, const py::dict &recipe) {
+        if (count < 0 || step < 0)
+          throw std::invalid_argument("step and count must be non-negative");
+        train::Recipe r = Trainer::recipeOf(recipe);
+        if (llvm::Error e = train::checkRecipe(r, INFINITY))
+          raise(std::move(e));
+        std::vector<float> sigmas = train::sampleSigmas(r, seed, step, count);
+        FloatArray a({static_cast<py::ssize_t>(count)});
+        std::copy(sigmas.begin(), sigmas.end(), a.mutable_data());
+        return a;
+      },
+      py::arg("seed"), py::arg("step"), py::arg("count"), py::arg("recipe"));
 }

@@ -538,6 +538,60 @@ def exec_plan(
     return _megaslide.exec_plan_json(*args, payload)
 
 
+#: The training recipe's keyword arguments (docs/Training.md) and their
+#: types: megaslide-run's --lr-schedule, --warmup-steps, ... with '_' for '-'.
+RECIPE_OPTIONS: Dict[str, type] = {
+    "lr_schedule": str, "warmup_steps": int, "min_lr": float,
+    "lr_decay_steps": int, "max_grad_norm": float, "grad_accum": int,
+    "ema_decay": float, "ema_warmup": bool, "timestep_sampling": str,
+    "logit_mean": float, "logit_std": float, "flow_shift": float,
+}
+
+
+def _recipe_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """Takes the recipe's keys out of ``options``, type checked."""
+    recipe = {}
+    for name, kind in RECIPE_OPTIONS.items():
+        if name not in options:
+            continue
+        value = options.pop(name)
+        if kind is float and isinstance(value, numbers.Real) and \
+                not isinstance(value, bool):
+            value = float(value)
+        elif kind is int and isinstance(value, numbers.Integral) and \
+                not isinstance(value, bool):
+            value = _within_int64(name, int(value))
+        elif not isinstance(value, kind) or \
+                (kind is not bool and isinstance(value, bool)):
+            raise TypeError(f"{name} must be a {kind.__name__}, got "
+                            f"{value!r}")
+        recipe[name] = value
+    return recipe
+
+
+def sample_sigmas(seed: int, step: int, count: int, *,
+                  timestep_sampling: str = "uniform", logit_mean: float = 0.0,
+                  logit_std: float = 1.0,
+                  flow_shift: float = 1.0) -> np.ndarray:
+    """The flow-matching times a Trainer (and megaslide-run) with this seed
+    and sampling uses at optimizer step ``step`` (0-based), ``count`` of
+    them (micro-batch m, sample b at index m B + b): float32 in [0, 1], a
+    function of (seed, step) only (docs/Training.md, "Timesteps")."""
+    recipe = _recipe_options(dict(timestep_sampling=timestep_sampling,
+                                  logit_mean=logit_mean, logit_std=logit_std,
+                                  flow_shift=flow_shift))
+    for name, value in (("seed", seed), ("step", step), ("count", count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got "
+                             f"{value!r}")
+    return _megaslide.sample_sigmas(_within_int64("seed", seed, 2**64 - 1),
+                                    _within_int64("step", step),
+                                    _within_int64("count", count), recipe)
+
+
+__all__ += ["sample_sigmas", "RECIPE_OPTIONS"]
+
+
 class Trainer:
     """A training run on the cpu, cuda or sim backend, numpy arrays in and out.
 
@@ -552,6 +606,11 @@ class Trainer:
     steps return the predicted time and no loss; it holds no model state,
     so parameters, gradients and weights raise ValueError). ``hw`` is a
     hardware JSON (docs/CostModel.md) used for planning and by sim.
+
+    The training recipe (docs/Training.md) takes megaslide-run's flags as
+    keywords (RECIPE_OPTIONS): lr_schedule, warmup_steps, min_lr,
+    lr_decay_steps, max_grad_norm, grad_accum, ema_decay, ema_warmup,
+    timestep_sampling, logit_mean, logit_std, flow_shift.
 
     Threads: calls on one Trainer are serialised (a lock per Trainer; the
     GIL is released while a step computes), so two threads stepping one
@@ -574,6 +633,7 @@ class Trainer:
                  plan_file: Optional[Union[str, os.PathLike]] = None,
                  hw: Optional[Union[str, os.PathLike]] = None,
                  **plan_options: Any) -> None:
+        recipe = _recipe_options(plan_options)
         if backend not in ("cpu", "cuda", "sim"):
             raise ValueError(f"backend must be cpu, cuda or sim, got "
                              f"{backend!r}")
@@ -610,7 +670,7 @@ class Trainer:
             raise TypeError(f"plan_json must be a str, got "
                             f"{type(plan_json).__name__}")
         self._native = _megaslide.Trainer(plan_json, source, backend, seed,
-                                          hardware)
+                                          hardware, recipe)
 
     @property
     def backend(self) -> str:
@@ -690,26 +750,33 @@ class Trainer:
 
     def step(self, *, trace: Optional[Union[str, os.PathLike]] = None,
              **inputs: np.ndarray) -> Dict[str, Any]:
-        """One training step (with the AdamW update).
+        """One optimizer step of the recipe (docs/Training.md).
 
-        Without arrays it draws the next synthetic batch; otherwise give
-        latents, noise, timesteps and condition, each a numpy array of the
-        shape input_shapes() gives and of dtype float32 (an integer dtype
-        for DiT's class-label condition): nothing is cast, so float64,
-        int64 or a list raise TypeError, and so does an unknown keyword.
-        ``timesteps`` must lie in [0, 1], the flow-matching time t of
-        x_t = (1 - t) x0 + t noise (ValueError otherwise, NaN included).
-        Returns loss (None on sim),
-        seconds (measured; on sim the predicted step time), step and the
-        planned and measured device peaks (planned_peak_bytes,
-        measured_peak_bytes, planned_live_bytes, measured_live_bytes).
+        Without arrays it draws the next ``grad_accum`` batches; otherwise
+        give latents, noise, condition and optionally timesteps, each a
+        numpy array of the shape input_shapes() gives with its first
+        dimension times ``grad_accum`` (the micro-batches in order), of
+        dtype float32 (an integer dtype for DiT's class-label condition):
+        nothing is cast, so float64, int64 or a list raise TypeError, and so
+        does an unknown keyword. ``timesteps`` must lie in [0, 1], the
+        flow-matching time t of x_t = (1 - t) x0 + t noise (ValueError
+        otherwise, NaN included); left out, they are the recipe's
+        (:func:`sample_sigmas` of this seed and step_count).
 
-        A step whose loss is NaN or infinite (e.g. NaN inputs) applies no
-        update and raises FloatingPointError; the state is unchanged. A
-        non-finite gradient with a finite loss raises ValueError naming
-        the parameter: earlier parameters of that step may already be
-        updated, so the Trainer refuses further steps (docs/Runtime.md,
-        "Non-finite values").
+        Returns loss (the mean over micro-batches; None on sim), grad_norm
+        (the global L2 norm of the averaged gradient before clipping; None
+        on sim), lr (the step's), clipped, skipped, micro_batches, seconds
+        (measured; on sim the predicted step time), step and the planned
+        and measured device peaks (planned_peak_bytes, measured_peak_bytes,
+        planned_live_bytes, measured_live_bytes).
+
+        ``skipped``: the loss, or with the deferred update any gradient, was
+        NaN or infinite, so no update was applied and the state
+        (parameters, moments, EMA, step_count) is bitwise as before. With
+        the streaming update a non-finite gradient with a finite loss
+        raises ValueError naming the parameter: earlier parameters of that
+        step may already be updated, so the Trainer refuses further steps
+        (docs/Runtime.md, "Non-finite values").
 
         ``trace``: also write the step as Chrome trace-event JSON to this
         path (open it in Perfetto): one track per stream, one event per
@@ -717,14 +784,16 @@ class Trainer:
         cuda and predicted on sim — the format of ``megaslide-run --trace``.
         """
         path = "" if trace is None else _check_path("trace", trace)
-        result = self._native.step(inputs if inputs else None, path)
-        if result.pop("skipped"):
-            raise FloatingPointError(
-                f"the loss of step {result['step'] + 1} is non-finite "
-                f"({result['loss']}): the step was skipped and the state "
-                f"(parameters, moments, step_count) is unchanged; check the "
-                f"inputs or lower the learning rate")
-        return result
+        return self._native.step(inputs if inputs else None, path)
+
+    def optimizer_state(self) -> Dict[str, Dict[str, np.ndarray]]:
+        """Copies of the AdamW moments: {name: {"exp_avg", "exp_avg_sq"}}."""
+        return self._native.optimizer_state()
+
+    def ema_parameters(self) -> Dict[str, np.ndarray]:
+        """Copies of the EMA of the trainable weights (ValueError without
+        ``ema_decay``)."""
+        return self._native.ema_parameters()
 
     @property
     def step_count(self) -> int:

@@ -47,6 +47,7 @@ struct Coefficients {
   float beta1, oneMinusBeta1, beta2, oneMinusBeta2;
   float invBiasCorrection1, invBiasCorrection2;
   float lr, eps, weightDecay;
+  float gradScale;
 };
 
 Coefficients makeCoefficients(const AdamWHyper &h) {
@@ -57,7 +58,8 @@ Coefficients makeCoefficients(const AdamWHyper &h) {
   auto f = [](double x) { return static_cast<float>(x); };
   return {f(h.beta1),       f(1.0 - h.beta1), f(h.beta2),
           f(1.0 - h.beta2), f(1.0 / bc1),     f(1.0 / bc2),
-          f(h.lr),          f(h.eps),         f(h.weightDecay)};
+          f(h.lr),          f(h.eps),         f(h.weightDecay),
+          h.gradScale};
 }
 
 inline float loadGrad(const float *g, int64_t i) { return g[i]; }
@@ -66,15 +68,18 @@ inline float loadGrad(const uint16_t *g, int64_t i) {
 }
 
 /// The update of elements [begin, end). `WriteWorking` lifts the null test
-/// on the working copy out of the loop. Always inlined, so that each
+/// on the working copy out of the loop, `Scale` the multiply by a gradient
+/// scale of 1 (bitwise the same, and the common case). Always inlined, so that each
 /// instruction-set wrapper below vectorises its own copy.
-template <bool WriteWorking, typename Grad>
+template <bool WriteWorking, bool Scale, typename Grad>
 [[gnu::always_inline]] inline void
 updateLoop(const Coefficients &c, int64_t begin, int64_t end,
            float *__restrict master, float *__restrict m, float *__restrict v,
            const Grad *__restrict grad, uint16_t *__restrict working) {
   for (int64_t i = begin; i < end; ++i) {
     float g = loadGrad(grad, i);
+    if constexpr (Scale)
+      g *= c.gradScale;
     float mi = c.beta1 * m[i] + c.oneMinusBeta1 * g;
     float vi = c.beta2 * v[i] + c.oneMinusBeta2 * (g * g);
     float p = master[i];
@@ -92,11 +97,11 @@ updateLoop(const Coefficients &c, int64_t begin, int64_t end,
 using ChunkFn = void (*)(const Coefficients &, int64_t, int64_t, float *,
                          float *, float *, const void *, uint16_t *);
 
-template <bool WriteWorking, typename Grad>
+template <bool WriteWorking, bool Scale, typename Grad>
 void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
                    float *master, float *m, float *v, const void *grad,
                    uint16_t *working) {
-  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+  updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
                            static_cast<const Grad *>(grad), working);
 }
 
@@ -112,19 +117,19 @@ void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
                         "prefer-vector-width=512")))
 #endif
 
-template <bool WriteWorking, typename Grad>
+template <bool WriteWorking, bool Scale, typename Grad>
 __attribute__((target("avx2"))) void
 updateAvx2(const Coefficients &c, int64_t begin, int64_t end, float *master,
            float *m, float *v, const void *grad, uint16_t *working) {
-  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+  updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
                            static_cast<const Grad *>(grad), working);
 }
 
-template <bool WriteWorking, typename Grad>
+template <bool WriteWorking, bool Scale, typename Grad>
 MEGASLIDE_TARGET_AVX512 void
 updateAvx512(const Coefficients &c, int64_t begin, int64_t end, float *master,
              float *m, float *v, const void *grad, uint16_t *working) {
-  updateLoop<WriteWorking>(c, begin, end, master, m, v,
+  updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
                            static_cast<const Grad *>(grad), working);
 }
 #endif
@@ -143,14 +148,24 @@ AdamWIsa detectIsa() {
 }
 
 /// The loop for `isa` (already resolved and supported).
-template <bool WriteWorking, typename Grad> ChunkFn chunkFn(AdamWIsa isa) {
+template <bool WriteWorking, bool Scale, typename Grad>
+ChunkFn chunkFn(AdamWIsa isa) {
 #ifdef MEGASLIDE_ADAMW_X86
   if (isa == AdamWIsa::Avx512)
-    return &updateAvx512<WriteWorking, Grad>;
+    return &updateAvx512<WriteWorking, Scale, Grad>;
   if (isa == AdamWIsa::Avx2)
-    return &updateAvx2<WriteWorking, Grad>;
+    return &updateAvx2<WriteWorking, Scale, Grad>;
 #endif
-  return &updateGeneric<WriteWorking, Grad>;
+  return &updateGeneric<WriteWorking, Scale, Grad>;
+}
+
+template <typename Grad> ChunkFn chunkFn(AdamWIsa isa, bool working,
+                                         bool scale) {
+  if (working)
+    return scale ? chunkFn<true, true, Grad>(isa)
+                 : chunkFn<true, false, Grad>(isa);
+  return scale ? chunkFn<false, true, Grad>(isa)
+               : chunkFn<false, false, Grad>(isa);
 }
 
 /// `isa` with Auto resolved and anything the CPU lacks lowered to the best
@@ -170,7 +185,7 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
     return;
   Coefficients c = makeCoefficients(hyper);
   isa = resolveIsa(isa);
-  ChunkFn fn = working ? chunkFn<true, Grad>(isa) : chunkFn<false, Grad>(isa);
+  ChunkFn fn = chunkFn<Grad>(isa, working, hyper.gradScale != 1.0f);
   int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, cpuThreads());
   parallelChunks(n, numThreads, kAdamWChunkAlign,
                  [&](int64_t begin, int64_t end) {

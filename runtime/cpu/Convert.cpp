@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/HalfFloat.h"
 
+#include <algorithm>
 #include <cstring>
 
 using namespace megaslide::cpu;
@@ -73,4 +74,21 @@ void megaslide::cpu::narrow(const float *src, DType dtype, int64_t n,
     return;
   }
   }
+}
+
+double megaslide::cpu::squaredNorm(const void *src, DType dtype, int64_t n) {
+  // Blocks of fp32 widened on the stack, then a double accumulation: the
+  // same result as widening the whole tensor, without its copy.
+  constexpr int64_t kBlock = 1024;
+  float block[kBlock];
+  double sum = 0;
+  size_t bytes = megaslide::exec::dtypeBytes(dtype);
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    int64_t count = std::min(kBlock, n - begin);
+    widen(static_cast<const uint8_t *>(src) + begin * bytes, dtype, count,
+          block);
+    for (int64_t i = 0; i < count; ++i)
+      sum += double(block[i]) * double(block[i]);
+  }
+  return sum;
 }

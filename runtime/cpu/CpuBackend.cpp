@@ -223,6 +223,8 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         return std::move(err);
 
     if (inst.op == exec::OpCode::Fetch) {
+      if (options.beforeFetch)
+        options.beforeFetch(inst.param);
       const host::HostTensor *source = state.find(inst.param);
       if (!source)
         return llvm::createStringError("host state has no parameter '" +
@@ -247,6 +249,9 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       widen(run.data(inst.operands[0]), g.type.dtype, n, grad.data());
       if (options.onGradient)
         options.onGradient(inst.param, grad);
+      if (options.retainGradient)
+        options.retainGradient(inst,
+                               {run.data(inst.operands[0]), g.type.dtype, n});
       if (options.applyUpdates && !updating) {
         // The compiler's plans compute the loss before the first update:
         // a non-finite one skips the step with the state untouched.
@@ -264,8 +269,11 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         if (std::optional<int64_t> bad = firstNonFinite(grad.data(), n))
           return llvm::createStringError(nonFiniteGradientMessage(
               inst.param, optimizerStep, *bad, grad[*bad]));
+        result.gradSquaredNorm += squaredNorm(grad.data(), DType::F32, n);
         state.incomplete = true;
         AdamWHyper hyper = adamwHyperOf(inst, optimizerStep);
+        hyper.lr = options.lr.value_or(hyper.lr);
+        hyper.gradScale = options.gradScale;
         adamwStep(hyper, n, master->data.data(), m->data.data(),
                   v->data.data(), grad.data(), /*workingBf16=*/nullptr);
       }

@@ -81,8 +81,11 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     if (static_cast<int64_t>(source->data.size()) != v.type.numElements())
       return instError(i, inst,
                        "host tensor '" + inst.param + "' has the wrong size");
-    jobs.push_back({source->data.data(), v.type.numElements(), v.type.dtype,
-                    I.prep.fetchUpdate[k] >= 0});
+    WeightStager::Job job{source->data.data(), v.type.numElements(),
+                          v.type.dtype, I.prep.fetchUpdate[k] >= 0, nullptr};
+    if (options.beforeFetch)
+      job.before = [&options, &inst] { options.beforeFetch(inst.param); };
+    jobs.push_back(std::move(job));
   }
 
   CUstream compute = I.streams[0];
@@ -101,6 +104,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
 
   size_t n = plan.instructions.size();
   std::vector<std::pair<double, double>> hostTimes(n, {-1.0, 0.0});
+  // Each update's gradient norm, written by the worker, summed in plan order.
+  std::vector<double> squaredNorms(n, 0.0);
   size_t fetchCount = 0;
   bool trace = options.trace;
   // Written by the worker, read after drain(); only the first update sets it.
@@ -152,6 +157,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
     }
     if (options.onGradient)
       options.onGradient(inst.param, wide);
+    if (options.retainGradient)
+      options.retainGradient(inst, {grad, g.type.dtype, count});
     if (options.applyUpdates) {
       std::optional<int64_t> bad =
           g.type.dtype == DType::BF16
@@ -169,8 +176,11 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             inst.param, optimizerStep, *bad, value));
         return;
       }
+      squaredNorms[i] = cpu::squaredNorm(grad, g.type.dtype, count);
       state.incomplete = true;
       cpu::AdamWHyper hyper = cpu::adamwHyperOf(inst, optimizerStep);
+      hyper.lr = options.lr.value_or(hyper.lr);
+      hyper.gradScale = options.gradScale;
       if (g.type.dtype == DType::BF16)
         cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
                        v->data.data(), reinterpret_cast<const uint16_t *>(grad),
@@ -394,6 +404,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   } else if (options.applyUpdates) {
     state.step = optimizerStep;
     state.incomplete = false;
+    for (double norm : squaredNorms)
+      result.gradSquaredNorm += norm;
   }
 
   if (trace) {

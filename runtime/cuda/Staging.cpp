@@ -85,7 +85,7 @@ void WeightStager::run(std::function<void()> init) {
     if (quit)
       return;
     for (int64_t k = 0; k < static_cast<int64_t>(jobs.size()); ++k) {
-      const Job job = jobs[k];
+      const Job &job = jobs[k];
       int64_t bytes = alignTo(
           std::max<int64_t>(job.count * exec::dtypeBytes(job.dtype), 1), 4096);
       if (job.afterUpdate && !await(lock, [&] { return released[k]; }))
@@ -111,6 +111,8 @@ void WeightStager::run(std::function<void()> init) {
       if (!ok)
         break;
       lock.unlock();
+      if (job.before)
+        job.before();
       narrowOnWorkers(workers, job.source, job.dtype, job.count, base + *offset);
       lock.lock();
       offsets[k] = *offset;

@@ -228,7 +228,7 @@ std::string host::checkpointDirName(int64_t step) {
 
 bool host::isCheckpointParam(const exec::Param &param) {
   return param.role == "master" || param.role == "moment" ||
-         param.role == "frozen";
+         param.role == "frozen" || param.role == "ema";
 }
 
 llvm::Expected<std::vector<CheckpointInfo>>

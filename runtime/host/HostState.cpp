@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <sys/resource.h>
 #include <unistd.h>
 
 using namespace megaslide;
@@ -25,6 +26,14 @@ HostTensor *HostState::find(llvm::StringRef name) {
 const HostTensor *HostState::find(llvm::StringRef name) const {
   auto it = index.find(name);
   return it == index.end() ? nullptr : &tensors[it->second];
+}
+
+HostTensor &HostState::addTensor(exec::Param param) {
+  ownParams.push_back(std::move(param));
+  const exec::Param &p = ownParams.back();
+  index[p.name] = tensors.size();
+  tensors.push_back({&p, std::vector<float>(p.type.numElements(), 0.0f)});
+  return tensors.back();
 }
 
 HostTensor *HostState::expAvg(llvm::StringRef name) {
@@ -74,6 +83,13 @@ static std::optional<uint64_t> memoryBlockBytes() {
   if (ec || !blocks)
     return std::nullopt;
   return blocks * blockSize;
+}
+
+uint64_t host::residentBytes() {
+  struct rusage usage = {};
+  if (getrusage(RUSAGE_SELF, &usage))
+    return 0;
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024; // KiB on Linux
 }
 
 HostMemoryReadings host::readHostMemory() {

@@ -148,3 +148,13 @@ float train::sampleSigma(const Recipe &r, Random &rng) {
     sigma = shiftSigma(sigma, r.flowShift);
   return static_cast<float>(sigma);
 }
+
+std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,
+                                       int64_t step, int64_t count) {
+  Random mix(seed ^ hashName("timesteps"));
+  Random rng(mix.next() ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull));
+  std::vector<float> sigmas(count);
+  for (float &sigma : sigmas)
+    sigma = sampleSigma(r, rng);
+  return sigmas;
+}

@@ -2,7 +2,10 @@
 
 #include "megaslide/runtime/train/Session.h"
 
+#include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
+#include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/sim/SimBackend.h"
@@ -19,13 +22,32 @@
 using namespace megaslide;
 using namespace megaslide::train;
 
-/// Version of trainerState()'s JSON: 2 adds the settings.
-static constexpr int64_t kTrainerStateVersion = 2;
+/// Version of trainerState()'s JSON: 2 adds the settings, 3 the EMA's
+/// update count and the previous step's gradient norm.
+static constexpr int64_t kTrainerStateVersion = 3;
+
+/// One trainable parameter's update: a host_adamw of the plan, and what
+/// the deferred update keeps of its gradient until it is applied.
+struct Session::Update {
+  const exec::Instruction *inst = nullptr;
+  host::HostTensor *master = nullptr, *m = nullptr, *v = nullptr;
+  host::HostTensor *ema = nullptr;
+  exec::DType dtype = exec::DType::F32; ///< of the gradient
+  int64_t count = 0;
+  std::vector<uint8_t> retained; ///< one micro-batch: its bytes
+  std::vector<float> accum;      ///< several: their fp32 sum
+  double squaredNorm = 0;
+  int64_t received = 0; ///< micro-batches retained this step
+  bool pending = false; ///< decided, applied before the next fetch
+};
 
 Session::Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
-                 uint64_t seed, std::unique_ptr<DataSource> data)
-    : planStorage(std::move(plan)), shapes(std::move(shapes)), seed(seed),
+                 SessionOptions options, std::unique_ptr<DataSource> data)
+    : planStorage(std::move(plan)), shapes(std::move(shapes)),
+      options(std::move(options)), seed(this->options.seed),
       data(std::move(data)) {}
+
+Session::~Session() = default;
 
 uint64_t HostMemoryNeed::total() const {
   uint64_t sum = 0;
@@ -42,7 +64,8 @@ static std::string gib(uint64_t bytes) {
 /// from the plan's own sizes (docs/Runtime.md, "Host memory").
 static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
                                      llvm::StringRef backend,
-                                     const DataSource &data) {
+                                     const DataSource &data,
+                                     const Recipe &recipe, bool deferred) {
   HostMemoryNeed need;
   uint64_t state = 0;
   for (const exec::Param &p : plan.params)
@@ -77,6 +100,22 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
   }
   need.parts.push_back(
       {"data (samples in memory, batches read ahead)", data.bytesHeld()});
+  uint64_t retained = 0, accum = 0, ema = 0;
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (inst.op != exec::OpCode::HostAdamW)
+      continue;
+    const exec::TensorType &g = plan.values[inst.operands[0]].type;
+    if (recipe.gradAccum > 1)
+      accum += g.numElements() * sizeof(float);
+    else if (deferred)
+      retained += g.bytes();
+    if (recipe.hasEma())
+      ema += g.numElements() * sizeof(float);
+  }
+  need.parts.push_back(
+      {"gradients kept for the deferred update", retained});
+  need.parts.push_back({"gradient accumulation (fp32)", accum});
+  need.parts.push_back({"EMA of the weights (fp32)", ema});
   return need;
 }
 
@@ -117,7 +156,7 @@ static std::string formatDouble(double v) {
 }
 
 static Settings computeSettings(const exec::ExecPlan &plan,
-                                const SessionOptions &options) {
+                                const SessionOptions &options, bool deferred) {
   Settings s;
   s.push_back({"seed", std::to_string(options.seed)});
   std::string data = "(synthetic)";
@@ -145,6 +184,27 @@ static Settings computeSettings(const exec::ExecPlan &plan,
       break;
     }
   s.push_back({"batch", std::to_string(plan.batch)});
+  const Recipe &r = options.recipe;
+  s.push_back({"update", deferred ? "deferred" : "streaming"});
+  s.push_back({"lr_schedule", lrScheduleName(r.lrSchedule).str()});
+  if (r.lrSchedule != LrSchedule::Constant) {
+    s.push_back({"warmup_steps", std::to_string(r.warmupSteps)});
+    if (r.lrSchedule != LrSchedule::WarmupConstant) {
+      s.push_back({"min_lr", formatDouble(r.minLr)});
+      s.push_back({"lr_decay_steps", std::to_string(r.decaySteps)});
+    }
+  }
+  s.push_back({"max_grad_norm", formatDouble(r.maxGradNorm)});
+  s.push_back({"grad_accum", std::to_string(r.gradAccum)});
+  s.push_back({"ema_decay", formatDouble(r.emaDecay)});
+  if (r.hasEma())
+    s.push_back({"ema_warmup", r.emaWarmup ? "true" : "false"});
+  s.push_back({"timestep_sampling", timestepSamplingName(r.timesteps).str()});
+  if (r.timesteps == TimestepSampling::LogitNormal) {
+    s.push_back({"logit_mean", formatDouble(r.logitMean)});
+    s.push_back({"logit_std", formatDouble(r.logitStd)});
+  }
+  s.push_back({"flow_shift", formatDouble(r.flowShift)});
   std::string text = exec::serialize(plan);
   s.push_back({"plan_hash",
                llvm::formatv("{0:x-16}", llvm::xxh3_64bits(
@@ -168,16 +228,53 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
       return files.takeError();
     data = std::move(*files);
   }
+  std::unique_ptr<DataSource> valData;
+  if (!options.valDataDir.empty()) {
+    auto files = FileData::open(options.valDataDir, *shapes,
+                                options.seed ^ hashName("validation"));
+    if (!files)
+      return files.takeError();
+    if (static_cast<int64_t>((*files)->size()) < shapes->latents[0])
+      return llvm::createStringError(llvm::formatv(
+          "validation data '{0}' has {1} samples; a validation batch takes "
+          "{2} (the plan's batch)",
+          options.valDataDir, (*files)->size(), shapes->latents[0]));
+    valData = std::move(*files);
+  }
+  // What the recipe needs of the plan: its updates' lr, and whether they
+  // are deferred (the planner decides, docs/Training.md).
+  bool deferred = false, streaming = false;
+  double baseLr = exec::kDefaultLr;
+  for (const exec::Instruction &inst : plan.instructions)
+    if (inst.op == exec::OpCode::HostAdamW) {
+      (inst.attr("deferred") ? deferred : streaming) = true;
+      baseLr = inst.floatAttr("lr").value_or(baseLr);
+    }
+  if (deferred && streaming)
+    return llvm::createStringError(
+        "the plan defers some updates and not others; recompile it");
+  if (llvm::Error e = checkRecipe(options.recipe, baseLr))
+    return std::move(e);
+  if (options.recipe.gradAccum > 1 && !deferred && streaming)
+    return llvm::createStringError(
+        "--grad-accum needs the deferred update (the accumulated gradient "
+        "is complete only when the last micro-batch's backward ends), and "
+        "this plan updates as gradients arrive (--update streaming); plan "
+        "with --update deferred");
   auto owned = std::make_unique<exec::ExecPlan>(std::move(plan));
   std::unique_ptr<Session> session(new Session(
-      std::move(owned), std::move(*shapes), options.seed, std::move(data)));
+      std::move(owned), std::move(*shapes), options, std::move(data)));
+  session->valData = std::move(valData);
+  session->deferred = deferred;
+  session->baseLr = baseLr;
   const exec::ExecPlan &p = session->plan();
   // Only backends that compute hold the model state (sim needs none): the
   // 105B state is 1.27 TB, so check that everything fits, summed, before
   // the backend or the state touches a byte.
   bool computes = options.backend != "sim";
   if (computes) {
-    session->memoryNeed = hostMemoryNeed(p, options.backend, *session->data);
+    session->memoryNeed = hostMemoryNeed(p, options.backend, *session->data,
+                                         options.recipe, deferred);
     uint64_t need = session->memoryNeed.total();
     host::HostMemoryReadings readings = host::readHostMemory();
     llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
@@ -208,23 +305,370 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   session->executor = std::move(*backend);
   if (session->executor->computesLoss()) {
     session->hostState = host::initHostState(p, options.seed);
-    session->runSettings = computeSettings(p, options);
+    session->runSettings = computeSettings(p, options, deferred);
+    session->prepareUpdates();
   }
   return session;
 }
 
-llvm::Expected<exec::StepResult>
+void Session::prepareUpdates() {
+  const exec::ExecPlan &p = plan();
+  const Recipe &r = options.recipe;
+  if (r.hasEma())
+    for (const exec::Instruction &inst : p.instructions)
+      if (inst.op == exec::OpCode::HostAdamW) {
+        const host::HostTensor *master = hostState.find(inst.param);
+        if (!master || hostState.find(inst.param + ".ema"))
+          continue;
+        exec::Param param = *master->param;
+        param.name = inst.param + ".ema";
+        param.role = "ema";
+        param.of = inst.param;
+        param.type.dtype = exec::DType::F32;
+        hostState.addTensor(std::move(param));
+      }
+  // Pointers into the state only now that no tensor is added.
+  for (const exec::Instruction &inst : p.instructions) {
+    if (inst.op != exec::OpCode::HostAdamW)
+      continue;
+    Update u;
+    u.inst = &inst;
+    u.master = hostState.find(inst.param);
+    u.m = hostState.expAvg(inst.param);
+    u.v = hostState.expAvgSq(inst.param);
+    u.ema = hostState.find(inst.param + ".ema");
+    const exec::TensorType &g = p.values[inst.operands[0]].type;
+    u.dtype = g.dtype;
+    u.count = g.numElements();
+    if (r.gradAccum > 1)
+      u.accum.resize(u.count);
+    else if (deferred)
+      u.retained.resize(g.bytes());
+    updateIndex[inst.param] = updates.size();
+    updates.push_back(std::move(u));
+  }
+}
+
+host::HostTensor *Session::ema(llvm::StringRef name) {
+  flushUpdates();
+  return hostState.find((name + ".ema").str());
+}
+
+namespace {
+/// MEGASLIDE_FAULT_NAN_GRADIENT=NAME@STEP, read once: the retained gradient
+/// of parameter NAME at optimizer step STEP (1-based) gets a NaN, so tests
+/// can check that the deferred update skips such a step exactly
+/// (docs/Testing.md); a finite loss with a non-finite gradient is hard to
+/// make from inputs.
+struct NanGradientFault {
+  std::string param;
+  int64_t step = -1;
+};
+const NanGradientFault &nanGradientFault() {
+  static const NanGradientFault fault = [] {
+    NanGradientFault f;
+    const char *text = std::getenv("MEGASLIDE_FAULT_NAN_GRADIENT");
+    if (!text)
+      return f;
+    auto [name, step] = llvm::StringRef(text).rsplit('@');
+    if (!step.getAsInteger(10, f.step))
+      f.param = name.str();
+    return f;
+  }();
+  return fault;
+}
+} // namespace
+
+void Session::retain(const exec::Instruction &inst,
+                     const exec::HostGradient &g) {
+  Update &u = updates[updateIndex.find(inst.param)->second];
+  if (u.pending)
+    apply(u); // a plan fetches a parameter before its gradient; be safe
+  size_t bytes = g.count * exec::dtypeBytes(g.dtype);
+  if (u.accum.empty()) {
+    std::memcpy(u.retained.data(), g.data, bytes);
+    u.squaredNorm = cpu::squaredNorm(g.data, g.dtype, g.count);
+  } else if (u.received == 0) {
+    cpu::widen(g.data, g.dtype, g.count, u.accum.data());
+  } else {
+    // Widened in blocks and added in index order: the same sum on every
+    // machine and thread count.
+    constexpr int64_t kBlock = 4096;
+    float block[kBlock];
+    for (int64_t begin = 0; begin < g.count; begin += kBlock) {
+      int64_t n = std::min(kBlock, g.count - begin);
+      cpu::widen(static_cast<const uint8_t *>(g.data) +
+                     begin * exec::dtypeBytes(g.dtype),
+                 g.dtype, n, block);
+      float *acc = u.accum.data() + begin;
+      for (int64_t i = 0; i < n; ++i)
+        acc[i] += block[i];
+    }
+  }
+  ++u.received;
+  const NanGradientFault &fault = nanGradientFault();
+  if (fault.step == hostState.step + 1 && fault.param == inst.param) {
+    float nan = NAN;
+    if (u.accum.empty())
+      cpu::narrow(&nan, u.dtype, 1, u.retained.data());
+    else
+      u.accum[0] = nan;
+    u.squaredNorm = NAN;
+  }
+}
+
+void Session::applyPending(llvm::StringRef param) {
+  auto it = updateIndex.find(param);
+  // A persistent bf16 copy ("<name>.bf16") is fetched for its master.
+  if (it == updateIndex.end() && param.ends_with(".bf16"))
+    it = updateIndex.find(param.drop_back(5));
+  if (it != updateIndex.end() && updates[it->second].pending)
+    apply(updates[it->second]);
+}
+
+void Session::apply(Update &u) {
+  cpu::AdamWHyper hyper = cpu::adamwHyperOf(*u.inst, pendingStep);
+  hyper.lr = pendingLr;
+  hyper.gradScale = pendingScale;
+  float *p = u.master->data.data(), *m = u.m->data.data(),
+        *v = u.v->data.data();
+  if (!u.accum.empty()) {
+    cpu::adamwStep(hyper, u.count, p, m, v, u.accum.data(), nullptr);
+  } else if (u.dtype == exec::DType::BF16) {
+    cpu::adamwStep(hyper, u.count, p, m, v,
+                   reinterpret_cast<const uint16_t *>(u.retained.data()),
+                   nullptr);
+  } else if (u.dtype == exec::DType::F32) {
+    cpu::adamwStep(hyper, u.count, p, m, v,
+                   reinterpret_cast<const float *>(u.retained.data()), nullptr);
+  } else {
+    std::vector<float> wide(u.count);
+    cpu::widen(u.retained.data(), u.dtype, u.count, wide.data());
+    cpu::adamwStep(hyper, u.count, p, m, v, wide.data(), nullptr);
+  }
+  u.pending = false;
+  --pendingCount;
+  if (u.ema)
+    updateEma(u);
+}
+
+void Session::updateEma(Update &u) {
+  // diffusers' EMAModel: ema -= (1 - decay) (ema - param), in fp32.
+  float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
+  float *e = u.ema->data.data();
+  const float *p = u.master->data.data();
+  // Elementwise, so the result does not depend on the chunking.
+  int64_t threads = std::clamp<int64_t>(u.count >> 16, 1, cpu::cpuThreads());
+  cpu::parallelChunks(u.count, threads, cpu::kAdamWChunkAlign,
+                      [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i)
+                          e[i] -= oneMinus * (e[i] - p[i]);
+                      });
+}
+
+void Session::flushUpdates() {
+  for (Update &u : updates)
+    if (u.pending)
+      apply(u);
+}
+
+llvm::Expected<StepReport>
 Session::trainStep(const exec::StepOptions &options) {
   if (hostState.incomplete)
-    return runStep({}, {}); // the error below, before drawing data
+    return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
-  llvm::Expected<exec::StepInputs> inputs = data->next();
-  if (!inputs)
-    return inputs.takeError();
-  llvm::Expected<exec::StepResult> result = runStep(*inputs, options);
-  if (!result)
-    data->setState(before); // a retry draws the same batch
-  return result;
+  std::vector<exec::StepInputs> batches;
+  for (int64_t k = 0; k < this->options.recipe.gradAccum; ++k) {
+    llvm::Expected<exec::StepInputs> inputs = data->next();
+    if (!inputs) {
+      data->setState(before);
+      return inputs.takeError();
+    }
+    inputs->erase("timesteps"); // the recipe's, below
+    batches.push_back(std::move(*inputs));
+  }
+  llvm::Expected<StepReport> report =
+      optimizerStep(std::move(batches), options);
+  if (!report)
+    data->setState(before); // a retry draws the same batches
+  return report;
+}
+
+llvm::Expected<StepReport>
+Session::trainStep(std::vector<exec::StepInputs> inputs,
+                   const exec::StepOptions &options) {
+  if (static_cast<int64_t>(inputs.size()) != this->options.recipe.gradAccum)
+    return llvm::createStringError(llvm::formatv(
+        "an optimizer step takes {0} micro-batches (--grad-accum), got {1}",
+        this->options.recipe.gradAccum, inputs.size()));
+  return optimizerStep(std::move(inputs), options);
+}
+
+llvm::Expected<StepReport>
+Session::optimizerStep(std::vector<exec::StepInputs> batches,
+                       const exec::StepOptions &given) {
+  const Recipe &r = options.recipe;
+  int64_t K = static_cast<int64_t>(batches.size());
+  int64_t B = shapes.latents[0];
+  std::vector<float> sigmas = sampleSigmas(r, seed, hostState.step, K * B);
+  for (int64_t k = 0; k < K; ++k)
+    if (!batches[k].count("timesteps"))
+      batches[k]["timesteps"].assign(sigmas.begin() + k * B,
+                                     sigmas.begin() + (k + 1) * B);
+
+  StepReport report;
+  report.microBatches = K;
+  report.lr = scheduledLr(r, baseLr, hostState.step);
+  bool computes = executor->computesLoss();
+  exec::StepOptions options = given;
+  options.lr = report.lr;
+  if (!computes || !given.applyUpdates) {
+    // Timing only, or gradients only: no optimizer decisions.
+    for (exec::StepInputs &in : batches) {
+      llvm::Expected<exec::StepResult> one = runStep(in, options);
+      if (!one)
+        return one.takeError();
+      double seconds = report.result.seconds + one->seconds;
+      float loss = report.result.loss + one->loss / K;
+      report.result = std::move(*one);
+      report.result.seconds = seconds;
+      report.result.loss = loss;
+    }
+    return report;
+  }
+
+  if (!deferred) {
+    // Streaming: the backend updates as gradients land, clipped with the
+    // previous step's norm (docs/Training.md, "Streaming update").
+    double factor = previousNorm ? clipFactor(r, *previousNorm) : 1.0;
+    options.gradScale = static_cast<float>(factor);
+    report.clipped = factor < 1.0;
+    if (r.hasEma() && emaUpdates == 0 && !r.emaWarmup)
+      for (Update &u : updates)
+        u.ema->data = u.master->data;
+    llvm::Expected<exec::StepResult> one = runStep(batches[0], options);
+    if (!one)
+      return one.takeError();
+    report.result = std::move(*one);
+    if (report.result.skipped)
+      return report;
+    double norm = std::sqrt(report.result.gradSquaredNorm);
+    report.gradNorm = norm;
+    previousNorm = norm;
+    if (r.hasEma()) {
+      pendingEmaDecay = emaDecayAt(r, emaUpdates++);
+      for (Update &u : updates)
+        updateEma(u);
+    }
+    return report;
+  }
+
+  // Deferred: every gradient is kept until the last micro-batch's backward
+  // ends; then one global decision, and each parameter's update lands
+  // before its next fetch (docs/Training.md, "Deferred update").
+  options.applyUpdates = false;
+  options.retainGradient = [this](const exec::Instruction &inst,
+                                  const exec::HostGradient &g) {
+    retain(inst, g);
+  };
+  options.beforeFetch = [this](llvm::StringRef param) { applyPending(param); };
+  auto resetRetained = [&] {
+    for (Update &u : updates)
+      u.received = 0;
+  };
+  double lossSum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    llvm::Expected<exec::StepResult> one = runStep(batches[k], options);
+    if (!one) {
+      resetRetained();
+      return one.takeError();
+    }
+    double seconds = report.result.seconds + one->seconds;
+    lossSum += one->loss;
+    report.result = std::move(*one);
+    report.result.seconds = seconds;
+  }
+  report.result.loss = static_cast<float>(lossSum / K);
+  double squared = 0;
+  for (Update &u : updates) {
+    if (u.received != K) {
+      resetRetained();
+      return llvm::createStringError(llvm::formatv(
+          "the plan gave parameter '{0}' {1} gradients in {2} micro-batches",
+          u.inst->param, u.received, K));
+    }
+    if (!u.accum.empty())
+      u.squaredNorm = cpu::squaredNorm(u.accum.data(), exec::DType::F32,
+                                       u.count) /
+                      double(K * K);
+    squared += u.squaredNorm;
+  }
+  resetRetained();
+  double norm = std::sqrt(squared);
+  report.gradNorm = norm;
+  if (!std::isfinite(norm) || !std::isfinite(report.result.loss)) {
+    // Nothing was updated: the state is bitwise as before the step.
+    report.result.skipped = true;
+    return report;
+  }
+  double factor = clipFactor(r, norm);
+  report.clipped = factor < 1.0;
+  flushUpdates(); // none should be left: each fetch applied its own
+  if (r.hasEma()) {
+    if (emaUpdates == 0 && !r.emaWarmup)
+      for (Update &u : updates)
+        u.ema->data = u.master->data; // the EMA starts at the weights
+    pendingEmaDecay = emaDecayAt(r, emaUpdates++);
+  }
+  pendingStep = hostState.step + 1;
+  pendingLr = report.lr;
+  pendingScale = static_cast<float>(factor / double(K));
+  for (Update &u : updates)
+    u.pending = true;
+  pendingCount = static_cast<int64_t>(updates.size());
+  hostState.step = pendingStep;
+  previousNorm = norm;
+  return report;
+}
+
+llvm::Expected<float> Session::validationLoss() {
+  if (!valData)
+    return llvm::createStringError("no validation data (--val-data)");
+  flushUpdates();
+  int64_t B = shapes.latents[0];
+  int64_t latent = 1, cond = 1;
+  for (size_t d = 1; d < shapes.latents.size(); ++d)
+    latent *= shapes.latents[d];
+  if (!shapes.conditionIsLabel)
+    for (size_t d = 1; d < shapes.condition.size(); ++d)
+      cond *= shapes.condition[d];
+  // The same noise and timesteps at every call: drawn from one seed.
+  Random rng(seed ^ hashName("validation"));
+  int64_t batches = static_cast<int64_t>(valData->size()) / B;
+  double sum = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    exec::StepInputs in;
+    std::vector<float> &x0 = in["latents"], &noise = in["noise"],
+                       &t = in["timesteps"], &c = in["condition"];
+    x0.resize(B * latent);
+    c.resize(B * cond);
+    for (int64_t b = 0; b < B; ++b) {
+      if (llvm::Error e = valData->sample(k * B + b, x0.data() + b * latent,
+                                          c.data() + b * cond))
+        return std::move(e);
+      t.push_back(sampleSigma(options.recipe, rng));
+    }
+    noise.resize(B * latent);
+    for (float &n : noise)
+      n = rng.normal();
+    exec::StepOptions gradientsOnly;
+    gradientsOnly.applyUpdates = false;
+    llvm::Expected<exec::StepResult> one = runStep(in, gradientsOnly);
+    if (!one)
+      return one.takeError();
+    sum += one->loss;
+  }
+  return static_cast<float>(sum / double(batches));
 }
 
 llvm::Expected<exec::StepResult>
@@ -248,7 +692,10 @@ std::string Session::trainerState() const {
                        {"seed", std::to_string(seed)},
                        {"data_state", std::to_string(data->state())},
                        {"step", hostState.step},
+                       {"ema_updates", emaUpdates},
                        {"settings", std::move(settings)}};
+  if (previousNorm)
+    o["previous_grad_norm"] = formatDouble(*previousNorm);
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(o));
@@ -279,9 +726,21 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   if (!dataState || dataState->getAsInteger(10, parsed) || !step || *step < 0)
     return llvm::createStringError(
         "trainer state lacks a valid 'data_state' or 'step'");
+  previousNorm.reset();
+  if (std::optional<llvm::StringRef> norm = o->getString("previous_grad_norm")) {
+    double v;
+    if (norm->getAsDouble(v))
+      return llvm::createStringError(
+          "trainer state has a malformed 'previous_grad_norm'");
+    previousNorm = v;
+  }
   data->setState(parsed);
   hostState.step = *step;
   hostState.incomplete = false;
+  emaUpdates = o->getInteger("ema_updates").value_or(0);
+  for (Update &u : updates) // a checkpoint holds no pending update
+    u.pending = false;
+  pendingCount = 0;
   return llvm::Error::success();
 }
 

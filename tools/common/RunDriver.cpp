@@ -121,6 +121,19 @@ cl::opt<std::string> precompileKernels(
              "the kernel cache ($MEGASLIDE_KERNEL_CACHE) and exit: needs "
              "NVRTC, not a GPU, so a GPU job starts with a warm cache"),
     cl::value_desc("ARCH"));
+cl::opt<std::string> valData(
+    "val-data", cl::cat(runCategory),
+    cl::desc("Validation samples (the --data format): each has its noise "
+             "and timestep drawn once, the loss over all of them goes into "
+             "the metrics every --val-every steps and at the end"),
+    cl::value_desc("DIR"));
+cl::opt<int64_t> valEvery("val-every", cl::init(0), cl::cat(runCategory),
+                          cl::desc("Optimizer steps between validations (0: "
+                                   "only at the end)"));
+cl::opt<bool> saveEma(
+    "save-ema", cl::cat(runCategory),
+    cl::desc("--save-weights writes the EMA of the weights (--ema-decay) "
+             "instead of the trained weights themselves"));
 cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
                          cl::desc("Print one line per step instead of a "
                                   "progress bar"));
@@ -393,6 +406,16 @@ Error adoptRunSettings(const train::Settings &stored) {
   return Error::success();
 }
 
+/// The value of the integer option `name` where the tool has one (a
+/// planning option megaslide-exec, which compiles nothing, lacks).
+std::optional<int64_t> intOption(StringRef name) {
+  auto &options = cl::getRegisteredOptions();
+  auto it = options.find(name);
+  if (it == options.end())
+    return std::nullopt;
+  return static_cast<cl::opt<int64_t> *>(it->second)->getValue();
+}
+
 } // namespace
 
 bool tools::flagGiven(StringRef name) {
@@ -443,6 +466,16 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail("--checkpoint-every must be non-negative");
   if (maxNonFiniteSteps < 1)
     return fail("--max-nonfinite-steps must be at least 1");
+  if (valEvery < 0)
+    return fail("--val-every must be non-negative");
+  if (valEvery.getNumOccurrences() && valData.empty())
+    return fail("--val-every needs --val-data");
+  Expected<train::Recipe> recipe = readRecipeFlags(INFINITY);
+  if (!recipe)
+    return fail(toString(recipe.takeError()));
+  if (saveEma && (saveWeights.empty() || !recipe->hasEma()))
+    return fail("--save-ema writes the EMA with --save-weights: give both "
+                "and --ema-decay");
   if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
       checkpointDir.empty())
     return fail("--resume, --checkpoint-every and --overwrite-checkpoints "
@@ -530,6 +563,19 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   sessionOptions.seed = seed;
   sessionOptions.hardwarePath = hardwareFile;
   sessionOptions.dataDir = dataDir;
+  sessionOptions.valDataDir = valData;
+  sessionOptions.recipe = *recipe;
+  train::Recipe &r = sessionOptions.recipe;
+  r.gradAccum = intOption("grad-accum").value_or(1);
+  // Decay runs over a fresh run's steps; a resumed run keeps the horizon
+  // it started with, so that N + N steps follow the same schedule as 2N.
+  if (r.decaySteps == 0) {
+    std::optional<std::string> stored =
+        storedSettings ? train::findSetting(*storedSettings, "lr_decay_steps")
+                       : std::nullopt;
+    if (!stored || StringRef(*stored).getAsInteger(10, r.decaySteps))
+      r.decaySteps = steps;
+  }
   Expected<std::unique_ptr<train::Session>> session =
       train::Session::create(std::move(*plan), sessionOptions);
   if (!session)
@@ -639,6 +685,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   Progress progress(steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
+  int64_t tokensPerSample = 1;
+  for (int64_t g : p.grid)
+    tokensPerSample *= g;
   std::optional<exec::MemoryStats> memory;
   double elapsed = 0;
   int64_t firstStep = s.state().step; // sim keeps no state: count here
@@ -657,9 +706,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
         gradients[name] = g.vec();
       };
     }
-    Expected<exec::StepResult> result = s.trainStep(stepOptions);
-    if (!result) {
-      std::string why = toString(result.takeError());
+    Expected<train::StepReport> report = s.trainStep(stepOptions);
+    exec::StepResult *result = report ? &report->result : nullptr;
+    if (!report) {
+      std::string why = toString(report.takeError());
       return failAfterSaving(
           StringRef(why).starts_with("step ")
               ? why
@@ -676,32 +726,61 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (result->skipped) {
       ++skipped;
       ++skippedInARow;
-      errs() << formatv("\nstep {0}: the loss is {1}; the step is skipped (no "
-                        "update; {2} in a row, the run stops at {3})\n",
-                        stepNumber, result->loss, skippedInARow,
-                        maxNonFiniteSteps.getValue());
+      errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
+                        "(no update; {2} in a row, the run stops at {3})\n",
+                        stepNumber,
+                        std::isfinite(result->loss)
+                            ? std::string("the gradient norm")
+                            : formatv("the loss ({0})", result->loss).str(),
+                        skippedInARow, maxNonFiniteSteps.getValue());
     } else {
       skippedInARow = 0;
       memory = result->memory;
       losses.push_back(result->loss);
     }
+    bool lastStep = done + 1 == steps;
+    std::optional<float> valLoss;
+    if (!result->skipped && computesLoss && s.hasValidation() &&
+        ((valEvery > 0 && (done + 1) % valEvery == 0) || lastStep)) {
+      Expected<float> v = s.validationLoss();
+      if (!v)
+        return failAfterSaving("validation: " + toString(v.takeError()));
+      valLoss = *v;
+    }
     if (metrics) {
-      std::string line =
-          result->skipped
-              ? formatv("{{\"step\": {0}, \"loss\": null, \"skipped\": true, "
-                        "\"seconds\": {1}}",
-                        stepNumber, format("%.6f", result->seconds))
-                    .str()
-              : formatv("{{\"step\": {0}, \"loss\": {1}, \"seconds\": {2}}",
-                        stepNumber,
-                        computesLoss
-                            ? formatv("{0}", format("%.9g", result->loss)).str()
-                            : std::string("null"),
-                        format("%.6f", result->seconds))
-                    .str();
+      auto number = [](std::optional<double> v, const char *fmt) {
+        return v && std::isfinite(*v) ? formatv("{0}", format(fmt, *v)).str()
+                                      : std::string("null");
+      };
+      int64_t samples = report->microBatches * p.batch;
+      double perSecond = 1.0 / std::max(result->seconds, 1e-12);
+      std::string line = formatv(
+          "{{\"step\": {0}, \"loss\": {1}, \"lr\": {2}, \"grad_norm\": {3}, "
+          "\"clipped\": {4}, \"skipped\": {5}, \"micro_batches\": {6}, "
+          "\"seconds\": {7}, \"samples_per_second\": {8}, "
+          "\"tokens_per_second\": {9}, \"host_rss_bytes\": {10}, "
+          "\"device_peak_bytes\": {11}",
+          stepNumber,
+          number(computesLoss ? std::optional<double>(result->loss)
+                              : std::nullopt,
+                 "%.9g"),
+          number(report->lr, "%.9g"), number(report->gradNorm, "%.9g"),
+          report->clipped ? "true" : "false",
+          result->skipped ? "true" : "false", report->microBatches,
+          format("%.6f", result->seconds),
+          number(samples * perSecond, "%.6g"),
+          number(double(samples * tokensPerSample) * perSecond, "%.6g"),
+          host::residentBytes(), result->memory.measuredArenaBytes).str();
+      if (valLoss)
+        line += formatv(", \"val_loss\": {0}",
+                        number(double(*valLoss), "%.9g")).str();
+      line += "}";
       if (Error e = metrics->write(line))
         return failAfterSaving(toString(std::move(e)));
     }
+    if (valLoss && !metrics)
+      errs() << formatv("\nstep {0}: validation loss {1:F5}\n", stepNumber,
+                        *valLoss);
     progress.update(done + 1, result->loss, elapsed,
                     (done + 1) * p.batch / std::max(elapsed, 1e-9),
                     computesLoss);
@@ -744,9 +823,22 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return 128 + sig;
   }
 
-  if (!saveWeights.empty())
-    if (Error err = host::saveWeights(p, s.state(), saveWeights))
+  if (!saveWeights.empty()) {
+    host::HostState &state = s.state();
+    // --save-ema: the EMA stands in for the masters while they are written.
+    auto swapEma = [&] {
+      for (host::HostTensor &t : state.tensors)
+        if (t.param->role == "ema")
+          std::swap(t.data, state.find(t.param->of)->data);
+    };
+    if (saveEma)
+      swapEma();
+    Error err = host::saveWeights(p, state, saveWeights);
+    if (saveEma)
+      swapEma();
+    if (err)
       return fail(toString(std::move(err)));
+  }
   if (!saveGradients.empty() && lastSkipped)
     return fail("--save-gradients: the last step was skipped for a "
                 "non-finite loss, so it has no gradients to write");

@@ -30,6 +30,9 @@ struct AdamWHyper {
   double eps = exec::kDefaultEps;
   double weightDecay = exec::kDefaultWeightDecay;
   int64_t step = 1; ///< 1-based: the first update uses step 1
+  /// Multiplies the gradient first (fp32): clipping's factor, or the 1/K
+  /// of K accumulated micro-batches. 1 leaves the update bitwise as without.
+  float gradScale = 1;
 };
 
 /// adamwStep splits its work at multiples of this many elements (one
@@ -37,7 +40,7 @@ struct AdamWHyper {
 inline constexpr int64_t kAdamWChunkAlign = 16;
 
 /// One AdamW update of n parameters, in place, with t = hyper.step:
-///   g  = float(grad)
+///   g  = float(grad) * gradScale
 ///   m  = b1 m + (1 - b1) g
 ///   v  = b2 v + (1 - b2) g^2
 ///   p -= lr (wd p + (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps))

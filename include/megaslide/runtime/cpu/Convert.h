@@ -23,6 +23,11 @@ void widen(const void *src, exec::DType dtype, int64_t n, float *dst);
 /// to nearest even, integers truncate toward zero.
 void narrow(const float *src, exec::DType dtype, int64_t n, void *dst);
 
+/// The squared L2 norm of n floating-point elements of `dtype` (bf16, f16
+/// or f32), summed in double in index order, so it is the same on every
+/// thread and machine; NaN or infinite when an element is.
+double squaredNorm(const void *src, exec::DType dtype, int64_t n);
+
 } // namespace megaslide::cpu
 
 #endif // MEGASLIDE_RUNTIME_CPU_CONVERT_H

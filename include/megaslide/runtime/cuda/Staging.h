@@ -67,6 +67,9 @@ public:
     exec::DType dtype = exec::DType::BF16;
     /// The master is updated earlier in the step: cast only after release().
     bool afterUpdate = false;
+    /// Run on the staging thread right before the cast: a deferred update
+    /// of the master (StepOptions::beforeFetch).
+    std::function<void()> before;
   };
   /// Blocks until the copy of job `k` has completed; an error message, or
   /// empty on success.

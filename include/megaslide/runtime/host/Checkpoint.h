@@ -53,7 +53,7 @@ struct CheckpointInfo {
 /// "step-000123": the directory name of the checkpoint of `step`.
 std::string checkpointDirName(int64_t step);
 
-/// Whether `param` is saved in checkpoints (masters, moments, frozen;
+/// Whether `param` is saved in checkpoints (masters, moments, frozen, EMA;
 /// bf16 working copies and gradients are derived or transient).
 bool isCheckpointParam(const exec::Param &param);
 

@@ -15,6 +15,7 @@
 #include "llvm/ADT/StringMap.h"
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 namespace megaslide::host {
@@ -26,9 +27,12 @@ struct HostTensor {
 };
 
 struct HostState {
-  /// Tensors in the plan's parameter order; `index` maps names to them.
+  /// Tensors in the plan's parameter order, then those the trainer adds
+  /// (addTensor); `index` maps names to them.
   std::vector<HostTensor> tensors;
   llvm::StringMap<size_t> index;
+  /// The parameters of added tensors (stable addresses).
+  std::deque<exec::Param> ownParams;
   /// Completed optimizer steps (the next step passes step + 1 to AdamW).
   int64_t step = 0;
   /// Set by a backend before it applies a step's first update and cleared
@@ -44,6 +48,9 @@ struct HostState {
   HostTensor *expAvgSq(llvm::StringRef name);
   /// Bytes of all tensors.
   uint64_t bytes() const;
+  /// Adds a zero tensor described by `param` (e.g. an EMA, role "ema").
+  /// Invalidates pointers to tensors.
+  HostTensor &addTensor(exec::Param param);
 };
 
 /// What this machine says about its memory (docs/Runtime.md, "Host
@@ -57,6 +64,10 @@ struct HostMemoryReadings {
   std::optional<std::string> override; ///< $MEGASLIDE_HOST_MEMORY
 };
 HostMemoryReadings readHostMemory();
+
+/// The peak resident set of this process so far (getrusage's maxrss), in
+/// bytes: what the metrics report as host memory.
+uint64_t residentBytes();
 
 /// Bytes of memory a run may use, what its host memory is checked against
 /// before anything is allocated: the override if given (bytes, or with a

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,11 @@ struct MemoryStats {
 
 struct StepResult {
   float loss = 0;
+  /// The squared global L2 norm of the gradients the step updated with
+  /// (before StepOptions::gradScale), summed per gradient in double and
+  /// over gradients in plan order; NaN or infinite when one is not finite.
+  /// 0 when the step updated nothing (a deferred step: the trainer sums).
+  double gradSquaredNorm = 0;
   /// The loss was NaN or infinite, so no update was applied and the state
   /// (step included) is as before (docs/Runtime.md, "Non-finite values").
   bool skipped = false;
@@ -69,13 +75,37 @@ struct StepResult {
   std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
 };
 
+/// A gradient as it reached the host, in its planned dtype; valid only
+/// during the call it is passed to.
+struct HostGradient {
+  const void *data = nullptr;
+  DType dtype = DType::F32;
+  int64_t count = 0;
+};
+
 struct StepOptions {
   /// Apply the host AdamW updates; without, the step only computes the
-  /// gradients (parity tests, gradient inspection).
+  /// gradients (parity tests, gradient inspection, the deferred update).
   bool applyUpdates = true;
   bool trace = false;
+  /// The learning rate of this step's updates (a schedule's); unset: the
+  /// host_adamw's own.
+  std::optional<double> lr;
+  /// Multiplies every gradient before its update (clipping by the
+  /// previous step's norm).
+  float gradScale = 1;
   /// Called with each parameter's gradient (fp32) as it reaches the host.
   std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
+  /// The trainer's deferred update (docs/Training.md): receives each
+  /// host_adamw's gradient as it reaches the host, in its planned dtype,
+  /// instead of an update (set applyUpdates false). Called once per
+  /// host_adamw, possibly from another thread and concurrently for
+  /// distinct parameters.
+  std::function<void(const Instruction &, const HostGradient &)>
+      retainGradient;
+  /// Called before a fetch reads its parameter's fp32 master, on the
+  /// thread that reads it, so that a pending deferred update lands first.
+  std::function<void(llvm::StringRef param)> beforeFetch;
 };
 
 /// Where the step's loss is computed: the value and the instruction

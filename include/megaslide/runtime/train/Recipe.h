@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace megaslide::train {
 
@@ -95,6 +96,12 @@ double shiftSigma(double sigma, double shift);
 /// uniform consumes one uniform(), logit-normal one normal() (sigmoid of
 /// mean + std z); then the flow shift.
 float sampleSigma(const Recipe &recipe, Random &rng);
+/// The sigmas of a run's optimizer step `step` (0-based: completed steps
+/// before it), samples 0..count-1 (micro-batch m, sample b at m B + b):
+/// a function of (seed, step) only, so any step's timesteps can be
+/// reproduced without replaying the run.
+std::vector<float> sampleSigmas(const Recipe &recipe, uint64_t seed,
+                                int64_t step, int64_t count);
 
 } // namespace megaslide::train
 

@@ -50,6 +50,13 @@ public:
   uint64_t state() const { return consumedState; }
   void setState(uint64_t s);
 
+  /// Sample `k` (of size()) directly, drawing nothing: validation reads
+  /// its samples in order. Not to be mixed with next() on one source.
+  llvm::Error sample(size_t k, float *latents, float *condition) {
+    return readSample(k, latents, condition);
+  }
+  size_t size() const { return numSamples(); }
+
   /// Host bytes this source holds: samples kept in memory and batches
   /// made ahead (what the run's memory check counts).
   uint64_t bytesHeld() const;
