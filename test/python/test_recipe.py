@@ -137,12 +137,16 @@ STEPS = 20
 TRAINER_SEED = 0
 SAMPLING = dict(timestep_sampling="logit-normal", logit_mean=0.0,
                 logit_std=1.0, flow_shift=3.0)
-# max_grad_norm: the measured pre-clip norms of this run lie between 1.3
-# and 4 (test_recipe_parity asserts clipping on most steps, not all).
 RECIPE = dict(lr=1e-3, weight_decay=0.1, lr_schedule="warmup-cosine",
               warmup_steps=3, min_lr=1e-4, lr_decay_steps=16,
-              max_grad_norm=2.0, ema_decay=0.9, ema_warmup=False,
+              max_grad_norm=1.6, ema_decay=0.9, ema_warmup=False,
               **SAMPLING)
+# max_grad_norm of the parity runs, from their measured pre-clip norms:
+# 1.26 to 2.87 deferred (2 samples a step; 1.6 clips 12 of 20 steps, the
+# closest norm 1.3% away), 1.69 to 3.9 streaming (1 sample; 2.2 clips 11,
+# 2.3% away; its first step is never clipped). test_recipe_matches_the_
+# reference asserts most steps clip, not all, and the margins.
+PARITY_MAX_GRAD_NORM = dict(deferred=1.6, streaming=2.2)
 
 
 # ---------------------------------------------------------------------------
@@ -342,7 +346,8 @@ def reference_of(update):
 def recipe_of(update):
     """The deferred run keeps the EMA from a copy of the weights; the
     streaming one uses diffusers' default decay ramp (ema_warmup)."""
-    return dict(RECIPE, ema_warmup=update == "streaming")
+    return dict(RECIPE, ema_warmup=update == "streaming",
+                max_grad_norm=PARITY_MAX_GRAD_NORM[update])
 
 
 # ---------------------------------------------------------------------------
@@ -640,10 +645,10 @@ def test_recipe_matches_the_reference(update, tmp_path):
     # The run exercises what it should.
     clipped = [h["clipped"] for h in ref.history]
     assert sum(clipped) >= STEPS // 2 and not all(clipped), clipped
+    max_norm = PARITY_MAX_GRAD_NORM[update]
     for h in ref.history:
         if h["seen_norm"] is not None:
-            assert abs(h["seen_norm"] / RECIPE["max_grad_norm"] - 1) > \
-                CLIP_MARGIN, h
+            assert abs(h["seen_norm"] / max_norm - 1) > CLIP_MARGIN, h
     assert ref.history[-1]["lr"] == RECIPE["min_lr"]
     assert_reports_match(reports, ref)
     assert tr.step_count == STEPS
@@ -791,8 +796,6 @@ CLI_RECIPE = ["--lr", "1e-3", "--weight-decay", "0.1",
               "--max-grad-norm", "2.0", "--ema-decay", "0.9",
               "--timestep-sampling", "logit-normal", "--logit-mean", "0.0",
               "--logit-std", "1.0", "--flow-shift", "3.0"]
-# The megaslide-run flag that writes the EMA weights (docs/Training.md).
-SAVE_EMA_FLAG = "--save-ema-weights"
 
 
 def megaslide_run(*args):
@@ -813,9 +816,12 @@ def metrics(path):
     return [json.loads(line) for line in open(path)]
 
 
-def weights(directory):
+def final_state(checkpoints):
+    """The newest checkpoint's state.safetensors: masters, <name>.exp_avg,
+    <name>.exp_avg_sq, <name>.ema."""
     from safetensors.numpy import load_file
-    return load_file(str(directory / "diffusion_pytorch_model.safetensors"))
+    latest = (checkpoints / "latest").read_text().strip()
+    return load_file(str(checkpoints / latest / "state.safetensors"))
 
 
 @pytest.mark.parametrize("update,extra", [
@@ -826,20 +832,22 @@ def test_resume_continues_the_recipe_bit_exactly(update, extra, tmp_path):
     # 6 steps in one run against 3, a checkpoint, and 3 resumed: the
     # schedule's position, clipping's previous norm (streaming), the EMA
     # and its update count (ema_warmup) must all come back. Per-step
-    # metrics and the final weights and EMA weights are bit-identical.
+    # metrics, the final masters, moments and EMA, and the EMA weights
+    # megaslide-run exports (--save-weights --save-ema) are bit-identical.
     pytest.importorskip("safetensors")
+    from safetensors.numpy import load_file
     common = [*CLI_RECIPE, "--update", update, *extra]
     full, split = tmp_path / "full", tmp_path / "split"
-    megaslide_run(*common, "--steps", 6, "--metrics", tmp_path / "full.jsonl",
-                  "--save-weights", full / "w", SAVE_EMA_FLAG, full / "ema")
-    ck = tmp_path / "ck"
-    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", ck,
-                  "--metrics", tmp_path / "a.jsonl")
-    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", ck, "--resume",
-                  "--metrics", tmp_path / "b.jsonl", "--save-weights",
-                  split / "w", SAVE_EMA_FLAG, split / "ema")
-    one = metrics(tmp_path / "full.jsonl")
-    two = metrics(tmp_path / "a.jsonl") + metrics(tmp_path / "b.jsonl")
+    megaslide_run(*common, "--steps", 6, "--checkpoint-dir", full / "ck",
+                  "--metrics", full / "m.jsonl", "--save-weights",
+                  full / "ema", "--save-ema")
+    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", split / "ck",
+                  "--metrics", split / "a.jsonl")
+    megaslide_run(*common, "--steps", 3, "--checkpoint-dir", split / "ck",
+                  "--resume", "--metrics", split / "b.jsonl",
+                  "--save-weights", split / "ema", "--save-ema")
+    one = metrics(full / "m.jsonl")
+    two = metrics(split / "a.jsonl") + metrics(split / "b.jsonl")
     fields = ("step", "loss", "lr", "grad_norm", "clipped", "skipped")
     assert [[m[f] for f in fields] for m in two] == [
         [m[f] for f in fields] for m in one]
@@ -848,13 +856,20 @@ def test_resume_continues_the_recipe_bit_exactly(update, extra, tmp_path):
         want = scheduled_lr(s, "warmup-cosine", lr=1e-3, warmup_steps=2,
                             min_lr=1e-4, lr_decay_steps=5)
         assert math.isclose(m["lr"], want, rel_tol=1e-8, abs_tol=0), (s, m)
-    assert any(m["clipped"] for m in one)
-    for part in ("w", "ema"):
-        a, b = weights(full / part), weights(split / part)
-        assert set(a) == set(b)
-        for name in a:
-            assert a[name].tobytes() == b[name].tobytes(), (part, name)
-    # The EMA is not the weights.
-    assert any(not np.array_equal(weights(full / "w")[n],
-                                  weights(full / "ema")[n])
-               for n in weights(full / "w"))
+    assert any(m["clipped"] for m in one) and not all(
+        m["clipped"] for m in one)
+    a, b = final_state(full / "ck"), final_state(split / "ck")
+    assert set(a) == set(b)
+    assert {n for n in a if n.endswith(".ema")} == {
+        f"{n}.ema" for n in param_shapes(CFG)}
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    exported = [load_file(str(d / "ema" /
+                              "diffusion_pytorch_model.safetensors"))
+                for d in (full, split)]
+    for name in param_shapes(CFG):
+        assert exported[0][name].tobytes() == exported[1][name].tobytes()
+        # The export is the EMA, not the masters.
+        assert exported[0][name].tobytes() == a[f"{name}.ema"].tobytes()
+    assert any(not np.array_equal(a[n], a[f"{n}.ema"])
+               for n in param_shapes(CFG))
