@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
@@ -90,13 +91,15 @@ class Trainer {
 public:
   Trainer(const std::string &planJson, const std::string &source,
           const std::string &backend, uint64_t seed,
-          const std::string &hardwarePath, const py::dict &recipe) {
+          const std::string &hardwarePath, const py::dict &recipe,
+          const std::string &valData) {
     exec::ExecPlan plan = check(exec::parseExecPlan(planJson, source));
     train::SessionOptions options;
     options.backend = backend;
     options.seed = seed;
     options.hardwarePath = hardwarePath;
     options.recipe = recipeOf(recipe);
+    options.valDataDir = valData;
     session = check(train::Session::create(std::move(plan), options));
   }
 
@@ -413,6 +416,13 @@ public:
     return out;
   }
 
+  float validationLoss() {
+    CallGuard lock = guard("validation_loss");
+    requireState("validation_loss");
+    py::gil_scoped_release release;
+    return check(session->validationLoss());
+  }
+
   py::dict emaParameters() {
     CallGuard lock = guard("ema_parameters");
     requireState("ema_parameters");
@@ -424,7 +434,11 @@ public:
       if (t.param->role != "ema")
         continue;
       FloatArray a(t.param->type.shape);
-      std::copy(t.data.begin(), t.data.end(), a.mutable_data());
+      if (t.bf16.empty())
+        std::copy(t.data.begin(), t.data.end(), a.mutable_data());
+      else
+        cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
+                   a.mutable_data());
       out[py::str(t.param->of)] = a;
     }
     return out;
@@ -488,9 +502,11 @@ void defineTrainer(py::module_ &m) {
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<const std::string &, const std::string &,
                     const std::string &, uint64_t, const std::string &,
-                    const py::dict &>(),
+                    const py::dict &, const std::string &>(),
            py::arg("plan_json"), py::arg("source"), py::arg("backend"),
-           py::arg("seed"), py::arg("hardware_path"), py::arg("recipe"))
+           py::arg("seed"), py::arg("hardware_path"), py::arg("recipe"),
+           py::arg("val_data"))
+      .def("validation_loss", &Trainer::validationLoss)
       .def("optimizer_state", &Trainer::optimizerState)
       .def("ema_parameters", &Trainer::emaParameters)
       .def("input_shapes", &Trainer::inputShapes)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Configures (once) and builds MegaSlide into build/ ($MEGASLIDE_BUILD_DIR).
-#   --runtime-only: the runtime without MLIR (megaslide-exec and the
-#   runtime's tests, LLVM Support linked statically) into build-runtime/
+#   --runtime-only: the runtime without MLIR (megaslide-exec,
+#   megaslide-calibrate, megaslide-report and the runtime's tests, LLVM
+#   Support linked statically) into build-runtime/
 #   (docs/Runtime.md, "A runtime without MLIR").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

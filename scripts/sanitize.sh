@@ -40,7 +40,7 @@ fi
 
 targets=(megaslide-runtime-tests megaslide-compiler-tests megaslide-test-plans
   megaslide-opt megaslide-plan megaslide-run megaslide-exec megaslide-translate
-  megaslide-docs megaslide-fuzz megaslide-calibrate)
+  megaslide-docs megaslide-fuzz megaslide-calibrate megaslide-report)
 start=$SECONDS
 cmake --build "$build" --target "${targets[@]}" || exit 1
 echo "sanitize.sh: build took $((SECONDS - start)) s"

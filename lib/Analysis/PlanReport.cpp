@@ -7,6 +7,7 @@
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/Transforms/Planning.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/sim/Timeline.h"
 
@@ -67,7 +68,238 @@ void accountHost(ModuleOp module, PlanReport &r) {
     r.hostBytesPerParam = double(r.hostTotal - allowance) / double(params);
 }
 
+/// The deferred mode's replay figures: what its updates take, when the
+/// last ends against the end of the forward, and the block with the most
+/// update time against that block's forward compute.
+void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
+                     PlanReport::Recipe &recipe) {
+  std::map<int64_t, double> byBlock, forward;
+  for (const sim::SimResult::Update &u : sim.updates) {
+    recipe.updateSeconds += u.end - u.start;
+    recipe.updatesEnd = std::max(recipe.updatesEnd, u.end);
+    if (std::optional<int64_t> l = plan.instructions[u.fetch].layer)
+      byBlock[*l] += u.end - u.start;
+  }
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    if (inst.op == exec::OpCode::FlowMatchingLoss) {
+      recipe.forwardEnd = sim.start[i];
+      break;
+    }
+    if (inst.stream == exec::Stream::Compute && inst.layer)
+      forward[*inst.layer] += sim.end[i] - sim.start[i];
+  }
+  for (const auto &[block, seconds] : byBlock)
+    if (seconds > recipe.blockUpdateSeconds) {
+      recipe.block = block;
+      recipe.blockUpdateSeconds = seconds;
+      recipe.blockForwardSeconds = forward[block];
+    }
+}
+
 } // namespace
+
+/// What would let the EMA alone (streaming updates) fit when `shortfall`
+/// more host bytes are needed.
+static std::string emaAdvice(uint64_t shortfall, const RecipeBytes &b,
+                             schedule::HostStatePolicy policy,
+                             schedule::EmaPolicy ema) {
+  using schedule::bytesPerParam;
+  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  uint64_t byPolicy =
+      (bytesPerParam(policy) -
+       std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
+      b.trainableParams;
+  uint64_t byEma = ema == schedule::EmaPolicy::f32 ? b.emaBytes / 2 : 0;
+  std::string advice = "to keep the EMA even with streaming updates, " +
+                       formatBytes(shortfall) + " more: ";
+  if (byPolicy >= shortfall)
+    return advice + "--host-state-policy " +
+           schedule::stringifyEnum(smallest).str() + " (frees " +
+           formatBytes(byPolicy) + ")";
+  if (byEma >= shortfall)
+    return advice + "--ema-dtype bf16 (frees " + formatBytes(byEma) + ")";
+  if (byPolicy + byEma >= shortfall)
+    return advice + "--host-state-policy " +
+           schedule::stringifyEnum(smallest).str() +
+           " with --ema-dtype bf16 (free " + formatBytes(byPolicy + byEma) +
+           ")";
+  return advice + "a host with more memory (--host-mem)";
+}
+
+/// The "Training recipe" of the report: the update mode and why, each
+/// feature's host bytes and time, both update modes (the other one by
+/// replaying the program with its marks toggled).
+llvm::Error megaslide::planRecipe(ModuleOp module,
+                                  const exec::ExecPlan &program,
+                                  const HardwareModel &hw, PlanReport &r) {
+  PlanReport::Recipe &recipe = r.recipe;
+  auto update = module->getAttrOfType<StringAttr>(kUpdateAttr);
+  if (!update)
+    return llvm::Error::success();
+  recipe.update = update.str();
+  recipe.chosenByAuto = module->hasAttr(kUpdateAutoAttr);
+  if (auto k = module->getAttrOfType<IntegerAttr>(kGradAccumAttr))
+    recipe.gradAccum = k.getInt();
+  schedule::EmaPolicy ema = schedule::EmaPolicy::none;
+  if (auto e = module->getAttrOfType<StringAttr>(kEmaAttr))
+    ema = schedule::symbolizeEmaPolicy(e.getValue())
+              .value_or(schedule::EmaPolicy::none);
+  recipe.ema = schedule::stringifyEnum(ema).str();
+  const RecipeBytes &b = recipe.bytes =
+      recipeBytes(module, recipe.gradAccum, ema);
+  uint64_t declared = 0;
+  for (StringRef name :
+       {kRetainedGradientsResource, kGradientAccumulatorResource, kEmaResource})
+    if (auto resource = module.lookupSymbol<schedule::ResourceOp>(name))
+      declared += resource.getSize();
+  uint64_t others = r.hostTotal - declared;
+  recipe.hostFreeBytes = r.hostBudget > others ? r.hostBudget - others : 0;
+  uint64_t params = b.trainableParams;
+
+  // Both modes: this plan's replay and the other's.
+  bool deferred = recipe.update == "deferred";
+  exec::ExecPlan other = program;
+  exec::setDeferredUpdates(other, !deferred);
+  llvm::Expected<sim::SimResult> mine = sim::simulateStep(program, hw);
+  if (!mine)
+    return mine.takeError();
+  llvm::Expected<sim::SimResult> theirs = sim::simulateStep(other, hw);
+  if (!theirs)
+    return theirs.takeError();
+  const sim::SimResult &deferredSim = deferred ? *mine : *theirs;
+  const sim::SimResult &streamingSim = deferred ? *theirs : *mine;
+  auto fill = [&](PlanReport::Recipe::Mode &m, StringRef name, uint64_t bytes,
+                  const sim::SimResult &sim, bool planned) {
+    m.name = name.str();
+    m.hostBytes = bytes;
+    m.hostFits = bytes <= recipe.hostFreeBytes;
+    m.stepSeconds = sim.makespan;
+    m.hostOptimizerSeconds = sim.busy[static_cast<int>(exec::Stream::Host)];
+    m.note = planned ? "this plan" : "replayed with the other mode's marks";
+  };
+  fill(recipe.deferred, "deferred", b.deferredBytes() + b.emaBytes, deferredSim,
+       deferred);
+  fill(recipe.streaming, "streaming", b.emaBytes, streamingSim, !deferred);
+  recipe.streaming.note +=
+      "; clips with the previous step's global norm (an approximation) and "
+      "stops at a non-finite gradient";
+  if (recipe.gradAccum > 1) {
+    recipe.streaming.available = false;
+    recipe.streaming.note = "cannot accumulate gradients (grad-accum > 1)";
+  }
+  deferredFigures(program, deferredSim, recipe);
+
+  // Host passes the replay does not hold, per optimizer step.
+  double gradPerParam = params ? double(b.gradientBytes) / double(params) : 0;
+  double accumulatorPerParam = schedule::kGradAccumBytesPerParam;
+  recipe.accumulateSeconds = double(recipe.gradAccum - 1) * double(params) *
+                             (gradPerParam + 2 * accumulatorPerParam) /
+                             hw.hostMemoryBandwidth;
+  double emaPerParam = schedule::bytesPerParam(ema);
+  if (emaPerParam > 0)
+    recipe.emaSeconds =
+        double(params) * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
+  recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
+                                recipe.accumulateSeconds + recipe.emaSeconds;
+
+  uint64_t arenaBudget = r.gpuBudget - std::min(r.gpuBudget, r.gpuReserve);
+  recipe.deviceAccumulationBytes = params * schedule::kGradAccumBytesPerParam;
+  recipe.deviceAccumulationFits =
+      uint64_t(r.devicePeak) + recipe.deviceAccumulationBytes <= arenaBudget;
+
+  auto policy = schedule::symbolizeHostStatePolicy(r.hostStatePolicy)
+                    .value_or(schedule::HostStatePolicy::master_moments);
+  uint64_t needs = b.deferredBytes() + b.emaBytes;
+  if (!recipe.chosenByAuto)
+    recipe.reason = "--update " + recipe.update + " given";
+  else if (deferred && recipe.gradAccum > 1)
+    recipe.reason = "update=auto: grad-accum " +
+                    std::to_string(recipe.gradAccum) +
+                    " needs the deferred update";
+  else
+    recipe.reason = "update=auto: deferring needs " + formatBytes(needs) +
+                    (deferred ? ", within the " : ", more than the ") +
+                    formatBytes(recipe.hostFreeBytes) + " host-mem leaves";
+  if (deferred && !recipe.deferred.hostFits)
+    recipe.advice.push_back(
+        deferAdvice(needs - recipe.hostFreeBytes, b, policy, ema));
+  if (!deferred && !recipe.deferred.hostFits && recipe.chosenByAuto)
+    recipe.advice.push_back(
+        deferAdvice(needs - recipe.hostFreeBytes, b, policy, ema));
+  if (!recipe.streaming.hostFits && b.emaBytes)
+    recipe.advice.push_back(
+        emaAdvice(b.emaBytes - recipe.hostFreeBytes, b, policy, ema));
+  return llvm::Error::success();
+}
+
+RecipeBytes megaslide::recipeBytes(ModuleOp module, int64_t gradAccum,
+                                   schedule::EmaPolicy ema) {
+  RecipeBytes r;
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!step)
+    return r;
+  step.walk([&](schedule::HostAdamWOp update) {
+    auto grad = cast<RankedTensorType>(update.getGrad().getType());
+    r.trainableParams += grad.getNumElements();
+    r.gradientBytes += tensorBytes(grad);
+  });
+  if (gradAccum > 1)
+    r.accumulatorBytes = r.trainableParams * schedule::kGradAccumBytesPerParam;
+  r.emaBytes = r.trainableParams * schedule::bytesPerParam(ema);
+  return r;
+}
+
+/// "X (N B/param)"
+static std::string perParam(uint64_t bytes, uint64_t params) {
+  return llvm::formatv("{0} ({1} B/param)", formatBytes(bytes),
+                       params ? bytes / params : 0)
+      .str();
+}
+
+std::string megaslide::explainDeferredBytes(const RecipeBytes &b) {
+  std::string text = b.accumulatorBytes
+                         ? "fp32 gradient accumulator " +
+                               perParam(b.accumulatorBytes, b.trainableParams)
+                         : "retained gradients " +
+                               perParam(b.gradientBytes, b.trainableParams);
+  if (b.emaBytes)
+    text += ", EMA weights " + perParam(b.emaBytes, b.trainableParams);
+  return text;
+}
+
+std::string megaslide::deferAdvice(uint64_t shortfall, const RecipeBytes &b,
+                                   schedule::HostStatePolicy policy,
+                                   schedule::EmaPolicy ema) {
+  using schedule::bytesPerParam;
+  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  uint64_t byPolicy =
+      (bytesPerParam(policy) -
+       std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
+      b.trainableParams;
+  uint64_t byEma =
+      ema == schedule::EmaPolicy::f32
+          ? (bytesPerParam(ema) - bytesPerParam(schedule::EmaPolicy::bf16)) *
+                b.trainableParams
+          : 0;
+  std::string policyFlag =
+      ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();
+  std::vector<std::string> enough;
+  if (byPolicy >= shortfall)
+    enough.push_back(policyFlag + " (frees " + formatBytes(byPolicy) + ")");
+  if (byEma && byEma >= shortfall)
+    enough.push_back("--ema-dtype bf16 (frees " + formatBytes(byEma) + ")");
+  if (enough.empty() && byPolicy && byEma && byPolicy + byEma >= shortfall)
+    enough.push_back(policyFlag + " with --ema-dtype bf16 (free " +
+                     formatBytes(byPolicy + byEma) + ")");
+  std::string advice = "to defer, " + formatBytes(shortfall) + " more: ";
+  if (enough.empty())
+    advice += "a host with more memory (--host-mem)";
+  for (auto [i, e] : llvm::enumerate(enough))
+    advice += (i ? " or " : "") + e;
+  return advice + "; --update streaming instead clips with the previous "
+                  "step's global norm (an approximation) and stops at a "
+                  "non-finite gradient rather than skipping the step";
+}
 
 std::vector<std::pair<std::string, uint64_t>>
 megaslide::hostMemoryByCategory(ModuleOp module) {
@@ -139,10 +371,11 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
 
   // The step time: the sim backend's replay of the exported program.
-  llvm::Expected<std::vector<sim::Task>> tasks = sim::buildTasks(program, hw);
+  llvm::Expected<sim::StepTasks> tasks = sim::buildTasks(program, hw);
   if (!tasks)
     return tasks.takeError();
-  sim::Timeline timeline = sim::replay(*tasks, hw.hostMemoryBandwidth);
+  sim::Timeline timeline = sim::perInstruction(
+      sim::replay(tasks->tasks, hw.hostMemoryBandwidth), *tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
   for (int s = 0; s < exec::kNumStreams; ++s)
@@ -215,6 +448,8 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);
   r.d2hByKind = sorted(d2hKinds);
+  if (llvm::Error err = planRecipe(module, program, hw, r))
+    return std::move(err);
 
   // Plots: live bytes over predicted time, and per-block busy intervals.
   size_t stride = std::max<size_t>(1, opAt.size() / 1500);
@@ -250,6 +485,49 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
         {stream, timeline.start[i], timeline.end[i], label});
   }
   return r;
+}
+
+static llvm::json::Object recipeToJson(const PlanReport::Recipe &c) {
+  auto mode = [](const PlanReport::Recipe::Mode &m) {
+    return llvm::json::Object{
+        {"available", m.available},
+        {"host_bytes", m.hostBytes},
+        {"host_fits", m.hostFits},
+        {"step_seconds", m.stepSeconds},
+        {"host_optimizer_seconds", m.hostOptimizerSeconds},
+        {"note", m.note}};
+  };
+  const RecipeBytes &b = c.bytes;
+  llvm::json::Array advice;
+  for (const std::string &a : c.advice)
+    advice.push_back(a);
+  return llvm::json::Object{
+      {"update", c.update},
+      {"update_auto", c.chosenByAuto},
+      {"reason", c.reason},
+      {"grad_accum", c.gradAccum},
+      {"ema", c.ema},
+      {"trainable_params", b.trainableParams},
+      {"host_free_bytes", c.hostFreeBytes},
+      {"bytes", llvm::json::Object{{"retained_gradients", b.gradientBytes},
+                                   {"gradient_accumulator", b.accumulatorBytes},
+                                   {"ema", b.emaBytes},
+                                   {"deferred", b.deferredBytes()}}},
+      {"modes", llvm::json::Object{{"deferred", mode(c.deferred)},
+                                   {"streaming", mode(c.streaming)}}},
+      {"deferred_updates",
+       llvm::json::Object{{"update_seconds", c.updateSeconds},
+                          {"updates_end_seconds", c.updatesEnd},
+                          {"forward_end_seconds", c.forwardEnd},
+                          {"block", c.block},
+                          {"block_update_seconds", c.blockUpdateSeconds},
+                          {"block_forward_seconds", c.blockForwardSeconds}}},
+      {"accumulate_seconds", c.accumulateSeconds},
+      {"ema_seconds", c.emaSeconds},
+      {"optimizer_step_seconds", c.optimizerStepSeconds},
+      {"device_accumulation_bytes", c.deviceAccumulationBytes},
+      {"device_accumulation_fits", c.deviceAccumulationFits},
+      {"advice", std::move(advice)}};
 }
 
 void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
@@ -336,6 +614,72 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                                    {"by_kernel_family", std::move(families)}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
                                        {"streams", std::move(streams)}};
+  if (!r.recipe.update.empty())
+    out["recipe"] = recipeToJson(r.recipe);
+}
+
+static void printRecipe(const PlanReport &r, llvm::raw_ostream &os) {
+  const PlanReport::Recipe &c = r.recipe;
+  const RecipeBytes &b = c.bytes;
+  auto bytesAndRate = [&](uint64_t bytes) {
+    return llvm::formatv("{0} ({1} B/param)", formatBytes(bytes),
+                         b.trainableParams ? bytes / b.trainableParams : 0)
+        .str();
+  };
+  os << "\nTraining recipe: " << c.update << " update (" << c.reason
+     << "); grad-accum " << c.gradAccum << "; EMA " << c.ema << "\n";
+  os << "  host left for the recipe " << formatBytes(c.hostFreeBytes) << " of "
+     << formatBytes(r.hostBudget) << "\n";
+  os << "  deferred update / clipping"
+     << (c.update == "deferred" ? "" : " (not planned)") << ": "
+     << (b.accumulatorBytes ? "fp32 gradient accumulator "
+                            : "retained gradients ")
+     << bytesAndRate(b.deferredBytes())
+     << llvm::formatv(
+            "; updates replayed before their fetches {0:F3} s, "
+            "the last ends at {1:F3} s, the forward at {2:F3} "
+            "s; step {3}{4:F3} s against streaming",
+            c.updateSeconds, c.updatesEnd, c.forwardEnd,
+            c.deferred.stepSeconds >= c.streaming.stepSeconds ? "+" : "-",
+            std::abs(c.deferred.stepSeconds - c.streaming.stepSeconds))
+     << "\n";
+  if (c.block >= 0)
+    os << llvm::formatv("    block {0}: AdamW {1:F3} s against its forward "
+                        "compute {2:F3} s ({3})\n",
+                        c.block, c.blockUpdateSeconds, c.blockForwardSeconds,
+                        c.blockUpdateSeconds <= c.blockForwardSeconds
+                            ? "hidden"
+                            : "longer: the fetches wait");
+  if (c.gradAccum > 1)
+    os << llvm::formatv("  grad accumulation: {0} micro-batches, fp32 "
+                        "accumulator {1}; {2} adds {3:F3} s (estimate)\n",
+                        c.gradAccum, bytesAndRate(b.accumulatorBytes),
+                        c.gradAccum - 1, c.accumulateSeconds);
+  os << "  device-side accumulation of every gradient would need "
+     << formatBytes(c.deviceAccumulationBytes) << " (fp32) besides the peak: "
+     << (c.deviceAccumulationFits ? "fits" : "does not fit") << "\n";
+  if (b.emaBytes)
+    os << "  EMA (" << c.ema << "): " << bytesAndRate(b.emaBytes)
+       << llvm::formatv("; one host pass {0:F3} s per optimizer step "
+                        "(estimate)\n",
+                        c.emaSeconds);
+  for (const PlanReport::Recipe::Mode *m : {&c.deferred, &c.streaming}) {
+    if (!m->available) {
+      os << "  " << m->name << ": " << m->note << "\n";
+      continue;
+    }
+    os << llvm::formatv("  {0,-9} host {1} ({2}), step {3:F3} s, host "
+                        "optimizer {4:F3} s; {5}\n",
+                        m->name, formatBytes(m->hostBytes),
+                        m->hostFits ? "fits" : "does not fit", m->stepSeconds,
+                        m->hostOptimizerSeconds, m->note);
+  }
+  os << llvm::formatv("  optimizer step: {0:F3} s ({1} x the step",
+                      c.optimizerStepSeconds, c.gradAccum)
+     << (c.gradAccum > 1 ? " + accumulation" : "")
+     << (b.emaBytes ? " + EMA" : "") << ")\n";
+  for (const std::string &a : c.advice)
+    os << "  to fit: " << a << "\n";
 }
 
 void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
@@ -406,6 +750,8 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
       r.deviceFlops ? 100.0 * double(r.recomputeFlops) / double(r.deviceFlops)
                     : 0.0,
       100.0 * r.mfu(), r.peakFlops / 1e12);
+  if (!r.recipe.update.empty())
+    printRecipe(r, os);
   if (r.fits()) {
     os << "\nFITS.\n";
   } else {

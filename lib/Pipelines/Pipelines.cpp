@@ -87,6 +87,10 @@ void megaslide::buildSchedulePipeline(OpPassManager &pm,
   buildActivationTrialPipeline(trials, o);
   addPass(pm, createPlanActivationsPass(std::move(trials)), o);
   addTransfersAndStreams(pm, o);
+  // Last in the phase: every other host buffer (checkpoints, staging) is
+  // declared by now, so `update=auto` sees what the host has left; the
+  // trials need no marks, which change neither device memory nor order.
+  addPass(pm, createDeferUpdatesPass(), o);
 }
 
 void megaslide::buildMemoryPipeline(OpPassManager &pm,

@@ -10,6 +10,8 @@
 
 #include "megaslide/Report/HtmlReport.h"
 
+#include "megaslide/runtime/support/Html.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -23,6 +25,9 @@
 using namespace megaslide;
 using llvm::raw_ostream;
 using llvm::StringRef;
+using megaslide::html::escape;
+using megaslide::html::tickLabel;
+using megaslide::html::tickStep;
 namespace json = llvm::json;
 
 namespace {
@@ -84,31 +89,6 @@ sortedEntries(const json::Object *o) {
 // Formatting
 //===----------------------------------------------------------------------===//
 
-/// Escapes text for HTML element content and double-quoted attributes.
-std::string escape(StringRef text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-    case '&':
-      out += "&amp;";
-      break;
-    case '<':
-      out += "&lt;";
-      break;
-    case '>':
-      out += "&gt;";
-      break;
-    case '"':
-      out += "&quot;";
-      break;
-    default:
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string escapedOr(std::optional<StringRef> text) {
   return text ? escape(*text) : "n/a";
 }
@@ -150,16 +130,6 @@ std::string formatUsage(std::optional<double> used,
   return text;
 }
 
-/// The label of a tick at `value`, with as many decimals as `step` needs.
-std::string tickLabel(double value, double step) {
-  int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step))));
-  if (std::abs(value) < step * 1e-6)
-    value = 0; // no "-0.0"
-  std::string label;
-  llvm::raw_string_ostream(label) << llvm::format("%.*f", decimals, value);
-  return label;
-}
-
 //===----------------------------------------------------------------------===//
 // SVG building blocks
 //===----------------------------------------------------------------------===//
@@ -186,28 +156,6 @@ struct Frame {
   double right() const { return left + width; }
   double bottom() const { return top + height; }
 };
-
-/// Round tick spacing (1, 2 or 5 times a power of ten) giving about
-/// `count` ticks over `span`, but never closer than `minStep`.
-double tickStep(double span, int count, double minStep) {
-  double raw = span / count;
-  double power = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = 10 * power;
-  for (double multiple : {1.0, 2.0, 5.0})
-    if (multiple * power >= raw) {
-      step = multiple * power;
-      break;
-    }
-  return std::max(step, minStep);
-}
-
-/// Calls `draw(value)` for each multiple of `step` inside `range`.
-template <typename Fn>
-void forEachTick(const Range &range, double step, Fn draw) {
-  for (double i = std::ceil(range.min / step - 1e-9);
-       i * step <= range.max + step * 1e-9; ++i)
-    draw(i * step);
-}
 
 void drawLine(raw_ostream &os, double x1, double y1, double x2, double y2,
               StringRef cssClass) {
@@ -237,7 +185,7 @@ void drawRect(raw_ostream &os, double x, double y, double width, double height,
 void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
                double minStep = 0) {
   double step = tickStep(f.x.span(), 8, minStep);
-  forEachTick(f.x, step, [&](double value) {
+  html::forEachTick(f.x.min, f.x.max, step, [&](double value) {
     double x = f.px(value);
     drawLine(os, x, f.top, x, f.bottom(), "grid");
     drawLine(os, x, f.bottom(), x, f.bottom() + 5, "axis");
@@ -251,7 +199,7 @@ void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
 /// `label` written upwards beside them.
 void drawYAxis(raw_ostream &os, const Frame &f, StringRef label) {
   double step = tickStep(f.y.span(), 5, 0);
-  forEachTick(f.y, step, [&](double value) {
+  html::forEachTick(f.y.min, f.y.max, step, [&](double value) {
     double y = f.py(value);
     drawLine(os, f.left, y, f.right(), y, "grid");
     drawLine(os, f.left - 5, y, f.left, y, "axis");
@@ -722,6 +670,82 @@ void renderTopConsumers(raw_ostream &os, const json::Array *consumers) {
   os << "</table>\n";
 }
 
+/// The "Training recipe" section: the update mode and why, each mode's
+/// host bytes and step, the recipe's features and what would make it fit.
+void renderRecipe(raw_ostream &os, const json::Object *recipe) {
+  os << "<h2>Training recipe</h2>\n";
+  if (!recipe) {
+    os << "<p>n/a</p>\n";
+    return;
+  }
+  const json::Object *bytes = objectAt(recipe, "bytes");
+  const json::Object *updates = objectAt(recipe, "deferred_updates");
+  os << "<p>Update: <b>" << escapedOr(stringAt(recipe, "update")) << "</b> ("
+     << escapedOr(stringAt(recipe, "reason")) << "); grad-accum "
+     << formatCount(recipe, "grad_accum") << "; EMA "
+     << escapedOr(stringAt(recipe, "ema")) << ". Host left for the recipe: "
+     << formatGB(numberAt(recipe, "host_free_bytes")) << " GB.</p>\n";
+  os << "<table>\n<tr><th>update mode</th><th>host GB</th><th>fits</th>"
+        "<th>step</th><th>host optimizer</th><th>note</th></tr>\n";
+  for (StringRef name : {"deferred", "streaming"}) {
+    const json::Object *mode = objectAt(objectAt(recipe, "modes"), name);
+    std::optional<bool> available =
+        mode ? mode->getBoolean("available") : std::nullopt;
+    std::optional<bool> fits =
+        mode ? mode->getBoolean("host_fits") : std::nullopt;
+    os << "<tr><td>" << name << "</td><td class=\"num\">"
+       << (available.value_or(false) ? formatGB(numberAt(mode, "host_bytes"))
+                                     : std::string("n/a"))
+       << "</td><td>"
+       << (!available.value_or(false) ? "n/a"
+           : fits.value_or(false)     ? "yes"
+                                      : "<span class=\"bad\">no</span>")
+       << "</td><td class=\"num\">"
+       << formatSeconds(numberAt(mode, "step_seconds"))
+       << "</td><td class=\"num\">"
+       << formatSeconds(numberAt(mode, "host_optimizer_seconds")) << "</td><td>"
+       << escapedOr(stringAt(mode, "note")) << "</td></tr>\n";
+  }
+  os << "</table>\n<table>\n";
+  renderRow(os, "Retained gradients (deferred update)",
+            formatGB(numberAt(bytes, "retained_gradients")) + " GB");
+  renderRow(os, "Gradient accumulator (fp32)",
+            formatGB(numberAt(bytes, "gradient_accumulator")) + " GB, " +
+                formatSeconds(numberAt(recipe, "accumulate_seconds")) +
+                " of adds per optimizer step (estimate)");
+  renderRow(os, "EMA weights",
+            formatGB(numberAt(bytes, "ema")) + " GB, " +
+                formatSeconds(numberAt(recipe, "ema_seconds")) +
+                " per optimizer step (estimate)");
+  renderRow(os, "Deferred updates (replay)",
+            formatSeconds(numberAt(updates, "update_seconds")) +
+                " of AdamW before the fetches; the last ends at " +
+                formatSeconds(numberAt(updates, "updates_end_seconds")) +
+                ", the forward at " +
+                formatSeconds(numberAt(updates, "forward_end_seconds")));
+  renderRow(os, "Largest block update against its forward",
+            "block " + formatCount(updates, "block") + ": " +
+                formatSeconds(numberAt(updates, "block_update_seconds")) +
+                " against " +
+                formatSeconds(numberAt(updates, "block_forward_seconds")));
+  std::optional<bool> deviceFits =
+      recipe->getBoolean("device_accumulation_fits");
+  renderRow(os, "Accumulating every gradient on the device",
+            formatGB(numberAt(recipe, "device_accumulation_bytes")) +
+                " GB (fp32): " +
+                (deviceFits ? (*deviceFits ? "fits" : "does not fit") : "n/a"));
+  renderRow(os, "Optimizer step",
+            formatSeconds(numberAt(recipe, "optimizer_step_seconds")));
+  os << "</table>\n";
+  if (const json::Array *advice = arrayAt(recipe, "advice");
+      advice && !advice->empty()) {
+    os << "<ul class=\"violations\">\n";
+    for (const json::Value &a : *advice)
+      os << "<li>to fit: " << escapedOr(a.getAsString()) << "</li>\n";
+    os << "</ul>\n";
+  }
+}
+
 } // namespace
 
 std::string megaslide::renderHtmlReport(const json::Value &plan) {
@@ -749,6 +773,8 @@ std::string megaslide::renderHtmlReport(const json::Value &plan) {
 
   os << "<h2>Host memory by category</h2>\n";
   renderHostMemoryPlot(os, root);
+
+  renderRecipe(os, objectAt(root, "recipe"));
 
   os << "<h2>Per layer</h2>\n";
   renderPerLayerPlot(os, root);

@@ -133,6 +133,24 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
                                                    << formatBytes(*host);
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
+      // The training recipe's buffers (megaslide-defer-updates) are
+      // choices too.
+      auto resourceBytes = [&](StringRef name) -> uint64_t {
+        auto r = module.lookupSymbol<schedule::ResourceOp>(name);
+        return r ? r.getSize() : 0;
+      };
+      uint64_t retained = resourceBytes(kRetainedGradientsResource);
+      uint64_t ema = resourceBytes(kEmaResource);
+      auto emaPolicy = module->getAttrOfType<StringAttr>(kEmaAttr);
+      if (retained)
+        diag.attachNote() << "to fit: --update streaming frees the "
+                          << formatBytes(retained)
+                          << " of retained gradients (it clips with the "
+                             "previous step's global norm, an approximation, "
+                             "and stops at a non-finite gradient)";
+      if (ema && emaPolicy && emaPolicy.getValue() == "f32")
+        diag.attachNote() << "to fit: --ema-dtype bf16 frees "
+                          << formatBytes(ema / 2) << " of the EMA";
       auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
       schedule::HostStatePolicy smallest = schedule::HostStatePolicy::bf16_moments;
       if (policy && policy.getValue() == schedule::stringifyEnum(smallest))

@@ -610,7 +610,8 @@ class Trainer:
     The training recipe (docs/Training.md) takes megaslide-run's flags as
     keywords (RECIPE_OPTIONS): lr_schedule, warmup_steps, min_lr,
     lr_decay_steps, max_grad_norm, grad_accum, ema_decay, ema_warmup,
-    timestep_sampling, logit_mean, logit_std, flow_shift.
+    timestep_sampling, logit_mean, logit_std, flow_shift; ``val_data`` is
+    a folder of validation samples for :meth:`validation_loss`.
 
     Threads: calls on one Trainer are serialised (a lock per Trainer; the
     GIL is released while a step computes), so two threads stepping one
@@ -632,8 +633,10 @@ class Trainer:
                  seed: int = 0, plan_json: Optional[str] = None,
                  plan_file: Optional[Union[str, os.PathLike]] = None,
                  hw: Optional[Union[str, os.PathLike]] = None,
+                 val_data: Optional[Union[str, os.PathLike]] = None,
                  **plan_options: Any) -> None:
         recipe = _recipe_options(plan_options)
+        val = "" if val_data is None else _check_path("val_data", val_data)
         if backend not in ("cpu", "cuda", "sim"):
             raise ValueError(f"backend must be cpu, cuda or sim, got "
                              f"{backend!r}")
@@ -670,7 +673,7 @@ class Trainer:
             raise TypeError(f"plan_json must be a str, got "
                             f"{type(plan_json).__name__}")
         self._native = _megaslide.Trainer(plan_json, source, backend, seed,
-                                          hardware, recipe)
+                                          hardware, recipe, val)
 
     @property
     def backend(self) -> str:
@@ -789,6 +792,12 @@ class Trainer:
     def optimizer_state(self) -> Dict[str, Dict[str, np.ndarray]]:
         """Copies of the AdamW moments: {name: {"exp_avg", "exp_avg_sq"}}."""
         return self._native.optimizer_state()
+
+    def validation_loss(self) -> float:
+        """The mean loss over ``val_data``'s samples, each with the noise
+        and time drawn for it once (the same at every call); updates
+        nothing and draws no training data (docs/Training.md)."""
+        return self._native.validation_loss()
 
     def ema_parameters(self) -> Dict[str, np.ndarray]:
         """Copies of the EMA of the trainable weights (ValueError without

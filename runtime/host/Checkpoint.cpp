@@ -3,6 +3,7 @@
 #include "megaslide/runtime/host/Checkpoint.h"
 
 #include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/cpu/HalfFloat.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/support/Json.h"
@@ -253,6 +254,18 @@ Error writeCheckpointFiles(StringRef tmp, const HostState &state,
   for (const HostTensor &t : state.tensors) {
     if (!t.param || !isCheckpointParam(*t.param))
       continue;
+    if (!t.bf16.empty()) { // a bf16 EMA: saved as it is kept
+      if (std::optional<int64_t> bad =
+              cpu::firstNonFiniteBf16(t.bf16.data(), t.bf16.size()))
+        return error(llvm::formatv("cannot save checkpoint of step {0}: "
+                                   "tensor '{1}' holds a non-finite value at "
+                                   "element {2}",
+                                   state.step, t.param->name, *bad));
+      StTensorToWrite w{t.param->name, t.param->type.shape, nullptr,
+                        StDType::BF16, t.bf16.data()};
+      tensors.push_back(std::move(w));
+      continue;
+    }
     if (static_cast<int64_t>(t.data.size()) != t.param->type.numElements())
       return error(llvm::formatv("cannot save checkpoint: tensor '{0}' holds "
                                  "{1} values, its type needs {2}",
@@ -593,9 +606,19 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
       if (Error e = file.readRaw(pos, begin - pos, onRaw))
         return e;
     HostTensor &t = state.tensors[state.index.find(info.name)->second];
-    t.data.resize(static_cast<size_t>(info.numElements()));
-    if (Error e = file.readF32(info, t.data, onRaw))
-      return e;
+    if (t.param->type.dtype == exec::DType::BF16) {
+      // Widened exactly, then rounded back to the same bits.
+      std::vector<float> wide(static_cast<size_t>(info.numElements()));
+      if (Error e = file.readF32(info, wide, onRaw))
+        return e;
+      t.bf16.resize(wide.size());
+      for (size_t k = 0; k < wide.size(); ++k)
+        t.bf16[k] = cpu::floatToBf16(wide[k]);
+    } else {
+      t.data.resize(static_cast<size_t>(info.numElements()));
+      if (Error e = file.readF32(info, t.data, onRaw))
+        return e;
+    }
     pos = file.dataStart() + info.end;
   }
   if (file.fileSize() > pos)

@@ -32,7 +32,12 @@ HostTensor &HostState::addTensor(exec::Param param) {
   ownParams.push_back(std::move(param));
   const exec::Param &p = ownParams.back();
   index[p.name] = tensors.size();
-  tensors.push_back({&p, std::vector<float>(p.type.numElements(), 0.0f)});
+  HostTensor t{&p, {}, {}};
+  if (p.type.dtype == exec::DType::BF16)
+    t.bf16.assign(p.type.numElements(), 0);
+  else
+    t.data.assign(p.type.numElements(), 0.0f);
+  tensors.push_back(std::move(t));
   return tensors.back();
 }
 
@@ -142,7 +147,7 @@ llvm::Expected<uint64_t> host::usableHostMemoryBytes() {
 uint64_t HostState::bytes() const {
   uint64_t total = 0;
   for (const HostTensor &t : tensors)
-    total += t.data.size() * sizeof(float);
+    total += t.data.size() * sizeof(float) + t.bf16.size() * sizeof(uint16_t);
   return total;
 }
 

@@ -588,7 +588,7 @@ safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
     int64_t bytes;
     if (!checkedMul(elements, stDTypeBytes(t.dtype), bytes))
       return bad("invalid shape " + shapeString(t.shape));
-    if (elements && !t.data)
+    if (elements && !t.data && !(t.bf16 && t.dtype == StDType::BF16))
       return bad("no data");
     sizes.push_back(static_cast<uint64_t>(bytes));
   }
@@ -664,6 +664,17 @@ Error writeSafetensorsData(AtomicFile &out, StringRef header,
       continue;
     }
     size_t elements = sizes[i] / sizeof(uint16_t);
+    if (t.bf16) {
+      const auto *bytes = reinterpret_cast<const uint8_t *>(t.bf16);
+      for (uint64_t done = 0; done < sizes[i];) {
+        size_t n = static_cast<size_t>(
+            std::min<uint64_t>(sizes[i] - done, kChunkBytes));
+        if (Error e = put(bytes + done, n))
+          return e;
+        done += n;
+      }
+      continue;
+    }
     buf.resize(std::min<size_t>(elements, kChunkBytes / sizeof(uint16_t)));
     for (size_t done = 0; done < elements;) {
       size_t n = std::min(elements - done, buf.size());

@@ -9,6 +9,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -96,6 +97,39 @@ const Param *ExecPlan::findParam(llvm::StringRef name) const {
     if (p.name == name)
       return &p;
   return nullptr;
+}
+
+const Param *ExecPlan::updatedParam(llvm::StringRef fetched) const {
+  const Param *p = findParam(fetched);
+  if (p && p->role == "weight" && !p->of.empty())
+    p = findParam(p->of);
+  return p && p->role == "master" ? p : nullptr;
+}
+
+void exec::setDeferredUpdates(ExecPlan &plan, bool deferred) {
+  llvm::StringSet<> updated, applied;
+  for (Instruction &inst : plan.instructions) {
+    inst.attrs.erase(std::string(kDeferredAttr));
+    inst.attrs.erase(std::string(kAppliesUpdateAttr));
+    if (deferred && inst.op == OpCode::HostAdamW) {
+      inst.attrs.emplace(kDeferredAttr.str(), int64_t(1));
+      updated.insert(inst.param);
+    }
+  }
+  for (Instruction &inst : plan.instructions)
+    if (inst.op == OpCode::Fetch)
+      if (const Param *p = plan.updatedParam(inst.param))
+        if (updated.contains(p->name) && applied.insert(p->name).second)
+          inst.attrs.emplace(kAppliesUpdateAttr.str(), int64_t(1));
+  plan.version =
+      deferred ? kDeferredUpdateFormatVersion : kOldestPlanFormatVersion;
+}
+
+bool ExecPlan::defersUpdates() const {
+  for (const Instruction &inst : instructions)
+    if (inst.op == OpCode::HostAdamW)
+      return inst.hasAttr(kDeferredAttr);
+  return false;
 }
 
 //===----------------------------------------------------------------------===//
@@ -193,7 +227,7 @@ static bool checkType(Checker &c, const TensorType &t, const llvm::Twine &what) 
 /// rather than read as absent and replaced by a default.
 static bool checkAttrs(Checker &c, const Instruction &inst,
                        const llvm::Twine &where) {
-  enum class Kind { Number, Int, Ints };
+  enum class Kind { Number, Int, Ints, Unit };
   static const llvm::StringMap<Kind> kinds = {
       {"scale", Kind::Number},      {"lr", Kind::Number},
       {"beta1", Kind::Number},      {"beta2", Kind::Number},
@@ -202,7 +236,8 @@ static bool checkAttrs(Checker &c, const Instruction &inst,
       {"time_scale", Kind::Number}, {"radius", Kind::Int},
       {"inverse", Kind::Int},       {"grid", Kind::Ints},
       {"window", Kind::Ints},       {"tile", Kind::Ints},
-      {"patch", Kind::Ints},        {"dims", Kind::Ints}};
+      {"patch", Kind::Ints},        {"dims", Kind::Ints},
+      {kDeferredAttr, Kind::Unit},  {kAppliesUpdateAttr, Kind::Unit}};
   for (const auto &[name, value] : inst.attrs) {
     auto it = kinds.find(name);
     if (it == kinds.end())
@@ -222,6 +257,11 @@ static bool checkAttrs(Checker &c, const Instruction &inst,
         return c.fail(where + ": attribute '" + name +
                       "' must be an integer array");
       break;
+    case Kind::Unit:
+      if (!isInt || std::get<int64_t>(value) != 1)
+        return c.fail(where + ": attribute '" + name +
+                      "' is a unit attribute and must be 1");
+      break;
     }
   }
   return true;
@@ -236,6 +276,74 @@ static bool checkHyperParameters(Checker &c, const Instruction &inst,
       if (std::optional<std::string> problem =
               checkAdamWHyperParameter(name, *value))
         return c.fail(where + ": attribute '" + name + "' " + *problem);
+  return true;
+}
+
+/// Deferred updates (kDeferredAttr): all host_adamw or none, each
+/// deferred parameter applied by exactly one fetch, its first in the step,
+/// and no applies_update fetch without a deferred update; a version that
+/// knows them.
+static bool checkDeferredUpdates(Checker &c, const ExecPlan &plan) {
+  auto where = [&](size_t i) {
+    return "instruction #" + std::to_string(i) + " ('" +
+           opName(plan.instructions[i].op) + "')";
+  };
+  std::optional<size_t> firstUpdate;
+  llvm::StringMap<size_t> deferred, applied, firstFetch;
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    bool isDeferred = inst.hasAttr(kDeferredAttr);
+    if (isDeferred && inst.op != OpCode::HostAdamW)
+      return c.fail(where(i) + ": attribute '" + kDeferredAttr +
+                    "' is for host_adamw only");
+    if (inst.hasAttr(kAppliesUpdateAttr) && inst.op != OpCode::Fetch)
+      return c.fail(where(i) + ": attribute '" + kAppliesUpdateAttr +
+                    "' is for fetch only");
+    if (inst.op == OpCode::HostAdamW) {
+      if (!firstUpdate)
+        firstUpdate = i;
+      else if (isDeferred !=
+               plan.instructions[*firstUpdate].hasAttr(kDeferredAttr))
+        return c.fail(where(i) + " of '" + inst.param + "' is " +
+                      (isDeferred ? "" : "not ") + "deferred but " +
+                      where(*firstUpdate) + " is" + (isDeferred ? " not" : "") +
+                      ": a plan defers every update or none");
+      if (isDeferred && plan.version < kDeferredUpdateFormatVersion)
+        return c.fail(where(i) + " is deferred, which format version " +
+                      std::to_string(kDeferredUpdateFormatVersion) +
+                      " introduced, but the plan says version " +
+                      std::to_string(plan.version));
+      if (isDeferred && !deferred.try_emplace(inst.param, i).second)
+        return c.fail(where(i) + " defers the update of '" + inst.param +
+                      "' a second time");
+    }
+    if (inst.op != OpCode::Fetch)
+      continue;
+    const Param *updated = plan.updatedParam(inst.param);
+    if (updated)
+      firstFetch.try_emplace(updated->name, i);
+    if (!inst.hasAttr(kAppliesUpdateAttr))
+      continue;
+    if (!updated)
+      return c.fail(where(i) + " of '" + inst.param +
+                    "' applies an update, but it fetches no master parameter "
+                    "or persistent copy of one");
+    if (auto [it, fresh] = applied.try_emplace(updated->name, i); !fresh)
+      return c.fail(where(i) + " applies the update of '" + updated->name +
+                    "', which " + where(it->second) + " applies already");
+    if (size_t first = firstFetch.lookup(updated->name); first != i)
+      return c.fail(where(i) + " applies the update of '" + updated->name +
+                    "', but " + where(first) +
+                    " fetches it earlier in the step and would read it stale");
+  }
+  for (const auto &[name, at] : applied)
+    if (!deferred.count(name))
+      return c.fail(where(at) + " applies the update of '" + name.str() +
+                    "', which no deferred host_adamw makes");
+  for (const auto &[name, at] : deferred)
+    if (!applied.count(name))
+      return c.fail(where(at) + " defers the update of '" + name.str() +
+                    "', but no fetch applies it ('" + kAppliesUpdateAttr +
+                    "')");
   return true;
 }
 
@@ -336,9 +444,11 @@ llvm::Error exec::validate(const ExecPlan &plan) {
       return llvm::Error::success();
     return llvm::createStringError("invalid execution plan: " + c.error);
   };
-  if (plan.version != kPlanFormatVersion) {
+  if (plan.version < kOldestPlanFormatVersion ||
+      plan.version > kPlanFormatVersion) {
     c.fail("format version " + llvm::Twine(plan.version) +
-           " is not supported (this runtime reads version " +
+           " is not supported (this runtime reads versions " +
+           llvm::Twine(kOldestPlanFormatVersion) + " to " +
            llvm::Twine(kPlanFormatVersion) + "; recompile the plan)");
     return done();
   }
@@ -529,7 +639,7 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   for (int64_t id : plan.outputs)
     if (id < 0 || id >= static_cast<int64_t>(n) || !defined[id])
       c.fail("output %" + llvm::Twine(id) + " is never defined");
-  if (!c.error.empty())
+  if (!c.error.empty() || !checkDeferredUpdates(c, plan))
     return done();
 
   // No two device buffers live at the same time may share bytes: sweep the
@@ -868,10 +978,12 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
   if (!o.map("version", plan.version))
     return llvm::createStringError(llvm::Twine(source) + ": " +
                                    llvm::toString(rootPath.getError()));
-  if (plan.version != kPlanFormatVersion)
+  if (plan.version < kOldestPlanFormatVersion ||
+      plan.version > kPlanFormatVersion)
     return llvm::createStringError(
         llvm::Twine(source) + ": execution plan format version " +
         llvm::Twine(plan.version) + " is not supported (this runtime reads " +
+        llvm::Twine(kOldestPlanFormatVersion) + " to " +
         llvm::Twine(kPlanFormatVersion) + "; recompile the plan)");
   if (!o.map("runtime_version", plan.runtimeVersion))
     return llvm::createStringError(llvm::Twine(source) + ": " +

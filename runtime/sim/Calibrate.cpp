@@ -388,7 +388,15 @@ llvm::Expected<Calibration> sim::calibrate(const MeasuredTrace &trace,
             }))
           alone.push_back(s);
       }
-    if (p.samples.empty()) {
+    if (plan && plan->defersUpdates()) {
+      // Its host_adamw spans retain gradients; the updates are elsewhere.
+      c.notes.push_back("host_adamw: the plan defers its updates, so its "
+                        "host_adamw spans time retained gradients, not "
+                        "updates; calibrate from a trace of a streaming plan "
+                        "(--update streaming); 'host_adamw_params_per_second' "
+                        "keeps " +
+                        number(base.hostAdamWParamsPerSecond));
+    } else if (p.samples.empty()) {
       c.notes.push_back("host_adamw: no updates; "
                         "'host_adamw_params_per_second' keeps " +
                         number(base.hostAdamWParamsPerSecond));

@@ -301,8 +301,29 @@ double sim::secondsFor(CostKind kind, KernelFamily family,
   return 0;
 }
 
+static bool retains(const exec::Instruction &inst) {
+  return inst.op == exec::OpCode::HostAdamW &&
+         inst.hasAttr(exec::kDeferredAttr);
+}
+
+double sim::retainedBytes(const exec::ExecPlan &plan,
+                          const exec::Instruction &inst) {
+  return inst.operands.empty()
+             ? 0
+             : 2.0 * static_cast<double>(
+                         plan.values[inst.operands.front()].type.bytes());
+}
+
+double sim::hostMemoryBytes(const exec::ExecPlan &plan,
+                            const exec::Instruction &inst) {
+  return retains(inst) ? retainedBytes(plan, inst)
+                       : hostMemoryBytes(costKindOf(inst.op), inst.cost);
+}
+
 double sim::secondsFor(const exec::ExecPlan &plan,
                        const exec::Instruction &inst, const HardwareModel &hw) {
+  if (retains(inst))
+    return retainedBytes(plan, inst) / hw.hostMemoryBandwidth;
   exec::DType resultType = exec::DType::BF16;
   if (!inst.results.empty())
     resultType = plan.values[inst.results.front()].type.dtype;

@@ -108,13 +108,68 @@ uint64_t flopsOf(const exec::CostInputs &c) {
 }
 
 /// The replay's tasks and the buffers whose releases they carry.
-struct StepTasks {
-  std::vector<Task> tasks;
+struct Built {
+  StepTasks step;
   Buffers buffers;
 };
 
-llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
-                                const HardwareModel &hw) {
+/// Moves the deferred updates into the replay: before each fetch that
+/// applies one, a task on the host stream timed as the host_adamw it
+/// defers, which the fetch depends on. Task indices in deps and releases
+/// become those of the longer list. In one step's replay the updates
+/// stand for those of the step before, whose gradients are all retained
+/// when this one starts.
+void insertDeferredUpdates(const exec::ExecPlan &plan, const HardwareModel &hw,
+                           StepTasks &step) {
+  llvm::StringMap<int64_t> updateOf; // parameter -> its host_adamw
+  for (auto [i, inst] : llvm::enumerate(plan.instructions))
+    if (inst.op == exec::OpCode::HostAdamW && inst.hasAttr(exec::kDeferredAttr))
+      updateOf[inst.param] = i;
+  if (updateOf.empty())
+    return;
+  size_t n = plan.instructions.size();
+  std::vector<Task> tasks;
+  tasks.reserve(n + updateOf.size());
+  step.taskOf.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const exec::Instruction &inst = plan.instructions[i];
+    Task task = std::move(step.tasks[i]);
+    // Deps and releases name this or earlier instructions, mapped by now.
+    step.taskOf[i] = tasks.size();
+    for (int64_t &dep : task.deps)
+      dep = step.taskOf[dep];
+    for (Release &r : task.frees)
+      for (int64_t &user : r.users)
+        user = step.taskOf[user];
+    const exec::Param *p =
+        inst.op == exec::OpCode::Fetch && inst.hasAttr(exec::kAppliesUpdateAttr)
+            ? plan.updatedParam(inst.param)
+            : nullptr;
+    if (auto it = p ? updateOf.find(p->name) : updateOf.end();
+        it != updateOf.end()) {
+      const exec::Instruction &adamw = plan.instructions[it->second];
+      Task update;
+      update.stream = exec::Stream::Host;
+      update.seconds = secondsFor(sim::CostKind::HostAdamW, KernelFamily::None,
+                                  adamw.cost, hw);
+      update.hostBytes = hostMemoryBytes(sim::CostKind::HostAdamW, adamw.cost);
+      if (update.hostBytes > 0 && update.seconds > 0)
+        update.hostRate = update.hostBytes / update.seconds;
+      else
+        update.hostBytes = 0;
+      int64_t at = tasks.size();
+      step.updates.push_back({at, static_cast<int64_t>(i), it->second});
+      tasks.push_back(std::move(update));
+      task.deps.push_back(at);
+      step.taskOf[i] = tasks.size();
+    }
+    tasks.push_back(std::move(task));
+  }
+  step.tasks = std::move(tasks);
+}
+
+llvm::Expected<Built> build(const exec::ExecPlan &plan,
+                            const HardwareModel &hw) {
   if (llvm::Error err = checkIds(plan))
     return std::move(err);
   llvm::Expected<Buffers> buffers = collectBuffers(plan);
@@ -147,7 +202,7 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
                             std::to_string(task.seconds) +
                             " s; check its rates and efficiencies");
     // Host traffic, at the rate that fills the task's own time.
-    task.hostBytes = hostMemoryBytes(costKindOf(inst.op), inst.cost);
+    task.hostBytes = hostMemoryBytes(plan, inst);
     if (task.hostBytes > 0 && task.seconds > 0)
       task.hostRate = task.hostBytes / task.seconds;
     else
@@ -185,14 +240,16 @@ llvm::Expected<StepTasks> build(const exec::ExecPlan &plan,
   for (size_t i = 0; i < n; ++i)
     for (const exec::Range &w : plan.instructions[i].workspace)
       tasks[i].frees.push_back({{w.offset, w.size}, {static_cast<int64_t>(i)}});
-  return StepTasks{std::move(tasks), std::move(*buffers)};
+  Built built{StepTasks{std::move(tasks), {}, {}}, std::move(*buffers)};
+  insertDeferredUpdates(plan, hw, built.step);
+  return built;
 }
 
 /// Device bytes occupied over the replayed time, as (time, change) pairs:
 /// a buffer from its producer's start until its release (a returned one
 /// until the end of the step), a workspace during its instruction.
 std::vector<std::pair<double, int64_t>> occupancy(const exec::ExecPlan &plan,
-                                                  const StepTasks &replay,
+                                                  const Built &replay,
                                                   const Timeline &timeline) {
   std::vector<std::pair<double, int64_t>> changes;
   auto occupy = [&](int64_t bytes, double from, double until) {
@@ -219,21 +276,35 @@ std::vector<std::pair<double, int64_t>> occupancy(const exec::ExecPlan &plan,
 
 } // namespace
 
-llvm::Expected<std::vector<Task>> sim::buildTasks(const exec::ExecPlan &plan,
-                                                  const HardwareModel &hw) {
-  llvm::Expected<StepTasks> replay = build(plan, hw);
+llvm::Expected<StepTasks> sim::buildTasks(const exec::ExecPlan &plan,
+                                          const HardwareModel &hw) {
+  llvm::Expected<Built> replay = build(plan, hw);
   if (!replay)
     return replay.takeError();
-  return std::move(replay->tasks);
+  return std::move(replay->step);
+}
+
+Timeline sim::perInstruction(const Timeline &timeline, const StepTasks &step) {
+  if (step.taskOf.empty())
+    return timeline;
+  Timeline t = timeline;
+  t.start.resize(step.taskOf.size());
+  t.end.resize(step.taskOf.size());
+  for (auto [i, task] : llvm::enumerate(step.taskOf)) {
+    t.start[i] = timeline.start[task];
+    t.end[i] = timeline.end[task];
+  }
+  return t;
 }
 
 llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
                                             const HardwareModel &hw,
                                             trace::ChromeTrace *trace) {
-  llvm::Expected<StepTasks> built = build(plan, hw);
+  llvm::Expected<Built> built = build(plan, hw);
   if (!built)
     return built.takeError();
-  Timeline timeline = replay(built->tasks, hw.hostMemoryBandwidth);
+  Timeline replayed = replay(built->step.tasks, hw.hostMemoryBandwidth);
+  Timeline timeline = perInstruction(replayed, built->step);
 
   SimResult r;
   r.makespan = timeline.makespan;
@@ -252,7 +323,7 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
       r.d2hBytes += inst.cost.bytes;
   }
 
-  for (const Task &task : built->tasks)
+  for (const Task &task : built->step.tasks)
     for (ByteRange w : task.writes)
       r.arenaHighWater = std::max(r.arenaHighWater, w.offset + w.size);
   std::vector<std::pair<double, int64_t>> changes =
@@ -274,6 +345,9 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
     r.peakLiveBytes = std::max(r.peakLiveBytes, bytes);
   r.start = std::move(timeline.start);
   r.end = std::move(timeline.end);
+  for (const StepTasks::Update &u : built->step.updates)
+    r.updates.push_back(
+        {u.fetch, u.hostAdamW, replayed.start[u.task], replayed.end[u.task]});
 
   if (trace) {
     for (const exec::TraceSpan &span : traceSpans(plan, r))

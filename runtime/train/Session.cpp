@@ -110,12 +110,12 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
     else if (deferred)
       retained += g.bytes();
     if (recipe.hasEma())
-      ema += g.numElements() * sizeof(float);
+      ema += g.numElements() * (recipe.emaBf16 ? 2 : 4);
   }
   need.parts.push_back(
       {"gradients kept for the deferred update", retained});
   need.parts.push_back({"gradient accumulation (fp32)", accum});
-  need.parts.push_back({"EMA of the weights (fp32)", ema});
+  need.parts.push_back({"EMA of the weights", ema});
   return need;
 }
 
@@ -324,7 +324,7 @@ void Session::prepareUpdates() {
         param.name = inst.param + ".ema";
         param.role = "ema";
         param.of = inst.param;
-        param.type.dtype = exec::DType::F32;
+        param.type.dtype = r.emaBf16 ? exec::DType::BF16 : exec::DType::F32;
         hostState.addTensor(std::move(param));
       }
   // Pointers into the state only now that no tensor is added.
@@ -454,16 +454,34 @@ void Session::apply(Update &u) {
 
 void Session::updateEma(Update &u) {
   // diffusers' EMAModel: ema -= (1 - decay) (ema - param), in fp32.
+  // A bf16 EMA computes in fp32 and rounds to nearest even once.
   float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
   float *e = u.ema->data.data();
+  uint16_t *e16 = u.ema->bf16.data();
   const float *p = u.master->data.data();
   // Elementwise, so the result does not depend on the chunking.
   int64_t threads = std::clamp<int64_t>(u.count >> 16, 1, cpu::cpuThreads());
-  cpu::parallelChunks(u.count, threads, cpu::kAdamWChunkAlign,
-                      [&](int64_t begin, int64_t end) {
-                        for (int64_t i = begin; i < end; ++i)
-                          e[i] -= oneMinus * (e[i] - p[i]);
-                      });
+  cpu::parallelChunks(
+      u.count, threads, cpu::kAdamWChunkAlign, [&](int64_t begin, int64_t end) {
+        if (e16)
+          for (int64_t i = begin; i < end; ++i) {
+            float v = cpu::bf16ToFloat(e16[i]);
+            e16[i] = cpu::floatToBf16(v - oneMinus * (v - p[i]));
+          }
+        else
+          for (int64_t i = begin; i < end; ++i)
+            e[i] -= oneMinus * (e[i] - p[i]);
+      });
+}
+
+/// The EMA starts as a copy of the weights (rounded, for a bf16 EMA).
+static void copyToEma(const host::HostTensor &master, host::HostTensor &ema) {
+  if (ema.bf16.empty()) {
+    ema.data = master.data;
+    return;
+  }
+  cpu::narrow(master.data.data(), exec::DType::BF16, master.data.size(),
+              ema.bf16.data());
 }
 
 void Session::flushUpdates() {
@@ -545,7 +563,7 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
     report.clipped = factor < 1.0;
     if (r.hasEma() && emaUpdates == 0 && !r.emaWarmup)
       for (Update &u : updates)
-        u.ema->data = u.master->data;
+        copyToEma(*u.master, *u.ema);
     llvm::Expected<exec::StepResult> one = runStep(batches[0], options);
     if (!one)
       return one.takeError();
@@ -617,7 +635,7 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
   if (r.hasEma()) {
     if (emaUpdates == 0 && !r.emaWarmup)
       for (Update &u : updates)
-        u.ema->data = u.master->data; // the EMA starts at the weights
+        copyToEma(*u.master, *u.ema); // the EMA starts at the weights
     pendingEmaDecay = emaDecayAt(r, emaUpdates++);
   }
   pendingStep = hostState.step + 1;

@@ -594,9 +594,9 @@ PLAN_CASES = [
      "}", "{plan}: not an execution plan"),
     ("a model config", lambda art: json.dumps(art.config),
      '{plan}: not an execution plan (no "format": "megaslide-exec-plan")'),
-    ("newer version", plan_edit(set_key("version", 3)),
-     "{plan}: execution plan format version 3 is not supported (this runtime "
-     "reads 2; recompile the plan)"),
+    ("newer version", plan_edit(set_key("version", 4)),
+     "{plan}: execution plan format version 4 is not supported (this runtime "
+     "reads 2 to 3; recompile the plan)"),
     ("version not an integer", plan_edit(set_key("version", "2")),
      "{plan}: expected integer at plan.version"),
     ("another release", plan_edit(set_key("runtime_version", "0.0.1")),

@@ -676,3 +676,34 @@ def test_deferred_update_skips_a_nan_gradient_exactly(tmp_path):
     assert latest == "step-000002"
     assert (tmp_path / "ck" / latest / "state.safetensors").read_bytes() == \
         before
+
+
+def test_validation_is_fixed_and_touches_no_training_state(tmp_path, shapes):
+    """Validation loss: the same inputs at every call (so the same loss for
+    the same weights), and neither the optimizer nor the training data
+    moves: a run with --val-data follows the same losses as one without."""
+    val = tmp_path / "val"
+    val.mkdir()
+    for k in range(3):
+        write_sample(val / f"v{k}.safetensors", shapes)
+    tr = megaslide.Trainer("tiny", frames=5, height=32, width=32,
+                           precision="f32", val_data=val)
+    first = tr.validation_loss()
+    assert np.isfinite(first) and tr.validation_loss() == first
+    before = tr.parameters()
+    tr.validation_loss()
+    for name, p in tr.parameters().items():
+        np.testing.assert_array_equal(p, before[name])
+    assert tr.step_count == 0
+    tr.step()
+    assert tr.validation_loss() != first  # the weights moved
+
+    plain, with_val = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    run(*SMALL, "--steps", 4, "--metrics", plain)
+    run(*SMALL, "--steps", 4, "--metrics", with_val, "--val-data", val,
+        "--val-every", 2)
+    a = [json.loads(l) for l in plain.read_text().splitlines()]
+    b = [json.loads(l) for l in with_val.read_text().splitlines()]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert ["val_loss" in r for r in b] == [False, True, False, True]
+    assert "val_loss" not in a[-1]

@@ -120,3 +120,21 @@ def test_exec_plan_is_documented_json():
     ops = {i["op"] for i in plan["instructions"]}
     assert {"fetch", "h2d", "d2h", "host_adamw", "record", "wait",
             "linear", "flow_matching_loss"} <= ops
+
+
+def test_report_of_a_run_with_warmup_cosine_and_clipping(tmp_path):
+    """megaslide-run --report: the page holds every step's loss, lr and
+    gradient norm, and the clipping threshold (docs/Training.md)."""
+    from test_training_report import PlotParser
+    page = tmp_path / "run.html"
+    run("--model", "tiny", "--frames", 9, "--height", 64, "--width", 64,
+        "--steps", 12, "--lr-schedule", "warmup-cosine", "--warmup-steps", 3,
+        "--max-grad-norm", "1.0", "--report", page, "--metrics",
+        tmp_path / "m.jsonl")
+    parser = PlotParser()
+    parser.feed(page.read_text())
+    series = {plot: len(points)
+              for (plot, _), points in parser.polylines.items()}
+    for plot in ("loss", "lr", "grad_norm"):
+        assert series.get(plot) == 12, (plot, sorted(parser.polylines))
+    assert 'class="threshold"' in page.read_text()

@@ -1,5 +1,6 @@
 """The runtime-only build (docs/Runtime.md, "A runtime without MLIR"):
-megaslide-exec and megaslide-runtime-tests link no shared library beyond
+megaslide-exec, megaslide-runtime-tests and the MLIR-free tools
+(megaslide-calibrate, megaslide-report) link no shared library beyond
 libc, libm, libdl, libpthread and the loader, need no newer glibc than
 Debian 12's 2.36, and megaslide-exec computes bit for bit what the full
 build's megaslide-run computes on the same saved plan.
@@ -26,7 +27,8 @@ RUNTIME_BUILD = pathlib.Path(os.environ.get(
 ALLOWED_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0",
                 "ld-linux-x86-64.so.2"}
 MAX_GLIBC = (2, 36)  # Debian 12; Ubuntu 24.04 has 2.39
-BINARIES = ["megaslide-exec", "megaslide-runtime-tests"]
+BINARIES = ["megaslide-exec", "megaslide-runtime-tests", "megaslide-calibrate",
+            "megaslide-report"]
 # The saved tiny plans of the full build (test/unit/CMakeLists.txt).
 PLANS = BUILD_DIR / "test" / "plans"
 

@@ -159,6 +159,12 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   if (!recipe)
     return recipe.takeError();
   f.recipe = *recipe;
+  // An EMA asked for by its decay alone is kept in fp32; --ema-dtype bf16
+  // halves it.
+  if (f.recipe.hasEma() && o.ema == schedule::EmaPolicy::none)
+    o.ema = schedule::EmaPolicy::f32;
+  f.recipe.gradAccum = o.gradAccum;
+  f.recipe.emaBf16 = o.ema == schedule::EmaPolicy::bf16;
   o.hardwarePath = tools::hardwareFile;
   o.precision = precision;
   return f;

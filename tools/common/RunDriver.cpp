@@ -17,6 +17,7 @@
 #include "megaslide/Tools/HardwareFlag.h"
 #include "megaslide/Tools/RecipeFlags.h"
 
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/Checkpoint.h"
@@ -28,6 +29,7 @@
 #include "megaslide/runtime/support/ReadFile.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
+#include "megaslide/runtime/train/TrainingReport.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -70,10 +72,12 @@ cl::opt<std::string> traceFile("trace", cl::cat(runCategory),
                                cl::desc("Write a Chrome trace (Perfetto) of "
                                         "the steps"),
                                cl::value_desc("FILE"));
-cl::opt<std::string> metricsFile("metrics", cl::cat(runCategory),
-                                 cl::desc("Write one JSON line per step "
-                                          "(step, loss, seconds)"),
-                                 cl::value_desc("FILE"));
+cl::opt<std::string> metricsFile(
+    "metrics", cl::cat(runCategory),
+    cl::desc("Write one JSON line per optimizer step (loss, lr, grad_norm, "
+             "clipped, skipped, seconds, throughput, memory, val_loss; "
+             "docs/Training.md)"),
+    cl::value_desc("FILE"));
 cl::opt<std::string> weightsPath(
     "weights", cl::cat(runCategory),
     cl::desc("Load diffusers-format transformer weights (a directory with "
@@ -130,6 +134,13 @@ cl::opt<std::string> valData(
 cl::opt<int64_t> valEvery("val-every", cl::init(0), cl::cat(runCategory),
                           cl::desc("Optimizer steps between validations (0: "
                                    "only at the end)"));
+cl::opt<std::string> reportFile(
+    "report", cl::cat(runCategory),
+    cl::desc("Write the training report (loss, validation, lr, gradient "
+             "norm, step time as one offline HTML page) at every checkpoint "
+             "and at the end; megaslide-report draws it from a --metrics "
+             "file"),
+    cl::value_desc("FILE"));
 cl::opt<bool> saveEma(
     "save-ema", cl::cat(runCategory),
     cl::desc("--save-weights writes the EMA of the weights (--ema-decay) "
@@ -252,12 +263,14 @@ std::string resumeCommand(int argc, char **argv, int64_t remaining) {
 /// file at its first line (so a run that fails before any step leaves it as
 /// it was); a resumed run keeps the lines of the steps the checkpoint holds
 /// and appends, so an interrupted and resumed run has one line per step.
+/// It also keeps the lines for --report; with an empty path it only keeps
+/// them (--report without --metrics: this run's steps).
 class Metrics {
 public:
   static Expected<std::unique_ptr<Metrics>>
   open(StringRef path, std::optional<int64_t> resumedStep) {
     std::unique_ptr<Metrics> m(new Metrics(path.str()));
-    if (!resumedStep)
+    if (!resumedStep || path.empty())
       return m;
     m->append = true;
     if (!sys::fs::exists(path))
@@ -280,14 +293,21 @@ public:
     }
     if (Error e = writeFileAtomically(path, kept))
       return std::move(e);
+    m->lines = std::move(kept);
     return m;
   }
+
+  /// Every line of the log so far.
+  StringRef text() const { return lines; }
   ~Metrics() {
     if (fd >= 0)
       ::close(fd);
   }
 
   Error write(StringRef line) {
+    lines += line.str() + "\n";
+    if (path.empty())
+      return Error::success();
     if (fd < 0) {
       int flags =
           O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
@@ -310,8 +330,9 @@ public:
   }
 
 private:
-  static constexpr uint64_t kMaxMetricsBytes = 1ull << 30;
+  static constexpr uint64_t kMaxMetricsBytes = train::kMaxMetricsBytes;
   explicit Metrics(std::string path) : path(std::move(path)) {}
+  std::string lines;
   std::string path;
   int fd = -1;
   bool append = false;
@@ -454,7 +475,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   if (!precompileKernels.empty())
     for (StringRef flag :
          {"steps", "resume", "checkpoint-dir", "checkpoint-every", "weights",
-          "save-weights", "data", "save-plan", "trace", "metrics",
+          "save-weights", "data", "save-plan", "trace", "metrics", "report",
           "save-gradients", "backend"})
       if (flagGiven(flag))
         return fail("--precompile-kernels compiles the plan's kernels and "
@@ -539,6 +560,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
        {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
         {"--trace", traceFile},
         {"--metrics", metricsFile},
+        {"--report", reportFile},
         {"--save-gradients", saveGradients}})
     if (!file.empty())
       if (Error e = checkOutputFile(file))
@@ -640,7 +662,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   outs().flush(); // before the progress lines on stderr
 
   std::unique_ptr<Metrics> metrics;
-  if (!metricsFile.empty()) {
+  if (!metricsFile.empty() || !reportFile.empty()) {
     Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
         metricsFile,
         resume ? std::optional<int64_t>(s.state().step) : std::nullopt);
@@ -661,6 +683,19 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     trace = std::move(*createdTrace);
   }
 
+  // The report is rewritten whole, atomically: a reader never sees half.
+  auto writeReport = [&]() -> Error {
+    if (reportFile.empty() || metrics->text().empty())
+      return Error::success();
+    train::TrainingReportInfo info;
+    info.title = formatv("{0} on the {1} backend", p.model, s.backend().name());
+    info.settings = s.settings();
+    Expected<std::string> html = train::trainingReportHtml(metrics->text(), info);
+    if (!html)
+      return html.takeError();
+    return writeFileAtomically(reportFile, *html);
+  };
+
   int64_t done = 0; // steps run
   // Before a failing exit: the state, if it is whole and newer than the
   // last checkpoint, is saved, so the run resumes from where it stopped.
@@ -679,6 +714,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     }
     if (trace && done > 0) // an empty trace never replaces an old one
       consumeError(trace->finish());
+    if (Error e = writeReport())
+      text += "\n(--report could not be written either: " +
+              toString(std::move(e)) + ")";
     return fail(text);
   };
 
@@ -778,7 +816,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       if (Error e = metrics->write(line))
         return failAfterSaving(toString(std::move(e)));
     }
-    if (valLoss && !metrics)
+    if (valLoss && metricsFile.empty())
       errs() << formatv("\nstep {0}: validation loss {1:F5}\n", stepNumber,
                         *valLoss);
     progress.update(done + 1, result->loss, elapsed,
@@ -792,9 +830,12 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
           skippedInARow, stepNumber));
     if (!checkpointDir.empty() &&
         ((checkpointEvery > 0 && (done + 1) % checkpointEvery == 0) ||
-         done + 1 == steps))
+         done + 1 == steps)) {
       if (Error err = checkpoint())
         return failAfterSaving(toString(std::move(err)));
+      if (Error err = writeReport())
+        return failAfterSaving("--report: " + toString(std::move(err)));
+    }
   }
 
   if (stopSignal) {
@@ -815,6 +856,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (trace && done > 0)
       if (Error err = trace->finish())
         return fail(toString(std::move(err)));
+    if (Error err = writeReport())
+      return fail("--report: " + toString(std::move(err)));
     WithColor::warning(errs(), tool.name) << formatv(
         "stopped by {0} after {1} of {2} steps{3}; {4}\n",
         sig == SIGINT ? "SIGINT" : "SIGTERM", done, steps.getValue(),
@@ -825,11 +868,27 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
 
   if (!saveWeights.empty()) {
     host::HostState &state = s.state();
-    // --save-ema: the EMA stands in for the masters while they are written.
-    auto swapEma = [&] {
-      for (host::HostTensor &t : state.tensors)
-        if (t.param->role == "ema")
-          std::swap(t.data, state.find(t.param->of)->data);
+    // --save-ema: the EMA stands in for the masters while they are written
+    // (a bf16 EMA widened, exactly, for the time).
+    std::vector<std::vector<float>> kept;
+    auto swapEma = [&, restoring = false]() mutable {
+      size_t k = 0;
+      for (host::HostTensor &t : state.tensors) {
+        if (t.param->role != "ema")
+          continue;
+        std::vector<float> &master = state.find(t.param->of)->data;
+        if (t.bf16.empty()) {
+          std::swap(t.data, master);
+        } else if (restoring) {
+          master = std::move(kept[k++]);
+        } else {
+          kept.push_back(std::move(master));
+          master.resize(t.bf16.size());
+          cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
+                     master.data());
+        }
+      }
+      restoring = true;
     };
     if (saveEma)
       swapEma();
@@ -849,6 +908,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   if (trace)
     if (Error err = trace->finish())
       return fail(toString(std::move(err)));
+  if (Error err = writeReport())
+    return fail("--report: " + toString(std::move(err)));
 
   if (skipped)
     WithColor::warning(errs(), tool.name) << formatv(

@@ -11,6 +11,7 @@
 #define MEGASLIDE_ANALYSIS_PLANREPORT_H
 
 #include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -23,6 +24,30 @@
 
 namespace megaslide {
 
+/// The host buffers of the training recipe, as megaslide-defer-updates
+/// declares them (`msched.resource`; category in parentheses).
+inline constexpr llvm::StringLiteral kRetainedGradientsResource =
+    "retained_gradients"; ///< deferred update, gradients' type
+inline constexpr llvm::StringLiteral kGradientAccumulatorResource =
+    "gradient_accumulator"; ///< grad-accum > 1, fp32
+inline constexpr llvm::StringLiteral kEmaResource = "ema_weights";
+
+/// What the recipe's host buffers would take in a module after
+/// insert-transfers, whatever the update mode: bytes = trainable
+/// parameters x bytes per parameter.
+struct RecipeBytes {
+  uint64_t trainableParams = 0; ///< elements of the masters host_adamw updates
+  /// The gradients as they reach the host AdamW (bf16 plans: 2 B/param,
+  /// f32: 4): what the deferred update retains with grad-accum 1.
+  uint64_t gradientBytes = 0;
+  uint64_t accumulatorBytes = 0; ///< fp32, grad-accum > 1 only
+  uint64_t emaBytes = 0;
+  /// What the deferred update adds: the retained gradients, or the
+  /// accumulator, which holds them when accumulating.
+  uint64_t deferredBytes() const {
+    return accumulatorBytes ? accumulatorBytes : gradientBytes;
+  }
+};
 struct PlanReport {
   HardwareModel hardware;
   uint64_t gpuBudget = 0, gpuReserve = 0, hostBudget = 0;
@@ -81,6 +106,51 @@ struct PlanReport {
   };
   Family byFamily[sim::kNumKernelFamilies] = {};
 
+  /// The training recipe's planning (megaslide-defer-updates): empty
+  /// `update` when the module was not planned by it.
+  struct Recipe {
+    std::string update; ///< "deferred" | "streaming"
+    bool chosenByAuto = false;
+    std::string reason; ///< why this update mode
+    int64_t gradAccum = 1;
+    std::string ema = "none";
+    RecipeBytes bytes;
+    /// Host budget less every host buffer but the recipe's.
+    uint64_t hostFreeBytes = 0;
+    /// Each update mode planned, the chosen one from this plan and the
+    /// other by replaying the program with its marks toggled.
+    struct Mode {
+      std::string name;
+      bool available = true;  ///< streaming cannot accumulate
+      uint64_t hostBytes = 0; ///< the recipe's host buffers in this mode
+      bool hostFits = false;  ///< hostFreeBytes holds them
+      double stepSeconds = 0; ///< replayed step
+      double hostOptimizerSeconds = 0; ///< busy time of the host stream
+      std::string note;
+    };
+    Mode deferred, streaming;
+    /// The deferred updates in the deferred mode's replay: their summed
+    /// AdamW time, when the last ends, when the forward ends (the loss
+    /// starts), and the largest block's update against that block's
+    /// forward compute time.
+    double updateSeconds = 0, updatesEnd = 0, forwardEnd = 0;
+    double blockUpdateSeconds = 0, blockForwardSeconds = 0;
+    int64_t block = -1; ///< the block with the most update time
+    /// Host passes per optimizer step, estimated at host_memory_bandwidth
+    /// and not overlapped: (grad-accum - 1) accumulation adds (read the
+    /// gradient and the fp32 accumulator, write the accumulator) and the
+    /// EMA (read master and EMA, write EMA).
+    double accumulateSeconds = 0, emaSeconds = 0;
+    /// grad-accum x the replayed step + accumulateSeconds + emaSeconds.
+    double optimizerStepSeconds = 0;
+    /// Accumulating every gradient on the device instead (fp32, 4 B/param)
+    /// next to the planned device peak.
+    uint64_t deviceAccumulationBytes = 0;
+    bool deviceAccumulationFits = false;
+    std::vector<std::string> advice; ///< what to change when it does not fit
+  };
+  Recipe recipe;
+
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;
   /// Busy intervals per stream, merged per block: (stream, start, end, label).
@@ -91,6 +161,19 @@ struct PlanReport {
   };
   std::vector<Interval> streamTimeline;
 };
+
+RecipeBytes recipeBytes(mlir::ModuleOp module, int64_t gradAccum,
+                        schedule::EmaPolicy ema);
+
+/// "retained gradients 211.94 GB (2 B/param), EMA ..." for what the
+/// deferred update and the EMA add.
+std::string explainDeferredBytes(const RecipeBytes &bytes);
+/// What would let the deferred update fit when `shortfall` more host
+/// bytes are needed: the policies that free enough (bf16 moments, a bf16
+/// EMA), else a larger host; then what streaming gives up.
+std::string deferAdvice(uint64_t shortfall, const RecipeBytes &bytes,
+                        schedule::HostStatePolicy policy,
+                        schedule::EmaPolicy ema);
 
 /// Host memory of a planned module by category, largest first: persistent
 /// state by role and every host or pinned `msched.resource`.
@@ -110,6 +193,11 @@ buildPlanReport(mlir::ModuleOp module, const exec::ExecPlan &program,
                 const HardwareModel &hw, uint64_t gpuBudget,
                 uint64_t gpuReserve, uint64_t hostBudget,
                 std::vector<std::string> violations);
+
+/// Fills `report.recipe` (the report's other fields set) from a module
+/// planned by megaslide-defer-updates; nothing for one that was not.
+llvm::Error planRecipe(mlir::ModuleOp module, const exec::ExecPlan &program,
+                       const HardwareModel &hw, PlanReport &report);
 
 /// Adds the report's fields to `out` (docs/PlanSchema.md).
 void addToJson(const PlanReport &report, llvm::json::Object &out);

@@ -72,6 +72,25 @@ template <> struct OptionEnum<schedule::HostStatePolicy> {
   }
 };
 
+template <> struct OptionEnum<schedule::UpdatePolicy> {
+  static auto values() { return schedule::updatePolicies(); }
+  static llvm::StringRef name(schedule::UpdatePolicy p) {
+    return schedule::stringifyEnum(p);
+  }
+  static llvm::StringRef help(schedule::UpdatePolicy p) {
+    return schedule::describe(p);
+  }
+};
+template <> struct OptionEnum<schedule::EmaPolicy> {
+  static auto values() { return schedule::emaPolicies(); }
+  static llvm::StringRef name(schedule::EmaPolicy p) {
+    return schedule::stringifyEnum(p);
+  }
+  static llvm::StringRef help(schedule::EmaPolicy p) {
+    return schedule::describe(p);
+  }
+};
+
 /// The case named `name`, if any.
 template <typename E> std::optional<E> parseOptionEnum(llvm::StringRef name) {
   for (E value : OptionEnum<E>::values())

@@ -105,6 +105,35 @@ def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
   let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
 
+def DeferUpdatesPass : Pass<"megaslide-defer-updates", "mlir::ModuleOp"> {
+  let summary = "Chooses when the host AdamW updates and sizes the recipe's host buffers";
+  let description = [{
+    Decides the update mode (`update`): `deferred` retains every gradient
+    on the host until backward ends, so the step can clip by the global
+    norm and skip on a non-finite gradient, and updates each parameter
+    before the next step's first fetch of it (overlapping the next
+    forward); `streaming` updates each parameter as soon as its gradient
+    lands (overlapping the backward). `auto` defers when `host-mem` holds
+    the retained gradients and the EMA besides everything declared so
+    far, and otherwise streams, with a remark giving the bytes and what
+    would fit. `grad-accum` > 1 accumulates gradients in an fp32 host
+    buffer and needs the deferred update (`streaming` is an error).
+
+    Deferred: every `msched.host_adamw` gets `deferred` and the first
+    `msched.fetch` in the step of each updated parameter (or of its
+    persistent bf16 copy) gets `applies_update`. Declares the host
+    buffers the recipe needs (`retained_gradients` in the gradients'
+    type, or `gradient_accumulator` in fp32; `ema_weights`), records the
+    choices on the module (`msched.update`, `msched.grad_accum`,
+    `msched.ema`) and changes no program order.
+
+    Its planning options are declared in the pass, from
+    include/megaslide/Pipelines/PipelineOptions.def (listed in
+    docs/reference/PipelineOptions.md).
+  }];
+  let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
+}
+
 def PlanMemoryPass : Pass<"megaslide-plan-memory", "mlir::ModuleOp"> {
   let summary = "Packs every device buffer into one arena at static offsets";
   let description = [{

@@ -37,6 +37,14 @@ inline constexpr llvm::StringLiteral kActivationPolicyAttr =
 inline constexpr llvm::StringLiteral kHostStatePolicyAttr =
     "msched.host_state_policy";
 
+/// What megaslide-defer-updates chose: "deferred" or "streaming"; unit
+/// `msched.update_auto` when `update=auto` chose it; micro-batches per
+/// optimizer step; the EMA policy's name.
+inline constexpr llvm::StringLiteral kUpdateAttr = "msched.update";
+inline constexpr llvm::StringLiteral kUpdateAutoAttr = "msched.update_auto";
+inline constexpr llvm::StringLiteral kGradAccumAttr = "msched.grad_accum";
+inline constexpr llvm::StringLiteral kEmaAttr = "msched.ema";
+
 using schedule::ActivationPolicy;
 
 /// Rewrites the step so that each block follows its policy (keep,

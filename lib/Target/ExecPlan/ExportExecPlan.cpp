@@ -109,9 +109,19 @@ void addKernelModules(ModuleOp module, exec::ExecPlan &plan) {
   }
 }
 
+/// Whether `op` carries a mark of megaslide-defer-updates.
+bool isDeferredUpdateMark(Operation *op) {
+  if (auto update = dyn_cast<schedule::HostAdamWOp>(op))
+    return update.getDeferred();
+  if (auto fetch = dyn_cast<schedule::FetchOp>(op))
+    return fetch.getAppliesUpdate();
+  return false;
+}
+
 class Exporter {
 public:
-  /// Without `attributes`, instructions have no `attrs` and no `param`.
+  /// Without `attributes`, instructions have no `attrs` but the
+  /// deferred-update marks.
   Exporter(ModuleOp module, func::FuncOp step, bool attributes,
            std::vector<Operation *> *origins)
       : module(module), step(step), attributes(attributes), origins(origins) {}
@@ -255,6 +265,10 @@ llvm::Error Exporter::exportOp(Operation *op) {
     for (size_t i = 0; i + 1 < ws.asArrayRef().size(); i += 2)
       inst.workspace.push_back({ws[i], ws[i + 1]});
 
+  if (auto fetch = dyn_cast<schedule::FetchOp>(op))
+    inst.param = fetch.getParam().str();
+  else if (auto update = dyn_cast<schedule::HostAdamWOp>(op))
+    inst.param = update.getParam().str();
   if (attributes) {
     NamedAttrList attrs(op->getAttrDictionary());
     op->getName().populateDefaultAttrs(attrs);
@@ -262,15 +276,18 @@ llvm::Error Exporter::exportOp(Operation *op) {
       StringRef key = named.getName().getValue();
       if (key.starts_with("msched.") || key == graph::kLayerAttrName)
         continue;
-      if (key == "param" && isa<schedule::FetchOp, schedule::HostAdamWOp>(op)) {
-        inst.param = cast<FlatSymbolRefAttr>(named.getValue()).getValue().str();
+      if (key == "param" && isa<schedule::FetchOp, schedule::HostAdamWOp>(op))
         continue;
-      }
       std::optional<exec::Attr> value = convertAttr(named.getValue());
       if (!value)
         return errorAt(op, "attribute '" + key + "' has no plan encoding");
       inst.attrs.emplace(key.str(), std::move(*value));
     }
+  } else if (isDeferredUpdateMark(op)) {
+    // The replay times deferred updates by these (sim::buildTasks).
+    inst.attrs.emplace(isa<schedule::FetchOp>(op) ? exec::kAppliesUpdateAttr
+                                                  : exec::kDeferredAttr,
+                       int64_t(1));
   }
   inst.cost = costInputsOf(op, symbols);
   addInstruction(op, std::move(inst));
@@ -315,6 +332,10 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   for (Operation &op : body)
     if (llvm::Error err = exportOp(&op))
       return std::move(err);
+  // The oldest version that describes the plan: readers of version 2 run
+  // every plan without deferred updates.
+  plan.version = plan.defersUpdates() ? exec::kDeferredUpdateFormatVersion
+                                      : exec::kOldestPlanFormatVersion;
   return std::move(plan);
 }
 

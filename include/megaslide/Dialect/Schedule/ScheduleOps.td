@@ -87,8 +87,14 @@ def Schedule_FetchOp : Schedule_Op<"fetch", [
     ```mlir
     %w = msched.fetch @"blocks.0.attn1.to_q.weight" : tensor<64x64xbf16>
     ```
+
+    `applies_update` (set by `megaslide-defer-updates` on the first fetch
+    in the step of each parameter a deferred `msched.host_adamw` updates,
+    or of its persistent bf16 copy): the fetch waits for that parameter's
+    deferred update, which runs before it, so the step reads the updated
+    weights.
   }];
-  let arguments = (ins FlatSymbolRefAttr:$param);
+  let arguments = (ins FlatSymbolRefAttr:$param, UnitAttr:$applies_update);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$param attr-dict `:` type($result)";
 }
@@ -136,6 +142,12 @@ def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
     msched.host_adamw @"blocks.0.attn1.to_q.weight", %g, %step {lr = 1.0e-05 : f64}
         : tensor<64x64xbf16>, tensor<i64>
     ```
+
+    `deferred` (set by `megaslide-defer-updates`): the op retains the
+    gradient on the host (summing its squared norm and whether it is
+    finite) instead of updating; the update, with the step's global
+    clipping factor, runs before the next step's first fetch of the
+    parameter, the fetch marked `applies_update`.
   }];
   let arguments = (ins FlatSymbolRefAttr:$param, AnyRankedTensor:$grad,
                        0DTensorOf<[I64]>:$step,
@@ -143,7 +155,8 @@ def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
                        DefaultValuedAttr<F64Attr, "0.9">:$beta1,
                        DefaultValuedAttr<F64Attr, "0.999">:$beta2,
                        DefaultValuedAttr<F64Attr, "1.0e-8">:$eps,
-                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay);
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                       UnitAttr:$deferred);
   let assemblyFormat = [{
     $param `,` $grad `,` $step attr-dict `:` type($grad) `,` type($step)
   }];

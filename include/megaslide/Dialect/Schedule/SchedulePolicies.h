@@ -29,6 +29,12 @@ inline llvm::SmallVector<ActivationPolicy> activationPolicies() {
 inline llvm::SmallVector<HostStatePolicy> hostStatePolicies() {
   return allCases<HostStatePolicy, getMaxEnumValForHostStatePolicy()>();
 }
+inline llvm::SmallVector<UpdatePolicy> updatePolicies() {
+  return allCases<UpdatePolicy, getMaxEnumValForUpdatePolicy()>();
+}
+inline llvm::SmallVector<EmaPolicy> emaPolicies() {
+  return allCases<EmaPolicy, getMaxEnumValForEmaPolicy()>();
+}
 
 /// What a host-state policy costs and keeps, per trainable parameter.
 struct HostStatePolicyFacts {
@@ -53,6 +59,46 @@ inline constexpr llvm::StringLiteral kActivationPolicyDescriptions[] = {
 static_assert(std::size(kActivationPolicyDescriptions) ==
                   getMaxEnumValForActivationPolicy() + 1,
               "an activation policy without its description");
+
+inline constexpr llvm::StringLiteral kUpdatePolicyDescriptions[] = {
+    /*auto*/ "deferred if host-mem holds the retained gradients, else "
+             "streaming",
+    /*deferred*/
+    "keep the gradients until backward ends (clipping, "
+    "skipping, accumulation); update each parameter before "
+    "the next step's first fetch of it",
+    /*streaming*/ "update each parameter as soon as its gradient lands",
+};
+static_assert(std::size(kUpdatePolicyDescriptions) ==
+                  getMaxEnumValForUpdatePolicy() + 1,
+              "an update policy without its description");
+
+/// What an EMA policy costs per trainable parameter on the host.
+struct EmaPolicyFacts {
+  uint64_t bytesPerParam;
+  llvm::StringRef description;
+};
+inline constexpr EmaPolicyFacts kEmaPolicyFacts[] = {
+    /*none*/ {0, "no EMA of the weights"},
+    /*f32*/ {4, "fp32 EMA of the weights"},
+    /*bf16*/ {2, "bf16 EMA of the weights"},
+};
+static_assert(std::size(kEmaPolicyFacts) == getMaxEnumValForEmaPolicy() + 1,
+              "an EMA policy without its facts");
+
+/// Host bytes of the fp32 gradient accumulator per trainable parameter
+/// (grad-accum > 1; it is the deferred update's retained gradient then).
+inline constexpr uint64_t kGradAccumBytesPerParam = 4;
+
+inline uint64_t bytesPerParam(EmaPolicy policy) {
+  return kEmaPolicyFacts[static_cast<unsigned>(policy)].bytesPerParam;
+}
+inline llvm::StringRef describe(EmaPolicy policy) {
+  return kEmaPolicyFacts[static_cast<unsigned>(policy)].description;
+}
+inline llvm::StringRef describe(UpdatePolicy policy) {
+  return kUpdatePolicyDescriptions[static_cast<unsigned>(policy)];
+}
 
 /// Host bytes of persistent state per trainable parameter.
 inline uint64_t bytesPerParam(HostStatePolicy policy) {

@@ -31,4 +31,21 @@ def Schedule_HostStatePolicy : I32EnumAttr<"HostStatePolicy",
   let genSpecializedAttr = 0;
 }
 
+def Schedule_UpdatePolicy : I32EnumAttr<"UpdatePolicy",
+    "when the host AdamW updates a parameter", [
+    // Chooses one of the others by the host budget; never recorded.
+    I32EnumAttrCase<"automatic", 0, "auto">,
+    I32EnumAttrCase<"deferred", 1>, I32EnumAttrCase<"streaming", 2>]> {
+  let cppNamespace = "::megaslide::schedule";
+  let genSpecializedAttr = 0;
+}
+
+def Schedule_EmaPolicy : I32EnumAttr<"EmaPolicy",
+    "whether and in which type the host keeps an EMA of the weights", [
+    I32EnumAttrCase<"none", 0>, I32EnumAttrCase<"f32", 1>,
+    I32EnumAttrCase<"bf16", 2>]> {
+  let cppNamespace = "::megaslide::schedule";
+  let genSpecializedAttr = 0;
+}
+
 #endif // MEGASLIDE_SCHEDULE_POLICIES

@@ -25,11 +25,11 @@ llvm::Expected<exec::ExecPlan> exportExecPlan(mlir::ModuleOp module);
 
 /// What the replay of a step reads (sim::buildTasks): exportExecPlan's
 /// parameters, values and instructions without the instructions' op
-/// attributes (`attrs`, `param`), the kernel sources or the planned live
-/// peak, and not validated. megaslide-plan replays it for its predicted
-/// step (buildPlanReport) on every run, where validating 20k instructions
-/// would cost a third of planning. `origins`, when given, receives the op
-/// each instruction was exported from.
+/// attributes (`attrs`) but the deferred-update marks and `param`, the
+/// kernel sources or the planned live peak, and not validated. megaslide-plan
+/// replays it for its predicted step (buildPlanReport) on every run, where
+/// validating 20k instructions would cost a third of planning. `origins`, when
+/// given, receives the op each instruction was exported from.
 llvm::Expected<exec::ExecPlan>
 exportProgram(mlir::ModuleOp module,
               std::vector<mlir::Operation *> *origins = nullptr);

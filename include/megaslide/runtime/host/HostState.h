@@ -24,6 +24,9 @@ namespace megaslide::host {
 struct HostTensor {
   const exec::Param *param = nullptr; ///< in the plan the state was made for
   std::vector<float> data;
+  /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
+  /// --ema-dtype bf16); `data` is then empty.
+  std::vector<uint16_t> bf16;
 };
 
 struct HostState {

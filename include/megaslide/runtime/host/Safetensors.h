@@ -149,6 +149,9 @@ struct StTensorToWrite {
   std::vector<int64_t> shape;
   const float *data = nullptr; ///< shape's product of values
   StDType dtype = StDType::F32;
+  /// Instead of `data`: values already in bf16 (dtype BF16), written as
+  /// they are.
+  const uint16_t *bf16 = nullptr;
 };
 
 struct SafetensorsWriteOptions {

@@ -28,7 +28,23 @@
 namespace megaslide::exec {
 
 /// Bump on any change a reader of the previous version would misread.
-inline constexpr int64_t kPlanFormatVersion = 2;
+/// Version 3 added deferred updates (kDeferredAttr): a reader of version
+/// 2 would run their host_adamw as an update, at the wrong time. A plan
+/// without them is written as version 2, which such readers still run as
+/// before (the exporter writes the oldest version that describes a plan).
+inline constexpr int64_t kPlanFormatVersion = 3;
+inline constexpr int64_t kOldestPlanFormatVersion = 2;
+inline constexpr int64_t kDeferredUpdateFormatVersion = 3;
+
+/// Unit attributes (integer 1) of a plan with deferred updates
+/// (docs/ExecutionPlan.md, "Deferred updates"). On host_adamw: retain
+/// the gradient (summing its squared norm and finiteness) instead of
+/// updating; the update runs before the next step's fetch marked
+/// `applies_update`. On fetch: the first of the step that reads the
+/// parameter (or its persistent bf16 copy) a deferred host_adamw
+/// updates; it waits for that update.
+inline constexpr llvm::StringLiteral kDeferredAttr = "deferred";
+inline constexpr llvm::StringLiteral kAppliesUpdateAttr = "applies_update";
 inline constexpr llvm::StringLiteral kPlanFormatName = "megaslide-exec-plan";
 /// The most tokens (batch x tokens per sample) a step may have: what the
 /// planner accepts (buildTrainingStep) and validate() holds a plan's
@@ -104,6 +120,9 @@ struct Instruction {
   CostInputs cost;
 
   const Attr *attr(llvm::StringRef name) const;
+  /// Whether the instruction has the attribute (a unit attribute such as
+  /// kDeferredAttr).
+  bool hasAttr(llvm::StringRef name) const { return attr(name) != nullptr; }
   std::optional<int64_t> intAttr(llvm::StringRef name) const;
   std::optional<double> floatAttr(llvm::StringRef name) const;
   std::optional<std::vector<int64_t>> intsAttr(llvm::StringRef name) const;
@@ -141,7 +160,20 @@ struct ExecPlan {
   std::vector<KernelModule> kernelModules;
 
   const Param *findParam(llvm::StringRef name) const;
+  /// The master parameter whose update a fetch of `fetched` reads: the
+  /// parameter itself, or the master of a persistent bf16 copy (role
+  /// weight, `of` the master); nullptr for anything else.
+  const Param *updatedParam(llvm::StringRef fetched) const;
+  /// Whether the host_adamw instructions are deferred (kDeferredAttr).
+  bool defersUpdates() const;
 };
+
+/// Marks `plan`'s updates deferred or streaming, as megaslide-defer-updates
+/// does on the IR: every host_adamw kDeferredAttr and the first fetch of
+/// each parameter it updates (updatedParam) kAppliesUpdateAttr, or no
+/// marks; the version follows (the oldest that describes the plan). For
+/// replaying the mode a plan was not compiled with.
+void setDeferredUpdates(ExecPlan &plan, bool deferred);
 
 /// When each value is needed, in instruction indices: a value is live from
 /// the instruction defining it (inputs: from 0) to its last reader,

@@ -148,9 +148,20 @@ double secondsFor(CostKind kind, KernelFamily family,
                   const exec::CostInputs &in, const HardwareModel &hw,
                   exec::DType resultType = exec::DType::BF16);
 
-/// secondsFor an instruction of `plan`.
+/// secondsFor an instruction of `plan`, except that a deferred
+/// host_adamw (exec::kDeferredAttr) retains its gradient rather than
+/// updating: a host copy, retainedBytes at host_memory_bandwidth (its
+/// squared norm and finite flag ride along). Its update is timed as a
+/// host_adamw, before the fetch that applies it (buildTasks).
 double secondsFor(const exec::ExecPlan &plan, const exec::Instruction &inst,
                   const HardwareModel &hw);
+/// hostMemoryBytes of an instruction of `plan`: retainedBytes for a
+/// deferred host_adamw.
+double hostMemoryBytes(const exec::ExecPlan &plan,
+                       const exec::Instruction &inst);
+/// Host bytes a deferred host_adamw moves: its gradient read and the
+/// retained copy written.
+double retainedBytes(const exec::ExecPlan &plan, const exec::Instruction &inst);
 
 } // namespace megaslide::sim
 

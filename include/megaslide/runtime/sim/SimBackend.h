@@ -38,10 +38,30 @@ namespace megaslide::sim {
 ///    work issued before it there has ended) and `wait` a zero-length task
 ///    on its stream that depends on the record of its event, so later work
 ///    on that stream starts after the event.
+/// In a plan with deferred updates (exec::kDeferredAttr) a deferred
+/// host_adamw retains its gradient (secondsFor), and one more task, on the
+/// host stream and timed as that host_adamw, precedes the fetch that
+/// applies its update; the fetch depends on it. The step's replay stands
+/// for a step in a run: the updates are those of the step before.
 /// Errors name the instruction when ids, views or events are out of range;
 /// everything else is for exec::validate to check.
-llvm::Expected<std::vector<Task>> buildTasks(const exec::ExecPlan &plan,
-                                             const HardwareModel &hw);
+struct StepTasks {
+  std::vector<Task> tasks;
+  /// Per instruction, the index of its task; empty when they are the same
+  /// (no deferred updates).
+  std::vector<int64_t> taskOf;
+  /// The deferred updates' tasks, in program order, with the fetch that
+  /// applies each and the host_adamw it defers (instruction indices).
+  struct Update {
+    int64_t task, fetch, hostAdamW;
+  };
+  std::vector<Update> updates;
+};
+llvm::Expected<StepTasks> buildTasks(const exec::ExecPlan &plan,
+                                     const HardwareModel &hw);
+/// The replay of `step`'s tasks per instruction: each instruction's start
+/// and end are its task's; busy times and the makespan are all tasks'.
+Timeline perInstruction(const Timeline &timeline, const StepTasks &step);
 
 struct SimResult {
   double makespan = 0;   ///< predicted step time, seconds
@@ -57,6 +77,13 @@ struct SimResult {
   /// its producer's start until its release, a workspace during its
   /// instruction.
   int64_t peakLiveBytes = 0;
+  /// The replayed deferred updates: the fetch that applies each, the
+  /// host_adamw it defers, and when it runs.
+  struct Update {
+    int64_t fetch, hostAdamW;
+    double start, end;
+  };
+  std::vector<Update> updates;
 };
 
 /// Replays one step of `plan` on `hw`. With `trace`, adds a complete event

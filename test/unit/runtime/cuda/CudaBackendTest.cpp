@@ -35,6 +35,7 @@
 
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
@@ -61,10 +62,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include <dlfcn.h>
@@ -1742,6 +1745,91 @@ TEST(CudaBackendFakeDeviceTest, IssueErrorCancelsQueuedUpdates) {
   EXPECT_LE(gradients, 1);
   EXPECT_EQ(state.incomplete, changed > 0);
   EXPECT_EQ(state.step, 0);
+}
+
+/// The deferred update's side of a step (docs/Training.md): no update, each
+/// gradient handed over in its planned dtype with the cpu backend's values,
+/// and every fetch announced on the staging thread before its cast.
+TEST(CudaBackendFakeDeviceTest, DeferredStepRetainsGradientsAndAnnouncesFetches) {
+  std::string why;
+  const exec::ExecPlan *plan = savedTestPlan("tiny", why);
+  ASSERT_TRUE(plan) << why;
+  auto prep = prepareCudaPlan(*plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  fake::Options fakeOptions;
+  fakeOptions.referenceKernels = true;
+  if (!setUpFakeDevice(*plan, *prep, why, fakeOptions))
+    GTEST_SKIP() << why;
+  auto shapes = train::InputShapes::of(*plan);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  host::HostState initial = host::initHostState(*plan, 3), state = initial;
+
+  std::mutex mu;
+  std::map<std::string, std::vector<float>> retained;
+  std::vector<std::string> announced;
+  std::set<std::thread::id> announcers;
+  exec::StepOptions deferred;
+  deferred.applyUpdates = false;
+  deferred.retainGradient = [&](const exec::Instruction &inst,
+                                const exec::HostGradient &g) {
+    std::vector<float> wide(g.count);
+    cpu::widen(g.data, g.dtype, g.count, wide.data());
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(g.dtype, plan->values[inst.operands[0]].type.dtype);
+    EXPECT_TRUE(retained.emplace(inst.param, std::move(wide)).second)
+        << inst.param << " handed over twice";
+  };
+  deferred.beforeFetch = [&](llvm::StringRef param) {
+    std::lock_guard<std::mutex> lock(mu);
+    announced.push_back(param.str());
+    announcers.insert(std::this_thread::get_id());
+  };
+  fake::beginStep(0);
+  auto r = (*gpu)->step(in, state, deferred);
+  expectNoFakeDeviceErrors("the deferred step");
+  ASSERT_TRUE(!!r) << llvm::toString(r.takeError());
+
+  std::vector<std::string> fetched;
+  size_t updates = 0;
+  for (const exec::Instruction &inst : plan->instructions) {
+    if (inst.op == exec::OpCode::Fetch)
+      fetched.push_back(inst.param);
+    updates += inst.op == exec::OpCode::HostAdamW;
+  }
+  EXPECT_EQ(announced, fetched) << "every fetch, in plan order";
+  EXPECT_EQ(announcers.count(std::this_thread::get_id()), 0u)
+      << "announced on the issuing thread, not the staging thread";
+  EXPECT_EQ(retained.size(), updates);
+  for (size_t t = 0; t < initial.tensors.size(); ++t)
+    EXPECT_EQ(state.tensors[t].data, initial.tensors[t].data)
+        << initial.tensors[t].param->name << " was updated";
+  EXPECT_EQ(state.step, 0);
+  EXPECT_FALSE(state.incomplete);
+
+  // The same gradients as the cpu backend's (the kernels' tolerance).
+  auto cpuBackend = cpu::CpuBackend::create(*plan);
+  ASSERT_TRUE(!!cpuBackend) << llvm::toString(cpuBackend.takeError());
+  std::map<std::string, std::vector<float>> reference;
+  exec::StepOptions gradientsOnly;
+  gradientsOnly.applyUpdates = false;
+  gradientsOnly.onGradient = [&](llvm::StringRef name,
+                                 llvm::ArrayRef<float> g) {
+    reference[name.str()] = g.vec();
+  };
+  host::HostState cpuState = initial;
+  ASSERT_TRUE(!!(*cpuBackend)->step(in, cpuState, gradientsOnly));
+  for (const auto &[name, g] : reference) {
+    ASSERT_TRUE(retained.count(name)) << name;
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      scale = std::max(scale, std::fabs(g[i]));
+      worst = std::max(worst, std::fabs(g[i] - retained[name][i]));
+    }
+    EXPECT_LE(worst, 5e-2f * scale + 1e-6f) << name;
+  }
 }
 
 //===----------------------------------------------------------------------===//

@@ -371,9 +371,13 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 3; }),
-       "format version 3 is not supported (this runtime reads 2; recompile "
-       "the plan)"},
+       viaJson([](llvm::json::Object &o) { o["version"] = 4; }),
+       "format version 4 is not supported (this runtime reads 2 to 3; "
+       "recompile the plan)"},
+      {"version before runtime_version",
+       viaJson([](llvm::json::Object &o) { o["version"] = 1; }),
+       "format version 1 is not supported (this runtime reads 2 to 3; "
+       "recompile the plan)"},
       {"version of the wrong type",
        viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
        "at plan.version"},
@@ -1089,6 +1093,151 @@ TEST(ExecPlanCpuBackend, NonFiniteGradientStopsBeforeItsUpdate) {
   EXPECT_EQ(state.find("X")->data, master);
   for (float m : state.expAvg("X")->data)
     EXPECT_EQ(m, 0.0f);
+}
+
+//===----------------------------------------------------------------------===//
+// Deferred updates
+//===----------------------------------------------------------------------===//
+
+/// The valid plan with its update deferred, as megaslide-defer-updates
+/// marks it: the host_adamw retains, the fetch applies the update.
+ExecPlan deferredPlan() {
+  ExecPlan plan = validPlan();
+  setDeferredUpdates(plan, /*deferred=*/true);
+  return plan;
+}
+
+/// A second fetch of X at the end of the step, unmarked, into bytes no
+/// live value holds by then.
+Instruction &appendFetch(ExecPlan &plan) {
+  Instruction again = plan.instructions[kFetch];
+  again.attrs.clear();
+  plan.values.push_back(makeValue(DType::F32, {2, 4}, Home::Device, 32));
+  again.results = {static_cast<int64_t>(plan.values.size() - 1)};
+  plan.instructions.push_back(again);
+  return plan.instructions.back();
+}
+
+std::string validationError(const ExecPlan &plan) {
+  llvm::Error err = validate(plan);
+  return err ? llvm::toString(std::move(err)) : "";
+}
+
+// Tests that setDeferredUpdates marks the host_adamw and the first fetch
+// of its parameter, makes the plan version 3, and that the marks survive
+// a round trip as unit attributes backends test with hasAttr.
+TEST(ExecPlanDeferredUpdates, MarkedPlanIsValidAndRoundTrips) {
+  ExecPlan plan = deferredPlan();
+  EXPECT_EQ(plan.version, kDeferredUpdateFormatVersion);
+  EXPECT_TRUE(plan.instructions[kAdamW].hasAttr(kDeferredAttr));
+  EXPECT_TRUE(plan.instructions[kFetch].hasAttr(kAppliesUpdateAttr));
+  EXPECT_FALSE(plan.instructions[kAdd].hasAttr(kDeferredAttr));
+  EXPECT_TRUE(plan.defersUpdates());
+  EXPECT_EQ(validationError(plan), "");
+  ExecPlan back = llvm::cantFail(parseExecPlan(serialize(plan), "plan.json"));
+  expectSamePlan(plan, back);
+  EXPECT_NE(back.instructions[kFetch].attr("applies_update"), nullptr);
+  EXPECT_NE(back.instructions[kAdamW].attr("deferred"), nullptr);
+
+  // Unmarked again, it is the version 2 plan it was.
+  setDeferredUpdates(plan, /*deferred=*/false);
+  EXPECT_EQ(plan.version, kOldestPlanFormatVersion);
+  EXPECT_EQ(serialize(plan), [] {
+    ExecPlan p = validPlan();
+    p.version = kOldestPlanFormatVersion;
+    return serialize(p);
+  }());
+}
+
+// Tests that a persistent bf16 copy's fetch applies its master's update.
+TEST(ExecPlanDeferredUpdates, CopyFetchAppliesItsMastersUpdate) {
+  ExecPlan plan = validPlan();
+  plan.params.push_back(makeParam("X.bf16", "weight", "X"));
+  plan.instructions[kFetch].param = "X.bf16";
+  setDeferredUpdates(plan, /*deferred=*/true);
+  EXPECT_TRUE(plan.instructions[kFetch].hasAttr(kAppliesUpdateAttr));
+  EXPECT_EQ(validationError(plan), "");
+  EXPECT_EQ(plan.updatedParam("X.bf16"), plan.findParam("X"));
+  EXPECT_EQ(plan.updatedParam("X.exp_avg"), nullptr);
+}
+
+// Tests that each broken pairing of deferred updates and the fetches that
+// apply them is refused, naming the instruction.
+TEST(ExecPlanDeferredUpdates, BrokenPairingsAreRefused) {
+  struct Case {
+    const char *name;
+    std::function<void(ExecPlan &)> corrupt;
+    const char *expected;
+  };
+  const Case cases[] = {
+      {"deferred update no fetch applies",
+       [](ExecPlan &p) {
+         p.instructions[kFetch].attrs.erase(std::string(kAppliesUpdateAttr));
+       },
+       "instruction #11 ('host_adamw') defers the update of 'X', but no "
+       "fetch applies it ('applies_update')"},
+      {"fetch applies an update nobody defers",
+       [](ExecPlan &p) {
+         p.instructions[kAdamW].attrs.erase(std::string(kDeferredAttr));
+         p.version = kDeferredUpdateFormatVersion;
+       },
+       "instruction #1 ('fetch') applies the update of 'X', which no "
+       "deferred host_adamw makes"},
+      {"two fetches apply one update",
+       [](ExecPlan &p) {
+         auto marked = p.instructions[kFetch].attrs;
+         appendFetch(p).attrs = marked;
+       },
+       "instruction #13 ('fetch') applies the update of 'X', which "
+       "instruction #1 ('fetch') applies already"},
+      {"mixed deferred and streaming updates",
+       [](ExecPlan &p) {
+         Instruction streaming = p.instructions[kAdamW];
+         streaming.attrs.erase(std::string(kDeferredAttr));
+         p.instructions.push_back(streaming);
+       },
+       "instruction #13 ('host_adamw') of 'X' is not deferred but "
+       "instruction #11 ('host_adamw') is: a plan defers every update or "
+       "none"},
+      {"deferred in a version 2 plan",
+       [](ExecPlan &p) { p.version = kOldestPlanFormatVersion; },
+       "instruction #11 ('host_adamw') is deferred, which format version 3 "
+       "introduced, but the plan says version 2"},
+      {"deferred on another op",
+       [](ExecPlan &p) { p.instructions[kAdd].attrs["deferred"] = int64_t(1); },
+       "instruction #4 ('add'): attribute 'deferred' is for host_adamw only"},
+      {"a unit attribute that is not 1",
+       [](ExecPlan &p) {
+         p.instructions[kFetch].attrs["applies_update"] = int64_t(0);
+       },
+       "instruction #1 ('fetch'): attribute 'applies_update' is a unit "
+       "attribute and must be 1"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    ExecPlan plan = deferredPlan();
+    c.corrupt(plan);
+    std::string message = validationError(plan);
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "message: " << message;
+  }
+}
+
+// Tests that a fetch applying an update must be the parameter's first in
+// the step: an earlier fetch would read the weights before their update.
+TEST(ExecPlanDeferredUpdates, TheApplyingFetchIsTheFirst) {
+  ExecPlan plan = deferredPlan();
+  appendFetch(plan);
+  EXPECT_EQ(validationError(plan), "");
+  // The mark moved onto the second fetch.
+  plan.instructions[kFetch].attrs.clear();
+  plan.instructions.back().attrs.emplace(kAppliesUpdateAttr.str(), int64_t(1));
+  std::string message = validationError(plan);
+  EXPECT_NE(message.find("instruction #13 ('fetch') applies the update of "
+                         "'X', but instruction #1 ('fetch') fetches it "
+                         "earlier in the step and would read it stale"),
+            std::string::npos)
+      << message;
 }
 
 } // namespace

@@ -376,7 +376,7 @@ std::vector<int64_t> usersOf(const Release &r) { return r.users; }
 TEST(SimBackend, TasksFollowThePlannersRules) {
   Block block;
   std::vector<Task> tasks =
-      llvm::cantFail(buildTasks(block.b.plan, roundHardware()));
+      llvm::cantFail(buildTasks(block.b.plan, roundHardware())).tasks;
   ASSERT_EQ(tasks.size(), 14u);
   // Streams and durations from the formula.
   EXPECT_EQ(tasks[3].stream, Stream::HostToDevice);
@@ -478,7 +478,8 @@ TEST(SimBackend, ViewsAndWorkspacesHoldTheirBytes) {
   int64_t w = b.device(1000, 2000);     // over the workspace
   int64_t copyIn = b.copy("h2d", Stream::HostToDevice, in, w); // #4
 
-  std::vector<Task> tasks = llvm::cantFail(buildTasks(b.plan, roundHardware()));
+  std::vector<Task> tasks =
+      llvm::cantFail(buildTasks(b.plan, roundHardware())).tasks;
   EXPECT_TRUE(tasks[r].writes.empty());
   EXPECT_DOUBLE_EQ(tasks[r].seconds, 0);
   // x's release goes with the view's reader and waits for the reshape.
@@ -522,7 +523,8 @@ TEST(SimBackend, ReturnedBuffersAreNeverReleased) {
   int64_t other = b.device(1000, 1000);
   b.kernel({}, {other}, 2, "zeros"); // #1 1..3
   b.plan.outputs = {loss};
-  std::vector<Task> tasks = llvm::cantFail(buildTasks(b.plan, roundHardware()));
+  std::vector<Task> tasks =
+      llvm::cantFail(buildTasks(b.plan, roundHardware())).tasks;
   EXPECT_TRUE(tasks[0].frees.empty());
   ASSERT_EQ(tasks[1].frees.size(), 1u);
 
