@@ -842,6 +842,45 @@ def test_nonfinite_step_is_skipped_and_changes_nothing(poison):
     assert tr.step_count == 4
 
 
+NAN_GRADIENT_PARAM = "blocks.1.ffn.net.2.weight"
+
+
+def nan_gradient_step():
+    """Run by test_nan_gradient_with_finite_loss_is_skipped in a process
+    with MEGASLIDE_FAULT_NAN_GRADIENT set: two steps, then the third, whose
+    gradient of NAN_GRADIENT_PARAM the runtime makes NaN."""
+    k = 2
+    data, sig = recipe_data(3, k), fixed_sigmas(3, k)
+    tr = trainer("deferred", k)
+    tr.load_parameters(random_parameters(CFG, SEED))
+    run_trainer(tr, data[:2], sig[:2])
+    before = snapshot(tr)
+    r = tr.step(timesteps=sig[2], **data[2])
+    assert r["skipped"] is True and r["step"] == 2, r
+    assert math.isfinite(r["loss"]), r
+    assert_bit_identical(snapshot(tr), before)
+
+
+def test_nan_gradient_with_finite_loss_is_skipped():
+    # No input makes a gradient non-finite with a finite loss (see above),
+    # so the runtime's test seam (docs/Testing.md) puts a NaN into the
+    # retained (accumulated) gradient of one parameter at optimizer step 3
+    # (1-based), the loss staying finite; the seam is read once per
+    # process, hence a process of its own.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ,
+               MEGASLIDE_FAULT_NAN_GRADIENT=f"{NAN_GRADIENT_PARAM}@3")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__))] + sys.path)
+    result = subprocess.run(
+        [sys.executable, "-c", "import test_recipe as t; "
+         "t.nan_gradient_step()"], env=env, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_streaming_needs_one_micro_batch():
     with pytest.raises(ValueError, match="grad.accum"):
         trainer("streaming", 2)
