@@ -14,4 +14,4 @@ echo
 echo
 "$build/bin/megaslide-run" --model megaslide-105b --backend sim --frames 81 --height 720 --width 1280 --steps 1 --trace "$build/megaslide-105b-sim.trace.json"
 echo
-"$build/bin/megaslide-run" --model tiny --backend cpu --steps 200 --trace "$build/tiny-cpu.trace.json"
+"$build/bin/megaslide-run" --model tiny --backend cpu --steps 200 --lr-schedule warmup-cosine --warmup-steps 20 --max-grad-norm 1.0 --metrics "$build/tiny-cpu.metrics.jsonl" --report "$build/tiny-cpu.html" --trace "$build/tiny-cpu.trace.json"

@@ -661,6 +661,11 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       p.model, s.backend().name(), p.instructions.size(),
       p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
       p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
+  if (computesLoss)
+    outs() << (s.deferredUpdates()
+                   ? "update: deferred (clipping and non-finite skips exact)\n"
+                   : "update: streaming (clipping by the previous step's "
+                     "norm; a non-finite gradient stops the run)\n");
   outs().flush(); // before the progress lines on stderr
 
   std::unique_ptr<Metrics> metrics;
