@@ -28,7 +28,8 @@ using namespace megaslide;
 
 namespace {
 
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using FloatArray =
+    py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 [[noreturn]] void raise(llvm::Error err) {
   throw std::invalid_argument(llvm::toString(std::move(err)));
@@ -115,7 +116,8 @@ public:
         if (!v)
           throw std::invalid_argument(
               "lr_schedule must be constant, warmup-constant, warmup-cosine "
-              "or warmup-linear, got '" + name + "'");
+              "or warmup-linear, got '" +
+              name + "'");
         r.lrSchedule = *v;
       } else if (k == "timestep_sampling") {
         std::string name = py::cast<std::string>(value);
@@ -123,7 +125,8 @@ public:
             train::parseTimestepSampling(name);
         if (!v)
           throw std::invalid_argument("timestep_sampling must be uniform or "
-                                      "logit-normal, got '" + name + "'");
+                                      "logit-normal, got '" +
+                                      name + "'");
         r.timesteps = *v;
       } else if (k == "warmup_steps") {
         r.warmupSteps = py::cast<int64_t>(value);
@@ -204,7 +207,8 @@ public:
       host::HostTensor *t = session->state().find(name);
       if (!t || t->param->role == "moment" || t->param->role == "ema")
         throw std::invalid_argument("load_parameters: the plan has no "
-                                    "parameter '" + name + "'");
+                                    "parameter '" +
+                                    name + "'");
       std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
       if (shape != t->param->type.shape)
         throw std::invalid_argument(
@@ -337,8 +341,7 @@ public:
     int64_t K = session->recipe().gradAccum;
     std::vector<exec::StepInputs> batches;
     if (!arrays.is_none()) {
-      exec::StepInputs all =
-          stepInputs(py::cast<py::dict>(arrays), "step", K);
+      exec::StepInputs all = stepInputs(py::cast<py::dict>(arrays), "step", K);
       batches.resize(K);
       for (auto &[name, data] : all) {
         size_t per = data.size() / K;
@@ -381,7 +384,8 @@ public:
       out["loss"] = result.loss;
     else
       out["loss"] = py::none();
-    out["grad_norm"] = report.gradNorm ? py::cast(*report.gradNorm) : py::none();
+    out["grad_norm"] =
+        report.gradNorm ? py::cast(*report.gradNorm) : py::none();
     out["lr"] = report.lr;
     out["clipped"] = report.clipped;
     out["micro_batches"] = report.microBatches;

@@ -98,18 +98,33 @@ void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
 
 } // namespace
 
-/// What would let the EMA alone (streaming updates) fit when `shortfall`
-/// more host bytes are needed.
-static std::string emaAdvice(uint64_t shortfall, const RecipeBytes &b,
-                             schedule::HostStatePolicy policy,
-                             schedule::EmaPolicy ema) {
+/// The host bytes the smallest host-state policy and a bf16 EMA would free.
+struct Savings {
+  uint64_t byPolicy, byEma;
+};
+static Savings savings(const RecipeBytes &b, schedule::HostStatePolicy policy,
+                       schedule::EmaPolicy ema) {
   using schedule::bytesPerParam;
   auto smallest = schedule::HostStatePolicy::bf16_moments;
   uint64_t byPolicy =
       (bytesPerParam(policy) -
        std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
       b.trainableParams;
-  uint64_t byEma = ema == schedule::EmaPolicy::f32 ? b.emaBytes / 2 : 0;
+  uint64_t byEma =
+      ema == schedule::EmaPolicy::f32
+          ? (bytesPerParam(ema) - bytesPerParam(schedule::EmaPolicy::bf16)) *
+                b.trainableParams
+          : 0;
+  return {byPolicy, byEma};
+}
+
+/// What would let the EMA alone (streaming updates) fit when `shortfall`
+/// more host bytes are needed.
+static std::string emaAdvice(uint64_t shortfall, const RecipeBytes &b,
+                             schedule::HostStatePolicy policy,
+                             schedule::EmaPolicy ema) {
+  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  auto [byPolicy, byEma] = savings(b, policy, ema);
   std::string advice = "to keep the EMA even with streaming updates, " +
                        formatBytes(shortfall) + " more: ";
   if (byPolicy >= shortfall)
@@ -270,17 +285,8 @@ std::string megaslide::explainDeferredBytes(const RecipeBytes &b) {
 std::string megaslide::deferAdvice(uint64_t shortfall, const RecipeBytes &b,
                                    schedule::HostStatePolicy policy,
                                    schedule::EmaPolicy ema) {
-  using schedule::bytesPerParam;
   auto smallest = schedule::HostStatePolicy::bf16_moments;
-  uint64_t byPolicy =
-      (bytesPerParam(policy) -
-       std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
-      b.trainableParams;
-  uint64_t byEma =
-      ema == schedule::EmaPolicy::f32
-          ? (bytesPerParam(ema) - bytesPerParam(schedule::EmaPolicy::bf16)) *
-                b.trainableParams
-          : 0;
+  auto [byPolicy, byEma] = savings(b, policy, ema);
   std::string policyFlag =
       ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();
   std::vector<std::string> enough;

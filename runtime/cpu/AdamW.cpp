@@ -5,8 +5,8 @@
 // chunk and runs a branch-free loop that the compiler vectorises. The bias
 // corrections and 1 - beta are scalars computed once per call in double
 // precision from the double hyper-parameters, then rounded to fp32. The
-// test (test/unit/runtime/cpu/AdamWTest.cpp) compares against a naive double-precision
-// reference.
+// test (test/unit/runtime/cpu/AdamWTest.cpp) compares against a naive
+// double-precision reference.
 //
 // The loop is compiled three times on x86-64 -- AVX-512, AVX2 and the
 // baseline (SSE2) -- and picked at run time, because the build has no
@@ -56,10 +56,9 @@ Coefficients makeCoefficients(const AdamWHyper &h) {
   double bc1 = 1.0 - std::pow(h.beta1, t);
   double bc2 = 1.0 - std::pow(h.beta2, t);
   auto f = [](double x) { return static_cast<float>(x); };
-  return {f(h.beta1),       f(1.0 - h.beta1), f(h.beta2),
-          f(1.0 - h.beta2), f(1.0 / bc1),     f(1.0 / bc2),
-          f(h.lr),          f(h.eps),         f(h.weightDecay),
-          h.gradScale};
+  return {f(h.beta1),       f(1.0 - h.beta1), f(h.beta2), f(1.0 - h.beta2),
+          f(1.0 / bc1),     f(1.0 / bc2),     f(h.lr),    f(h.eps),
+          f(h.weightDecay), h.gradScale};
 }
 
 inline float loadGrad(const float *g, int64_t i) { return g[i]; }
@@ -69,8 +68,8 @@ inline float loadGrad(const uint16_t *g, int64_t i) {
 
 /// The update of elements [begin, end). `WriteWorking` lifts the null test
 /// on the working copy out of the loop, `Scale` the multiply by a gradient
-/// scale of 1 (bitwise the same, and the common case). Always inlined, so that each
-/// instruction-set wrapper below vectorises its own copy.
+/// scale of 1 (bitwise the same, and the common case). Always inlined, so that
+/// each instruction-set wrapper below vectorises its own copy.
 template <bool WriteWorking, bool Scale, typename Grad>
 [[gnu::always_inline]] inline void
 updateLoop(const Coefficients &c, int64_t begin, int64_t end,
@@ -102,7 +101,7 @@ void updateGeneric(const Coefficients &c, int64_t begin, int64_t end,
                    float *master, float *m, float *v, const void *grad,
                    uint16_t *working) {
   updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
-                           static_cast<const Grad *>(grad), working);
+                                  static_cast<const Grad *>(grad), working);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -122,7 +121,7 @@ __attribute__((target("avx2"))) void
 updateAvx2(const Coefficients &c, int64_t begin, int64_t end, float *master,
            float *m, float *v, const void *grad, uint16_t *working) {
   updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
-                           static_cast<const Grad *>(grad), working);
+                                  static_cast<const Grad *>(grad), working);
 }
 
 template <bool WriteWorking, bool Scale, typename Grad>
@@ -130,7 +129,7 @@ MEGASLIDE_TARGET_AVX512 void
 updateAvx512(const Coefficients &c, int64_t begin, int64_t end, float *master,
              float *m, float *v, const void *grad, uint16_t *working) {
   updateLoop<WriteWorking, Scale>(c, begin, end, master, m, v,
-                           static_cast<const Grad *>(grad), working);
+                                  static_cast<const Grad *>(grad), working);
 }
 #endif
 
@@ -159,8 +158,8 @@ ChunkFn chunkFn(AdamWIsa isa) {
   return &updateGeneric<WriteWorking, Scale, Grad>;
 }
 
-template <typename Grad> ChunkFn chunkFn(AdamWIsa isa, bool working,
-                                         bool scale) {
+template <typename Grad>
+ChunkFn chunkFn(AdamWIsa isa, bool working, bool scale) {
   if (working)
     return scale ? chunkFn<true, true, Grad>(isa)
                  : chunkFn<true, false, Grad>(isa);

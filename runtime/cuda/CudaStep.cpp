@@ -30,7 +30,6 @@ using exec::DType;
 using exec::Home;
 using exec::Stream;
 
-
 llvm::Expected<exec::StepResult>
 CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                   const exec::StepOptions &options) {
@@ -65,7 +64,8 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
           llvm::inconvertibleErrorCode(),
           "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
               " elements; the plan expects " + llvm::Twine(n));
-    narrowOnWorkers(cpu::processPool(), it->second.data(), v.type.dtype, n, dst);
+    narrowOnWorkers(cpu::processPool(), it->second.data(), v.type.dtype, n,
+                    dst);
   }
 
   // The masters every fetch casts, checked before anything is issued.

@@ -19,8 +19,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -163,8 +163,8 @@ bool isOwnCheckpoint(StringRef path) {
 /// still looks like a checkpoint.
 std::error_code deleteCheckpointDir(StringRef dir, StringRef path) {
   std::string doomed =
-      joinPath(dir, llvm::formatv(".old-{0}-{1}", llvm::sys::path::filename(path),
-                                  ::getpid())
+      joinPath(dir, llvm::formatv(".old-{0}-{1}",
+                                  llvm::sys::path::filename(path), ::getpid())
                         .str());
   if (std::error_code ec = llvm::sys::fs::rename(path, doomed))
     return ec;
@@ -207,7 +207,8 @@ uint64_t host::checkpointBytes(const HostState &state) {
 }
 
 Error host::checkCheckpointSpace(StringRef dir, const HostState &state) {
-  llvm::ErrorOr<llvm::sys::fs::space_info> space = llvm::sys::fs::disk_space(dir);
+  llvm::ErrorOr<llvm::sys::fs::space_info> space =
+      llvm::sys::fs::disk_space(dir);
   if (!space)
     return error("cannot query free space in '" + dir +
                  "': " + space.getError().message());
@@ -423,8 +424,8 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
       doomed.push_back(older[i]);
   for (const CheckpointInfo &c : doomed)
     if (std::error_code ec = deleteCheckpointDir(dir, c.path))
-      return error("checkpoint '" + final + "' saved, but deleting '" +
-                   c.path + "' failed: " + ec.message());
+      return error("checkpoint '" + final + "' saved, but deleting '" + c.path +
+                   "' failed: " + ec.message());
   removeStaleTemporaries(dir);
   return final;
 }
@@ -727,8 +728,8 @@ CheckpointLock::acquire(StringRef dir) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     // O_NOFOLLOW: a symlink planted under the name must not redirect the
     // pid write below into a file of the user's.
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
-                    0644);
+    int fd =
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
       return error("cannot create lock file '" + path +
                    "': " + std::strerror(errno));
@@ -754,9 +755,8 @@ CheckpointLock::acquire(StringRef dir) {
       continue;
     }
     std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd, 0) != 0 ||
-        ::pwrite(fd, pid.data(), pid.size(), 0) !=
-            static_cast<ssize_t>(pid.size())) {
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) !=
+                                       static_cast<ssize_t>(pid.size())) {
       int err = errno;
       ::close(fd);
       return error("cannot write lock file '" + path +

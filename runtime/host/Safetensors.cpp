@@ -189,7 +189,6 @@ int64_t StTensorInfo::numElements() const {
   return n;
 }
 
-
 namespace {
 /// Slicing-by-8 tables of the reflected Castagnoli polynomial.
 struct Crc32cTables {
@@ -652,8 +651,12 @@ Error writeSafetensorsData(AtomicFile &out, StringRef header,
   std::vector<uint16_t> buf;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const StTensorToWrite &t = tensors[i];
-    if (t.dtype == StDType::F32) {
-      const auto *bytes = reinterpret_cast<const uint8_t *>(t.data);
+    // Values stored as they are written go out in chunks, as they are.
+    if (const void *raw = t.dtype == StDType::F32
+                              ? static_cast<const void *>(t.data)
+                          : t.bf16 ? static_cast<const void *>(t.bf16)
+                                   : nullptr) {
+      const auto *bytes = static_cast<const uint8_t *>(raw);
       for (uint64_t done = 0; done < sizes[i];) {
         size_t n = static_cast<size_t>(
             std::min<uint64_t>(sizes[i] - done, kChunkBytes));
@@ -664,17 +667,6 @@ Error writeSafetensorsData(AtomicFile &out, StringRef header,
       continue;
     }
     size_t elements = sizes[i] / sizeof(uint16_t);
-    if (t.bf16) {
-      const auto *bytes = reinterpret_cast<const uint8_t *>(t.bf16);
-      for (uint64_t done = 0; done < sizes[i];) {
-        size_t n = static_cast<size_t>(
-            std::min<uint64_t>(sizes[i] - done, kChunkBytes));
-        if (Error e = put(bytes + done, n))
-          return e;
-        done += n;
-      }
-      continue;
-    }
     buf.resize(std::min<size_t>(elements, kChunkBytes / sizeof(uint16_t)));
     for (size_t done = 0; done < elements;) {
       size_t n = std::min(elements - done, buf.size());

@@ -53,3 +53,20 @@ std::string megaslide::html::tickLabel(double value, double step) {
   llvm::raw_string_ostream(label) << llvm::format("%.*f", decimals, value);
   return label;
 }
+
+void megaslide::html::drawLine(llvm::raw_ostream &os, double x1, double y1,
+                               double x2, double y2, llvm::StringRef cssClass) {
+  os << llvm::format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ",
+                     x1, y1, x2, y2)
+     << "class=\"" << cssClass << "\"/>\n";
+}
+
+void megaslide::html::drawText(llvm::raw_ostream &os, double x, double y,
+                               llvm::StringRef anchor, llvm::StringRef text,
+                               llvm::StringRef cssClass) {
+  os << llvm::format("<text x=\"%.1f\" y=\"%.1f\" ", x, y) << "text-anchor=\""
+     << anchor << "\"";
+  if (!cssClass.empty())
+    os << " class=\"" << cssClass << "\"";
+  os << ">" << text << "</text>\n";
+}

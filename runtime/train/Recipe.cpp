@@ -92,11 +92,11 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
   if (!std::isfinite(r.logitMean))
     return fail("--logit-mean must be finite");
   if (!(std::isfinite(r.logitStd) && r.logitStd > 0))
-    return fail(llvm::formatv("--logit-std must be positive, got {0}",
-                              r.logitStd));
+    return fail(
+        llvm::formatv("--logit-std must be positive, got {0}", r.logitStd));
   if (!(std::isfinite(r.flowShift) && r.flowShift > 0))
-    return fail(llvm::formatv("--flow-shift must be positive, got {0}",
-                              r.flowShift));
+    return fail(
+        llvm::formatv("--flow-shift must be positive, got {0}", r.flowShift));
   return llvm::Error::success();
 }
 
@@ -108,9 +108,9 @@ double train::scheduledLr(const Recipe &r, double lr, int64_t s) {
   if (r.lrSchedule == LrSchedule::WarmupConstant)
     return lr;
   int64_t span = r.decaySteps - r.warmupSteps;
-  double p = span > 0 ? std::clamp(double(s - r.warmupSteps) / double(span),
-                                   0.0, 1.0)
-                      : 1.0;
+  double p =
+      span > 0 ? std::clamp(double(s - r.warmupSteps) / double(span), 0.0, 1.0)
+               : 1.0;
   double keep = r.lrSchedule == LrSchedule::WarmupCosine
                     ? 0.5 * (1.0 + std::cos(M_PI * p))
                     : 1.0 - p;
@@ -152,7 +152,8 @@ float train::sampleSigma(const Recipe &r, Random &rng) {
 std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,
                                        int64_t step, int64_t count) {
   Random mix(seed ^ hashName("timesteps"));
-  Random rng(mix.next() ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull));
+  Random rng(mix.next() ^
+             (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull));
   std::vector<float> sigmas(count);
   for (float &sigma : sigmas)
     sigma = sampleSigma(r, rng);

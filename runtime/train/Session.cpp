@@ -95,8 +95,9 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
     }
     need.parts.push_back({"fp32 operands of the largest kernel", widest});
   } else {
-    need.parts.push_back({"pinned weight staging",
-                          static_cast<uint64_t>(cuda::weightStagingBytes(plan))});
+    need.parts.push_back(
+        {"pinned weight staging",
+         static_cast<uint64_t>(cuda::weightStagingBytes(plan))});
   }
   need.parts.push_back(
       {"data (samples in memory, batches read ahead)", data.bytesHeld()});
@@ -112,8 +113,7 @@ static HostMemoryNeed hostMemoryNeed(const exec::ExecPlan &plan,
     if (recipe.hasEma())
       ema += g.numElements() * (recipe.emaBf16 ? 2 : 4);
   }
-  need.parts.push_back(
-      {"gradients kept for the deferred update", retained});
+  need.parts.push_back({"gradients kept for the deferred update", retained});
   need.parts.push_back({"gradient accumulation (fp32)", accum});
   need.parts.push_back({"EMA of the weights", ema});
   return need;
@@ -178,8 +178,8 @@ static Settings computeSettings(const exec::ExecPlan &plan,
   for (const exec::Instruction &inst : plan.instructions)
     if (inst.op == exec::OpCode::Fetch) {
       s.push_back({"precision",
-                   llvm::StringRef(exec::dtypeName(
-                                       plan.values[inst.results[0]].type.dtype))
+                   llvm::StringRef(
+                       exec::dtypeName(plan.values[inst.results[0]].type.dtype))
                        .lower()});
       break;
     }
@@ -615,9 +615,9 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
           u.inst->param, u.received, K));
     }
     if (!u.accum.empty())
-      u.squaredNorm = cpu::squaredNorm(u.accum.data(), exec::DType::F32,
-                                       u.count) /
-                      double(K * K);
+      u.squaredNorm =
+          cpu::squaredNorm(u.accum.data(), exec::DType::F32, u.count) /
+          double(K * K);
     squared += u.squaredNorm;
   }
   resetRetained();
@@ -720,7 +720,8 @@ std::string Session::trainerState() const {
 }
 
 /// The trainer state's object, version checked.
-static llvm::Expected<llvm::json::Value> parseTrainerState(llvm::StringRef json) {
+static llvm::Expected<llvm::json::Value>
+parseTrainerState(llvm::StringRef json) {
   llvm::Expected<llvm::json::Value> value = parseJson(json);
   if (!value)
     return llvm::createStringError("trainer state is not JSON: " +
@@ -744,7 +745,8 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
     return llvm::createStringError(
         "trainer state lacks a valid 'data_state' or 'step'");
   previousNorm.reset();
-  if (std::optional<llvm::StringRef> norm = o->getString("previous_grad_norm")) {
+  if (std::optional<llvm::StringRef> norm =
+          o->getString("previous_grad_norm")) {
     double v;
     if (norm->getAsDouble(v))
       return llvm::createStringError(

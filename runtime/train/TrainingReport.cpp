@@ -414,22 +414,8 @@ struct Frame {
   double bottom() const { return top + height; }
 };
 
-void drawLine(raw_ostream &os, double x1, double y1, double x2, double y2,
-              StringRef cssClass) {
-  os << llvm::format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ",
-                     x1, y1, x2, y2)
-     << "class=\"" << cssClass << "\"/>\n";
-}
-
-/// `text` must already be escaped.
-void drawText(raw_ostream &os, double x, double y, StringRef anchor,
-              StringRef text, StringRef cssClass = "") {
-  os << llvm::format("<text x=\"%.1f\" y=\"%.1f\" ", x, y) << "text-anchor=\""
-     << anchor << "\"";
-  if (!cssClass.empty())
-    os << " class=\"" << cssClass << "\"";
-  os << ">" << text << "</text>\n";
-}
+using html::drawLine;
+using html::drawText;
 
 void drawXAxis(raw_ostream &os, const Frame &f) {
   double step = html::tickStep(f.xMax - f.xMin, 8, 1);

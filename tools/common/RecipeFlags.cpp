@@ -12,11 +12,11 @@ cl::OptionCategory
 
 namespace {
 using tools::recipeCategory;
-cl::opt<std::string> lrSchedule(
-    "lr-schedule", cl::init("constant"), cl::cat(recipeCategory),
-    cl::desc("Learning-rate schedule: constant | warmup-constant | "
-             "warmup-cosine | warmup-linear (decay to --min-lr over "
-             "--lr-decay-steps)"));
+cl::opt<std::string>
+    lrSchedule("lr-schedule", cl::init("constant"), cl::cat(recipeCategory),
+               cl::desc("Learning-rate schedule: constant | warmup-constant | "
+                        "warmup-cosine | warmup-linear (decay to --min-lr over "
+                        "--lr-decay-steps)"));
 cl::opt<int64_t> warmupSteps("warmup-steps", cl::init(0),
                              cl::cat(recipeCategory),
                              cl::desc("Optimizer steps of linear warmup"));
@@ -35,9 +35,10 @@ cl::opt<double> emaDecay("ema-decay", cl::init(0.0), cl::cat(recipeCategory),
 cl::opt<bool> emaWarmup("ema-warmup", cl::cat(recipeCategory),
                         cl::desc("EMA decay min(--ema-decay, (1+k)/(10+k)) "
                                  "at update k, as diffusers' EMAModel"));
-cl::opt<std::string> timestepSampling(
-    "timestep-sampling", cl::init("uniform"), cl::cat(recipeCategory),
-    cl::desc("Flow-matching time: uniform | logit-normal"));
+cl::opt<std::string>
+    timestepSampling("timestep-sampling", cl::init("uniform"),
+                     cl::cat(recipeCategory),
+                     cl::desc("Flow-matching time: uniform | logit-normal"));
 cl::opt<double> logitMean("logit-mean", cl::init(0.0), cl::cat(recipeCategory),
                           cl::desc("Mean of logit-normal sampling"));
 cl::opt<double> logitStd("logit-std", cl::init(1.0), cl::cat(recipeCategory),
@@ -52,10 +53,11 @@ cl::opt<double> flowShift(
 
 Expected<train::Recipe> tools::readRecipeFlags(double lr) {
   train::Recipe r;
-  std::optional<train::LrSchedule> schedule = train::parseLrSchedule(lrSchedule);
+  std::optional<train::LrSchedule> schedule =
+      train::parseLrSchedule(lrSchedule);
   if (!schedule)
-    return createStringError("--lr-schedule: unknown schedule '" +
-                             lrSchedule + "'; use constant, warmup-constant, "
+    return createStringError("--lr-schedule: unknown schedule '" + lrSchedule +
+                             "'; use constant, warmup-constant, "
                              "warmup-cosine or warmup-linear");
   r.lrSchedule = *schedule;
   std::optional<train::TimestepSampling> sampling =

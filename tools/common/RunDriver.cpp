@@ -17,13 +17,13 @@
 #include "megaslide/Tools/HardwareFlag.h"
 #include "megaslide/Tools/RecipeFlags.h"
 
+#include "megaslide/Version.h"
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/Checkpoint.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
-#include "megaslide/Version.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"
@@ -697,7 +697,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     train::TrainingReportInfo info;
     info.title = formatv("{0} on the {1} backend", p.model, s.backend().name());
     info.settings = s.settings();
-    Expected<std::string> html = train::trainingReportHtml(metrics->text(), info);
+    Expected<std::string> html =
+        train::trainingReportHtml(metrics->text(), info);
     if (!html)
       return html.takeError();
     return writeFileAtomically(reportFile, *html);
@@ -722,8 +723,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (trace && done > 0) // an empty trace never replaces an old one
       consumeError(trace->finish());
     if (Error e = writeReport())
-      text += "\n(--report could not be written either: " +
-              toString(std::move(e)) + ")";
+      text +=
+          "\n(--report could not be written either: " + toString(std::move(e)) +
+          ")";
     return fail(text);
   };
 
@@ -799,26 +801,28 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       };
       int64_t samples = report->microBatches * p.batch;
       double perSecond = 1.0 / std::max(result->seconds, 1e-12);
-      std::string line = formatv(
-          "{{\"step\": {0}, \"loss\": {1}, \"lr\": {2}, \"grad_norm\": {3}, "
-          "\"clipped\": {4}, \"skipped\": {5}, \"micro_batches\": {6}, "
-          "\"seconds\": {7}, \"samples_per_second\": {8}, "
-          "\"tokens_per_second\": {9}, \"host_rss_bytes\": {10}, "
-          "\"device_peak_bytes\": {11}",
-          stepNumber,
-          number(computesLoss ? std::optional<double>(result->loss)
-                              : std::nullopt,
-                 "%.9g"),
-          number(report->lr, "%.9g"), number(report->gradNorm, "%.9g"),
-          report->clipped ? "true" : "false",
-          result->skipped ? "true" : "false", report->microBatches,
-          format("%.6f", result->seconds),
-          number(samples * perSecond, "%.6g"),
-          number(double(samples * tokensPerSample) * perSecond, "%.6g"),
-          host::residentBytes(), result->memory.measuredArenaBytes).str();
+      std::string line =
+          formatv("{{\"step\": {0}, \"loss\": {1}, \"lr\": {2}, \"grad_norm\": "
+                  "{3}, "
+                  "\"clipped\": {4}, \"skipped\": {5}, \"micro_batches\": {6}, "
+                  "\"seconds\": {7}, \"samples_per_second\": {8}, "
+                  "\"tokens_per_second\": {9}, \"host_rss_bytes\": {10}, "
+                  "\"device_peak_bytes\": {11}",
+                  stepNumber,
+                  number(computesLoss ? std::optional<double>(result->loss)
+                                      : std::nullopt,
+                         "%.9g"),
+                  number(report->lr, "%.9g"), number(report->gradNorm, "%.9g"),
+                  report->clipped ? "true" : "false",
+                  result->skipped ? "true" : "false", report->microBatches,
+                  format("%.6f", result->seconds),
+                  number(samples * perSecond, "%.6g"),
+                  number(double(samples * tokensPerSample) * perSecond, "%.6g"),
+                  host::residentBytes(), result->memory.measuredArenaBytes)
+              .str();
       if (valLoss)
-        line += formatv(", \"val_loss\": {0}",
-                        number(double(*valLoss), "%.9g")).str();
+        line += formatv(", \"val_loss\": {0}", number(double(*valLoss), "%.9g"))
+                    .str();
       line += "}";
       if (Error e = metrics->write(line))
         return failAfterSaving(toString(std::move(e)));

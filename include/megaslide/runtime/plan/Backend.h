@@ -101,8 +101,7 @@ struct StepOptions {
   /// instead of an update (set applyUpdates false). Called once per
   /// host_adamw, possibly from another thread and concurrently for
   /// distinct parameters.
-  std::function<void(const Instruction &, const HostGradient &)>
-      retainGradient;
+  std::function<void(const Instruction &, const HostGradient &)> retainGradient;
   /// Called before a fetch reads its parameter's fp32 master, on the
   /// thread that reads it, so that a pending deferred update lands first.
   std::function<void(llvm::StringRef param)> beforeFetch;
@@ -118,8 +117,8 @@ inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
   if (plan.outputs.empty())
     return {-1, -1};
   int64_t id = plan.outputs[0], def = -1;
-  for (int64_t i = static_cast<int64_t>(plan.instructions.size()) - 1;
-       i >= 0; --i) {
+  for (int64_t i = static_cast<int64_t>(plan.instructions.size()) - 1; i >= 0;
+       --i) {
     const Instruction &inst = plan.instructions[i];
     if (std::find(inst.results.begin(), inst.results.end(), id) ==
         inst.results.end())

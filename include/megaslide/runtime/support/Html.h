@@ -12,6 +12,7 @@
 #define MEGASLIDE_RUNTIME_SUPPORT_HTML_H
 
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
 #include <string>
@@ -28,6 +29,16 @@ double tickStep(double span, int count, double minStep);
 /// The label of a tick at `value`, with as many decimals as `step` needs
 /// ("0.25" for steps of 0.05), never "-0".
 std::string tickLabel(double value, double step);
+
+/// An SVG <line> of CSS class `cssClass`.
+void drawLine(llvm::raw_ostream &os, double x1, double y1, double x2,
+              double y2, llvm::StringRef cssClass);
+
+/// An SVG <text> anchored at (x, y) (`anchor`: start, middle, end);
+/// `text` must already be escaped.
+void drawText(llvm::raw_ostream &os, double x, double y,
+              llvm::StringRef anchor, llvm::StringRef text,
+              llvm::StringRef cssClass = "");
 
 /// Calls `draw(value)` for each multiple of `step` in [min, max].
 template <typename Fn>

@@ -149,8 +149,8 @@ private:
   // The optimizer side of the recipe.
   bool deferred = false;
   double baseLr = 0;
-  std::vector<Update> updates;          ///< one per host_adamw, plan order
-  llvm::StringMap<size_t> updateIndex;  ///< by parameter name
+  std::vector<Update> updates;         ///< one per host_adamw, plan order
+  llvm::StringMap<size_t> updateIndex; ///< by parameter name
   int64_t pendingCount = 0;
   /// Applied with the pending updates: the step, lr and gradient scale
   /// they were decided with.
@@ -158,7 +158,7 @@ private:
   double pendingLr = 0;
   float pendingScale = 1;
   double pendingEmaDecay = 0;
-  int64_t emaUpdates = 0;    ///< EMA updates so far (its warmup's k)
+  int64_t emaUpdates = 0; ///< EMA updates so far (its warmup's k)
   /// The previous step's gradient norm: streaming clips with it.
   std::optional<double> previousNorm;
 };

@@ -45,9 +45,9 @@
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/train/SyntheticData.h"
 
+#include "megaslide/Testing/CudaEmulation.h"
 #include "megaslide/Testing/FakeCuda.h"
 #include "megaslide/Testing/TestPlans.h"
-#include "megaslide/Testing/CudaEmulation.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -1750,7 +1750,8 @@ TEST(CudaBackendFakeDeviceTest, IssueErrorCancelsQueuedUpdates) {
 /// The deferred update's side of a step (docs/Training.md): no update, each
 /// gradient handed over in its planned dtype with the cpu backend's values,
 /// and every fetch announced on the staging thread before its cast.
-TEST(CudaBackendFakeDeviceTest, DeferredStepRetainsGradientsAndAnnouncesFetches) {
+TEST(CudaBackendFakeDeviceTest,
+     DeferredStepRetainsGradientsAndAnnouncesFetches) {
   std::string why;
   const exec::ExecPlan *plan = savedTestPlan("tiny", why);
   ASSERT_TRUE(plan) << why;

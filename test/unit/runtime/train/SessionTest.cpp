@@ -41,8 +41,7 @@ std::unique_ptr<train::Session> session(bool deferred,
 }
 
 /// Runs `steps` recipe steps; the state's tensors by name.
-std::map<std::string, std::vector<float>> train3(train::Session &s,
-                                                 int steps) {
+std::map<std::string, std::vector<float>> train3(train::Session &s, int steps) {
   for (int k = 0; k < steps; ++k) {
     auto r = s.trainStep(exec::StepOptions());
     EXPECT_TRUE(!!r) << llvm::toString(r.takeError());
