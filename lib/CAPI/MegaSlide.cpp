@@ -153,7 +153,11 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
       parseJsonObject(text, "plan options", "the plan options");
   if (!obj)
     return obj.takeError();
-  for (const auto &[key, value] : *obj) {
+  for (const auto &entry : *obj) {
+    // Named references, not structured bindings: the lambda below captures
+    // them (a C++20 extension).
+    const llvm::json::ObjectKey &key = entry.first;
+    const llvm::json::Value &value = entry.second;
     // A planning option with a flag has this key (PipelineOptions.def).
     bool known = false;
     llvm::Error err = llvm::Error::success();

@@ -39,8 +39,9 @@ constexpr double kBytesPerGB = 1e9;
 constexpr double kBytesPerMB = 1e6;
 constexpr double kSvgWidth = 900;
 
-// Series colours, from the plan report's palette; red marks problems
-// (skipped steps, non-finite values, clipping) and nothing else.
+// Series colours, from the plan report's palette; red (#e15759, in the
+// page's CSS) marks problems (skipped steps, non-finite values, clipping)
+// and nothing else.
 constexpr StringRef kLossColor = "#4e79a7";
 constexpr StringRef kValColor = "#f28e2b";
 constexpr StringRef kLrColor = "#59a14f";
@@ -49,7 +50,6 @@ constexpr StringRef kTimeColor = "#76b7b2";
 constexpr StringRef kThroughputColor = "#9c755f";
 constexpr StringRef kHostColor = "#edc948";
 constexpr StringRef kDeviceColor = "#4e79a7";
-constexpr StringRef kProblemColor = "#e15759";
 
 //===----------------------------------------------------------------------===//
 // Reading the metrics log
@@ -372,6 +372,8 @@ struct AxisMarks {
 };
 
 struct Plot {
+  Plot(StringRef id, StringRef title, std::string yLabel)
+      : id(id), title(title), yLabel(std::move(yLabel)) {}
   StringRef id; ///< data-plot
   StringRef title;
   std::string yLabel;

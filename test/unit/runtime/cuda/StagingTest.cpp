@@ -78,7 +78,7 @@ TEST(WeightStagerTest, CastsAheadWithinTheRingAndStops) {
   for (int round = 0; round < 2; ++round) {
     std::vector<WeightStager::Job> jobs;
     for (size_t j = 0; j < masters.size(); ++j)
-      jobs.push_back({masters[j].data(), kCount, exec::DType::BF16, j == 3});
+      jobs.push_back({masters[j].data(), kCount, exec::DType::BF16, j == 3, {}});
     stager.begin(jobs);
     for (int64_t k = 0; k < 6; ++k) {
       if (k == 3)
@@ -102,7 +102,7 @@ TEST(WeightStagerTest, CastsAheadWithinTheRingAndStops) {
   failAt = 1;
   std::vector<WeightStager::Job> jobs;
   for (size_t j = 0; j < 4; ++j)
-    jobs.push_back({masters[j].data(), kCount, exec::DType::BF16, false});
+    jobs.push_back({masters[j].data(), kCount, exec::DType::BF16, false, {}});
   stager.begin(jobs);
   for (int64_t k = 0; k < 2; ++k) {
     ASSERT_NE(stager.staged(k), nullptr);
