@@ -76,19 +76,37 @@ void megaslide::cpu::narrow(const float *src, DType dtype, int64_t n,
   }
 }
 
-double megaslide::cpu::squaredNorm(const void *src, DType dtype, int64_t n) {
-  // Blocks of fp32 widened on the stack, then a double accumulation: the
-  // same result as widening the whole tensor, without its copy.
+/// Calls fn(offset, values, count) over `src` widened to fp32 in blocks on
+/// the stack: what widening the whole tensor gives, without its copy.
+template <typename Fn>
+static void forEachWidenedBlock(const void *src, DType dtype, int64_t n,
+                                Fn fn) {
   constexpr int64_t kBlock = 1024;
   float block[kBlock];
-  double sum = 0;
   size_t bytes = megaslide::exec::dtypeBytes(dtype);
   for (int64_t begin = 0; begin < n; begin += kBlock) {
     int64_t count = std::min(kBlock, n - begin);
     widen(static_cast<const uint8_t *>(src) + begin * bytes, dtype, count,
           block);
-    for (int64_t i = 0; i < count; ++i)
-      sum += double(block[i]) * double(block[i]);
+    fn(begin, block, count);
   }
+}
+
+void megaslide::cpu::accumulate(const void *src, DType dtype, int64_t n,
+                                float *acc) {
+  forEachWidenedBlock(src, dtype, n,
+                      [&](int64_t begin, const float *block, int64_t count) {
+                        for (int64_t i = 0; i < count; ++i)
+                          acc[begin + i] += block[i];
+                      });
+}
+
+double megaslide::cpu::squaredNorm(const void *src, DType dtype, int64_t n) {
+  double sum = 0;
+  forEachWidenedBlock(src, dtype, n,
+                      [&](int64_t, const float *block, int64_t count) {
+                        for (int64_t i = 0; i < count; ++i)
+                          sum += double(block[i]) * double(block[i]);
+                      });
   return sum;
 }

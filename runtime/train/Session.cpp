@@ -391,19 +391,7 @@ void Session::retain(const exec::Instruction &inst,
   } else if (u.received == 0) {
     cpu::widen(g.data, g.dtype, g.count, u.accum.data());
   } else {
-    // Widened in blocks and added in index order: the same sum on every
-    // machine and thread count.
-    constexpr int64_t kBlock = 4096;
-    float block[kBlock];
-    for (int64_t begin = 0; begin < g.count; begin += kBlock) {
-      int64_t n = std::min(kBlock, g.count - begin);
-      cpu::widen(static_cast<const uint8_t *>(g.data) +
-                     begin * exec::dtypeBytes(g.dtype),
-                 g.dtype, n, block);
-      float *acc = u.accum.data() + begin;
-      for (int64_t i = 0; i < n; ++i)
-        acc[i] += block[i];
-    }
+    cpu::accumulate(g.data, g.dtype, g.count, u.accum.data());
   }
   ++u.received;
   const NanGradientFault &fault = nanGradientFault();

@@ -23,6 +23,10 @@ void widen(const void *src, exec::DType dtype, int64_t n, float *dst);
 /// to nearest even, integers truncate toward zero.
 void narrow(const float *src, exec::DType dtype, int64_t n, void *dst);
 
+/// acc[i] += the fp32 value of element i of `src`, in index order: the
+/// same sum on every thread count and machine.
+void accumulate(const void *src, exec::DType dtype, int64_t n, float *acc);
+
 /// The squared L2 norm of n floating-point elements of `dtype` (bf16, f16
 /// or f32), summed in double in index order, so it is the same on every
 /// thread and machine; NaN or infinite when an element is.
