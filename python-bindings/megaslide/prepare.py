@@ -609,7 +609,9 @@ def run(args) -> int:
     want = max(want, args.frames)
     usable: List[Video] = []
     new_probes: Dict[str, Any] = {}
-    for v in videos:
+    from tqdm.auto import tqdm
+    for v in tqdm(videos, desc="probing", unit="video", leave=False,
+                  disable=not args.progress, file=sys.stderr):
         if v.caption is None:
             failures.append((v.source, v.caption_problem))
             continue
@@ -618,6 +620,8 @@ def run(args) -> int:
             cached = probes.get(v.source)
             key = [stamp, args.fps]
             if (isinstance(cached, dict) and cached.get("key") == key and
+                    all(isinstance(cached.get(k), int) for k in (
+                        "width", "height", "available", "want")) and
                     (cached["available"] < cached["want"] or
                      cached["want"] >= want)):
                 v.width, v.height = cached["width"], cached["height"]
@@ -700,7 +704,6 @@ def run(args) -> int:
         from safetensors.torch import save_file
 
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-        from tqdm.auto import tqdm
         bar = tqdm(todo, desc=TOOL, unit="video", disable=not args.progress,
                    file=sys.stderr)
         for v, bucket, caption, dropped, path, meta in bar:
@@ -712,6 +715,10 @@ def run(args) -> int:
                 condition, length = models.encode_text(caption, text_len)
             except SampleError as e:
                 failures.append((v.source, str(e)))
+                continue
+            except Exception as e:  # a model error on one video (memory)
+                failures.append((v.source, f"cannot encode "
+                                 f"({type(e).__name__}: {e})"))
                 continue
             meta["megaslide.text_length"] = str(length)
             tensors = {"latents": latents.to(dtype).cpu().contiguous(),

@@ -133,6 +133,26 @@ def test_latents_and_embeddings_equal_diffusers(models, tmp_path, capsys):
                                     "samples": 3}]}
 
 
+def test_prepared_samples_train(models, tmp_path, capsys):
+    """megaslide-run --data takes what prepare writes (the shapes of the
+    tiny preset at 9 x 32 x 32: latents [16, 3, 4, 4], condition [16, 32])."""
+    from conftest import tool_path
+
+    run = tool_path("megaslide-run")
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    out = tmp_path / "out"
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE, "--dtype", "bf16")
+    assert code == 0, log
+    result = subprocess.run([run, "--model", "tiny", "--backend", "cpu",
+                             "--frames", "9", "--height", "32", "--width",
+                             "32", "--data", str(out), "--steps", "2",
+                             "--no-progress"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "step 2/2" in result.stdout + result.stderr
+
+
 def test_frames_are_sampled_at_the_target_fps(tmp_path):
     import av
 
