@@ -265,6 +265,18 @@ def test_manifest_captions_and_caption_dropout(models, tmp_path, capsys):
     assert len(set(dropped.values())) == 2
 
 
+def test_csv_manifest(tmp_path):
+    manifest = tmp_path / "captions.csv"
+    manifest.write_text('video,caption\nsub/b.webm,"a dog, running"\n'
+                        'c,the moon\n')
+    assert prepare.read_manifest(str(manifest), str(tmp_path)) == {
+        "sub/b.webm": "a dog, running", "c": "the moon"}
+    manifest.write_text("path,text\nc,the moon\n")
+    with pytest.raises(prepare.UsageError, match="needs the columns "
+                       "video,caption"):
+        prepare.read_manifest(str(manifest), str(tmp_path))
+
+
 def test_pipeline_without_vae_is_refused_before_any_work(models, tmp_path,
                                                          capsys):
     base, _ = models
@@ -411,8 +423,10 @@ def test_export_loads_and_samples(models, tmp_path, capsys):
     assert result.frames.shape == (1, 5, 32, 32, 3)
     assert np.isfinite(result.frames).all()
 
-    # --copy: real folders, the same pipeline.
+    # --copy: real folders, the same pipeline; an empty folder may be the
+    # output.
     copied = tmp_path / "copied"
+    copied.mkdir()
     code, log = run_export(capsys, "--pipeline", base, "--weights", weights,
                            "-o", copied, "--copy")
     assert code == 0, log
