@@ -606,7 +606,6 @@ def run(args) -> int:
     # Probe pass: size and frames available, cached by the input's stamp.
     want = args.frames if buckets is None else max(b["frames"]
                                                    for b in buckets)
-    want = max(want, args.frames)
     usable: List[Video] = []
     new_probes: Dict[str, Any] = {}
     from tqdm.auto import tqdm
@@ -697,6 +696,17 @@ def run(args) -> int:
 
     for source, why in redone:
         print(f"{TOOL}: {source}: redoing the sample: {why}", file=sys.stderr)
+    # megaslide-run trains on every sample in the folder: say which ones
+    # this run did not make (an earlier run's, of videos gone or failing).
+    names = {v.name + ".safetensors" for v, *_ in plan}
+    stale = sorted(f for f in os.listdir(out) if f.endswith(".safetensors")
+                   and f not in names)
+    if stale:
+        print(f"{TOOL}: warning: '{out}' holds {len(stale)} sample(s) that "
+              f"no video of this run made ({', '.join(stale[:5])}"
+              f"{', ...' if len(stale) > 5 else ''}); megaslide-run --data "
+              f"would train on them: remove them or give a new -o",
+              file=sys.stderr)
 
     prepared = 0
     if todo:

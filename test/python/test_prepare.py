@@ -234,6 +234,14 @@ def test_bad_videos_are_named_and_the_others_written(models, tmp_path,
         "'uncaptioned.txt'" in log
     assert sorted(f.name for f in out.glob("*.safetensors")) == [
         "a.safetensors", "c.safetensors", "sub__b.safetensors"]
+    # A sample of a video now gone is named, not silently trained on.
+    (data / "a.mp4").unlink()
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE)
+    assert code == 1, log
+    assert "0 prepared, 2 skipped" in log
+    assert f"warning: '{out}' holds 1 sample(s) that no video of this run " \
+        "made (a.safetensors)" in log
 
 
 def test_manifest_captions_and_caption_dropout(models, tmp_path, capsys):
