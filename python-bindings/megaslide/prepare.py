@@ -549,6 +549,10 @@ def verify_sample(path: str, expected: Dict[str, str],
     for key, value in expected.items():
         if metadata.get(key) != value:
             return f"made with other settings ({key} differs)"
+    length = metadata.get("megaslide.text_length", "")
+    if not length.isdigit() or not 1 <= int(length) <= \
+            shapes["condition"][0]:
+        return f"megaslide.text_length {length!r} is not a token count"
     return ""
 
 
@@ -582,8 +586,6 @@ def run(args) -> int:
     except ImportError as e:
         raise UsageError(f"{TOOL} needs PyAV to decode videos; install it "
                          f"with `pip install -r {REQUIREMENTS}`") from e
-    check_writable(out)
-
     import torch
     device = args.device
     if device == "auto":
@@ -591,6 +593,7 @@ def run(args) -> int:
     elif device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device; use "
                          "--device cpu or auto")
+    check_writable(out)
 
     failures: List[Tuple[str, str]] = [
         (s, "listed in the manifest but not found under the input folder")
@@ -683,7 +686,8 @@ def run(args) -> int:
     for v, bucket, caption, dropped in plan:
         path = os.path.join(out, v.name + ".safetensors")
         meta = sample_metadata(v, bucket, caption, dropped, settings_text)
-        # The text length is known only after tokenising: checked below.
+        # The text length is known only after tokenising: verify_sample
+        # checks that it is a count within the condition's rows.
         expected = {k: meta[k] for k in meta if k != "megaslide.text_length"}
         why = verify_sample_shapes(path, expected, bucket, text_len,
                                    args.dtype)

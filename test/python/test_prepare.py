@@ -322,6 +322,10 @@ def test_usage_errors_exit_2(models, tmp_path, capsys):
                             *SIZE, "--buckets", bad)
     assert code == 2 and f"bucket file '{bad}': buckets[0]: height must " \
         "be a positive multiple of 16, got 30" in log
+    if not torch.cuda.is_available():
+        code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                                *SIZE, "--device", "cuda")
+        assert code == 2 and "--device cuda: torch sees no CUDA device" in log
     empty = tmp_path / "empty"
     empty.mkdir()
     code, log = run_prepare(capsys, empty, "-o", out, "--pipeline", base)
