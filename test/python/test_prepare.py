@@ -175,7 +175,8 @@ def test_frames_are_sampled_at_the_target_fps(tmp_path):
         (1, 3, 5, 16, 32)
 
 
-def test_resume_skips_and_redoes_a_truncated_sample(models, tmp_path, capsys):
+def test_resume_skips_and_redoes_a_truncated_sample(models, tmp_path, capsys,
+                                                    monkeypatch):
     base, _ = models
     data = dataset(tmp_path / "videos")
     out = tmp_path / "out"
@@ -184,7 +185,14 @@ def test_resume_skips_and_redoes_a_truncated_sample(models, tmp_path, capsys):
     assert code == 0, log
     files = sorted(out.glob("*.safetensors"))
     before = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in files}
-    code, log = run_prepare(capsys, *args)
+    # The second run does no work: it decodes no video (the probe cache)
+    # and loads no model.
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("work done on a second run")
+    with monkeypatch.context() as m:
+        for name in ("_decode", "_read_frames_folder", "Models"):
+            m.setattr(prepare, name, no_work)
+        code, log = run_prepare(capsys, *args)
     assert code == 0, log
     assert "0 prepared, 3 skipped" in log
     assert {f.name: (f.read_bytes(), f.stat().st_mtime_ns)
