@@ -57,9 +57,14 @@ case $location in
   *) echo "error: megaslide imported from $location, not from $venv" >&2
      exit 1 ;;
 esac
-for f in __init__.py _megaslide.pyi py.typed; do
+for f in __init__.py _megaslide.pyi py.typed prepare.py export.py; do
   [ -f "$(dirname "$location")/$f" ] ||
     { echo "error: the installed package lacks $f" >&2; exit 1; }
+done
+# The console scripts of pyproject.toml; --help needs no torch.
+for tool in megaslide-prepare megaslide-export; do
+  "$venv/bin/$tool" --help >/dev/null ||
+    { echo "error: the console script $tool does not run" >&2; exit 1; }
 done
 
 echo "==== pytest (installed package)"
