@@ -41,7 +41,7 @@ import torch
 import megaslide
 
 __all__ = ["Dsa3dAttnProcessor", "Dsa3dSettings", "enable_dsa", "disable_dsa",
-           "dsa3d_offsets_torch", "run_config"]
+           "dsa3d_offsets_torch", "dsa3d_block_mask", "run_config"]
 
 #: The config.json key megaslide writes (host::kRunConfigKey).
 RUN_CONFIG_KEY = "_megaslide"
@@ -206,7 +206,17 @@ def _compiled_flex():
 def _dsa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid,
               window, tile, radius) -> torch.Tensor:
     """3D-DSA by FlexAttention: q, k, v [B, H, N, D] -> [B, H, N, D]."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    mask, _ = dsa3d_block_mask(q, k, grid, window, tile, radius)
+    return _flex_fn(q.device)(q, k, v, block_mask=mask)
+
+
+def dsa3d_block_mask(q: torch.Tensor, k: torch.Tensor, grid: Sequence[int],
+                     window: Sequence[int], tile: Sequence[int], radius: int,
+                     block: int = 128):
+    """FlexAttention's BlockMask for 3D-DSA over queries and keys
+    q, k [B, H, N, D] on the token ``grid``, with offsets estimated by
+    :func:`dsa3d_offsets_torch`; returns (block_mask, mask_mod). mask_mod
+    admits exactly each query tile's displaced window (docs/Dsa3d.md)."""
     B, H, N, D = q.shape
     T, Y, X = grid
     kt, ky, kx = window
@@ -236,9 +246,46 @@ def _dsa_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid,
         return ((j >= 0) & (j < kt) & (y >= ys) & (y < ys + ky) & (x >= xs) &
                 (x < xs + kx))
 
-    mask = create_block_mask(mask_mod, B, H, N, N, device=dev,
-                             _compile=dev.type == "cuda")
-    return _flex_fn(dev)(q, k, v, block_mask=mask)
+    return _dsa_block_mask(mask_mod, N, grid, window, t_start, y_start,
+                           x_start, q_tile, block), mask_mod
+
+
+def _dsa_block_mask(mask_mod, N: int, grid, window, t_start: torch.Tensor,
+                    y_start: torch.Tensor, x_start: torch.Tensor,
+                    q_tile: torch.Tensor, block: int = 128):
+    """The BlockMask of 3D-DSA from its window starts, without evaluating
+    mask_mod over all N x N pairs as create_block_mask does: every block of
+    `block` keys that a query tile's window rows touch, for every block of
+    queries holding that tile; mask_mod masks inside those blocks (all are
+    partial). Cost O(B H (tiles kt ky + q-blocks x tiles x kv-blocks))."""
+    from torch.nn.attention.flex_attention import BlockMask
+    B, H, tiles, kt = y_start.shape
+    T, Y, X = grid
+    ky, kx = window[1], window[2]
+    dev = y_start.device
+    nblk = -(-N // block)
+    frames = t_start[:, None] + torch.arange(kt, device=dev)  # [tiles, kt]
+    rows = y_start[..., None] + torch.arange(ky, device=dev)
+    first = (frames[None, None, :, :, None] * Y + rows) * X + \
+        x_start[..., None]  # first key of each window row
+    last = first + kx - 1
+    touched = torch.zeros(B, H, tiles, nblk, device=dev)
+    for o in range(-(-kx // block) + 1):  # the blocks a row of kx keys spans
+        blk = first // block + o
+        hit = (blk <= last // block).to(touched.dtype)
+        touched.scatter_add_(3, blk.clamp(max=nblk - 1).reshape(
+            B, H, tiles, -1), hit.reshape(B, H, tiles, -1))
+    # Which tiles each block of queries holds (tokens of a tile are not
+    # contiguous: a tile spans rows and frames).
+    holds = torch.zeros(nblk, tiles, device=dev)
+    holds[torch.arange(N, device=dev) // block, q_tile] = 1
+    occupied = torch.einsum("qt,bhtk->bhqk", holds, (touched > 0).to(
+        holds.dtype)) > 0
+    counts = occupied.sum(-1, dtype=torch.int32)
+    order = torch.argsort(occupied.to(torch.int8), dim=-1, descending=True,
+                          stable=True).to(torch.int32)
+    return BlockMask.from_kv_blocks(counts, order, BLOCK_SIZE=block,
+                                    mask_mod=mask_mod, seq_lengths=(N, N))
 
 
 def _dsa_megaslide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid,

@@ -344,6 +344,34 @@ def test_torch_offsets_equal_the_kernel(grid, window, tile, radius):
         ours.numpy(), megaslide.dsa3d_offsets(q, k, window, tile, radius))
 
 
+@pytest.mark.parametrize("grid,window,tile,radius,block", [
+    ((4, 6, 6), (2, 3, 3), (1, 2, 2), 2, 32),   # the model's
+    ((3, 7, 9), (2, 3, 4), (2, 3, 2), 2, 16),   # partial tiles, clamping
+    ((2, 9, 40), (2, 3, 37), (1, 2, 7), 4, 16),  # a window row over 3 blocks
+])
+def test_flex_block_mask_and_output(grid, window, tile, radius, block):
+    # The block mask built from the window starts is the one
+    # create_block_mask finds by evaluating mask_mod everywhere, and flex
+    # attention under it is megaslide's kernel.
+    from torch.nn.attention.flex_attention import (create_block_mask,
+                                                   flex_attention)
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.normal(size=(2, 3, *grid, 8)).astype(np.float32)
+               for _ in range(3))
+    B, H, N = 2, 3, math.prod(grid)
+    flat = [torch.from_numpy(a).reshape(B, H, N, 8) for a in (q, k, v)]
+    mask, mask_mod = msd.dsa3d_block_mask(flat[0], flat[1], grid, window,
+                                          tile, radius, block)
+    reference = create_block_mask(mask_mod, B, H, N, N, device="cpu",
+                                  BLOCK_SIZE=block)
+    assert torch.equal(mask.to_dense().bool(), reference.to_dense().bool())
+    assert not mask.to_dense().bool().all()  # sparse: blocks are skipped
+    out = flex_attention(*flat, block_mask=mask).reshape(q.shape).numpy()
+    offsets = megaslide.dsa3d_offsets(q, k, window, tile, radius)
+    expected = megaslide.dsa3d(q, k, v, offsets, window, tile)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+
+
 def test_small_grid_keeps_global_attention(runs):
     # Sampling at a grid smaller than the window along t (one latent frame)
     # attends globally, as the planner would plan it: the stock output.
