@@ -788,7 +788,8 @@ class Trainer:
         the forward of one step, read where the loss takes it.
 
         The state is not updated (as :meth:`gradients`: the step runs
-        without its update). Arrays are checked as for :meth:`step`;
+        without its update, so it costs a forward and a backward).
+        Arrays are checked as for :meth:`step`;
         ``timesteps`` is required. The cpu backend only (ValueError on
         cuda and sim). The tests compare it with diffusers'
         WanTransformer3DModel on the same weights (docs/Dsa3d.md,
