@@ -435,7 +435,8 @@ def run_config(transformer) -> Optional[Dict[str, Any]]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the model config: {e}") from None
+        raise ValueError(f"{path}: cannot read the model config: "
+                         f"{e}") from None
     record = data.get(RUN_CONFIG_KEY) if isinstance(data, dict) else None
     if record is not None and not isinstance(record, dict):
         raise ValueError(f"{path}: '{RUN_CONFIG_KEY}' must be an object (what "
@@ -482,7 +483,8 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
         raise ValueError("give window, tile and radius together, or none of "
                          "them to read the run's from config.json")
     if all(given):
-        settings = Dsa3dSettings(window, tile, radius)  # type: ignore[arg-type]
+        settings = Dsa3dSettings(window, tile,  # type: ignore[arg-type]
+                                 radius)
     else:
         record = run_config(transformer)
         folder = transformer.config.get("_name_or_path", "the model")
