@@ -419,9 +419,10 @@ def _transformer_of(pipe_or_transformer):
 def run_config(transformer) -> Optional[Dict[str, Any]]:
     """The ``_megaslide`` record of the transformer's config.json, or None.
 
-    diffusers drops keys starting with ``_`` from ``transformer.config``, so
-    this reads config.json from the folder the model was loaded from
-    (``config._name_or_path``)."""
+    diffusers passes no key starting with ``_`` to the model; 0.42.1 keeps
+    them in ``transformer.config``, where this looks first, then in the
+    config.json of the folder the model was loaded from
+    (``config._name_or_path``), for versions or loaders that do not."""
     config = transformer.config
     record = config.get(RUN_CONFIG_KEY)
     if record is not None:

@@ -47,7 +47,7 @@ struct SaveWeightsOptions {
 bool isWeightParam(const exec::Param &param);
 
 /// The key of config.json under which saveWeights records how the plan
-/// attends; diffusers drops keys that start with '_' from a model's config.
+/// attends; diffusers passes no key that starts with '_' to a model.
 inline constexpr llvm::StringLiteral kRunConfigKey = "_megaslide";
 
 /// What saveWeights records under kRunConfigKey, read from the plan's ops
