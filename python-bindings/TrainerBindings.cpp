@@ -337,6 +337,40 @@ public:
     return py::make_tuple(result.loss, out);
   }
 
+  /// The model's velocity prediction at x_t = (1 - t) x0 + t noise: the
+  /// forward of one step without an update, read where flow_matching_loss
+  /// takes it (StepOptions::onPrediction).
+  FloatArray predict(const py::dict &arrays) {
+    requireState("predict");
+    if (session->backend().name() != std::string("cpu"))
+      throw std::invalid_argument(
+          std::string("predict: the ") + session->backend().name() +
+          " backend does not return the model's prediction; use "
+          "backend='cpu'");
+    exec::StepInputs inputs = stepInputs(arrays, "predict");
+    CallGuard lock = guard("predict");
+    checkSignals();
+    std::vector<int64_t> shape;
+    std::vector<float> prediction;
+    exec::StepOptions options;
+    options.applyUpdates = false;
+    options.onPrediction = [&](llvm::ArrayRef<int64_t> s,
+                               llvm::ArrayRef<float> p) {
+      shape.assign(s.begin(), s.end());
+      prediction.assign(p.begin(), p.end());
+    };
+    {
+      py::gil_scoped_release release;
+      check(session->runStep(inputs, options));
+    }
+    if (shape.empty())
+      throw std::runtime_error("predict: the plan computes no "
+                               "flow_matching_loss, so it has no prediction");
+    FloatArray a(shape);
+    std::copy(prediction.begin(), prediction.end(), a.mutable_data());
+    return a;
+  }
+
   py::dict step(const py::object &arrays, const std::string &tracePath) {
     int64_t K = session->recipe().gradAccum;
     std::vector<exec::StepInputs> batches;
@@ -519,6 +553,7 @@ void defineTrainer(py::module_ &m) {
       .def("parameters", &Trainer::parameters)
       .def("load_parameters", &Trainer::loadParameters, py::arg("params"))
       .def("gradients", &Trainer::gradients, py::arg("inputs"))
+      .def("predict", &Trainer::predict, py::arg("inputs"))
       .def("step", &Trainer::step, py::arg("inputs"), py::arg("trace"))
       .def("load_weights", &Trainer::loadWeights, py::arg("path"))
       .def("save_weights", &Trainer::saveWeights, py::arg("dir"),

@@ -148,6 +148,15 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   handlers["_diffusers_version"] = [](const llvm::json::Value &) -> Error {
     return Error::success();
   };
+  // What a run recorded about its attention in the config.json it saved
+  // (docs/Runtime.md, "Weights"); the model does not depend on it, and the
+  // next save writes its own.
+  handlers["_megaslide"] = [&](const llvm::json::Value &v) -> Error {
+    if (!v.getAsObject())
+      return err.field("_megaslide", "must be an object (what "
+                                     "--save-weights records)");
+    return Error::success();
+  };
   intField("num_layers", c.numLayers);
   handlers["depth"] = handlers["num_layers"];
   intField("num_attention_heads", c.numHeads);

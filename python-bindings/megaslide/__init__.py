@@ -781,6 +781,24 @@ class Trainer:
                                            timesteps=timesteps,
                                            condition=condition))
 
+    def predict(self, latents: np.ndarray, noise: np.ndarray,
+                timesteps: np.ndarray, condition: np.ndarray) -> np.ndarray:
+        """The model's velocity prediction at x_t = (1 - t) x0 + t noise
+        (x0 the latents; model timestep 1000 t), float32 [B, C, T, H, W]:
+        the forward of one step, read where the loss takes it.
+
+        The state is not updated (as :meth:`gradients`: the step runs
+        without its update, so it costs a forward and a backward).
+        Arrays are checked as for :meth:`step`;
+        ``timesteps`` is required. The cpu backend only (ValueError on
+        cuda and sim). The tests compare it with diffusers'
+        WanTransformer3DModel on the same weights (docs/Dsa3d.md,
+        "Sampling with diffusers").
+        """
+        return self._native.predict(dict(latents=latents, noise=noise,
+                                         timesteps=timesteps,
+                                         condition=condition))
+
     def step(self, *, trace: Optional[Union[str, os.PathLike]] = None,
              **inputs: np.ndarray) -> Dict[str, Any]:
         """One optimizer step of the recipe (docs/Training.md).

@@ -304,6 +304,12 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       }
       for (int64_t r : inst.results)
         results.push_back(bind(r));
+      if (inst.op == exec::OpCode::FlowMatchingLoss && options.onPrediction &&
+          !operands.empty() && operands[0].f32)
+        options.onPrediction(
+            operands[0].type.shape,
+            {operands[0].f32,
+             static_cast<size_t>(operands[0].type.numElements())});
       if (llvm::Error err = kernel(inst, operands, results))
         return llvm::createStringError("instruction #" + llvm::Twine(i) +
                                        ": " + llvm::toString(std::move(err)));

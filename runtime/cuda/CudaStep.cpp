@@ -33,6 +33,11 @@ using exec::Stream;
 llvm::Expected<exec::StepResult>
 CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                   const exec::StepOptions &options) {
+  if (options.onPrediction)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "the cuda backend does not return the model's prediction; use the "
+        "cpu backend (Trainer.predict)");
   Impl &I = *impl;
   const exec::ExecPlan &plan = I.plan;
   const CudaDriverApi &cu = *I.cu;

@@ -17,6 +17,8 @@
 #include "llvm/Support/Regex.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <set>
+
 using namespace megaslide;
 using namespace megaslide::host;
 using llvm::Error;
@@ -126,6 +128,79 @@ Error host::checkTensorSet(
 // Saving
 //===----------------------------------------------------------------------===//
 
+llvm::Expected<llvm::json::Object>
+host::runConfigOf(const exec::ExecPlan &plan) {
+  using exec::OpCode;
+  std::vector<int64_t> def(plan.values.size(), -1);
+  for (size_t i = 0; i < plan.instructions.size(); ++i)
+    for (int64_t r : plan.instructions[i].results)
+      if (r >= 0 && r < static_cast<int64_t>(def.size()))
+        def[r] = static_cast<int64_t>(i);
+  // The op that made a value, looking through views and copies.
+  auto producer = [&](int64_t id) -> const exec::Instruction * {
+    while (id >= 0 && id < static_cast<int64_t>(def.size()) && def[id] >= 0) {
+      const exec::Instruction &inst = plan.instructions[def[id]];
+      if ((inst.op != OpCode::Reshape && inst.op != OpCode::HostToDevice &&
+           inst.op != OpCode::DeviceToHost) ||
+          inst.operands.size() != 1)
+        return &inst;
+      id = inst.operands[0];
+    }
+    return nullptr;
+  };
+  auto isRope = [&](int64_t id) {
+    const exec::Instruction *p = producer(id);
+    return p && p->op == OpCode::Rope3d;
+  };
+
+  std::set<int64_t> dsaLayers, globalLayers;
+  const exec::Instruction *first = nullptr;
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (inst.op == OpCode::Attention && inst.operands.size() >= 2 &&
+        isRope(inst.operands[0]) && isRope(inst.operands[1]) && inst.layer)
+      globalLayers.insert(*inst.layer);
+    if (inst.op != OpCode::Dsa3dOffsets)
+      continue;
+    if (inst.layer)
+      dsaLayers.insert(*inst.layer);
+    if (!first) {
+      first = &inst;
+      continue;
+    }
+    for (StringRef key : {"window", "tile"})
+      if (inst.intsAttr(key) != first->intsAttr(key))
+        return error(llvm::formatv("the plan's 3D-DSA ops differ in their "
+                                   "'{0}'; config.json records one",
+                                   key));
+    if (inst.intAttr("radius") != first->intAttr("radius"))
+      return error("the plan's 3D-DSA ops differ in their 'radius'; "
+                   "config.json records one");
+  }
+  auto ints = [](const auto &values) {
+    llvm::json::Array a;
+    for (int64_t v : values)
+      a.push_back(v);
+    return a;
+  };
+  llvm::json::Object record{{"format", 1},
+                            {"attention", first ? "dsa" : "global"},
+                            {"grid", ints(plan.grid)},
+                            {"global_layers", ints(globalLayers)}};
+  if (first) {
+    std::optional<std::vector<int64_t>> window = first->intsAttr("window"),
+                                        tile = first->intsAttr("tile");
+    std::optional<int64_t> radius = first->intAttr("radius");
+    if (!window || !tile || !radius)
+      return error("the plan's dsa3d_offsets op lacks its window, tile or "
+                   "radius");
+    record["dsa3d"] = llvm::json::Object{{"window", ints(*window)},
+                                         {"tile", ints(*tile)},
+                                         {"radius", *radius},
+                                         {"layers", ints(dsaLayers)}};
+  }
+  return record;
+}
+
 Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
                         StringRef dir, const SaveWeightsOptions &options) {
   if (options.dtype != StDType::F32 && options.dtype != StDType::BF16)
@@ -185,9 +260,22 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
     return files.back().get();
   };
 
-  std::string config = plan.modelConfig.empty() ? "{}" : plan.modelConfig;
-  if (!StringRef(config).ends_with("\n"))
-    config += "\n";
+  llvm::Expected<llvm::json::Value> parsed =
+      parseJson(plan.modelConfig.empty() ? "{}" : plan.modelConfig);
+  if (!parsed)
+    return error("cannot save weights: the plan's model config is not JSON: " +
+                 llvm::toString(parsed.takeError()));
+  llvm::json::Object *configObject = parsed->getAsObject();
+  if (!configObject)
+    return error("cannot save weights: the plan's model config is not a "
+                 "JSON object");
+  llvm::Expected<llvm::json::Object> record = runConfigOf(plan);
+  if (!record)
+    return error("cannot save weights: " + llvm::toString(record.takeError()));
+  (*configObject)[kRunConfigKey] = std::move(*record);
+  std::string config =
+      llvm::formatv("{0:2}", llvm::json::Value(std::move(*parsed))).str() +
+      "\n";
   llvm::Expected<AtomicFile *> configFile = openOutput(kWeightsConfigFile);
   if (!configFile)
     return fail(configFile.takeError());

@@ -241,6 +241,9 @@ CONFIG_CASES = [
      "config field 'eps': expected a finite number"),
     ("unknown key, suggestion", tiny_with(num_layer=2),
      "config field 'num_layer': unknown key; did you mean 'num_layers'?"),
+    ("run record not an object", tiny_with(_megaslide=[1]),
+     "config field '_megaslide': must be an object (what --save-weights "
+     "records)"),
     ("unknown key", tiny_with(use_flash_attention=True),
      "config field 'use_flash_attention': unknown key; see "
      "docs/ModelConfig.md"),

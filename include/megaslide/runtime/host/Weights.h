@@ -23,6 +23,7 @@
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/JSON.h"
 
 #include <cstdint>
 
@@ -45,15 +46,30 @@ struct SaveWeightsOptions {
 /// Whether `param` is one of the model weights (role master or frozen).
 bool isWeightParam(const exec::Param &param);
 
+/// The key of config.json under which saveWeights records how the plan
+/// attends; diffusers passes no key that starts with '_' to a model.
+inline constexpr llvm::StringLiteral kRunConfigKey = "_megaslide";
+
+/// What saveWeights records under kRunConfigKey, read from the plan's ops
+/// (docs/Runtime.md, "Weights"): {"format": 1, "attention": "dsa" when a
+/// self-attention runs as 3D-DSA, else "global", "grid": the token grid,
+/// "dsa3d": {"window", "tile", "radius", "layers"} (3D-DSA only), and
+/// "global_layers": the blocks whose self-attention stays global}.
+/// Self-attention is an attention reading RoPE'd queries and keys, as
+/// rewrite-attention-to-dsa decides. An error if two 3D-DSA ops of the
+/// plan differ in window, tile or radius (one record cannot say both).
+llvm::Expected<llvm::json::Object> runConfigOf(const exec::ExecPlan &plan);
+
 /// Writes the weights of `state` (made for `plan`) to directory `dir`
 /// (created if needed), in plan order, with `plan.modelConfig` as
-/// config.json. Every file is written and fsynced under a temporary name
-/// (support/AtomicFile.h) and renamed into place only once all of them are
-/// complete; weight files of an earlier save in `dir` that this one does
-/// not produce (other shard counts, a stale index) are removed afterwards.
-/// A failed write (disk full, unwritable `dir`) leaves the files of `dir`
-/// as they were and removes the folders this call created; the error names
-/// the file.
+/// config.json plus runConfigOf(plan) under kRunConfigKey (replacing one
+/// the model config carried; keys in sorted order, as diffusers writes). Every
+/// file is written and fsynced under a temporary name (support/AtomicFile.h)
+/// and renamed into place only once all of them are complete; weight files of
+/// an earlier save in `dir` that this one does not produce (other shard counts,
+/// a stale index) are removed afterwards. A failed write (disk full, unwritable
+/// `dir`) leaves the files of `dir` as they were and removes the folders this
+/// call created; the error names the file.
 llvm::Error saveWeights(const exec::ExecPlan &plan, const HostState &state,
                         llvm::StringRef dir,
                         const SaveWeightsOptions &options = {});

@@ -105,6 +105,13 @@ struct StepOptions {
   /// Called before a fetch reads its parameter's fp32 master, on the
   /// thread that reads it, so that a pending deferred update lands first.
   std::function<void(llvm::StringRef param)> beforeFetch;
+  /// Called with the model's prediction, the `prediction` operand of the
+  /// flow_matching_loss op ([B, C, T, H, W], widened to fp32), when the
+  /// step computes it: the forward of Trainer.predict, checked against
+  /// other implementations (diffusers). The cpu backend only; the cuda
+  /// backend refuses a step that sets it.
+  std::function<void(llvm::ArrayRef<int64_t> shape, llvm::ArrayRef<float>)>
+      onPrediction;
 };
 
 /// Where the step's loss is computed: the value and the instruction

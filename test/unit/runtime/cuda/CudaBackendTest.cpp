@@ -39,6 +39,7 @@
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
+#include "megaslide/runtime/cpu/HalfFloat.h"
 #include "megaslide/runtime/cuda/CudaApi.h"
 #include "megaslide/runtime/cuda/ElementwiseKernels.h"
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
@@ -1414,6 +1415,74 @@ std::function<exec::StepInputs(int)> handBuiltInputs() {
 TEST(CudaBackendFakeDeviceTest, HandBuiltPlanStepsLikeTheCpuBackend) {
   HandBuiltPlan h = handBuiltPlan();
   runOnFakeDevice(h.plan, handBuiltInputs(), 3);
+}
+
+// Tests that the cpu backend hands out the prediction flow_matching_loss
+// reads (Trainer.predict): its shape, values whose loss is the step's, and
+// a state a step without updates leaves as it was.
+TEST(CpuBackendPrediction, IsWhatTheLossReads) {
+  HandBuiltPlan h = handBuiltPlan();
+  auto cpuBackend = cpu::CpuBackend::create(h.plan);
+  ASSERT_TRUE(!!cpuBackend) << llvm::toString(cpuBackend.takeError());
+  host::HostState state = host::initHostState(h.plan, 3);
+  host::HostState before = host::initHostState(h.plan, 3);
+  exec::StepInputs in = handBuiltInputs()(0);
+  std::vector<int64_t> shape;
+  std::vector<float> prediction;
+  int calls = 0;
+  exec::StepOptions options;
+  options.applyUpdates = false;
+  options.onPrediction = [&](llvm::ArrayRef<int64_t> s,
+                             llvm::ArrayRef<float> p) {
+    ++calls;
+    shape.assign(s.begin(), s.end());
+    prediction.assign(p.begin(), p.end());
+  };
+  auto result = (*cpuBackend)->step(in, state, options);
+  ASSERT_TRUE(!!result) << llvm::toString(result.takeError());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(shape, (std::vector<int64_t>{2, 8, 32}));
+  ASSERT_EQ(prediction.size(), 2u * 8 * 32);
+  // The loss of the bf16 plan is over bf16-rounded operands, as here.
+  auto bf16 = [](float x) { return cpu::bf16ToFloat(cpu::floatToBf16(x)); };
+  double sum = 0;
+  for (size_t i = 0; i < prediction.size(); ++i) {
+    EXPECT_EQ(prediction[i], bf16(prediction[i])) << i; // widened bf16
+    double r = double(prediction[i]) -
+               (double(bf16(in["noise"][i])) - double(bf16(in["latents"][i])));
+    sum += r * r;
+  }
+  EXPECT_NEAR(sum / prediction.size(), result->loss, 1e-6 * result->loss);
+  EXPECT_EQ(state.step, before.step);
+  for (size_t i = 0; i < state.tensors.size(); ++i)
+    EXPECT_EQ(state.tensors[i].data, before.tensors[i].data)
+        << state.tensors[i].param->name;
+}
+
+// Tests that the cuda backend refuses a step that asks for the prediction
+// rather than ignoring the request.
+TEST(CudaBackendFakeDeviceTest, RefusesToReturnThePrediction) {
+  HandBuiltPlan h = handBuiltPlan();
+  CudaOptions options = fakeDeviceOptions();
+  auto prep = prepareCudaPlan(h.plan, options);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  std::string why;
+  if (!setUpFakeDevice(h.plan, *prep, why))
+    GTEST_SKIP() << why;
+  auto gpu = CudaBackend::create(h.plan, options);
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  host::HostState state = host::initHostState(h.plan, 3);
+  exec::StepOptions step;
+  step.applyUpdates = false;
+  step.onPrediction = [](llvm::ArrayRef<int64_t>, llvm::ArrayRef<float>) {};
+  fake::beginStep(0);
+  auto result = (*gpu)->step(handBuiltInputs()(0), state, step);
+  ASSERT_FALSE(!!result);
+  EXPECT_NE(llvm::toString(result.takeError())
+                .find("the cuda backend does not return the model's "
+                      "prediction; use the cpu backend"),
+            std::string::npos);
+  (void)fake::endStep();
 }
 
 /// A staging ring with room for one fetch: the staging thread casts b1

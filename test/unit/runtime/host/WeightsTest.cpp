@@ -45,7 +45,15 @@ TEST_F(WeightsTest, RoundTripF32AndBf16) {
     ASSERT_EQ(errorText(saveWeights(plan, saved, out, options)), "");
     EXPECT_TRUE(llvm::sys::fs::exists(out + "/" + kWeightsFile.str()));
     EXPECT_FALSE(llvm::sys::fs::exists(out + "/" + kWeightsIndexFile.str()));
-    EXPECT_EQ(readAll(out + "/config.json"), plan.modelConfig + "\n");
+    // The model config plus what the run records about its attention.
+    llvm::Expected<llvm::json::Value> config =
+        llvm::json::parse(readAll(out + "/config.json"));
+    ASSERT_TRUE(!!config) << llvm::toString(config.takeError());
+    llvm::json::Value expected = llvm::cantFail(llvm::json::parse(
+        R"({"_class_name": "WanTransformer3DModel", "num_layers": 1,
+            "in_channels": 2, "_megaslide": {"format": 1,
+            "attention": "global", "grid": [], "global_layers": []}})"));
+    EXPECT_EQ(*config, expected);
 
     HostState loaded = makeState(plan, 2);
     ASSERT_EQ(errorText(loadWeights(out, loaded)), "");
@@ -72,6 +80,67 @@ TEST_F(WeightsTest, RoundTripF32AndBf16) {
     EXPECT_EQ((*reader)->tensors().size(), 7u);
     EXPECT_EQ((*reader)->metadata().at("format"), "pt");
   }
+}
+
+/// Appends an instruction to `plan` with fresh f32 results; returns them.
+static std::vector<int64_t> addOp(exec::ExecPlan &plan, exec::OpCode op,
+                                  std::vector<int64_t> operands, int results,
+                                  std::optional<int64_t> layer) {
+  exec::Instruction inst;
+  inst.op = op;
+  inst.operands = std::move(operands);
+  inst.layer = layer;
+  for (int i = 0; i < results; ++i) {
+    inst.results.push_back(static_cast<int64_t>(plan.values.size()));
+    plan.values.emplace_back();
+  }
+  plan.instructions.push_back(inst);
+  return plan.instructions.back().results;
+}
+
+// Tests that the record names the 3D-DSA configuration of the plan's
+// dsa3d_offsets ops and their blocks, and as global only the attentions
+// over RoPE'd queries and keys (through a reshape), not cross-attention.
+TEST_F(WeightsTest, RunConfigRecordsDsaAndGlobalSelfAttention) {
+  exec::ExecPlan plan = makePlan(defaultSpecs());
+  plan.grid = {4, 6, 6};
+  plan.values.resize(2); // q, k inputs
+  for (int64_t layer : {0, 1}) {
+    int64_t q = addOp(plan, exec::OpCode::Rope3d, {0}, 1, layer)[0];
+    int64_t k = addOp(plan, exec::OpCode::Rope3d, {1}, 1, layer)[0];
+    if (layer == 0) {
+      int64_t off =
+          addOp(plan, exec::OpCode::Dsa3dOffsets, {q, k}, 1, layer)[0];
+      exec::Instruction &o = plan.instructions.back();
+      o.attrs["window"] = std::vector<int64_t>{2, 3, 3};
+      o.attrs["tile"] = std::vector<int64_t>{1, 2, 2};
+      o.attrs["radius"] = int64_t(2);
+      addOp(plan, exec::OpCode::Dsa3d, {q, k, k, off}, 2, layer);
+    } else {
+      int64_t viewed = addOp(plan, exec::OpCode::Reshape, {k}, 1, layer)[0];
+      addOp(plan, exec::OpCode::Attention, {q, viewed, viewed}, 1, layer);
+    }
+    // Cross-attention: the keys are text, not RoPE'd.
+    addOp(plan, exec::OpCode::Attention, {q, 1, 1}, 1, layer);
+  }
+  llvm::Expected<llvm::json::Object> record = runConfigOf(plan);
+  ASSERT_TRUE(!!record) << llvm::toString(record.takeError());
+  llvm::json::Value expected = llvm::cantFail(llvm::json::parse(
+      R"({"format": 1, "attention": "dsa", "grid": [4, 6, 6],
+          "dsa3d": {"window": [2, 3, 3], "tile": [1, 2, 2], "radius": 2,
+                    "layers": [0]},
+          "global_layers": [1]})"));
+  EXPECT_EQ(llvm::json::Value(std::move(*record)), expected);
+
+  // Two configurations cannot be recorded as one.
+  exec::ExecPlan mixed = plan;
+  for (exec::Instruction &inst : mixed.instructions)
+    if (inst.op == exec::OpCode::Dsa3dOffsets)
+      inst.attrs["radius"] = int64_t(3);
+  mixed.instructions.push_back(plan.instructions[2]);
+  EXPECT_EQ(errorText(runConfigOf(mixed).takeError()),
+            "the plan's 3D-DSA ops differ in their 'radius'; config.json "
+            "records one");
 }
 
 TEST_F(WeightsTest, ShardedWithIndex) {
