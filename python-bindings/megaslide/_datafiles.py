@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 #: The pip requirement file that brings torch, diffusers, transformers and
 #: PyAV (relative to the repository root).
-REQUIREMENTS = "scripts/requirements-data.txt"
+REQUIREMENTS = "scripts/requirements-models.txt"
 
 #: Wan's VAE divides frames by 4 (after the first) and height/width by 8;
 #: the transformer's 2x2 patches make 16 the spatial step of a bucket.

@@ -8,7 +8,7 @@ video always gives the same latents), normalised as Wan's pipeline
 un-normalises them, and ``condition`` [L, D], the UMT5 embedding of its
 caption encoded as ``WanPipeline`` encodes prompts. torch, diffusers,
 transformers and PyAV are imported only when a run needs them
-(scripts/requirements-data.txt).
+(scripts/requirements-models.txt).
 """
 
 from __future__ import annotations

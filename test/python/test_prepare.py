@@ -24,7 +24,7 @@ import pytest
 for module in ("torch", "diffusers", "transformers", "av", "accelerate",
                "tokenizers", "safetensors"):
     pytest.importorskip(module, reason=f"{module} is not installed: "
-                        f"pip install -r scripts/requirements-data.txt")
+                        f"pip install -r scripts/requirements-models.txt")
 
 import tiny_wan  # noqa: E402
 import torch  # noqa: E402
