@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import pathlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -41,7 +42,8 @@ import torch
 import megaslide
 
 __all__ = ["Dsa3dAttnProcessor", "Dsa3dSettings", "enable_dsa", "disable_dsa",
-           "dsa3d_offsets_torch", "dsa3d_block_mask", "run_config"]
+           "dsa3d_offsets_torch", "dsa3d_block_mask", "run_config",
+           "save_video"]
 
 #: The config.json key megaslide writes (host::kRunConfigKey).
 RUN_CONFIG_KEY = "_megaslide"
@@ -530,3 +532,45 @@ def disable_dsa(pipe_or_transformer) -> None:
     for block in transformer.blocks:
         if isinstance(block.attn1.processor, Dsa3dAttnProcessor):
             block.attn1.set_processor(WanAttnProcessor())
+
+
+def save_video(frames: Any, path: Any, fps: float = 16) -> None:
+    """Writes a sampled video to ``path`` with PyAV (diffusers'
+    ``export_to_video`` needs imageio, which megaslide does not install):
+    ``frames`` as ``WanPipeline(..., output_type="np").frames[0]`` gives
+    them, [F, H, W, 3] floats in [0, 1] (or uint8). The container follows
+    the suffix (.mp4: H.264, .webm: VP9, else MPEG-4 Part 2), at high
+    quality; the file is replaced atomically. The encoders take even sizes
+    only: an odd height or width drops its last row or column."""
+    import av
+
+    video = np.asarray(frames)
+    if video.ndim != 4 or video.shape[-1] != 3:
+        raise ValueError(f"frames must be [F, H, W, 3], got shape "
+                         f"{video.shape}")
+    if video.dtype != np.uint8:
+        video = (np.clip(video, 0, 1) * 255 + 0.5).astype(np.uint8)
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    codec = {".mp4": "libx264", ".webm": "libvpx-vp9"}.get(suffix, "mpeg4")
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}{suffix}")
+    try:
+        with av.open(tmp, "w") as container:
+            stream = container.add_stream(codec, rate=fps)
+            # yuv420p halves the chroma planes: even sizes only.
+            stream.height = video.shape[1] - video.shape[1] % 2
+            stream.width = video.shape[2] - video.shape[2] % 2
+            stream.pix_fmt = "yuv420p"
+            if codec == "libx264":
+                stream.options = {"crf": "10"}
+            for image in video[:, :stream.height, :stream.width]:
+                frame = av.VideoFrame.from_ndarray(
+                    np.ascontiguousarray(image), format="rgb24")
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -390,10 +390,18 @@ def load_pixels(path: str, frames: int, height: int, width: int,
 class Models:
     """The Wan VAE and text encoder, in f32 on one device."""
 
-    def __init__(self, dirs: Dict[str, str], device: str) -> None:
+    def __init__(self, dirs: Dict[str, str], device: str,
+                 progress: bool = True) -> None:
+        import diffusers
         import torch
+        import transformers
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer, UMT5EncoderModel
+
+        if not progress:
+            # Their loading bars would break --no-progress's quiet output.
+            diffusers.utils.logging.disable_progress_bar()
+            transformers.utils.logging.disable_progress_bar()
 
         self.torch = torch
         self.device = torch.device(device)
@@ -714,7 +722,7 @@ def run(args) -> int:
 
     prepared = 0
     if todo:
-        models = Models(dirs, device)
+        models = Models(dirs, device, args.progress)
         from safetensors.torch import save_file
 
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]

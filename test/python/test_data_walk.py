@@ -1,0 +1,111 @@
+"""docs/Data.md's walk from videos to a sampled video, run as written.
+
+Every block of the page marked for doc-check (test/Docs/Inputs/check_doc.py
+says how) runs in a fresh folder holding what the page says is there:
+``wan-tiny/``, a diffusers Wan pipeline of tiny random models
+(tiny_wan.py), and ``videos/``, four 16-frame clips with captions, two
+96 x 96 and two 96 x 128. The page's commands run the build's
+megaslide-plan and megaslide-run, and megaslide-prepare and
+megaslide-export as ``python -m`` of the package under test; what the
+page shows them printing must be what they print. The progress bars and
+the warnings of diffusers and transformers are turned off by their own
+environment variables (TQDM_DISABLE, DIFFUSERS_VERBOSITY,
+TRANSFORMERS_VERBOSITY), since they go to the same output.
+
+Afterwards the files the walk leaves are checked: the run trained with
+3D-DSA and recorded it, the exported pipeline holds the run's weights,
+and sample.mp4 decodes to the frames the pipeline made.
+"""
+
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import tool_path
+
+for _module in ("torch", "diffusers", "transformers", "av"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed: "
+                        f"pip install -r scripts/requirements-models.txt")
+
+import megaslide  # noqa: E402
+import tiny_wan  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "Data.md"
+CHECK_DOC = REPO / "test" / "Docs" / "Inputs" / "check_doc.py"
+CLIPS = (("cat.mp4", 96, 96, "a red cat play in the garden"),
+         ("dog.mp4", 96, 96, "a blue dog under the sun"),
+         ("car.mp4", 96, 128, "a car drives fast"),
+         ("bird.webm", 96, 128, "a bird flies over the house"))
+
+
+def _wrapper(folder: pathlib.Path, name: str, command: str) -> pathlib.Path:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\nexec {command} \"$@\"\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def _setup(work: pathlib.Path) -> None:
+    base = work.parent / "base-weights"
+    megaslide.Trainer("tiny", 13, 96, 96, precision="f32").save_weights(
+        str(base))
+    tiny_wan.build_pipeline(work / "wan-tiny", base)
+    videos = work / "videos"
+    videos.mkdir()
+    for i, (name, height, width, caption) in enumerate(CLIPS):
+        tiny_wan.write_video(videos / name,
+                             tiny_wan.moving_pattern(16, height, width, i))
+        (videos / name).with_suffix(".txt").write_text(caption + "\n")
+
+
+def test_the_walk_runs_as_written(tmp_path):
+    run, plan = tool_path("megaslide-run"), tool_path("megaslide-plan")
+    work = tmp_path / "work"
+    work.mkdir()
+    _setup(work)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    python = sys.executable
+    given = [_wrapper(tools, "megaslide-prepare", f"{python} -m megaslide.prepare"),
+             _wrapper(tools, "megaslide-export", f"{python} -m megaslide.export"),
+             _wrapper(tools, "python3", python)]
+    package = pathlib.Path(megaslide.__file__).resolve().parents[1]
+    env = dict(os.environ, TQDM_DISABLE="1", DIFFUSERS_VERBOSITY="error",
+               TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1",
+               MEGASLIDE_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(
+                   [str(package)] + [p for p in os.environ.get(
+                       "PYTHONPATH", "").split(os.pathsep) if p]))
+    args = [python, str(CHECK_DOC), str(DOC), "--src", str(REPO),
+            "--workdir", str(work), "--tool", run, "--tool", plan]
+    for path in given:
+        args += ["--tool", str(path)]
+    checked = subprocess.run(args, env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, timeout=900)
+    assert checked.returncode == 0, checked.stdout
+    assert "run blocks" in checked.stdout.splitlines()[-1]
+
+    # The run trained with 3D-DSA and says so where enable_dsa reads it.
+    record = json.loads((work / "run/weights/config.json").read_text())
+    assert record["_megaslide"]["attention"] == "dsa"
+    assert record["_megaslide"]["dsa3d"]["window"] == [2, 3, 3]
+    # The exported transformer holds the run's weights.
+    from safetensors.numpy import load_file
+    ours = load_file(work / "run/weights/diffusion_pytorch_model.safetensors")
+    theirs = load_file(
+        work / "my-wan/transformer/diffusion_pytorch_model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    # The video on disk is the one sampled: 13 frames of 96 x 96.
+    import av
+    with av.open(str(work / "sample.mp4")) as container:
+        frames = [f.to_ndarray(format="rgb24")
+                  for f in container.decode(video=0)]
+    assert len(frames) == 13 and frames[0].shape == (96, 96, 3)
