@@ -99,8 +99,9 @@ def records(path):
 def test_each_bucket_compiles_once_and_both_are_drawn(tmp_path, data):
     cache = tmp_path / "cache"
     metrics = tmp_path / "m.jsonl"
+    report = tmp_path / "report.html"
     first = run("--model", "tiny", "--data", data, "--steps", 8, "--metrics",
-                metrics, cache=cache)
+                metrics, "--report", report, cache=cache)
     assert f"buckets: {data / 'buckets.json'}" in first.out
     for shape in (SMALL, LARGE):
         assert f"bucket {name(shape)}: compiled in" in first.out, first.out
@@ -113,6 +114,9 @@ def test_each_bucket_compiles_once_and_both_are_drawn(tmp_path, data):
     drawn = {r["bucket"] for r in steps}
     assert drawn == {name(SMALL), name(LARGE)}, drawn
     assert all(np.isfinite(r["loss"]) for r in steps)
+    page = report.read_text()
+    for shape, count in ((SMALL, 6), (LARGE, 4)):
+        assert f"<tr><td>{name(shape)}</td><td>{count}</td>" in page
 
     again = run("--model", "tiny", "--data", data, "--steps", 1, "--plan-cache",
                 cache / "plans")
