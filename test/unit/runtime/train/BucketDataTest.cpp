@@ -3,9 +3,10 @@
 // The sampling policy of a run over buckets (docs/Runtime.md, "Buckets"):
 // each batch's bucket with probability n_b / N, its samples within it, all
 // from the one generator whose state a checkpoint holds. Against the
-// policy itself: counts over many draws within a binomial tolerance, a
-// state set back that continues bitwise, and one bucket drawing what a
-// source of one shape draws.
+// policy itself: counts over many draws within a binomial tolerance, the
+// batches re-derived here from the generator (one shape drawing no
+// bucket, so its sequence is unchanged), and a state set back that
+// continues bitwise.
 //
 //===----------------------------------------------------------------------===//
 
@@ -128,17 +129,73 @@ TEST_F(BucketDataTest, ASetStateContinuesTheSequenceBitwise) {
   }
 }
 
-TEST_F(BucketDataTest, OneBucketDrawsWhatOneShapeDraws) {
+/// The batches the policy makes from `seed`, derived here from the
+/// generator alone: (bucket, latents value of each sample, timesteps,
+/// noise). `counts`: samples per bucket, bucket b's sample k holding the
+/// value 10 b + k; one bucket draws none.
+struct Drawn {
+  size_t bucket;
+  std::vector<float> values, timesteps, noise;
+};
+std::vector<Drawn> policy(uint64_t seed, std::vector<int64_t> counts,
+                          std::vector<int64_t> latent, int batches) {
+  Random rng(seed);
+  int64_t total = 0;
+  for (int64_t n : counts)
+    total += n;
+  std::vector<Drawn> out;
+  for (int k = 0; k < batches; ++k) {
+    Drawn d{0, {}, {}, {}};
+    if (counts.size() > 1) {
+      int64_t u = static_cast<int64_t>(rng.next() % total);
+      while (u >= counts[d.bucket])
+        u -= counts[d.bucket++];
+    }
+    for (int b = 0; b < 2; ++b) {
+      d.values.push_back(10.0f * d.bucket + rng.next() % counts[d.bucket]);
+      d.timesteps.push_back(static_cast<float>(rng.uniform()));
+    }
+    for (int64_t i = 0; i < 2 * latent[d.bucket]; ++i)
+      d.noise.push_back(rng.normal());
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+/// What `data` hands out matches `expected` exactly.
+void expectDraws(DataSource &data, const std::vector<Drawn> &expected,
+                 std::vector<int64_t> latent) {
+  for (size_t k = 0; k < expected.size(); ++k) {
+    size_t bucket = 9;
+    auto batch = data.next(&bucket);
+    ASSERT_TRUE(!!batch) << llvm::toString(batch.takeError());
+    const Drawn &e = expected[k];
+    ASSERT_EQ(bucket, e.bucket) << k;
+    EXPECT_EQ((*batch)["latents"][0], e.values[0]) << k;
+    EXPECT_EQ((*batch)["latents"][latent[bucket]], e.values[1]) << k;
+    EXPECT_EQ((*batch)["timesteps"], e.timesteps) << k;
+    EXPECT_EQ((*batch)["noise"], e.noise) << k;
+  }
+}
+
+TEST_F(BucketDataTest, BatchesAreThePolicysDrawsFromTheGenerator) {
+  writeTwoBuckets(); // a: 0..5, b: 10..13
+  std::unique_ptr<FileData> data = open();
+  ASSERT_TRUE(data);
+  std::vector<int64_t> latent = {4 * 2 * 2 * 2, 4 * 3 * 2 * 3};
+  expectDraws(*data, policy(42, {6, 4}, latent, 40), latent);
+}
+
+TEST_F(BucketDataTest, OneShapeDrawsNoBucket) {
   for (int k = 0; k < 5; ++k)
     write(llvm::formatv("a{0}.safetensors", k).str(), a, "5x16x16", k);
+  std::vector<int64_t> latent = {4 * 2 * 2 * 2};
   auto one = FileData::open(dir, a, 42);
+  ASSERT_TRUE(!!one) << llvm::toString(one.takeError());
+  expectDraws(**one, policy(42, {5}, latent, 20), latent);
   auto bucketed = FileData::open(dir, {a}, {"5x16x16"}, 42);
-  ASSERT_TRUE(one && bucketed);
-  for (int k = 0; k < 8; ++k) {
-    auto x = (*one)->next(), y = (*bucketed)->next();
-    ASSERT_TRUE(x && y);
-    EXPECT_EQ(*x, *y) << k;
-  }
+  ASSERT_TRUE(!!bucketed) << llvm::toString(bucketed.takeError());
+  expectDraws(**bucketed, policy(42, {5}, latent, 20), latent);
 }
 
 TEST_F(BucketDataTest, ASampleInNoBucketIsNamed) {
