@@ -289,6 +289,29 @@ Session::create(std::vector<BucketPlan> bucketPlans,
           "the plans of " + bucket(0) + " and " + bucket(b) +
           " do not share their parameters (" + *why +
           "): every bucket's plan must come from the same model and flags");
+  // What the recipe needs of the plan: its updates' lr, and whether they
+  // are deferred (the planner decides, docs/Training.md).
+  bool deferred = false, streaming = false;
+  double baseLr = exec::kDefaultLr;
+  for (size_t b = 0; b < plans.size(); ++b) {
+    bool planDefers = false, planStreams = false;
+    for (const exec::Instruction &inst : plans[b]->instructions)
+      if (inst.op == exec::OpCode::HostAdamW) {
+        (inst.hasAttr(exec::kDeferredAttr) ? planDefers : planStreams) = true;
+        if (b == 0)
+          baseLr = inst.floatAttr("lr").value_or(baseLr);
+      }
+    if (planDefers && planStreams)
+      return llvm::createStringError(
+          "the plan defers some updates and not others; recompile it");
+    if (b > 0 && (planDefers != deferred || planStreams != streaming))
+      return llvm::createStringError(
+          "the plans of " + bucket(0) + " and " + bucket(b) +
+          " differ in their update (deferred in one, streaming in the "
+          "other): give --update deferred or streaming");
+    deferred = planDefers;
+    streaming = planStreams;
+  }
   const InputShapes &first = shapesOf.front();
   uint64_t dataSeed = options.seed ^ hashName("batches");
   std::unique_ptr<DataSource> data;
@@ -324,29 +347,6 @@ Session::create(std::vector<BucketPlan> bucketPlans,
           options.valDataDir, (*files)->size(), B,
           bucketed ? " of one bucket" : ""));
     valData = std::move(*files);
-  }
-  // What the recipe needs of the plan: its updates' lr, and whether they
-  // are deferred (the planner decides, docs/Training.md).
-  bool deferred = false, streaming = false;
-  double baseLr = exec::kDefaultLr;
-  for (size_t b = 0; b < plans.size(); ++b) {
-    bool planDefers = false, planStreams = false;
-    for (const exec::Instruction &inst : plans[b]->instructions)
-      if (inst.op == exec::OpCode::HostAdamW) {
-        (inst.hasAttr(exec::kDeferredAttr) ? planDefers : planStreams) = true;
-        if (b == 0)
-          baseLr = inst.floatAttr("lr").value_or(baseLr);
-      }
-    if (planDefers && planStreams)
-      return llvm::createStringError(
-          "the plan defers some updates and not others; recompile it");
-    if (b > 0 && (planDefers != deferred || planStreams != streaming))
-      return llvm::createStringError(
-          "the plans of " + bucket(0) + " and " + bucket(b) +
-          " differ in their update (deferred in one, streaming in the "
-          "other): give --update deferred or streaming");
-    deferred = planDefers;
-    streaming = planStreams;
   }
   if (llvm::Error e = checkRecipe(options.recipe, baseLr))
     return std::move(e);
