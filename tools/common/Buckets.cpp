@@ -12,6 +12,7 @@
 #include "megaslide/runtime/support/ReadFile.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -287,12 +288,14 @@ std::vector<size_t> tools::worstFirst(ArrayRef<PlannedBucket> buckets) {
   std::vector<size_t> order(buckets.size());
   for (size_t i = 0; i < order.size(); ++i)
     order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  // Ties keep the file's order.
+  llvm::sort(order, [&](size_t a, size_t b) {
     const PlannedBucket &x = buckets[a], &y = buckets[b];
-    return std::make_tuple(!x.fits(), x.figures.devicePeak,
-                           x.figures.predictedSeconds) >
-           std::make_tuple(!y.fits(), y.figures.devicePeak,
-                           y.figures.predictedSeconds);
+    auto key = [](const PlannedBucket &p) {
+      return std::make_tuple(!p.fits(), p.figures.devicePeak,
+                             p.figures.predictedSeconds);
+    };
+    return key(x) != key(y) ? key(x) > key(y) : a < b;
   });
   return order;
 }
