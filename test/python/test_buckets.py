@@ -271,3 +271,20 @@ def test_buckets_exclude_the_video_flags(tmp_path, data):
                  "--height", 32, "--width", 32, "--steps", 1, check=False)
     assert "buckets:" not in result.out
     assert "tensor 'latents' has shape [16, 3, 4, 6]" in result.out
+
+
+def test_validation_goes_bucket_by_bucket(tmp_path, data):
+    val = tmp_path / "val"
+    val.mkdir()
+    for k in range(2):
+        write_sample(val / f"a{k}.safetensors", SMALL, 50 + k)
+        write_sample(val / f"b{k}.safetensors", LARGE, 60 + k)
+    metrics = tmp_path / "m.jsonl"
+    run("--model", "tiny", "--data", data, "--val-data", val, "--steps", 2,
+        "--val-every", 1, "--metrics", metrics, "--plan-cache",
+        tmp_path / "cache")
+    steps = records(metrics)
+    # Each validation batch runs on its own bucket's plan (a wrong plan is
+    # a shape error); the weights move between the two evaluations.
+    assert all(np.isfinite(r["val_loss"]) for r in steps), steps
+    assert len({r["val_loss"] for r in steps}) == 2
