@@ -15,9 +15,6 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/WithColor.h"
-
-#include <chrono>
 
 using namespace llvm;
 using namespace megaslide;
