@@ -7,15 +7,17 @@
 using namespace mlir;
 using namespace megaslide;
 
-llvm::Expected<exec::ExecPlan>
-megaslide::compileExecPlan(MLIRContext &context, StringRef model,
-                           const VideoShape &video,
-                           const TrainingOptions &training,
-                           const PlanOptions &options, bool *overBudget) {
+llvm::Expected<exec::ExecPlan> megaslide::compileExecPlan(
+    MLIRContext &context, StringRef model, const VideoShape &video,
+    const TrainingOptions &training, const PlanOptions &options,
+    bool *overBudget, PlanFigures *figures) {
   llvm::Expected<PlanResult> planned =
       planModel(context, model, video, training, options);
   if (!planned)
     return planned.takeError();
+  if (figures)
+    *figures = {planned->report.devicePeak, planned->report.predictedSeconds,
+                planned->report.violations};
   if (!planned->report.fits()) {
     std::string why;
     for (const std::string &v : planned->report.violations)

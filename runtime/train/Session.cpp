@@ -41,11 +41,13 @@ struct Session::Update {
   bool pending = false; ///< decided, applied before the next fetch
 };
 
-Session::Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
-                 SessionOptions options, std::unique_ptr<DataSource> data)
-    : planStorage(std::move(plan)), shapes(std::move(shapes)),
-      options(std::move(options)), seed(this->options.seed),
-      data(std::move(data)) {}
+Session::Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
+                 std::vector<std::string> names,
+                 std::vector<InputShapes> shapes, SessionOptions options,
+                 std::unique_ptr<DataSource> data)
+    : plans(std::move(plans)), names(std::move(names)),
+      shapesOf(std::move(shapes)), options(std::move(options)),
+      seed(this->options.seed), data(std::move(data)) {}
 
 Session::~Session() = default;
 
@@ -155,8 +157,11 @@ static std::string formatDouble(double v) {
   return llvm::formatv("{0}", llvm::format("%.17g", v)).str();
 }
 
-static Settings computeSettings(const exec::ExecPlan &plan,
-                                const SessionOptions &options, bool deferred) {
+static Settings
+computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
+                llvm::ArrayRef<std::string> names,
+                const SessionOptions &options, bool deferred) {
+  const exec::ExecPlan &plan = *plans.front();
   Settings s;
   s.push_back({"seed", std::to_string(options.seed)});
   std::string data = "(synthetic)";
@@ -205,7 +210,19 @@ static Settings computeSettings(const exec::ExecPlan &plan,
     s.push_back({"logit_std", formatDouble(r.logitStd)});
   }
   s.push_back({"flow_shift", formatDouble(r.flowShift)});
+  // Buckets: every bucket's plan, so that a resume with another set of
+  // buckets (or another plan for one) is refused.
   std::string text = exec::serialize(plan);
+  if (!names.front().empty()) {
+    std::string all, list;
+    for (size_t b = 0; b < plans.size(); ++b) {
+      text = exec::serialize(*plans[b]);
+      all += names[b] + "\n" + std::to_string(text.size()) + "\n" + text;
+      list += (b ? "," : "") + names[b];
+    }
+    s.push_back({"buckets", list});
+    text = std::move(all);
+  }
   s.push_back({"plan_hash",
                llvm::formatv("{0:x-16}", llvm::xxh3_64bits(
                                              llvm::arrayRefFromStringRef(text)))
@@ -215,44 +232,122 @@ static Settings computeSettings(const exec::ExecPlan &plan,
 
 llvm::Expected<std::unique_ptr<Session>>
 Session::create(exec::ExecPlan plan, const SessionOptions &options) {
-  llvm::Expected<InputShapes> shapes = InputShapes::of(plan);
-  if (!shapes)
-    return shapes.takeError();
+  std::vector<BucketPlan> one;
+  one.push_back({"", std::move(plan)});
+  return create(std::move(one), options);
+}
+
+/// Why `b`'s plan cannot share a host state with `a`'s (same parameters:
+/// names, roles, shapes, dtypes), if it cannot.
+static std::optional<std::string> paramMismatch(const exec::ExecPlan &a,
+                                                const exec::ExecPlan &b) {
+  auto text = [](const exec::Param &p) {
+    std::string shape;
+    for (int64_t d : p.type.shape)
+      shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    return llvm::formatv("'{0}' ({1} {2} [{3}])", p.name, p.role,
+                         exec::dtypeName(p.type.dtype), shape)
+        .str();
+  };
+  size_t n = std::max(a.params.size(), b.params.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= a.params.size() || i >= b.params.size())
+      return llvm::formatv("{0} parameters against {1}", a.params.size(),
+                           b.params.size())
+          .str();
+    const exec::Param &p = a.params[i], &q = b.params[i];
+    if (p.name != q.name || p.role != q.role || p.of != q.of ||
+        p.type.shape != q.type.shape || p.type.dtype != q.type.dtype)
+      return "parameter " + text(p) + " against " + text(q);
+  }
+  return std::nullopt;
+}
+
+llvm::Expected<std::unique_ptr<Session>>
+Session::create(std::vector<BucketPlan> bucketPlans,
+                const SessionOptions &options) {
+  if (bucketPlans.empty())
+    return llvm::createStringError("a session needs a plan");
+  std::vector<std::unique_ptr<exec::ExecPlan>> plans;
+  std::vector<std::string> names;
+  std::vector<double> predicted;
+  std::vector<InputShapes> shapesOf;
+  for (BucketPlan &b : bucketPlans) {
+    llvm::Expected<InputShapes> shapes = InputShapes::of(b.plan);
+    if (!shapes)
+      return shapes.takeError();
+    shapesOf.push_back(std::move(*shapes));
+    names.push_back(b.name);
+    predicted.push_back(b.predictedSeconds);
+    plans.push_back(std::make_unique<exec::ExecPlan>(std::move(b.plan)));
+  }
+  bool bucketed = !names.front().empty();
+  auto bucket = [&](size_t b) { return "bucket " + names[b]; };
+  for (size_t b = 1; b < plans.size(); ++b)
+    if (std::optional<std::string> why = paramMismatch(*plans[0], *plans[b]))
+      return llvm::createStringError(
+          "the plans of " + bucket(0) + " and " + bucket(b) +
+          " do not share their parameters (" + *why +
+          "): every bucket's plan must come from the same model and flags");
+  // What the recipe needs of the plan: its updates' lr, and whether they
+  // are deferred (the planner decides, docs/Training.md).
+  bool deferred = false, streaming = false;
+  double baseLr = exec::kDefaultLr;
+  for (size_t b = 0; b < plans.size(); ++b) {
+    bool planDefers = false, planStreams = false;
+    for (const exec::Instruction &inst : plans[b]->instructions)
+      if (inst.op == exec::OpCode::HostAdamW) {
+        (inst.hasAttr(exec::kDeferredAttr) ? planDefers : planStreams) = true;
+        if (b == 0)
+          baseLr = inst.floatAttr("lr").value_or(baseLr);
+      }
+    if (planDefers && planStreams)
+      return llvm::createStringError(
+          "the plan defers some updates and not others; recompile it");
+    if (b > 0 && (planDefers != deferred || planStreams != streaming))
+      return llvm::createStringError(
+          "the plans of " + bucket(0) + " and " + bucket(b) +
+          " differ in their update (deferred in one, streaming in the "
+          "other): give --update deferred or streaming");
+    deferred = planDefers;
+    streaming = planStreams;
+  }
+  const InputShapes &first = shapesOf.front();
   uint64_t dataSeed = options.seed ^ hashName("batches");
   std::unique_ptr<DataSource> data;
+  if (bucketed && options.dataDir.empty())
+    return llvm::createStringError(
+        "a run over buckets trains on sample files: give --data DIR");
   if (options.dataDir.empty()) {
-    data = std::make_unique<SyntheticData>(*shapes, dataSeed);
+    data = std::make_unique<SyntheticData>(first, dataSeed);
   } else {
-    auto files = FileData::open(options.dataDir, *shapes, dataSeed);
+    auto files =
+        bucketed ? FileData::open(options.dataDir, shapesOf, names, dataSeed)
+                 : FileData::open(options.dataDir, first, dataSeed);
     if (!files)
       return files.takeError();
     data = std::move(*files);
   }
   std::unique_ptr<DataSource> valData;
   if (!options.valDataDir.empty()) {
-    auto files = FileData::open(options.valDataDir, *shapes,
-                                options.seed ^ hashName("validation"));
+    uint64_t valSeed = options.seed ^ hashName("validation");
+    auto files =
+        bucketed ? FileData::open(options.valDataDir, shapesOf, names, valSeed)
+                 : FileData::open(options.valDataDir, first, valSeed);
     if (!files)
       return files.takeError();
-    if (static_cast<int64_t>((*files)->size()) < shapes->latents[0])
+    // Validation batches are whole and of one bucket each.
+    int64_t B = first.latents[0], batches = 0;
+    for (const std::vector<size_t> &samples : (*files)->buckets())
+      batches += static_cast<int64_t>(samples.size()) / B;
+    if (batches == 0)
       return llvm::createStringError(llvm::formatv(
           "validation data '{0}' has {1} samples; a validation batch takes "
-          "{2} (the plan's batch)",
-          options.valDataDir, (*files)->size(), shapes->latents[0]));
+          "{2} (the plan's batch){3}",
+          options.valDataDir, (*files)->size(), B,
+          bucketed ? " of one bucket" : ""));
     valData = std::move(*files);
   }
-  // What the recipe needs of the plan: its updates' lr, and whether they
-  // are deferred (the planner decides, docs/Training.md).
-  bool deferred = false, streaming = false;
-  double baseLr = exec::kDefaultLr;
-  for (const exec::Instruction &inst : plan.instructions)
-    if (inst.op == exec::OpCode::HostAdamW) {
-      (inst.hasAttr(exec::kDeferredAttr) ? deferred : streaming) = true;
-      baseLr = inst.floatAttr("lr").value_or(baseLr);
-    }
-  if (deferred && streaming)
-    return llvm::createStringError(
-        "the plan defers some updates and not others; recompile it");
   if (llvm::Error e = checkRecipe(options.recipe, baseLr))
     return std::move(e);
   if (options.recipe.gradAccum > 1 && !deferred && streaming)
@@ -261,10 +356,11 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
         "is complete only when the last micro-batch's backward ends), and "
         "this plan updates as gradients arrive (--update streaming); plan "
         "with --update deferred");
-  auto owned = std::make_unique<exec::ExecPlan>(std::move(plan));
-  std::unique_ptr<Session> session(new Session(
-      std::move(owned), std::move(*shapes), options, std::move(data)));
+  std::unique_ptr<Session> session(
+      new Session(std::move(plans), std::move(names), std::move(shapesOf),
+                  options, std::move(data)));
   session->valData = std::move(valData);
+  session->predicted = std::move(predicted);
   session->deferred = deferred;
   session->baseLr = baseLr;
   const exec::ExecPlan &p = session->plan();
@@ -273,8 +369,19 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   // the backend or the state touches a byte.
   bool computes = options.backend != "sim";
   if (computes) {
-    session->memoryNeed = hostMemoryNeed(p, options.backend, *session->data,
-                                         options.recipe, deferred);
+    // One bucket's backend is alive at a time: each part as large as the
+    // largest bucket's (the state is the same for all).
+    for (const std::unique_ptr<exec::ExecPlan> &plan : session->plans) {
+      HostMemoryNeed one = hostMemoryNeed(
+          *plan, options.backend, *session->data, options.recipe, deferred);
+      HostMemoryNeed &need = session->memoryNeed;
+      if (need.parts.empty())
+        need = std::move(one);
+      else
+        for (size_t i = 0; i < need.parts.size(); ++i)
+          need.parts[i].second =
+              std::max(need.parts[i].second, one.parts[i].second);
+    }
     uint64_t need = session->memoryNeed.total();
     host::HostMemoryReadings readings = host::readHostMemory();
     llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
@@ -305,10 +412,33 @@ Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   session->executor = std::move(*backend);
   if (session->executor->computesLoss()) {
     session->hostState = host::initHostState(p, options.seed);
-    session->runSettings = computeSettings(p, options, deferred);
+    session->runSettings =
+        computeSettings(session->plans, session->names, options, deferred);
     session->prepareUpdates();
   }
   return session;
+}
+
+std::vector<size_t> Session::bucketSamples() const {
+  std::vector<size_t> counts;
+  for (const std::vector<size_t> &samples : data->buckets())
+    counts.push_back(samples.size());
+  return counts;
+}
+
+llvm::Error Session::useBucket(size_t bucket) {
+  if (executor && live == bucket)
+    return llvm::Error::success();
+  // Every decided update lands first: the next backend starts from the
+  // host state alone.
+  flushUpdates();
+  executor.reset(); // its device memory goes before the next one's comes
+  auto backend = createBackend(*plans[bucket], options);
+  if (!backend)
+    return backend.takeError();
+  executor = std::move(*backend);
+  live = bucket;
+  return llvm::Error::success();
 }
 
 void Session::prepareUpdates() {
@@ -483,17 +613,20 @@ Session::trainStep(const exec::StepOptions &options) {
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
   std::vector<exec::StepInputs> batches;
+  std::vector<size_t> buckets;
   for (int64_t k = 0; k < this->options.recipe.gradAccum; ++k) {
-    llvm::Expected<exec::StepInputs> inputs = data->next();
+    size_t bucket = 0;
+    llvm::Expected<exec::StepInputs> inputs = data->next(&bucket);
     if (!inputs) {
       data->setState(before);
       return inputs.takeError();
     }
     inputs->erase("timesteps"); // the recipe's, below
     batches.push_back(std::move(*inputs));
+    buckets.push_back(bucket);
   }
   llvm::Expected<StepReport> report =
-      optimizerStep(std::move(batches), options);
+      optimizerStep(std::move(batches), std::move(buckets), options);
   if (!report)
     data->setState(before); // a retry draws the same batches
   return report;
@@ -506,15 +639,18 @@ Session::trainStep(std::vector<exec::StepInputs> inputs,
     return llvm::createStringError(llvm::formatv(
         "an optimizer step takes {0} micro-batches (--grad-accum), got {1}",
         this->options.recipe.gradAccum, inputs.size()));
-  return optimizerStep(std::move(inputs), options);
+  // The first bucket's shape: the caller's batches carry no bucket.
+  std::vector<size_t> buckets(inputs.size(), 0);
+  return optimizerStep(std::move(inputs), std::move(buckets), options);
 }
 
 llvm::Expected<StepReport>
 Session::optimizerStep(std::vector<exec::StepInputs> batches,
+                       std::vector<size_t> buckets,
                        const exec::StepOptions &given) {
   const Recipe &r = options.recipe;
   int64_t K = static_cast<int64_t>(batches.size());
-  int64_t B = shapes.latents[0];
+  int64_t B = shapesOf[0].latents[0]; // every bucket's batch
   std::vector<float> sigmas = sampleSigmas(r, seed, hostState.step, K * B);
   for (int64_t k = 0; k < K; ++k)
     if (!batches[k].count("timesteps"))
@@ -523,14 +659,16 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
 
   StepReport report;
   report.microBatches = K;
+  report.buckets = buckets;
   report.lr = scheduledLr(r, baseLr, hostState.step);
   bool computes = executor->computesLoss();
   exec::StepOptions options = given;
   options.lr = report.lr;
   if (!computes || !given.applyUpdates) {
     // Timing only, or gradients only: no optimizer decisions.
-    for (exec::StepInputs &in : batches) {
-      llvm::Expected<exec::StepResult> one = runStep(in, options);
+    for (int64_t k = 0; k < K; ++k) {
+      llvm::Expected<exec::StepResult> one =
+          runStepOn(buckets[k], batches[k], options);
       if (!one)
         return one.takeError();
       double seconds = report.result.seconds + one->seconds;
@@ -551,7 +689,8 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
     if (r.hasEma() && emaUpdates == 0 && !r.emaWarmup)
       for (Update &u : updates)
         copyToEma(*u.master, *u.ema);
-    llvm::Expected<exec::StepResult> one = runStep(batches[0], options);
+    llvm::Expected<exec::StepResult> one =
+        runStepOn(buckets[0], batches[0], options);
     if (!one)
       return one.takeError();
     report.result = std::move(*one);
@@ -583,7 +722,8 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
   };
   double lossSum = 0;
   for (int64_t k = 0; k < K; ++k) {
-    llvm::Expected<exec::StepResult> one = runStep(batches[k], options);
+    llvm::Expected<exec::StepResult> one =
+        runStepOn(buckets[k], batches[k], options);
     if (!one) {
       resetRetained();
       return one.takeError();
@@ -640,38 +780,43 @@ llvm::Expected<float> Session::validationLoss() {
   if (!valData)
     return llvm::createStringError("no validation data (--val-data)");
   flushUpdates();
-  int64_t B = shapes.latents[0];
-  int64_t latent = 1, cond = 1;
-  for (size_t d = 1; d < shapes.latents.size(); ++d)
-    latent *= shapes.latents[d];
-  if (!shapes.conditionIsLabel)
-    for (size_t d = 1; d < shapes.condition.size(); ++d)
-      cond *= shapes.condition[d];
   // The same noise and timesteps at every call: drawn from one seed.
   Random rng(seed ^ hashName("validation"));
-  int64_t batches = static_cast<int64_t>(valData->size()) / B;
+  int64_t batches = 0;
   double sum = 0;
-  for (int64_t k = 0; k < batches; ++k) {
-    exec::StepInputs in;
-    std::vector<float> &x0 = in["latents"], &noise = in["noise"],
-                       &t = in["timesteps"], &c = in["condition"];
-    x0.resize(B * latent);
-    c.resize(B * cond);
-    for (int64_t b = 0; b < B; ++b) {
-      if (llvm::Error e = valData->sample(k * B + b, x0.data() + b * latent,
-                                          c.data() + b * cond))
-        return std::move(e);
-      t.push_back(sampleSigma(options.recipe, rng));
+  // Bucket by bucket, in order: whole batches of one bucket each.
+  const std::vector<std::vector<size_t>> &buckets = valData->buckets();
+  for (size_t g = 0; g < buckets.size(); ++g) {
+    const InputShapes &shapes = shapesOf[g];
+    int64_t B = shapes.latents[0];
+    int64_t latent = 1, cond = 1;
+    for (size_t d = 1; d < shapes.latents.size(); ++d)
+      latent *= shapes.latents[d];
+    if (!shapes.conditionIsLabel)
+      for (size_t d = 1; d < shapes.condition.size(); ++d)
+        cond *= shapes.condition[d];
+    for (size_t k = 0; k + B <= buckets[g].size(); k += B, ++batches) {
+      exec::StepInputs in;
+      std::vector<float> &x0 = in["latents"], &noise = in["noise"],
+                         &t = in["timesteps"], &c = in["condition"];
+      x0.resize(B * latent);
+      c.resize(B * cond);
+      for (int64_t b = 0; b < B; ++b) {
+        if (llvm::Error e = valData->sample(
+                buckets[g][k + b], x0.data() + b * latent, c.data() + b * cond))
+          return std::move(e);
+        t.push_back(sampleSigma(options.recipe, rng));
+      }
+      noise.resize(B * latent);
+      for (float &n : noise)
+        n = rng.normal();
+      exec::StepOptions gradientsOnly;
+      gradientsOnly.applyUpdates = false;
+      llvm::Expected<exec::StepResult> one = runStepOn(g, in, gradientsOnly);
+      if (!one)
+        return one.takeError();
+      sum += one->loss;
     }
-    noise.resize(B * latent);
-    for (float &n : noise)
-      n = rng.normal();
-    exec::StepOptions gradientsOnly;
-    gradientsOnly.applyUpdates = false;
-    llvm::Expected<exec::StepResult> one = runStep(in, gradientsOnly);
-    if (!one)
-      return one.takeError();
-    sum += one->loss;
   }
   return static_cast<float>(sum / double(batches));
 }
@@ -679,6 +824,12 @@ llvm::Expected<float> Session::validationLoss() {
 llvm::Expected<exec::StepResult>
 Session::runStep(const exec::StepInputs &inputs,
                  const exec::StepOptions &options) {
+  return runStepOn(0, inputs, options);
+}
+
+llvm::Expected<exec::StepResult>
+Session::runStepOn(size_t bucket, const exec::StepInputs &inputs,
+                   const exec::StepOptions &options) {
   if (hostState.incomplete)
     return llvm::createStringError(
         llvm::formatv("the host state is incomplete: step {0} stopped "
@@ -686,6 +837,8 @@ Session::runStep(const exec::StepInputs &inputs,
                       "checkpoint before stepping again",
                       hostState.step + 1)
             .str());
+  if (llvm::Error e = useBucket(bucket))
+    return std::move(e);
   return executor->step(inputs, hostState, options);
 }
 

@@ -5,6 +5,7 @@
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/host/Safetensors.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -33,8 +34,8 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
       s.timesteps = v.type.shape;
     else if (v.name == "condition") {
       s.condition = v.type.shape;
-      s.conditionIsLabel = v.type.dtype == exec::DType::I64 ||
-                           v.type.dtype == exec::DType::I32;
+      s.conditionIsLabel =
+          v.type.dtype == exec::DType::I64 || v.type.dtype == exec::DType::I32;
     }
   }
   if (s.latents.size() != 5 || s.timesteps.size() != 1 || s.condition.empty())
@@ -45,7 +46,7 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
 }
 
 SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
-    : DataSource(shapes, seed, /*readAhead=*/0) {
+    : DataSource({shapes}, seed, /*readAhead=*/0) {
   int64_t C = shapes.latents[1], T = shapes.latents[2], H = shapes.latents[3],
           W = shapes.latents[4];
   Random setup(seed ^ hashName("synthetic-prototypes"));
@@ -65,14 +66,13 @@ SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t w = 0; w < W; ++w)
             x[((c * T + t) * H + h) * W + w] = static_cast<float>(
-                level + amplitude *
-                std::sin(6.283185307179586 * (fy * h / H + fx * w / W) +
-                         speed * t + phase));
+                level + amplitude * std::sin(6.283185307179586 *
+                                                 (fy * h / H + fx * w / W) +
+                                             speed * t + phase));
     }
     latents.push_back(std::move(x));
-    std::vector<float> cond(shapes.conditionIsLabel
-                                ? 1
-                                : product(shapes.condition, 1));
+    std::vector<float> cond(
+        shapes.conditionIsLabel ? 1 : product(shapes.condition, 1));
     for (float &e : cond)
       e = shapes.conditionIsLabel ? static_cast<float>(k) : setup.normal();
     conditions.push_back(std::move(cond));
@@ -96,12 +96,16 @@ uint64_t SyntheticData::bytesKept() const {
 // Batches, made in order, optionally ahead
 //===----------------------------------------------------------------------===//
 
-DataSource::DataSource(const InputShapes &shapes, uint64_t seed, int readAhead)
-    : shapes(shapes), consumedState(seed), readAhead(readAhead),
-      producedState(seed) {
+static int64_t conditionElementsOf(const InputShapes &s) {
+  return s.conditionIsLabel ? 1 : product(s.condition, 1);
+}
+
+DataSource::DataSource(std::vector<InputShapes> shapesOf, uint64_t seed,
+                       int readAhead)
+    : shapes(shapesOf.front()), bucketShapes(std::move(shapesOf)),
+      consumedState(seed), readAhead(readAhead), producedState(seed) {
   latentElements = product(shapes.latents, 1);
-  conditionElements =
-      shapes.conditionIsLabel ? 1 : product(shapes.condition, 1);
+  conditionElements = conditionElementsOf(shapes);
 }
 
 DataSource::~DataSource() {
@@ -123,30 +127,47 @@ void DataSource::stopReadAhead() {
 
 DataSource::Made DataSource::make(uint64_t state) {
   Random rng(state);
-  int64_t B = shapes.latents[0];
+  // Several buckets: the batch's bucket first, with probability n_b / N (a
+  // uniform sample index names it), then its samples within it, with
+  // replacement (docs/Runtime.md, "Buckets"). One shape draws no bucket,
+  // so its sequence is what it always was.
+  size_t bucket = 0;
+  if (bucketSamples.size() > 1) {
+    uint64_t u = rng.next() % numSamples();
+    while (u >= bucketSamples[bucket].size())
+      u -= bucketSamples[bucket++].size();
+  }
+  const InputShapes &s = bucketShapes[bucket];
+  int64_t latent = product(s.latents, 1), condition = conditionElementsOf(s);
+  int64_t B = s.latents[0];
   exec::StepInputs in;
   std::vector<float> &x0 = in["latents"], &noise = in["noise"],
                      &t = in["timesteps"], &cond = in["condition"];
-  x0.resize(B * latentElements);
-  cond.resize(B * conditionElements);
+  x0.resize(B * latent);
+  cond.resize(B * condition);
   for (int64_t b = 0; b < B; ++b) {
-    size_t k = rng.next() % numSamples();
-    if (llvm::Error e = readSample(k, x0.data() + b * latentElements,
-                                   cond.data() + b * conditionElements))
+    size_t k =
+        bucketSamples.size() > 1
+            ? bucketSamples[bucket][rng.next() % bucketSamples[bucket].size()]
+            : rng.next() % numSamples();
+    if (llvm::Error e =
+            readSample(k, x0.data() + b * latent, cond.data() + b * condition))
       return {std::move(e), state};
     t.push_back(static_cast<float>(rng.uniform()));
   }
-  noise.resize(B * latentElements);
+  noise.resize(B * latent);
   for (float &n : noise)
     n = rng.normal();
-  return {std::move(in), rng.state};
+  return {std::move(in), rng.state, bucket};
 }
 
-llvm::Expected<exec::StepInputs> DataSource::next() {
+llvm::Expected<exec::StepInputs> DataSource::next(size_t *bucket) {
   if (readAhead == 0) {
     Made m = make(consumedState);
     if (m.inputs)
       consumedState = m.stateAfter;
+    if (bucket)
+      *bucket = m.bucket;
     return std::move(m.inputs);
   }
   std::unique_lock<std::mutex> lock(mu);
@@ -163,6 +184,8 @@ llvm::Expected<exec::StepInputs> DataSource::next() {
   } else {
     consumedState = m.stateAfter;
   }
+  if (bucket)
+    *bucket = m.bucket;
   lock.unlock();
   cv.notify_all();
   return std::move(m.inputs);
@@ -173,9 +196,8 @@ void DataSource::readAheadLoop() {
   for (;;) {
     // Nothing is made past an error: the state after it is unknown.
     cv.wait(lock, [&] {
-      return stopping ||
-             (static_cast<int>(ready.size()) < readAhead &&
-              (ready.empty() || ready.back().ok));
+      return stopping || (static_cast<int>(ready.size()) < readAhead &&
+                          (ready.empty() || ready.back().ok));
     });
     if (stopping)
       return;
@@ -211,8 +233,13 @@ void DataSource::setState(uint64_t s) {
 uint64_t DataSource::bytesHeld() const {
   // Each batch: latents, noise, condition and timesteps in fp32; the one
   // handed out plus those made ahead.
-  uint64_t batch = shapes.latents[0] *
-                   (2 * latentElements + conditionElements + 1) * sizeof(float);
+  // Buckets: each as large as the largest bucket's.
+  uint64_t batch = 0;
+  for (const InputShapes &s : bucketShapes)
+    batch = std::max<uint64_t>(
+        batch, s.latents[0] *
+                   (2 * product(s.latents, 1) + conditionElementsOf(s) + 1) *
+                   sizeof(float));
   return bytesKept() + (readAhead + 1) * batch;
 }
 
@@ -229,8 +256,9 @@ std::string shapeText(llvm::ArrayRef<int64_t> shape) {
 }
 } // namespace
 
-llvm::Expected<std::unique_ptr<FileData>>
-FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
+/// The `*.safetensors` files of `dir`, sorted; errors name the folder.
+static llvm::Expected<std::vector<std::string>>
+listSampleFiles(llvm::StringRef dir) {
   std::vector<std::string> files;
   std::error_code ec;
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
@@ -245,20 +273,93 @@ FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
                                    "' has no .safetensors samples (see "
                                    "docs/Runtime.md, \"Data files\")");
   std::sort(files.begin(), files.end()); // the order must not depend on the FS
-  std::unique_ptr<FileData> data(new FileData(shapes, seed, files));
+  return files;
+}
+
+llvm::Expected<std::unique_ptr<FileData>>
+FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
+  llvm::Expected<std::vector<std::string>> files = listSampleFiles(dir);
+  if (!files)
+    return files.takeError();
+  std::unique_ptr<FileData> data(
+      new FileData({shapes}, seed, std::move(*files)));
   // Every header now, so that a wrong file stops the run before its first
   // step rather than hours into it; the tensors are read when drawn.
-  for (const std::string &file : files) {
+  for (const std::string &file : data->files) {
     auto reader = host::SafetensorsReader::open(file);
     if (!reader)
       return reader.takeError();
-    if (llvm::Error e = data->checkHeader(**reader))
+    if (llvm::Error e = data->checkHeader(**reader, 0))
       return std::move(e);
+  }
+  data->bucketSamples.assign(1, {});
+  for (size_t k = 0; k < data->files.size(); ++k)
+    data->bucketSamples[0].push_back(k);
+  return data;
+}
+
+llvm::Expected<std::unique_ptr<FileData>>
+FileData::open(llvm::StringRef dir, std::vector<InputShapes> shapes,
+               llvm::ArrayRef<std::string> names, uint64_t seed) {
+  llvm::Expected<std::vector<std::string>> files = listSampleFiles(dir);
+  if (!files)
+    return files.takeError();
+  size_t numBuckets = shapes.size();
+  std::unique_ptr<FileData> data(new FileData(shapes, seed, std::move(*files)));
+  auto latentShape = [&](size_t b) {
+    return std::vector<int64_t>(shapes[b].latents.begin() + 1,
+                                shapes[b].latents.end());
+  };
+  std::string known;
+  for (size_t b = 0; b < numBuckets; ++b)
+    known += (b ? ", " : "") + names[b] + " (latents " +
+             shapeText(latentShape(b)) + ")";
+  data->bucketSamples.assign(numBuckets, {});
+  for (size_t k = 0; k < data->files.size(); ++k) {
+    const std::string &file = data->files[k];
+    auto reader = host::SafetensorsReader::open(file);
+    if (!reader)
+      return reader.takeError();
+    const host::StTensorInfo *latents = (*reader)->find("latents");
+    if (!latents)
+      return llvm::createStringError("'" + file + "' has no tensor 'latents'");
+    const auto &meta = (*reader)->metadata();
+    auto named = meta.find("megaslide.bucket");
+    size_t bucket = numBuckets;
+    if (named != meta.end()) {
+      bucket = llvm::find(names, named->second) - names.begin();
+      if (bucket == numBuckets)
+        return llvm::createStringError(
+            "'" + file + "': its bucket " + named->second + " (latents " +
+            shapeText(latents->shape) + ") is not one of this run's: " + known +
+            "; add it to the bucket file or remove the sample");
+      if (latents->shape != latentShape(bucket))
+        return llvm::createStringError(
+            "'" + file + "': its megaslide.bucket metadata says " +
+            named->second + ", whose latents are " +
+            shapeText(latentShape(bucket)) + ", but its latents are " +
+            shapeText(latents->shape) + "; rewrite the sample");
+    } else {
+      for (bucket = 0; bucket < numBuckets; ++bucket)
+        if (latents->shape == latentShape(bucket))
+          break;
+      if (bucket == numBuckets)
+        return llvm::createStringError(
+            "'" + file + "': its latents " + shapeText(latents->shape) +
+            " are in no bucket of this run: " + known +
+            "; add its shape to the bucket file or remove the sample");
+    }
+    if (llvm::Error e = data->checkHeader(**reader, bucket))
+      return std::move(e);
+    data->fileBucket[k] = bucket;
+    data->bucketSamples[bucket].push_back(k);
   }
   return data;
 }
 
-llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader) const {
+llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader,
+                                  size_t bucket) const {
+  const InputShapes &shapes = bucketShapes[bucket];
   std::vector<int64_t> latentShape(shapes.latents.begin() + 1,
                                    shapes.latents.end());
   std::vector<int64_t> conditionShape =
@@ -272,8 +373,8 @@ llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader) const {
         {"condition", &conditionShape}}) {
     const host::StTensorInfo *t = reader.find(name);
     if (!t)
-      return llvm::createStringError("'" + reader.path() +
-                                     "' has no tensor '" + name + "'");
+      return llvm::createStringError("'" + reader.path() + "' has no tensor '" +
+                                     name + "'");
     if (t->shape != *shape)
       return llvm::createStringError(
           "'" + reader.path() + "': tensor '" + name + "' has shape " +
@@ -292,12 +393,12 @@ llvm::Error FileData::readSample(size_t k, float *x, float *c) {
   if (!reader)
     return reader.takeError();
   // The file may have changed since open(): its header is checked again.
-  if (llvm::Error e = checkHeader(**reader))
+  const InputShapes &s = bucketShapes[fileBucket[k]];
+  if (llvm::Error e = checkHeader(**reader, fileBucket[k]))
     return e;
-  for (auto [name, out, n] :
-       {std::tuple<llvm::StringRef, float *, int64_t>{"latents", x,
-                                                      latentElements},
-        {"condition", c, conditionElements}}) {
+  for (auto [name, out, n] : {std::tuple<llvm::StringRef, float *, int64_t>{
+                                  "latents", x, product(s.latents, 1)},
+                              {"condition", c, conditionElementsOf(s)}}) {
     const host::StTensorInfo *t = (*reader)->find(name);
     if (llvm::Error e = (*reader)->readF32(*t, {out, static_cast<size_t>(n)}))
       return e;

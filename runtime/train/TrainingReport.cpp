@@ -1051,6 +1051,21 @@ void renderSettings(raw_ostream &os, const TrainingReportInfo &info) {
   os << "</table>\n";
 }
 
+void renderBuckets(raw_ostream &os, const TrainingReportInfo &info) {
+  if (info.buckets.empty())
+    return;
+  os << "<h2>Buckets</h2>\n<table>\n<tr><th>bucket</th><th>samples</th>"
+        "<th>planned device peak</th><th>predicted step</th></tr>\n";
+  for (const TrainingReportInfo::Bucket &b : info.buckets)
+    os << "<tr><td>" << html::escape(b.name) << "</td><td>" << b.samples
+       << "</td><td>" << formatBytes(double(b.devicePeakBytes)) << "</td><td>"
+       << (b.predictedSeconds > 0
+               ? llvm::formatv("{0:F3} s", b.predictedSeconds).str()
+               : std::string("unknown"))
+       << "</td></tr>\n";
+  os << "</table>\n";
+}
+
 } // namespace
 
 llvm::Expected<std::string>
@@ -1091,6 +1106,7 @@ megaslide::train::trainingReportHtml(StringRef metricsJsonl,
   os << "<h2>Memory</h2>\n";
   renderMemoryPlot(os, m, xMin, xMax);
   renderSettings(os, info);
+  renderBuckets(os, info);
   os << "</body>\n</html>\n";
   return page;
 }

@@ -30,6 +30,13 @@ cl::opt<int64_t> height("height", cl::cat(planCategory),
 cl::opt<int64_t> width("width", cl::cat(planCategory), cl::desc("Video width"));
 cl::opt<bool> latent("latent", cl::cat(planCategory),
                      cl::desc("Sizes are in latent elements, not pixels"));
+cl::opt<std::string> bucketFile(
+    "buckets", cl::cat(planCategory),
+    cl::desc("Plan one step per video shape of this bucket file (JSON: "
+             "{\"buckets\": [{\"frames\": F, \"height\": H, \"width\": W}, "
+             "...]}; docs/Runtime.md, \"Buckets\") instead of --frames, "
+             "--height and --width"),
+    cl::value_desc("FILE"));
 cl::opt<int64_t> batch("batch", cl::init(1), cl::cat(planCategory),
                        cl::desc("Samples per training step"));
 cl::opt<int64_t> textLen("text-len", cl::init(0), cl::cat(planCategory),
@@ -81,9 +88,9 @@ private:
           cl::cat(planCategory),
           cl::desc(saver.save(info.help + ": " + optionEnumNames<T>(" | "))));
     else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
-      return std::make_unique<cl::list<int64_t>>(
-          info.flag, cl::CommaSeparated, cl::cat(planCategory),
-          cl::desc(info.help));
+      return std::make_unique<cl::list<int64_t>>(info.flag, cl::CommaSeparated,
+                                                 cl::cat(planCategory),
+                                                 cl::desc(info.help));
     else
       return std::make_unique<cl::opt<T>>(info.flag, cl::init(value),
                                           cl::cat(planCategory),
@@ -96,8 +103,8 @@ private:
       std::string text = static_cast<cl::opt<std::string> &>(flag);
       std::optional<T> parsed = parseOptionEnum<T>(text);
       if (!parsed)
-        return createStringError("option '" + info.name + "': " +
-                                 unknownOptionValue<T>(text));
+        return createStringError("option '" + info.name +
+                                 "': " + unknownOptionValue<T>(text));
       value = *parsed;
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       auto &list = static_cast<cl::list<int64_t> &>(flag);
@@ -130,6 +137,19 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   f.videoGiven = frames.getNumOccurrences() && height.getNumOccurrences() &&
                  width.getNumOccurrences();
   f.video = {frames, height, width, latent};
+  f.anyVideoFlag = frames.getNumOccurrences() || height.getNumOccurrences() ||
+                   width.getNumOccurrences() || latent.getNumOccurrences();
+  if (bucketFile.getNumOccurrences()) {
+    if (f.anyVideoFlag)
+      return createStringError(
+          "--buckets gives the video shapes (in pixels): leave out "
+          "--frames, --height, --width and --latent");
+    Expected<std::vector<Bucket>> buckets = readBucketFile(bucketFile);
+    if (!buckets)
+      return buckets.takeError();
+    f.bucketFile = bucketFile;
+    f.buckets = std::move(*buckets);
+  }
   f.training.batch = batch;
   if (textLen.getNumOccurrences())
     f.training.textLen = textLen;

@@ -568,14 +568,29 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
 
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
-  Expected<exec::ExecPlan> plan =
-      !planFile.empty()
-          ? exec::loadExecPlan(planFile)
-          : tool.compile(storedSettings ? &*storedSettings : nullptr, exitCode);
-  if (!plan)
-    return fail(toString(plan.takeError()), exitCode);
-  if (!precompileKernels.empty())
-    return precompile(*plan, precompileKernels);
+  Expected<std::vector<train::BucketPlan>> plans =
+      std::vector<train::BucketPlan>();
+  if (!planFile.empty()) {
+    Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
+    if (!loaded)
+      return fail(toString(loaded.takeError()));
+    plans->push_back({"", std::move(*loaded), 0});
+  } else {
+    plans = tool.compile(storedSettings ? &*storedSettings : nullptr, dataDir,
+                         exitCode);
+  }
+  if (!plans)
+    return fail(toString(plans.takeError()), exitCode);
+  bool bucketed = !plans->front().name.empty();
+  if (bucketed && !savePlan.empty())
+    return fail("--save-plan writes one plan; a run over buckets keeps each "
+                "bucket's in the plan cache (--plan-cache)");
+  if (!precompileKernels.empty()) {
+    for (const train::BucketPlan &b : *plans)
+      if (int code = precompile(b.plan, precompileKernels))
+        return code;
+    return 0;
+  }
   double compileSeconds = std::chrono::duration<double>(
                               std::chrono::steady_clock::now() - compileStart)
                               .count();
@@ -601,7 +616,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       r.decaySteps = steps;
   }
   Expected<std::unique_ptr<train::Session>> session =
-      train::Session::create(std::move(*plan), sessionOptions);
+      train::Session::create(std::move(*plans), sessionOptions);
   if (!session)
     return fail(toString(session.takeError()));
   train::Session &s = **session;
@@ -655,12 +670,25 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return Error::success();
   };
 
-  outs() << formatv(
-      "{8}: {0} on the {1} backend, {2} instructions, "
-      "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
-      p.model, s.backend().name(), p.instructions.size(),
-      p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
-      p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
+  if (bucketed) {
+    std::string counts;
+    std::vector<size_t> samples = s.bucketSamples();
+    for (size_t b = 0; b < s.numBuckets(); ++b)
+      counts += formatv("{0}{1} {2}", b ? ", " : "", s.bucketName(b),
+                        b < samples.size() ? samples[b] : 0)
+                    .str();
+    outs() << formatv("{0}: {1} on the {2} backend, {3} buckets, batch {4}; "
+                      "plans ready in {5:F2} s; samples per bucket: {6}\n",
+                      tool.name, p.model, s.backend().name(), s.numBuckets(),
+                      p.batch, compileSeconds, counts);
+  } else {
+    outs() << formatv(
+        "{8}: {0} on the {1} backend, {2} instructions, "
+        "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
+        p.model, s.backend().name(), p.instructions.size(),
+        p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
+        p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
+  }
   if (computesLoss)
     outs() << (s.deferredUpdates()
                    ? "update: deferred (clipping and non-finite skips exact)\n"
@@ -697,6 +725,14 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     train::TrainingReportInfo info;
     info.title = formatv("{0} on the {1} backend", p.model, s.backend().name());
     info.settings = s.settings();
+    if (s.bucketed()) {
+      std::vector<size_t> samples = s.bucketSamples();
+      for (size_t b = 0; b < s.numBuckets(); ++b)
+        info.buckets.push_back(
+            {s.bucketName(b),
+             b < samples.size() ? static_cast<int64_t>(samples[b]) : 0,
+             s.plan(b).arenaBytes, s.predictedSeconds(b)});
+    }
     Expected<std::string> html =
         train::trainingReportHtml(metrics->text(), info);
     if (!html)
@@ -732,9 +768,12 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   Progress progress(steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
-  int64_t tokensPerSample = 1;
-  for (int64_t g : p.grid)
-    tokensPerSample *= g;
+  auto tokensPerSample = [&](size_t bucket) {
+    int64_t n = 1;
+    for (int64_t g : s.plan(bucket).grid)
+      n *= g;
+    return n;
+  };
   std::optional<exec::MemoryStats> memory;
   double elapsed = 0;
   int64_t firstStep = s.state().step; // sim keeps no state: count here
@@ -800,6 +839,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                                       : std::string("null");
       };
       int64_t samples = report->microBatches * p.batch;
+      int64_t tokens = 0;
+      for (size_t b : report->buckets)
+        tokens += p.batch * tokensPerSample(b);
       double perSecond = 1.0 / std::max(result->seconds, 1e-12);
       std::string line =
           formatv("{{\"step\": {0}, \"loss\": {1}, \"lr\": {2}, \"grad_norm\": "
@@ -817,12 +859,20 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                   result->skipped ? "true" : "false", report->microBatches,
                   format("%.6f", result->seconds),
                   number(samples * perSecond, "%.6g"),
-                  number(double(samples * tokensPerSample) * perSecond, "%.6g"),
+                  number(double(tokens) * perSecond, "%.6g"),
                   host::residentBytes(), result->memory.measuredArenaBytes)
               .str();
       if (valLoss)
         line += formatv(", \"val_loss\": {0}", number(double(*valLoss), "%.9g"))
                     .str();
+      if (s.bucketed()) {
+        // One name per micro-batch: a list where there are several.
+        std::string names;
+        for (size_t b : report->buckets)
+          names += (names.empty() ? "\"" : ", \"") + s.bucketName(b) + "\"";
+        line += report->buckets.size() == 1 ? ", \"bucket\": " + names
+                                            : ", \"bucket\": [" + names + "]";
+      }
       line += "}";
       if (Error e = metrics->write(line))
         return failAfterSaving(toString(std::move(e)));

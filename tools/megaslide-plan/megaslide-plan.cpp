@@ -61,13 +61,63 @@ bool writeFile(StringRef path, function_ref<void(raw_ostream &)> write,
   return true;
 }
 
+/// --buckets: every bucket planned, one table of them worst first (text)
+/// or an array (JSON); exit 3 naming each bucket that does not fit.
+int planBuckets(const tools::PlanFlags &flags) {
+  if (reportFormat == Format::Html || !emitMlir.empty() || !emitPlan.empty())
+    return fail("--buckets reports a table of the buckets (--format text or "
+                "json); for the full report or the IR of one, give its "
+                "--frames, --height and --width");
+  if (Error err = checkOutputFile(output))
+    return fail(toString(std::move(err)));
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  std::vector<tools::PlannedBucket> planned;
+  for (const tools::Bucket &bucket : flags.buckets) {
+    Expected<PlanResult> plan = planModel(context, flags.model, bucket.video(),
+                                          flags.training, flags.options);
+    if (!plan)
+      return fail("bucket " + bucket.name() + ": " +
+                  toString(plan.takeError()));
+    tools::PlannedBucket p;
+    p.bucket = bucket;
+    p.figures = {plan->report.devicePeak, plan->report.predictedSeconds,
+                 plan->report.violations};
+    planned.push_back(std::move(p));
+  }
+  std::string error;
+  bool written = writeFile(
+      output,
+      [&](raw_ostream &os) {
+        if (reportFormat == Format::Json)
+          os << formatv("{0:2}",
+                        json::Value(json::Object{
+                            {"model", flags.model},
+                            {"bucket_file", flags.bucketFile},
+                            {"buckets", tools::bucketTableJson(planned)}}))
+             << "\n";
+        else
+          tools::printBucketTable(os, planned);
+      },
+      error);
+  if (!written)
+    return fail(error);
+  bool fits = true;
+  for (const tools::PlannedBucket &p : planned)
+    for (const std::string &v : p.figures.violations) {
+      fits = false;
+      WithColor::error(errs(), "megaslide-plan")
+          << "bucket " << p.bucket.name() << ": "
+          << StringRef(v).split('\n').first << "\n";
+    }
+  return fits ? 0 : 3;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
   addVersionPrinter("megaslide-plan");
-  cl::HideUnrelatedOptions(
-      {&tools::planCategory, &tools::recipeCategory, &tools::hardwareCategory,
-       &category});
+  cl::HideUnrelatedOptions({&tools::planCategory, &tools::recipeCategory,
+                            &tools::hardwareCategory, &category});
   cl::ParseCommandLineOptions(
       argc, argv,
       "megaslide-plan: does a DiT training step fit this GPU and host, and "
@@ -82,6 +132,8 @@ int main(int argc, char **argv) {
   if (flags->model.empty())
     return fail("--model is required: one of the presets " +
                 join(presetNames(), ", ") + ", or a path to a .json config");
+  if (!flags->buckets.empty())
+    return planBuckets(*flags);
   if (!flags->videoGiven)
     return fail("--frames, --height and --width are required");
   const std::string &model = flags->model;

@@ -12,11 +12,73 @@
 #include "megaslide/Pipelines/CompileExecPlan.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 using namespace llvm;
 using namespace megaslide;
 
 namespace {
+
+cl::opt<std::string> planCache(
+    "plan-cache", cl::cat(tools::planCategory),
+    cl::desc("Keep the plans of --buckets here, keyed by what they are "
+             "compiled from (default: $MEGASLIDE_CACHE_DIR/plans, else "
+             "${XDG_CACHE_HOME:-~/.cache}/megaslide/plans)"),
+    cl::value_desc("DIR"));
+
+/// One plan per bucket (docs/Runtime.md, "Buckets"), each from the plan
+/// cache or compiled into it; the table of them; exit code 3 naming those
+/// over their budgets.
+Expected<std::vector<train::BucketPlan>>
+compileBuckets(const tools::PlanFlags &flags, int &exitCode) {
+  std::string cacheDir = planCache.getNumOccurrences()
+                             ? planCache.getValue()
+                             : tools::defaultPlanCacheDir();
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  std::vector<tools::PlannedBucket> planned;
+  double compileSeconds = 0;
+  for (const tools::Bucket &bucket : flags.buckets) {
+    Expected<tools::PlannedBucket> one =
+        tools::compileBucket(context, flags, bucket, cacheDir);
+    if (!one)
+      return one.takeError();
+    if (one->fromCache)
+      outs() << formatv("bucket {0}: loaded from the plan cache in {1:F2} s\n",
+                        bucket.name(), one->seconds);
+    else
+      outs() << formatv("bucket {0}: compiled in {1:F2} s\n", bucket.name(),
+                        one->seconds);
+    compileSeconds += one->fromCache ? 0 : one->seconds;
+    planned.push_back(std::move(*one));
+  }
+  outs() << formatv("plans: {0} buckets, {1:F2} s compiling{2}\n",
+                    planned.size(), compileSeconds,
+                    cacheDir.empty() ? std::string(" (no plan cache: no "
+                                                   "HOME)")
+                                     : " (cache: " + cacheDir + ")");
+  tools::printBucketTable(outs(), planned);
+  outs().flush();
+  std::string over;
+  for (const tools::PlannedBucket &p : planned)
+    if (!p.fits()) {
+      over += "\n  bucket " + p.bucket.name() + ":";
+      for (const std::string &v : p.figures.violations)
+        over += " " + StringRef(v).split('\n').first.str();
+    }
+  if (!over.empty()) {
+    exitCode = 3;
+    return createStringError("not every bucket's plan fits its budgets (see "
+                             "megaslide-plan --buckets for the reports):" +
+                             over);
+  }
+  std::vector<train::BucketPlan> plans;
+  for (tools::PlannedBucket &p : planned)
+    plans.push_back(
+        {p.bucket.name(), std::move(*p.plan), p.figures.predictedSeconds});
+  return plans;
+}
 
 /// A resumed run compiles with the checkpoint's AdamW settings and
 /// precision unless the command line gives them.
@@ -60,6 +122,9 @@ int main(int argc, char **argv) {
       return createStringError(
           "--model is required (a preset name or a .json config), unless "
           "--plan FILE runs a saved execution plan");
+    if (planGiven && !flags.buckets.empty())
+      return createStringError("--plan runs one saved plan; --buckets "
+                               "compiles one per bucket: give one of them");
     if (!flags.videoGiven) {
       if (flags.video.frames || flags.video.height || flags.video.width)
         return createStringError("give all of --frames, --height and "
@@ -68,11 +133,30 @@ int main(int argc, char **argv) {
     }
     return Error::success();
   };
-  tool.compile = [&](const train::Settings *stored,
-                     int &exitCode) -> Expected<exec::ExecPlan> {
+  tool.compile =
+      [&](const train::Settings *stored, StringRef dataDir,
+          int &exitCode) -> Expected<std::vector<train::BucketPlan>> {
     if (stored)
       if (Error e = adoptStoredSettings(*stored, flags))
         return std::move(e);
+    // A prepared folder holds its bucket file: used unless the command
+    // line gives the shapes.
+    SmallString<256> found(dataDir);
+    sys::path::append(found, "buckets.json");
+    if (flags.buckets.empty() && !flags.anyVideoFlag && !dataDir.empty() &&
+        sys::fs::exists(found)) {
+      Expected<std::vector<tools::Bucket>> buckets =
+          tools::readBucketFile(found);
+      if (!buckets)
+        return buckets.takeError();
+      flags.buckets = std::move(*buckets);
+      flags.bucketFile = std::string(found);
+      outs() << "buckets: " << found
+             << " (--data's bucket file; --buckets FILE or --frames, "
+                "--height and --width choose otherwise)\n";
+    }
+    if (!flags.buckets.empty())
+      return compileBuckets(flags, exitCode);
     mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
     bool overBudget = false;
     Expected<exec::ExecPlan> plan =
@@ -80,7 +164,11 @@ int main(int argc, char **argv) {
                         flags.options, &overBudget);
     if (overBudget)
       exitCode = 3;
-    return plan;
+    if (!plan)
+      return plan.takeError();
+    std::vector<train::BucketPlan> one;
+    one.push_back({"", std::move(*plan), 0});
+    return one;
   };
   return tools::runMain(argc, argv, tool);
 }

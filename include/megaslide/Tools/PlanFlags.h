@@ -11,6 +11,7 @@
 #define MEGASLIDE_TOOLS_COMMON_PLANFLAGS_H
 
 #include "megaslide/Pipelines/Plan.h"
+#include "megaslide/Tools/Buckets.h"
 #include "megaslide/Tools/RecipeFlags.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -29,6 +30,12 @@ struct PlanFlags {
   train::Recipe recipe;
   /// Whether --frames, --height and --width were all given.
   bool videoGiven = false;
+  /// Whether any of --frames, --height, --width and --latent was given.
+  bool anyVideoFlag = false;
+  /// --buckets: its file and the shapes it lists (docs/Runtime.md,
+  /// "Buckets"); empty without it.
+  std::string bucketFile;
+  std::vector<Bucket> buckets;
 };
 
 /// The parsed flags; errors name the flag.

@@ -32,12 +32,14 @@ struct RunTool {
   /// Checks the tool's own flags once parsed, before any output is
   /// touched; `planGiven`: whether --plan was given.
   std::function<llvm::Error(bool planGiven)> checkFlags;
-  /// The plan when no --plan is given; `stored` holds the settings of the
+  /// The plan when no --plan is given, or one per bucket
+  /// (docs/Runtime.md, "Buckets"); `stored` holds the settings of the
   /// checkpoint a --resume continues (null otherwise), which the compiled
-  /// plan adopts unless its flags say otherwise. Sets `exitCode` for a
-  /// plan over its budgets. Null: --plan is required.
-  std::function<llvm::Expected<exec::ExecPlan>(const train::Settings *stored,
-                                               int &exitCode)>
+  /// plan adopts unless its flags say otherwise; `dataDir` the run's
+  /// --data (the checkpoint's where a resume takes it). Sets `exitCode`
+  /// for a plan over its budgets. Null: --plan is required.
+  std::function<llvm::Expected<std::vector<train::BucketPlan>>(
+      const train::Settings *stored, llvm::StringRef dataDir, int &exitCode)>
       compile;
 };
 

@@ -32,6 +32,16 @@ struct SessionOptions {
   std::string valDataDir;
 };
 
+/// One shape of a bucketed run (docs/Runtime.md, "Buckets"): its name,
+/// "FxHxW", and the plan compiled for it.
+struct BucketPlan {
+  std::string name;
+  exec::ExecPlan plan;
+  /// The planner's predicted step time (the plan does not carry it); 0:
+  /// unknown (a --plan file).
+  double predictedSeconds = 0;
+};
+
 /// One optimizer step of the recipe (docs/Training.md).
 struct StepReport {
   /// loss: the mean over the micro-batches; seconds: all of them; skipped:
@@ -44,6 +54,8 @@ struct StepReport {
   double lr = 0;        ///< the learning rate the update used
   bool clipped = false; ///< clipping scaled the gradients down
   int64_t microBatches = 1;
+  /// The bucket (Session::bucketName) of each micro-batch.
+  std::vector<size_t> buckets;
 };
 
 /// What changes the numbers a run computes, by name, as text: seed, data,
@@ -75,6 +87,13 @@ public:
   /// machine's; the error lists the parts.
   static llvm::Expected<std::unique_ptr<Session>>
   create(exec::ExecPlan plan, const SessionOptions &options);
+  /// A run over several shapes (docs/Runtime.md, "Buckets"): one plan per
+  /// bucket, all with the same parameters, trained over one host state and
+  /// one optimizer state; each micro-batch runs on its bucket's plan. Only
+  /// the backend of the bucket being stepped is alive (the host-memory
+  /// check counts the largest). Needs options.dataDir.
+  static llvm::Expected<std::unique_ptr<Session>>
+  create(std::vector<BucketPlan> plans, const SessionOptions &options);
 
   /// One optimizer step on the next recipe.gradAccum batches. A batch that
   /// cannot be made (a sample file unreadable or non-finite) is an error
@@ -113,31 +132,53 @@ public:
   llvm::Error restoreTrainerState(llvm::StringRef json);
   const Settings &settings() const { return runSettings; }
 
-  const exec::ExecPlan &plan() const { return *planStorage; }
+  /// The plan of the bucket stepped last (the first before any step):
+  /// every bucket's has the same parameters.
+  const exec::ExecPlan &plan() const { return *plans[live]; }
+  const exec::ExecPlan &plan(size_t bucket) const { return *plans[bucket]; }
+  size_t numBuckets() const { return plans.size(); }
+  /// "FxHxW"; empty for a run of one shape given by --frames etc.
+  const std::string &bucketName(size_t bucket) const { return names[bucket]; }
+  double predictedSeconds(size_t bucket) const { return predicted[bucket]; }
+  /// Whether the session was made from named buckets.
+  bool bucketed() const { return !names.front().empty(); }
+  /// Training samples per bucket (empty for synthetic data).
+  std::vector<size_t> bucketSamples() const;
   host::HostState &state() {
     flushUpdates();
     return hostState;
   }
+  /// The backend of the bucket stepped last.
   exec::Backend &backend() { return *executor; }
-  const InputShapes &inputShapes() const { return shapes; }
+  const InputShapes &inputShapes() const { return shapesOf[0]; }
   const HostMemoryNeed &hostMemory() const { return memoryNeed; }
 
   ~Session();
 
 private:
   struct Update;
-  Session(std::unique_ptr<exec::ExecPlan> plan, InputShapes shapes,
+  Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
+          std::vector<std::string> names, std::vector<InputShapes> shapes,
           SessionOptions options, std::unique_ptr<DataSource> data);
+  /// Makes the backend of `bucket` the live one.
+  llvm::Error useBucket(size_t bucket);
+  llvm::Expected<exec::StepResult> runStepOn(size_t bucket,
+                                             const exec::StepInputs &inputs,
+                                             const exec::StepOptions &options);
   void prepareUpdates();
   void retain(const exec::Instruction &inst, const exec::HostGradient &g);
   void applyPending(llvm::StringRef param);
   void apply(Update &u);
   void updateEma(Update &u);
   llvm::Expected<StepReport> optimizerStep(std::vector<exec::StepInputs> in,
+                                           std::vector<size_t> buckets,
                                            const exec::StepOptions &options);
 
-  std::unique_ptr<exec::ExecPlan> planStorage; ///< stable address
-  InputShapes shapes;
+  std::vector<std::unique_ptr<exec::ExecPlan>> plans; ///< stable addresses
+  std::vector<std::string> names;
+  std::vector<double> predicted;
+  std::vector<InputShapes> shapesOf;
+  size_t live = 0; ///< the bucket whose backend `executor` is
   SessionOptions options;
   uint64_t seed;
   host::HostState hostState;

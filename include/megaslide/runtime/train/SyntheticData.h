@@ -45,7 +45,8 @@ public:
   virtual ~DataSource();
   /// The next batch; advances the sampling state. On error (a sample that
   /// cannot be read or holds a non-finite value) the state is unchanged.
-  llvm::Expected<exec::StepInputs> next();
+  /// `bucket`, if given, is set to the bucket the batch was drawn from.
+  llvm::Expected<exec::StepInputs> next(size_t *bucket = nullptr);
 
   uint64_t state() const { return consumedState; }
   void setState(uint64_t s);
@@ -56,13 +57,20 @@ public:
     return readSample(k, latents, condition);
   }
   size_t size() const { return numSamples(); }
+  /// The samples of each bucket (a source of one shape: one bucket, all
+  /// of them), in order.
+  const std::vector<std::vector<size_t>> &buckets() const {
+    return bucketSamples;
+  }
 
   /// Host bytes this source holds: samples kept in memory and batches
   /// made ahead (what the run's memory check counts).
   uint64_t bytesHeld() const;
 
 protected:
-  DataSource(const InputShapes &shapes, uint64_t seed, int readAhead);
+  /// `shapes`: per bucket (docs/Runtime.md, "Buckets"); one for a source
+  /// of one shape. A derived source with several sets bucketSamples.
+  DataSource(std::vector<InputShapes> shapes, uint64_t seed, int readAhead);
   /// Writes the clean latents [C, T, H, W] and condition of sample `k`.
   virtual llvm::Error readSample(size_t k, float *latents,
                                  float *condition) = 0;
@@ -73,14 +81,18 @@ protected:
   /// the thread calls their readSample.
   void stopReadAhead();
 
-  InputShapes shapes;
-  int64_t latentElements = 0, conditionElements = 0;
+  InputShapes shapes;                                ///< of bucket 0
+  int64_t latentElements = 0, conditionElements = 0; ///< of bucket 0
+  std::vector<InputShapes> bucketShapes;
+  std::vector<std::vector<size_t>> bucketSamples;
 
 private:
   struct Made {
     llvm::Expected<exec::StepInputs> inputs;
     uint64_t stateAfter;
-    bool ok = true; ///< whether `inputs` holds a batch (read without locking it)
+    size_t bucket = 0;
+    bool ok =
+        true; ///< whether `inputs` holds a batch (read without locking it)
   };
   Made make(uint64_t state);
   void readAheadLoop();
@@ -122,16 +134,26 @@ public:
   static constexpr int kReadAhead = 2;
   static llvm::Expected<std::unique_ptr<FileData>>
   open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed);
+  /// Samples of several shapes (docs/Runtime.md, "Buckets"): bucket b is
+  /// named names[b] ("FxHxW") and has shapes[b]. A sample's bucket is its
+  /// `megaslide.bucket` metadata, which must agree with its latents'
+  /// shape, else the bucket of that shape; a sample in none is an error.
+  static llvm::Expected<std::unique_ptr<FileData>>
+  open(llvm::StringRef dir, std::vector<InputShapes> shapes,
+       llvm::ArrayRef<std::string> names, uint64_t seed);
   ~FileData() override { stopReadAhead(); }
 
 private:
-  FileData(const InputShapes &shapes, uint64_t seed,
+  FileData(std::vector<InputShapes> shapes, uint64_t seed,
            std::vector<std::string> files)
-      : DataSource(shapes, seed, kReadAhead), files(std::move(files)) {}
+      : DataSource(std::move(shapes), seed, kReadAhead),
+        files(std::move(files)), fileBucket(this->files.size(), 0) {}
   llvm::Error readSample(size_t k, float *latents, float *condition) override;
   size_t numSamples() const override { return files.size(); }
-  llvm::Error checkHeader(const host::SafetensorsReader &reader) const;
+  llvm::Error checkHeader(const host::SafetensorsReader &reader,
+                          size_t bucket) const;
   std::vector<std::string> files;
+  std::vector<size_t> fileBucket; ///< per file
 };
 
 } // namespace megaslide::train

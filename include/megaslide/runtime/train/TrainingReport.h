@@ -51,6 +51,14 @@ struct TrainingReportInfo {
   /// clipping threshold on the gradient-norm plot.
   std::vector<std::pair<std::string, std::string>> settings;
   LossScale lossScale = LossScale::Auto;
+  /// A run over buckets (docs/Runtime.md, "Buckets"): one row each.
+  struct Bucket {
+    std::string name;
+    int64_t samples = 0;
+    int64_t devicePeakBytes = 0; ///< planned
+    double predictedSeconds = 0; ///< the planner's; 0: unknown
+  };
+  std::vector<Bucket> buckets;
 };
 
 /// The HTML page of the metrics log `metricsJsonl`. Every field but "step"

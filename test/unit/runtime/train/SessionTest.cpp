@@ -84,4 +84,42 @@ TEST(SessionTest, ExactClippingDiffersFromThePreviousNorms) {
   EXPECT_GT(differ, 0) << "the first step clips only when deferred";
 }
 
+/// The error of a session over two buckets of `a` and `b`.
+std::string bucketError(exec::ExecPlan a, exec::ExecPlan b) {
+  std::vector<train::BucketPlan> plans;
+  plans.push_back({"17x128x128", std::move(a), 0});
+  plans.push_back({"17x128x64", std::move(b), 0});
+  auto s = train::Session::create(std::move(plans), train::SessionOptions());
+  if (s) {
+    ADD_FAILURE() << "the session was made";
+    return "";
+  }
+  return llvm::toString(s.takeError());
+}
+
+TEST(SessionTest, BucketPlansMustShareTheirParametersAndUpdate) {
+  std::string why;
+  const exec::ExecPlan *saved = savedTestPlan("tiny", why);
+  ASSERT_TRUE(saved) << why;
+  exec::ExecPlan renamed = *saved;
+  std::string name = renamed.params[0].name;
+  renamed.params[0].name += ".other";
+  EXPECT_NE(bucketError(*saved, renamed)
+                .find("the plans of bucket 17x128x128 and bucket 17x128x64 do "
+                      "not share their parameters (parameter '" +
+                      name + "'"),
+            std::string::npos);
+  exec::ExecPlan streaming = *saved, deferred = *saved;
+  exec::setDeferredUpdates(streaming, false);
+  exec::setDeferredUpdates(deferred, true);
+  EXPECT_NE(bucketError(deferred, streaming)
+                .find("differ in their update (deferred in one, streaming "
+                      "in the other)"),
+            std::string::npos);
+  // Alike, they need sample files.
+  EXPECT_NE(bucketError(deferred, deferred)
+                .find("a run over buckets trains on sample files"),
+            std::string::npos);
+}
+
 } // namespace
