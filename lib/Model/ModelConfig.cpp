@@ -145,9 +145,14 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   stringField("name", name);
   stringField("architecture", architecture);
   stringField("_class_name", className);
-  handlers["_diffusers_version"] = [](const llvm::json::Value &) -> Error {
-    return Error::success();
-  };
+  // Bookkeeping diffusers writes into a config.json it saves (a loaded
+  // model's folder, the defaults it filled in); the model does not depend
+  // on it.
+  for (StringRef key : {"_diffusers_version", "_name_or_path",
+                        "_use_default_values"})
+    handlers[key] = [](const llvm::json::Value &) -> Error {
+      return Error::success();
+    };
   // What a run recorded about its attention in the config.json it saved
   // (docs/Runtime.md, "Weights"); the model does not depend on it, and the
   // next save writes its own.

@@ -147,6 +147,7 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
             "\ngive the base pipeline the run was fine-tuned from")
     check_out(out)
 
+    given = out  # messages name the folder as the user did
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
@@ -181,7 +182,7 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
         raise
     how = "copied" if copy else "linked"
     others = [c for c in components if c != "transformer"]
-    return (f"{TOOL}: wrote '{out}': transformer from '{weights}' "
+    return (f"{TOOL}: wrote '{given}': transformer from '{weights}' "
             f"({len(files)} weight file(s)), {', '.join(others)} {how} from "
             f"'{base}'")
 
