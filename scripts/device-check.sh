@@ -15,7 +15,8 @@
 #      backend against the same reference (bit for bit);
 #   4. dsa: the 3D-DSA kernels against a float64 reference (small
 #      configurations whole, the 105B shape on a sample of tiles), timed,
-#      with a FlexAttention baseline;
+#      with a FlexAttention baseline; the diffusers processor's FlexAttention
+#      path (scripts/dsa_processor_gpu_check.py);
 #   5. sanitizer: compute-sanitizer memcheck and racecheck of a tiny step;
 #   6. calibration: per-op-kind times of DiT-XL/2, the mid Wan model and the
 #      105B 2-block cut on the cuda backend against the sim's prediction for
@@ -253,6 +254,12 @@ if [ $gpu = 1 ] && [ $numpy = 1 ]; then
   step dsa-bench 75 "$python" "$root/scripts/dsa_gpu_check.py" \
     "$bundle/dsa-kernels" --bench --flex --json "$logs/dsa-bench.json" || fail
   grep -iE 'ratio|TFLOP|FAIL|skipped' "$logs/dsa-bench.log" | tail -n 8 |
+    tee -a "$summary"
+  # The diffusers processor's path: offsets and compiled FlexAttention on
+  # the GPU against a float64 reference, and its time against SDPA.
+  step dsa-processor 90 "$python" "$root/scripts/dsa_processor_gpu_check.py" \
+    --json "$logs/dsa-processor.json" || fail
+  grep -E 'ok|FAIL|ratio|skipped' "$logs/dsa-processor.log" | tail -n 5 |
     tee -a "$summary"
 elif [ $gpu = 1 ]; then
   say "  3D-DSA kernels: need python3 with NumPy (not here)"

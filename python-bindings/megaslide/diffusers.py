@@ -39,8 +39,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-import megaslide
-
 __all__ = ["Dsa3dAttnProcessor", "Dsa3dSettings", "enable_dsa", "disable_dsa",
            "dsa3d_offsets_torch", "dsa3d_block_mask", "run_config",
            "save_video"]
@@ -293,6 +291,10 @@ def _dsa_block_mask(mask_mod, N: int, grid, window, t_start: torch.Tensor,
 def _dsa_megaslide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid,
                    window, tile, radius) -> torch.Tensor:
     """3D-DSA by megaslide's CPU kernels: q, k, v [B, H, N, D]."""
+    # Imported here: the flex path runs without the extension (the device
+    # check loads this file alone, scripts/dsa_processor_gpu_check.py).
+    import megaslide
+
     B, H, N, D = q.shape
 
     def arr(t):

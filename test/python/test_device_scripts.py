@@ -443,3 +443,35 @@ def test_dsa_check_catches_faults(tmp_path, monkeypatch, fault, quantity):
     assert rc == 1 and not report["ok"]
     for rec in report["configs"]:
         assert not rec["checks"][quantity]["ok"], rec["name"]
+
+
+# ---------------------------------------------------------------------------
+# dsa_processor_gpu_check.py
+# ---------------------------------------------------------------------------
+
+def test_processor_check_runs_on_the_cpu_and_can_fail(tmp_path):
+    """--device cpu: the GPU check's comparisons with eager FlexAttention
+    pass; with the processor's attention made global they fail."""
+    pytest.importorskip("torch")
+    r = run_script("dsa_processor_gpu_check.py", "--device", "cpu",
+                   "--json", str(tmp_path / "out.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cases = json.loads((tmp_path / "out.json").read_text())["cases"]
+    assert len(cases) == 3 and all(c["ok"] for c in cases)
+    check = load_script("dsa_processor_gpu_check")
+    real = check.load_processor_module
+
+    def global_attention():
+        module = real()
+        from torch.nn.attention.flex_attention import flex_attention
+        module._dsa_flex = lambda q, k, v, *settings: flex_attention(q, k, v)
+        return module
+
+    check.load_processor_module = global_attention
+    check.CASES = check.CASES[:1]
+    sys_argv = sys.argv
+    try:
+        sys.argv = ["dsa_processor_gpu_check.py", "--device", "cpu"]
+        assert check.main() == 1
+    finally:
+        sys.argv = sys_argv
