@@ -294,7 +294,7 @@ def test_offsets_matter(runs, monkeypatch):
     run = runs["dsa"]
     transformer = load_transformer(run.path)
     msd.enable_dsa(transformer, backend="megaslide")
-    monkeypatch.setattr(msd.megaslide, "dsa3d_offsets",
+    monkeypatch.setattr(megaslide, "dsa3d_offsets",
                         lambda q, k, window, tile, radius: np.zeros(
                             (*q.shape[:2], *(-(-g // t) for g, t in
                                              zip(q.shape[2:5], tile)),
@@ -317,7 +317,7 @@ def test_block_matching_is_non_trivial(runs, monkeypatch):
 
     transformer = load_transformer(runs["dsa"].path)
     msd.enable_dsa(transformer, backend="megaslide")
-    monkeypatch.setattr(msd.megaslide, "dsa3d_offsets", record)
+    monkeypatch.setattr(megaslide, "dsa3d_offsets", record)
     diffusers_forward(transformer, runs["dsa"].batch)
     assert len(seen) == 2  # one per block
     for q, k, offsets in seen:
