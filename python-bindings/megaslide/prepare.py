@@ -536,34 +536,6 @@ def check_writable(out: str) -> None:
                          f"{e.strerror or e}; give a writable -o") from e
 
 
-def verify_sample(path: str, expected: Dict[str, str],
-                  shapes: Dict[str, List[int]], dtype: str) -> str:
-    """'' if the sample at ``path`` is complete and was made with these
-    settings, else why it must be redone."""
-    if not os.path.exists(path):
-        return "missing"
-    try:
-        tensors, metadata = read_safetensors_header(path)
-    except (OSError, ValueError) as e:
-        return f"unreadable ({e})"
-    stored = {"f32": "F32", "bf16": "BF16"}[dtype]
-    for name, shape in shapes.items():
-        info = tensors.get(name)
-        if info is None:
-            return f"has no tensor '{name}'"
-        if info["shape"] != shape or info.get("dtype") != stored:
-            return (f"'{name}' is {info.get('dtype')} {info['shape']}, "
-                    f"expected {stored} {shape}")
-    for key, value in expected.items():
-        if metadata.get(key) != value:
-            return f"made with other settings ({key} differs)"
-    length = metadata.get("megaslide.text_length", "")
-    if not length.isdigit() or not 1 <= int(length) <= \
-            shapes["condition"][0]:
-        return f"megaslide.text_length {length!r} is not a token count"
-    return ""
-
-
 def run(args) -> int:
     check_args(args)
     out = args.output
@@ -697,8 +669,7 @@ def run(args) -> int:
         # The text length is known only after tokenising: verify_sample
         # checks that it is a count within the condition's rows.
         expected = {k: meta[k] for k in meta if k != "megaslide.text_length"}
-        why = verify_sample_shapes(path, expected, bucket, text_len,
-                                   args.dtype)
+        why = verify_sample(path, expected, bucket, text_len, args.dtype)
         if not why:
             skipped += 1
             continue
@@ -795,16 +766,16 @@ def sample_metadata(v: Video, bucket: Dict[str, int], caption: str,
     }
 
 
-def verify_sample_shapes(path: str, expected: Dict[str, str],
-                         bucket: Dict[str, int], text_len: int,
-                         dtype: str) -> str:
-    """verify_sample with the shapes of ``bucket``; the channel counts come
-    from the file (the VAE's z_dim and UMT5's d_model are checked through
-    the models' config digests in the settings)."""
+def verify_sample(path: str, expected: Dict[str, str],
+                  bucket: Dict[str, int], text_len: int, dtype: str) -> str:
+    """'' if the sample at ``path`` is complete and was made with these
+    settings at ``bucket``'s shapes, else why it must be redone. The
+    channel counts come from the file (the VAE's z_dim and UMT5's d_model
+    are checked through the models' config digests in the settings)."""
     if not os.path.exists(path):
         return "missing"
     try:
-        tensors, _ = read_safetensors_header(path)
+        tensors, metadata = read_safetensors_header(path)
     except (OSError, ValueError) as e:
         return f"unreadable ({e})"
     try:
@@ -815,7 +786,19 @@ def verify_sample_shapes(path: str, expected: Dict[str, str],
     shapes = {"latents": latent_shape(bucket["frames"], bucket["height"],
                                       bucket["width"], channels),
               "condition": [text_len, dim]}
-    return verify_sample(path, expected, shapes, dtype)
+    stored = {"f32": "F32", "bf16": "BF16"}[dtype]
+    for name, shape in shapes.items():
+        info = tensors[name]
+        if info["shape"] != shape or info.get("dtype") != stored:
+            return (f"'{name}' is {info.get('dtype')} {info['shape']}, "
+                    f"expected {stored} {shape}")
+    for key, value in expected.items():
+        if metadata.get(key) != value:
+            return f"made with other settings ({key} differs)"
+    length = metadata.get("megaslide.text_length", "")
+    if not length.isdigit() or not 1 <= int(length) <= text_len:
+        return f"megaslide.text_length {length!r} is not a token count"
+    return ""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
