@@ -49,6 +49,10 @@ def write_atomic(path: str, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".",
                                suffix=".tmp", dir=folder)
     try:
+        # mkstemp makes the file 0600; give it what open() would (umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

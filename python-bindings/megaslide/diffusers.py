@@ -428,24 +428,19 @@ def run_config(transformer) -> Optional[Dict[str, Any]]:
     config.json of the folder the model was loaded from
     (``config._name_or_path``), for versions or loaders that do not."""
     config = transformer.config
-    record = config.get(RUN_CONFIG_KEY)
-    if record is not None:
-        return record
     folder = config.get("_name_or_path")
-    if not folder:
-        return None
-    path = pathlib.Path(folder) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the model config: "
-                         f"{e}") from None
-    record = data.get(RUN_CONFIG_KEY) if isinstance(data, dict) else None
+    path = pathlib.Path(folder) / "config.json" if folder else None
+    record = config.get(RUN_CONFIG_KEY)
+    if record is None and path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the model config: "
+                             f"{e}") from None
+        record = data.get(RUN_CONFIG_KEY) if isinstance(data, dict) else None
     if record is not None and not isinstance(record, dict):
-        raise ValueError(f"{path}: '{RUN_CONFIG_KEY}' must be an object (what "
-                         f"megaslide's save_weights writes)")
+        raise ValueError(f"{path or 'config.json'}: '{RUN_CONFIG_KEY}' must be "
+                         f"an object (what megaslide's save_weights writes)")
     return record
 
 
@@ -458,10 +453,17 @@ def _settings_from_record(record: Dict[str, Any], where: str) -> Dsa3dSettings:
             f"{record.get('attention')!r}), so there is no 3D-DSA to "
             f"enable; sample with the stock processor, or pass window, tile "
             f"and radius to enable_dsa")
+    layers = dsa.get("layers")
     try:
+        if layers is not None and (
+                not isinstance(layers, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                    for i in layers)):
+            raise ValueError(f"layers must be a list of block indices, got "
+                             f"{layers!r}")
         return Dsa3dSettings(dsa["window"], dsa["tile"], dsa["radius"],
-                             dsa.get("layers"))
-    except (KeyError, ValueError) as e:
+                             layers)
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: '{RUN_CONFIG_KEY}.dsa3d' is not what "
                          f"megaslide writes: {e}") from None
 
@@ -504,6 +506,13 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got "
                          f"{backend!r}")
+    blocks = len(transformer.blocks)
+    if settings.layers is not None and (
+            not settings.layers or max(settings.layers) >= blocks):
+        raise ValueError(f"3D-DSA layers {list(settings.layers)} do not name "
+                         f"blocks of this transformer (it has {blocks}): the "
+                         f"record is of another model, or pass window, tile "
+                         f"and radius to use 3D-DSA in every block")
     disable_dsa(transformer)
     state = _GridState()
     patch = tuple(transformer.config.patch_size)

@@ -131,7 +131,9 @@ def read_manifest(path: str, root: str) -> Dict[str, str]:
     ({"video", "caption"} a line) manifest; paths relative to ``root``."""
     captions: Dict[str, str] = {}
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        # utf-8-sig: a byte order mark (as spreadsheets write CSV) is not
+        # part of the first column's name.
+        with open(path, encoding="utf-8-sig", newline="") as f:
             if path.lower().endswith((".jsonl", ".json")):
                 rows = []
                 for n, line in enumerate(f, 1):
@@ -153,6 +155,11 @@ def read_manifest(path: str, root: str) -> Dict[str, str]:
                 rows = [(n + 2, row) for n, row in enumerate(reader)]
     except OSError as e:
         raise UsageError(f"cannot read manifest '{path}': {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"manifest '{path}' is not UTF-8 text (byte "
+                         f"{e.start}: {e.reason}); save it as UTF-8") from e
+    except csv.Error as e:
+        raise UsageError(f"manifest '{path}': not CSV: {e}") from e
     for n, row in rows:
         if (not isinstance(row, dict) or not isinstance(row.get("video"), str)
                 or not isinstance(row.get("caption"), str)):
@@ -246,13 +253,19 @@ def model_text_len(args) -> Optional[int]:
 
 
 def config_digest(folder: str) -> str:
-    """sha256 of a model folder's config files: a model swapped for another
-    changes the settings recorded in every sample."""
+    """sha256 of a model folder's config files and of its other files'
+    names, sizes and modification times: a model swapped for another, or
+    its weights replaced, changes the settings recorded in every sample
+    (without reading gigabytes of weights to notice)."""
     h = hashlib.sha256()
     for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
         if name.endswith(".json"):
-            with open(os.path.join(folder, name), "rb") as f:
+            with open(path, "rb") as f:
                 h.update(name.encode() + b"\0" + f.read() + b"\0")
+        elif os.path.isfile(path):
+            st = os.stat(path)
+            h.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()[:16]
 
 
@@ -694,7 +707,7 @@ def run(args) -> int:
     prepared = 0
     if todo:
         models = Models(dirs, device, args.progress)
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
         bar = tqdm(todo, desc=TOOL, unit="video", disable=not args.progress,
@@ -716,13 +729,11 @@ def run(args) -> int:
             meta["megaslide.text_length"] = str(length)
             tensors = {"latents": latents.to(dtype).cpu().contiguous(),
                        "condition": condition.to(dtype).cpu().contiguous()}
-            tmp = path + f".{os.getpid()}.tmp"
             try:
-                save_file(tensors, tmp, metadata=meta)
-                os.replace(tmp, path)
+                # Through write_atomic: fsynced, renamed into place, and no
+                # temporary file left by a failure or Ctrl-C.
+                write_atomic(path, save(tensors, metadata=meta))
             except OSError as e:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
                 failures.append((v.source, f"cannot write '{path}': {e}"))
                 continue
             prepared += 1

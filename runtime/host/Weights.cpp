@@ -129,53 +129,61 @@ Error host::checkTensorSet(
 //===----------------------------------------------------------------------===//
 
 llvm::Expected<llvm::json::Object>
-host::runConfigOf(const exec::ExecPlan &plan) {
+host::runConfigOf(llvm::ArrayRef<const exec::ExecPlan *> plans) {
   using exec::OpCode;
-  std::vector<int64_t> def(plan.values.size(), -1);
-  for (size_t i = 0; i < plan.instructions.size(); ++i)
-    for (int64_t r : plan.instructions[i].results)
-      if (r >= 0 && r < static_cast<int64_t>(def.size()))
-        def[r] = static_cast<int64_t>(i);
-  // The op that made a value, looking through views and copies.
-  auto producer = [&](int64_t id) -> const exec::Instruction * {
-    while (id >= 0 && id < static_cast<int64_t>(def.size()) && def[id] >= 0) {
-      const exec::Instruction &inst = plan.instructions[def[id]];
-      if ((inst.op != OpCode::Reshape && inst.op != OpCode::HostToDevice &&
-           inst.op != OpCode::DeviceToHost) ||
-          inst.operands.size() != 1)
-        return &inst;
-      id = inst.operands[0];
-    }
-    return nullptr;
-  };
-  auto isRope = [&](int64_t id) {
-    const exec::Instruction *p = producer(id);
-    return p && p->op == OpCode::Rope3d;
-  };
-
   std::set<int64_t> dsaLayers, globalLayers;
   const exec::Instruction *first = nullptr;
-  for (const exec::Instruction &inst : plan.instructions) {
-    if (inst.op == OpCode::Attention && inst.operands.size() >= 2 &&
-        isRope(inst.operands[0]) && isRope(inst.operands[1]) && inst.layer)
-      globalLayers.insert(*inst.layer);
-    if (inst.op != OpCode::Dsa3dOffsets)
-      continue;
-    if (inst.layer)
-      dsaLayers.insert(*inst.layer);
-    if (!first) {
-      first = &inst;
-      continue;
+  for (const exec::ExecPlan *planPtr : plans) {
+    const exec::ExecPlan &plan = *planPtr;
+    std::vector<int64_t> def(plan.values.size(), -1);
+    for (size_t i = 0; i < plan.instructions.size(); ++i)
+      for (int64_t r : plan.instructions[i].results)
+        if (r >= 0 && r < static_cast<int64_t>(def.size()))
+          def[r] = static_cast<int64_t>(i);
+    // The op that made a value, looking through views and copies.
+    auto producer = [&](int64_t id) -> const exec::Instruction * {
+      while (id >= 0 && id < static_cast<int64_t>(def.size()) &&
+             def[id] >= 0) {
+        const exec::Instruction &inst = plan.instructions[def[id]];
+        if ((inst.op != OpCode::Reshape && inst.op != OpCode::HostToDevice &&
+             inst.op != OpCode::DeviceToHost) ||
+            inst.operands.size() != 1)
+          return &inst;
+        id = inst.operands[0];
+      }
+      return nullptr;
+    };
+    auto isRope = [&](int64_t id) {
+      const exec::Instruction *p = producer(id);
+      return p && p->op == OpCode::Rope3d;
+    };
+    for (const exec::Instruction &inst : plan.instructions) {
+      if (inst.op == OpCode::Attention && inst.operands.size() >= 2 &&
+          isRope(inst.operands[0]) && isRope(inst.operands[1]) && inst.layer)
+        globalLayers.insert(*inst.layer);
+      if (inst.op != OpCode::Dsa3dOffsets)
+        continue;
+      if (inst.layer)
+        dsaLayers.insert(*inst.layer);
+      if (!first) {
+        first = &inst;
+        continue;
+      }
+      for (StringRef key : {"window", "tile"})
+        if (inst.intsAttr(key) != first->intsAttr(key))
+          return error(llvm::formatv("the plan's 3D-DSA ops differ in their "
+                                     "'{0}'; config.json records one",
+                                     key));
+      if (inst.intAttr("radius") != first->intAttr("radius"))
+        return error("the plan's 3D-DSA ops differ in their 'radius'; "
+                     "config.json records one");
     }
-    for (StringRef key : {"window", "tile"})
-      if (inst.intsAttr(key) != first->intsAttr(key))
-        return error(llvm::formatv("the plan's 3D-DSA ops differ in their "
-                                   "'{0}'; config.json records one",
-                                   key));
-    if (inst.intAttr("radius") != first->intAttr("radius"))
-      return error("the plan's 3D-DSA ops differ in their 'radius'; "
-                   "config.json records one");
   }
+  // A block global in one bucket (a grid under the window) and 3D-DSA in
+  // another runs 3D-DSA wherever the grid allows: the processor applies
+  // the planner's rule per forward.
+  for (int64_t l : dsaLayers)
+    globalLayers.erase(l);
   auto ints = [](const auto &values) {
     llvm::json::Array a;
     for (int64_t v : values)
@@ -184,8 +192,15 @@ host::runConfigOf(const exec::ExecPlan &plan) {
   };
   llvm::json::Object record{{"format", 1},
                             {"attention", first ? "dsa" : "global"},
-                            {"grid", ints(plan.grid)},
                             {"global_layers", ints(globalLayers)}};
+  if (plans.size() == 1) {
+    record["grid"] = ints(plans[0]->grid);
+  } else {
+    llvm::json::Array grids;
+    for (const exec::ExecPlan *plan : plans)
+      grids.push_back(ints(plan->grid));
+    record["grids"] = std::move(grids);
+  }
   if (first) {
     std::optional<std::vector<int64_t>> window = first->intsAttr("window"),
                                         tile = first->intsAttr("tile");
@@ -269,7 +284,10 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
   if (!configObject)
     return error("cannot save weights: the plan's model config is not a "
                  "JSON object");
-  llvm::Expected<llvm::json::Object> record = runConfigOf(plan);
+  std::vector<const exec::ExecPlan *> runPlans = options.runPlans;
+  if (runPlans.empty())
+    runPlans.push_back(&plan);
+  llvm::Expected<llvm::json::Object> record = runConfigOf(runPlans);
   if (!record)
     return error("cannot save weights: " + llvm::toString(record.takeError()));
   (*configObject)[kRunConfigKey] = std::move(*record);

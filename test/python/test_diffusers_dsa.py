@@ -265,6 +265,31 @@ def test_enable_dsa_without_a_record_needs_arguments(runs, tmp_path):
                        backend="cuda")
 
 
+@pytest.mark.parametrize("record, message", [
+    ([1, 2], "must be an object"),
+    ("dsa", "must be an object"),
+    ({"format": 1, "attention": "dsa", "dsa3d": {
+        "window": [2, 3, 3], "tile": [1, 2, 2], "radius": 2, "layers": [7]}},
+     r"layers \[7\] do not name blocks of this transformer \(it has 2\)"),
+    ({"format": 1, "attention": "dsa", "dsa3d": {
+        "window": [2, 3, 3], "tile": [1, 2, 2], "radius": 2,
+        "layers": "01"}}, "layers must be a list of block indices"),
+])
+def test_enable_dsa_refuses_a_bad_record(runs, tmp_path, record, message):
+    """A record that is not megaslide's is an error naming the file, never
+    a traceback or a pipeline left on global attention."""
+    (tmp_path / "diffusion_pytorch_model.safetensors").symlink_to(
+        runs["dsa"].path / "diffusion_pytorch_model.safetensors")
+    config = dict(runs["dsa"].config, _megaslide=record)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    transformer = load_transformer(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        msd.enable_dsa(transformer)
+    assert not any(isinstance(b.attn1.processor, msd.Dsa3dAttnProcessor)
+                   for b in transformer.blocks)
+    assert getattr(transformer, "_megaslide_dsa_hook", None) is None
+
+
 # ---------------------------------------------------------------------------
 # Parity with megaslide's forward
 # ---------------------------------------------------------------------------

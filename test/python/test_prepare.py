@@ -290,6 +290,13 @@ def test_csv_manifest(tmp_path):
     with pytest.raises(prepare.UsageError, match="needs the columns "
                        "video,caption"):
         prepare.read_manifest(str(manifest), str(tmp_path))
+    # A spreadsheet's byte order mark is not part of the first column.
+    manifest.write_bytes(b"\xef\xbb\xbfvideo,caption\nc,the moon\n")
+    assert prepare.read_manifest(str(manifest), str(tmp_path)) == {
+        "c": "the moon"}
+    manifest.write_bytes(b"video,caption\nc,\xff\xfe\n")
+    with pytest.raises(prepare.UsageError, match="is not UTF-8 text"):
+        prepare.read_manifest(str(manifest), str(tmp_path))
 
 
 def test_pipeline_without_vae_is_refused_before_any_work(models, tmp_path,

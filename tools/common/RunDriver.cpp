@@ -953,7 +953,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     };
     if (saveEma)
       swapEma();
-    Error err = host::saveWeights(p, state, saveWeights);
+    host::SaveWeightsOptions saveOptions;
+    for (size_t b = 0; b < s.numBuckets(); ++b)
+      saveOptions.runPlans.push_back(&s.plan(b));
+    Error err = host::saveWeights(p, state, saveWeights, saveOptions);
     if (saveEma)
       swapEma();
     if (err)

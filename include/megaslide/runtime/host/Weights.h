@@ -20,12 +20,14 @@
 #include "megaslide/runtime/host/HostState.h"
 #include "megaslide/runtime/host/Safetensors.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace megaslide::host {
 
@@ -41,6 +43,9 @@ struct SaveWeightsOptions {
   uint64_t maxShardBytes = 5'000'000'000;
   /// F32 or BF16 (rounded to nearest even).
   StDType dtype = StDType::F32;
+  /// Every plan the run trained with (one per bucket), for the record
+  /// under kRunConfigKey; empty: the plan saved with.
+  std::vector<const exec::ExecPlan *> runPlans;
 };
 
 /// Whether `param` is one of the model weights (role master or frozen).
@@ -58,7 +63,12 @@ inline constexpr llvm::StringLiteral kRunConfigKey = "_megaslide";
 /// Self-attention is an attention reading RoPE'd queries and keys, as
 /// rewrite-attention-to-dsa decides. An error if two 3D-DSA ops of the
 /// plan differ in window, tile or radius (one record cannot say both).
-llvm::Expected<llvm::json::Object> runConfigOf(const exec::ExecPlan &plan);
+/// Of several plans (a run over buckets): "dsa" when any runs 3D-DSA (all
+/// of them with one window, tile and radius), "layers" the blocks that run
+/// it in any plan, "global_layers" those that run it in none, and "grids"
+/// (one per plan, in order) instead of "grid".
+llvm::Expected<llvm::json::Object>
+runConfigOf(llvm::ArrayRef<const exec::ExecPlan *> plans);
 
 /// Writes the weights of `state` (made for `plan`) to directory `dir`
 /// (created if needed), in plan order, with `plan.modelConfig` as

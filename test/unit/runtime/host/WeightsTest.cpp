@@ -123,7 +123,7 @@ TEST_F(WeightsTest, RunConfigRecordsDsaAndGlobalSelfAttention) {
     // Cross-attention: the keys are text, not RoPE'd.
     addOp(plan, exec::OpCode::Attention, {q, 1, 1}, 1, layer);
   }
-  llvm::Expected<llvm::json::Object> record = runConfigOf(plan);
+  llvm::Expected<llvm::json::Object> record = runConfigOf({&plan});
   ASSERT_TRUE(!!record) << llvm::toString(record.takeError());
   llvm::json::Value expected = llvm::cantFail(llvm::json::parse(
       R"({"format": 1, "attention": "dsa", "grid": [4, 6, 6],
@@ -138,7 +138,32 @@ TEST_F(WeightsTest, RunConfigRecordsDsaAndGlobalSelfAttention) {
     if (inst.op == exec::OpCode::Dsa3dOffsets)
       inst.attrs["radius"] = int64_t(3);
   mixed.instructions.push_back(plan.instructions[2]);
-  EXPECT_EQ(errorText(runConfigOf(mixed).takeError()),
+  EXPECT_EQ(errorText(runConfigOf({&mixed}).takeError()),
+            "the plan's 3D-DSA ops differ in their 'radius'; config.json "
+            "records one");
+
+  // Buckets: a plan whose grid keeps every block global, listed first,
+  // does not hide the 3D-DSA the other bucket trained; block 0 runs it
+  // wherever the grid allows, so it is not recorded as global.
+  exec::ExecPlan small = makePlan(defaultSpecs());
+  small.grid = {1, 6, 6};
+  small.values.resize(2);
+  for (int64_t layer : {0, 1}) {
+    int64_t q = addOp(small, exec::OpCode::Rope3d, {0}, 1, layer)[0];
+    int64_t k = addOp(small, exec::OpCode::Rope3d, {1}, 1, layer)[0];
+    addOp(small, exec::OpCode::Attention, {q, k, k}, 1, layer);
+  }
+  llvm::Expected<llvm::json::Object> both = runConfigOf({&small, &plan});
+  ASSERT_TRUE(!!both) << llvm::toString(both.takeError());
+  EXPECT_EQ(llvm::json::Value(std::move(*both)),
+            llvm::cantFail(llvm::json::parse(
+                R"({"format": 1, "attention": "dsa",
+                    "grids": [[1, 6, 6], [4, 6, 6]],
+                    "dsa3d": {"window": [2, 3, 3], "tile": [1, 2, 2],
+                              "radius": 2, "layers": [0]},
+                    "global_layers": [1]})")));
+  // Buckets whose 3D-DSA differs cannot be recorded as one either.
+  EXPECT_EQ(errorText(runConfigOf({&plan, &mixed}).takeError()),
             "the plan's 3D-DSA ops differ in their 'radius'; config.json "
             "records one");
 }
