@@ -129,6 +129,10 @@ MEGASLIDE_KINDS = {
 }
 
 
+# Kinds whose FLOPs are the same work on both sides (GFLOP/s column).
+FLOP_KINDS = ("GEMM (linear)", "attention fwd", "attention bwd")
+
+
 def torch_kind(name):
     """The kind of a torch.profiler event (an aten op or an annotation)."""
     n = name.lower()
@@ -268,13 +272,14 @@ def megaslide_worker(cmd, state):
         wall = time.perf_counter() - start
         events = [e for e in json.loads(path.read_text())["traceEvents"]
                   if e.get("ph") == "X"]
-        kinds, names = {}, {}
+        kinds, names, flops = {}, {}, {}
         for e in events:
             word = e["name"].split()[0]
             kind = MEGASLIDE_KINDS.get(word, "other")
             kinds[kind] = kinds.get(kind, 0.0) + e["dur"] * 1e-6
             names[word] = names.get(word, 0.0) + e["dur"] * 1e-6
-        return dict(kinds=kinds, names=names, seconds=wall,
+            flops[kind] = flops.get(kind, 0) + e["args"].get("flops", 0)
+        return dict(kinds=kinds, names=names, flops=flops, seconds=wall,
                     runtime_seconds=r["seconds"], events=len(events),
                     trace=str(path))
     raise ValueError(op)
@@ -639,7 +644,8 @@ def print_report(report):
               f"(megaslide: trace events; torch: torch.profiler self CPU "
               f"time)")
         print(f"  {'kind':16} {'megaslide s':>11} {'%':>4} "
-              f"{'torch s':>8} {'%':>4} {'ms/torch':>8}")
+              f"{'torch s':>8} {'%':>4} {'ms/torch':>8} "
+              f"{'GFLOP/s ms':>10} {'torch':>6}")
         ms_total = ms["seconds"]
         th_total = th["seconds"]
         rest_ms = ms_total - sum(ms["kinds"].values())
@@ -652,8 +658,15 @@ def print_report(report):
             if a == 0 and t == 0:
                 continue
             ratio = f"{a / t:7.2f}x" if t > 1e-6 and a > 0 else ""
+            rate = ""
+            if kind in FLOP_KINDS and ms["flops"].get(kind):
+                f = ms["flops"][kind]
+                rate = f"{f / a / 1e9:10.1f} {f / t / 1e9:6.1f}"
             print(f"  {kind:16} {a:11.3f} {a / ms_total:4.0%} {t:8.3f} "
-                  f"{t / th_total:4.0%} {ratio:>8}")
+                  f"{t / th_total:4.0%} {ratio:>8} {rate}")
+        print("  (GFLOP/s: the trace's FLOPs of that kind over each side's "
+              "time; the same work on\n  both sides, so torch's at "
+              "megaslide's count)")
         others = sorted((s, n) for n, s in ms["names"].items()
                         if MEGASLIDE_KINDS.get(n, "other") == "other")
         if others:
