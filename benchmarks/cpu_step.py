@@ -31,16 +31,17 @@ one and two AdamW updates: the optimizers must agree too) to
 figures provably compare the same computation. These steps are the
 warm-up. Then --repeat interleaved rounds, each timing one step of each
 side (wall time around the call, after --pause s of idle time), in an
-order that alternates every round. Figures are medians with the best
-round beside them; "ms/torch" is megaslide's median over torch's.
+order that alternates every round (more rounds for short steps, to fill
+--min-seconds). Figures are medians with the best round beside them; "ms/torch" is megaslide's median over torch's.
 
 megaslide's deferred update (docs/Training.md) applies step N's AdamW
 before each parameter's fetch in step N + 1, so every timed step holds
 one whole update on both sides.
 
-Per-op-kind breakdown: one more step of megaslide with trace= (one event
-per instruction, grouped by op kind) and one of torch under torch.profiler
-(self CPU time per aten op, grouped alike), both untimed.
+Per-op-kind breakdown: --breakdown-steps more steps of megaslide with
+trace= (one event per instruction, grouped by op kind) and of torch under
+torch.profiler (self CPU time per aten op, grouped alike), untimed; each
+kind's median over them.
 
 3D-DSA (--dsa-grids): megaslide's CPU 3D-DSA kernels with window = grid
 (softmax attention over all tokens) against
@@ -447,7 +448,12 @@ def run_config(name, args, env, tmp):
         faults = {"megaslide": [], "torch": []}
         runtime_seconds = []
         sides = [("megaslide", ms), ("torch", th)]
-        for r in range(args.repeat):
+        # Short steps: enough rounds to fill --min-seconds, so that the
+        # median of a small config shrugs off bursts of other work too.
+        per_round = a["seconds"] + b["seconds"] + 2 * args.pause
+        rounds = max(args.repeat,
+                     min(200, math.ceil(args.min_seconds / per_round)))
+        for r in range(rounds):
             for side, worker in sides[r % 2:] + sides[:r % 2]:
                 # torch's OpenMP threads spin a while after each parallel
                 # region; the pause keeps them off the other side's cores.
@@ -459,12 +465,14 @@ def run_config(name, args, env, tmp):
                     runtime_seconds.append(reply["runtime_seconds"])
 
         breakdown = None
-        if not args.no_breakdown:
-            time.sleep(args.pause)
-            mtrace = ms("trace", dir=str(directory))
-            time.sleep(args.pause)
-            ttrace = th("trace")
-            breakdown = dict(megaslide=mtrace, torch=ttrace)
+        if args.breakdown_steps:
+            traces = {"megaslide": [], "torch": []}
+            for _ in range(args.breakdown_steps):
+                time.sleep(args.pause)
+                traces["megaslide"].append(ms("trace", dir=str(directory)))
+                time.sleep(args.pause)
+                traces["torch"].append(th("trace"))
+            breakdown = {side: median_trace(t) for side, t in traces.items()}
     finally:
         mrss = ms.close() if ms.proc.poll() is None else {}
         trss = th.close() if th.proc.poll() is None else {}
@@ -484,6 +492,23 @@ def run_config(name, args, env, tmp):
             torch=dict(after_imports=th.ready["rss_after_imports_mib"],
                        peak=trss.get("peak_rss_mib"))),
         breakdown=breakdown, megaslide_info=setup, torch_info=tsetup)
+
+
+def median_trace(traces):
+    """Per kind (and name), the median over the traced steps of its time:
+    a burst of other work in one of them moves no kind far."""
+    out = dict(traces[0])
+    for key in ("kinds", "names", "flops"):
+        if key in out:
+            names = set().union(*(t[key] for t in traces))
+            out[key] = {n: statistics.median(t[key].get(n, 0)
+                                             for t in traces)
+                        for n in names}
+    for key in ("seconds", "runtime_seconds"):
+        if key in out:
+            out[key] = statistics.median(t[key] for t in traces)
+    out["steps"] = len(traces)
+    return out
 
 
 class LossMismatch(Exception):
@@ -596,7 +621,7 @@ def print_report(report):
     print()
     cfgs = report["configs"]
     if cfgs:
-        header = (f"{'config':6} {'tokens':>6} {'params':>11} "
+        header = (f"{'config':6} {'tokens':>6} {'params':>11} {'rounds':>6} "
                   f"{'megaslide s':>11} {'(best)':>7} {'torch s':>8} "
                   f"{'(best)':>7} {'ms/torch':>8} {'(best)':>7} "
                   f"{'ms RSS MiB':>10} {'torch RSS MiB':>13}")
@@ -607,6 +632,7 @@ def print_report(report):
             tokens = math.prod(c["input_shapes"]["latents"][2:]) // 4
             rss = c["rss_mib"]
             print(f"{c['config']:6} {tokens:>6} {c['params']:>11,} "
+                  f"{len(c['seconds']['torch']):>6} "
                   f"{m['megaslide']:11.3f} {t['megaslide']:7.3f} "
                   f"{m['torch']:8.3f} {t['torch']:7.3f} "
                   f"{m['megaslide'] / m['torch']:7.2f}x "
@@ -640,9 +666,9 @@ def print_report(report):
         if not b:
             continue
         ms, th = b["megaslide"], b["torch"]
-        print(f"\n{c['config']}: per op kind, one untimed step each "
-              f"(megaslide: trace events; torch: torch.profiler self CPU "
-              f"time)")
+        print(f"\n{c['config']}: per op kind, median of {ms['steps']} "
+              f"untimed steps each (megaslide: trace events;\ntorch: "
+              f"torch.profiler self CPU time)")
         print(f"  {'kind':16} {'megaslide s':>11} {'%':>4} "
               f"{'torch s':>8} {'%':>4} {'ms/torch':>8} "
               f"{'GFLOP/s ms':>10} {'torch':>6}")
@@ -701,6 +727,10 @@ def main():
                                                    0)) or os.cpu_count(),
                         help="threads for both sides (default "
                         "MEGASLIDE_NUM_THREADS, else all cores)")
+    parser.add_argument("--min-seconds", default=10.0, type=float,
+                        help="more rounds than --repeat where they fill no "
+                        "more than this many seconds (at most 200; "
+                        "default 10)")
     parser.add_argument("--pause", default=0.1, type=float,
                         help="idle seconds before each timed step")
     parser.add_argument("--check-steps", default=3, type=int,
@@ -720,8 +750,10 @@ def main():
                         type=lambda s: tuple(int(v) for v in s.split(",")),
                         help="query tile of the 3D-DSA kernel (default the "
                         "pipeline's 3,5,8)")
-    parser.add_argument("--no-breakdown", action="store_true",
-                        help="skip the traced and profiled steps")
+    parser.add_argument("--breakdown-steps", default=3, type=int,
+                        help="traced (megaslide) and profiled (torch) steps "
+                        "of the per-op-kind breakdown, medians per kind "
+                        "(default 3; 0 for none)")
     parser.add_argument("--json", type=pathlib.Path,
                         help="also write every figure to this file")
     parser.add_argument("--build-dir", default=ROOT / "build",
@@ -768,8 +800,9 @@ def main():
     started = time.time()
     load_before = os.getloadavg()
     print(f"cpu training step, f32, {args.threads} thread(s), "
-          f"{args.check_steps} check steps, median of {args.repeat} "
-          f"interleaved rounds", flush=True)
+          f"{args.check_steps} check steps, median of >= {args.repeat} "
+          f"interleaved rounds (>= {args.min_seconds:g} s for short steps)",
+          flush=True)
     report = dict(configs=[], dsa=[])
     try:
         with tempfile.TemporaryDirectory(prefix="cpu_step.") as tmp:

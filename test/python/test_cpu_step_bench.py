@@ -30,8 +30,9 @@ import megaslide  # noqa: E402
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = SOURCE_ROOT / "benchmarks" / "cpu_step.py"
 # One round of tiny, no breakdown and no 3D-DSA: the setup and the check.
-QUICK = ["--configs", "tiny", "--repeat", "1", "--check-steps", "2",
-         "--no-breakdown", "--dsa-grids", "", "--threads", "2"]
+QUICK = ["--configs", "tiny", "--repeat", "1", "--min-seconds", "0",
+         "--check-steps", "2", "--breakdown-steps", "0", "--dsa-grids", "",
+         "--threads", "2"]
 
 
 def run_bench(tmp_path, *extra):
