@@ -34,9 +34,10 @@ side (wall time around the call, after --pause s of idle time), in an
 order that alternates every round (more rounds for short steps, to fill
 --min-seconds). Figures are medians with the best round beside them; "ms/torch" is megaslide's median over torch's.
 
-megaslide's deferred update (docs/Training.md) applies step N's AdamW
-before each parameter's fetch in step N + 1, so every timed step holds
-one whole update on both sides.
+megaslide's deferred update (docs/Training.md) keeps the gradients until
+the backward ends; Trainer.step applies the update before it returns
+(python-bindings/TrainerBindings.cpp reads Session::state(), which
+flushes it), so every timed step holds one whole update on both sides.
 
 Per-op-kind breakdown: --breakdown-steps more steps of megaslide with
 trace= (one event per instruction, grouped by op kind) and of torch under
@@ -119,9 +120,11 @@ MEGASLIDE_KINDS = {
     "reshape": "copies, layout", "split": "copies, layout",
     "concat": "copies, layout", "h2d": "copies, layout",
     "d2h": "copies, layout",
-    # Under the deferred update a fetch first applies the previous step's
-    # AdamW to its parameter, then copies it into the arena; host_adamw
-    # hands the gradient to the host (kept for that update).
+    # host_adamw hands the gradient to the host, kept for the deferred
+    # update; a fetch would apply a pending update before copying its
+    # parameter into the arena, but from Python none is pending: reading
+    # the step's report (Session::state()) applies them all right after
+    # the step, outside every event ("not in events").
     "fetch": "AdamW", "host_adamw": "AdamW",
     "patch_embed": "embed, loss", "patch_embed_grad": "embed, loss",
     "patchify": "embed, loss", "unpatchify": "embed, loss",
