@@ -32,7 +32,8 @@ figures provably compare the same computation. These steps are the
 warm-up. Then --repeat interleaved rounds, each timing one step of each
 side (wall time around the call, after --pause s of idle time), in an
 order that alternates every round (more rounds for short steps, to fill
---min-seconds). Figures are medians with the best round beside them; "ms/torch" is megaslide's median over torch's.
+--min-seconds). Figures are medians with the best round beside them;
+"ms/torch" is megaslide's median over torch's.
 
 megaslide's deferred update (docs/Training.md) keeps the gradients until
 the backward ends; Trainer.step applies the update before it returns
@@ -523,6 +524,7 @@ def dsa_run(grid, args):
     torch SDPA forward + backward, interleaved, on the same q, k, v."""
     import megaslide
     import torch
+    torch.set_num_threads(args.threads)
     native = megaslide._megaslide
     rng = np.random.default_rng(SEED)
     shape = (1, args.dsa_heads, *grid, 64)
@@ -788,13 +790,13 @@ def main():
 
     os.environ.update(MEGASLIDE_NUM_THREADS=str(args.threads),
                       HF_HUB_OFFLINE="1")
+    # Found, not imported: the workers import them, and the 3D-DSA run
+    # imports torch here only when it runs (an import of torch and
+    # diffusers takes seconds).
+    import importlib.util
     for module in ("megaslide", "torch", "diffusers"):
-        try:
-            __import__(module)
-        except ImportError:
+        if importlib.util.find_spec(module) is None:
             sys.exit(INSTALL_HINT.format(python=sys.executable, module=module))
-    import torch
-    torch.set_num_threads(args.threads)
     names = [] if args.configs == "none" else args.configs.split(",")
     for name in names:
         if name not in CONFIGS:
@@ -817,8 +819,17 @@ def main():
         sys.exit(f"cpu_step.py: {e}")
     load_after = os.getloadavg()
 
-    import diffusers
     import megaslide
+    if report["configs"]:
+        info = report["configs"][0]["torch_info"]
+        versions = dict(torch=info["version"], diffusers=info["diffusers"],
+                        torch_cpu_capability=info["capability"])
+    else:
+        import diffusers
+        import torch
+        versions = dict(
+            torch=torch.__version__, diffusers=diffusers.__version__,
+            torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
     flags = cpu_flags()
     report.update(
         date=datetime.datetime.fromtimestamp(
@@ -826,15 +837,13 @@ def main():
         wall_seconds=time.time() - started,
         load_average=dict(before=load_before[0], after=load_after[0]),
         machine=machine(), cpu_flags=flags, threads=args.threads,
-        torch=torch.__version__, diffusers=diffusers.__version__,
-        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        megaslide=megaslide.__version__, python=platform.python_version(),
+        **versions, megaslide=megaslide.__version__, python=platform.python_version(),
         repeat=args.repeat, pause=args.pause)
     print(f"machine: {report['machine']}")
     print(f"ISA: " + ", ".join(f"{f} {'yes' if v else 'no'}"
                                for f, v in flags.items()) +
           f"; torch CPU capability {report['torch_cpu_capability']}")
-    print(f"torch {torch.__version__}, diffusers {diffusers.__version__}, "
+    print(f"torch {report['torch']}, diffusers {report['diffusers']}, "
           f"megaslide {megaslide.__version__}, python "
           f"{report['python']}")
     print(f"date: {report['date']}, {report['wall_seconds']:.0f} s; load "

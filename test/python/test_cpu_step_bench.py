@@ -35,16 +35,26 @@ QUICK = ["--configs", "tiny", "--repeat", "1", "--min-seconds", "0",
          "--threads", "2"]
 
 
-def run_bench(tmp_path, *extra):
+def start_bench(directory, *extra):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     # The megaslide this suite imports, wherever it comes from.
     package_parent = str(pathlib.Path(megaslide.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(
         [package_parent] + [p for p in [env.get("PYTHONPATH")] if p])
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, str(SCRIPT), *QUICK, "--json",
-         str(tmp_path / "out.json"), "--build-dir", str(tmp_path), *extra],
-        capture_output=True, text=True, env=env, timeout=600)
+         str(directory / "out.json"), "--build-dir", str(directory), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc):
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                       stderr)
+
+
+def run_bench(tmp_path, *extra):
+    return finish(start_bench(tmp_path, *extra))
 
 
 def test_losses_agree_and_the_report_is_complete(tmp_path):
@@ -70,17 +80,25 @@ def test_losses_agree_and_the_report_is_complete(tmp_path):
     assert "ms/torch" in r.stdout
 
 
-def test_a_perturbed_weight_fails_the_first_loss(tmp_path):
-    r = run_bench(tmp_path, "--perturb-weight", "blocks.0.ffn.net.0.proj.weight")
-    assert r.returncode == 1, r.stdout
-    assert "the losses of step 1 differ" in r.stderr
-    assert "no time is compared" in r.stderr
-    assert not (tmp_path / "out.json").exists()
+def test_a_broken_side_fails_the_check(tmp_path):
+    # Both broken runs at once: each is mostly imports on one core.
+    weight, lr = tmp_path / "weight", tmp_path / "lr"
+    weight.mkdir()
+    lr.mkdir()
+    runs = [start_bench(weight, "--perturb-weight",
+                        "blocks.0.ffn.net.0.proj.weight"),
+            start_bench(lr, "--torch-lr-scale", "2")]
+    perturbed, wrong_lr = (finish(p) for p in runs)
 
+    # A weight scaled by 1.01 in torch's copy: the first loss moves.
+    assert perturbed.returncode == 1, perturbed.stdout
+    assert "the losses of step 1 differ" in perturbed.stderr
+    assert "no time is compared" in perturbed.stderr
+    assert not (weight / "out.json").exists()
 
-def test_a_wrong_learning_rate_fails_after_the_first_update(tmp_path):
-    r = run_bench(tmp_path, "--torch-lr-scale", "2")
-    assert r.returncode == 1, r.stdout
-    assert "check step 1" in r.stdout  # the first loss still agrees
-    assert "the losses of step 2 differ" in r.stderr
-    assert not (tmp_path / "out.json").exists()
+    # Twice the learning rate: the first loss still agrees, the one after
+    # the first update does not.
+    assert wrong_lr.returncode == 1, wrong_lr.stdout
+    assert "check step 1" in wrong_lr.stdout
+    assert "the losses of step 2 differ" in wrong_lr.stderr
+    assert not (lr / "out.json").exists()
