@@ -78,6 +78,10 @@ import time
 
 import numpy as np
 
+# The same machine line as the AdamW benchmark (this folder is on sys.path
+# when a script here runs).
+from host_adamw import machine  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # name -> (model for megaslide.Trainer, frames, height, width)
@@ -591,24 +595,6 @@ def cpu_flags():
         pass
     return {f: f in flags for f in ("avx2", "fma", "avx512f", "avx512_bf16",
                                     "amx_bf16")}
-
-
-def machine():
-    model = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        mem = f", {pages / 2**30:.0f} GiB RAM"
-    except (ValueError, OSError):
-        pass
-    return f"{model}, {os.cpu_count()} cores{mem}, {platform.platform()}"
 
 
 def grids(text):
