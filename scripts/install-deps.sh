@@ -8,6 +8,8 @@ APT_PACKAGES=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   # Build.
   cmake ninja-build lld ccache g++
+  # The cpu backend's GEMM (runtime/cpu/Gemm.cpp): oneDNN's sgemm.
+  libdnnl-dev
   # Tests and bindings.
   libgtest-dev pybind11-dev python3-dev python3-pip
   # scripts/pip-install-check.sh: `pip install .` into a venv (PEP 668).

@@ -10,14 +10,15 @@
 // a reduction order that depends only on the shapes, never on the thread
 // count (MEGASLIDE_NUM_THREADS), so results are bitwise reproducible.
 //
-// The three linear ops share one cache-blocked GEMM (C += A B with B packed
-// into column panels); everything else is memory bound and written as plain
-// loops over contiguous rows. Reductions over tokens into small parameter
+// The three linear ops are one GEMM each (cpu/Gemm.h, deterministic in the
+// same sense); everything else is memory bound and written as plain loops
+// over contiguous rows. Reductions over tokens into small parameter
 // gradients (bias, gamma, beta, shift, scale, gate) accumulate in double:
 // they are cheap and sum the most terms.
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cpu/kernels/Checks.h"
 #include "megaslide/runtime/cpu/kernels/Registry.h"
@@ -82,169 +83,6 @@ template <typename Fn> void parallelRows(int64_t rows, int64_t width, Fn fn) {
 }
 
 //===----------------------------------------------------------------------===//
-// GEMM: C[I, J] += A[I, P] B[P, J]
-//===----------------------------------------------------------------------===//
-//
-// GotoBLAS-style blocking: B is packed once into panels of kNR columns
-// ([P][kNR] each, zero-padded), A into micro-panels of kMR rows per
-// (kKC x kMC) block, and a kMR x kNR register tile accumulates over kKC at a
-// time. Every element of C is updated by one tile whose position is fixed by
-// the shapes (tiles are aligned to global multiples of kMR / kNR), and it
-// sums its products in ascending p, storing and reloading the fp32 partial
-// between kKC blocks (exact), so the result equals the naive sequential sum
-// c + a0 b0 + a1 b1 + ... whatever the blocking or the thread count.
-
-constexpr int64_t kMR = 4;   ///< rows of the register tile
-constexpr int64_t kNR = 8;   ///< columns of the register tile (2 SSE vectors)
-constexpr int64_t kKC = 256; ///< depth of a packed block (panel slice in L1)
-constexpr int64_t kMC = 64;  ///< rows of a packed A block (fits in L2)
-constexpr int64_t kNC = 512; ///< columns swept per A block (B slice in L2)
-/// Below this many multiply-adds (~0.25 ms here) a GEMM runs on the calling
-/// thread: starting threads would cost a noticeable share of it.
-constexpr int64_t kGemmParallelMacs = 1 << 20;
-
-/// A read-only strided matrix: element (i, j) at
-/// data[i * rowStride + j * colStride].
-struct Strided {
-  const float *data;
-  int64_t rowStride, colStride;
-};
-
-/// Packs B(0:P, j0:j0+kNR) as a [P][kNR] panel, zero-padding missing
-/// columns so the micro-kernel never branches.
-void packPanelB(Strided b, int64_t numP, int64_t j0, int64_t numJ,
-                float *panel) {
-  int64_t nr = std::min(kNR, numJ - j0);
-  if (nr < kNR)
-    std::fill(panel, panel + numP * kNR, 0.0f);
-  if (b.rowStride == 1) {
-    // Columns are contiguous in memory: read them in order.
-    for (int64_t j = 0; j < nr; ++j) {
-      const float *src = b.data + (j0 + j) * b.colStride;
-      for (int64_t p = 0; p < numP; ++p)
-        panel[p * kNR + j] = src[p];
-    }
-    return;
-  }
-  for (int64_t p = 0; p < numP; ++p) {
-    const float *src = b.data + p * b.rowStride + j0 * b.colStride;
-    for (int64_t j = 0; j < nr; ++j)
-      panel[p * kNR + j] = src[j * b.colStride];
-  }
-}
-
-/// Packs A(i0:i0+mc, p0:p0+kc) as micro-panels of kMR rows, each [kc][kMR],
-/// zero-padding rows past `mc`.
-void packBlockA(Strided a, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
-                float *out) {
-  for (int64_t ir = 0; ir < mc; ir += kMR) {
-    float *panel = out + (ir / kMR) * kc * kMR;
-    int64_t mr = std::min(kMR, mc - ir);
-    if (mr < kMR)
-      std::fill(panel, panel + kc * kMR, 0.0f);
-    for (int64_t r = 0; r < mr; ++r) {
-      const float *src =
-          a.data + (i0 + ir + r) * a.rowStride + p0 * a.colStride;
-      for (int64_t p = 0; p < kc; ++p)
-        panel[p * kMR + r] = src[p * a.colStride];
-    }
-  }
-}
-
-/// c[0:mr, 0:nr] (row stride ldc) += a-panel * b-panel over kc. The tile is
-/// a fixed-size local array so the compiler keeps it in vector registers;
-/// partial tiles go through the same arithmetic on padded zeros.
-inline void microKernel(int64_t kc, const float *__restrict a,
-                        const float *__restrict b, float *__restrict c,
-                        int64_t ldc, int64_t mr, int64_t nr) {
-  float acc[kMR][kNR];
-  if (mr == kMR && nr == kNR) {
-    for (int64_t r = 0; r < kMR; ++r)
-      for (int64_t j = 0; j < kNR; ++j)
-        acc[r][j] = c[r * ldc + j];
-  } else {
-    for (int64_t r = 0; r < kMR; ++r)
-      for (int64_t j = 0; j < kNR; ++j)
-        acc[r][j] = (r < mr && j < nr) ? c[r * ldc + j] : 0.0f;
-  }
-  for (int64_t p = 0; p < kc; ++p) {
-    const float *ap = a + p * kMR;
-    const float *bp = b + p * kNR;
-    for (int64_t r = 0; r < kMR; ++r) {
-      float av = ap[r];
-      for (int64_t j = 0; j < kNR; ++j)
-        acc[r][j] += av * bp[j];
-    }
-  }
-  if (mr == kMR && nr == kNR) {
-    for (int64_t r = 0; r < kMR; ++r)
-      for (int64_t j = 0; j < kNR; ++j)
-        c[r * ldc + j] = acc[r][j];
-    return;
-  }
-  for (int64_t r = 0; r < mr; ++r)
-    for (int64_t j = 0; j < nr; ++j)
-      c[r * ldc + j] = acc[r][j];
-}
-
-/// C (row-major [numI, numJ], pre-initialised) += A B.
-void gemmAccumulate(int64_t numI, int64_t numJ, int64_t numP, Strided a,
-                    Strided b, float *c) {
-  if (numI == 0 || numJ == 0 || numP == 0)
-    return;
-  int64_t numPanels = (numJ + kNR - 1) / kNR;
-  std::vector<float> packedB(numPanels * numP * kNR);
-  for (int64_t jp = 0; jp < numPanels; ++jp)
-    packPanelB(b, numP, jp * kNR, numJ, packedB.data() + jp * numP * kNR);
-
-  // Rows [i0, i1) x panels [jp0, jp1) of C; i0 and i1 are multiples of kMR
-  // (or numI), so tiles sit at the same place for every partition.
-  auto block = [&](int64_t i0, int64_t i1, int64_t jp0, int64_t jp1) {
-    std::vector<float> packedA(kMC * kKC);
-    for (int64_t jc = jp0; jc < jp1; jc += kNC / kNR) {
-      int64_t jcEnd = std::min(jp1, jc + kNC / kNR);
-      for (int64_t pc = 0; pc < numP; pc += kKC) {
-        int64_t kc = std::min(kKC, numP - pc);
-        for (int64_t ic = i0; ic < i1; ic += kMC) {
-          int64_t mc = std::min(kMC, i1 - ic);
-          packBlockA(a, ic, mc, pc, kc, packedA.data());
-          for (int64_t jp = jc; jp < jcEnd; ++jp) {
-            const float *panel = packedB.data() + jp * numP * kNR + pc * kNR;
-            int64_t nr = std::min(kNR, numJ - jp * kNR);
-            for (int64_t ir = 0; ir < mc; ir += kMR)
-              microKernel(kc, packedA.data() + (ir / kMR) * kc * kMR, panel,
-                          c + (ic + ir) * numJ + jp * kNR, numJ,
-                          std::min(kMR, mc - ir), nr);
-          }
-        }
-      }
-    }
-  };
-
-  int64_t macs = numI * numJ * numP;
-  int64_t rowTiles = (numI + kMR - 1) / kMR;
-  int64_t threads = macs < kGemmParallelMacs ? 1 : cpuThreads();
-  if (threads <= 1) {
-    block(0, numI, 0, numPanels);
-    return;
-  }
-  // Split rows when there are enough of them for every thread; otherwise
-  // (a handful of samples through an adaLN projection) split columns.
-  int64_t grainMacs = kGemmParallelMacs / 2;
-  if (rowTiles >= 4 * threads) {
-    int64_t macsPerTile = kMR * numJ * numP;
-    parallelRanges(rowTiles, std::max<int64_t>(1, grainMacs / macsPerTile),
-                   [&](int64_t t0, int64_t t1) {
-                     block(t0 * kMR, std::min(numI, t1 * kMR), 0, numPanels);
-                   });
-  } else {
-    int64_t macsPerPanel = numI * kNR * numP;
-    parallelRanges(numPanels, std::max<int64_t>(1, grainMacs / macsPerPanel),
-                   [&](int64_t p0, int64_t p1) { block(0, numI, p0, p1); });
-  }
-}
-
-//===----------------------------------------------------------------------===//
 // linear, linear_grad_data, linear_grad_params
 //===----------------------------------------------------------------------===//
 
@@ -283,14 +121,12 @@ Error linear(const Instruction &inst, ArrayRef<OpTensor> operands,
 
   int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
   float *y = results[0].f32;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (operands.size() == 3)
+  bool bias = operands.size() == 3;
+  if (bias)
+    for (int64_t r = 0; r < rows; ++r)
       std::copy(operands[2].f32, operands[2].f32 + out, y + r * out);
-    else
-      std::fill(y + r * out, y + (r + 1) * out, 0.0f);
-  }
-  // A(r, k) = x[r, k]; B(k, o) = w[o, k].
-  gemmAccumulate(rows, out, in, {x.f32, in, 1}, {w.f32, 1, in}, y);
+  gemm(rows, out, in, 1.0f, {x.f32, in}, {w.f32, in, /*transposed=*/true},
+       bias ? 1.0f : 0.0f, y, out);
   return Error::success();
 }
 
@@ -308,10 +144,8 @@ Error linearGradData(const Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
 
   int64_t rows = product(ArrayRef<int64_t>(dy.type.shape).drop_back());
-  float *dx = results[0].f32;
-  std::fill(dx, dx + rows * in, 0.0f);
-  // A(r, o) = dy[r, o]; B(o, k) = w[o, k].
-  gemmAccumulate(rows, in, out, {dy.f32, out, 1}, {w.f32, in, 1}, dx);
+  gemm(rows, in, out, 1.0f, {dy.f32, out}, {w.f32, in}, 0.0f,
+       results[0].f32, in);
   return Error::success();
 }
 
@@ -339,10 +173,9 @@ Error linearGradParams(const Instruction &inst, ArrayRef<OpTensor> operands,
       return e;
 
   int64_t rows = product(xs.drop_back());
-  float *dw = results[0].f32;
-  std::fill(dw, dw + out * in, 0.0f);
-  // A(o, r) = dy[r, o]; B(r, k) = x[r, k]: the reduction runs over tokens.
-  gemmAccumulate(out, in, rows, {dy.f32, 1, out}, {x.f32, in, 1}, dw);
+  // The reduction runs over tokens: dW = dy^T x.
+  gemm(out, in, rows, 1.0f, {dy.f32, out, /*transposed=*/true}, {x.f32, in},
+       0.0f, results[0].f32, in);
 
   if (results.size() == 2) {
     std::vector<double> db(out, 0.0);
