@@ -1,0 +1,155 @@
+//===- GemmTest.cpp - The CPU kernels' GEMM -------------------------------===//
+//
+// cpu/Gemm.h against a double-precision reference over every transpose,
+// padded leading dimensions, tile borders and the alpha/beta cases, and its
+// thread-count independence.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/runtime/cpu/Gemm.h"
+
+#include "gtest/gtest.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace megaslide::cpu;
+
+namespace {
+
+/// Sets MEGASLIDE_NUM_THREADS for the scope, restoring it afterwards.
+class ScopedThreads {
+public:
+  explicit ScopedThreads(const char *threads) {
+    if (const char *old = std::getenv("MEGASLIDE_NUM_THREADS"))
+      saved = old;
+    setenv("MEGASLIDE_NUM_THREADS", threads, 1);
+  }
+  ~ScopedThreads() {
+    if (saved)
+      setenv("MEGASLIDE_NUM_THREADS", saved->c_str(), 1);
+    else
+      unsetenv("MEGASLIDE_NUM_THREADS");
+  }
+
+private:
+  std::optional<std::string> saved;
+};
+
+struct Case {
+  int64_t m, n, k;
+  bool ta, tb;
+  float alpha, beta;
+};
+
+/// op(X) of `rows` x `cols` stored with a padded leading dimension.
+struct Stored {
+  std::vector<float> data;
+  int64_t ld;
+  bool transposed;
+  float at(int64_t i, int64_t j) const {
+    return transposed ? data[j * ld + i] : data[i * ld + j];
+  }
+};
+
+Stored makeOperand(int64_t rows, int64_t cols, bool transposed,
+                   std::mt19937 &rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  int64_t storedRows = transposed ? cols : rows;
+  int64_t ld = (transposed ? rows : cols) + 3;
+  Stored s{std::vector<float>(storedRows * ld), ld, transposed};
+  for (float &x : s.data)
+    x = dist(rng);
+  return s;
+}
+
+/// Runs `c` through `fn` (gemm or gemmSerial) and checks it against double
+/// products: |error| <= 4 k eps sum |terms| (a sum of k rounded products
+/// in any order), plus the rounding of beta C.
+template <typename Gemm> void check(const Case &t, Gemm fn) {
+  SCOPED_TRACE(::testing::Message()
+               << t.m << "x" << t.n << "x" << t.k << " ta=" << t.ta
+               << " tb=" << t.tb << " alpha=" << t.alpha << " beta=" << t.beta);
+  std::mt19937 rng(static_cast<unsigned>(t.m * 131 + t.n * 17 + t.k));
+  Stored a = makeOperand(t.m, t.k, t.ta, rng), b = makeOperand(t.k, t.n, t.tb, rng);
+  const int64_t ldc = t.n + 5;
+  std::vector<float> c(t.m * ldc);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float &x : c)
+    x = t.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(rng);
+  std::vector<float> before = c;
+  fn(t.m, t.n, t.k, t.alpha, GemmOperand{a.data.data(), a.ld, t.ta},
+     GemmOperand{b.data.data(), b.ld, t.tb}, t.beta, c.data(), ldc);
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t p = 0; p < t.k; ++p) {
+        double term = double(a.at(i, p)) * b.at(p, j);
+        sum += term;
+        mag += std::fabs(term);
+      }
+      double old = t.beta == 0.0f ? 0.0 : double(t.beta) * before[i * ldc + j];
+      double ref = t.alpha * sum + old;
+      double bound = 4 * (t.k + 2) * eps * (std::fabs(t.alpha) * mag + std::fabs(old)) + 1e-30;
+      ASSERT_NEAR(c[i * ldc + j], ref, bound) << "at (" << i << ", " << j << ")";
+    }
+    // The padding of C is never written.
+    for (int64_t j = t.n; j < ldc; ++j)
+      ASSERT_TRUE(std::isnan(c[i * ldc + j]) ? std::isnan(before[i * ldc + j])
+                                             : c[i * ldc + j] == before[i * ldc + j]);
+  }
+}
+
+const Case kCases[] = {
+    {1, 1, 1, false, false, 1.0f, 0.0f},
+    {7, 5, 3, false, true, 1.0f, 1.0f},
+    {33, 65, 64, true, false, 0.125f, 0.0f},
+    {64, 48, 17, true, true, -2.0f, 0.5f},
+    // Past one tile of the parallel split in rows and columns, with
+    // partial border tiles.
+    {300, 520, 40, false, true, 1.0f, 1.0f},
+    {129, 257, 33, true, true, 1.0f, 0.0f},
+    {2, 3000, 200, false, false, 1.0f, 1.0f},
+    // No products: C = beta C.
+    {4, 6, 0, false, false, 1.0f, 0.5f},
+    {4, 6, 0, false, false, 1.0f, 0.0f},
+};
+
+TEST(GemmTest, SerialMatchesDoubleReference) {
+  for (const Case &t : kCases)
+    check(t, gemmSerial);
+}
+
+TEST(GemmTest, ParallelMatchesDoubleReference) {
+  ScopedThreads threads("3");
+  for (const Case &t : kCases)
+    check(t, gemm);
+}
+
+TEST(GemmTest, BitwiseEqualAtAnyThreadCount) {
+  const int64_t m = 700, n = 600, k = 300;
+  std::mt19937 rng(7);
+  Stored a = makeOperand(m, k, false, rng), b = makeOperand(k, n, true, rng);
+  auto run = [&](const char *count) {
+    ScopedThreads threads(count);
+    std::vector<float> c(m * n, 0.25f);
+    gemm(m, n, k, 1.0f, {a.data.data(), a.ld}, {b.data.data(), b.ld, true},
+         1.0f, c.data(), n);
+    return c;
+  };
+  std::vector<float> one = run("1");
+  for (const char *count : {"2", "4", "7"})
+    EXPECT_EQ(run(count), one) << count << " threads";
+}
+
+TEST(GemmTest, NamesItsInstructionSet) {
+  EXPECT_STRNE(gemmIsaName(), "");
+}
+
+} // namespace
