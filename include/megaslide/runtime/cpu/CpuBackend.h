@@ -39,6 +39,9 @@ private:
   std::vector<std::vector<int64_t>> releasedAfter;
   /// Per instruction; null for schedule ops and views.
   std::vector<GraphKernel> kernels;
+  /// The device arena and the host values' bytes, kept from step to step.
+  std::vector<uint8_t> arenaStorage;
+  std::vector<std::vector<uint8_t>> hostStorage;
 };
 
 /// The AdamW settings of a host_adamw instruction for optimizer step
