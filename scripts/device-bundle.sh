@@ -3,7 +3,9 @@
 # LLVM, no network) into one ignored folder, build-bundle/ (or $1), at most
 # 48 MiB (docs/Testing.md, "The device check"):
 #   bin/          megaslide-exec and megaslide-runtime-tests of the
-#                 runtime-only build (libc only; test_runtime_only.py);
+#                 runtime-only build (libc and oneDNN; test_runtime_only.py);
+#   lib/          oneDNN (xz-compressed: 40 MB as is), its libgomp and
+#                 OpenCL loader, which device-check.sh unpacks;
 #   plans/        tiny, tiny-dsa (3D-DSA), dit-xl-2-256 (DiT-XL/2 at 256x256),
 #                 wan-mid (Wan 2.1 14B cut to 8 blocks at 81x480x832, a 68
 #                 GiB arena) and 105b-2blocks (megaslide-105b cut to 2 blocks
@@ -45,8 +47,18 @@ translate=$full/bin/megaslide-translate
 # leaves the previous bundle whole.
 tmp=$(mktemp -d "$(dirname "$bundle")/.bundle.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp"/{bin,plans,reference,kernel-cache}
+mkdir -p "$tmp"/{bin,lib,plans,reference,kernel-cache}
 cp "$exec" "$runtime/bin/megaslide-runtime-tests" "$tmp/bin/"
+# oneDNN and what it needs beyond libc and libstdc++ (which any node with
+# a CUDA toolkit has).
+for lib in libdnnl.so.2 libgomp.so.1 libOpenCL.so.1; do
+  path=$(ldd "$exec" | sed -n "s|^\s*$lib => \(\S*\).*|\1|p")
+  [ -n "$path" ] || { echo "device bundle: $exec does not load $lib" >&2; exit 1; }
+  case $lib in
+  libdnnl*) xz -6 -c "$path" >"$tmp/lib/$lib.xz" ;;
+  *) cp -L "$path" "$tmp/lib/$lib" ;;
+  esac
+done
 
 # The plans. Big ones are saved by the sim backend, which holds no state.
 python3 - "$root" "$tmp/plans" <<'EOF'

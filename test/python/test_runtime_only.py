@@ -1,7 +1,7 @@
 """The runtime-only build (docs/Runtime.md, "A runtime without MLIR"):
 megaslide-exec, megaslide-runtime-tests and the MLIR-free tools
 (megaslide-calibrate, megaslide-report) link no shared library beyond
-libc, libm, libdl, libpthread and the loader, need no newer glibc than
+libc, libm, libdl, libpthread, the loader and oneDNN with libgomp, need no newer glibc than
 Debian 12's 2.36, and megaslide-exec computes bit for bit what the full
 build's megaslide-run computes on the same saved plan.
 
@@ -23,9 +23,11 @@ from conftest import BUILD_DIR, tool_path
 
 RUNTIME_BUILD = pathlib.Path(os.environ.get(
     "MEGASLIDE_RUNTIME_BUILD", BUILD_DIR.parent / "build-runtime"))
-# What a bare Linux node has; everything else is linked in.
+# What a bare Linux node has, and oneDNN with its OpenMP runtime (the cpu
+# kernels' GEMM, which the device bundle carries); everything else is
+# linked in.
 ALLOWED_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0",
-                "ld-linux-x86-64.so.2"}
+                "ld-linux-x86-64.so.2", "libdnnl.so.2", "libgomp.so.1"}
 MAX_GLIBC = (2, 36)  # Debian 12; Ubuntu 24.04 has 2.39
 BINARIES = ["megaslide-exec", "megaslide-runtime-tests", "megaslide-calibrate",
             "megaslide-report"]
