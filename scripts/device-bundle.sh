@@ -136,6 +136,9 @@ for top in ("llvm", "llvm-c"):
 ' "$llvm_root" "$tmp/llvm-support/include"
   cp "$llvm_root/lib/libLLVMSupport.a" "$llvm_root/lib/libLLVMDemangle.a" \
     "$tmp/llvm-support/lib/"
+  # oneDNN's headers, for MEGASLIDE_DNNL_INCLUDE_DIR (docs/Runtime.md).
+  dnnl_include=$(sed -n 's/^MEGASLIDE_DNNL_INCLUDE_DIR:PATH=//p' "$runtime/CMakeCache.txt")
+  cp -r "$dnnl_include/oneapi" "$tmp/llvm-support/include/"
 fi
 
 python3 - "$tmp" "$root" "$nvrtc" <<'EOF'
