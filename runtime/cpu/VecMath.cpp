@@ -1,0 +1,79 @@
+//===- VecMath.cpp - Vectorised math of the CPU kernels -------------------===//
+//
+// VecKernels.inc is compiled three times: for the baseline (SSE2 on
+// x86-64), AVX2 with FMA and AVX-512, each in a namespace of its own under
+// a target pragma, so that one source serves every variant (AdamW.cpp does
+// the same with target attributes on its few functions). The loops use
+// GCC/Clang vector extensions of 16 lanes: each variant splits them into
+// the registers it has. This file is compiled with -ffp-contract=fast
+// (runtime/CMakeLists.txt): where FMA exists a * b + c becomes one
+// rounding, so the variants differ in the last bits (cpu/Isa.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/runtime/cpu/VecMath.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+using namespace megaslide::cpu;
+
+namespace {
+
+constexpr int kLanes = 16;
+typedef float VF __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t VI __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef double VD __attribute__((vector_size(kLanes * sizeof(double))));
+typedef int64_t VL __attribute__((vector_size(kLanes * sizeof(int64_t))));
+
+} // namespace
+
+namespace generic {
+#include "VecKernels.inc"
+} // namespace generic
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MEGASLIDE_VEC_X86 1
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))),              \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+namespace avx2 {
+#include "VecKernels.inc"
+} // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(                                                  \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))),             \
+    apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
+namespace avx512 {
+#include "VecKernels.inc"
+} // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+const VecKernels &megaslide::cpu::vecKernels(CpuIsa isa) {
+#ifdef MEGASLIDE_VEC_X86
+  if (isa == CpuIsa::Avx512)
+    return avx512::kKernels;
+  if (isa == CpuIsa::Avx2)
+    return avx2::kKernels;
+#endif
+  return generic::kKernels;
+}
