@@ -4,8 +4,7 @@
 // x86-64), AVX2 with FMA and AVX-512, each in a namespace of its own under
 // a target pragma, so that one source serves every variant (AdamW.cpp does
 // the same with target attributes on its few functions). The loops use
-// GCC/Clang vector extensions of 16 lanes: each variant splits them into
-// the registers it has. This file is compiled with -ffp-contract=fast
+// GCC/Clang vector extensions one register wide (4, 8 or 16 floats). This file is compiled with -ffp-contract=fast
 // (runtime/CMakeLists.txt): where FMA exists a * b + c becomes one
 // rounding, so the variants differ in the last bits (cpu/Isa.h).
 //
@@ -21,17 +20,17 @@
 
 using namespace megaslide::cpu;
 
-namespace {
-
-constexpr int kLanes = 16;
-typedef float VF __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t VI __attribute__((vector_size(kLanes * sizeof(int32_t))));
-typedef double VD __attribute__((vector_size(kLanes * sizeof(double))));
-typedef int64_t VL __attribute__((vector_size(kLanes * sizeof(int64_t))));
-
-} // namespace
+/// The types VecKernels.inc works on, `lanes` floats per register.
+#define MEGASLIDE_VEC_TYPES(lanes)                                             \
+  constexpr int kLanes = lanes, kHalf = lanes / 2;                            \
+  typedef float VF __attribute__((vector_size(kLanes * sizeof(float))));      \
+  typedef int32_t VI __attribute__((vector_size(kLanes * sizeof(int32_t))));  \
+  typedef float VH __attribute__((vector_size(kHalf * sizeof(float))));       \
+  typedef double VD __attribute__((vector_size(kHalf * sizeof(double))));     \
+  typedef int64_t VL __attribute__((vector_size(kHalf * sizeof(int64_t))));
 
 namespace generic {
+MEGASLIDE_VEC_TYPES(4)
 #include "VecKernels.inc"
 } // namespace generic
 
@@ -46,6 +45,7 @@ namespace generic {
 #pragma GCC target("avx2,fma")
 #endif
 namespace avx2 {
+MEGASLIDE_VEC_TYPES(8)
 #include "VecKernels.inc"
 } // namespace avx2
 #if defined(__clang__)
@@ -59,6 +59,7 @@ namespace avx2 {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 #endif
 namespace avx512 {
+MEGASLIDE_VEC_TYPES(16)
 #include "VecKernels.inc"
 } // namespace avx512
 #if defined(__clang__)
