@@ -261,7 +261,8 @@ def megaslide_worker(cmd, state):
         return dict(hyper=hyper, deferred=bool(attrs[0].get("deferred")),
                     params=int(sum(v.size for v in params.values())),
                     shapes={k: list(v) for k, v in shapes.items()},
-                    isa=megaslide._megaslide.adamw_isa(),
+                    isa=megaslide._megaslide.cpu_isa(),
+                    gemm_isa=megaslide._megaslide.gemm_isa(),
                     version=megaslide.__version__)
     tr, batch = state["trainer"], state["batch"]
     if op == "step":
@@ -823,12 +824,17 @@ def main():
         wall_seconds=time.time() - started,
         load_average=dict(before=load_before[0], after=load_after[0]),
         machine=machine(), cpu_flags=flags, threads=args.threads,
+        megaslide_isa=megaslide._megaslide.cpu_isa(),
+        megaslide_gemm_isa=megaslide._megaslide.gemm_isa(),
         **versions, megaslide=megaslide.__version__, python=platform.python_version(),
         repeat=args.repeat, pause=args.pause)
     print(f"machine: {report['machine']}")
     print(f"ISA: " + ", ".join(f"{f} {'yes' if v else 'no'}"
                                for f, v in flags.items()) +
-          f"; torch CPU capability {report['torch_cpu_capability']}")
+          f"; megaslide loops {report['megaslide_isa']} (MEGASLIDE_CPU_ISA "
+          f"{os.environ.get('MEGASLIDE_CPU_ISA', 'unset')}), GEMM "
+          f"{report['megaslide_gemm_isa']}; torch CPU capability "
+          f"{report['torch_cpu_capability']}")
     print(f"torch {report['torch']}, diffusers {report['diffusers']}, "
           f"megaslide {megaslide.__version__}, python "
           f"{report['python']}")

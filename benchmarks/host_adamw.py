@@ -309,7 +309,7 @@ def main():
           f"tensor(s), {args.threads} thread(s), median of {args.repeat} "
           f"interleaved rounds")
     print(f"machine: {machine()}")
-    print(f"megaslide AdamW loop: {megaslide._megaslide.adamw_isa()}; "
+    print(f"megaslide AdamW loop: {megaslide._megaslide.cpu_isa()}; "
           f"torch {torch.__version__} (CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads), numpy {np.__version__}, "

@@ -9,6 +9,8 @@
 
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cpu/Gemm.h"
+#include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>
@@ -310,12 +312,13 @@ void defineAdamW(py::module_ &m) {
         "grad uint16 (bf16 bits) or float32; working: None or uint16 "
         "(bf16 of the new master). Use megaslide.adamw_step.");
   m.def(
-      "adamw_isa",
-      [] {
-        return megaslide::cpu::adamwIsaName(megaslide::cpu::adamwBestIsa());
-      },
-      "Instruction set of the host AdamW loop on this CPU: avx512, avx2 or "
-      "generic.");
+      "cpu_isa",
+      [] { return megaslide::cpu::cpuIsaName(megaslide::cpu::cpuIsa()); },
+      "Instruction set of the cpu kernels' loops (AdamW, the vector math) on "
+      "this CPU under MEGASLIDE_CPU_ISA: avx512, avx2 or generic.");
+  m.def("gemm_isa", &megaslide::cpu::gemmIsaName,
+        "Instruction set of oneDNN's GEMM kernels here (avx512_core, avx2, "
+        "sse41, ...).");
 }
 
 } // namespace
@@ -339,6 +342,9 @@ std::string execPlanJson(const std::string &model, int64_t frames,
 }
 
 PYBIND11_MODULE(_megaslide, m) {
+  // Here rather than at the first kernel, which would have to abort.
+  if (const char *error = megaslide::cpu::cpuIsaSettingError())
+    throw std::invalid_argument(error);
   m.doc() = "Native core of the megaslide package (use `import megaslide`).";
   m.attr("__version__") = megaslideVersion();
   m.def("model_info_json", &modelInfoJson, py::arg("model"), py::arg("frames"),

@@ -9,8 +9,8 @@
 // double-precision reference.
 //
 // The loop is compiled three times on x86-64 -- AVX-512, AVX2 and the
-// baseline (SSE2) -- and picked at run time, because the build has no
-// -march and at baseline width the compute (sqrt, divide, and above all the
+// baseline (SSE2) -- and picked at run time (cpu/Isa.h), because the build has
+// no -march and at baseline width the compute (sqrt, divide, and above all the
 // bf16 widening, rounding and narrowing) did not hide behind memory: the
 // working copy cost the SSE2 loop a third of its speed at 64M parameters.
 // This file is compiled with -ffp-contract=off (runtime/CMakeLists.txt):
@@ -133,33 +133,19 @@ updateAvx512(const Coefficients &c, int64_t begin, int64_t end, float *master,
 }
 #endif
 
-AdamWIsa detectIsa() {
-#ifdef MEGASLIDE_ADAMW_X86
-  __builtin_cpu_init();
-  // libgcc and compiler-rt also check that the OS saves the wider registers.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return AdamWIsa::Avx512;
-  if (__builtin_cpu_supports("avx2"))
-    return AdamWIsa::Avx2;
-#endif
-  return AdamWIsa::Generic;
-}
-
 /// The loop for `isa` (already resolved and supported).
 template <bool WriteWorking, bool Scale, typename Grad>
-ChunkFn chunkFn(AdamWIsa isa) {
+ChunkFn chunkFn(CpuIsa isa) {
 #ifdef MEGASLIDE_ADAMW_X86
-  if (isa == AdamWIsa::Avx512)
+  if (isa == CpuIsa::Avx512)
     return &updateAvx512<WriteWorking, Scale, Grad>;
-  if (isa == AdamWIsa::Avx2)
+  if (isa == CpuIsa::Avx2)
     return &updateAvx2<WriteWorking, Scale, Grad>;
 #endif
   return &updateGeneric<WriteWorking, Scale, Grad>;
 }
 
-template <typename Grad>
-ChunkFn chunkFn(AdamWIsa isa, bool working, bool scale) {
+template <typename Grad> ChunkFn chunkFn(CpuIsa isa, bool working, bool scale) {
   if (working)
     return scale ? chunkFn<true, true, Grad>(isa)
                  : chunkFn<true, false, Grad>(isa);
@@ -167,23 +153,15 @@ ChunkFn chunkFn(AdamWIsa isa, bool working, bool scale) {
                : chunkFn<false, false, Grad>(isa);
 }
 
-/// `isa` with Auto resolved and anything the CPU lacks lowered to the best
-/// it has (the enumerators are ordered by width).
-AdamWIsa resolveIsa(AdamWIsa isa) {
-  AdamWIsa best = adamwBestIsa();
-  if (isa == AdamWIsa::Auto || static_cast<int>(isa) > static_cast<int>(best))
-    return best;
-  return isa;
-}
-
 template <typename Grad>
 void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
-                   float *v, const Grad *grad, uint16_t *working,
-                   AdamWIsa isa) {
+                   float *v, const Grad *grad, uint16_t *working, CpuIsa isa) {
   if (n <= 0)
     return;
   Coefficients c = makeCoefficients(hyper);
-  isa = resolveIsa(isa);
+  // The enumerators are ordered by width.
+  if (static_cast<int>(isa) > static_cast<int>(cpuBestIsa()))
+    isa = cpuBestIsa();
   ChunkFn fn = chunkFn<Grad>(isa, working, hyper.gradScale != 1.0f);
   int64_t numThreads = std::clamp<int64_t>(n / kMinChunk, 1, cpuThreads());
   parallelChunks(n, numThreads, kAdamWChunkAlign,
@@ -194,35 +172,16 @@ void adamwStepImpl(const AdamWHyper &hyper, int64_t n, float *master, float *m,
 
 } // namespace
 
-AdamWIsa megaslide::cpu::adamwBestIsa() {
-  static const AdamWIsa best = detectIsa();
-  return best;
-}
-
-const char *megaslide::cpu::adamwIsaName(AdamWIsa isa) {
-  switch (isa) {
-  case AdamWIsa::Auto:
-    return "auto";
-  case AdamWIsa::Generic:
-    return "generic";
-  case AdamWIsa::Avx2:
-    return "avx2";
-  case AdamWIsa::Avx512:
-    return "avx512";
-  }
-  return "unknown";
-}
-
 void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
                                float *master, float *m, float *v,
                                const uint16_t *gradBf16, uint16_t *workingBf16,
-                               AdamWIsa isa) {
+                               CpuIsa isa) {
   adamwStepImpl(hyper, n, master, m, v, gradBf16, workingBf16, isa);
 }
 
 void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
                                float *master, float *m, float *v,
                                const float *grad, uint16_t *workingBf16,
-                               AdamWIsa isa) {
+                               CpuIsa isa) {
   adamwStepImpl(hyper, n, master, m, v, grad, workingBf16, isa);
 }

@@ -116,6 +116,10 @@ AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
 
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
+  // The kernels read MEGASLIDE_CPU_ISA at their first call; a bad value is
+  // reported here instead of aborting there.
+  if (const char *error = cpuIsaSettingError())
+    return llvm::createStringError(error);
   // The arena is host memory here: refuse what cannot be allocated rather
   // than abort inside the allocator.
   llvm::Expected<uint64_t> memory = host::usableHostMemoryBytes();

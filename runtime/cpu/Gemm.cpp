@@ -9,9 +9,14 @@
 // each call, and hence each element's summation order, is the same for any
 // MEGASLIDE_NUM_THREADS.
 //
+// oneDNN picks its own kernels by CPU; MEGASLIDE_CPU_ISA (cpu/Isa.h) caps
+// them like the project's loops, so a capped run measures and exercises the
+// same level throughout.
+//
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Gemm.h"
+#include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include "oneapi/dnnl/dnnl.h"
@@ -44,6 +49,23 @@ constexpr int64_t kParallelMacs = 1 << 20;
   std::abort();
 }
 
+/// Holds oneDNN to cpuIsa(), once per process and before its first kernel
+/// (afterwards it can no longer change). Generic caps at SSE4.1, oneDNN's
+/// lowest JIT level.
+void capIsa() {
+  static const bool capped = [] {
+    CpuIsa isa = cpuIsa();
+    if (isa == CpuIsa::Avx512)
+      return true;
+    if (dnnl_set_max_cpu_isa(isa == CpuIsa::Avx2
+                                 ? dnnl_cpu_isa_avx2
+                                 : dnnl_cpu_isa_sse41) != dnnl_success)
+      fatal("oneDNN refused the instruction-set cap of MEGASLIDE_CPU_ISA");
+    return true;
+  }();
+  (void)capped;
+}
+
 /// Makes oneDNN run single-threaded when called from this thread. OpenMP's
 /// thread count is a per-thread setting, so every pool worker (and any
 /// caller) sets it once.
@@ -74,6 +96,7 @@ void megaslide::cpu::gemmSerial(int64_t m, int64_t n, int64_t k, float alpha,
         c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  capIsa();
   useOneThread();
   dnnl_status_t status = dnnl_sgemm(
       a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', m, n, k, alpha,
@@ -114,6 +137,7 @@ void megaslide::cpu::gemm(int64_t m, int64_t n, int64_t k, float alpha,
 }
 
 const char *megaslide::cpu::gemmIsaName() {
+  capIsa();
   switch (dnnl_get_effective_cpu_isa()) {
   case dnnl_cpu_isa_sse41:
     return "sse41";

@@ -9,6 +9,7 @@ are equal, and a resumed run continues bit-exactly.
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +165,40 @@ def test_report_of_a_run_with_warmup_cosine_and_clipping(tmp_path):
     for plot in ("loss", "lr", "grad_norm"):
         assert series.get(plot) == 12, (plot, sorted(parser.polylines))
     assert 'class="threshold"' in page.read_text()
+
+
+def test_each_cpu_isa_trains_alike(tmp_path):
+    """MEGASLIDE_CPU_ISA forces the cpu kernels' (and oneDNN's) instruction
+    set: the variants may differ in the last bits (FMA; cpu/Isa.h) but not
+    more, and the report names the one a run used. Levels above this CPU's
+    are capped to it, so the test runs everywhere."""
+    seen = {}
+    for isa in ("generic", "avx2", "avx512"):
+        metrics, report = tmp_path / f"{isa}.jsonl", tmp_path / f"{isa}.html"
+        result = subprocess.run(
+            [tool_path("megaslide-run"), "--no-progress", "--model", "tiny",
+             "--steps", "10", "--metrics", str(metrics), "--report",
+             str(report)], capture_output=True, text=True,
+            env=dict(os.environ, MEGASLIDE_CPU_ISA=isa))
+        assert result.returncode == 0, result.stdout + result.stderr
+        seen[isa] = losses(metrics)
+        assert len(seen[isa]) == 10 and np.all(np.isfinite(seen[isa]))
+        if isa == "generic":
+            assert "<th>cpu_isa</th><td>generic (GEMM sse41)" in \
+                report.read_text()
+    for isa in ("avx2", "avx512"):
+        np.testing.assert_allclose(seen[isa], seen["generic"], rtol=1e-3)
+
+
+def test_a_bad_cpu_isa_is_an_error():
+    env = dict(os.environ, MEGASLIDE_CPU_ISA="avx3")
+    result = subprocess.run(
+        [tool_path("megaslide-run"), "--no-progress", "--model", "tiny",
+         "--steps", "1"], capture_output=True, text=True, env=env)
+    assert result.returncode != 0
+    assert "MEGASLIDE_CPU_ISA is 'avx3'; use generic, avx2 or avx512" in \
+        result.stderr
+    result = subprocess.run([sys.executable, "-c", "import megaslide"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode != 0
+    assert "MEGASLIDE_CPU_ISA is 'avx3'" in result.stderr

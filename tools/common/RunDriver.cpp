@@ -19,6 +19,8 @@
 
 #include "megaslide/Version.h"
 #include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/cpu/Gemm.h"
+#include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/Checkpoint.h"
@@ -725,6 +727,14 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     train::TrainingReportInfo info;
     info.title = formatv("{0} on the {1} backend", p.model, s.backend().name());
     info.settings = s.settings();
+    // Shown, not stored in the settings: a resumed run may be on another
+    // machine (results match across thread counts, not instruction sets).
+    if (StringRef(s.backend().name()) == "cpu")
+      info.settings.push_back(
+          {"cpu_isa", formatv("{0} (GEMM {1})",
+                              cpu::cpuIsaName(cpu::cpuIsa()),
+                              cpu::gemmIsaName())
+                          .str()});
     if (s.bucketed()) {
       std::vector<size_t> samples = s.bucketSamples();
       for (size_t b = 0; b < s.numBuckets(); ++b)

@@ -11,15 +11,19 @@
 // count (MEGASLIDE_NUM_THREADS), so results are bitwise reproducible.
 //
 // The three linear ops are one GEMM each (cpu/Gemm.h, deterministic in the
-// same sense); everything else is memory bound and written as plain loops
-// over contiguous rows. Reductions over tokens into small parameter
-// gradients (bias, gamma, beta, shift, scale, gate) accumulate in double:
-// they are cheap and sum the most terms.
+// same sense). The activations and the norms' rows run the vector math of
+// cpu/VecMath.h, compiled per instruction set (bit-identical across thread
+// counts on one machine, not across instruction sets; cpu/Isa.h); the
+// rest is memory bound and written as plain loops over contiguous rows.
+// Reductions over tokens into small parameter gradients (bias, gamma,
+// beta, shift, scale, gate) accumulate in double: they are cheap and sum
+// the most terms.
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/VecMath.h"
 #include "megaslide/runtime/cpu/kernels/Checks.h"
 #include "megaslide/runtime/cpu/kernels/Registry.h"
 
@@ -30,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace megaslide;
@@ -79,6 +84,18 @@ template <typename Fn> void parallelRows(int64_t rows, int64_t width, Fn fn) {
   parallelRanges(rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       fn(r);
+  });
+}
+
+/// Runs fn(c0, c1) over column blocks [c0, c1) of [0, width): a sum over
+/// rows per column then runs on one thread, in row order, whatever the
+/// thread count.
+template <typename Fn> void parallelColumns(int64_t width, Fn fn) {
+  constexpr int64_t kBlock = 64;
+  parallelFor((width + kBlock - 1) / kBlock, [&] {
+    return [&](int64_t block) {
+      fn(block * kBlock, std::min(width, (block + 1) * kBlock));
+    };
   });
 }
 
@@ -193,32 +210,6 @@ Error linearGradParams(const Instruction &inst, ArrayRef<OpTensor> operands,
 // Norms
 //===----------------------------------------------------------------------===//
 
-/// Mean and 1/sqrt(var + eps) of one row, accumulated in double (two passes,
-/// so a large mean does not cancel the variance) and rounded to fp32: the
-/// forward and the backward use the same rounded statistics.
-void layerNormStats(const float *x, int64_t d, float eps, float &mean,
-                    float &rstd) {
-  double sum = 0;
-  for (int64_t i = 0; i < d; ++i)
-    sum += x[i];
-  double mu = sum / d, var = 0;
-  for (int64_t i = 0; i < d; ++i) {
-    double c = x[i] - mu;
-    var += c * c;
-  }
-  var /= d;
-  mean = static_cast<float>(mu);
-  rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-}
-
-/// 1/sqrt(mean(x^2) + eps) of one row.
-float rmsNormRstd(const float *x, int64_t d, float eps) {
-  double sq = 0;
-  for (int64_t i = 0; i < d; ++i)
-    sq += static_cast<double>(x[i]) * x[i];
-  return static_cast<float>(1.0 / std::sqrt(sq / d + eps));
-}
-
 /// The norms' `eps`: present (the plan fills in defaults), finite and > 0,
 /// since rsqrt(var + eps) must stay finite for a constant row.
 Expected<float> readEps(const Instruction &inst) {
@@ -284,18 +275,12 @@ Error layerNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
   const float *gamma = operands.size() == 3 ? operands[1].f32 : nullptr;
   const float *beta = operands.size() == 3 ? operands[2].f32 : nullptr;
   float *y = results[0].f32;
+  const VecKernels &vec = vecKernels();
   parallelRows(rows, d, [&](int64_t r) {
-    const float *xr = x.f32 + r * d;
-    float *yr = y + r * d;
+    // The forward and the backward use the same rounded statistics.
     float mean, rstd;
-    layerNormStats(xr, d, eps, mean, rstd);
-    if (gamma) {
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
-    } else {
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = (xr[i] - mean) * rstd;
-    }
+    vec.meanRstd(x.f32 + r * d, d, eps, &mean, &rstd);
+    vec.normApply(x.f32 + r * d, d, mean, rstd, gamma, beta, y + r * d);
   });
   return Error::success();
 }
@@ -327,40 +312,21 @@ Error layerNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
   float *dx = results[0].f32;
   // Row statistics are kept for the parameter gradients below.
   std::vector<float> means(rows), rstds(rows);
+  const VecKernels &vec = vecKernels();
   parallelRows(rows, d, [&](int64_t r) {
-    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-    float mean, rstd;
-    layerNormStats(xr, d, eps, mean, rstd);
-    means[r] = mean;
-    rstds[r] = rstd;
-    double sumG = 0, sumGX = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-      float xhat = (xr[i] - mean) * rstd;
-      sumG += g;
-      sumGX += static_cast<double>(g) * xhat;
-    }
-    float meanG = static_cast<float>(sumG / d);
-    float meanGX = static_cast<float>(sumGX / d);
-    float *dxr = dx + r * d;
-    for (int64_t i = 0; i < d; ++i) {
-      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-      float xhat = (xr[i] - mean) * rstd;
-      dxr[i] = rstd * (g - meanG - xhat * meanGX);
-    }
+    vec.meanRstd(x.f32 + r * d, d, eps, &means[r], &rstds[r]);
+    vec.normGrad(x.f32 + r * d, dy.f32 + r * d, gamma, d, means[r], rstds[r],
+                 /*centered=*/true, dx + r * d);
   });
   if (!numAffine)
     return Error::success();
   std::vector<double> dgamma(d, 0.0), dbeta(d, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-    float mean = means[r], rstd = rstds[r];
-    for (int64_t i = 0; i < d; ++i) {
-      float xhat = (xr[i] - mean) * rstd;
-      dgamma[i] += static_cast<double>(dyr[i]) * xhat;
-      dbeta[i] += dyr[i];
-    }
-  }
+  parallelColumns(d, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r)
+      vec.normParamGrad(x.f32 + r * d + c0, dy.f32 + r * d + c0, c1 - c0,
+                        means[r], rstds[r], dgamma.data() + c0,
+                        dbeta.data() + c0);
+  });
   std::copy(dgamma.begin(), dgamma.end(), results[1].f32);
   std::copy(dbeta.begin(), dbeta.end(), results[2].f32);
   return Error::success();
@@ -380,17 +346,10 @@ Error rmsNorm(const Instruction &inst, ArrayRef<OpTensor> operands,
   int64_t d = norm->d, rows = norm->rows;
   const float *gamma = operands.size() == 2 ? operands[1].f32 : nullptr;
   float *y = results[0].f32;
+  const VecKernels &vec = vecKernels();
   parallelRows(rows, d, [&](int64_t r) {
-    const float *xr = x.f32 + r * d;
-    float *yr = y + r * d;
-    float rstd = rmsNormRstd(xr, d, eps);
-    if (gamma) {
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = xr[i] * rstd * gamma[i];
-    } else {
-      for (int64_t i = 0; i < d; ++i)
-        yr[i] = xr[i] * rstd;
-    }
+    float rstd = vec.rmsRstd(x.f32 + r * d, d, eps);
+    vec.normApply(x.f32 + r * d, d, 0.0f, rstd, gamma, nullptr, y + r * d);
   });
   return Error::success();
 }
@@ -417,31 +376,21 @@ Error rmsNormGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
   const float *gamma = hasGamma ? operands[2].f32 : nullptr;
   float *dx = results[0].f32;
   std::vector<float> rstds(rows);
+  const VecKernels &vec = vecKernels();
+  // RMS norm is layer norm's algebra with mean 0 and no mean(g) term.
   parallelRows(rows, d, [&](int64_t r) {
-    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-    float rstd = rmsNormRstd(xr, d, eps);
-    rstds[r] = rstd;
-    double sumGX = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-      sumGX += static_cast<double>(g) * (xr[i] * rstd);
-    }
-    float meanGX = static_cast<float>(sumGX / d);
-    float *dxr = dx + r * d;
-    for (int64_t i = 0; i < d; ++i) {
-      float g = gamma ? dyr[i] * gamma[i] : dyr[i];
-      dxr[i] = rstd * (g - xr[i] * rstd * meanGX);
-    }
+    rstds[r] = vec.rmsRstd(x.f32 + r * d, d, eps);
+    vec.normGrad(x.f32 + r * d, dy.f32 + r * d, gamma, d, 0.0f, rstds[r],
+                 /*centered=*/false, dx + r * d);
   });
   if (!hasGamma)
     return Error::success();
   std::vector<double> dgamma(d, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x.f32 + r * d, *dyr = dy.f32 + r * d;
-    float rstd = rstds[r];
-    for (int64_t i = 0; i < d; ++i)
-      dgamma[i] += static_cast<double>(dyr[i]) * (xr[i] * rstd);
-  }
+  parallelColumns(d, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r)
+      vec.normParamGrad(x.f32 + r * d + c0, dy.f32 + r * d + c0, c1 - c0, 0.0f,
+                        rstds[r], dgamma.data() + c0, nullptr);
+  });
   std::copy(dgamma.begin(), dgamma.end(), results[1].f32);
   return Error::success();
 }
@@ -578,27 +527,6 @@ Error gateGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
 // Activations and adds
 //===----------------------------------------------------------------------===//
 
-constexpr float kGeluC = 0.7978845608028654f; // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-
-float geluForward(float x) {
-  float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-  return 0.5f * x * (1.0f + t);
-}
-
-float geluDerivative(float x) {
-  float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
-  float sech2 = 1.0f - t * t;
-  // For |x| beyond ~10 sech^2 is exactly 0 while x^3 may be inf; 0 * inf
-  // would turn a saturated unit's gradient into NaN.
-  float inner = sech2 == 0.0f ? 0.0f
-                              : 0.5f * x * sech2 * kGeluC *
-                                    (1.0f + 3.0f * kGeluA * x * x);
-  return 0.5f * (1.0f + t) + inner;
-}
-
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
 /// result = f(input, ...) elementwise over operands of the result's shape.
 template <typename Fn>
 Error elementwise(const Instruction &inst, ArrayRef<OpTensor> operands,
@@ -626,32 +554,55 @@ Error elementwise(const Instruction &inst, ArrayRef<OpTensor> operands,
   return Error::success();
 }
 
+/// result = f(input) or f(input, result_grad) with one of the vector
+/// loops (f(x, y, n) or f(x, dy, dx, n)), in parallel chunks.
+template <typename Loop>
+Error vectorised(const Instruction &inst, ArrayRef<OpTensor> operands,
+                 ArrayRef<OpTensor> results, Loop loop) {
+  constexpr bool unary =
+      std::is_invocable_v<Loop, const float *, float *, int64_t>;
+  size_t numOperands = unary ? 1 : 2;
+  if (Error e = checkArity(inst, operands, results, numOperands, 1))
+    return e;
+  if (Error e = checkFloat(inst, operands[0], "input"))
+    return e;
+  if (!unary)
+    if (Error e = checkFloatShape(inst, operands[1], "result_grad",
+                                  operands[0].type.shape))
+      return e;
+  if (Error e =
+          checkFloatShape(inst, results[0], "result", operands[0].type.shape))
+    return e;
+  const float *x = operands[0].f32;
+  float *out = results[0].f32;
+  parallelRanges(results[0].type.numElements(), kElementGrain,
+                 [&](int64_t i0, int64_t i1) {
+                   if constexpr (unary)
+                     loop(x + i0, out + i0, i1 - i0);
+                   else
+                     loop(x + i0, operands[1].f32 + i0, out + i0, i1 - i0);
+                 });
+  return Error::success();
+}
+
 Error gelu(const Instruction &inst, ArrayRef<OpTensor> operands,
            ArrayRef<OpTensor> results) {
-  return elementwise(inst, operands, results, 1, {"input"},
-                     [](float x, float) { return geluForward(x); });
+  return vectorised(inst, operands, results, vecKernels().gelu);
 }
 
 Error geluGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                ArrayRef<OpTensor> results) {
-  return elementwise(inst, operands, results, 2, {"input", "result_grad"},
-                     [](float x, float dy) { return dy * geluDerivative(x); });
+  return vectorised(inst, operands, results, vecKernels().geluGrad);
 }
 
 Error silu(const Instruction &inst, ArrayRef<OpTensor> operands,
            ArrayRef<OpTensor> results) {
-  return elementwise(inst, operands, results, 1, {"input"},
-                     [](float x, float) { return x * sigmoid(x); });
+  return vectorised(inst, operands, results, vecKernels().silu);
 }
 
-/// d/dx x s(x) = s (1 + x (1 - s)).
 Error siluGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                ArrayRef<OpTensor> results) {
-  return elementwise(inst, operands, results, 2, {"input", "result_grad"},
-                     [](float x, float dy) {
-                       float s = sigmoid(x);
-                       return dy * (s * (1.0f + x * (1.0f - s)));
-                     });
+  return vectorised(inst, operands, results, vecKernels().siluGrad);
 }
 
 Error add(const Instruction &inst, ArrayRef<OpTensor> operands,

@@ -19,6 +19,7 @@
 
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/VecMath.h"
 #include "megaslide/runtime/cpu/kernels/Checks.h"
 #include "megaslide/runtime/cpu/kernels/Registry.h"
 
@@ -501,47 +502,58 @@ Error rope3d(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
   double sign = unitAttr(inst, "inverse") ? -1.0 : 1.0;
 
   // cos/sin per axis, position and channel pair, computed once in double:
-  // positions times low frequencies would lose phase in fp32.
+  // positions times low frequencies would lose phase in fp32. Laid out as
+  // cpu/VecMath.h's rotatePairs reads them: each pair's cosine twice and its
+  // sine as (-sin, sin), so x0 c - x1 s and x0 s + x1 c are what the
+  // baseline computes.
   std::array<std::vector<float>, 3> cosTab, sinTab;
   for (int a = 0; a < 3; ++a) {
     int64_t pairs = (*dims)[a] / 2;
-    cosTab[a].resize((*grid)[a] * pairs);
-    sinTab[a].resize((*grid)[a] * pairs);
+    cosTab[a].resize((*grid)[a] * (*dims)[a]);
+    sinTab[a].resize((*grid)[a] * (*dims)[a]);
     for (int64_t pos = 0; pos < (*grid)[a]; ++pos)
       for (int64_t i = 0; i < pairs; ++i) {
         double freq = std::pow(*theta, -2.0 * static_cast<double>(i) /
                                            static_cast<double>((*dims)[a]));
         double angle = sign * static_cast<double>(pos) * freq;
-        cosTab[a][pos * pairs + i] = static_cast<float>(std::cos(angle));
-        sinTab[a][pos * pairs + i] = static_cast<float>(std::sin(angle));
+        float c = static_cast<float>(std::cos(angle));
+        float sn = static_cast<float>(std::sin(angle));
+        int64_t at = pos * (*dims)[a] + 2 * i;
+        cosTab[a][at] = cosTab[a][at + 1] = c;
+        sinTab[a][at] = -sn;
+        sinTab[a][at + 1] = sn;
       }
   }
 
   // Pairs are read before they are written, so the result may alias the
-  // input.
+  // input. Each token is rotated by one thread.
   const float *in = x.f32;
   float *out = results[0].f32;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t pos[3] = {n / ((*grid)[1] * (*grid)[2]),
-                              n / (*grid)[2] % (*grid)[1], n % (*grid)[2]};
-      for (int64_t h = 0; h < heads; ++h) {
-        int64_t row = ((b * N + n) * heads + h) * headDim, channel = 0;
-        for (int a = 0; a < 3; ++a) {
-          int64_t pairs = (*dims)[a] / 2;
-          // data(), not operator[]: an axis may have no channels at all.
-          const float *c = cosTab[a].data() + pos[a] * pairs;
-          const float *sn = sinTab[a].data() + pos[a] * pairs;
-          for (int64_t i = 0; i < pairs; ++i) {
-            float x0 = in[row + channel + 2 * i];
-            float x1 = in[row + channel + 2 * i + 1];
-            out[row + channel + 2 * i] = x0 * c[i] - x1 * sn[i];
-            out[row + channel + 2 * i + 1] = x0 * sn[i] + x1 * c[i];
+  const VecKernels &vec = vecKernels();
+  parallelRanges(
+      batch * N, std::max<int64_t>(1, (1 << 14) / (heads * headDim)),
+      [&](int64_t t0, int64_t t1) {
+        // The token's tables for the whole head dim, shared by its heads.
+        std::vector<float> c(headDim), sn(headDim);
+        for (int64_t t = t0; t < t1; ++t) {
+          int64_t n = t % N;
+          const int64_t pos[3] = {n / ((*grid)[1] * (*grid)[2]),
+                                  n / (*grid)[2] % (*grid)[1], n % (*grid)[2]};
+          int64_t channel = 0;
+          for (int a = 0; a < 3; ++a) {
+            // data(), not operator[]: an axis may have no channels at all.
+            std::copy_n(cosTab[a].data() + pos[a] * (*dims)[a], (*dims)[a],
+                        c.data() + channel);
+            std::copy_n(sinTab[a].data() + pos[a] * (*dims)[a], (*dims)[a],
+                        sn.data() + channel);
+            channel += (*dims)[a];
           }
-          channel += (*dims)[a];
+          for (int64_t h = 0; h < heads; ++h) {
+            int64_t row = (t * heads + h) * headDim;
+            vec.rotatePairs(in + row, c.data(), sn.data(), out + row, headDim);
+          }
         }
-      }
-    }
+      });
   return Error::success();
 }
 

@@ -11,6 +11,7 @@
 #define MEGASLIDE_RUNTIME_CPU_ADAMW_H
 
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/plan/HyperParameters.h"
 
 #include <cstdint>
@@ -47,17 +48,19 @@ inline constexpr int64_t kAdamWChunkAlign = 16;
 /// (decoupled weight decay, as megaslide.adamw). When `workingBf16` is not
 /// null it also receives the round-to-nearest-even bf16 of the new master.
 /// Single fused pass over contiguous chunks on up to cpuThreads()
-/// threads, vectorised for `isa` (lowered to adamwBestIsa() if the CPU
-/// lacks it); the result depends on neither. Requires hyper.step >= 1 and
+/// threads, vectorised for `isa` (lowered to cpuBestIsa() if the CPU lacks
+/// it; tests ask for each variant); the result depends on neither: the
+/// loop is compiled without FMA contraction, so every variant performs the
+/// same IEEE operations in the same order. Requires hyper.step >= 1 and
 /// n >= 0; buffers must not overlap.
 void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
                float *v, const uint16_t *gradBf16, uint16_t *workingBf16,
-               AdamWIsa isa = AdamWIsa::Auto);
+               CpuIsa isa = cpuIsa());
 
 /// As above with fp32 gradients.
 void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
                float *v, const float *grad, uint16_t *workingBf16,
-               AdamWIsa isa = AdamWIsa::Auto);
+               CpuIsa isa = cpuIsa());
 
 } // namespace megaslide::cpu
 

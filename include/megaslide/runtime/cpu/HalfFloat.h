@@ -31,17 +31,6 @@ inline uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>(f != f ? quietNan : rounded);
 }
 
-/// Instruction sets the update loop is compiled for (one binary serves every
-/// x86-64 host: the build has no -march). All give bitwise the same results:
-/// the same IEEE operations in the same order, with FMA contraction off.
-enum class AdamWIsa { Auto, Generic, Avx2, Avx512 };
-
-/// The instruction set AdamWIsa::Auto resolves to on this CPU.
-AdamWIsa adamwBestIsa();
-
-/// "auto", "generic" (SSE2 on x86-64), "avx2" or "avx512".
-const char *adamwIsaName(AdamWIsa isa);
-
 /// The fp32 value of an IEEE fp16 bit pattern (exact; subnormals, inf and
 /// NaN kept).
 inline float halfToFloat(uint16_t bits) {
