@@ -176,7 +176,7 @@ constexpr int64_t kQueryChunk = 128;
 /// grid) are one step.
 constexpr int64_t kKeyChunk = 1024;
 
-/// Tokens [first, first + n) of `tokens`, one run of consecutive indices?
+/// Whether tokens[0, n) are consecutive indices: rows a GEMM reads in place.
 bool consecutive(const int64_t *tokens, int64_t n) {
   for (int64_t c = 1; c < n; ++c)
     if (tokens[c] != tokens[0] + c)
