@@ -14,7 +14,7 @@
 #include <vector>
 
 #if defined(USE_DNNL)
-#include "oneapi/dnnl/dnnl.h"
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 static void sgemm(bool tb, int m, int n, int k, const float *a, const float *b,
                   float *c) {

@@ -14,7 +14,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
+#include "megaslide/runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cassert>
@@ -74,15 +76,6 @@ std::string Dsa3dConfig::validate() const {
 }
 
 namespace {
-
-//===----------------------------------------------------------------------===//
-// Vector helpers (the rest are in ParallelFor.h)
-//===----------------------------------------------------------------------===//
-
-inline void scaleInPlace(float *y, float a, int64_t n) {
-  for (int64_t d = 0; d < n; ++d)
-    y[d] *= a;
-}
 
 //===----------------------------------------------------------------------===//
 // Window geometry (docs/Dsa3d.md, "Definition")
@@ -166,10 +159,51 @@ Int *tileOffsets(const Dsa3dConfig &cfg, Int *offsets, int64_t b, int64_t h,
          ((b * cfg.heads + h) * tiles + tileIndex) * cfg.window[0] * 2;
 }
 
-/// Keys whose logits are computed before the running maximum is updated:
-/// enough to amortise the rescale of the accumulator, small enough to stay
-/// in L1 next to the key rows.
-constexpr int64_t kKeyChunk = 128;
+// Both kernels work per query tile on oneDNN's sgemm (cpu/Gemm.h): the
+// tile's queries, in chunks of at most kQueryChunk, against its window's
+// keys, in chunks of at most kKeyChunk, so S = scale Q K^T is at most
+// kQueryChunk x kKeyChunk. Rows of a chunk are gathered into per-thread
+// buffers unless their tokens are consecutive (a window or tile spanning
+// whole grid rows, such as a window equal to the grid), when the GEMM reads
+// them in place. Per-thread scratch is thus bounded whatever the grid and
+// window: under 2 MB forward and 4 MB backward at D = 128. Chunks depend
+// only on the geometry, so every product has the same shape at any thread
+// count (bitwise the same on one machine, not across instruction sets).
+
+/// Queries per GEMM row block.
+constexpr int64_t kQueryChunk = 128;
+/// Keys per online-softmax step: windows up to 1,024 keys (a 1,024-token
+/// grid) are one step.
+constexpr int64_t kKeyChunk = 1024;
+
+/// Whether tokens[0, n) are consecutive indices: rows a GEMM reads in place.
+bool consecutive(const int64_t *tokens, int64_t n) {
+  for (int64_t c = 1; c < n; ++c)
+    if (tokens[c] != tokens[0] + c)
+      return false;
+  return true;
+}
+
+/// Rows tokens[0, n) of head (b, h) of `x` as a GEMM operand: in place when
+/// the tokens are consecutive, else copied into `buf` (n x D).
+GemmOperand gatherRows(Dsa3dInput x, int64_t b, int64_t h,
+                       const int64_t *tokens, int64_t n, int64_t D,
+                       std::vector<float> &buf) {
+  if (consecutive(tokens, n))
+    return {x.row(b, h, tokens[0]), x.strideN};
+  for (int64_t c = 0; c < n; ++c)
+    std::copy_n(x.row(b, h, tokens[c]), D, &buf[c * D]);
+  return {buf.data(), D};
+}
+
+GemmOperand transposed(GemmOperand x) { return {x.data, x.ld, true}; }
+
+/// The query tokens of `tile` in row-major order.
+void tileQueries(const Dsa3dConfig &cfg, const QueryTile &tile,
+                 std::vector<int64_t> &queries) {
+  queries.clear();
+  tile.forEachQuery(cfg, [&](int64_t token) { queries.push_back(token); });
+}
 
 } // namespace
 
@@ -185,53 +219,59 @@ void megaslide::cpu::dsa3dForward(const Dsa3dConfig &cfg, Dsa3dInput q,
   std::array<int64_t, 3> n = cfg.numTiles();
   const int64_t tiles = n[0] * n[1] * n[2];
   const int64_t D = cfg.headDim, N = cfg.tokens(), W = cfg.windowSize();
+  const int64_t QC = kQueryChunk, KC = std::min(kKeyChunk, W);
   const float scale = static_cast<float>(cfg.scale);
 
   parallelFor(cfg.batch * cfg.heads * tiles, [&] {
-    return [&, keys = std::vector<int64_t>(),
-            kRows = std::vector<const float *>(W),
-            vRows = std::vector<const float *>(W),
-            scores = std::vector<float>(kKeyChunk),
-            acc = std::vector<float>(D)](int64_t item) mutable {
+    return [&, keys = std::vector<int64_t>(), queries = std::vector<int64_t>(),
+            qBuf = std::vector<float>(QC * D), kBuf = std::vector<float>(KC * D),
+            vBuf = std::vector<float>(KC * D),
+            scores = std::vector<float>(QC * KC),
+            acc = std::vector<float>(QC * D), m = std::vector<float>(QC),
+            l = std::vector<float>(QC)](int64_t item) mutable {
       int64_t b = item / (cfg.heads * tiles), h = item / tiles % cfg.heads;
       int64_t tileIndex = item % tiles;
       QueryTile tile = tileAt(cfg, tileIndex);
       windowKeys(cfg, tile, tileOffsets(cfg, offsets, b, h, tileIndex), keys);
-      for (int64_t c = 0; c < W; ++c) {
-        kRows[c] = k.row(b, h, keys[c]);
-        vRows[c] = v.row(b, h, keys[c]);
-      }
-      tile.forEachQuery(cfg, [&](int64_t token) {
-        const float *qi = q.row(b, h, token);
-        // Online softmax: m is the running maximum logit, l the running
-        // sum of exp(logit - m), acc the running sum of exp(logit - m) v.
-        float m = -std::numeric_limits<float>::infinity(), l = 0;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t c0 = 0; c0 < W; c0 += kKeyChunk) {
-          int64_t cn = std::min(kKeyChunk, W - c0);
-          float chunkMax = -std::numeric_limits<float>::infinity();
-          for (int64_t c = 0; c < cn; ++c) {
-            scores[c] = scale * dot(qi, kRows[c0 + c], D);
-            chunkMax = std::max(chunkMax, scores[c]);
+      tileQueries(cfg, tile, queries);
+      const int64_t nq = static_cast<int64_t>(queries.size());
+      for (int64_t i0 = 0; i0 < nq; i0 += QC) {
+        const int64_t rows = std::min(QC, nq - i0);
+        GemmOperand qOp = gatherRows(q, b, h, &queries[i0], rows, D, qBuf);
+        // Online softmax: m is the running maximum logit of each query, l
+        // the running sum of exp(logit - m), acc that of exp(logit - m) v.
+        std::fill_n(m.begin(), rows, -std::numeric_limits<float>::infinity());
+        std::fill_n(l.begin(), rows, 0.0f);
+        for (int64_t c0 = 0; c0 < W; c0 += KC) {
+          const int64_t cn = std::min(KC, W - c0);
+          GemmOperand kOp = gatherRows(k, b, h, &keys[c0], cn, D, kBuf);
+          GemmOperand vOp = gatherRows(v, b, h, &keys[c0], cn, D, vBuf);
+          gemmSerial(rows, cn, D, scale, qOp, transposed(kOp), 0.0f,
+                     scores.data(), cn);
+          for (int64_t r = 0; r < rows; ++r) {
+            float *s = &scores[r * cn];
+            float mNew = std::max(m[r], maxOf(s, cn));
+            // alpha = exp(m - mNew), 0 on the first chunk.
+            float alpha = m[r];
+            expSubAndSum(&alpha, 1, mNew);
+            l[r] = l[r] * alpha + expSubAndSum(s, cn, mNew);
+            m[r] = mNew;
+            if (c0 > 0)
+              for (int64_t d = 0; d < D; ++d)
+                acc[r * D + d] *= alpha;
           }
-          if (chunkMax > m) {
-            float alpha = std::exp(m - chunkMax); // 0 on the first chunk
-            l *= alpha;
-            scaleInPlace(acc.data(), alpha, D);
-            m = chunkMax;
-          }
-          for (int64_t c = 0; c < cn; ++c) {
-            float p = std::exp(scores[c] - m);
-            l += p;
-            axpy(acc.data(), p, vRows[c0 + c], D);
-          }
+          gemmSerial(rows, D, cn, 1.0f, {scores.data(), cn}, vOp,
+                     c0 == 0 ? 0.0f : 1.0f, acc.data(), D);
         }
-        float *o = out.row(b, h, token);
-        float inv = 1.0f / l;
-        for (int64_t d = 0; d < D; ++d)
-          o[d] = acc[d] * inv;
-        lse[(b * cfg.heads + h) * N + token] = m + std::log(l);
-      });
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t token = queries[i0 + r];
+          float *o = out.row(b, h, token);
+          float inv = 1.0f / l[r];
+          for (int64_t d = 0; d < D; ++d)
+            o[d] = acc[r * D + d] * inv;
+          lse[(b * cfg.heads + h) * N + token] = m[r] + std::log(l[r]);
+        }
+      }
     };
   });
 }
@@ -250,15 +290,24 @@ static void backward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
   std::array<int64_t, 3> n = cfg.numTiles();
   const int64_t tiles = n[0] * n[1] * n[2];
   const int64_t D = cfg.headDim, N = cfg.tokens(), W = cfg.windowSize();
+  const int64_t QC = kQueryChunk, KC = std::min(kKeyChunk, W);
   const float scale = static_cast<float>(cfg.scale);
 
+  // One (batch, head) per item, tiles and chunks in order: dK and dV of a
+  // head are summed by one thread in an order fixed by the geometry.
   parallelFor(cfg.batch * cfg.heads, [&] {
-    return [&, keys = std::vector<int64_t>(), rowDot = std::vector<float>(N),
-            dqAcc = std::vector<float>(D)](int64_t item) mutable {
+    return [&, keys = std::vector<int64_t>(), queries = std::vector<int64_t>(),
+            rowDot = std::vector<float>(N), qBuf = std::vector<float>(QC * D),
+            doBuf = std::vector<float>(QC * D),
+            kBuf = std::vector<float>(KC * D), vBuf = std::vector<float>(KC * D),
+            probs = std::vector<float>(QC * KC),
+            dprobs = std::vector<float>(QC * KC),
+            dqAcc = std::vector<float>(QC * D),
+            dkBuf = std::vector<float>(KC * D),
+            dvBuf = std::vector<float>(KC * D)](int64_t item) mutable {
       int64_t b = item / cfg.heads, h = item % cfg.heads;
       const float *lseBH = lse + item * N;
       for (int64_t token = 0; token < N; ++token) {
-        std::fill_n(dq.row(b, h, token), D, 0.0f);
         std::fill_n(dk.row(b, h, token), D, 0.0f);
         std::fill_n(dv.row(b, h, token), D, 0.0f);
         // D_i = rowsum(dO * O) = sum_j P_ij dP_ij, the softmax Jacobian's
@@ -270,24 +319,57 @@ static void backward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
       for (int64_t tileIndex = 0; tileIndex < tiles; ++tileIndex) {
         QueryTile tile = tileAt(cfg, tileIndex);
         windowKeys(cfg, tile, tileOffsets(cfg, offsets, b, h, tileIndex), keys);
-        tile.forEachQuery(cfg, [&](int64_t token) {
-          const float *qi = q.row(b, h, token);
-          const float *doi = dout.row(b, h, token);
-          const float lseI = lseBH[token], rowDotI = rowDot[token];
-          std::fill(dqAcc.begin(), dqAcc.end(), 0.0f);
-          for (int64_t c = 0; c < W; ++c) {
-            const float *kc = k.row(b, h, keys[c]);
-            const float *vc = v.row(b, h, keys[c]);
-            float p = std::exp(scale * dot(qi, kc, D) - lseI);
-            axpy(dv.row(b, h, keys[c]), p, doi, D);
-            float ds = p * (dot(doi, vc, D) - rowDotI);
-            axpy(dqAcc.data(), ds, kc, D);
-            axpy(dk.row(b, h, keys[c]), scale * ds, qi, D);
+        tileQueries(cfg, tile, queries);
+        const int64_t nq = static_cast<int64_t>(queries.size());
+        for (int64_t i0 = 0; i0 < nq; i0 += QC) {
+          const int64_t rows = std::min(QC, nq - i0);
+          const int64_t *qTokens = &queries[i0];
+          GemmOperand qOp = gatherRows(q, b, h, qTokens, rows, D, qBuf);
+          GemmOperand doOp = gatherRows(dout, b, h, qTokens, rows, D, doBuf);
+          for (int64_t c0 = 0; c0 < W; c0 += KC) {
+            const int64_t cn = std::min(KC, W - c0);
+            const int64_t *kTokens = &keys[c0];
+            GemmOperand kOp = gatherRows(k, b, h, kTokens, cn, D, kBuf);
+            GemmOperand vOp = gatherRows(v, b, h, kTokens, cn, D, vBuf);
+            // P = exp(scale q k^T - lse), recomputed from the forward's lse.
+            gemmSerial(rows, cn, D, scale, qOp, transposed(kOp), 0.0f,
+                       probs.data(), cn);
+            gemmSerial(rows, cn, D, 1.0f, doOp, transposed(vOp), 0.0f,
+                       dprobs.data(), cn);
+            for (int64_t r = 0; r < rows; ++r) {
+              float *p = &probs[r * cn], *ds = &dprobs[r * cn];
+              expSubAndSum(p, cn, lseBH[qTokens[r]]);
+              float rowDotR = rowDot[qTokens[r]];
+              for (int64_t c = 0; c < cn; ++c)
+                ds[c] = p[c] * (ds[c] - rowDotR);
+            }
+            // dQ = scale dS K over the chunks; dK += scale dS^T Q and
+            // dV += P^T dO, in place for consecutive keys (zeroed above),
+            // else added row by row in the window's key order.
+            gemmSerial(rows, D, cn, scale, {dprobs.data(), cn}, kOp,
+                       c0 == 0 ? 0.0f : 1.0f, dqAcc.data(), D);
+            GemmOperand dsT{dprobs.data(), cn, true}, pT{probs.data(), cn, true};
+            if (consecutive(kTokens, cn)) {
+              gemmSerial(cn, D, rows, scale, dsT, qOp, 1.0f,
+                         dk.row(b, h, kTokens[0]), dk.strideN);
+              gemmSerial(cn, D, rows, 1.0f, pT, doOp, 1.0f,
+                         dv.row(b, h, kTokens[0]), dv.strideN);
+              continue;
+            }
+            gemmSerial(cn, D, rows, scale, dsT, qOp, 0.0f, dkBuf.data(), D);
+            gemmSerial(cn, D, rows, 1.0f, pT, doOp, 0.0f, dvBuf.data(), D);
+            for (int64_t c = 0; c < cn; ++c) {
+              float *dkc = dk.row(b, h, kTokens[c]),
+                    *dvc = dv.row(b, h, kTokens[c]);
+              for (int64_t d = 0; d < D; ++d) {
+                dkc[d] += dkBuf[c * D + d];
+                dvc[d] += dvBuf[c * D + d];
+              }
+            }
           }
-          float *dqi = dq.row(b, h, token);
-          for (int64_t d = 0; d < D; ++d)
-            dqi[d] = scale * dqAcc[d];
-        });
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(&dqAcc[r * D], D, dq.row(b, h, qTokens[r]));
+        }
       }
     };
   });

@@ -19,7 +19,7 @@
 #include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
-#include "oneapi/dnnl/dnnl.h"
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cstdio>

@@ -12,12 +12,16 @@
 // in double.
 // Hot loops vectorise without -ffast-math: they run along a contiguous axis
 // or keep a fixed number of partial sums combined in a fixed order. Results
-// do not depend on the thread count: attention gives each (batch, head) to
-// exactly one thread, like the 3D-DSA kernels it sits next to.
+// do not depend on the thread count: the attention forward gives each query
+// block, its backward each (batch, head), to exactly one thread, like the
+// 3D-DSA kernels it sits next to. Attention's products are oneDNN's sgemm,
+// so its bits are the same at any thread count on one machine but not
+// across instruction sets (cpu/Gemm.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cpu/VecMath.h"
 #include "megaslide/runtime/cpu/kernels/Checks.h"
@@ -603,190 +607,37 @@ Expected<AttentionShape> attentionShape(const exec::Instruction &inst,
   return a;
 }
 
-// The attention kernels work on blocks of kQueryBlock queries against all
-// keys of one (batch, head), with keys and values transposed to [Dh, Nk]
-// (Nk padded with zeros to a multiple of kLanes). Each micro-kernel keeps
-// kLanes independent sums per query in a GCC/Clang vector (GCC vectorised
-// the plain loops along the wrong axis), combined only in a fixed order, and
-// each element of K or V it loads serves several queries.
+// Both kernels work on blocks of up to kQueryBlock queries of one (batch,
+// head) against all its keys, on oneDNN's sgemm (cpu/Gemm.h) straight from
+// the strided [B, N, H, Dh] layout: S = scale Q K^T is kQueryBlock x Nk,
+// the only scratch, and blocks depend on Nq alone, so every product has
+// the same shape at any thread count.
 
-/// Keys handled per vector step.
-constexpr int64_t kLanes = 8;
-/// Queries sharing each load of a key or value element.
-constexpr int kQueryBlock = 4;
+/// Queries per block: 64 rows keep the GEMMs near oneDNN's large-matrix
+/// speed while S and dP stay 2 * 64 * Nk floats per thread (the old
+/// transposed K and V copies were 2 * Dh * Nk).
+constexpr int64_t kQueryBlock = 64;
 
-/// kLanes floats; lane-wise arithmetic, lowered to whatever SIMD exists.
-typedef float LaneVec __attribute__((vector_size(kLanes * sizeof(float))));
-
-// Vectors go by reference: wider-than-SSE vectors by value would depend on
-// the vector ABI (-Wpsabi).
-inline void loadLanes(LaneVec &v, const float *p) {
-  std::memcpy(&v, p, sizeof(v));
+int64_t queryBlocks(const AttentionShape &a) {
+  return (a.nq + kQueryBlock - 1) / kQueryBlock;
 }
 
-inline void storeLanes(float *p, const LaneVec &v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
-/// The lanes' sum, in a fixed order.
-inline float sumLanes(const LaneVec &v) {
-  static_assert(kLanes == 8, "sumLanes combines eight lanes");
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-int64_t padToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
-
-/// out[q][j] = sum_d a[q][d] * bT[d][j] for j in [0, n), n a multiple of
-/// kLanes: logits from transposed keys, dP from transposed values.
-template <int QB>
-void rowsTimesTransposed(const float *a, int64_t lda, const float *bT,
-                         int64_t ldb, int64_t depth, int64_t n, float *out,
-                         int64_t ldo) {
-  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-    LaneVec acc[QB] = {};
-    for (int64_t d = 0; d < depth; ++d) {
-      LaneVec b;
-      loadLanes(b, bT + d * ldb + j0);
-      for (int q = 0; q < QB; ++q)
-        acc[q] += a[q * lda + d] * b;
-    }
-    for (int q = 0; q < QB; ++q)
-      storeLanes(out + q * ldo + j0, acc[q]);
+/// Leaves softmax(scale q k^T) of queries [i0, i0 + rows) of head (b, h)
+/// in p (rows x Nk). Forward and backward both call this on the same
+/// blocks, so the backward recomputes bit for bit the forward's
+/// probabilities.
+void softmaxBlock(const AttentionShape &a, const float *q, const float *k,
+                  int64_t b, int64_t h, int64_t i0, int64_t rows, float *p) {
+  const int64_t stride = a.tokenStride(), nk = a.nk;
+  gemmSerial(rows, nk, a.headDim, a.scale, {q + a.row(b, i0, a.nq, h), stride},
+             {k + a.row(b, 0, nk, h), stride, true}, 0.0f, p, nk);
+  for (int64_t r = 0; r < rows; ++r) {
+    float *s = p + r * nk;
+    float inv = 1.0f / expSubAndSum(s, nk, maxOf(s, nk));
+    for (int64_t j = 0; j < nk; ++j)
+      s[j] *= inv;
   }
 }
-
-/// out[q][d] = scale * sum_j p[q][j] * bT[d][j] over j in [0, n), n a
-/// multiple of kLanes: P V and dS K with transposed values and keys.
-template <int QB>
-void rowsDotTransposed(const float *p, int64_t ldp, const float *bT,
-                       int64_t ldb, int64_t depth, int64_t n, float scale,
-                       float *out, int64_t ldo) {
-  for (int64_t d = 0; d < depth; ++d) {
-    LaneVec acc[QB] = {};
-    const float *b = bT + d * ldb;
-    for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-      LaneVec bv, pv;
-      loadLanes(bv, b + j0);
-      for (int q = 0; q < QB; ++q) {
-        loadLanes(pv, p + q * ldp + j0);
-        acc[q] += pv * bv;
-      }
-    }
-    for (int q = 0; q < QB; ++q)
-      out[q * ldo + d] = scale * sumLanes(acc[q]);
-  }
-}
-
-/// cT[d][j] += sum_q a[q][d] * p[q][j] over the block's queries, in query
-/// order, for j in [0, n), n a multiple of kLanes: dK and dV accumulated in
-/// the transposed layout.
-template <int QB>
-void accumulateTransposed(const float *a, int64_t lda, const float *p,
-                          int64_t ldp, int64_t depth, int64_t n, float *cT,
-                          int64_t ldc) {
-  for (int64_t d = 0; d < depth; ++d) {
-    float x[QB];
-    for (int q = 0; q < QB; ++q)
-      x[q] = a[q * lda + d];
-    float *c = cT + d * ldc;
-    for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-      LaneVec acc, pv;
-      loadLanes(acc, c + j0);
-      for (int q = 0; q < QB; ++q) {
-        loadLanes(pv, p + q * ldp + j0);
-        acc += x[q] * pv;
-      }
-      storeLanes(c + j0, acc);
-    }
-  }
-}
-
-/// Calls fn(first query, std::integral_constant<int, QB>) over [0, nq) in
-/// blocks of kQueryBlock and a shorter tail block.
-template <typename Fn> void forEachQueryBlock(int64_t nq, Fn fn) {
-  int64_t i0 = 0;
-  for (; i0 + kQueryBlock <= nq; i0 += kQueryBlock)
-    fn(i0, std::integral_constant<int, kQueryBlock>());
-  static_assert(kQueryBlock == 4, "tail dispatch below assumes 4");
-  switch (nq - i0) {
-  case 3:
-    fn(i0, std::integral_constant<int, 3>());
-    break;
-  case 2:
-    fn(i0, std::integral_constant<int, 2>());
-    break;
-  case 1:
-    fn(i0, std::integral_constant<int, 1>());
-    break;
-  default:
-    break;
-  }
-}
-
-/// Turns the logits s[0, nk) into softmax probabilities and zeroes the
-/// padding s[nk, nkPad), which the micro-kernels read.
-void softmaxRow(float *s, int64_t nk, int64_t nkPad) {
-  float lanes[kLanes];
-  std::fill_n(lanes, kLanes, -std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + kLanes <= nk; j += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      lanes[l] = lanes[l] > s[j + l] ? lanes[l] : s[j + l];
-  float m = *std::max_element(lanes, lanes + kLanes);
-  for (; j < nk; ++j)
-    m = std::max(m, s[j]);
-  float sum = 0;
-  for (j = 0; j < nk; ++j) {
-    s[j] = std::exp(s[j] - m);
-    sum += s[j];
-  }
-  float inv = 1.0f / sum;
-  for (j = 0; j < nk; ++j)
-    s[j] *= inv;
-  std::fill(s + nk, s + nkPad, 0.0f);
-}
-
-/// Per-thread state of one (batch, head): transposed, zero-padded keys and
-/// values, and the block's scaled queries and probability rows. O(Nk * Dh)
-/// floats; nothing is Nq x Nk.
-struct HeadScratch {
-  int64_t nkPad;
-  std::vector<float> kT, vT, qScaled, probs, dprobs;
-
-  explicit HeadScratch(const AttentionShape &a)
-      : nkPad(padToLanes(a.nk)), kT(a.headDim * nkPad, 0.0f),
-        vT(a.headDim * nkPad, 0.0f), qScaled(kQueryBlock * a.headDim),
-        probs(kQueryBlock * nkPad), dprobs(kQueryBlock * nkPad) {}
-
-  /// Copies head (b, h) of a [B, Nk, H, Dh] tensor into dst [Dh, nkPad];
-  /// the padding columns stay zero.
-  void transpose(const AttentionShape &a, const float *src, int64_t b,
-                 int64_t h, std::vector<float> &dst) const {
-    for (int64_t j = 0; j < a.nk; ++j) {
-      const float *r = src + a.row(b, j, a.nk, h);
-      for (int64_t d = 0; d < a.headDim; ++d)
-        dst[d * nkPad + j] = r[d];
-    }
-  }
-
-  /// Leaves softmax(scale q k^T) of queries [i0, i0 + QB) in `probs` and
-  /// the scaled queries in `qScaled`. Forward and backward both call this,
-  /// so the backward recomputes bit for bit the forward's probabilities.
-  template <int QB>
-  void softmax(const AttentionShape &a, const float *q, int64_t b, int64_t h,
-               int64_t i0) {
-    const int64_t D = a.headDim;
-    for (int qi = 0; qi < QB; ++qi) {
-      const float *r = q + a.row(b, i0 + qi, a.nq, h);
-      for (int64_t d = 0; d < D; ++d)
-        qScaled[qi * D + d] = a.scale * r[d];
-    }
-    rowsTimesTransposed<QB>(qScaled.data(), D, kT.data(), nkPad, D, nkPad,
-                            probs.data(), nkPad);
-    for (int qi = 0; qi < QB; ++qi)
-      softmaxRow(&probs[qi * nkPad], a.nk, nkPad);
-  }
-};
 
 Error attention(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
                 ArrayRef<OpTensor> results) {
@@ -801,20 +652,21 @@ Error attention(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
     return e;
   const float *q = operands[0].f32, *k = operands[1].f32, *v = operands[2].f32;
   float *out = results[0].f32;
-  const int64_t D = a.headDim, stride = a.tokenStride();
+  const int64_t D = a.headDim, stride = a.tokenStride(),
+                blocks = queryBlocks(a);
 
-  parallelFor(a.batch * a.heads, [&] {
-    return [&, s = HeadScratch(a)](int64_t item) mutable {
-      int64_t b = item / a.heads, h = item % a.heads;
-      s.transpose(a, k, b, h, s.kT);
-      s.transpose(a, v, b, h, s.vT);
-      forEachQueryBlock(a.nq, [&](int64_t i0, auto block) {
-        constexpr int QB = decltype(block)::value;
-        s.softmax<QB>(a, q, b, h, i0);
-        rowsDotTransposed<QB>(s.probs.data(), s.nkPad, s.vT.data(), s.nkPad, D,
-                              s.nkPad, 1.0f, out + a.row(b, i0, a.nq, h),
-                              stride);
-      });
+  // Items are query blocks, each writing only its own rows of `out`: more
+  // items than (batch, head) pairs when there are few heads.
+  parallelFor(a.batch * a.heads * blocks, [&] {
+    return [&, probs = std::vector<float>(kQueryBlock * a.nk)](
+               int64_t item) mutable {
+      int64_t b = item / (a.heads * blocks), h = item / blocks % a.heads;
+      int64_t i0 = item % blocks * kQueryBlock;
+      int64_t rows = std::min(kQueryBlock, a.nq - i0);
+      softmaxBlock(a, q, k, b, h, i0, rows, probs.data());
+      gemmSerial(rows, D, a.nk, 1.0f, {probs.data(), a.nk},
+                 {v + a.row(b, 0, a.nk, h), stride}, 0.0f,
+                 out + a.row(b, i0, a.nq, h), stride);
     };
   });
   return Error::success();
@@ -843,51 +695,49 @@ Error attentionGrad(const exec::Instruction &inst, ArrayRef<OpTensor> operands,
   const float *q = operands[0].f32, *k = operands[1].f32, *v = operands[2].f32;
   const float *o = operands[3].f32, *dout = operands[4].f32;
   float *dq = results[0].f32, *dk = results[1].f32, *dv = results[2].f32;
-  const int64_t D = a.headDim, stride = a.tokenStride();
+  const int64_t D = a.headDim, nk = a.nk, stride = a.tokenStride();
 
-  // One (batch, head) per item: its dK and dV are summed by one thread in
-  // query order, so no atomics and no thread-count dependence.
+  // One (batch, head) per item: its dK and dV are summed by one thread over
+  // the query blocks in order, so no atomics and no thread-count dependence.
   parallelFor(a.batch * a.heads, [&] {
-    return [&, s = HeadScratch(a), dkT = std::vector<float>(),
-            dvT = std::vector<float>()](int64_t item) mutable {
-      int64_t b = item / a.heads, h = item % a.heads, nkPad = s.nkPad;
-      s.transpose(a, k, b, h, s.kT);
-      s.transpose(a, v, b, h, s.vT);
-      dkT.assign(D * nkPad, 0.0f);
-      dvT.assign(D * nkPad, 0.0f);
-      forEachQueryBlock(a.nq, [&](int64_t i0, auto block) {
-        constexpr int QB = decltype(block)::value;
+    return [&, probs = std::vector<float>(kQueryBlock * nk),
+            dprobs = std::vector<float>(kQueryBlock * nk)](
+               int64_t item) mutable {
+      int64_t b = item / a.heads, h = item % a.heads;
+      const float *kh = k + a.row(b, 0, nk, h), *vh = v + a.row(b, 0, nk, h);
+      float *dkh = dk + a.row(b, 0, nk, h), *dvh = dv + a.row(b, 0, nk, h);
+      if (a.nq == 0)
+        for (int64_t j = 0; j < nk; ++j) {
+          std::fill_n(dkh + j * stride, D, 0.0f);
+          std::fill_n(dvh + j * stride, D, 0.0f);
+        }
+      for (int64_t i0 = 0; i0 < a.nq; i0 += kQueryBlock) {
+        int64_t rows = std::min(kQueryBlock, a.nq - i0);
+        const float *qb = q + a.row(b, i0, a.nq, h);
+        const float *dob = dout + a.row(b, i0, a.nq, h);
+        const float *ob = o + a.row(b, i0, a.nq, h);
         // P is recomputed rather than stored: O(Nk) memory per query.
-        s.softmax<QB>(a, q, b, h, i0);
-        const float *doBlock = dout + a.row(b, i0, a.nq, h);
-        rowsTimesTransposed<QB>(doBlock, stride, s.vT.data(), nkPad, D, nkPad,
-                                s.dprobs.data(), nkPad);
-        for (int qi = 0; qi < QB; ++qi) {
+        softmaxBlock(a, q, k, b, h, i0, rows, probs.data());
+        gemmSerial(rows, nk, D, 1.0f, {dob, stride}, {vh, stride, true}, 0.0f,
+                   dprobs.data(), nk);
+        for (int64_t r = 0; r < rows; ++r) {
           // rowsum(dO * O) = sum_j P_ij dP_ij: the softmax Jacobian's
           // correction, from the forward's output as FlashAttention does.
-          float delta =
-              dot(doBlock + qi * stride, o + a.row(b, i0 + qi, a.nq, h), D);
-          float *p = &s.probs[qi * nkPad], *ds = &s.dprobs[qi * nkPad];
-          // Padding keys have p = 0, hence ds = 0.
-          for (int64_t j = 0; j < nkPad; ++j)
+          float delta = dot(dob + r * stride, ob + r * stride, D);
+          const float *p = &probs[r * nk];
+          float *ds = &dprobs[r * nk];
+          for (int64_t j = 0; j < nk; ++j)
             ds[j] = p[j] * (ds[j] - delta);
         }
-        // dQ = scale dS K; dK += dS^T (scale Q); dV += P^T dO.
-        rowsDotTransposed<QB>(s.dprobs.data(), nkPad, s.kT.data(), nkPad, D,
-                              nkPad, a.scale, dq + a.row(b, i0, a.nq, h),
-                              stride);
-        accumulateTransposed<QB>(s.qScaled.data(), D, s.dprobs.data(), nkPad, D,
-                                 nkPad, dkT.data(), nkPad);
-        accumulateTransposed<QB>(doBlock, stride, s.probs.data(), nkPad, D,
-                                 nkPad, dvT.data(), nkPad);
-      });
-      for (int64_t j = 0; j < a.nk; ++j) {
-        float *dkj = dk + a.row(b, j, a.nk, h),
-              *dvj = dv + a.row(b, j, a.nk, h);
-        for (int64_t d = 0; d < D; ++d) {
-          dkj[d] = dkT[d * nkPad + j];
-          dvj[d] = dvT[d * nkPad + j];
-        }
+        // dQ = scale dS K; dK += scale dS^T Q; dV += P^T dO (the first
+        // block overwrites).
+        float beta = i0 == 0 ? 0.0f : 1.0f;
+        gemmSerial(rows, D, nk, a.scale, {dprobs.data(), nk}, {kh, stride},
+                   0.0f, dq + a.row(b, i0, a.nq, h), stride);
+        gemmSerial(nk, D, rows, a.scale, {dprobs.data(), nk, true},
+                   {qb, stride}, beta, dkh, stride);
+        gemmSerial(nk, D, rows, 1.0f, {probs.data(), nk, true}, {dob, stride},
+                   beta, dvh, stride);
       }
     };
   });

@@ -14,7 +14,12 @@ A fenced block right after an HTML comment
   <!-- doc-check: output -->        must equal what the run block before it
                                     printed (stdout and stderr), except the
                                     line and column of a diagnostic
-                                    (`file:12:3: remark: ...`).
+                                    (`file:12:3: remark: ...`);
+  <!-- doc-check: output, numbers within R -->  the same, except that each
+                                    number may differ from the shown one by
+                                    R relative: for figures of a floating
+                                    point computation whose last digits
+                                    depend on the CPU's instruction set.
 
 The tools given with --tool come first on PATH, so the guide's commands
 run the build's binaries exactly as a reader types them.
@@ -27,7 +32,9 @@ import re
 import subprocess
 import sys
 
-MARKER = re.compile(r"^<!-- doc-check: ((?:excerpt|file) (\S+)|run|output) -->$")
+MARKER = re.compile(r"^<!-- doc-check: ((?:excerpt|file) (\S+)|run|"
+                    r"output(?:, numbers within (\S+))?) -->$")
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 LOCATION = re.compile(r"^(\S+?):\d+:\d+: ", re.M)
 
 
@@ -48,8 +55,15 @@ def blocks(doc):
                     if lines[k].startswith("```")), None)
         if end is None:
             sys.exit(f"{doc}:{j + 1}: unterminated fenced block")
-        kind = m.group(1).split()[0]
-        found.append((kind, m.group(2), "\n".join(lines[j + 1:end]), j + 1))
+        kind = m.group(1).split()[0].rstrip(",")
+        argument = m.group(2) if m.group(2) is not None else m.group(3)
+        if argument is not None and kind == "output":
+            try:
+                argument = float(argument)
+            except ValueError:
+                sys.exit(f"{doc}:{i + 1}: 'numbers within' needs a number, "
+                         f"not '{argument}'")
+        found.append((kind, argument, "\n".join(lines[j + 1:end]), j + 1))
     return found
 
 
@@ -57,6 +71,18 @@ def contains(haystack, needle):
     hay, need = haystack.split("\n"), needle.split("\n")
     return any(hay[k:k + len(need)] == need
                for k in range(len(hay) - len(need) + 1))
+
+
+def same_output(expected, actual, within):
+    """Whether `actual` is `expected`, numbers within `within` relative."""
+    if within is None:
+        return expected == actual
+    if NUMBER.split(expected) != NUMBER.split(actual):
+        return False
+    shown, printed = NUMBER.findall(expected), NUMBER.findall(actual)
+    return len(shown) == len(printed) and all(
+        abs(float(a) - float(b)) <= within * max(abs(float(a)), abs(float(b)))
+        for a, b in zip(shown, printed))
 
 
 def main():
@@ -105,7 +131,7 @@ def main():
                 continue
             expected = LOCATION.sub(r"\1:L:C: ", text.strip("\n"))
             actual = LOCATION.sub(r"\1:L:C: ", printed.strip("\n"))
-            if expected != actual:
+            if not same_output(expected, actual, argument):
                 print(f"{where}: error: the commands print something else:")
                 sys.stdout.writelines(difflib.unified_diff(
                     (expected + "\n").splitlines(True),

@@ -89,8 +89,8 @@ Dsa3dView<Elem> dsa3dGraphLayout(Elem *data, const Dsa3dConfig &cfg) {
 /// fp32 with an online softmax; writes the log-sum-exp of the scaled logits
 /// per (b, h, n) into `lse` ([B, H, N], contiguous) for the backward.
 /// `offsets` is int32 [B, H, nT, nY, nX, kt, 2] holding (dy, dx).
-/// Requires cfg.validate() to be empty. O(N * window * D) time, O(window)
-/// scratch per thread.
+/// Requires cfg.validate() to be empty. O(N * window * D) time; scratch per
+/// thread bounded whatever the window (chunks of keys, Dsa3d.cpp).
 void dsa3dForward(const Dsa3dConfig &cfg, Dsa3dInput q, Dsa3dInput k,
                   Dsa3dInput v, const int32_t *offsets, Dsa3dOutput out,
                   float *lse);

@@ -7,7 +7,8 @@
 // block matching by direct window means. Covered: partial border tiles,
 // windows equal to the grid (dense attention), offsets pushing windows past
 // the borders, batch and heads > 1, head dims 8..64, the Python
-// [B, H, T, Y, X, D] and graph [B, N, H, D] layouts, tie-breaking and
+// [B, H, T, Y, X, D] and graph [B, N, H, D] layouts, tiles and windows
+// larger than the kernels' query and key chunks, tie-breaking and
 // thread-count independence.
 //
 // Tolerances (the kernels accumulate in fp32, the references in double):
@@ -650,6 +651,40 @@ TEST(Dsa3dCpuTest, BackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(Dsa3dCpuTest, LargeTilesAndWindowsMatchNaive) {
+  // Tiles of 144 queries and windows of over 1,024 keys: more than one
+  // query chunk (128) and key chunk (1,024, with an online softmax) of the
+  // kernels, keys and queries both gathered and read in place (consecutive
+  // tokens).
+  const Dsa3dConfig configs[] = {
+      makeConfig(1, 1, {2, 24, 48}, 8, {1, 24, 48}, {1, 12, 12}),
+      makeConfig(1, 2, {2, 24, 48}, 8, {2, 20, 30}, {1, 3, 48}),
+  };
+  unsigned seed = 80;
+  for (const Dsa3dConfig &c : configs) {
+    Problem p = makeProblem(c, seed++, 4);
+    std::vector<float> dout = makeProblem(c, seed++, 0).q;
+    std::vector<double> q = toDouble(p.q), k = toDouble(p.k), v = toDouble(p.v);
+    std::vector<double> ref = naiveForward(c, q, k, v, p.offsets);
+    Grads grads = naiveBackward(c, q, k, v, p.offsets, toDouble(dout));
+    for (Layout layout : {Layout::Python, Layout::Graph}) {
+      const char *name = layout == Layout::Graph ? " graph" : " python";
+      EXPECT_EQ(compare(runForward(p, layout), ref, kFwdAtol, kFwdRtol), "")
+          << describe(c) << name;
+      FloatGrads got = runBackward(p, dout, layout);
+      const std::tuple<const char *, const std::vector<float> *,
+                       const std::vector<double> *>
+          checks[] = {{"dq ", &got.dq, &grads.dq},
+                      {"dk ", &got.dk, &grads.dk},
+                      {"dv ", &got.dv, &grads.dv}};
+      for (auto [what, g, r] : checks)
+        EXPECT_EQ(compare(*g, *r, kBwdTol * std::max(1.0, maxAbs(*r)), kBwdTol),
+                  "")
+            << what << describe(c) << name;
+    }
+  }
+}
+
 TEST(Dsa3dCpuTest, OffsetsMatchNaiveBlockMatching) {
   std::mt19937 rng(99);
   for (int trial = 0; trial < 40; ++trial) {
@@ -734,32 +769,39 @@ TEST(Dsa3dCpuTest, OffsetsTieBreakOrder) {
 }
 
 TEST(Dsa3dCpuTest, ResultsDoNotDependOnThreadCount) {
-  Dsa3dConfig c = makeConfig(2, 3, {4, 6, 5}, 32, {3, 3, 3}, {2, 2, 2});
-  Problem p = makeProblem(c, 21, 2);
-  std::vector<float> dout = makeProblem(c, 22, 0).q;
+  // The second has several query and key chunks per tile (see
+  // LargeTilesAndWindowsMatchNaive).
+  const Dsa3dConfig configs[] = {
+      makeConfig(2, 3, {4, 6, 5}, 32, {3, 3, 3}, {2, 2, 2}),
+      makeConfig(1, 3, {2, 24, 48}, 8, {2, 20, 30}, {1, 12, 12}),
+  };
   const char *saved = std::getenv("MEGASLIDE_NUM_THREADS");
   std::string savedValue = saved ? saved : "";
-  std::vector<std::vector<float>> outs;
-  std::vector<FloatGrads> grads;
-  std::vector<std::vector<int32_t>> offsets;
-  for (const char *threads : {"1", "3", "8"}) {
-    setenv("MEGASLIDE_NUM_THREADS", threads, 1);
-    EXPECT_EQ(cpuThreads(), std::atoi(threads));
-    outs.push_back(runForward(p, Layout::Python));
-    grads.push_back(runBackward(p, dout, Layout::Python));
-    offsets.push_back(runOffsets(p, 2));
+  for (const Dsa3dConfig &c : configs) {
+    Problem p = makeProblem(c, 21, 2);
+    std::vector<float> dout = makeProblem(c, 22, 0).q;
+    std::vector<std::vector<float>> outs;
+    std::vector<FloatGrads> grads;
+    std::vector<std::vector<int32_t>> offsets;
+    for (const char *threads : {"1", "3", "8"}) {
+      setenv("MEGASLIDE_NUM_THREADS", threads, 1);
+      EXPECT_EQ(cpuThreads(), std::atoi(threads));
+      outs.push_back(runForward(p, Layout::Python));
+      grads.push_back(runBackward(p, dout, Layout::Python));
+      offsets.push_back(runOffsets(p, 2));
+    }
+    for (size_t i = 1; i < outs.size(); ++i) {
+      EXPECT_EQ(outs[i], outs[0]) << describe(c);
+      EXPECT_EQ(grads[i].dq, grads[0].dq) << describe(c);
+      EXPECT_EQ(grads[i].dk, grads[0].dk) << describe(c);
+      EXPECT_EQ(grads[i].dv, grads[0].dv) << describe(c);
+      EXPECT_EQ(offsets[i], offsets[0]) << describe(c);
+    }
   }
   if (saved)
     setenv("MEGASLIDE_NUM_THREADS", savedValue.c_str(), 1);
   else
     unsetenv("MEGASLIDE_NUM_THREADS");
-  for (size_t i = 1; i < outs.size(); ++i) {
-    EXPECT_EQ(outs[i], outs[0]);
-    EXPECT_EQ(grads[i].dq, grads[0].dq);
-    EXPECT_EQ(grads[i].dk, grads[0].dk);
-    EXPECT_EQ(grads[i].dv, grads[0].dv);
-    EXPECT_EQ(offsets[i], offsets[0]);
-  }
 }
 
 } // namespace

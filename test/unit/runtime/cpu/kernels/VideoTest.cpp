@@ -800,7 +800,10 @@ TEST(CpuVideoKernels, AttentionMatchesNaive) {
        {AttentionCase{2, 9, 9, 3, 8, std::nullopt},
         AttentionCase{1, 13, 5, 2, 16, 0.7}, // cross-attention
         AttentionCase{2, 4, 37, 1, 5, std::nullopt},
-        AttentionCase{1, 64, 64, 4, 16, std::nullopt}}) {
+        AttentionCase{1, 64, 64, 4, 16, std::nullopt},
+        // Several query blocks and a partial one (the kernel's blocks are
+        // 64 queries).
+        AttentionCase{1, 150, 70, 2, 16, std::nullopt}}) {
     Shape qs = {c.B, c.Nq, c.H, c.D}, ks = {c.B, c.Nk, c.H, c.D};
     Buf q = Buf::floats(qs, randomFloats(numel(qs), rng, -2, 2));
     Buf k = Buf::floats(ks, randomFloats(numel(ks), rng, -2, 2));
@@ -818,8 +821,10 @@ TEST(CpuVideoKernels, AttentionMatchesNaive) {
 
 TEST(CpuVideoKernels, AttentionGradMatchesFiniteDifferences) {
   std::mt19937 rng(20);
+  // The last case has several query blocks summed into dK and dV.
   for (const AttentionCase &c : {AttentionCase{2, 5, 7, 2, 4, std::nullopt},
-                                 AttentionCase{1, 6, 6, 3, 9, 0.4}}) {
+                                 AttentionCase{1, 6, 6, 3, 9, 0.4},
+                                 AttentionCase{1, 130, 3, 1, 2, 0.9}}) {
     Shape qs = {c.B, c.Nq, c.H, c.D}, ks = {c.B, c.Nk, c.H, c.D};
     Buf q = Buf::floats(qs, randomFloats(numel(qs), rng, -2, 2));
     Buf k = Buf::floats(ks, randomFloats(numel(ks), rng, -2, 2));
@@ -847,7 +852,8 @@ TEST(CpuVideoKernels, AttentionGradMatchesFiniteDifferences) {
 
 TEST(CpuVideoKernels, AttentionIsThreadCountIndependent) {
   std::mt19937 rng(21);
-  Shape s = {2, 40, 3, 16};
+  // Three query blocks, the last partial.
+  Shape s = {2, 150, 3, 16};
   Buf q = Buf::floats(s, randomFloats(numel(s), rng, -2, 2));
   Buf k = Buf::floats(s, randomFloats(numel(s), rng, -2, 2));
   Buf v = Buf::floats(s, randomFloats(numel(s), rng));
