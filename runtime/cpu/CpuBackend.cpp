@@ -5,6 +5,8 @@
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -116,9 +118,11 @@ AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
 
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
-  // The kernels read MEGASLIDE_CPU_ISA at their first call; a bad value is
-  // reported here instead of aborting there.
+  // The kernels read MEGASLIDE_CPU_ISA and MEGASLIDE_NUM_THREADS; a bad
+  // value is reported here instead of aborting or being ignored there.
   if (const char *error = cpuIsaSettingError())
+    return llvm::createStringError(error);
+  if (const char *error = cpuThreadsSettingError())
     return llvm::createStringError(error);
   // The arena is host memory here: refuse what cannot be allocated rather
   // than abort inside the allocator.

@@ -3,9 +3,11 @@
 #include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,14 +15,37 @@
 
 using namespace megaslide::cpu;
 
+namespace {
+
+/// MEGASLIDE_NUM_THREADS as a count in [1, 1024]; 0 when unset or invalid.
+int threadsSetting(const char *env) {
+  if (!env)
+    return 0;
+  char *end = nullptr;
+  errno = 0;
+  long n = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || errno == ERANGE || n < 1 || n > 1024)
+    return 0;
+  return static_cast<int>(n);
+}
+
+} // namespace
+
 int megaslide::cpu::cpuThreads() {
-  if (const char *env = std::getenv("MEGASLIDE_NUM_THREADS")) {
-    char *end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0)
-      return static_cast<int>(std::min<long>(n, 1024));
-  }
+  if (int n = threadsSetting(std::getenv("MEGASLIDE_NUM_THREADS")))
+    return n;
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+const char *megaslide::cpu::cpuThreadsSettingError() {
+  const char *env = std::getenv("MEGASLIDE_NUM_THREADS");
+  if (!env || threadsSetting(env))
+    return nullptr;
+  thread_local std::string message;
+  message = std::string("MEGASLIDE_NUM_THREADS is '") + env +
+            "'; use a whole number of threads from 1 to 1024, or unset it "
+            "for all cores";
+  return message.c_str();
 }
 
 namespace megaslide::cpu {

@@ -202,3 +202,18 @@ def test_a_bad_cpu_isa_is_an_error():
                             capture_output=True, text=True, env=env)
     assert result.returncode != 0
     assert "MEGASLIDE_CPU_ISA is 'avx3'" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "4x", "99999999999999999999"])
+def test_a_bad_thread_count_is_an_error(value):
+    env = dict(os.environ, MEGASLIDE_NUM_THREADS=value)
+    result = subprocess.run(
+        [tool_path("megaslide-run"), "--no-progress", "--model", "tiny",
+         "--steps", "1"], capture_output=True, text=True, env=env)
+    assert result.returncode != 0
+    assert f"MEGASLIDE_NUM_THREADS is '{value}'; use a whole number" in \
+        result.stderr
+    result = subprocess.run([sys.executable, "-c", "import megaslide"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode != 0
+    assert f"MEGASLIDE_NUM_THREADS is '{value}'" in result.stderr

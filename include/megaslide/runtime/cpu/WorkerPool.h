@@ -56,8 +56,15 @@ private:
 /// The process-wide count of threads the CPU kernels split their work
 /// over: MEGASLIDE_NUM_THREADS if set to a positive integer (at most 1024),
 /// else std::thread::hardware_concurrency() (at least 1). Read at each call,
-/// so a test may change the variable between kernels.
+/// so a test may change the variable between kernels. An invalid value is
+/// passed over here; entry points report it (cpuThreadsSettingError).
 int cpuThreads();
+
+/// Null when MEGASLIDE_NUM_THREADS is unset or valid; otherwise a message
+/// naming the variable, its value and what it takes. Checked where
+/// cpuIsaSettingError is (CpuBackend::create, CudaBackend::create, the
+/// Python module's import).
+const char *cpuThreadsSettingError();
 
 /// The CPU kernels' pool, one per process (a forked child gets its own).
 WorkerPool &processPool();

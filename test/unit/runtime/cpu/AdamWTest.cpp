@@ -24,6 +24,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/AdamW.h"
+#include "megaslide/Testing/ScopedThreads.h"
 
 #include "gtest/gtest.h"
 
@@ -74,25 +75,6 @@ uint16_t referenceBf16(float f) {
     return hi;
   return (lo & 1u) ? hi : lo;
 }
-
-/// Sets MEGASLIDE_NUM_THREADS for the scope, restoring it afterwards.
-class ScopedThreads {
-public:
-  explicit ScopedThreads(const char *threads) {
-    if (const char *old = std::getenv("MEGASLIDE_NUM_THREADS"))
-      saved = old;
-    setenv("MEGASLIDE_NUM_THREADS", threads, 1);
-  }
-  ~ScopedThreads() {
-    if (saved)
-      setenv("MEGASLIDE_NUM_THREADS", saved->c_str(), 1);
-    else
-      unsetenv("MEGASLIDE_NUM_THREADS");
-  }
-
-private:
-  std::optional<std::string> saved;
-};
 
 /// Optimizer state of n parameters in fp32 (kernel) and double (reference).
 struct State {
@@ -300,7 +282,7 @@ TEST(AdamWStep, ThreadCountIndependent) {
     std::vector<uint16_t> working;
   };
   auto run = [&](const char *threads) {
-    ScopedThreads scoped(threads);
+    megaslide::cpu::test::ScopedThreads scoped(threads);
     Result r{master0, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f),
              std::vector<uint16_t>(n, 0)};
     AdamWHyper h;

@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/Testing/ScopedThreads.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/WorkerPool.h"
 
@@ -775,17 +776,15 @@ TEST(Dsa3dCpuTest, ResultsDoNotDependOnThreadCount) {
       makeConfig(2, 3, {4, 6, 5}, 32, {3, 3, 3}, {2, 2, 2}),
       makeConfig(1, 3, {2, 24, 48}, 8, {2, 20, 30}, {1, 12, 12}),
   };
-  const char *saved = std::getenv("MEGASLIDE_NUM_THREADS");
-  std::string savedValue = saved ? saved : "";
   for (const Dsa3dConfig &c : configs) {
     Problem p = makeProblem(c, 21, 2);
     std::vector<float> dout = makeProblem(c, 22, 0).q;
     std::vector<std::vector<float>> outs;
     std::vector<FloatGrads> grads;
     std::vector<std::vector<int32_t>> offsets;
-    for (const char *threads : {"1", "3", "8"}) {
-      setenv("MEGASLIDE_NUM_THREADS", threads, 1);
-      EXPECT_EQ(cpuThreads(), std::atoi(threads));
+    for (int threads : {1, 3, 8}) {
+      megaslide::cpu::test::ScopedThreads scoped(threads);
+      EXPECT_EQ(cpuThreads(), threads);
       outs.push_back(runForward(p, Layout::Python));
       grads.push_back(runBackward(p, dout, Layout::Python));
       offsets.push_back(runOffsets(p, 2));
@@ -798,10 +797,6 @@ TEST(Dsa3dCpuTest, ResultsDoNotDependOnThreadCount) {
       EXPECT_EQ(offsets[i], offsets[0]) << describe(c);
     }
   }
-  if (saved)
-    setenv("MEGASLIDE_NUM_THREADS", savedValue.c_str(), 1);
-  else
-    unsetenv("MEGASLIDE_NUM_THREADS");
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Gemm.h"
+#include "megaslide/Testing/ScopedThreads.h"
 
 #include "gtest/gtest.h"
 
@@ -21,25 +22,6 @@
 using namespace megaslide::cpu;
 
 namespace {
-
-/// Sets MEGASLIDE_NUM_THREADS for the scope, restoring it afterwards.
-class ScopedThreads {
-public:
-  explicit ScopedThreads(const char *threads) {
-    if (const char *old = std::getenv("MEGASLIDE_NUM_THREADS"))
-      saved = old;
-    setenv("MEGASLIDE_NUM_THREADS", threads, 1);
-  }
-  ~ScopedThreads() {
-    if (saved)
-      setenv("MEGASLIDE_NUM_THREADS", saved->c_str(), 1);
-    else
-      unsetenv("MEGASLIDE_NUM_THREADS");
-  }
-
-private:
-  std::optional<std::string> saved;
-};
 
 struct Case {
   int64_t m, n, k;
@@ -76,7 +58,8 @@ template <typename Gemm> void check(const Case &t, Gemm fn) {
                << t.m << "x" << t.n << "x" << t.k << " ta=" << t.ta
                << " tb=" << t.tb << " alpha=" << t.alpha << " beta=" << t.beta);
   std::mt19937 rng(static_cast<unsigned>(t.m * 131 + t.n * 17 + t.k));
-  Stored a = makeOperand(t.m, t.k, t.ta, rng), b = makeOperand(t.k, t.n, t.tb, rng);
+  Stored a = makeOperand(t.m, t.k, t.ta, rng),
+         b = makeOperand(t.k, t.n, t.tb, rng);
   const int64_t ldc = t.n + 5;
   std::vector<float> c(t.m * ldc);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -96,13 +79,17 @@ template <typename Gemm> void check(const Case &t, Gemm fn) {
       }
       double old = t.beta == 0.0f ? 0.0 : double(t.beta) * before[i * ldc + j];
       double ref = t.alpha * sum + old;
-      double bound = 4 * (t.k + 2) * eps * (std::fabs(t.alpha) * mag + std::fabs(old)) + 1e-30;
-      ASSERT_NEAR(c[i * ldc + j], ref, bound) << "at (" << i << ", " << j << ")";
+      double bound =
+          4 * (t.k + 2) * eps * (std::fabs(t.alpha) * mag + std::fabs(old)) +
+          1e-30;
+      ASSERT_NEAR(c[i * ldc + j], ref, bound)
+          << "at (" << i << ", " << j << ")";
     }
     // The padding of C is never written.
     for (int64_t j = t.n; j < ldc; ++j)
-      ASSERT_TRUE(std::isnan(c[i * ldc + j]) ? std::isnan(before[i * ldc + j])
-                                             : c[i * ldc + j] == before[i * ldc + j]);
+      ASSERT_TRUE(std::isnan(c[i * ldc + j])
+                      ? std::isnan(before[i * ldc + j])
+                      : c[i * ldc + j] == before[i * ldc + j]);
   }
 }
 
@@ -127,7 +114,7 @@ TEST(GemmTest, SerialMatchesDoubleReference) {
 }
 
 TEST(GemmTest, ParallelMatchesDoubleReference) {
-  ScopedThreads threads("3");
+  megaslide::cpu::test::ScopedThreads threads("3");
   for (const Case &t : kCases)
     check(t, gemm);
 }
@@ -137,7 +124,7 @@ TEST(GemmTest, BitwiseEqualAtAnyThreadCount) {
   std::mt19937 rng(7);
   Stored a = makeOperand(m, k, false, rng), b = makeOperand(k, n, true, rng);
   auto run = [&](const char *count) {
-    ScopedThreads threads(count);
+    megaslide::cpu::test::ScopedThreads threads(count);
     std::vector<float> c(m * n, 0.25f);
     gemm(m, n, k, 1.0f, {a.data.data(), a.ld}, {b.data.data(), b.ld, true},
          1.0f, c.data(), n);
@@ -148,8 +135,6 @@ TEST(GemmTest, BitwiseEqualAtAnyThreadCount) {
     EXPECT_EQ(run(count), one) << count << " threads";
 }
 
-TEST(GemmTest, NamesItsInstructionSet) {
-  EXPECT_STRNE(gemmIsaName(), "");
-}
+TEST(GemmTest, NamesItsInstructionSet) { EXPECT_STRNE(gemmIsaName(), ""); }
 
 } // namespace

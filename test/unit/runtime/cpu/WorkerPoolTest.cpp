@@ -10,12 +10,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/WorkerPool.h"
+#include "megaslide/Testing/ScopedThreads.h"
 
 #include "gtest/gtest.h"
 
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -96,6 +98,27 @@ TEST(WorkerPoolTest, ForkedChildGetsWorkersOfItsOwn) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(WorkerPoolTest, ABadThreadCountIsReportedNotIgnoredSilently) {
+  using megaslide::cpu::test::ScopedThreads;
+  for (const char *good : {"1", "7", "1024"}) {
+    ScopedThreads scoped(good);
+    EXPECT_EQ(cpuThreadsSettingError(), nullptr) << good;
+    EXPECT_EQ(cpuThreads(), std::stoi(good));
+  }
+  for (const char *bad :
+       {"0", "-1", "", "two", "3x", "1025", "99999999999999999999"}) {
+    ScopedThreads scoped(bad);
+    const char *error = cpuThreadsSettingError();
+    ASSERT_NE(error, nullptr) << bad;
+    EXPECT_NE(std::string(error).find(
+                  std::string("MEGASLIDE_NUM_THREADS is '") + bad + "'"),
+              std::string::npos)
+        << error;
+    // The kernels themselves fall back to every core.
+    EXPECT_GE(cpuThreads(), 1);
+  }
 }
 
 } // namespace

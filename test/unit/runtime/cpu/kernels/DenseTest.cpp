@@ -28,6 +28,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/Testing/ScopedThreads.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/cpu/WorkerPool.h"
 
@@ -484,30 +485,7 @@ TEST(CpuDenseLinear, GradientsMatchFiniteDifferences) {
   expectClose(db, finiteDiff(forward, inputs, 2, dy), kFdAtol, kFdRtol, "db");
 }
 
-/// Restores MEGASLIDE_NUM_THREADS when a test ends.
-class ThreadCountGuard {
-public:
-  ThreadCountGuard() {
-    if (const char *v = std::getenv("MEGASLIDE_NUM_THREADS"))
-      saved = v;
-  }
-  ~ThreadCountGuard() {
-    if (saved)
-      setenv("MEGASLIDE_NUM_THREADS", saved->c_str(), 1);
-    else
-      unsetenv("MEGASLIDE_NUM_THREADS");
-  }
-  void set(int n) {
-    setenv("MEGASLIDE_NUM_THREADS", std::to_string(n).c_str(), 1);
-    EXPECT_EQ(cpuThreads(), n);
-  }
-
-private:
-  std::optional<std::string> saved;
-};
-
 TEST(CpuDenseThreads, ResultsAreBitwiseIndependentOfThreadCount) {
-  ThreadCountGuard guard;
   std::mt19937 rng(5);
   // Many rows (work split by rows) and few rows with wide outputs (split by
   // column panels), both above the parallel threshold.
@@ -528,7 +506,8 @@ TEST(CpuDenseThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   Tensor gx = randomTensor({1 << 19}, rng);
 
   for (int threads : {1, 2, 3, 5}) {
-    guard.set(threads);
+    megaslide::cpu::test::ScopedThreads scoped(threads);
+    EXPECT_EQ(cpuThreads(), threads);
     std::vector<std::vector<float>> outs;
     for (size_t i = 0; i < std::size(shapes); ++i) {
       const LinearShape &s = shapes[i];

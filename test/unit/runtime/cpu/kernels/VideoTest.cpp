@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/Testing/ScopedThreads.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 
@@ -205,25 +206,6 @@ double weighted(const std::vector<double> &y, const std::vector<float> &g) {
     s += y[i] * g[i];
   return s;
 }
-
-/// Sets MEGASLIDE_NUM_THREADS for the lifetime of the object.
-class ScopedThreads {
-public:
-  explicit ScopedThreads(int n) {
-    if (const char *old = std::getenv("MEGASLIDE_NUM_THREADS"))
-      saved = old;
-    setenv("MEGASLIDE_NUM_THREADS", std::to_string(n).c_str(), 1);
-  }
-  ~ScopedThreads() {
-    if (saved)
-      setenv("MEGASLIDE_NUM_THREADS", saved->c_str(), 1);
-    else
-      unsetenv("MEGASLIDE_NUM_THREADS");
-  }
-
-private:
-  std::optional<std::string> saved;
-};
 
 //===----------------------------------------------------------------------===//
 // References (double precision, from the op descriptions)
@@ -860,7 +842,7 @@ TEST(CpuVideoKernels, AttentionIsThreadCountIndependent) {
   Buf g = Buf::floats(s, randomFloats(numel(s), rng));
   std::vector<std::vector<float>> runs[2];
   for (int threads : {1, 3}) {
-    ScopedThreads scoped(threads);
+    megaslide::cpu::test::ScopedThreads scoped(threads);
     Buf o = Buf::floats(s), dq = Buf::floats(s), dk = Buf::floats(s),
         dv = Buf::floats(s);
     RUN_OK(inst("attention"), {&q, &k, &v}, {&o});
