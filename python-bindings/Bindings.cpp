@@ -11,7 +11,6 @@
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/Isa.h"
-#include "megaslide/runtime/cpu/WorkerPool.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>
@@ -344,9 +343,7 @@ std::string execPlanJson(const std::string &model, int64_t frames,
 
 PYBIND11_MODULE(_megaslide, m) {
   // Here rather than at the first kernel, which would have to abort.
-  if (const char *error = megaslide::cpu::cpuIsaSettingError())
-    throw std::invalid_argument(error);
-  if (const char *error = megaslide::cpu::cpuThreadsSettingError())
+  if (const char *error = megaslide::cpu::cpuSettingsError())
     throw std::invalid_argument(error);
   m.doc() = "Native core of the megaslide package (use `import megaslide`).";
   m.attr("__version__") = megaslideVersion();

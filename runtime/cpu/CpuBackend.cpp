@@ -6,7 +6,6 @@
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/Isa.h"
-#include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -120,9 +119,7 @@ llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
   // The kernels read MEGASLIDE_CPU_ISA and MEGASLIDE_NUM_THREADS; a bad
   // value is reported here instead of aborting or being ignored there.
-  if (const char *error = cpuIsaSettingError())
-    return llvm::createStringError(error);
-  if (const char *error = cpuThreadsSettingError())
+  if (const char *error = cpuSettingsError())
     return llvm::createStringError(error);
   // The arena is host memory here: refuse what cannot be allocated rather
   // than abort inside the allocator.
@@ -135,6 +132,11 @@ CpuBackend::create(const exec::ExecPlan &plan) {
         " bytes does not fit this machine's memory; the cpu backend holds "
         "it in host memory (use --backend sim for plans this size)");
   std::unique_ptr<CpuBackend> backend(new CpuBackend(plan));
+  // Kept from step to step: a fresh arena each step cost a page fault per
+  // 4 KiB, 6% of a 1,024-token step (docs/Benchmarks.md, "CPU training
+  // step"). Every value is written before it is read, as on a device, so
+  // what the arena held in an earlier step is never seen.
+  backend->arenaStorage.resize(plan.arenaBytes);
   backend->releasedAfter.resize(plan.instructions.size());
   for (size_t id = 0; id < plan.values.size(); ++id) {
     const exec::Value &v = plan.values[id];
@@ -163,12 +165,6 @@ CpuBackend::create(const exec::ExecPlan &plan) {
 llvm::Expected<exec::StepResult>
 CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                  const exec::StepOptions &options) {
-  // The buffers outlive the step: allocating and zeroing a fresh arena cost
-  // a page fault per 4 KiB every step, 6% of a 1,024-token step
-  // (docs/Benchmarks.md, "CPU training step"). Every value is written before
-  // it is read, as on a device, so what a buffer held before is never seen.
-  if (arenaStorage.size() != static_cast<size_t>(plan.arenaBytes))
-    arenaStorage.resize(plan.arenaBytes);
   StepRun run(plan, arenaStorage.data(), hostStorage);
   exec::StepResult result;
   Clock::time_point begin = Clock::now();

@@ -1,6 +1,7 @@
 //===- Isa.cpp - Instruction sets of the CPU kernels ----------------------===//
 
 #include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +72,12 @@ CpuIsa megaslide::cpu::cpuIsa() {
 
 const char *megaslide::cpu::cpuIsaSettingError() {
   return setting().error.empty() ? nullptr : setting().error.c_str();
+}
+
+const char *megaslide::cpu::cpuSettingsError() {
+  if (const char *error = cpuIsaSettingError())
+    return error;
+  return cpuThreadsSettingError();
 }
 
 const char *megaslide::cpu::cpuIsaName(CpuIsa isa) {

@@ -9,7 +9,6 @@
 #include "megaslide/runtime/cuda/CudaBackendImpl.h"
 
 #include "megaslide/runtime/cpu/Isa.h"
-#include "megaslide/runtime/cpu/WorkerPool.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -439,9 +438,7 @@ const PreparedPlan &CudaBackend::prepared() const { return impl->prep; }
 llvm::Expected<std::unique_ptr<CudaBackend>>
 CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
   // The host AdamW runs on the CPU kernels' ISA and worker pool.
-  if (const char *error = cpu::cpuIsaSettingError())
-    return llvm::createStringError(error);
-  if (const char *error = cpu::cpuThreadsSettingError())
+  if (const char *error = cpu::cpuSettingsError())
     return llvm::createStringError(error);
   auto impl = std::make_unique<Impl>(plan, options);
   llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);

@@ -30,7 +30,7 @@ CpuIsa cpuBestIsa();
 /// What the kernels use: cpuBestIsa() lowered to MEGASLIDE_CPU_ISA
 /// (generic, avx2 or avx512) when that is set, read once per process. A
 /// cap above what the CPU has is no error: the kernels use the best it has.
-/// Entry points check cpuIsaSettingError() first (the cpu backend's
+/// Entry points check cpuSettingsError() first (the cpu backend's
 /// CpuBackend::create, the Python module's import); reached with an
 /// invalid setting, this prints that message and aborts.
 CpuIsa cpuIsa();
@@ -38,6 +38,10 @@ CpuIsa cpuIsa();
 /// Null when MEGASLIDE_CPU_ISA is unset or valid; otherwise a message
 /// naming the variable, its value and the allowed values.
 const char *cpuIsaSettingError();
+
+/// The first of cpuIsaSettingError() and cpuThreadsSettingError()
+/// (cpu/WorkerPool.h) that is not null: what the entry points check.
+const char *cpuSettingsError();
 
 /// "generic", "avx2" or "avx512".
 const char *cpuIsaName(CpuIsa isa);

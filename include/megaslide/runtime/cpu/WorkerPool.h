@@ -61,9 +61,8 @@ private:
 int cpuThreads();
 
 /// Null when MEGASLIDE_NUM_THREADS is unset or valid; otherwise a message
-/// naming the variable, its value and what it takes. Checked where
-/// cpuIsaSettingError is (CpuBackend::create, CudaBackend::create, the
-/// Python module's import).
+/// naming the variable, its value and what it takes. The entry points check
+/// it through cpuSettingsError (cpu/Isa.h).
 const char *cpuThreadsSettingError();
 
 /// The CPU kernels' pool, one per process (a forked child gets its own).
