@@ -8,6 +8,7 @@
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Transforms/Planning.h"
+#include "megaslide/runtime/plan/HostPool.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/sim/Timeline.h"
 
@@ -384,6 +385,16 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
       sim::replay(tasks->tasks, hw.hostMemoryBandwidth), *tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
+  r.issueWaits = sim::issueWaits(*tasks, hw.hostMemoryBandwidth);
+  {
+    exec::HostPoolLayout pool =
+        exec::layoutHostPool(program, exec::computeLiveness(program));
+    r.gradientRingSlots = pool.ringSlots;
+    r.gradientRingSlotBytes = pool.ringSlotBytes;
+    for (const exec::Instruction &inst : program.instructions)
+      if (inst.op == exec::OpCode::HostAdamW)
+        ++r.gradientCopies;
+  }
   for (int s = 0; s < exec::kNumStreams; ++s)
     r.busySeconds[s] = timeline.busy[s];
 
@@ -608,16 +619,22 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                            {"flops", family.flops},
                            {"bytes", family.bytes}};
   }
-  out["step"] = llvm::json::Object{{"predicted_seconds", r.predictedSeconds},
-                                   {"lower_bound_seconds", r.lowerBoundSeconds},
-                                   {"bound_by", boundName},
-                                   {"busy_seconds", std::move(busy)},
-                                   {"device_flops", r.deviceFlops},
-                                   {"recompute_flops", r.recomputeFlops},
-                                   {"model_flops", r.modelFlops()},
-                                   {"peak_flops", r.peakFlops},
-                                   {"mfu", r.mfu()},
-                                   {"by_kernel_family", std::move(families)}};
+  out["step"] = llvm::json::Object{
+      {"predicted_seconds", r.predictedSeconds},
+      {"lower_bound_seconds", r.lowerBoundSeconds},
+      {"bound_by", boundName},
+      {"busy_seconds", std::move(busy)},
+      {"device_flops", r.deviceFlops},
+      {"recompute_flops", r.recomputeFlops},
+      {"model_flops", r.modelFlops()},
+      {"peak_flops", r.peakFlops},
+      {"mfu", r.mfu()},
+      {"by_kernel_family", std::move(families)},
+      {"gradient_ring",
+       llvm::json::Object{{"slots", r.gradientRingSlots},
+                          {"slot_bytes", r.gradientRingSlotBytes},
+                          {"waiting_instructions", r.issueWaits.instructions},
+                          {"wait_seconds", r.issueWaits.seconds}}}};
   out["timeline"] = llvm::json::Object{{"memory", std::move(memory)},
                                        {"streams", std::move(streams)}};
   if (!r.recipe.update.empty())
@@ -731,6 +748,13 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
                       "host optimizer {3:F3} s\n",
                       r.busySeconds[0], r.busySeconds[1], r.busySeconds[2],
                       r.busySeconds[3]);
+  if (r.gradientRingSlots > 0)
+    os << llvm::formatv(
+        "  gradient ring: {0} pinned buffers of {1}; {2} of {3} gradient "
+        "copies wait for the host optimizer, adding {4:F3} s "
+        "(--gradient-buffers)\n",
+        r.gradientRingSlots, formatBytes(r.gradientRingSlotBytes),
+        r.issueWaits.instructions, r.gradientCopies, r.issueWaits.seconds);
   // Where the compute stream's time goes, largest first.
   std::vector<int> order;
   for (int f = 0; f < sim::kNumKernelFamilies; ++f)

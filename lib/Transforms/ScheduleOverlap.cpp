@@ -7,6 +7,8 @@
 
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Support/Units.h"
+#include "megaslide/runtime/plan/HostPool.h"
+#include "megaslide/runtime/support/Packing.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -156,7 +158,9 @@ void insertEvents(func::FuncOp step) {
 
 LogicalResult megaslide::scheduleOverlap(ModuleOp module,
                                          int64_t prefetchDistance,
-                                         int64_t buffers, bool emitRemarks) {
+                                         int64_t buffers,
+                                         int64_t gradientBuffers,
+                                         bool emitRemarks) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step))
     return failure();
@@ -164,6 +168,9 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
   if (buffers < 1 || prefetchDistance < 0)
     return module.emitError() << "options 'buffers' (>= 1) and "
                                  "'prefetch-distance' (>= 0) are out of range";
+  if (gradientBuffers < 1 || gradientBuffers > 64)
+    return module.emitError() << "option 'gradient-buffers' is "
+                              << gradientBuffers << "; it must be in [1, 64]";
   int64_t distance = std::min(prefetchDistance, buffers - 1);
   if (distance < prefetchDistance && emitRemarks)
     module.emitRemark() << "prefetch-distance " << prefetchDistance << " needs "
@@ -185,29 +192,39 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     prefetch(*step, loss, distance, emitRemarks);
   insertEvents(*step);
 
-  // Pinned staging: weight shards in flight, and gradients on their way
-  // out, sized by the largest block.
-  DenseMap<int64_t, uint64_t> weights, grads; // per (block, half), block
-  uint64_t largestWeights = 0, largestGrads = 0;
+  // Pinned staging: weight shards in flight, sized by the largest block,
+  // and the gradient ring (exec::layoutHostPool, the same rule): runs of
+  // one layer's gradient copies, each run in one of `gradientBuffers`
+  // slots as large as the largest run.
+  DenseMap<int64_t, uint64_t> weights; // per (block, half)
+  uint64_t largestWeights = 0, largestGrads = 0, run = 0;
+  std::optional<std::optional<int64_t>> runLayer;
   for (Operation &op : step->getBody().front()) {
     std::optional<int64_t> layer = getLayer(&op);
-    if (!layer)
-      continue;
-    if (auto fetch = dyn_cast<schedule::FetchOp>(op)) {
+    if (auto fetch = dyn_cast<schedule::FetchOp>(op); fetch && layer) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
       largestWeights = std::max(largestWeights,
                                 weights[key] += tensorBytes(fetch.getType()));
     }
-    if (auto out = dyn_cast<schedule::DeviceToHostOp>(op))
-      if (llvm::any_of(out->getUsers(),
-                       [](Operation *u) { return isa<schedule::HostAdamWOp>(u); }))
-        largestGrads =
-            std::max(largestGrads, grads[*layer] += tensorBytes(out.getType()));
+    auto out = dyn_cast<schedule::DeviceToHostOp>(op);
+    if (!out || llvm::none_of(out->getUsers(), [](Operation *u) {
+          return isa<schedule::HostAdamWOp>(u);
+        }))
+      continue;
+    if (runLayer != layer)
+      run = 0;
+    runLayer = layer;
+    run += alignTo(std::max<int64_t>(tensorBytes(out.getType()), 1),
+                   exec::kHostPoolAlign);
+    largestGrads = std::max(largestGrads, run);
   }
   declareResource(module, "weight_staging", schedule::Residency::pinned,
                   (distance + 1) * largestWeights, "pinned staging");
   declareResource(module, "gradient_staging", schedule::Residency::pinned,
-                  2 * largestGrads, "pinned staging");
+                  gradientBuffers * largestGrads, "pinned staging");
+  module->setAttr(
+      schedule::kGradientBuffersAttrName,
+      IntegerAttr::get(IntegerType::get(context, 64), gradientBuffers));
   return success();
 }
 
@@ -221,10 +238,11 @@ struct ScheduleOverlapPass
 
   PipelineOption<&PlanningOptions::prefetchDistance> prefetchDistance{*this};
   PipelineOption<&PlanningOptions::buffers> buffers{*this};
+  PipelineOption<&PlanningOptions::gradientBuffers> gradientBuffers{*this};
 
   void runOnOperation() override {
     if (failed(scheduleOverlap(getOperation(), prefetchDistance, buffers,
-                               /*emitRemarks=*/true)))
+                               gradientBuffers, /*emitRemarks=*/true)))
       signalPassFailure();
   }
 };

@@ -28,19 +28,7 @@ llvm::Error instError(size_t i, const exec::Instruction &inst,
                                      exec::opName(inst.op) + "'): " + msg);
 }
 
-int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id) {
-  for (int guard = 0; guard < 64; ++guard) {
-    const exec::Value &v = plan.values[id];
-    if (v.offset >= 0 || !v.viewOf)
-      return v.offset;
-    id = *v.viewOf;
-  }
-  return -1;
-}
-
 namespace {
-
-constexpr int kStreams = exec::kNumStreams;
 
 /// The ops that run the plan's generated 3D-DSA modules, with the kernel
 /// each needs; every other graph op has a lowering (GraphOpLowering.h).
@@ -63,46 +51,6 @@ const char *dsaKernelOf(OpCode op) {
 
 /// Partitions [0, size) into segments, each remembering per stream the last
 /// instruction (program order) that read or wrote it.
-class HazardMap {
-public:
-  explicit HazardMap(int64_t size) {
-    std::array<int64_t, kStreams> none;
-    none.fill(-1);
-    segments[0] = none;
-    segments[std::max<int64_t>(size, 1)] = none; // sentinel
-  }
-
-  /// Records that `inst` on `stream` touches [lo, hi); a write also raises
-  /// `deps` to the last toucher of those bytes on every other stream.
-  void touch(int64_t lo, int64_t hi, Stream stream, int64_t inst, bool write,
-             std::array<int64_t, kStreams> &deps) {
-    if (lo >= hi)
-      return;
-    split(lo);
-    split(hi);
-    int s = static_cast<int>(stream);
-    for (auto it = segments.find(lo); it != segments.end() && it->first < hi;
-         ++it) {
-      if (write)
-        for (int o = 0; o < kStreams; ++o)
-          if (o != s)
-            deps[o] = std::max(deps[o], it->second[o]);
-      it->second[s] = inst;
-    }
-  }
-
-private:
-  void split(int64_t at) {
-    auto it = segments.upper_bound(at);
-    if (it == segments.begin())
-      return;
-    --it;
-    if (it->first != at)
-      segments.emplace(at, it->second);
-  }
-  std::map<int64_t, std::array<int64_t, kStreams>> segments;
-};
-
 llvm::Expected<std::array<int64_t, 3>> tripleAttr(const exec::Instruction &inst,
                                                   llvm::StringRef name) {
   auto v = inst.intsAttr(name);
@@ -284,7 +232,6 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
   }
 
   std::set<KernelInstance> kernels;
-  std::vector<Stream> eventStream(plan.numEvents, Stream::Compute);
   std::vector<int64_t> eventRecorder(plan.numEvents, -1);
   std::map<std::string, int64_t> lastUpdate; // param -> its host_adamw so far
   for (size_t i = 0; i < n; ++i) {
@@ -301,7 +248,6 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     if (exec::isScheduleOp(inst.op)) {
       if (inst.op == OpCode::Record && inst.event) {
         pi.recordedOn = inst.stream;
-        eventStream[*inst.event] = inst.stream;
         eventRecorder[*inst.event] = i;
       }
       if (inst.op == OpCode::Fetch) {
@@ -377,49 +323,16 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
   p.stagingBytes = weightStagingBytes(plan, options.stagingBytes);
 
   // Cross-stream write-after-read/write waits, in program order.
-  HazardMap arena(plan.arenaBytes), hostPool(p.hostPoolBytes);
+  std::vector<std::vector<Dependency>> waits =
+      exec::crossStreamWaits(plan, p.hostOffset, p.hostPoolBytes);
   p.needsDoneEvent.assign(n, false);
-  int64_t lastWaited[kStreams][kStreams];
-  for (auto &row : lastWaited)
-    std::fill(std::begin(row), std::end(row), -1);
   for (size_t i = 0; i < n; ++i) {
-    const exec::Instruction &inst = plan.instructions[i];
     PreparedInstruction &pi = p.instructions[i];
-    int S = static_cast<int>(inst.stream);
-    std::array<int64_t, kStreams> deps;
-    deps.fill(-1);
-    auto touchValue = [&](int64_t id, bool write) {
-      const exec::Value &v = plan.values[id];
-      if (v.home == Home::Device) {
-        int64_t off = deviceOffset(plan, id);
-        if (off >= 0)
-          arena.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
-      } else if (v.home == Home::Host) {
-        int64_t off = p.hostOffset[id];
-        hostPool.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
-      }
-    };
-    for (int64_t id : inst.operands)
-      touchValue(id, false);
-    for (int64_t id : inst.results)
-      touchValue(id, true);
-    for (const exec::Range &w : inst.workspace)
-      arena.touch(w.offset, w.offset + w.size, inst.stream, i, true, deps);
-    // A plan wait orders this stream after the recorder.
-    if (inst.op == OpCode::Wait && inst.event &&
-        eventRecorder[*inst.event] >= 0) {
-      int R = static_cast<int>(eventStream[*inst.event]);
-      lastWaited[S][R] = std::max(lastWaited[S][R], eventRecorder[*inst.event]);
-    }
-    for (int s = 0; s < kStreams; ++s) {
-      if (s == S || deps[s] < 0 || deps[s] <= lastWaited[S][s])
-        continue;
-      lastWaited[S][s] = deps[s];
-      pi.waits.push_back({static_cast<Stream>(s), deps[s]});
-      if (isGpuStream(static_cast<Stream>(s)))
-        p.needsDoneEvent[deps[s]] = true;
-    }
-    if (inst.op == OpCode::HostAdamW && p.firstUpdate < 0)
+    pi.waits = std::move(waits[i]);
+    for (const Dependency &d : pi.waits)
+      if (isGpuStream(d.stream))
+        p.needsDoneEvent[d.instruction] = true;
+    if (plan.instructions[i].op == OpCode::HostAdamW && p.firstUpdate < 0)
       p.firstUpdate = i;
   }
   std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);

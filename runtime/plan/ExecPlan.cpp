@@ -459,6 +459,9 @@ llvm::Error exec::validate(const ExecPlan &plan) {
            " is not a power of two");
   if (plan.batch <= 0)
     c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
+  if (plan.gradientBuffers < 1 || plan.gradientBuffers > 64)
+    c.fail("gradient_buffers " + llvm::Twine(plan.gradientBuffers) +
+           " is not in [1, 64]");
   // The planner's bound on a step (ModelBuilder): larger batches could
   // overflow the byte counts of the tensors a backend allocates per sample.
   int64_t gridTokens = 1;
@@ -944,6 +947,7 @@ std::string exec::serialize(const ExecPlan &plan) {
               {"arena_bytes", plan.arenaBytes},
               {"alignment", plan.alignment},
               {"planned_live_bytes", plan.plannedLiveBytes},
+              {"gradient_buffers", plan.gradientBuffers},
               {"num_events", plan.numEvents},
               {"params", std::move(params)},
               {"values", std::move(values)},
@@ -1008,6 +1012,7 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         o.map("arena_bytes", plan.arenaBytes) &&
         o.map("alignment", plan.alignment) &&
         o.map("planned_live_bytes", plan.plannedLiveBytes) &&
+        o.mapOptional("gradient_buffers", plan.gradientBuffers) &&
         o.map("num_events", plan.numEvents) && o.map("params", plan.params) &&
         o.map("values", plan.values) && o.map("inputs", plan.inputs) &&
         o.map("outputs", plan.outputs) &&

@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/sim/SimBackend.h"
 
+#include "megaslide/runtime/plan/HostPool.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
 
@@ -138,6 +140,8 @@ void insertDeferredUpdates(const exec::ExecPlan &plan, const HardwareModel &hw,
     step.taskOf[i] = tasks.size();
     for (int64_t &dep : task.deps)
       dep = step.taskOf[dep];
+    for (int64_t &blocker : task.issueAfter)
+      blocker = step.taskOf[blocker];
     for (Release &r : task.frees)
       for (int64_t &user : r.users)
         user = step.taskOf[user];
@@ -168,8 +172,8 @@ void insertDeferredUpdates(const exec::ExecPlan &plan, const HardwareModel &hw,
   step.tasks = std::move(tasks);
 }
 
-llvm::Expected<Built> build(const exec::ExecPlan &plan,
-                            const HardwareModel &hw) {
+llvm::Expected<Built> build(const exec::ExecPlan &plan, const HardwareModel &hw,
+                            int64_t hostPoolNoReuseBytes) {
   if (llvm::Error err = checkIds(plan))
     return std::move(err);
   llvm::Expected<Buffers> buffers = collectBuffers(plan);
@@ -190,6 +194,11 @@ llvm::Expected<Built> build(const exec::ExecPlan &plan,
     }
     if (inst.op == exec::OpCode::Wait) {
       task.deps.push_back(recordOf[*inst.event]);
+      // The cuda backend waits for a host-stream record on its issuing
+      // thread (CudaStep.cpp).
+      if (exec::isGpuStream(inst.stream) &&
+          !exec::isGpuStream(plan.instructions[recordOf[*inst.event]].stream))
+        task.issueAfter.push_back(recordOf[*inst.event]);
       continue;
     }
     task.seconds = secondsFor(plan, inst, hw);
@@ -240,6 +249,19 @@ llvm::Expected<Built> build(const exec::ExecPlan &plan,
   for (size_t i = 0; i < n; ++i)
     for (const exec::Range &w : plan.instructions[i].workspace)
       tasks[i].frees.push_back({{w.offset, w.size}, {static_cast<int64_t>(i)}});
+  // Pinned bytes reused across streams as the cuda backend lays them out:
+  // a GPU instruction that must wait for a host-stream one (a gradient copy
+  // into a ring slot whose last gradient's host AdamW is still running)
+  // blocks the issuing thread, and everything after it with it.
+  exec::HostPoolLayout pool = exec::layoutHostPool(
+      plan, exec::computeLiveness(plan), hostPoolNoReuseBytes);
+  std::vector<std::vector<exec::Dependency>> waits =
+      exec::crossStreamWaits(plan, pool.offset, pool.bytes);
+  for (size_t i = 0; i < n; ++i)
+    if (exec::isGpuStream(plan.instructions[i].stream))
+      for (const exec::Dependency &d : waits[i])
+        if (!exec::isGpuStream(d.stream))
+          tasks[i].issueAfter.push_back(d.instruction);
   Built built{StepTasks{std::move(tasks), {}, {}}, std::move(*buffers)};
   insertDeferredUpdates(plan, hw, built.step);
   return built;
@@ -277,11 +299,26 @@ std::vector<std::pair<double, int64_t>> occupancy(const exec::ExecPlan &plan,
 } // namespace
 
 llvm::Expected<StepTasks> sim::buildTasks(const exec::ExecPlan &plan,
-                                          const HardwareModel &hw) {
-  llvm::Expected<Built> replay = build(plan, hw);
+                                          const HardwareModel &hw,
+                                          int64_t hostPoolNoReuseBytes) {
+  llvm::Expected<Built> replay = build(plan, hw, hostPoolNoReuseBytes);
   if (!replay)
     return replay.takeError();
   return std::move(replay->step);
+}
+
+IssueWaits sim::issueWaits(const StepTasks &step, double hostBandwidth) {
+  IssueWaits w;
+  std::vector<Task> free = step.tasks;
+  for (Task &task : free)
+    if (!task.issueAfter.empty()) {
+      ++w.instructions;
+      task.issueAfter.clear();
+    }
+  if (w.instructions)
+    w.seconds = replay(step.tasks, hostBandwidth).makespan -
+                replay(free, hostBandwidth).makespan;
+  return w;
 }
 
 Timeline sim::perInstruction(const Timeline &timeline, const StepTasks &step) {
@@ -299,8 +336,9 @@ Timeline sim::perInstruction(const Timeline &timeline, const StepTasks &step) {
 
 llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
                                             const HardwareModel &hw,
-                                            trace::ChromeTrace *trace) {
-  llvm::Expected<Built> built = build(plan, hw);
+                                            trace::ChromeTrace *trace,
+                                            int64_t hostPoolNoReuseBytes) {
+  llvm::Expected<Built> built = build(plan, hw, hostPoolNoReuseBytes);
   if (!built)
     return built.takeError();
   Timeline replayed = replay(built->step.tasks, hw.hostMemoryBandwidth);
@@ -348,6 +386,7 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
   for (const StepTasks::Update &u : built->step.updates)
     r.updates.push_back(
         {u.fetch, u.hostAdamW, replayed.start[u.task], replayed.end[u.task]});
+  r.issueWaits = issueWaits(built->step, hw.hostMemoryBandwidth);
 
   if (trace) {
     for (const exec::TraceSpan &span : traceSpans(plan, r))

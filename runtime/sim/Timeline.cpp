@@ -123,10 +123,13 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks,
   ReleaseTimes released;
   HostUsage host(hostBandwidth);
   bool shareHost = std::isfinite(hostBandwidth);
+  double issued = 0; // nothing starts before the issuing thread gets to it
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task &task = tasks[i];
     int s = static_cast<int>(task.stream);
-    double start = streamFree[s];
+    for (int64_t blocker : task.issueAfter)
+      issued = std::max(issued, t.end[blocker]);
+    double start = std::max(streamFree[s], issued);
     for (int64_t dep : task.deps)
       start = std::max(start, t.end[dep]);
     for (ByteRange r : task.writes)

@@ -4,11 +4,14 @@
 // RUN: megaslide-opt %s --split-input-file --megaslide-schedule-overlap="prefetch-distance=2 buffers=2" 2>%t.buf | FileCheck %s --check-prefix=BUF
 // RUN: FileCheck %s --check-prefix=BUF-REMARK < %t.buf
 // RUN: not megaslide-opt %s --split-input-file --megaslide-schedule-overlap=buffers=0 2>&1 | FileCheck %s --check-prefix=RANGE
+// RUN: megaslide-opt %s --split-input-file --megaslide-schedule-overlap=gradient-buffers=3 | FileCheck %s --check-prefix=RING
+// RUN: not megaslide-opt %s --split-input-file --megaslide-schedule-overlap=gradient-buffers=0 2>&1 | FileCheck %s --check-prefix=RING-RANGE
 
 // Inputs are training steps as insert-transfers leaves them. Streams print
 // as their enum values: compute = 0, h2d = 1, d2h = 2, host = 3.
 
 // RANGE: error: options 'buffers' (>= 1) and 'prefetch-distance' (>= 0) are out of range
+// RING-RANGE: error: option 'gradient-buffers' is 0; it must be in [1, 64]
 
 // BUF-REMARK: remark: prefetch-distance 2 needs 3 weight buffers; using 1 with buffers=2
 
@@ -18,13 +21,15 @@
 // first compute op, that every cross-stream edge gets one record after the
 // producer and one wait per consuming stream before the consumer, and that
 // the pinned staging holds (distance + 1) shards of the largest block
-// (block 0: 512 + 32 B) and two of its gradients. Block 0's weights cannot
+// (block 0: 512 + 32 B) and two of its gradients, each in pinned bytes of
+// its own rounded up to 256 B (512 + 256), as the cuda backend lays them
+// out (exec::layoutHostPool); the module records the ring's buffers. Block 0's weights cannot
 // hide behind earlier compute, and a remark says so (the remarks are
 // matched on block, half and reason; their wording in between may vary).
 
-// CHECK-LABEL: module @keep
+// CHECK-LABEL: module @keep attributes {msched.gradient_buffers = 2 : i64}
 // CHECK-NEXT:    msched.resource @weight_staging pinned size(1088) category("pinned staging")
-// CHECK-NEXT:    msched.resource @gradient_staging pinned size(1088) category("pinned staging")
+// CHECK-NEXT:    msched.resource @gradient_staging pinned size(1536) category("pinned staging")
 // CHECK:       func.func @train_step(
 // CHECK-SAME:      %[[X:[a-z0-9_]+]]: tensor<1x8x16xbf16>, %[[NOISE:[a-z0-9_]+]]: tensor<1x8x16xbf16>, %[[STEP:[a-z0-9_]+]]: tensor<i64>)
 // CHECK-NEXT:    %[[DX:.*]] = msched.h2d %[[X]] {msched.stream = 1 : i32}
@@ -90,6 +95,10 @@
 // NOPREFETCH-REMARK-NEXT: %w1 = msched.fetch @w1
 
 // Clamped to the buffers there are, prefetch-distance 2 acts as 1.
+// Tests that gradient-buffers sizes the gradient ring: three blocks' worth.
+// RING-LABEL: module @keep attributes {msched.gradient_buffers = 3 : i64}
+// RING:         msched.resource @gradient_staging pinned size(2304) category("pinned staging")
+
 // BUF-LABEL: module @keep
 // BUF-NEXT:    msched.resource @weight_staging pinned size(1088) category("pinned staging")
 

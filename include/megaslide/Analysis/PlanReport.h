@@ -13,6 +13,7 @@
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Dialect/Schedule/SchedulePolicies.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/sim/Timeline.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/JSON.h"
@@ -98,6 +99,11 @@ struct PlanReport {
   double peakFlops = 0;
   double predictedSeconds = 0, lowerBoundSeconds = 0;
   double busySeconds[exec::kNumStreams] = {}; ///< by exec::Stream
+  /// The gradient ring (exec::layoutHostPool; 0 slots: every host value
+  /// has pinned bytes of its own) and what its waits add to the step.
+  int64_t gradientRingSlots = 0, gradientRingSlotBytes = 0;
+  int64_t gradientCopies = 0;
+  sim::IssueWaits issueWaits;
   /// Predicted device time per kernel family (sim::KernelFamily; the
   /// compute stream's busy time split by what the cuda backend launches).
   struct Family {

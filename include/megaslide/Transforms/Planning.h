@@ -63,7 +63,7 @@ mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
 /// Streams, prefetch, events and pinned staging (see ScheduleOverlapPass).
 mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,
                                     int64_t prefetchDistance, int64_t buffers,
-                                    bool emitRemarks);
+                                    int64_t gradientBuffers, bool emitRemarks);
 
 /// Packs device buffers; returns the arena size (the planned peak).
 mlir::FailureOr<int64_t> planMemory(mlir::ModuleOp module, int64_t alignment);

@@ -312,6 +312,9 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   schedule::PackOp pack = *packs.begin();
   plan.arenaBytes = pack.getArenaSize().value_or(0);
   plan.alignment = pack.getAlignment();
+  if (auto buffers = module->getAttrOfType<IntegerAttr>(
+          schedule::kGradientBuffersAttrName))
+    plan.gradientBuffers = buffers.getInt();
 
   // About one instruction and one value per op (a wait of a join makes
   // more, bookkeeping ops none).

@@ -14,6 +14,10 @@ namespace megaslide::schedule {
 
 /// Discardable attributes written by the planning passes.
 inline constexpr llvm::StringLiteral kStreamAttrName = "msched.stream";
+/// On the module: the pinned gradient buffers megaslide-schedule-overlap
+/// sized "gradient_staging" for (the plan's gradient_buffers).
+inline constexpr llvm::StringLiteral kGradientBuffersAttrName =
+    "msched.gradient_buffers";
 inline constexpr llvm::StringLiteral kOffsetsAttrName = "msched.offsets";
 inline constexpr llvm::StringLiteral kWorkspaceAttrName = "msched.workspace";
 inline constexpr llvm::StringLiteral kCheckpointAttrName = "msched.checkpoint";

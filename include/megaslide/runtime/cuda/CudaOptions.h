@@ -4,6 +4,7 @@
 #define MEGASLIDE_RUNTIME_CUDA_CUDAOPTIONS_H
 
 #include "megaslide/runtime/cuda/CudaApi.h"
+#include "megaslide/runtime/plan/HostPool.h"
 
 #include <cstdint>
 #include <string>
@@ -19,8 +20,9 @@ struct CudaOptions {
   /// staging thread wait for copies.
   int64_t stagingBytes = 0;
   /// Host values (d2h results) get pinned bytes of their own while all of
-  /// them fit this; beyond, they share bytes by liveness.
-  int64_t hostPoolNoReuseBytes = int64_t(8) << 30;
+  /// them fit this; beyond, they share bytes (exec::layoutHostPool). The
+  /// sim prices the default.
+  int64_t hostPoolNoReuseBytes = exec::kHostPoolNoReuseBytes;
   int64_t gemmWorkspaceBytes = int64_t(32) << 20;
   /// Symbol tables to use instead of the loaded driver and cuBLASLt: tests
   /// run the backend on a fake device (host memory, emulated kernels).

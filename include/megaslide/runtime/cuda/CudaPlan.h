@@ -19,6 +19,7 @@
 #include "megaslide/runtime/cuda/CudaOptions.h"
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/plan/HostPool.h"
 
 #include "llvm/ADT/Twine.h"
 
@@ -50,11 +51,8 @@ struct DsaModuleSpec {
 /// Parses a module's manifest (writeDsaManifest's JSON, one configuration).
 llvm::Expected<DsaModuleSpec> parseDsaManifest(const exec::KernelModule &m);
 
-/// An earlier instruction that must have completed first.
-struct Dependency {
-  exec::Stream stream;
-  int64_t instruction;
-};
+using exec::Dependency;
+using exec::deviceOffset;
 
 struct PreparedInstruction {
   /// Graph ops with a dense lowering.
@@ -91,7 +89,10 @@ struct PreparedPlan {
   /// cast into (weightStagingBytes).
   std::vector<int64_t> fetches, fetchUpdate;
   int64_t stagingBytes = 0;
-  bool hostPoolShared = false; ///< host values share bytes by liveness
+  /// Host values share bytes (exec::HostPoolLayout): gradients through a
+  /// ring of `gradientRingSlots` slots of `gradientRingSlotBytes`.
+  bool hostPoolShared = false;
+  int64_t gradientRingSlots = 0, gradientRingSlotBytes = 0;
   /// Instructions whose completion another stream waits for.
   std::vector<bool> needsDoneEvent;
   /// Per plan event: the instruction recording it (-1: none).
@@ -125,11 +126,7 @@ void layoutHostPools(const exec::ExecPlan &plan, const exec::Liveness &live,
 /// `override` > 0 replaces it, raised to the largest fetch.
 int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override = 0);
 
-/// The copy streams and compute: what the GPU runs.
-inline bool isGpuStream(exec::Stream s) { return s != exec::Stream::Host; }
-
-/// Arena offset of a device value (a view: its own offset, else its base's).
-int64_t deviceOffset(const exec::ExecPlan &plan, int64_t id);
+using exec::isGpuStream;
 
 /// "instruction #i ('op'): msg".
 llvm::Error instError(size_t i, const exec::Instruction &inst,

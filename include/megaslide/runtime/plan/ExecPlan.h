@@ -150,6 +150,9 @@ struct ExecPlan {
   int64_t arenaBytes = 0; ///< planned device peak (msched.pack arena_size)
   int64_t alignment = 1;
   int64_t plannedLiveBytes = 0; ///< planned peak of live (unaligned) bytes
+  /// Pinned buffers, each one layer's gradients, that gradient copies
+  /// cycle through when host values share bytes (HostPool.h).
+  int64_t gradientBuffers = 2;
 
   std::vector<Param> params;
   std::vector<Value> values;

@@ -47,6 +47,9 @@ constexpr const char *streamName(Stream stream) {
              : "?";
 }
 
+/// The copy streams and compute: what the GPU runs.
+constexpr bool isGpuStream(Stream s) { return s != Stream::Host; }
+
 /// The stream named `name` (streamName), if any.
 constexpr std::optional<Stream> parseStream(std::string_view name) {
   for (int i = 0; i < kNumStreams; ++i)

@@ -14,6 +14,7 @@
 
 #include "megaslide/runtime/plan/Backend.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/plan/HostPool.h"
 #include "megaslide/runtime/sim/HardwareModel.h"
 #include "megaslide/runtime/sim/Timeline.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
@@ -57,8 +58,15 @@ struct StepTasks {
   };
   std::vector<Update> updates;
 };
-llvm::Expected<StepTasks> buildTasks(const exec::ExecPlan &plan,
-                                     const HardwareModel &hw);
+/// `hostPoolNoReuseBytes` is the cuda backend's (CudaOptions): host values
+/// laid out as it lays them out (exec::layoutHostPool).
+llvm::Expected<StepTasks>
+buildTasks(const exec::ExecPlan &plan, const HardwareModel &hw,
+           int64_t hostPoolNoReuseBytes = exec::kHostPoolNoReuseBytes);
+/// What the issuing thread's waits for the host stream cost in `step`
+/// (IssueWaits).
+IssueWaits issueWaits(const StepTasks &step, double hostBandwidth);
+
 /// The replay of `step`'s tasks per instruction: each instruction's start
 /// and end are its task's; busy times and the makespan are all tasks'.
 Timeline perInstruction(const Timeline &timeline, const StepTasks &step);
@@ -84,6 +92,7 @@ struct SimResult {
     double start, end;
   };
   std::vector<Update> updates;
+  IssueWaits issueWaits;
 };
 
 /// Replays one step of `plan` on `hw`. With `trace`, adds a complete event
@@ -91,9 +100,10 @@ struct SimResult {
 /// the op, and the parameter of a fetch or host_adamw), a "device memory"
 /// counter, and otherData (backend, hardware, prediction); the caller
 /// finishes the trace.
-llvm::Expected<SimResult> simulateStep(const exec::ExecPlan &plan,
-                                       const HardwareModel &hw,
-                                       trace::ChromeTrace *trace = nullptr);
+llvm::Expected<SimResult>
+simulateStep(const exec::ExecPlan &plan, const HardwareModel &hw,
+             trace::ChromeTrace *trace = nullptr,
+             int64_t hostPoolNoReuseBytes = exec::kHostPoolNoReuseBytes);
 
 /// The trace spans of a replayed step, in program order.
 std::vector<exec::TraceSpan> traceSpans(const exec::ExecPlan &plan,

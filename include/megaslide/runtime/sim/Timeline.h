@@ -33,6 +33,10 @@ struct Task {
   exec::Stream stream;
   double seconds = 0;
   std::vector<int64_t> deps;     ///< tasks whose results this one reads
+  /// Tasks the issuing thread waits for before it issues this one: neither
+  /// this task nor any later one starts before they end (the cuda
+  /// backend's issue loop blocking on its host worker).
+  std::vector<int64_t> issueAfter;
   std::vector<ByteRange> writes; ///< arena bytes this task's results occupy
   std::vector<Release> frees;    ///< buffers whose last reader this is
   /// Host memory bytes the task moves (a fetch's staging cast, the host
@@ -51,9 +55,19 @@ struct Timeline {
   double lowerBound() const;
 };
 
+/// What the issuing thread's waits (Task::issueAfter: e.g. a gradient copy
+/// into a ring slot whose last gradient a host AdamW still reads) cost:
+/// the tasks that wait, and the step time they add, the replay with them
+/// against the replay without (sim::issueWaits).
+struct IssueWaits {
+  int64_t instructions = 0;
+  double seconds = 0;
+};
+
 /// Replays tasks in issue order: each starts when its stream is free, its
-/// dependencies have ended, and the arena bytes it writes are no longer
-/// used by earlier buffers (write-after-read reuse of the static plan).
+/// dependencies have ended, the arena bytes it writes are no longer used
+/// by earlier buffers (write-after-read reuse of the static plan), and the
+/// issueAfter tasks of it and of every earlier task have ended.
 /// Tasks with host traffic share `hostBandwidth` B/s: in issue order each
 /// takes, over time, what the earlier ones leave, up to its own hostRate,
 /// and ends no earlier than `seconds` after its start and no earlier than

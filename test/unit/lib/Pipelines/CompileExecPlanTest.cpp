@@ -10,9 +10,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Pipelines/CompileExecPlan.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Model/ModelConfig.h"
+#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
+#include "megaslide/runtime/plan/HostPool.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringRef.h"
@@ -104,6 +107,33 @@ TEST(CompileExecPlanTest, EveryPresetsAttentionRunsOnTensorCores) {
         EXPECT_FALSE(llvm::StringRef(k.kind).starts_with("attention") &&
                      !llvm::StringRef(k.kind).contains("_tc"))
             << k.name();
+    }
+}
+
+/// The planner's pinned "gradient_staging" is the ring the cuda backend
+/// lays out when host values share bytes (exec::layoutHostPool), for every
+/// preset and ring size: the plan promises the bytes the backend pins.
+TEST(CompileExecPlanTest, GradientStagingIsTheBackendsRing) {
+  for (const std::string &preset : presetNames())
+    for (int64_t buffers : {1, 3}) {
+      SCOPED_TRACE(preset + ", " + std::to_string(buffers) + " buffers");
+      mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+      PlanOptions options;
+      options.gradientBuffers = buffers;
+      llvm::Expected<PlanResult> planned = planModel(
+          context, preset, videoOf(preset), TrainingOptions{}, options);
+      ASSERT_TRUE(!!planned) << llvm::toString(planned.takeError());
+      auto staging = planned->module->lookupSymbol<schedule::ResourceOp>(
+          "gradient_staging");
+      ASSERT_TRUE(staging);
+      llvm::Expected<exec::ExecPlan> plan = exportExecPlan(*planned->module);
+      ASSERT_TRUE(!!plan) << llvm::toString(plan.takeError());
+      EXPECT_EQ(plan->gradientBuffers, buffers);
+      exec::HostPoolLayout pool =
+          exec::layoutHostPool(*plan, exec::computeLiveness(*plan), 0);
+      EXPECT_EQ(pool.ringSlots, buffers);
+      EXPECT_EQ(pool.ringSlots * pool.ringSlotBytes,
+                static_cast<int64_t>(staging.getSize()));
     }
 }
 

@@ -448,6 +448,7 @@ TEST_F(PlanningReferenceTest, PrefetchMatchesMovingOneAtATime) {
         return success();
       });
       ASSERT_TRUE(succeeded(scheduleOverlap(*fast, distance, distance + 1,
+                                            /*gradientBuffers=*/2,
                                             /*emitRemarks=*/true)));
     }
     referenceStreamsAndPrefetch(*reference, distance, referenceRemarks);
@@ -475,6 +476,7 @@ TEST_F(PlanningReferenceTest, DeviceBuffersMatchUnionFind) {
         applyActivationPolicies(*planned, randomPolicies(rng, layers))));
     ASSERT_TRUE(succeeded(insertTransfers(*planned)));
     ASSERT_TRUE(succeeded(scheduleOverlap(*planned, distance, distance + 1,
+                                          /*gradientBuffers=*/2,
                                           /*emitRemarks=*/false)));
     func::FuncOp step = *getTrainStep(*planned);
     DeviceBuffers fast = collectDeviceBuffers(step);

@@ -1208,15 +1208,17 @@ TEST(CudaBackendTest, HandBuiltPlanIsValidAndPrepares) {
   EXPECT_EQ(prep->hostPoolBytes, 4096 + 4096 + 256 + 256);
 }
 
-TEST(CudaBackendTest, SharedHostPoolPacksByLiveness) {
+TEST(CudaBackendTest, SharedHostPoolPutsGradientsInTheRing) {
   HandBuiltPlan h = handBuiltPlan();
   CudaOptions options;
-  options.hostPoolNoReuseBytes = 0; // force sharing by liveness
+  options.hostPoolNoReuseBytes = 0; // force sharing
   auto prep = prepareCudaPlan(h.plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   EXPECT_TRUE(prep->hostPoolShared);
-  // All four host values are live together (the AdamW steps read them
-  // after the last d2h): nothing can share, and nothing needs to wait.
+  // The three gradients (no layer: one group) fill one ring slot; the
+  // loss follows the ring. Nothing shares, and nothing needs to wait.
+  EXPECT_EQ(prep->gradientRingSlots, 1);
+  EXPECT_EQ(prep->gradientRingSlotBytes, 4096 + 4096 + 256);
   EXPECT_EQ(prep->hostPoolBytes, 4096 + 4096 + 256 + 256);
   for (const PreparedInstruction &pi : prep->instructions)
     for (const Dependency &d : pi.waits)
@@ -1705,6 +1707,84 @@ TEST_P(CudaBackendFakeDeviceTinyTest, EveryOrderingStepsLikeTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(GlobalAndDsaAttention, CudaBackendFakeDeviceTinyTest,
                          ::testing::ValuesIn(kTinyPlans));
+
+/// Pinned host values shared as on a large model (the gradient ring): the
+/// issuing thread runs ahead of a host optimizer that has not finished its
+/// first update by every gradient copy that reuses no bytes a pending
+/// update reads, two layers' worth with the default two buffers. Packed by
+/// liveness (before the ring), the second gradient copy reused the first's
+/// bytes and the issuing thread stopped there, one gradient ahead.
+TEST(CudaBackendFakeDeviceTest, GradientCopiesRunAheadOfTheHostOptimizer) {
+  std::string why;
+  const exec::ExecPlan *plan = savedTestPlan("tiny", why);
+  ASSERT_TRUE(plan) << why;
+  CudaOptions options = fakeDeviceOptions();
+  options.hostPoolNoReuseBytes = 0;
+  auto prep = prepareCudaPlan(*plan, options);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  ASSERT_TRUE(prep->hostPoolShared);
+  EXPECT_EQ(prep->gradientRingSlots, plan->gradientBuffers);
+
+  // The device-to-host copies the issuing thread makes before the first
+  // gradient copy that waits for a host update, and the layers of the
+  // gradients among them.
+  int64_t copiesAhead = 0, gradientsAhead = 0;
+  std::set<std::optional<int64_t>> layersAhead;
+  for (auto [i, inst] : llvm::enumerate(plan->instructions)) {
+    if (static_cast<int64_t>(i) == prep->lossDef &&
+        plan->values[prep->lossValue].home == exec::Home::Device)
+      ++copiesAhead; // the loss, to its pinned stage
+    if (inst.op != exec::OpCode::DeviceToHost)
+      continue;
+    if (llvm::any_of(prep->instructions[i].waits, [](const Dependency &d) {
+          return d.stream == exec::Stream::Host;
+        }))
+      break;
+    ++copiesAhead;
+    for (const exec::Instruction &u : plan->instructions)
+      if (u.op == exec::OpCode::HostAdamW && u.operands[0] == inst.results[0]) {
+        ++gradientsAhead;
+        layersAhead.insert(inst.layer);
+      }
+  }
+  EXPECT_GE(static_cast<int64_t>(layersAhead.size()), plan->gradientBuffers);
+  EXPECT_GT(gradientsAhead, 2);
+
+  fake::Options fakeOptions;
+  fakeOptions.referenceKernels = true;
+  if (!setUpFakeDevice(*plan, *prep, why, fakeOptions))
+    GTEST_SKIP() << why;
+  auto gpu = CudaBackend::create(*plan, options);
+  ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+  auto shapes = train::InputShapes::of(*plan);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  host::HostState state = host::initHostState(*plan, 3);
+
+  // The first update holds the host stream until the issuing thread has
+  // made every copy it can make without it; the deadline only ends a run
+  // that would otherwise hang where the thread cannot get that far.
+  auto copies = [] { return fake::stats().calls["cuMemcpyDtoHAsync_v2"]; };
+  int64_t reached = -1;
+  exec::StepOptions go;
+  go.onGradient = [&](llvm::StringRef, llvm::ArrayRef<float>) {
+    if (reached >= 0)
+      return;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (copies() < copiesAhead &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    reached = copies();
+  };
+  fake::beginStep(0);
+  auto g = (*gpu)->step(in, state, go);
+  expectNoFakeDeviceErrors("step 0");
+  ASSERT_TRUE(!!g) << llvm::toString(g.takeError());
+  EXPECT_GE(reached, copiesAhead)
+      << "the issuing thread stopped after " << reached
+      << " device-to-host copies while the first host update was pending; "
+      << "the gradient ring allows " << copiesAhead;
+}
 
 /// The tiny plan without the first wait that orders a fetched weight
 /// before a kernel reading it: exec::validate refuses the plan, and the

@@ -514,6 +514,61 @@ TEST(SimBackend, ReusedBytesWaitForTheirLastReader) {
   EXPECT_DOUBLE_EQ(r.makespan, 6);
 }
 
+// Tests that two layers' gradients through one pinned buffer
+// (--gradient-buffers 1, host values sharing bytes) hold back the issuing
+// thread: layer 1's copy (#10) reuses layer 0's bytes, so the cuda backend
+// waits for layer 0's host AdamW (#6, 3..13) before it issues that copy and
+// the kernel after it (#11). With bytes of their own, or two buffers,
+// nothing waits: the copy runs at 3..5 and the kernel at 2..3.
+TEST(SimBackend, GradientCopiesIntoABusyRingSlotHoldBackTheIssuingThread) {
+  PlanBuilder b;
+  int64_t step = b.input(8, "step");
+  int64_t d0 = b.device(1000, 0), d1 = b.device(1000, 1000),
+          d2 = b.device(1000, 2000);
+  int64_t h0 = b.host(1000), h1 = b.host(1000);
+  auto adamw = [&](int64_t gradient, const char *param) {
+    exec::CostInputs c;
+    c.otherFlops = kHostAdamWFlopsPerParam * 1000;
+    int64_t i = b.add("host_adamw", Stream::Host, {gradient, step}, {}, c);
+    b.plan.instructions[i].param = param;
+    return i;
+  };
+  b.kernel({}, {d0}, 1);                                    // #0 0..1
+  b.sync(Stream::Compute, Stream::DeviceToHost);            // #1, #2
+  int64_t c0 = b.copy("d2h", Stream::DeviceToHost, d0, h0); // #3 1..3
+  b.sync(Stream::DeviceToHost, Stream::Host);               // #4, #5
+  int64_t a0 = adamw(h0, "w0");                             // #6 3..13
+  b.kernel({}, {d1}, 1);                                    // #7 1..2
+  b.sync(Stream::Compute, Stream::DeviceToHost);            // #8, #9
+  int64_t c1 = b.copy("d2h", Stream::DeviceToHost, d1, h1); // #10
+  int64_t k2 = b.kernel({}, {d2}, 1);                       // #11
+  b.sync(Stream::DeviceToHost, Stream::Host);
+  adamw(h1, "w1");
+  b.plan.instructions[c0].layer = 0;
+  b.plan.instructions[c1].layer = 1;
+  b.plan.outputs = {};
+  HardwareModel hw = roundHardware();
+
+  b.plan.gradientBuffers = 1;
+  SimResult ring = llvm::cantFail(simulateStep(b.plan, hw, nullptr, 0));
+  EXPECT_DOUBLE_EQ(ring.end[a0], 13);
+  EXPECT_DOUBLE_EQ(ring.start[c1], 13);
+  EXPECT_DOUBLE_EQ(ring.start[k2], 13);
+  EXPECT_DOUBLE_EQ(ring.makespan, 25);
+  EXPECT_EQ(ring.issueWaits.instructions, 1);
+  EXPECT_DOUBLE_EQ(ring.issueWaits.seconds, 2);
+
+  for (auto [buffers, noReuse] :
+       {std::pair<int64_t, int64_t>{1, exec::kHostPoolNoReuseBytes}, {2, 0}}) {
+    b.plan.gradientBuffers = buffers;
+    SimResult free = llvm::cantFail(simulateStep(b.plan, hw, nullptr, noReuse));
+    EXPECT_DOUBLE_EQ(free.start[c1], 3) << buffers;
+    EXPECT_DOUBLE_EQ(free.start[k2], 2) << buffers;
+    EXPECT_DOUBLE_EQ(free.makespan, 23) << buffers;
+    EXPECT_EQ(free.issueWaits.instructions, 0) << buffers;
+  }
+}
+
 TEST(SimBackend, ViewsAndWorkspacesHoldTheirBytes) {
   // A reshape shares its operand's bytes: they are released only after the
   // view's reader. An attention workspace is released by its own op.
