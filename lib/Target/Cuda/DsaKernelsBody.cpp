@@ -713,7 +713,6 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
   int *steps = keyToken + BKV_ROWS;                // [NCAND * QCHUNKS]
   int *meetsFlag = steps + BKV_NCAND * BKV_QCHUNKS; // [NCAND]
   int *nsteps = meetsFlag + BKV_NCAND;             // [1]
-  int *wideFlag = nsteps + 1;                      // [1]
 
   const int ktile = blockIdx.x / BKV_KBLOCKS, kblock = blockIdx.x % BKV_KBLOCKS;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -731,19 +730,16 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
 
   // Offsets beyond [-R, R] (not from this configuration's estimator) void
   // the static bound: then every query tile is a candidate (correct for any
-  // offsets, slower). One pass over the (sample, head)'s offsets.
-  if (threadIdx.x == 0)
-    *wideFlag = 0;
-  __syncthreads();
+  // offsets, slower). One pass over the (sample, head)'s offsets, OR-ed
+  // over the CTA by the barrier itself (no shared flag).
+  int beyond = 0;
   {
     const int *off =
         offsets + (static_cast<long long>(b) * H + h) * NTILES * KT * 2;
     for (int i = threadIdx.x; i < NTILES * KT * 2; i += BKV_THREADS)
-      if (abs(off[i]) > R)
-        *wideFlag = 1;
+      beyond |= abs(off[i]) > R;
   }
-  __syncthreads();
-  const bool wide = *wideFlag != 0;
+  const bool wide = __syncthreads_or(beyond) != 0;
 
   // The key tile's candidate query tiles: the product of its inverse
   // ranges (all tiles when `wide`), BKV_NCAND at a time. Each thread tests

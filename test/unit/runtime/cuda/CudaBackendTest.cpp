@@ -258,7 +258,9 @@ inline float msExp2(float x) { return std::exp2(x); }
 )emu";
 
 /// The generated kernels built for the host, with one C entry point per
-/// instance: emu_<name>(grid x, y, z, argument pointers).
+/// instance: emu_<name>(grid x, y, z, argument pointers). They declare
+/// their shared memory statically, so they launch with no dynamic shared
+/// memory (FakeCuda refuses any).
 class EmulatedKernels {
 public:
   static std::unique_ptr<EmulatedKernels>
@@ -273,8 +275,9 @@ public:
                 "emu_" +
                 k.name() +
                 "(unsigned gx, unsigned gy, unsigned gz, void **args) {\n"
-                "  emu::launch({gx, gy, gz}, " +
-                std::to_string(kernelBlockThreads(k.name())) + ", [&] { " +
+                "  emu::launch(\"" +
+                k.name() + "\", {gx, gy, gz}, " +
+                std::to_string(kernelBlockThreads(k.name())) + ", 0, [&] { " +
                 k.name() + "(";
       for (size_t i = 0; i < types.size(); ++i)
         source += (i ? ", " : "") + std::string("*reinterpret_cast<") +
