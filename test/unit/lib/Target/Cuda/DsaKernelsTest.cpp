@@ -19,9 +19,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Testing/CudaEmulation.h"
+#include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 
 #include <gtest/gtest.h>
 
@@ -87,6 +88,10 @@ inline void ldsm4T(unsigned r[4], unsigned addr) { ldsm<true>(r, addr); }
 inline void cpAsync16(void *dst, const void *src, int bytes) {
   smemAddr(dst);
   emu::cpAsync16(dst, src, bytes);
+}
+inline void cpAsync4(void *dst, const void *src) {
+  smemAddr(dst);
+  emu::cpAsync(dst, src, 4, 4);
 }
 inline void cpAsyncCommit() {}
 template <int Pending> inline void cpAsyncWait() {}
@@ -741,6 +746,64 @@ TEST(DsaKernelSharedMemory, BackwardKeysNeedTheirWholeAllocation) {
                   std::to_string(bytes) +
                   "-byte dynamic allocation (block 0,0,0)";
     EXPECT_EQ(emu.failure(), want);
+  }
+}
+
+/// The PTX of entry `name` in `ptx`, up to the next entry.
+std::string ptxEntry(const std::string &ptx, const std::string &name) {
+  size_t at = ptx.find(".entry " + name + "(");
+  if (at == std::string::npos)
+    return "";
+  return ptx.substr(at, ptx.find(".entry ", at + 1) - at);
+}
+
+size_t occurrences(const std::string &text, const std::string &what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+// The dK/dV kernel stages each chunk's lse and Delta with 4-byte cp.async
+// in the rows' commit group, not with loads the CTA waits for at the
+// barrier: its PTX has 4-byte cp.async and no fp32 global load at all (lse
+// and Delta are its only fp32 inputs). One stage (tiny) and two (d128).
+TEST(DsaKernelPtx, BackwardKeysStageLseAndDeltaWithCpAsync) {
+  std::string why;
+  if (!cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  for (auto [grid, window, tile, d, r] :
+       {std::tuple<std::array<int64_t, 3>, std::array<int64_t, 3>,
+                   std::array<int64_t, 3>, int64_t, int64_t>{
+            {2, 4, 4}, {2, 2, 2}, {1, 2, 2}, 16, 1},
+        {{3, 6, 8}, {3, 6, 8}, {2, 3, 4}, 128, 2}}) {
+    cuda::DsaConfig config;
+    config.grid = grid;
+    config.window = window;
+    config.tile = tile;
+    config.heads = 1;
+    config.headDim = d;
+    config.elementType = "bf16";
+    config.radius = r;
+    SCOPED_TRACE(cuda::configName(config));
+    cuda::DsaKernelPlan plan;
+    std::string error;
+    ASSERT_TRUE(cuda::planDsaKernels(config, plan, error)) << error;
+    cuda::CompileResult result =
+        cuda::compileCuda(cuda::emitDsaKernelSource(config, plan),
+                          cuda::configName(config) + ".cu", "sm_90a");
+    ASSERT_TRUE(result.ok()) << result.error;
+    std::string keys =
+        ptxEntry(result.ptx,
+                 cuda::kernelName(config, cuda::DsaKernelKind::BackwardKeys));
+    ASSERT_FALSE(keys.empty()) << result.ptx.substr(0, 2000);
+    // One per call of the stage lambda: before the loop and in it.
+    EXPECT_GE(occurrences(keys, "cp.async.ca.shared.global"), 2u);
+    EXPECT_EQ(occurrences(keys, "cp.async.ca.shared.global"),
+              occurrences(keys, "], 4;"));
+    EXPECT_EQ(occurrences(keys, "ld.global.nc.f32"), 0u);
+    EXPECT_EQ(occurrences(keys, "ld.global.f32"), 0u);
   }
 }
 
