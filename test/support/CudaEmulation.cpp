@@ -31,7 +31,10 @@ const char *const megaslide::test::kCudaEmulationPrelude = R"emu(
 #include <vector>
 #include <dlfcn.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #define __global__
 #define __device__
@@ -52,8 +55,15 @@ inline void atomicAdd(float2 *p, float2 v) { p->x += v.x; p->y += v.y; }
 namespace emu {
 struct Dim3 { unsigned x = 1, y = 1, z = 1; };
 inline Dim3 gBlockIdx, gBlockDim, gGridDim;
+/// The most dynamic shared memory a launch may ask for.
 constexpr size_t kSmemBytes = 256 * 1024;
-alignas(16) inline unsigned char g_smem[kSmemBytes];
+/// The running launch's dynamic shared memory: g_smemBytes bytes at
+/// g_smem, which is 16-byte aligned and ends where a PROT_NONE page begins
+/// but for the 0-15 bytes rounding the size up to 16, which hold kCanary.
+inline unsigned char *g_smem = nullptr;
+inline size_t g_smemBytes = 0;
+inline const char *g_kernel = "";
+constexpr unsigned char kCanary = 0xa5;
 constexpr size_t kStackBytes = 128 * 1024;
 
 struct Slot { unsigned w[12]; };
@@ -72,6 +82,7 @@ struct State {
   Fiber *current = nullptr;
   std::function<void()> kernel;
   int blockArrived = 0; long blockGeneration = 0;
+  int blockOr = 0, blockResult[2] = {0, 0};
   std::vector<int> warpArrived; std::vector<long> warpGeneration;
   std::vector<Slot> in, out; // [warp][parity][lane]
   long progress = 0;
@@ -87,18 +98,82 @@ inline State &state() { static State s; return s; }
   libc(env, 1);
   __builtin_unreachable();
 }
-inline void fail(const char *what) { std::fprintf(stderr, "emulation: %s\n", what); std::abort(); }
+/// Failures abort unless the library's user asked, through
+/// emuRecoverFailures, for them to end the launch and be read back with
+/// emuFailure.
+inline bool g_recover = false, g_inLaunch = false;
+inline char g_failure[512];
+inline sigjmp_buf g_failEnv;
+[[noreturn]] inline void fail(const char *what) {
+  std::snprintf(g_failure, sizeof g_failure, "emulation: %s: %s", g_kernel, what);
+  if (g_recover && g_inLaunch) {
+    // libc's own, like jump's: a fiber's stack is not below the target's,
+    // which fortified longjmp takes for a corrupt jump.
+    using Jump = void (*)(sigjmp_buf, int);
+    void *so = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    void *fn = so ? dlsym(so, "siglongjmp") : nullptr;
+    (fn ? reinterpret_cast<Jump>(fn) : &siglongjmp)(g_failEnv, 1);
+  }
+  std::fprintf(stderr, "%s\n", g_failure);
+  std::abort();
+}
 inline void yield() {
   State &s = state();
   if (!_setjmp(s.current->env)) jump(s.schedulerEnv);
 }
 
-inline void blockBarrier() {
+/// __syncthreads_or: returns whether `pred` was nonzero in any thread. The
+/// result is kept by the generation's parity: the last to arrive may reach
+/// the next barrier before the others have read it.
+inline int blockBarrier(int pred = 0) {
   State &s = state();
   long gen = s.blockGeneration;
   ++s.progress;
-  if (++s.blockArrived == (int)gBlockDim.x) { s.blockArrived = 0; ++s.blockGeneration; return; }
+  s.blockOr |= pred != 0;
+  if (++s.blockArrived == (int)gBlockDim.x) {
+    s.blockResult[gen & 1] = s.blockOr;
+    s.blockOr = 0;
+    s.blockArrived = 0;
+    ++s.blockGeneration;
+    return s.blockResult[gen & 1];
+  }
   while (s.blockGeneration == gen) yield();
+  return s.blockResult[gen & 1];
+}
+
+/// The page past the dynamic shared memory, PROT_NONE; the arena before
+/// it holds the largest allocation.
+inline unsigned char *guardPage() {
+  static unsigned char *guard = [] {
+    size_t page = size_t(sysconf(_SC_PAGESIZE));
+    size_t arena = (kSmemBytes + 16 + page - 1) / page * page;
+    void *p = mmap(nullptr, arena + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail("cannot map the shared memory arena");
+    unsigned char *g = static_cast<unsigned char *>(p) + arena;
+    if (mprotect(g, page, PROT_NONE)) fail("cannot protect the guard page");
+    return g;
+  }();
+  return guard;
+}
+
+/// A fault on the guard page is an access past the dynamic shared memory:
+/// names the kernel and the byte; any other fault goes to the handler
+/// before ours (installed while a launch runs), which sees it again.
+inline struct sigaction gPreviousSegv;
+inline void onSegv(int sig, siginfo_t *info, void *) {
+  unsigned char *at = static_cast<unsigned char *>(info->si_addr);
+  unsigned char *guard = guardPage();
+  if (at >= guard && at < guard + sysconf(_SC_PAGESIZE)) {
+    char what[160];
+    std::snprintf(what, sizeof what,
+                  "shared memory access at byte %zu of a %zu-byte dynamic "
+                  "allocation (block %u,%u,%u)",
+                  size_t(at - g_smem), g_smemBytes, gBlockIdx.x, gBlockIdx.y,
+                  gBlockIdx.z);
+    fail(what);
+  }
+  sigaction(sig, &gPreviousSegv, nullptr);
 }
 
 /// Every lane of the current warp deposits `mine`; the last to arrive maps
@@ -130,18 +205,43 @@ inline void entry() {
   jump(s.schedulerEnv);
 }
 
-inline void launch(Dim3 grid, unsigned threads, std::function<void()> kernel) {
+/// Runs kernel `name` over `grid` with `threads` threads a block and
+/// `dynamicShared` bytes of dynamic shared memory (g_smem); an access past
+/// them aborts, naming the kernel: at once from the guard page, after the
+/// block for a write to the bytes rounding the size up to 16.
+inline void launch(const char *name, Dim3 grid, unsigned threads,
+                   size_t dynamicShared, std::function<void()> kernel) {
   State &s = state();
+  g_kernel = name;
+  g_failure[0] = 0;
+  unsigned char *guard = guardPage();
+  struct sigaction ours = {};
+  ours.sa_sigaction = onSegv;
+  ours.sa_flags = SA_SIGINFO;
+  sigemptyset(&ours.sa_mask);
+  sigaction(SIGSEGV, &ours, &gPreviousSegv);
+  if (sigsetjmp(g_failEnv, 1)) {
+    g_inLaunch = false;
+    sigaction(SIGSEGV, &gPreviousSegv, nullptr);
+    return;
+  }
+  g_inLaunch = true;
+  if (dynamicShared > kSmemBytes) fail("dynamic shared memory above the emulator's 256 KiB");
+  size_t rounded = (dynamicShared + 15) / 16 * 16;
+  g_smem = guard - rounded;
+  g_smemBytes = dynamicShared;
   gGridDim = grid;
   gBlockDim = {threads, 1, 1};
   s.kernel = std::move(kernel);
+  s.blockOr = 0;
   if (s.stacks.size() < threads) s.stacks.resize(threads, std::vector<char>(kStackBytes));
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         gBlockIdx = {x, y, z};
         // Uninitialised shared memory reads as NaN (0xffff in 16 bits).
-        std::memset(g_smem, 0xff, kSmemBytes);
+        std::memset(g_smem, 0xff, dynamicShared);
+        std::memset(g_smem + dynamicShared, kCanary, rounded - dynamicShared);
         unsigned warps = (threads + 31) / 32;
         s.fibers.assign(threads, Fiber());
         s.warpArrived.assign(warps, 0);
@@ -174,9 +274,45 @@ inline void launch(Dim3 grid, unsigned threads, std::function<void()> kernel) {
           if (!live) break;
           if (s.progress == before) fail("deadlock: no thread made progress");
         }
+        for (size_t i = dynamicShared; i < rounded; ++i)
+          if (g_smem[i] != kCanary) {
+            char what[160];
+            std::snprintf(what, sizeof what,
+                          "shared memory write at byte %zu of a %zu-byte "
+                          "dynamic allocation (block %u,%u,%u)",
+                          i, dynamicShared, x, y, z);
+            fail(what);
+          }
       }
+  g_inLaunch = false;
+  sigaction(SIGSEGV, &gPreviousSegv, nullptr);
+}
+
+/// Whether [p, p + bytes) lies in the running launch's dynamic shared
+/// memory; fails naming `what` when it starts there and runs past it.
+inline bool inSmem(const void *p, size_t bytes, const char *what) {
+  const unsigned char *b = static_cast<const unsigned char *>(p);
+  unsigned char *guard = guardPage();
+  if (b < guard - kSmemBytes - 16 || b >= guard) return false;
+  if (b < g_smem || b + bytes > g_smem + g_smemBytes) {
+    char msg[192];
+    std::snprintf(msg, sizeof msg,
+                  "%s at byte %td of a %zu-byte dynamic shared allocation",
+                  what, b - g_smem, g_smemBytes);
+    fail(msg);
+  }
+  return true;
 }
 } // namespace emu
+
+/// The last launch's failure ("" if none); with recovery on, a failure ends
+/// its launch instead of aborting.
+extern "C" __attribute__((visibility("default"))) const char *emuFailure() {
+  return emu::g_failure;
+}
+extern "C" __attribute__((visibility("default"))) void emuRecoverFailures(int on) {
+  emu::g_recover = on != 0;
+}
 
 #define threadIdx (emu::state().current->idx)
 #define blockIdx (emu::gBlockIdx)
@@ -184,6 +320,7 @@ inline void launch(Dim3 grid, unsigned threads, std::function<void()> kernel) {
 #define gridDim (emu::gGridDim)
 
 inline void __syncthreads() { emu::blockBarrier(); }
+inline int __syncthreads_or(int pred) { return emu::blockBarrier(pred); }
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
   emu::Slot in{};
   in.w[0] = __float_as_uint(v);
@@ -249,6 +386,7 @@ inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
 template <bool Trans> inline void ldsm(unsigned r[4], const void *row) {
   if (reinterpret_cast<uintptr_t>(row) % 16)
     fail("ldmatrix row address misaligned");
+  inSmem(row, 16, "ldmatrix row");
   Slot in{};
   uintptr_t a = reinterpret_cast<uintptr_t>(row);
   in.w[0] = unsigned(a);
@@ -272,18 +410,23 @@ template <bool Trans> inline void ldsm(unsigned r[4], const void *row) {
     r[i] = out.w[i];
 }
 
-/// cp.async.cg.shared.global of 16 bytes, or 16 zero bytes for bytes = 0
-/// (the kernels' tail fill); done at once, so commit and wait are no-ops.
-inline void cpAsync16(void *dst, const void *src, int bytes) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+/// cp.async.{ca,cg}.shared.global of `size` bytes (4, 8 or 16; .cg takes
+/// only 16), both addresses aligned to it; `bytes` = 0 writes `size` zero
+/// bytes (the kernels' tail fill). Done at once, so commit and wait are
+/// no-ops.
+inline void cpAsync(void *dst, const void *src, int size, int bytes) {
+  if (size != 4 && size != 8 && size != 16) fail("cp.async of a size other than 4, 8 or 16");
+  if (reinterpret_cast<uintptr_t>(dst) % size || reinterpret_cast<uintptr_t>(src) % size)
     fail("cp.async with a misaligned address");
-  if (bytes == 16)
-    std::memcpy(dst, src, 16);
+  inSmem(dst, size_t(size), "cp.async destination");
+  if (bytes == size)
+    std::memcpy(dst, src, size_t(size));
   else if (bytes == 0)
-    std::memset(dst, 0, 16);
+    std::memset(dst, 0, size_t(size));
   else
     fail("cp.async of a partial vector");
 }
+inline void cpAsync16(void *dst, const void *src, int bytes) { cpAsync(dst, src, 16, bytes); }
 } // namespace emu
 )emu";
 

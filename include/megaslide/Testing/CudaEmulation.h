@@ -25,15 +25,23 @@
 namespace megaslide::test {
 
 /// C++ source to put before generated CUDA C++. It defines, in namespace
-/// emu: Dim3, the shared memory of the running block (g_smem, kSmemBytes,
-/// filled with 0xff, a NaN in 16 bits, at each block), Slot and
+/// emu: Dim3, launch(name, grid, threads, dynamicShared, kernel), the
+/// running launch's dynamic shared memory (g_smem, g_smemBytes: exactly
+/// `dynamicShared` bytes, 16-byte aligned, filled with 0xff, a NaN in 16
+/// bits, at each block; it ends at a PROT_NONE page, so an access past a
+/// size that is a multiple of 16 faults, and a canary in the bytes rounding
+/// other sizes up to 16 catches writes there after the block), Slot and
 /// collective(mine, all) (a warp rendezvous: `all` maps the 32 lanes'
-/// slots to their results once), fail(what) (aborts, naming it) and
-/// launch(grid, threads, kernel); and of CUDA: threadIdx, blockIdx,
-/// blockDim, gridDim, __syncthreads, __shfl_xor_sync (float and int), the
-/// bit casts, float2, min(int, int), atomicAdd(float2 *) and the function
-/// qualifiers. A kernel that leaves a thread waiting at a barrier no other
-/// thread reaches aborts ("deadlock").
+/// slots to their results once), fail(what), inSmem (the extent check of
+/// ldsm and cpAsync), ldsm, cpAsync (4, 8 or 16 bytes) and mma16816; and
+/// of CUDA: threadIdx, blockIdx, blockDim, gridDim, __syncthreads,
+/// __syncthreads_or, __shfl_xor_sync (float and int), the bit casts,
+/// float2, min(int, int), atomicAdd(float2 *) and the function qualifiers.
+/// Failures (shared memory overruns, misaligned copies, a thread waiting at
+/// a barrier no other thread reaches: "deadlock") name the kernel; they
+/// abort, unless the library's user calls its exported
+/// emuRecoverFailures(1): then they end the launch, and emuFailure()
+/// returns the message ("" after a launch without one).
 extern const char *const kCudaEmulationPrelude;
 
 /// The host C++ compiler: $CXX, else c++.

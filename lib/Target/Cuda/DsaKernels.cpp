@@ -133,7 +133,8 @@ int64_t bwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
 
 /// The dK/dV kernel's shared memory (the layout of DSA_BWD_KEYS_NAME): K
 /// and V of its keys, `stages` buffers of `chunk` query rows (q, dO, lse,
-/// Delta, window), key tokens, the step list and candidate flags.
+/// Delta, window), key tokens, the step list, candidate flags and the
+/// step count (the emulation tests launch with exactly this size).
 int64_t keyShared(const DsaConfig &c, int warps, int chunk, int stages,
                   int64_t candidates) {
   int64_t rows = 16 * warps, dp = c.headDim + 8;

@@ -106,6 +106,11 @@ __device__ __forceinline__ void cpAsync16(void *dst, const void *src,
                    smemAddr(dst)),
                "l"(src), "r"(bytes));
 }
+/// 4-byte global -> shared copy (.ca: .cg takes 16 bytes only).
+__device__ __forceinline__ void cpAsync4(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smemAddr(dst)),
+               "l"(src));
+}
 __device__ __forceinline__ void cpAsyncCommit() {
   asm volatile("cp.async.commit_group;");
 }
@@ -713,7 +718,6 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
   int *steps = keyToken + BKV_ROWS;                // [NCAND * QCHUNKS]
   int *meetsFlag = steps + BKV_NCAND * BKV_QCHUNKS; // [NCAND]
   int *nsteps = meetsFlag + BKV_NCAND;             // [1]
-  int *wideFlag = nsteps + 1;                      // [1]
 
   const int ktile = blockIdx.x / BKV_KBLOCKS, kblock = blockIdx.x % BKV_KBLOCKS;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -731,19 +735,16 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
 
   // Offsets beyond [-R, R] (not from this configuration's estimator) void
   // the static bound: then every query tile is a candidate (correct for any
-  // offsets, slower). One pass over the (sample, head)'s offsets.
-  if (threadIdx.x == 0)
-    *wideFlag = 0;
-  __syncthreads();
+  // offsets, slower). One pass over the (sample, head)'s offsets, OR-ed
+  // over the CTA by the barrier itself (no shared flag).
+  int beyond = 0;
   {
     const int *off =
         offsets + (static_cast<long long>(b) * H + h) * NTILES * KT * 2;
     for (int i = threadIdx.x; i < NTILES * KT * 2; i += BKV_THREADS)
-      if (abs(off[i]) > R)
-        *wideFlag = 1;
+      beyond |= abs(off[i]) > R;
   }
-  __syncthreads();
-  const bool wide = *wideFlag != 0;
+  const bool wide = __syncthreads_or(beyond) != 0;
 
   // The key tile's candidate query tiles: the product of its inverse
   // ranges (all tiles when `wide`), BKV_NCAND at a time. Each thread tests
@@ -775,14 +776,20 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
       cpAsync16(dos + (buf * BKV_QC + r) * DP + col,
                 dout + (src >= 0 ? src : 0), src >= 0 ? 16 : 0);
     }
-    for (int r = threadIdx.x; r < BKV_QC; r += BKV_THREADS) {
-      const int qi = ch * BKV_QC + r;
-      const long long row =
-          qi < qg.count
-              ? (static_cast<long long>(b) * H + h) * N + queryToken(qg, qi)
-              : -1;
-      rowLse[buf * BKV_QC + r] = row >= 0 ? lse[row] * LOG2E : infinity();
-      rowDelta[buf * BKV_QC + r] = row >= 0 ? delta[row] : 0.f;
+    // lse (natural log; scaled to log2 units at use) and Delta of the
+    // rows, one 4-byte cp.async a thread in the rows' commit group, not
+    // loads the CTA would wait for; rows past the tile get +inf (P = 0)
+    // and 0, seen after the same wait and barrier.
+    for (int i = threadIdx.x; i < 2 * BKV_QC; i += BKV_THREADS) {
+      const bool isLse = i < BKV_QC;
+      const int r = i % BKV_QC, qi = ch * BKV_QC + r;
+      float *dst = (isLse ? rowLse : rowDelta) + buf * BKV_QC + r;
+      if (qi < qg.count)
+        cpAsync4(dst, (isLse ? lse : delta) +
+                          (static_cast<long long>(b) * H + h) * N +
+                          queryToken(qg, qi));
+      else
+        *dst = isLse ? infinity() : 0.f;
     }
     for (int j = threadIdx.x; j < KT; j += BKV_THREADS) {
       const int base = keyFrameBase(qg, offsets, b, h, qt, j);
@@ -917,7 +924,7 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int col = qq * BKV_QSTEP + i * 8 + 2 * c + (e & 1);
-              float p = fastExp2(st[i][e] * scaleLog2 - lc[col]);
+              float p = fastExp2(st[i][e] * scaleLog2 - lc[col] * LOG2E);
               if (!in[e / 2])
                 p = 0.f;
               st[i][e] = p;                           // P^T

@@ -252,13 +252,16 @@ inline void msMmaF16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
 inline void msLdsm4(unsigned r[4], const void *p) { emu::ldsm<false>(r, p); }
 inline void msLdsm4T(unsigned r[4], const void *p) { emu::ldsm<true>(r, p); }
 inline void msCpAsync16(void *dst, const void *src, int bytes) { emu::cpAsync16(dst, src, bytes); }
+inline void msCpAsync4(void *dst, const void *src) { emu::cpAsync(dst, src, 4, 4); }
 inline void msCpAsyncCommit() {}
 template <int Pending> inline void msCpAsyncWait() {}
 inline float msExp2(float x) { return std::exp2(x); }
 )emu";
 
 /// The generated kernels built for the host, with one C entry point per
-/// instance: emu_<name>(grid x, y, z, argument pointers).
+/// instance: emu_<name>(grid x, y, z, argument pointers). They declare
+/// their shared memory statically, so they launch with no dynamic shared
+/// memory (FakeCuda refuses any).
 class EmulatedKernels {
 public:
   static std::unique_ptr<EmulatedKernels>
@@ -273,8 +276,9 @@ public:
                 "emu_" +
                 k.name() +
                 "(unsigned gx, unsigned gy, unsigned gz, void **args) {\n"
-                "  emu::launch({gx, gy, gz}, " +
-                std::to_string(kernelBlockThreads(k.name())) + ", [&] { " +
+                "  emu::launch(\"" +
+                k.name() + "\", {gx, gy, gz}, " +
+                std::to_string(kernelBlockThreads(k.name())) + ", 0, [&] { " +
                 k.name() + "(";
       for (size_t i = 0; i < types.size(); ++i)
         source += (i ? ", " : "") + std::string("*reinterpret_cast<") +
@@ -943,6 +947,29 @@ TEST(CudaKernelsTest, AttentionOnTensorCoresCompilesToMmaWithoutSpills) {
     EXPECT_LE(k.sharedBytes, 48 * 1024) << k.kernel; // static: no opt-in
     EXPECT_GE(occ.blocksPerSm, 2) << k.kernel;
   }
+
+  // The dK/dV kernels stage each chunk's lse and delta with 4-byte
+  // cp.async in the rows' commit group, not with loads the CTA waits for:
+  // no fp32 global load (lse and delta are their only fp32 inputs).
+  size_t dkv = 0;
+  for (size_t at = r.ptx.find(".entry ms_attention_bwd_dkv_");
+       at != std::string::npos;
+       at = r.ptx.find(".entry ms_attention_bwd_dkv_", at + 1)) {
+    std::string body = r.ptx.substr(at, r.ptx.find(".entry ", at + 1) - at);
+    SCOPED_TRACE(body.substr(0, body.find('(')));
+    auto count = [&](const char *what) {
+      size_t n = 0;
+      for (size_t i = body.find(what); i != std::string::npos;
+           i = body.find(what, i + 1))
+        ++n;
+      return n;
+    };
+    ++dkv;
+    EXPECT_GE(count("cp.async.ca.shared.global"), 2u);
+    EXPECT_EQ(count("cp.async.ca.shared.global"), count("], 4;"));
+    EXPECT_EQ(count("ld.global.nc.f32") + count("ld.global.f32"), 0u);
+  }
+  EXPECT_EQ(dkv, 2u);
 
   // The SASS: HMMA on bf16 with fp32 accumulation, ldmatrix (LDSM) and
   // cp.async (LDGSTS) everywhere; no global or shared atomics or

@@ -19,9 +19,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Testing/CudaEmulation.h"
+#include "megaslide/runtime/cpu/Dsa3d.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 
 #include <gtest/gtest.h>
 
@@ -72,16 +73,13 @@ inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
 }
 
 inline unsigned smemAddr(const void *p) {
-  const unsigned char *b = static_cast<const unsigned char *>(p);
-  if (b < emu::g_smem || b >= emu::g_smem + emu::kSmemBytes)
+  if (!emu::inSmem(p, 0, "smemAddr"))
     emu::fail("smemAddr of a pointer outside shared memory");
-  return unsigned(b - emu::g_smem);
+  return unsigned(static_cast<const unsigned char *>(p) - emu::g_smem);
 }
 
 /// ldmatrix on an address in the emulated shared memory.
 template <bool Trans> inline void ldsm(unsigned r[4], unsigned addr) {
-  if (addr % 16 || addr + 16 > emu::kSmemBytes)
-    emu::fail("ldmatrix row address misaligned or out of range");
   emu::ldsm<Trans>(r, emu::g_smem + addr);
 }
 inline void ldsm4(unsigned r[4], unsigned addr) { ldsm<false>(r, addr); }
@@ -91,60 +89,73 @@ inline void cpAsync16(void *dst, const void *src, int bytes) {
   smemAddr(dst);
   emu::cpAsync16(dst, src, bytes);
 }
+inline void cpAsync4(void *dst, const void *src) {
+  smemAddr(dst);
+  emu::cpAsync(dst, src, 4, 4);
+}
 inline void cpAsyncCommit() {}
 template <int Pending> inline void cpAsyncWait() {}
 inline float infinity() { return INFINITY; }
 inline float fastExp2(float x) { return std::exp2(x); }
 )emu";
 
-/// Appended: C entry points launching each kernel over its whole grid.
+/// Appended: C entry points launching each kernel over its whole grid with
+/// `smem` bytes of dynamic shared memory (the plan's, unless a test says
+/// otherwise).
 constexpr const char *kLaunchers = R"emu(
-extern "C" __attribute__((visibility("default"))) void emuForward(int batch, const elem_t *q, const elem_t *k,
-                           const elem_t *v, const int *offsets, elem_t *out,
-                           float *lse, float scale) {
-  emu::launch({unsigned(NTILES * FWD_QBLOCKS), unsigned(H), unsigned(batch)},
-              FWD_THREADS, [&] { DSA_FWD_NAME(q, k, v, offsets, out, lse, scale); });
+#define EMU_ENTRY extern "C" __attribute__((visibility("default"))) void
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+EMU_ENTRY emuForward(size_t smem, int batch, const elem_t *q, const elem_t *k,
+                     const elem_t *v, const int *offsets, elem_t *out,
+                     float *lse, float scale) {
+  emu::launch(EMU_STR(DSA_FWD_NAME),
+              {unsigned(NTILES * FWD_QBLOCKS), unsigned(H), unsigned(batch)},
+              FWD_THREADS, smem,
+              [&] { DSA_FWD_NAME(q, k, v, offsets, out, lse, scale); });
 }
-extern "C" __attribute__((visibility("default"))) void emuBackward(int batch, const elem_t *q, const elem_t *k,
-                            const elem_t *v, const int *offsets,
-                            const elem_t *o, const elem_t *dout,
-                            const float *lse, elem_t *dq, float *delta,
-                            float scale) {
-  emu::launch({unsigned(NTILES * BWD_QBLOCKS), unsigned(H), unsigned(batch)},
-              BWD_THREADS, [&] {
+EMU_ENTRY emuBackward(size_t smem, int batch, const elem_t *q, const elem_t *k,
+                      const elem_t *v, const int *offsets, const elem_t *o,
+                      const elem_t *dout, const float *lse, elem_t *dq,
+                      float *delta, float scale) {
+  emu::launch(EMU_STR(DSA_BWD_NAME),
+              {unsigned(NTILES * BWD_QBLOCKS), unsigned(H), unsigned(batch)},
+              BWD_THREADS, smem, [&] {
                 DSA_BWD_NAME(q, k, v, offsets, o, dout, lse, dq, delta, scale);
               });
 }
 /// The dK/dV kernel over its whole grid, or (`block` >= 0) over the one
 /// block (block, 0, 0): the 105B subset.
-extern "C" __attribute__((visibility("default"))) void emuBackwardKeys(int batch, int block, const elem_t *q,
-                            const elem_t *k, const elem_t *v,
-                            const int *offsets, const elem_t *dout,
-                            const float *lse, const float *delta, elem_t *dk,
-                            elem_t *dv, float scale) {
+EMU_ENTRY emuBackwardKeys(size_t smem, int batch, int block, const elem_t *q,
+                          const elem_t *k, const elem_t *v, const int *offsets,
+                          const elem_t *dout, const float *lse,
+                          const float *delta, elem_t *dk, elem_t *dv,
+                          float scale) {
+  auto run = [&] {
+    DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+  };
   if (block >= 0) {
-    emu::launch({1, 1, 1}, BKV_THREADS, [&] {
+    emu::launch(EMU_STR(DSA_BWD_KEYS_NAME), {1, 1, 1}, BKV_THREADS, smem, [&] {
       emu::gBlockIdx = {unsigned(block), 0, 0};
-      DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
+      run();
     });
     return;
   }
-  emu::launch({unsigned(NTILES * BKV_KBLOCKS), unsigned(H), unsigned(batch)},
-              BKV_THREADS, [&] {
-                DSA_BWD_KEYS_NAME(q, k, v, offsets, dout, lse, delta, dk, dv, scale);
-              });
+  emu::launch(EMU_STR(DSA_BWD_KEYS_NAME),
+              {unsigned(NTILES * BKV_KBLOCKS), unsigned(H), unsigned(batch)},
+              BKV_THREADS, smem, run);
 }
-extern "C" __attribute__((visibility("default"))) void emuOffsets(int batch, const elem_t *q, const elem_t *k,
-                           int *offsets) {
-  emu::launch({unsigned(NTILES), unsigned(H), unsigned(batch)}, OFF_THREADS,
-              [&] { DSA_OFFSETS_NAME(q, k, offsets); });
+EMU_ENTRY emuOffsets(size_t smem, int batch, const elem_t *q, const elem_t *k,
+                     int *offsets) {
+  emu::launch(EMU_STR(DSA_OFFSETS_NAME),
+              {unsigned(NTILES), unsigned(H), unsigned(batch)}, OFF_THREADS,
+              smem, [&] { DSA_OFFSETS_NAME(q, k, offsets); });
 }
 )emu";
 
 /// Builds the emulation of one configuration into a shared library.
 void *buildEmulation(const cuda::DsaConfig &config, const fs::path &dir,
-                     std::string &why) {
-  cuda::DsaKernelPlan plan;
+                     std::string &why, cuda::DsaKernelPlan &plan) {
   std::string error;
   if (!cuda::planDsaKernels(config, plan, error)) {
     why = error;
@@ -177,6 +188,52 @@ void *buildEmulation(const cuda::DsaConfig &config, const fs::path &dir,
 }
 
 using elem_t = uint16_t;
+
+/// A fresh directory for an emulation's sources, removed with it.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string pattern =
+        (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
+    if (mkdtemp(pattern.data()))
+      path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// Whether `why` (a failed build) is for want of a host compiler.
+bool noHostCompiler(const std::string &why) {
+  return why.find("host compiler failed") != std::string::npos &&
+         std::system(
+             (test::hostCompiler() + " --version > /dev/null 2>&1").c_str());
+}
+
+/// One configuration's emulation: its plan and library, failures
+/// recovered (a failing launch ends and failure() says why).
+struct Emulation {
+  TempDir dir;
+  cuda::DsaKernelPlan plan;
+  void *lib = nullptr;
+  std::string why;
+  Emulation(const cuda::DsaConfig &config) {
+    if (dir.path.empty())
+      why = "cannot make a temporary directory";
+    else if ((lib = buildEmulation(config, dir.path, why, plan)))
+      reinterpret_cast<void (*)(int)>(dlsym(lib, "emuRecoverFailures"))(1);
+  }
+  ~Emulation() {
+    if (lib)
+      dlclose(lib);
+  }
+  template <typename Fn> Fn entry(const char *name) {
+    return reinterpret_cast<Fn>(dlsym(lib, name));
+  }
+  /// The last launch's failure, "" if none.
+  std::string failure() { return entry<const char *(*)()>("emuFailure")(); }
+};
 
 float toFloat(elem_t v, bool bf16) {
   if (bf16) {
@@ -237,7 +294,17 @@ struct Case {
 
 void PrintTo(const Case &c, std::ostream *os) { *os << c.name; }
 
-using BwdKeys = void (*)(int, int, const elem_t *, const elem_t *,
+/// The dynamic shared memory the plan gives kernel `kind`.
+size_t dynamicShared(const cuda::DsaKernelPlan &plan,
+                     cuda::DsaKernelKind kind) {
+  for (const cuda::DsaLaunch &l : plan.launches)
+    if (l.kind == kind)
+      return size_t(l.dynamicSharedBytes);
+  ADD_FAILURE() << "no launch of kind " << cuda::kindName(kind).str();
+  return 0;
+}
+
+using BwdKeys = void (*)(size_t, int, int, const elem_t *, const elem_t *,
                          const elem_t *, const int *, const elem_t *,
                          const float *, const float *, elem_t *, elem_t *,
                          float);
@@ -256,31 +323,23 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   config.radius = tc.radius;
   const bool bf16 = config.elementType == "bf16";
 
-  std::string pattern =
-      (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
-  ASSERT_TRUE(mkdtemp(pattern.data()));
-  fs::path dir(pattern);
-  std::string why;
-  void *lib = buildEmulation(config, dir, why);
-  if (!lib) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    if (why.find("host compiler failed") != std::string::npos &&
-        std::system((test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
-      GTEST_SKIP() << "no host C++ compiler: " << why;
-    FAIL() << why;
-  }
+  Emulation emu(config);
+  if (!emu.lib && noHostCompiler(emu.why))
+    GTEST_SKIP() << "no host C++ compiler: " << emu.why;
+  ASSERT_TRUE(emu.lib) << emu.why;
+  const cuda::DsaKernelPlan &plan = emu.plan;
 
-  using Fwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
-                       const int *, elem_t *, float *, float);
-  using Bwd = void (*)(int, const elem_t *, const elem_t *, const elem_t *,
-                       const int *, const elem_t *, const elem_t *,
-                       const float *, elem_t *, float *, float);
-  using Off = void (*)(int, const elem_t *, const elem_t *, int *);
-  auto fwd = reinterpret_cast<Fwd>(dlsym(lib, "emuForward"));
-  auto bwd = reinterpret_cast<Bwd>(dlsym(lib, "emuBackward"));
-  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
-  auto off = reinterpret_cast<Off>(dlsym(lib, "emuOffsets"));
+  using Fwd = void (*)(size_t, int, const elem_t *, const elem_t *,
+                       const elem_t *, const int *, elem_t *, float *, float);
+  using Bwd = void (*)(size_t, int, const elem_t *, const elem_t *,
+                       const elem_t *, const int *, const elem_t *,
+                       const elem_t *, const float *, elem_t *, float *, float);
+  using Off = void (*)(size_t, int, const elem_t *, const elem_t *, int *);
+  using Kind = cuda::DsaKernelKind;
+  auto fwd = emu.entry<Fwd>("emuForward");
+  auto bwd = emu.entry<Bwd>("emuBackward");
+  auto keys = emu.entry<BwdKeys>("emuBackwardKeys");
+  auto off = emu.entry<Off>("emuOffsets");
   ASSERT_TRUE(fwd && bwd && keys && off);
 
   cpu::Dsa3dConfig cfg;
@@ -320,7 +379,9 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   // Offsets: the emulated estimate must equal the reference's.
   Guarded<int32_t> offsets(cfg.offsetsSize(), -99);
   std::vector<int32_t> offsetsRef(cfg.offsetsSize());
-  off(tc.batch, q.data(), k.data(), offsets.data());
+  off(dynamicShared(plan, Kind::Offsets), tc.batch, q.data(), k.data(),
+      offsets.data());
+  ASSERT_EQ(emu.failure(), "");
   cpu::dsa3dOffsets(cfg, view(qf), view(kf), tc.radius, offsetsRef.data());
   EXPECT_TRUE(offsets.intact());
   size_t offsetMismatches = 0;
@@ -340,8 +401,9 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   const float scale = float(cfg.scale);
   Guarded<elem_t> out(n);
   Guarded<float> lse(lseSize);
-  fwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
-      lse.data(), scale);
+  fwd(dynamicShared(plan, Kind::Forward), tc.batch, q.data(), k.data(),
+      v.data(), offsets.data(), out.data(), lse.data(), scale);
+  ASSERT_EQ(emu.failure(), "");
   std::vector<float> outRef(n), lseRef(lseSize);
   cpu::dsa3dForward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
                     cpu::dsa3dGraphLayout(outRef.data(), cfg), lseRef.data());
@@ -379,10 +441,14 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   // dK and dV start as NaN: the key kernel must write every element.
   Guarded<elem_t> dq(n), dk(n, 0xffff), dv(n, 0xffff);
   Guarded<float> delta(lseSize, NAN);
-  bwd(tc.batch, q.data(), k.data(), v.data(), offsets.data(), out.data(),
-      dout.data(), lse.data(), dq.data(), delta.data(), scale);
-  keys(tc.batch, -1, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
-       lse.data(), delta.data(), dk.data(), dv.data(), scale);
+  bwd(dynamicShared(plan, Kind::Backward), tc.batch, q.data(), k.data(),
+      v.data(), offsets.data(), out.data(), dout.data(), lse.data(), dq.data(),
+      delta.data(), scale);
+  ASSERT_EQ(emu.failure(), "");
+  keys(dynamicShared(plan, Kind::BackwardKeys), tc.batch, -1, q.data(),
+       k.data(), v.data(), offsets.data(), dout.data(), lse.data(),
+       delta.data(), dk.data(), dv.data(), scale);
+  ASSERT_EQ(emu.failure(), "");
   EXPECT_TRUE(dq.intact() && dk.intact() && dv.intact() && delta.intact());
   std::vector<float> dqRef(n), dkRef(n), dvRef(n);
   cpu::dsa3dBackward(cfg, view(qf), view(kf), view(vf), offsetsRef.data(),
@@ -399,10 +465,6 @@ TEST_P(DsaKernelEmulation, MatchesTheCpuReference) {
   expectClose(
       "dv", [&](size_t i) { return toFloat(dv[i], bf16); }, dvRef,
       tol * maxAbs(dvRef));
-
-  dlclose(lib);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 // The dK/dV kernel of the 105B configuration (grid (21, 45, 80), window
@@ -424,22 +486,11 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
   config.headDim = 128;
   config.elementType = "bf16";
   config.radius = 4;
-  std::string pattern =
-      (fs::temp_directory_path() / "megaslide-emu-XXXXXX").string();
-  ASSERT_TRUE(mkdtemp(pattern.data()));
-  fs::path dir(pattern);
-  std::string why;
-  void *lib = buildEmulation(config, dir, why);
-  if (!lib) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    if (why.find("host compiler failed") != std::string::npos &&
-        std::system(
-            (test::hostCompiler() + " --version > /dev/null 2>&1").c_str()))
-      GTEST_SKIP() << "no host C++ compiler: " << why;
-    FAIL() << why;
-  }
-  auto keys = reinterpret_cast<BwdKeys>(dlsym(lib, "emuBackwardKeys"));
+  Emulation emu(config);
+  if (!emu.lib && noHostCompiler(emu.why))
+    GTEST_SKIP() << "no host C++ compiler: " << emu.why;
+  ASSERT_TRUE(emu.lib) << emu.why;
+  auto keys = emu.entry<BwdKeys>("emuBackwardKeys");
   ASSERT_TRUE(keys);
 
   const int T = 21, Y = 45, X = 80, D = 128;
@@ -513,8 +564,10 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
   const int keyTiles[] = {0, NT * NY * NX - 1, (3 * NY + 0) * NX + 4,
                           (3 * NY + 4) * NX + 5};
   for (int kt : keyTiles) {
-    keys(1, kt, q.data(), k.data(), v.data(), offsets.data(), dout.data(),
-         lse.data(), delta.data(), dk.data(), dv.data(), scale);
+    keys(dynamicShared(emu.plan, cuda::DsaKernelKind::BackwardKeys), 1, kt,
+         q.data(), k.data(), v.data(), offsets.data(), dout.data(), lse.data(),
+         delta.data(), dk.data(), dv.data(), scale);
+    ASSERT_EQ(emu.failure(), "") << "key tile " << kt;
     std::vector<float> dkRef, dvRef, dkGot, dvGot;
     size_t reached = 0;
     forQueries(kt, [&](int key) {
@@ -561,9 +614,197 @@ TEST(DsaKernelEmulation105B, KeyTilesMatchTheDefinition) {
                          << worst << " (largest value " << big << ")";
     }
   }
+}
+
+// The emulation's bound on dynamic shared memory is the launch's size to
+// the byte: the allocation ends at a PROT_NONE page, so a read or write
+// past a size that is a multiple of 16 faults at once; for other sizes the
+// bytes up to the next 16 hold a canary that a write changes (a read of
+// them goes unseen). Both failures name the kernel and the byte, and end
+// the launch (recovered) or the process. __syncthreads_or and 4-byte
+// cp.async are the emulation's too.
+TEST(CudaEmulation, SharedMemoryEndsAtTheLaunchSize) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  std::string why;
+  void *lib = test::buildHostLibrary(std::string(test::kCudaEmulationPrelude) +
+                                         R"emu(
+__global__ void probe(int at, bool write, int *out) {
+  unsigned char *smem = emu::g_smem;
+  if (threadIdx.x == 0) {
+    if (write)
+      smem[at] = 1;
+    else
+      *out = smem[at];
+  }
+  int any = __syncthreads_or(threadIdx.x == 33);
+  int none = __syncthreads_or(0);
+  if (threadIdx.x == 0)
+    *out += 10 * any + 100 * none;
+}
+extern "C" __attribute__((visibility("default"))) void
+emuProbe(size_t smem, int at, bool write, int *out) {
+  emu::launch("probe", {2, 1, 1}, 64, smem, [&] { probe(at, write, out); });
+}
+extern "C" __attribute__((visibility("default"))) void
+emuCopy(size_t smem, size_t dst, const float *src) {
+  emu::launch("copy", {1, 1, 1}, 32, smem,
+              [&] { emu::cpAsync(emu::g_smem + dst, src, 4, 4); });
+}
+)emu",
+                                     dir.path, "probe", why);
+  if (!lib && noHostCompiler(why))
+    GTEST_SKIP() << "no host C++ compiler: " << why;
+  ASSERT_TRUE(lib) << why;
+  using Probe = void (*)(size_t, int, bool, int *);
+  using Copy = void (*)(size_t, size_t, const float *);
+  auto probe = reinterpret_cast<Probe>(dlsym(lib, "emuProbe"));
+  auto copy = reinterpret_cast<Copy>(dlsym(lib, "emuCopy"));
+  auto failure = reinterpret_cast<const char *(*)()>(dlsym(lib, "emuFailure"));
+  auto recover =
+      reinterpret_cast<void (*)(int)>(dlsym(lib, "emuRecoverFailures"));
+  ASSERT_TRUE(probe && copy && failure && recover);
+
+  // Without recovery a failure aborts, saying what it was.
+  EXPECT_DEATH(
+      {
+        int out = 0;
+        probe(64, 64, false, &out);
+      },
+      "emulation: probe: shared memory access at byte 64 of a 64-byte "
+      "dynamic allocation \\(block 0,0,0\\)");
+
+  recover(1);
+  int out = 0;
+  probe(64, 63, true, &out);
+  EXPECT_STREQ(failure(), "");
+  EXPECT_EQ(out, 2 * 10);
+  // Each block starts with 0xff bytes: block 0's write is gone.
+  probe(64, 63, false, &out);
+  EXPECT_STREQ(failure(), "");
+  EXPECT_EQ(out, 0xff + 10);
+  probe(64, 64, false, &out);
+  EXPECT_STREQ(failure(), "emulation: probe: shared memory access at byte 64 "
+                          "of a 64-byte dynamic allocation (block 0,0,0)");
+  probe(64, 64, true, &out);
+  EXPECT_STREQ(failure(), "emulation: probe: shared memory access at byte 64 "
+                          "of a 64-byte dynamic allocation (block 0,0,0)");
+  probe(60, 60, true, &out);
+  EXPECT_STREQ(failure(), "emulation: probe: shared memory write at byte 60 "
+                          "of a 60-byte dynamic allocation (block 0,0,0)");
+  probe(60, 59, true, &out);
+  EXPECT_STREQ(failure(), "");
+
+  alignas(16) float src[4] = {1, 2, 3, 4};
+  copy(64, 60, src + 1);
+  EXPECT_STREQ(failure(), "");
+  copy(64, 62, src);
+  EXPECT_STREQ(failure(),
+               "emulation: copy: cp.async with a misaligned address");
+  copy(60, 60, src);
+  EXPECT_STREQ(failure(), "emulation: copy: cp.async destination at byte 60 "
+                          "of a 60-byte dynamic shared allocation");
   dlclose(lib);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+}
+
+// The dK/dV kernel launched with 4 bytes less than the plan's dynamic
+// shared memory fails on the last 4 bytes of its layout: the plan's size
+// is the layout's, and the bound is its end, not a page's or a vector's.
+// (Before the fix the plan was 4 bytes short of the layout, and
+// DsaKernelEmulation failed with "shared memory write at byte <size>".)
+TEST(DsaKernelSharedMemory, BackwardKeysNeedTheirWholeAllocation) {
+  cuda::DsaConfig config;
+  config.grid = {2, 4, 4};
+  config.window = {2, 2, 2};
+  config.tile = {1, 2, 2};
+  config.heads = 1;
+  config.headDim = 16;
+  config.elementType = "bf16";
+  config.radius = 1;
+  Emulation emu(config);
+  if (!emu.lib && noHostCompiler(emu.why))
+    GTEST_SKIP() << "no host C++ compiler: " << emu.why;
+  ASSERT_TRUE(emu.lib) << emu.why;
+  auto keys = emu.entry<BwdKeys>("emuBackwardKeys");
+  ASSERT_TRUE(keys);
+  const size_t n = size_t(config.tokens()) * config.headDim;
+  std::vector<elem_t> x(n, 0), dk(n), dv(n);
+  std::vector<float> lse(config.tokens(), 0.f), delta(config.tokens(), 0.f);
+  std::vector<int32_t> offsets(size_t(config.tiles()) * config.window[0] * 2);
+  const size_t smem =
+      dynamicShared(emu.plan, cuda::DsaKernelKind::BackwardKeys);
+  for (size_t bytes : {smem, smem - 4}) {
+    keys(bytes, 1, -1, x.data(), x.data(), x.data(), offsets.data(), x.data(),
+         lse.data(), delta.data(), dk.data(), dv.data(), 1.f);
+    std::string want =
+        bytes == smem
+            ? ""
+            : "emulation: " +
+                  cuda::kernelName(config, cuda::DsaKernelKind::BackwardKeys) +
+                  ": shared memory " + (bytes % 16 ? "write" : "access") +
+                  " at byte " + std::to_string(bytes) + " of a " +
+                  std::to_string(bytes) +
+                  "-byte dynamic allocation (block 0,0,0)";
+    EXPECT_EQ(emu.failure(), want);
+  }
+}
+
+/// The PTX of entry `name` in `ptx`, up to the next entry.
+std::string ptxEntry(const std::string &ptx, const std::string &name) {
+  size_t at = ptx.find(".entry " + name + "(");
+  if (at == std::string::npos)
+    return "";
+  return ptx.substr(at, ptx.find(".entry ", at + 1) - at);
+}
+
+size_t occurrences(const std::string &text, const std::string &what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+// The dK/dV kernel stages each chunk's lse and Delta with 4-byte cp.async
+// in the rows' commit group, not with loads the CTA waits for at the
+// barrier: its PTX has 4-byte cp.async and no fp32 global load at all (lse
+// and Delta are its only fp32 inputs). One stage (tiny) and two (d128).
+TEST(DsaKernelPtx, BackwardKeysStageLseAndDeltaWithCpAsync) {
+  std::string why;
+  if (!cuda::nvrtcAvailable(&why))
+    GTEST_SKIP() << why;
+  for (auto [grid, window, tile, d, r] :
+       {std::tuple<std::array<int64_t, 3>, std::array<int64_t, 3>,
+                   std::array<int64_t, 3>, int64_t, int64_t>{
+            {2, 4, 4}, {2, 2, 2}, {1, 2, 2}, 16, 1},
+        {{3, 6, 8}, {3, 6, 8}, {2, 3, 4}, 128, 2}}) {
+    cuda::DsaConfig config;
+    config.grid = grid;
+    config.window = window;
+    config.tile = tile;
+    config.heads = 1;
+    config.headDim = d;
+    config.elementType = "bf16";
+    config.radius = r;
+    SCOPED_TRACE(cuda::configName(config));
+    cuda::DsaKernelPlan plan;
+    std::string error;
+    ASSERT_TRUE(cuda::planDsaKernels(config, plan, error)) << error;
+    cuda::CompileResult result =
+        cuda::compileCuda(cuda::emitDsaKernelSource(config, plan),
+                          cuda::configName(config) + ".cu", "sm_90a");
+    ASSERT_TRUE(result.ok()) << result.error;
+    std::string keys =
+        ptxEntry(result.ptx,
+                 cuda::kernelName(config, cuda::DsaKernelKind::BackwardKeys));
+    ASSERT_FALSE(keys.empty()) << result.ptx.substr(0, 2000);
+    // One per call of the stage lambda: before the loop and in it.
+    EXPECT_GE(occurrences(keys, "cp.async.ca.shared.global"), 2u);
+    EXPECT_EQ(occurrences(keys, "cp.async.ca.shared.global"),
+              occurrences(keys, "], 4;"));
+    EXPECT_EQ(occurrences(keys, "ld.global.nc.f32"), 0u);
+    EXPECT_EQ(occurrences(keys, "ld.global.f32"), 0u);
+  }
 }
 
 // Small shapes (the emulation runs every thread as a fiber), chosen to
