@@ -2,10 +2,14 @@
 
 #include "megaslide/runtime/cuda/CudaApi.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include <dlfcn.h>
@@ -143,25 +147,83 @@ openCudaDriver(const std::string &path) {
   return table;
 }
 
+std::vector<std::string>
+cudaLibraryCandidates(const std::vector<std::string> &sonames) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names = sonames;
+  std::vector<fs::path> dirs;
+#if defined(__aarch64__)
+  const char *target = "targets/sbsa-linux/lib";
+#else
+  const char *target = "targets/x86_64-linux/lib";
+#endif
+  // The toolkit: lib64 (runfile, .deb), lib (conda, some tarballs), the
+  // per-architecture folder those two link to.
+  std::vector<std::string> homes;
+  for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
+    if (std::string dir = envOr(var); !dir.empty())
+      homes.push_back(dir);
+  homes.push_back("/usr/local/cuda");
+  for (const std::string &home : homes)
+    for (const char *sub : {"lib64", "lib", target})
+      dirs.push_back(fs::path(home) / sub);
+  // NVIDIA's pip wheels, as torch installs them: <site>/nvidia/<pkg>/lib
+  // (cublas/lib for CUDA 12, cu13/lib for CUDA 13).
+  std::vector<fs::path> sites;
+  for (const char *var : {"VIRTUAL_ENV", "CONDA_PREFIX"})
+    if (std::string prefix = envOr(var); !prefix.empty())
+      sites.push_back(prefix);
+  if (std::string home = envOr("HOME"); !home.empty())
+    sites.push_back(fs::path(home) / ".local");
+  sites.push_back("/usr/local");
+  sites.push_back("/usr");
+  std::vector<fs::path> siteDirs;
+  for (llvm::StringRef entry : llvm::split(envOr("PYTHONPATH"), ':'))
+    if (!entry.empty())
+      siteDirs.push_back(entry.str());
+  std::error_code ec;
+  for (const fs::path &prefix : sites) {
+    // <prefix>/lib/python3.X/{site,dist}-packages, and Debian's
+    // <prefix>/lib/python3/dist-packages.
+    for (fs::directory_iterator it(prefix / "lib", ec), end; !ec && it != end;
+         it.increment(ec))
+      if (llvm::StringRef(it->path().filename().string())
+              .starts_with("python3"))
+        for (const char *packages : {"site-packages", "dist-packages"})
+          siteDirs.push_back(it->path() / packages);
+  }
+  for (const fs::path &site : siteDirs) {
+    std::vector<fs::path> wheels;
+    for (fs::directory_iterator it(site / "nvidia", ec), end; !ec && it != end;
+         it.increment(ec))
+      wheels.push_back(it->path() / "lib");
+    std::sort(wheels.begin(), wheels.end()); // directory order is arbitrary
+    dirs.insert(dirs.end(), wheels.begin(), wheels.end());
+  }
+  for (const fs::path &dir : dirs)
+    for (const std::string &so : sonames) {
+      std::string path = (dir / so).string();
+      if (fs::exists(path, ec) && !llvm::is_contained(names, path))
+        names.push_back(path);
+    }
+  return names;
+}
+
 llvm::Expected<const CublasLtApi *> loadCublasLt() {
   static const Loaded<CublasLtApi> loaded([](CublasLtApi &table) {
     std::vector<std::string> names;
-    if (std::string lib = envOr("MEGASLIDE_CUBLASLT_LIBRARY"); !lib.empty()) {
+    if (std::string lib = envOr("MEGASLIDE_CUBLASLT_LIBRARY"); !lib.empty())
       names = {lib};
-    } else {
-      names = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
-      for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
-        if (std::string dir = envOr(var); !dir.empty())
-          for (const char *so : {".so.13", ".so"})
-            names.push_back(dir + "/lib64/libcublasLt" + so);
-      // A toolkit installed without its unversioned development links.
-      for (const char *so : {".so.13", ".so"})
-        names.push_back(std::string("/usr/local/cuda/lib64/libcublasLt") + so);
-    }
+    else
+      names = cudaLibraryCandidates(
+          {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"});
     return openTable(table, names, "cuBLASLt", [](const std::string &tried) {
       return "no cuBLASLt: libcublasLt.so not found; tried:" + tried +
-             "\ninstall the CUDA toolkit's cuBLAS, or point CUDA_HOME, "
-             "LD_LIBRARY_PATH or MEGASLIDE_CUBLASLT_LIBRARY at it";
+             "\n(and found none in the lib64, lib and targets/*/lib "
+             "folders of $CUDA_HOME, $CUDA_PATH and /usr/local/cuda, nor in "
+             "a pip wheel's nvidia/*/lib)\ninstall the CUDA toolkit's "
+             "cuBLAS, or point CUDA_HOME, LD_LIBRARY_PATH or "
+             "MEGASLIDE_CUBLASLT_LIBRARY at it";
     });
   });
   return loaded.get();
@@ -200,6 +262,25 @@ static std::string resultName(const CudaDriverApi &api, CUresult r) {
   return name ? std::string(name) : llvm::formatv("CUresult {0}", r).str();
 }
 
+bool isStickyCudaError(CUresult result) {
+  switch (result) {
+  case 700: // CUDA_ERROR_ILLEGAL_ADDRESS
+  case 702: // CUDA_ERROR_LAUNCH_TIMEOUT
+  case 710: // CUDA_ERROR_ASSERT
+  case 714: // CUDA_ERROR_HARDWARE_STACK_ERROR
+  case 715: // CUDA_ERROR_ILLEGAL_INSTRUCTION
+  case 716: // CUDA_ERROR_MISALIGNED_ADDRESS
+  case 717: // CUDA_ERROR_INVALID_ADDRESS_SPACE
+  case 718: // CUDA_ERROR_INVALID_PC
+  case 719: // CUDA_ERROR_LAUNCH_FAILED
+  case 721: // CUDA_ERROR_TENSOR_MEMORY_LEAK
+  case 810: // CUDA_ERROR_MPS_CLIENT_TERMINATED
+    return true;
+  default:
+    return false;
+  }
+}
+
 std::string cuResultString(const CudaDriverApi &api, CUresult result) {
   const char *name = nullptr, *text = nullptr;
   if (api.cuGetErrorName && api.cuGetErrorName(result, &name) != CUDA_SUCCESS)
@@ -207,9 +288,15 @@ std::string cuResultString(const CudaDriverApi &api, CUresult result) {
   if (api.cuGetErrorString &&
       api.cuGetErrorString(result, &text) != CUDA_SUCCESS)
     text = nullptr;
-  if (!name)
-    return resultName(api, result);
-  return text ? std::string(name) + ": " + text : std::string(name);
+  std::string s = !name  ? resultName(api, result)
+                  : text ? std::string(name) + ": " + text
+                         : std::string(name);
+  if (isStickyCudaError(result))
+    s += " (a sticky error: the CUDA context is unusable, the process must "
+         "restart; the call that reports it is the first to synchronise "
+         "after the fault, not necessarily its cause: rerun with "
+         "MEGASLIDE_CUDA_SYNC=1 to find the kernel)";
+  return s;
 }
 
 llvm::Error checkCu(const CudaDriverApi &api, CUresult result,
@@ -266,6 +353,9 @@ llvm::Expected<CudaDeviceInfo> initCudaDevice(const CudaDriverApi &api,
       &info.ccMinor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, info.device);
   api.cuDeviceGetAttribute(&info.multiprocessors,
                            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                           info.device);
+  api.cuDeviceGetAttribute(&info.maxThreadsPerMultiprocessor,
+                           CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
                            info.device);
   api.cuDriverGetVersion(&info.driverVersion);
   return info;

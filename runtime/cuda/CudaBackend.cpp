@@ -15,8 +15,12 @@
 #include "llvm/ADT/Twine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace megaslide::cuda {
 
@@ -33,7 +37,89 @@ uint64_t slotOf(double f, bool isFloat) {
   return slot;
 }
 
+/// Pinned host memory kept from one backend to the next: a run over
+/// buckets destroys one bucket's backend before it creates the next
+/// (train::Session::useBucket), and pinning costs about as much as writing
+/// the bytes once. The blocks belong to the device's primary context,
+/// which the cache therefore retains while it holds any.
+struct PinnedCache {
+  std::mutex mu;
+  const CudaDriverApi *cu = nullptr;
+  CUdevice device = 0;
+  CUcontext ctx = nullptr;
+  std::vector<std::pair<void *, size_t>> blocks;
+
+  /// Frees the blocks and releases the context (under `mu`).
+  void clear() {
+    if (!cu)
+      return;
+    cu->cuCtxSetCurrent(ctx);
+    for (auto [p, bytes] : blocks)
+      cu->cuMemFreeHost(p);
+    cu->cuDevicePrimaryCtxRelease_v2(device);
+    cu = nullptr;
+    ctx = nullptr;
+    blocks.clear();
+  }
+};
+
+PinnedCache &pinnedCache() {
+  static PinnedCache cache;
+  return cache;
+}
+
+/// The blocks an earlier backend on this device left, now the caller's
+/// (whose context retain keeps them valid).
+std::vector<std::pair<void *, size_t>> takePinnedBlocks(const CudaDriverApi &cu,
+                                                        CUdevice device) {
+  PinnedCache &c = pinnedCache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::vector<std::pair<void *, size_t>> blocks;
+  if (c.cu == &cu && c.device == device)
+    blocks.swap(c.blocks);
+  c.clear();
+  return blocks;
+}
+
+/// Keeps `blocks` for the next backend on this device.
+void keepPinnedBlocks(const CudaDriverApi &cu, CUdevice device,
+                      std::vector<std::pair<void *, size_t>> blocks) {
+  PinnedCache &c = pinnedCache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.clear();
+  CUcontext ctx = nullptr;
+  if (cu.cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) {
+    for (auto [p, bytes] : blocks)
+      cu.cuMemFreeHost(p);
+    return;
+  }
+  c.cu = &cu;
+  c.device = device;
+  c.ctx = ctx;
+  c.blocks = std::move(blocks);
+}
+
+/// MEGASLIDE_CUDA_SYNC: unset, empty or 0, or 1.
+llvm::Expected<bool> syncSetting() {
+  const char *v = std::getenv("MEGASLIDE_CUDA_SYNC");
+  if (!v || !*v || std::string(v) == "0")
+    return false;
+  if (std::string(v) == "1")
+    return true;
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      "MEGASLIDE_CUDA_SYNC must be 0 or 1 (1: synchronise after every "
+      "device command and name the one that fails), not '%s'",
+      v);
+}
+
 } // namespace
+
+void releasePinnedPools() {
+  PinnedCache &c = pinnedCache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.clear();
+}
 
 CudaBackend::Impl::~Impl() {
   worker.shutdown();
@@ -63,9 +149,10 @@ CudaBackend::Impl::~Impl() {
   for (CUdeviceptr p : {arena, scratch, dsaScratch, gemmWorkspace})
     if (p)
       cu->cuMemFree_v2(p);
-  for (void *p : {inputPool, hostPool, staging, lossStage})
-    if (p)
-      cu->cuMemFreeHost(p);
+  // Nothing is in flight (the streams are synchronised above): the pinned
+  // blocks can serve the next backend.
+  if (!pinnedBlocks.empty())
+    keepPinnedBlocks(*cu, info.device, std::move(pinnedBlocks));
   for (CUstream s : streams)
     if (s)
       cu->cuStreamDestroy_v2(s);
@@ -107,30 +194,56 @@ llvm::Error CudaBackend::Impl::init() {
     return e;
   if (auto e = check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent"))
     return e;
-  if (auto e = check(cu->cuMemGetInfo_v2(&info.freeBytes, &info.totalBytes),
-                     "cuMemGetInfo"))
+  // Modules and the cuBLASLt handle first, so that the free memory
+  // measured below is what the arena can have.
+  std::vector<std::map<std::string, CUfunction>> dsaFns;
+  std::map<std::string, CUfunction> dense;
+  if (auto e = compileKernels(dsaFns, dense))
     return e;
-
-  // Runtime budget guard: everything the step needs on the device, up
-  // front, with the free memory in the message.
-  int64_t deviceBytes = std::max<int64_t>(plan.arenaBytes, 256) +
-                        alignTo(prep.scratchBytes, 256) +
-                        prep.dsaFallbackBytes + options.gemmWorkspaceBytes;
-  if (static_cast<uint64_t>(deviceBytes) > info.freeBytes)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        "the plan needs %lld bytes of device memory (arena %lld, scratch "
-        "%lld, cuBLASLt workspace %lld) but %s has %zu bytes free",
-        static_cast<long long>(deviceBytes),
-        static_cast<long long>(plan.arenaBytes),
-        static_cast<long long>(prep.scratchBytes + prep.dsaFallbackBytes),
-        static_cast<long long>(options.gemmWorkspaceBytes), info.name.c_str(),
-        info.freeBytes);
   auto alloc = [&](CUdeviceptr &p, int64_t bytes, const char *what) {
     return check(cu->cuMemAlloc_v2(&p, std::max<int64_t>(bytes, 256)),
                  llvm::Twine("cuMemAlloc (") + what + ", " +
                      llvm::Twine(bytes) + " bytes)");
   };
+  if (auto e = alloc(gemmWorkspace, options.gemmWorkspaceBytes,
+                     "cuBLASLt workspace"))
+    return e;
+  if (auto e = gemms.init(*lt, gemmWorkspace, options.gemmWorkspaceBytes))
+    return e;
+  if (auto e = check(cu->cuMemGetInfo_v2(&info.freeBytes, &info.totalBytes),
+                     "cuMemGetInfo"))
+    return e;
+
+  // Runtime budget guard: everything the step needs on the device, up
+  // front, with the free memory in the message, and a margin for what
+  // takes device memory later: local memory, which the driver reserves for
+  // every thread the device holds at once when a launch needs more than it
+  // has (counted at 1 KiB a thread, the default stack limit; our kernels
+  // do not spill, cuBLASLt's may use a stack), and the code of kernels
+  // loaded on their first use (cuBLASLt's, under CUDA_MODULE_LOADING=LAZY,
+  // the default since CUDA 12.2).
+  constexpr int64_t kLocalBytesPerThread = 1024;
+  constexpr int64_t kLazyCodeBytes = int64_t(64) << 20;
+  int64_t residentThreads =
+      int64_t(info.multiprocessors) * info.maxThreadsPerMultiprocessor;
+  int64_t margin = kLocalBytesPerThread * residentThreads + kLazyCodeBytes;
+  int64_t deviceBytes = std::max<int64_t>(plan.arenaBytes, 256) +
+                        alignTo(prep.scratchBytes, 256) + prep.dsaFallbackBytes;
+  if (static_cast<uint64_t>(deviceBytes + margin) > info.freeBytes)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "the plan needs %lld bytes of device memory (arena %lld, scratch "
+        "%lld) and the cuda backend keeps a margin of %lld bytes (1 KiB of "
+        "local memory for each of the %lld threads the device holds at "
+        "once, 64 MiB for code loaded on first use), but %s has %zu bytes "
+        "free once the kernels, cuBLASLt and its workspace (%lld bytes) are "
+        "loaded",
+        static_cast<long long>(deviceBytes),
+        static_cast<long long>(plan.arenaBytes),
+        static_cast<long long>(prep.scratchBytes + prep.dsaFallbackBytes),
+        static_cast<long long>(margin), static_cast<long long>(residentThreads),
+        info.name.c_str(), info.freeBytes,
+        static_cast<long long>(options.gemmWorkspaceBytes));
   if (auto e = alloc(arena, plan.arenaBytes, "arena"))
     return e;
   if (auto e = alloc(scratch, prep.scratchBytes, "kernel scratch"))
@@ -138,22 +251,7 @@ llvm::Error CudaBackend::Impl::init() {
   if (prep.dsaFallbackBytes)
     if (auto e = alloc(dsaScratch, prep.dsaFallbackBytes, "3D-DSA scratch"))
       return e;
-  if (auto e = alloc(gemmWorkspace, options.gemmWorkspaceBytes,
-                     "cuBLASLt workspace"))
-    return e;
-  auto pinned = [&](void *&p, int64_t bytes, const char *what) {
-    return check(cu->cuMemHostAlloc(&p, std::max<int64_t>(bytes, 256),
-                                    CU_MEMHOSTALLOC_PORTABLE),
-                 llvm::Twine("cuMemHostAlloc (") + what + ", " +
-                     llvm::Twine(bytes) + " bytes)");
-  };
-  if (auto e = pinned(inputPool, prep.inputPoolBytes, "step inputs"))
-    return e;
-  if (auto e = pinned(hostPool, prep.hostPoolBytes, "host values"))
-    return e;
-  if (auto e = pinned(staging, prep.stagingBytes, "weight staging"))
-    return e;
-  if (auto e = pinned(lossStage, 8, "loss"))
+  if (auto e = allocatePinned())
     return e;
 
   for (CUstream &s : streams)
@@ -207,12 +305,6 @@ llvm::Error CudaBackend::Impl::init() {
     if (auto e = event(ev, CU_EVENT_DISABLE_TIMING))
       return e;
 
-  std::vector<std::map<std::string, CUfunction>> dsaFns;
-  std::map<std::string, CUfunction> dense;
-  if (auto e = compileKernels(dsaFns, dense))
-    return e;
-  if (auto e = gemms.init(*lt, gemmWorkspace, options.gemmWorkspaceBytes))
-    return e;
   if (auto e = buildCommands(dsaFns, dense))
     return e;
 
@@ -229,6 +321,67 @@ llvm::Error CudaBackend::Impl::init() {
                         std::to_string(prep.fetches[k]) +
                         "): " + cuResultString(*cu, r);
                });
+  return llvm::Error::success();
+}
+
+llvm::Error CudaBackend::Impl::allocatePinned() {
+  struct Pool {
+    void **p;
+    int64_t bytes;
+    const char *what;
+  };
+  std::vector<Pool> pools = {{&hostPool, prep.hostPoolBytes, "host values"},
+                             {&staging, prep.stagingBytes, "weight staging"},
+                             {&inputPool, prep.inputPoolBytes, "step inputs"},
+                             {&lossStage, 8, "loss"}};
+  for (Pool &pool : pools)
+    pool.bytes = std::max<int64_t>(pool.bytes, 256);
+  // The largest pool first takes the smallest kept block that holds it.
+  llvm::stable_sort(
+      pools, [](const Pool &a, const Pool &b) { return a.bytes > b.bytes; });
+  std::vector<std::pair<void *, size_t>> kept =
+      takePinnedBlocks(*cu, info.device);
+  llvm::sort(kept, [](auto &a, auto &b) { return a.second < b.second; });
+  std::vector<Pool> missing;
+  int64_t keptBytes = 0;
+  for (const Pool &pool : pools) {
+    auto it = llvm::find_if(kept, [&](auto &b) {
+      return b.second >= static_cast<size_t>(pool.bytes);
+    });
+    if (it == kept.end()) {
+      missing.push_back(pool);
+      continue;
+    }
+    *pool.p = it->first;
+    keptBytes += it->second;
+    pinnedBlocks.push_back(*it);
+    kept.erase(it);
+  }
+  // Too small for this plan: pinned again at the size it needs.
+  for (auto [p, bytes] : kept)
+    cu->cuMemFreeHost(p);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start = Clock::now();
+  int64_t pinnedBytes = 0;
+  for (const Pool &pool : missing) {
+    if (auto e = check(
+            cu->cuMemHostAlloc(pool.p, pool.bytes, CU_MEMHOSTALLOC_PORTABLE),
+            llvm::Twine("cuMemHostAlloc (") + pool.what + ", " +
+                llvm::Twine(pool.bytes) + " bytes)"))
+      return e;
+    pinnedBlocks.push_back({*pool.p, static_cast<size_t>(pool.bytes)});
+    pinnedBytes += pool.bytes;
+  }
+  // Pinning takes seconds for tens of GB; what the run paid is said once
+  // per backend that paid it (scripts read this line).
+  if (pinnedBytes)
+    std::fprintf(
+        stderr,
+        "megaslide: cuda backend: pinned %lld bytes of host memory in %.3f "
+        "s (%lld bytes kept from the previous backend)\n",
+        static_cast<long long>(pinnedBytes),
+        std::chrono::duration<double>(Clock::now() - start).count(),
+        static_cast<long long>(keptBytes));
   return llvm::Error::success();
 }
 
@@ -429,6 +582,31 @@ llvm::Error CudaBackend::Impl::issue(const DeviceCmd &cmd, CUstream stream) {
                "cuMemcpyDtoDAsync");
 }
 
+llvm::Error CudaBackend::Impl::issueCommands(size_t i, int s) {
+  const exec::Instruction &inst = plan.instructions[i];
+  for (const DeviceCmd &cmd : commands[i]) {
+    if (auto e = issue(cmd, streams[s]))
+      return instError(i, inst, llvm::toString(std::move(e)));
+    if (!syncEach)
+      continue;
+    if (auto e = syncStream(s, "MEGASLIDE_CUDA_SYNC=1")) {
+      std::string what;
+      if (auto *l = std::get_if<LaunchCmd>(&cmd))
+        what = "kernel " + l->name;
+      else if (std::holds_alternative<GemmCmd>(cmd))
+        what = "its cuBLASLt GEMM";
+      else if (std::holds_alternative<MemsetCmd>(cmd))
+        what = "its memset";
+      else
+        what = "its device-to-device copy";
+      return instError(
+          i, inst,
+          what + " failed on the GPU: " + llvm::toString(std::move(e)));
+    }
+  }
+  return llvm::Error::success();
+}
+
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
@@ -440,7 +618,11 @@ CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
   // The host AdamW runs on the CPU kernels' ISA and worker pool.
   if (const char *error = cpu::cpuSettingsError())
     return llvm::createStringError(error);
+  llvm::Expected<bool> sync = syncSetting();
+  if (!sync)
+    return sync.takeError();
   auto impl = std::make_unique<Impl>(plan, options);
+  impl->syncEach = *sync;
   llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);
   if (!prep)
     return prep.takeError();

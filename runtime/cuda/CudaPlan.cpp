@@ -218,6 +218,15 @@ int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override) {
 
 llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                                              const CudaOptions &options) {
+  // cuBLASLt's fastest algorithms and the kernels' vector loads need
+  // 256-byte aligned buffers (the plan's alignment is every device
+  // offset's), and the fake device checks ordering in blocks of it.
+  if (plan.alignment < 256)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "the plan's alignment is %lld bytes; the cuda backend needs at least "
+        "256 (recompile the plan for this backend)",
+        static_cast<long long>(plan.alignment));
   PreparedPlan p;
   size_t n = plan.instructions.size();
   p.instructions.resize(n);
@@ -270,6 +279,15 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     }
     if (!isGpuStream(inst.stream))
       return instError(i, inst, "a graph op on the host stream");
+    // One kernel scratch buffer and one cuBLASLt workspace serve every
+    // graph op: two streams running graph ops could overlap in them.
+    if (inst.stream != Stream::Compute)
+      return instError(i, inst,
+                       "a graph op on the " +
+                           llvm::Twine(exec::streamName(inst.stream)) +
+                           " stream; the cuda backend runs graph ops on the "
+                           "compute stream only (they share its kernel "
+                           "scratch and cuBLASLt workspace)");
     for (int64_t id : llvm::concat<const int64_t>(inst.operands, inst.results))
       if (plan.values[id].home != Home::Device || deviceOffset(plan, id) < 0)
         return instError(i, inst,

@@ -315,12 +315,18 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                                    stream),
                                "cuMemcpyDtoHAsync"))
             return instError(i, inst, llvm::toString(std::move(e)));
-        } else {
-          for (const DeviceCmd &cmd : I.commands[i])
-            if (auto e = I.issue(cmd, stream))
-              return instError(i, inst, llvm::toString(std::move(e)));
+        } else if (auto e =
+                       I.issueCommands(i, Impl::streamIndex(inst.stream))) {
+          return e;
         }
       }
+      // MEGASLIDE_CUDA_SYNC=1: the copies too (issueCommands waits for
+      // each command itself).
+      if (I.syncEach && I.commands[i].empty())
+        if (auto e = I.syncStream(Impl::streamIndex(inst.stream),
+                                  "MEGASLIDE_CUDA_SYNC=1"))
+          return instError(
+              i, inst, "failed on the GPU: " + llvm::toString(std::move(e)));
       if (trace)
         cu.cuEventRecord(I.endEvents[i], stream);
       if (I.prep.needsDoneEvent[i])
@@ -382,15 +388,16 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
   int64_t lossId = plan.outputs[0];
   const exec::Value &lossValue = plan.values[lossId];
   if (lossValue.home == Home::Device) {
-    std::vector<uint8_t> bytes(lossValue.type.bytes());
-    if (auto e = I.check(cu.cuMemcpyDtoHAsync_v2(bytes.data(),
-                                                 I.deviceAddress(lossId),
-                                                 bytes.size(), compute),
-                         "cuMemcpyDtoHAsync (loss)"))
+    // Into pinned memory: a copy to pageable memory is synchronous.
+    if (auto e = I.check(
+            cu.cuMemcpyDtoHAsync_v2(I.lossStage, I.deviceAddress(lossId),
+                                    lossValue.type.bytes(), compute),
+            "cuMemcpyDtoHAsync (loss)"))
       return std::move(e);
     if (auto e = I.syncStream(0, "loss"))
       return std::move(e);
-    cpu::widen(bytes.data(), lossValue.type.dtype, 1, &result.loss);
+    cpu::widen(static_cast<const uint8_t *>(I.lossStage), lossValue.type.dtype,
+               1, &result.loss);
   } else {
     cpu::widen(I.hostAddress(lossId), lossValue.type.dtype, 1, &result.loss);
   }

@@ -25,6 +25,7 @@
 #include <random>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 namespace megaslide::cuda::fake {
 
@@ -386,6 +387,8 @@ struct OpInfo {
 struct Op {
   enum Kind { Work, Record, Wait } kind = Work;
   int64_t id = 0;
+  /// A sticky fault (Fault::sticky): running it breaks the context.
+  CUresult fault = CUDA_SUCCESS;
   std::vector<Access> reads, writes;
   std::function<void()> run;
   /// Filled with NaN before the delay: a destination is undefined until
@@ -458,6 +461,11 @@ struct Device {
   int64_t moreErrors = 0;
   Stats stats;
   bool faultFired = false;
+  /// A sticky fault's call was made: its operation (the next enqueued)
+  /// carries it.
+  CUresult armed = CUDA_SUCCESS;
+  /// The result every later call returns once a sticky fault has run.
+  CUresult broken = CUDA_SUCCESS;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> offsets;      ///< arena offset per value (-1: none)
   std::vector<Candidate> candidates; ///< program order
@@ -508,15 +516,32 @@ std::string bytesOf(const Access &a) {
       .str();
 }
 
-/// The fault check every entry point starts with: the injected result, or
-/// success.
+/// Whether a broken context fails `call` at once: not the calls that free
+/// or destroy (the backend's cleanup), nor the synchronisations, which
+/// first wait for the work before them, then report it.
+bool failsWhenBroken(llvm::StringRef call) {
+  for (const char *spared : {"Destroy", "Free", "Unload", "Release",
+                             "cuCtxSetCurrent", "Synchronize"})
+    if (call.contains(spared))
+      return false;
+  return true;
+}
+
+/// The fault check every entry point starts with: the injected result, the
+/// broken context's, or success.
 CUresult enter(const char *call) {
   Device &d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   int64_t n = ++d.stats.calls[call];
+  if (d.broken && failsWhenBroken(call))
+    return d.broken;
   const std::optional<Fault> &f = d.options.fault;
   if (!f || f->call != call || f->nth != n)
     return CUDA_SUCCESS;
+  if (f->sticky) {
+    d.armed = f->result;
+    return CUDA_SUCCESS;
+  }
   d.faultFired = true;
   d.cv.notify_all();
   return f->result;
@@ -684,6 +709,12 @@ void runStream(Stream *st) {
     } else if (op.kind == Op::Record) {
       op.completion->done = true;
       op.completion->micros = micros(d);
+    } else if (d.broken || op.fault) {
+      // A broken context runs nothing; a sticky fault breaks it.
+      if (op.fault && !d.broken) {
+        d.broken = op.fault;
+        d.faultFired = true;
+      }
     } else {
       bool ready = inputsReady(d, op);
       int delay =
@@ -838,6 +869,7 @@ CUresult enqueue(CUstream s, Op op, int64_t instruction, std::string call) {
   Stream *st = streamOf(d, s);
   if (!st)
     return kInvalidHandle;
+  op.fault = std::exchange(d.armed, CUDA_SUCCESS);
   order(d, *st, op, instruction, std::move(call));
   st->queue.push_back(std::move(op));
   d.cv.notify_all();
@@ -859,6 +891,16 @@ CUresult enqueueTransfer(CUstream s, const char *call, Candidate::Kind kind,
     if ((src && srcDevice && !deviceRange(d, src, n, call)) ||
         (dstDevice && !deviceRange(d, dst, n, call)))
       return kInvalidValue;
+    if (kind == Candidate::H2D || kind == Candidate::D2H) {
+      uintptr_t host = kind == Candidate::H2D ? src : dst;
+      Alloc *a = findAlloc(d, host, std::max<size_t>(n, 1));
+      if (!a || !a->pinned)
+        error(d, llvm::formatv("{0}: the host bytes [{1:x}, +{2}) are not "
+                               "pinned (on a GPU the copy is synchronous: "
+                               "the issuing thread waits for it)",
+                               call, host, n)
+                     .str());
+    }
     if (src)
       if (auto a = access(d, src, n))
         op.reads.push_back(std::move(*a));
@@ -1151,9 +1193,11 @@ CudaDriverApi makeDriver() {
   };
   d.cuDeviceGetAttribute = [](int *v, int attr, CUdevice) {
     ENTER("cuDeviceGetAttribute");
-    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? 9
-         : attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? 0
-                                                                : 132;
+    // An H100/H200: sm_90, 132 SMs of 2048 threads.
+    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR         ? 9
+         : attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR       ? 0
+         : attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR ? 2048
+                                                                      : 132;
     return CUresult(0);
   };
   d.cuDeviceGetName = [](char *s, int n, CUdevice) {
@@ -1176,7 +1220,8 @@ CudaDriverApi makeDriver() {
   };
   d.cuMemGetInfo_v2 = [](size_t *f, size_t *t) {
     ENTER("cuMemGetInfo_v2");
-    *f = *t = size_t(1) << 36;
+    *t = size_t(1) << 36;
+    *f = dev().options.freeBytes.value_or(*t);
     return CUresult(0);
   };
   d.cuMemAlloc_v2 = [](CUdeviceptr *p, size_t n) {
@@ -1274,7 +1319,7 @@ CudaDriverApi makeDriver() {
       ++d.stats.spinningWaits;
     d.cv.wait(lock, [&] { return st->queue.empty(); });
     merge(d.host, st->clock);
-    return CUresult(0);
+    return d.broken;
   };
   d.cuStreamWaitEvent = [](CUstream s, CUevent e, unsigned flags) {
     ENTER("cuStreamWaitEvent");
@@ -1338,14 +1383,14 @@ CudaDriverApi makeDriver() {
       return kInvalidHandle;
     Event &ev = *reinterpret_cast<Event *>(e);
     if (!ev.latest)
-      return CUresult(0);
+      return d.broken;
     if (!(ev.flags & CU_EVENT_BLOCKING_SYNC))
       ++d.stats.spinningWaits;
     std::shared_ptr<Completion> c = ev.latest;
     VClock clock = ev.clock;
     d.cv.wait(lock, [&] { return c->done; });
     merge(d.host, clock);
-    return CUresult(0);
+    return d.broken;
   };
   d.cuEventElapsedTime = [](float *ms, CUevent a, CUevent b) {
     ENTER("cuEventElapsedTime");
@@ -1626,6 +1671,7 @@ CublasLtApi makeCublasLt() {
 
 void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
            KernelLookup kernels, const Options &options) {
+  releasePinnedPools();
   Device &d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   d.plan = &plan;
@@ -1640,6 +1686,7 @@ void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
   d.moreErrors = 0;
   d.stats = Stats{};
   d.faultFired = false;
+  d.armed = d.broken = CUDA_SUCCESS;
   d.candidates.clear();
   for (auto &k : d.byKind)
     k.clear();

@@ -35,6 +35,8 @@
 //    destination with NaN, waits, then copies, so the host reading a
 //    result before waiting for its copy's event reads NaN or stale bytes,
 //    and the numbers (or the backend's finite checks) fail;
+//  * asynchronous copies from or to host memory that is not pinned (on a
+//    GPU they are synchronous: the issuing thread waits for them);
 //  * launches and GEMMs match the plan: arguments as the instruction's
 //    lowering gives them, shapes and descriptors as cuBLASLt reads them,
 //    ranges inside their allocations;
@@ -82,11 +84,17 @@ struct HostKernel {
 using KernelLookup = std::function<HostKernel(const std::string &name)>;
 
 /// The `nth` call (counting from setUp, 1-based) of the entry point named
-/// `call` fails with `result` and does nothing.
+/// `call` fails with `result` and does nothing. A sticky fault is a GPU
+/// fault instead (an illegal address in a kernel): the call succeeds, and
+/// once its operation runs on its stream the context is broken as CUDA's
+/// is after one: every later call returns `result` (the synchronisations
+/// once the work before them has drained), except those that free or
+/// destroy, and nothing more runs.
 struct Fault {
   std::string call;
   int64_t nth = 1;
   CUresult result = 999; // CUDA_ERROR_UNKNOWN
+  bool sticky = false;
 };
 
 struct Options {
@@ -101,6 +109,8 @@ struct Options {
   /// kernels.
   bool referenceKernels = false;
   std::optional<Fault> fault;
+  /// What cuMemGetInfo reports free (unset: 64 GiB).
+  std::optional<size_t> freeBytes;
 };
 
 struct Stats {
@@ -114,8 +124,9 @@ struct Stats {
 };
 
 /// Prepares the device for one backend running `plan` (prepared as
-/// `prep`): forgets errors, counts and faults. Every backend of an earlier
-/// setUp must be gone.
+/// `prep`): forgets errors, counts and faults, and frees the pinned blocks
+/// destroyed backends kept (cuda::releasePinnedPools). Every backend of an
+/// earlier setUp must be gone.
 void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
            KernelLookup kernels, const Options &options = {});
 /// Call before each step: seeds the delays and starts the step's checks.

@@ -38,6 +38,7 @@ using CUevent = struct CUevent_st *;
 inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
+inline constexpr int CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 inline constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 inline constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
@@ -199,14 +200,32 @@ llvm::Expected<const CudaDriverApi *> loadCudaDriver();
 llvm::Expected<std::unique_ptr<CudaDriverApi>>
 openCudaDriver(const std::string &path);
 
+/// Where a CUDA library `sonames` (most wanted first) may be, in the order
+/// to try: each soname as is (the loader's path: LD_LIBRARY_PATH, ldconfig,
+/// a copy already loaded, e.g. by torch), then every file of those names
+/// that exists in a toolkit folder (lib64, lib, targets/<arch>-linux/lib of
+/// $CUDA_HOME, $CUDA_PATH, /usr/local/cuda) or in a pip wheel's
+/// (nvidia/*/lib of the site-packages of $VIRTUAL_ENV, $CONDA_PREFIX,
+/// $PYTHONPATH, ~/.local, /usr/local and /usr: where torch's CUDA
+/// libraries are installed).
+std::vector<std::string>
+cudaLibraryCandidates(const std::vector<std::string> &sonames);
+
 /// Loads cuBLASLt once per process: $MEGASLIDE_CUBLASLT_LIBRARY alone when
-/// set, else libcublasLt.so.13, .so.12, .so, then $CUDA_HOME/lib64 and
-/// /usr/local/cuda/lib64.
+/// set, else the cudaLibraryCandidates of libcublasLt.so.13, .so.12, .so.
 llvm::Expected<const CublasLtApi *> loadCublasLt();
 
 /// "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected" for a driver
-/// result, or "CUresult N" when the driver cannot name it.
+/// result, or "CUresult N" when the driver cannot name it. A sticky error
+/// (isStickyCudaError) adds that the process must restart.
 std::string cuResultString(const CudaDriverApi &api, CUresult result);
+
+/// The results after which the context is unusable and every later call
+/// fails the same way (a kernel's illegal address, a failed launch, a
+/// device-side assert...; cuda.h: "the process must be terminated and
+/// relaunched"). The driver reports them at the next call that
+/// synchronises, not necessarily at the launch that caused them.
+bool isStickyCudaError(CUresult result);
 
 /// Success, or an error "`what`: <cuResultString>".
 llvm::Error checkCu(const CudaDriverApi &api, CUresult result,
@@ -222,6 +241,7 @@ struct CudaDeviceInfo {
   std::string name;
   int ccMajor = 0, ccMinor = 0;
   int multiprocessors = 0;
+  int maxThreadsPerMultiprocessor = 0;  ///< resident threads (2048 on sm_90)
   int driverVersion = 0;                ///< e.g. 13000
   size_t freeBytes = 0, totalBytes = 0; ///< filled once a context is current
 };

@@ -32,7 +32,8 @@ public:
   /// Errors: "no CUDA driver: libcuda.so.1 not found ...", "CUDA driver
   /// reports no device (CUDA_ERROR_NO_DEVICE ...)", NVRTC or cuBLASLt
   /// missing, not enough device memory for the plan (with both figures),
-  /// a kernel that does not compile (with NVRTC's log).
+  /// a kernel that does not compile (with NVRTC's log), a bad
+  /// MEGASLIDE_CUDA_SYNC.
   static llvm::Expected<std::unique_ptr<CudaBackend>>
   create(const exec::ExecPlan &plan, const CudaOptions &options = {});
   ~CudaBackend() override;
@@ -57,6 +58,12 @@ private:
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl;
 };
+
+/// Frees the pinned host memory a destroyed backend left for the next one
+/// (a backend keeps its pinned pools for the next backend on its device
+/// until this is called or the process exits; docs/Runtime.md, "cuda
+/// backend internals"), and the device context they belong to.
+void releasePinnedPools();
 
 /// True when a CUDA device can be opened here; otherwise `whyNot` holds the
 /// reason (what create() would say). For tests that skip without a GPU.

@@ -60,7 +60,14 @@ struct CudaBackend::Impl {
 
   CUdeviceptr arena = 0, scratch = 0, dsaScratch = 0, gemmWorkspace = 0;
   void *inputPool = nullptr, *hostPool = nullptr, *staging = nullptr;
-  void *lossStage = nullptr; ///< pinned: the loss, read by the first update
+  /// Pinned: the loss, read by the first update and at the end of a step.
+  void *lossStage = nullptr;
+  /// The pinned blocks the pools above lie in, with their sizes (a block
+  /// kept from an earlier backend may be larger than its pool); handed to
+  /// the next backend at destruction (takePinnedBlocks in CudaBackend.cpp).
+  std::vector<std::pair<void *, size_t>> pinnedBlocks;
+  /// MEGASLIDE_CUDA_SYNC=1: synchronise after every device command.
+  bool syncEach = false;
   CUstream streams[3] = {nullptr, nullptr, nullptr};
   /// Recorded at the end of a stream's work to wait for it (syncStream).
   CUevent idleEvents[3] = {nullptr, nullptr, nullptr};
@@ -86,6 +93,7 @@ struct CudaBackend::Impl {
     return checkCu(*cu, r, what);
   }
   llvm::Error init();
+  llvm::Error allocatePinned();
   llvm::Error
   compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
                  std::map<std::string, CUfunction> &dense);
@@ -93,6 +101,9 @@ struct CudaBackend::Impl {
   buildCommands(const std::vector<std::map<std::string, CUfunction>> &dsaFns,
                 const std::map<std::string, CUfunction> &dense);
   llvm::Error issue(const DeviceCmd &cmd, CUstream stream);
+  /// Issues instruction `i`'s device commands on streams[s]; with
+  /// syncEach, waits for each and names the one that fails (its kernel).
+  llvm::Error issueCommands(size_t i, int s);
 
   CUdeviceptr deviceAddress(int64_t id) const {
     return arena + static_cast<CUdeviceptr>(deviceOffset(plan, id));
@@ -103,9 +114,10 @@ struct CudaBackend::Impl {
         v.home == exec::Home::Input ? inputPool : hostPool);
     return base + prep.hostOffset[id];
   }
-  CUstream streamOf(exec::Stream s) const {
-    return streams[std::min(static_cast<int>(s), 2)];
+  static int streamIndex(exec::Stream s) {
+    return std::min(static_cast<int>(s), 2);
   }
+  CUstream streamOf(exec::Stream s) const { return streams[streamIndex(s)]; }
   /// Records `event` on streams[s] and waits until the stream has run all
   /// it was given. Through an event: with the context's default
   /// scheduling, cuStreamSynchronize spins a core while the GPU works, and
