@@ -1223,7 +1223,7 @@ TEST(CudaBackendTest, SharedHostPoolPacksByLiveness) {
       EXPECT_NE(d.stream, exec::Stream::Host);
 }
 
-TEST(CudaBackendTest, CreateWithoutGpuSaysWhy) {
+TEST(CudaBackendTest, CreateWithoutDeviceSaysWhy) {
   std::string why;
   if (cudaDeviceAvailable(&why))
     GTEST_SKIP() << "a CUDA device is present (covered by CudaBackendGpuTest)";
