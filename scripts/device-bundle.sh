@@ -5,11 +5,15 @@
 #   bin/          megaslide-exec and megaslide-runtime-tests of the
 #                 runtime-only build (libc and oneDNN; test_runtime_only.py);
 #   lib/          oneDNN (xz-compressed: 40 MB as is), its libgomp and
-#                 OpenCL loader, which device-check.sh unpacks;
-#   plans/        tiny, tiny-dsa (3D-DSA), dit-xl-2-256 (DiT-XL/2 at 256x256),
-#                 wan-mid (Wan 2.1 14B cut to 8 blocks at 81x480x832, a 68
-#                 GiB arena) and 105b-2blocks (megaslide-105b cut to 2 blocks
-#                 at 81x720x1280, a 102 GiB arena), with their configs;
+#                 OpenCL loader, which device-check.sh unpacks; and
+#                 libmegaslide-pintime.so (scripts/pintime.c), which times
+#                 the cuda backend's pinning;
+#   plans/        tiny, tiny-dsa (3D-DSA), and for the calibration, sized so
+#                 that filling their host memory fits the check:
+#                 dit-xl-2-256 (DiT-XL/2 at 256x256, 10 GiB of host memory),
+#                 wan-1block (Wan 2.1 14B cut to 1 block at 81x480x832, 10
+#                 GiB) and 105b-1block (megaslide-105b cut to 1 block at
+#                 81x720x1280, 57 GiB, a 56 GiB arena), with their configs;
 #   reference/    the cpu backend's losses (20 steps) and first-step
 #                 gradients of the small plans, deterministic for the seed;
 #   dsa-kernels/  the 3D-DSA kernels of the device configurations
@@ -59,13 +63,20 @@ for lib in libdnnl.so.2 libgomp.so.1 libOpenCL.so.1; do
   *) cp -L "$path" "$tmp/lib/$lib" ;;
   esac
 done
+# The pinning timer needs libcuda.so.1, of which this machine may have no
+# copy: it is linked against an empty library of that soname.
+mkdir "$tmp/stub"
+cc -shared -Wl,-soname,libcuda.so.1 -o "$tmp/stub/libcuda.so.1" -x c /dev/null
+cc -shared -fPIC -O2 -Wall -Werror -o "$tmp/lib/libmegaslide-pintime.so" \
+  "$root/scripts/pintime.c" -ldl -Wl,--no-as-needed "$tmp/stub/libcuda.so.1"
+rm -r "$tmp/stub"
 
 # The plans. Big ones are saved by the sim backend, which holds no state.
 python3 - "$root" "$tmp/plans" <<'EOF'
 import json, sys
 root, out = sys.argv[1], sys.argv[2]
-for name, base, layers in [("wan-mid", "wan2.1-t2v-14b", 8),
-                           ("105b-2blocks", "megaslide-105b", 2)]:
+for name, base, layers in [("wan-1block", "wan2.1-t2v-14b", 1),
+                           ("105b-1block", "megaslide-105b", 1)]:
     c = json.load(open(f"{root}/configs/{base}.json"))
     c["name"], c["num_layers"] = name, layers
     json.dump(c, open(f"{out}/{name}.config.json", "w"), indent=2)
@@ -83,9 +94,9 @@ save_plan() { # NAME FLAGS...
     --save-plan "$tmp/plans/$name.json"
 }
 save_plan dit-xl-2-256 --model dit-xl-2 --frames 1 --height 256 --width 256
-save_plan wan-mid --model "$tmp/plans/wan-mid.config.json" --frames 81 \
-  --height 480 --width 832
-save_plan 105b-2blocks --model "$tmp/plans/105b-2blocks.config.json" \
+save_plan wan-1block --model "$tmp/plans/wan-1block.config.json" \
+  --frames 81 --height 480 --width 832
+save_plan 105b-1block --model "$tmp/plans/105b-1block.config.json" \
   --frames 81 --height 720 --width 1280
 
 # References on the cpu backend (seed 0, synthetic data), from the same

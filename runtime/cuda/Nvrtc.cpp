@@ -134,10 +134,29 @@ std::string nvrtcVersionString() {
   return std::to_string(nvrtc().major) + "." + std::to_string(nvrtc().minor);
 }
 
-std::vector<std::string> defaultCompileOptions(const std::string &arch) {
+bool includesHeaders(const std::string &source) {
+  std::istringstream lines(source);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t at = line.find_first_not_of(" \t");
+    if (at == std::string::npos || line[at] != '#')
+      continue;
+    at = line.find_first_not_of(" \t", at + 1);
+    if (at != std::string::npos && line.compare(at, 7, "include") == 0)
+      return true;
+  }
+  return false;
+}
+
+std::vector<std::string> defaultCompileOptions(const std::string &arch,
+                                               const std::string &source) {
   std::vector<std::string> options = {"--gpu-architecture=" + arch,
                                       "--std=c++17", "--ptxas-options=-v"};
-  // Generated kernels are header-free; user sources may want cuda_bf16.h.
+  // The options are part of the cache key: a header-free source (every
+  // generated kernel) must not name the CUDA folder, which differs between
+  // the machine that fills the cache and the GPU node that reads it.
+  if (!includesHeaders(source))
+    return options;
   std::string home;
   if (const char *h = std::getenv("CUDA_HOME"); h && *h)
     home = h;
@@ -254,7 +273,7 @@ CompileResult compileCuda(const std::string &source, const std::string &name,
     return result;
   }
   const NvrtcSymbols &api = nvrtc();
-  std::vector<std::string> options = defaultCompileOptions(arch);
+  std::vector<std::string> options = defaultCompileOptions(arch, source);
   options.insert(options.end(), extraOptions.begin(), extraOptions.end());
   const bool wantCubin = arch.rfind("sm_", 0) == 0;
 

@@ -7,6 +7,7 @@ driver whose kernels are the script's own float64 reference."""
 import ctypes
 import importlib.util
 import json
+import os
 import pathlib
 import struct
 import subprocess
@@ -475,3 +476,431 @@ def test_processor_check_runs_on_the_cpu_and_can_fail(tmp_path):
         assert check.main() == 1
     finally:
         sys.argv = sys_argv
+
+
+# ---------------------------------------------------------------------------
+# device-check.sh on a fake GPU machine
+# ---------------------------------------------------------------------------
+
+# The plans of scripts/device-bundle.sh, calibration ones last.
+BUNDLE_PLANS = ["tiny", "tiny-dsa", "dit-xl-2-256", "wan-1block",
+                "105b-1block"]
+
+# megaslide-runtime-tests with a device present, as device-check.sh's GPU
+# step runs it: tests outside the GPU suites that need no device skip, one
+# of them with "Gpu" in its name (the name CudaBackendTest's no-device test
+# had), and the GPU suites pass.
+GTEST_WITH_DEVICE = """\
+Note: Google Test filter = {filter}
+[==========] Running 7 tests from 4 test suites.
+[----------] Global test environment set-up.
+[----------] 3 tests from CudaApiTest
+[ RUN      ] CudaApiTest.NoDeviceGivesAClearError
+test/unit/runtime/cuda/CudaBackendTest.cpp:105: Skipped
+a CUDA device is present
+
+[  SKIPPED ] CudaApiTest.NoDeviceGivesAClearError (0 ms)
+[ RUN      ] CudaApiTest.StubDriverResolvesEverySymbol
+[       OK ] CudaApiTest.StubDriverResolvesEverySymbol (2 ms)
+[ RUN      ] CudaApiTest.CublasLtResolvesEverySymbol
+[       OK ] CudaApiTest.CublasLtResolvesEverySymbol (40 ms)
+[----------] 3 tests from CudaApiTest (42 ms total)
+
+[----------] 1 test from CudaBackendTest
+[ RUN      ] CudaBackendTest.CreateWithoutGpuSaysWhy
+test/unit/runtime/cuda/CudaBackendTest.cpp:1229: Skipped
+a CUDA device is present (covered by CudaBackendGpuTest)
+
+[  SKIPPED ] CudaBackendTest.CreateWithoutGpuSaysWhy (0 ms)
+[----------] 1 test from CudaBackendTest (0 ms total)
+
+[----------] 1 test from CudaBackendGpuTest
+[ RUN      ] CudaBackendGpuTest.HandBuiltPlanMatchesCpuBackend
+{handbuilt}
+[----------] 1 test from CudaBackendGpuTest (1520 ms total)
+
+[----------] 2 tests from GlobalAndDsaAttention/CudaBackendGpuTinyTest
+[ RUN      ] GlobalAndDsaAttention/CudaBackendGpuTinyTest.MatchesCpuBackend/0
+[       OK ] GlobalAndDsaAttention/CudaBackendGpuTinyTest.MatchesCpuBackend/0 (2310 ms)
+[ RUN      ] GlobalAndDsaAttention/CudaBackendGpuTinyTest.MatchesCpuBackend/1
+[       OK ] GlobalAndDsaAttention/CudaBackendGpuTinyTest.MatchesCpuBackend/1 (2402 ms)
+[----------] 2 tests from GlobalAndDsaAttention/CudaBackendGpuTinyTest (4712 ms total)
+
+[----------] Global test environment tear-down
+[==========] 7 tests from 4 test suites ran. (6274 ms total)
+[  PASSED  ] {passed} tests.
+[  SKIPPED ] {skipped} tests, listed below:
+[  SKIPPED ] CudaApiTest.NoDeviceGivesAClearError
+[  SKIPPED ] CudaBackendTest.CreateWithoutGpuSaysWhy
+{listed}"""
+
+HANDBUILT_OK = ("[       OK ] CudaBackendGpuTest.HandBuiltPlanMatchesCpuBackend "
+                "(1520 ms)")
+HANDBUILT_SKIPPED = (
+    "test/unit/runtime/cuda/CudaBackendTest.cpp:1912: Skipped\n"
+    "no CUDA driver: libcuda.so.1 not found\n\n"
+    "[  SKIPPED ] CudaBackendGpuTest.HandBuiltPlanMatchesCpuBackend (0 ms)")
+
+GTEST_COMPILE = """\
+Note: Google Test filter = {filter}
+[==========] Running 4 tests from 2 test suites.
+[ RUN      ] CudaKernelsTest.EveryKernelCompilesForSm90aWithoutSpills
+[       OK ] CudaKernelsTest.EveryKernelCompilesForSm90aWithoutSpills (800 ms)
+[ RUN      ] CudaKernelsTest.AttentionOnTensorCoresCompilesToMmaWithoutSpills
+[       OK ] CudaKernelsTest.AttentionOnTensorCoresCompilesToMmaWithoutSpills (90 ms)
+[ RUN      ] GlobalAndDsaAttention/CudaTinyPlanTest.PreparesAndCompiles/0
+[       OK ] GlobalAndDsaAttention/CudaTinyPlanTest.PreparesAndCompiles/0 (50 ms)
+[ RUN      ] GlobalAndDsaAttention/CudaTinyPlanTest.PreparesAndCompiles/1
+[       OK ] GlobalAndDsaAttention/CudaTinyPlanTest.PreparesAndCompiles/1 (60 ms)
+[==========] 4 tests from 2 test suites ran. (1000 ms total)
+[  PASSED  ] 4 tests.
+"""
+
+# The fakes read $FAKE_SCENARIO (JSON): "gtest_gpu_skip": a GPU test skips;
+# "sleep": {"BACKEND PLAN STEPS": s}; "fail": ["BACKEND PLAN", "dsa-bench", ...];
+# "miss": [plans whose modules miss the cache]; "nvrtc": NVRTC's version;
+# "sanitizer_errors": ["TOOL PLAN"].
+FAKE_EXEC = r'''
+import json, os, shutil, sys, time
+args = sys.argv[1:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+scenario = json.loads(os.environ.get("FAKE_SCENARIO", "{}"))
+plan_path = opt("--plan")
+plan = os.path.basename(plan_path)[:-len(".json")]
+bundle = os.path.dirname(os.path.dirname(plan_path))
+arch = opt("--precompile-kernels")
+if arch:
+    for module in ("megaslide_dense.cu", plan + "_dsa.cu"):
+        print("%s: 1000 B cubin in 0.01 s%s" % (
+            module, "" if plan in scenario.get("miss", []) else " (cached)"))
+    print("2 modules for %s in %s (NVRTC %s)" % (
+        arch, os.environ["MEGASLIDE_KERNEL_CACHE"],
+        scenario.get("nvrtc", "13.0")))
+    sys.exit(0)
+backend = opt("--backend")
+key = backend + " " + plan
+steps = int(opt("--steps"))
+time.sleep(scenario.get("sleep", {}).get("%s %d" % (key, steps), 0))
+if key in scenario.get("fail", []):
+    sys.exit("fake failure of " + key)
+if backend == "cuda" and os.environ.get("MEGASLIDE_CUDA_DRIVER_LIBRARY"):
+    for gib, s in ((1, 0.25), (3, 0.75)):
+        print("pintime: cuMemHostAlloc %d bytes in %.6f s (CUresult 0)" % (
+            gib << 30, s), file=sys.stderr)
+reference = os.path.join(bundle, "reference", plan)
+if opt("--metrics"):
+    if os.path.exists(reference + ".losses.jsonl"):
+        lines = open(reference + ".losses.jsonl").readlines()[:steps]
+    else:
+        lines = [json.dumps({"step": i + 1, "loss": 1.0, "seconds": 0.1})
+                 + "\n" for i in range(steps)]
+    open(opt("--metrics"), "w").writelines(lines)
+if opt("--save-gradients"):
+    shutil.copy(reference + ".gradients.safetensors",
+                opt("--save-gradients"))
+if opt("--trace"):
+    scale = 2.0 if backend == "cuda" else 1.0
+    events, t = [], 0.0
+    for _ in range(steps):
+        for inst, (name, dur) in enumerate([("linear", 10.0),
+                                            ("attention", 30.0)]):
+            events.append({"name": name, "ph": "X", "pid": 1, "tid": 1,
+                           "ts": t, "dur": dur * scale,
+                           "args": {"instruction": inst}})
+            t += dur * scale
+    json.dump({"traceEvents": events}, open(opt("--trace"), "w"))
+'''
+
+FAKE_TESTS = r'''
+import json, os, sys
+scenario = json.loads(os.environ.get("FAKE_SCENARIO", "{}"))
+flt = [a for a in sys.argv[1:] if a.startswith("--gtest_filter=")][0]
+flt = flt[len("--gtest_filter="):]
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(flt + "\n")
+texts = json.loads(os.environ["FAKE_GTEST"])
+if "Gpu" in flt:
+    skip = scenario.get("gtest_gpu_skip")
+    print(texts["gpu"].format(
+        filter=flt, handbuilt=texts["skipped" if skip else "ok"],
+        passed=4 if skip else 5, skipped=3 if skip else 2,
+        listed="[  SKIPPED ] CudaBackendGpuTest.HandBuiltPlanMatchesCpuBackend"
+        if skip else ""))
+else:
+    print(texts["compile"].format(filter=flt))
+'''
+
+FAKE_SANITIZER = r'''
+import json, os, subprocess, sys
+scenario = json.loads(os.environ.get("FAKE_SCENARIO", "{}"))
+args = sys.argv[1:]
+tool = args[args.index("--tool") + 1]
+cmd = args[args.index("--error-exitcode") + 2:]
+plan = os.path.basename(cmd[cmd.index("--plan") + 1])[:-len(".json")]
+rc = subprocess.call(cmd)
+errors = 2 if tool + " " + plan in scenario.get("sanitizer_errors", []) else 0
+print("========= COMPUTE-SANITIZER")
+if tool == "racecheck":
+    print("========= RACECHECK SUMMARY: %d hazards displayed (%d errors, 0 "
+          "warnings)" % (errors, errors))
+else:
+    print("========= ERROR SUMMARY: %d errors" % errors)
+sys.exit(9 if errors else rc)
+'''
+
+FAKE_DSA = r'''
+import json, os, sys
+scenario = json.loads(os.environ.get("FAKE_SCENARIO", "{}"))
+args = sys.argv[1:]
+out = args[args.index("--json") + 1] if "--json" in args else None
+if "--self-test" in args:
+    print("self-test passed")
+    sys.exit(0)
+bench = "--bench" in args
+if bench:
+    report = {"timings": [{"name": "dsa_105b", "ms": {"forward": 2.0,
+              "forward_backward": 7.0}, "flex": {"ratio_forward": 0.5,
+              "ratio_forward_backward": 0.7}}]}
+else:
+    report = {"configs": [{"name": "dsa_small", "ok": True, "checks": {
+        "out": {"max_err": 1e-3, "atol": 1e-2, "ok": True}}}], "ok": True}
+if out:
+    json.dump(report, open(out, "w"))
+failed = ("dsa-bench" if bench else "dsa") in scenario.get("fail", [])
+print("FAIL" if failed else "ok")
+sys.exit(1 if failed else 0)
+'''
+
+FAKE_PROCESSOR = r'''
+import json, os, sys
+scenario = json.loads(os.environ.get("FAKE_SCENARIO", "{}"))
+args = sys.argv[1:]
+json.dump({"timing": {"dsa_ms": 1.0, "sdpa_ms": 3.0,
+                      "ratio_sdpa_over_dsa": 3.0}},
+          open(args[args.index("--json") + 1], "w"))
+sys.exit(1 if "dsa-processor" in scenario.get("fail", []) else 0)
+'''
+
+
+def write_tool(path, body):
+    path.write_text("#!%s\n%s" % (sys.executable, body))
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def fake_gpu(tmp_path):
+    """A copy of the repository's device-check.sh beside the real
+    comparison scripts and fake GPU ones, a fake bundle, and fakes of
+    nvidia-smi and compute-sanitizer on PATH. Returns run(scenario,
+    seconds) -> (exit status, summary text, output folder)."""
+    root = tmp_path / "root"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("device-check.sh", "compare_steps.py",
+                 "compare_trace_sim.py"):
+        (root / "scripts" / name).write_bytes((SCRIPTS / name).read_bytes())
+    write_tool(root / "scripts" / "dsa_gpu_check.py", FAKE_DSA)
+    write_tool(root / "scripts" / "dsa_processor_gpu_check.py",
+               FAKE_PROCESSOR)
+    bundle = tmp_path / "bundle"
+    for d in ("bin", "lib", "plans", "reference", "kernel-cache",
+              "dsa-kernels"):
+        (bundle / d).mkdir(parents=True)
+    write_tool(bundle / "bin" / "megaslide-exec", FAKE_EXEC)
+    write_tool(bundle / "bin" / "megaslide-runtime-tests", FAKE_TESTS)
+    (bundle / "lib" / "libmegaslide-pintime.so").write_bytes(b"")
+    (bundle / "kernel-cache" / "0123456789abcdef.mskc").write_bytes(b"")
+    for plan in BUNDLE_PLANS:
+        (bundle / "plans" / (plan + ".json")).write_text("{}")
+    losses = [2.77 - 0.05 * i for i in range(20)]
+    for plan in ("tiny", "tiny-dsa"):
+        write_metrics(bundle / "reference" / (plan + ".losses.jsonl"),
+                      losses)
+        write_metrics(bundle / "reference" / (plan + ".step1.jsonl"),
+                      losses[:1])
+        write_safetensors(bundle / "reference" /
+                          (plan + ".gradients.safetensors"),
+                          {n: ("F32", a) for n, a in gradients().items()})
+    (bundle / "manifest.json").write_text(json.dumps(
+        {"commit": "fake", "nvrtc_version": "13.0", "kernel_arch": "sm_90a"},
+        indent=2))
+    path = tmp_path / "path"
+    path.mkdir()
+    (path / "python3").symlink_to(sys.executable)
+    (path / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase $1 in -L) echo 'GPU 0: NVIDIA H200 (UUID: GPU-0)';;"
+        " *) echo 'NVIDIA H200, 570.00, 143771 MiB';; esac\n")
+    (path / "nvidia-smi").chmod(0o755)
+    write_tool(path / "compute-sanitizer", FAKE_SANITIZER)
+    # The machine probe's torch: absent, so that the probe is quick.
+    (tmp_path / "site" / "torch").mkdir(parents=True)
+    (tmp_path / "site" / "torch" / "__init__.py").write_text(
+        "raise ImportError('no torch on the fake machine')\n")
+    log = tmp_path / "gtest-filters.txt"
+
+    def run(scenario=None, seconds=None):
+        out = tmp_path / "out"
+        env = dict(os.environ, OUT=str(out), FAKE_LOG=str(log),
+                   FAKE_SCENARIO=json.dumps(scenario or {}),
+                   FAKE_GTEST=json.dumps({"gpu": GTEST_WITH_DEVICE,
+                                          "compile": GTEST_COMPILE,
+                                          "ok": HANDBUILT_OK,
+                                          "skipped": HANDBUILT_SKIPPED}),
+                   PATH=str(path) + os.pathsep + os.environ["PATH"],
+                   PYTHONPATH=str(tmp_path / "site"))
+        env.pop("DEVICE_CHECK_SECONDS", None)
+        if seconds is not None:
+            env["DEVICE_CHECK_SECONDS"] = str(seconds)
+        r = subprocess.run(["bash", str(root / "scripts" / "device-check.sh"),
+                            str(bundle)], env=env, capture_output=True,
+                           text=True, timeout=300)
+        summary = (out / "1-summary.txt").read_text()
+        return r.returncode, summary, out
+
+    run.filters = log
+    return run
+
+
+def step_line(summary, name):
+    return next((line.strip() for line in summary.splitlines()
+                 if line.strip().startswith(name + ":")), None)
+
+
+def test_device_check_passes_on_a_gpu_where_no_device_tests_skip(fake_gpu):
+    """With a device, tests outside the GPU suites that skip (even one
+    named ...Gpu...) do not fail the check; the GPU suites ran; every
+    figure is in the summary."""
+    rc, summary, out = fake_gpu()
+    assert rc == 0, summary
+    assert "== device check: passed" in summary
+    assert "GPU tests SKIPPED" not in summary
+    assert "skipped where a device exists, as they should: " \
+        "CudaApiTest.NoDeviceGivesAClearError " \
+        "CudaBackendTest.CreateWithoutGpuSaysWhy" in summary
+    figures = summary[summary.index("== figures"):]
+    def figure(label):
+        return next((line[25:] for line in figures.splitlines()
+                     if line[:25].strip() == label), None)
+    assert figure("GPU").startswith("NVIDIA H200")
+    assert figure("kernel cache").startswith("10 of 10 modules hit (NVRTC "
+                                             "13.0")
+    assert figure("gtest GPU") == "5 passed, 0 failed, 2 skipped (3 in the " \
+        "GPU suites)"
+    assert figure("gtest compile") == "4 passed, 0 failed, 0 skipped"
+    for plan in ("tiny", "tiny-dsa"):
+        assert figure("cpu " + plan) == "bit-identical to the reference"
+        assert figure("parity " + plan) == "losses max rel 0.00e+00 over 20 " \
+            "steps; gradients max err/scale 0.00e+00 over 3 tensors: ok"
+        assert figure("sanitizer " + plan) == "memcheck 0 errors; racecheck " \
+            "0 hazards (0 errors, 0 warnings); synccheck 0 errors"
+    assert figure("dsa kernels") == "dsa_small ok (max err 0.10 of tol)"
+    for plan in BUNDLE_PLANS[2:]:
+        assert figure("pinning " + plan) == "4.00 GiB in 1.00 s (2 calls, " \
+            "4.0 GiB/s)"
+        assert figure("calibration " + plan).endswith(
+            "= 2.00; attention 2.00, linear 2.00")
+    assert figure("bench dsa_105b") == "forward 2.000 ms, forward_backward " \
+        "7.000 ms; FlexAttention/ours fwd 2.00, fwd+bwd 1.43"
+    assert figure("bench processor") == "1.00 ms, SDPA 3.00 ms " \
+        "(SDPA/processor 3.00)"
+    assert len(figures.splitlines()) <= 30
+    # The GPU tests, then the compile-everything tests in a step of their own.
+    filters = fake_gpu.filters.read_text().split()
+    assert len(filters) == 2 and "CudaKernelsTest" not in filters[0]
+    assert "CudaKernelsTest.*" in filters[1].split(":")
+
+
+def test_device_check_required_failures_fail_it(fake_gpu):
+    """Each a failure of the check: a skip in a GPU suite, a cache miss with
+    the bundle's NVRTC, a sanitizer error, the 3D-DSA check failing, a
+    required step past its own time limit."""
+    rc, summary, _ = fake_gpu({"gtest_gpu_skip": True, "miss": ["wan-1block"],
+                               "sanitizer_errors": ["racecheck tiny-dsa"],
+                               "fail": ["dsa"],
+                               "sleep": {"cuda tiny-dsa 20": 60}})
+    assert rc == 1, summary
+    assert "GPU tests SKIPPED on the GPU machine, a failure: " \
+        "CudaBackendGpuTest.HandBuiltPlanMatchesCpuBackend" in summary
+    assert "NVRTC 13.0, as in the bundle: 8 of 10 modules cached" in summary
+    assert "kernel cache: 2 misses with the bundle's NVRTC" in summary
+    assert step_line(summary, "sanitizer-racecheck-tiny-dsa") == \
+        "sanitizer-racecheck-tiny-dsa: FAILED (exit 9) in 0 s"
+    assert "sanitizer tiny-dsa       memcheck 0 errors; racecheck FAILED 2 " \
+        "hazards (2 errors, 0 warnings); synccheck 0 errors" in summary
+    assert step_line(summary, "dsa").startswith("dsa: FAILED (exit 1)")
+    assert step_line(summary, "cuda-tiny-dsa") == \
+        "cuda-tiny-dsa: TIMED OUT at its limit of 20 s"
+    assert "== device check: FAILED" in summary
+
+
+def test_device_check_deadline_skips_and_cuts_but_does_not_fail(fake_gpu):
+    """A step stopped by the deadline is cut short, the steps after it are
+    skipped for time: the verdict is incomplete (3), not failed."""
+    rc, summary, _ = fake_gpu({"sleep": {"cuda tiny 20": 60}}, seconds=14)
+    assert rc == 3, summary
+    assert "FAILED" not in summary and "TIMED OUT" not in summary
+    line = step_line(summary, "cuda-tiny")
+    assert line.startswith("cuda-tiny: cut short by the deadline after") or \
+        line.startswith("cuda-tiny: skipped: needs 8 s,"), line
+    assert step_line(summary, "sanitizer-memcheck-tiny").startswith(
+        "sanitizer-memcheck-tiny: skipped: needs 8 s, ")
+    assert step_line(summary, "sim-dit-xl-2-256").startswith(
+        "sim-dit-xl-2-256: skipped: needs 3 s, ")
+    verdict = summary.splitlines()[-1]
+    assert verdict.startswith("== device check: INCOMPLETE (") and \
+        " cuda-tiny " in verdict, verdict
+    assert "gtest compile            not run to the end" in summary
+
+
+def test_device_check_optional_failures_and_another_nvrtc_pass(fake_gpu):
+    """Benchmarks and calibration failing never fail the check; with
+    another NVRTC than the bundle's, cache misses are expected and only
+    reported."""
+    rc, summary, _ = fake_gpu({"fail": ["dsa-bench", "dsa-processor",
+                                        "cuda wan-1block", "sim 105b-1block"],
+                               "miss": BUNDLE_PLANS, "nvrtc": "13.1"})
+    assert rc == 0, summary
+    assert step_line(summary, "dsa-bench").startswith(
+        "dsa-bench: FAILED (exit 1)")
+    assert "(optional: does not fail the check)" in step_line(
+        summary, "cuda-wan-1block")
+    assert "kernel cache             0 of 10 modules hit (NVRTC 13.1 here, " \
+        "13.0 in the bundle: misses expected)" in summary
+    assert "== device check: passed" in summary
+
+
+def test_pintime_times_pinning_and_forwards_the_rest(tmp_path):
+    """scripts/pintime.c, built as device-bundle.sh builds it, opened as
+    the runtime opens the driver (dlopen, RTLD_LOCAL, dlsym on its
+    handle) over a fake libcuda.so.1: the pinning call is timed and
+    forwarded, other symbols are the driver's."""
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    (tmp_path / "fake.c").write_text(
+        "#include <stdlib.h>\n#include <unistd.h>\n"
+        "int cuInit(unsigned f) { return 7; }\n"
+        "int cuMemHostAlloc(void **p, size_t n, unsigned f) {\n"
+        "  usleep(20000); *p = malloc(n); return 0; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
+                    "-o", str(tmp_path / "libcuda.so.1"),
+                    str(tmp_path / "fake.c")], check=True)
+    shim = tmp_path / "libmegaslide-pintime.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o",
+                    str(shim), str(SCRIPTS / "pintime.c"), "-ldl",
+                    "-Wl,--no-as-needed", str(tmp_path / "libcuda.so.1")],
+                   check=True)
+    probe = ("import ctypes, sys\n"
+             "lib = ctypes.CDLL(sys.argv[1])\n"
+             "p = ctypes.c_void_p()\n"
+             "print(lib.cuInit(0), lib.cuMemHostAlloc(ctypes.byref(p), "
+             "1 << 20, 0), p.value is not None)\n")
+    r = subprocess.run([sys.executable, "-c", probe, str(shim)],
+                       env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["7", "0", "True"]
+    line = r.stderr.strip()
+    assert line.startswith("pintime: cuMemHostAlloc 1048576 bytes in ")
+    assert 0.015 < float(line.split()[5]) and line.endswith("(CUresult 0)")

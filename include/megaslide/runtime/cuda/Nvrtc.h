@@ -4,7 +4,8 @@
 // NVRTC is loaded with dlopen at run time through a small symbol table, so
 // binaries built here run where no CUDA exists and say so clearly. Results
 // are cached on disk, keyed by a stable hash of source, architecture,
-// options and NVRTC version. No MLIR dependency (runtime/).
+// options and NVRTC version (nothing of the machine's paths for a
+// header-free source). No MLIR dependency (runtime/).
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,9 +31,9 @@ struct CompileResult {
 };
 
 /// Compiles `source` (program name `name`, used in diagnostics) for `arch`
-/// ("sm_90a" gives a cubin, "compute_90a" PTX only) with C++17 and ptxas -v,
-/// the CUDA include directory when one exists, and `extraOptions`. Looks up
-/// and fills the on-disk cache (kernelCacheDir()).
+/// ("sm_90a" gives a cubin, "compute_90a" PTX only) with
+/// defaultCompileOptions(arch, source) and `extraOptions`. Looks up and fills
+/// the on-disk cache (kernelCacheDir()).
 CompileResult compileCuda(const std::string &source, const std::string &name,
                           const std::string &arch,
                           const std::vector<std::string> &extraOptions = {});
@@ -45,8 +46,17 @@ bool nvrtcAvailable(std::string *whyNot = nullptr);
 /// NVRTC's version as "major.minor", or "" when NVRTC is not loadable.
 std::string nvrtcVersionString();
 
-/// The options compileCuda passes before `extraOptions`.
-std::vector<std::string> defaultCompileOptions(const std::string &arch);
+/// True if `source` has an #include directive (a line starting with `#`
+/// and `include`, blanks allowed around the `#`).
+bool includesHeaders(const std::string &source);
+
+/// The options compileCuda passes before `extraOptions`: the architecture,
+/// C++17 and ptxas -v; for a source that includes headers, also the CUDA
+/// include folder ($CUDA_HOME/include, else /usr/local/cuda/include) when it
+/// exists. The options are part of the cache key, so a header-free source
+/// (every generated kernel) has the same key wherever CUDA is installed.
+std::vector<std::string> defaultCompileOptions(const std::string &arch,
+                                               const std::string &source = "");
 
 //===----------------------------------------------------------------------===//
 // On-disk kernel cache

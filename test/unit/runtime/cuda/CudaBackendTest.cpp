@@ -1252,7 +1252,7 @@ TEST(CudaBackendTest, SharedHostPoolPutsGradientsInTheRing) {
       EXPECT_NE(d.stream, exec::Stream::Host);
 }
 
-TEST(CudaBackendTest, CreateWithoutGpuSaysWhy) {
+TEST(CudaBackendTest, CreateWithoutDeviceSaysWhy) {
   std::string why;
   if (cudaDeviceAvailable(&why))
     GTEST_SKIP() << "a CUDA device is present (covered by CudaBackendGpuTest)";

@@ -191,6 +191,10 @@ TEST(Occupancy, KernelsThatCannotLaunch) {
 // Cache key and files
 //===----------------------------------------------------------------------===//
 
+/// A source like every generated kernel: no #include.
+constexpr const char *kHeaderFree =
+    "extern \"C\" __global__ void k(float *p) { p[0] = 1.0f; }\n";
+
 TEST(KernelCache, Fnv1aMatchesReferenceVectors) {
   EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
   EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
@@ -213,6 +217,46 @@ TEST(KernelCache, KeyIsStableAndCoversEveryInput) {
   EXPECT_NE(cacheKey("ab", "c", {}, "13.0"), cacheKey("a", "bc", {}, "13.0"));
   EXPECT_NE(cacheKey("s", "a", {"x", "y"}, "v"),
             cacheKey("s", "a", {"xy"}, "v"));
+}
+
+/// Two CUDA installations, each with an include folder: $CUDA_HOME differs
+/// between the machine that fills a kernel cache and the GPU node.
+struct TwoCudaHomes {
+  TempDir a, b;
+  TwoCudaHomes() {
+    fs::create_directories(a.path / "include");
+    fs::create_directories(b.path / "include");
+  }
+};
+
+TEST(KernelCache, HeaderFreeOptionsIgnoreWhereCudaIs) {
+  TwoCudaHomes homes;
+  std::vector<std::string> a, b;
+  {
+    ScopedEnv home("CUDA_HOME", homes.a.path.c_str());
+    a = defaultCompileOptions("sm_90a");
+  }
+  {
+    ScopedEnv home("CUDA_HOME", homes.b.path.c_str());
+    b = defaultCompileOptions("sm_90a");
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(cacheKey(kHeaderFree, "sm_90a", a, "13.0"),
+            cacheKey(kHeaderFree, "sm_90a", b, "13.0"));
+}
+
+TEST(KernelCache, IncludeFolderOnlyForSourcesWithHeaders) {
+  EXPECT_FALSE(includesHeaders(kHeaderFree));
+  EXPECT_FALSE(includesHeaders("// no #include here\n__global__ void k() {}"));
+  EXPECT_TRUE(includesHeaders("#include <cuda_bf16.h>\n"));
+  EXPECT_TRUE(includesHeaders("int x;\n  #  include \"h.h\"\n"));
+  TwoCudaHomes homes;
+  ScopedEnv home("CUDA_HOME", homes.a.path.c_str());
+  std::vector<std::string> o =
+      defaultCompileOptions("sm_90a", "#include <cuda_bf16.h>\n");
+  ASSERT_EQ(o.size(), 4u);
+  EXPECT_EQ(o[3], "--include-path=" + (homes.a.path / "include").string());
+  EXPECT_EQ(defaultCompileOptions("sm_90a", kHeaderFree).size(), 3u);
 }
 
 TEST(KernelCache, DirectoryFromEnvironment) {
@@ -275,6 +319,23 @@ TEST(Nvrtc, CompilesATrivialKernelToAnSm90aCubin) {
   EXPECT_TRUE(again.fromCache);
   EXPECT_EQ(again.cubin, r.cubin);
   EXPECT_EQ(again.log, r.log);
+}
+
+TEST(Nvrtc, HeaderFreeSourceHitsTheCacheWhereverCudaIs) {
+  REQUIRE_NVRTC();
+  TempDir dir;
+  TwoCudaHomes homes;
+  ScopedEnv cache("MEGASLIDE_KERNEL_CACHE", dir.path.c_str());
+  {
+    ScopedEnv home("CUDA_HOME", homes.a.path.c_str());
+    CompileResult r = compileCuda(kAxpy, "axpy.cu", "sm_90a");
+    ASSERT_TRUE(r.ok()) << r.error;
+  }
+  ScopedEnv home("CUDA_HOME", homes.b.path.c_str());
+  CompileResult again = compileCuda(kAxpy, "axpy.cu", "sm_90a");
+  ASSERT_TRUE(again.ok()) << again.error;
+  EXPECT_TRUE(again.fromCache);
+  EXPECT_EQ(countFiles(dir.path), 1u);
 }
 
 TEST(Nvrtc, ComputeArchGivesPtxOnly) {
