@@ -7,6 +7,7 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cassert>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -25,7 +26,7 @@ namespace {
 //===----------------------------------------------------------------------===//
 
 struct Param {
-  char kind; ///< i, o, f, F, l, s, d (see ElementwiseKernelsSource.inc)
+  char kind; ///< i, o, f, F, l, s, d, u, q (ElementwiseKernelsSource.inc)
   int type = -1;
   std::string name;
 };
@@ -88,6 +89,10 @@ std::string paramType(const Param &p, TypeName typeName) {
     return "float";
   case 'd':
     return "double";
+  case 'u':
+    return "unsigned";
+  case 'q':
+    return "msDivisor";
   }
   return "void";
 }
@@ -102,6 +107,15 @@ std::string declare(const std::string &type, const std::string &name) {
 //===----------------------------------------------------------------------===//
 // Instances and source
 //===----------------------------------------------------------------------===//
+
+uint64_t fastDivisor(int64_t d) {
+  assert(d >= 1 && d <= kMaxKernelElements && "divisor out of range");
+  unsigned shift = 0;
+  while ((uint64_t(1) << shift) < uint64_t(d))
+    ++shift;
+  uint64_t magic = (uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1;
+  return uint64_t(d) << 32 | (magic & 0xffffffffu);
+}
 
 std::string KernelInstance::name() const {
   std::string s = "ms_" + kind;

@@ -79,11 +79,27 @@ private:
   }
   void launch1d(const char *kind, std::vector<DType> types, int64_t n,
                 std::vector<KernelArg> args) {
+    fits(n);
     launch(kind, std::move(types), {gridFor(n), 1, 1}, std::move(args));
   }
+  /// Notes an index range the 32-bit kernels cannot cover; run() fails
+  /// with it once the op is lowered.
+  void fits(int64_t n) {
+    if (n > kMaxKernelElements)
+      tooLarge = std::max(tooLarge, n);
+  }
+  int64_t tooLarge = 0;
 
   static KernelArg B(BufferRef r) { return KernelArg::buf(r); }
   static KernelArg I(int64_t v) { return KernelArg::i64(v); }
+  /// An `unsigned` argument (the low half of the slot); fits() bounds it.
+  static KernelArg U(int64_t v) { return KernelArg::i64(v); }
+  /// An `msDivisor` argument.
+  KernelArg Q(int64_t d) {
+    fits(d);
+    return KernelArg::i64(static_cast<int64_t>(
+        fastDivisor(std::clamp<int64_t>(d, 1, kMaxKernelElements))));
+  }
   static KernelArg F(double v) { return KernelArg::f32(v); }
   static BufferRef op(int64_t i) { return BufferRef::operand(i); }
   static BufferRef rs(int64_t i) { return BufferRef::result(i); }
@@ -107,7 +123,7 @@ private:
   /// dst = src converted, in scratch: returns the scratch buffer.
   BufferRef converted(BufferRef src, DType from, DType to, int64_t n) {
     BufferRef s = BufferRef::scratch(scratch(n * exec::dtypeBytes(to)));
-    launch1d("cast", {from, to}, n, {B(src), B(s), I(n)});
+    launch1d("cast", {from, to}, n, {B(src), B(s), U(n)});
     return s;
   }
 
@@ -130,6 +146,13 @@ private:
   /// cuBLASLt cannot write td from g.abType.
   void emitGemm(GemmCall g, BufferRef d, DType td,
                 std::optional<std::pair<BufferRef, DType>> bias);
+
+  /// Latents x [B, C, T, H, W] (shape `xs`) as patch rows into y:
+  /// patchify's (pt, ph, pw, C) order when channelsLast, else im2col's
+  /// (C, pt, ph, pw).
+  void patchGather(BufferRef x, DType tx, BufferRef y, DType ty,
+                   const std::vector<int64_t> &xs, std::array<int64_t, 3> patch,
+                   bool channelsLast);
 
   llvm::Error lowerNorm(bool rms);
   llvm::Error lowerNormGrad(bool rms);
@@ -180,8 +203,23 @@ void Lowerer::colsum(BufferRef a, DType ta, std::optional<BufferRef> b,
          {B(a), b ? B(*b) : KernelArg::null(),
           stats ? B(*stats) : KernelArg::null(), B(partial), I(rows), I(cols),
           I(chunkRows), I(mode)});
+  fits(groups * chunks * cols);
   launch1d("colsum_finalize", {td}, groups * cols,
-           {B(partial), B(dst), I(groups), I(chunks), I(cols)});
+           {B(partial), B(dst), U(groups * cols), U(chunks), Q(cols)});
+}
+
+void Lowerer::patchGather(BufferRef x, DType tx, BufferRef y, DType ty,
+                          const std::vector<int64_t> &xs,
+                          std::array<int64_t, 3> patch, bool channelsLast) {
+  auto [pt, ph, pw] = patch;
+  int64_t C = xs[1], n = xs[0] * C * xs[2] * xs[3] * xs[4];
+  std::array<int64_t, 3> inner =
+      channelsLast ? std::array{C, pw, ph} : std::array{pw, ph, pt};
+  launch1d("patch_gather", {tx, ty}, n,
+           {B(x), B(y), U(n), U(C), U(xs[2]), U(xs[3]), U(xs[4]), U(pt), U(ph),
+            U(pw), Q(C * pt * ph * pw), Q(xs[4] / pw), Q(xs[3] / ph),
+            Q(xs[2] / pt), Q(inner[0]), Q(inner[1]), Q(inner[2]),
+            U(channelsLast)});
 }
 
 DType Lowerer::harmonise(BufferRef &a, DType ta, int64_t na, BufferRef &b,
@@ -208,7 +246,7 @@ void Lowerer::emitGemm(GemmCall g, BufferRef d, DType td,
   }
   out.steps.push_back(g);
   if (!direct)
-    launch1d("cast", {DType::F32, td}, g.m * g.n, {B(g.d), B(d), I(g.m * g.n)});
+    launch1d("cast", {DType::F32, td}, g.m * g.n, {B(g.d), B(d), U(g.m * g.n)});
 }
 
 void Lowerer::gemmForward(BufferRef x, DType tx, int64_t M, int64_t In,
@@ -392,7 +430,7 @@ llvm::Error Lowerer::lowerModulateLike(bool isGate) {
     if (!gs)
       return gs.takeError();
     launch1d("gate", {x.dtype, ops[1].dtype, res[0].dtype}, n,
-             {B(op(0)), B(op(1)), B(rs(0)), I(n), I(D), I(perBatch), I(*gs)});
+             {B(op(0)), B(op(1)), B(rs(0)), U(n), Q(D), Q(perBatch), U(*gs)});
     return llvm::Error::success();
   }
   auto ss = batchStride(ops[1], batch, D);
@@ -402,8 +440,8 @@ llvm::Error Lowerer::lowerModulateLike(bool isGate) {
   if (!cs)
     return cs.takeError();
   launch1d("modulate", {x.dtype, ops[1].dtype, ops[2].dtype, res[0].dtype}, n,
-           {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(n), I(D), I(perBatch),
-            I(*ss), I(*cs)});
+           {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), U(n), Q(D), Q(perBatch),
+            U(*ss), U(*cs)});
   return llvm::Error::success();
 }
 
@@ -422,11 +460,11 @@ llvm::Error Lowerer::lowerModulateGrad(bool isGate) {
     return ms.takeError();
   if (isGate)
     launch1d("gate", {dy.dtype, m.dtype, res[0].dtype}, n,
-             {B(op(2)), B(op(1)), B(rs(0)), I(n), I(D), I(perBatch), I(*ms)});
+             {B(op(2)), B(op(1)), B(rs(0)), U(n), Q(D), Q(perBatch), U(*ms)});
   else
     launch1d("modulate", {dy.dtype, m.dtype, m.dtype, res[0].dtype}, n,
-             {B(op(2)), KernelArg::null(), B(op(1)), B(rs(0)), I(n), I(D),
-              I(perBatch), I(0), I(*ms)});
+             {B(op(2)), KernelArg::null(), B(op(1)), B(rs(0)), U(n), Q(D),
+              Q(perBatch), U(0), U(*ms)});
   // Per-sample [B, D] gradients sum over the tokens of a sample; shared
   // [D] ones over every token.
   auto reduce = [&](size_t result, bool timesX) -> llvm::Error {
@@ -578,9 +616,7 @@ llvm::Error Lowerer::lowerPatchEmbed(bool grad) {
   // token gradient's (backward).
   DType tc = grad ? ops[1].dtype : w.dtype;
   BufferRef cols = BufferRef::scratch(scratch(M * K * exec::dtypeBytes(tc)));
-  launch1d("patch_gather", {x.dtype, tc}, M * K,
-           {B(op(0)), B(cols), I(Bn), I(C), I(T), I(H), I(W), I(pt), I(ph),
-            I(pw), I(0)});
+  patchGather(op(0), x.dtype, cols, tc, x.shape, {pt, ph, pw}, false);
   if (!grad) {
     if (ops[2].numElements() != D || res[0].numElements() != M * D)
       return fail("bias or result shape does not match the weight");
@@ -613,15 +649,17 @@ llvm::Error Lowerer::lowerFlowLoss(bool grad) {
     int64_t np = pred.numElements();
     launch1d("fm_loss_grad", {pred.dtype, x0.dtype, noise.dtype, res[0].dtype},
              np,
-             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(np), I(S), I(C), I(Cp),
+             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), U(np), Q(S), Q(Cp), U(C),
               F(2.0 / double(n))});
     return llvm::Error::success();
   }
   uint32_t blocks = static_cast<uint32_t>(
       std::clamp<int64_t>(ceilDiv(n, kElementwiseBlockThreads), 1, 1024));
   BufferRef partial = BufferRef::scratch(scratch(int64_t(blocks) * 4));
+  fits(pred.numElements());
+  fits(n);
   launch("fm_loss_partial", {pred.dtype, x0.dtype, noise.dtype}, {blocks, 1, 1},
-         {B(op(0)), B(op(1)), B(op(2)), B(partial), I(n), I(S), I(C), I(Cp)});
+         {B(op(0)), B(op(1)), B(op(2)), B(partial), U(n), Q(C * S), U(Cp * S)});
   launch("sum_finalize", {res[0].dtype}, {1, 1, 1},
          {B(partial), B(rs(0)), I(blocks), F(1.0 / double(n))});
   return llvm::Error::success();
@@ -640,14 +678,15 @@ llvm::Error Lowerer::lowerSplitConcat(bool split) {
     int64_t cols = part.shape.empty() ? 1 : part.shape.back();
     if (part.numElements() != rows * cols)
       return fail("pieces must share the leading dimensions");
+    fits(whole.numElements());
     if (split)
       launch1d("copy2d", {whole.dtype, part.dtype}, rows * cols,
-               {B(op(0)), B(rs(i)), I(rows), I(cols), I(width), I(offset),
-                I(cols), I(0)});
+               {B(op(0)), B(rs(i)), U(rows), Q(cols), U(width), U(offset),
+                U(cols), U(0)});
     else
       launch1d("copy2d", {part.dtype, whole.dtype}, rows * cols,
-               {B(op(i)), B(rs(0)), I(rows), I(cols), I(cols), I(0), I(width),
-                I(offset)});
+               {B(op(i)), B(rs(0)), U(rows), Q(cols), U(cols), U(0), U(width),
+                U(offset)});
     offset += cols;
   }
   if (offset != width)
@@ -681,11 +720,19 @@ llvm::Error Lowerer::lowerRope() {
       inverse = *i != 0;
   }
   double theta = floatAttr("theta", 10000.0);
+  if (!(theta > 1) || !std::isfinite(theta))
+    return fail("theta must be a finite number over 1");
   int64_t pairs = x.numElements() / 2;
+  fits(x.numElements());
+  // Per axis of d channels, pair i's frequency over pi is 2^(i c + lpi):
+  // the exponent's coefficients in double, rounded to float once.
+  auto coef = [&](int64_t d) {
+    return F(d ? -2.0 * std::log2(theta) / double(d) : 0.0);
+  };
   launch1d("rope3d", {x.dtype, res[0].dtype}, pairs,
-           {B(op(0)), B(rs(0)), I(pairs), I(N), I(H), I(Dh), I(gy), I(gx),
-            I(dt), I(dy), I(dx), KernelArg::f64(std::log(theta)),
-            KernelArg::f64(inverse ? -1.0 : 1.0)});
+           {B(op(0)), B(rs(0)), U(pairs), Q(Dh / 2), Q(H), Q(N), Q(gx), Q(gy),
+            U(dt), U(dy), U(dx), coef(dt), coef(dy), coef(dx),
+            F(-std::log2(M_PI)), F(inverse ? -1.0 : 1.0)});
   return llvm::Error::success();
 }
 
@@ -702,13 +749,16 @@ llvm::Error Lowerer::lowerPatchify(bool inverse) {
       y.shape[3] % ph || y.shape[4] % pw ||
       res[0].numElements() != ops[0].numElements())
     return fail("latents [B, C, T, H, W] are not whole patches");
-  std::vector<KernelArg> args = {
-      B(op(0)),      B(rs(0)),      I(y.shape[0]), I(y.shape[1]), I(y.shape[2]),
-      I(y.shape[3]), I(y.shape[4]), I(pt),         I(ph),         I(pw)};
-  if (!inverse)
-    args.push_back(I(1)); // channels fastest within a patch
-  launch1d(inverse ? "unpatchify" : "patch_gather",
-           {ops[0].dtype, res[0].dtype}, y.numElements(), args);
+  if (!inverse) {
+    // Channels fastest within a patch.
+    patchGather(op(0), ops[0].dtype, rs(0), res[0].dtype, y.shape, {pt, ph, pw},
+                true);
+    return llvm::Error::success();
+  }
+  const std::vector<int64_t> &s = y.shape;
+  launch1d("unpatchify", {ops[0].dtype, res[0].dtype}, y.numElements(),
+           {B(op(0)), B(rs(0)), U(y.numElements()), Q(s[1]), Q(s[2]), Q(s[3]),
+            Q(s[4]), Q(pt), Q(ph), Q(pw), U(s[3] / ph), U(s[4] / pw)});
   return llvm::Error::success();
 }
 
@@ -724,12 +774,14 @@ llvm::Error Lowerer::lowerEmbedding(bool grad) {
   int64_t V = table.shape[0], D = table.shape[1], rows = ids.numElements();
   if ((grad ? ops[1] : res[0]).numElements() != rows * D)
     return fail("rows do not match ids and table width");
+  fits(V * D);
+  fits(rows * D);
   if (grad)
     launch1d("embedding_grad", {ids.dtype, ops[1].dtype, res[0].dtype}, V * D,
-             {B(op(0)), B(op(1)), B(rs(0)), I(rows), I(D), I(V)});
+             {B(op(0)), B(op(1)), B(rs(0)), U(rows), Q(D), U(V * D)});
   else
     launch1d("embedding", {ids.dtype, ops[1].dtype, res[0].dtype}, rows * D,
-             {B(op(0)), B(op(1)), B(rs(0)), I(rows), I(D), I(V)});
+             {B(op(0)), B(op(1)), B(rs(0)), U(rows * D), Q(D), I(V)});
   return llvm::Error::success();
 }
 
@@ -748,7 +800,7 @@ llvm::Error Lowerer::lowerElementwise(size_t nOps) {
   }
   types.push_back(res[0].dtype);
   args.push_back(B(rs(0)));
-  args.push_back(I(n));
+  args.push_back(U(n));
   launch1d(exec::opName(inst.op), types, n, args);
   return llvm::Error::success();
 }
@@ -776,7 +828,7 @@ llvm::Error Lowerer::lowerBiasAdd() {
   if (nb == 0 || n % nb || res[0].numElements() != n)
     return fail("bias must be a suffix of the input shape");
   launch1d("bias_add", {ops[0].dtype, ops[1].dtype, res[0].dtype}, n,
-           {B(op(0)), B(op(1)), B(rs(0)), I(n), I(nb)});
+           {B(op(0)), B(op(1)), B(rs(0)), U(n), Q(nb)});
   return llvm::Error::success();
 }
 
@@ -798,8 +850,9 @@ llvm::Error Lowerer::lowerTimestepEmbedding() {
   int64_t width = Bn ? res[0].numElements() / Bn : 0;
   if (width == 0 || width % 2 || res[0].numElements() != Bn * width)
     return fail("needs an even embedding width");
+  fits(Bn * width);
   launch1d("timestep_embedding", {ops[0].dtype, res[0].dtype}, Bn * width / 2,
-           {B(op(0)), B(rs(0)), I(Bn), I(width / 2),
+           {B(op(0)), B(rs(0)), U(Bn * width / 2), Q(width / 2),
             KernelArg::f64(std::log(floatAttr("max_period", 10000.0))),
             KernelArg::f64(floatAttr("time_scale", 1.0))});
   return llvm::Error::success();
@@ -814,7 +867,7 @@ llvm::Error Lowerer::lowerFlowInterpolate() {
     return fail("latents, noise and timesteps shapes disagree");
   launch1d("flow_interpolate",
            {ops[0].dtype, ops[1].dtype, ops[2].dtype, res[0].dtype}, n,
-           {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), I(n), I(n / Bn)});
+           {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), U(n), Q(n / Bn)});
   return llvm::Error::success();
 }
 
@@ -886,6 +939,11 @@ llvm::Expected<LoweredOp> Lowerer::run() {
     return fail("no cuda lowering");
   if (llvm::Error e = lower(*this))
     return std::move(e);
+  if (tooLarge)
+    return fail(llvm::formatv(
+        "{0} elements in one kernel launch; the elementwise kernels index "
+        "with 32 bits and take at most {1}",
+        tooLarge, kMaxKernelElements));
   return std::move(out);
 }
 

@@ -7,9 +7,9 @@
 // a CUDA C++ template over the element types it reads and writes (bf16, f16,
 // f32; ids i32/i64) with fp32 arithmetic, instantiated as one extern "C"
 // kernel per type combination a plan needs and compiled with NVRTC
-// (include/megaslide/runtime/cuda/Nvrtc.h) for sm_90a. Shapes are kernel arguments, so one
-// compilation serves every layer. Which kernels an op launches is
-// GraphOpLowering.h's.
+// (include/megaslide/runtime/cuda/Nvrtc.h) for sm_90a. Shapes are kernel
+// arguments, so one compilation serves every layer. Which kernels an op
+// launches is GraphOpLowering.h's.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,6 +36,17 @@ inline constexpr unsigned kAttentionTcBlockThreads = 128;
 /// Largest head dim of the tensor-core attention kernels (which take the
 /// multiples of 8 up to it).
 inline constexpr int64_t kAttentionTcMaxHeadDim = 128;
+
+/// Most elements one launch of a grid-stride kernel may cover: their
+/// indices are 32-bit (no 64-bit division per element), and i plus the
+/// grid's thread count must not wrap. The lowering refuses larger ops.
+inline constexpr int64_t kMaxKernelElements = INT32_MAX;
+
+/// A divisor d in [1, 2^31) as the kernels' `msDivisor` argument (a `q`
+/// parameter): its Granlund-Montgomery multiplier m = floor(2^32 (2^s -
+/// d) / d) + 1, s = ceil(log2 d), in the low 32 bits and d in the high
+/// ones, so that n / d = (umulhi(n, m) + n) >> s for every n < 2^31.
+uint64_t fastDivisor(int64_t d);
 
 /// A kernel template instantiated for concrete element types.
 struct KernelInstance {

@@ -144,9 +144,31 @@ double hostMemoryBytes(CostKind kind, const exec::CostInputs &in);
 /// A compute-bound family's attention FLOPs run at its own efficiency
 /// (a memory-bound family's at vector_flops) and its bytes at
 /// hbm_efficiency; a memory-bound family's bytes run at its own.
+/// `instructions` (elementwiseInstructions), when not 0, replace an
+/// elementwise op's `other / vector` by instructions / (vector / 2): one
+/// thread instruction per FP32 lane per clock, an FMA being 2 FLOPs.
 double secondsFor(CostKind kind, KernelFamily family,
                   const exec::CostInputs &in, const HardwareModel &hw,
-                  exec::DType resultType = exec::DType::BF16);
+                  exec::DType resultType = exec::DType::BF16,
+                  double instructions = 0);
+
+/// A dense cuda kernel's PTX instructions per element of its main loop
+/// (thread instructions; the 16-byte loops' count over their 8 elements),
+/// read off the sm_90a PTX of its bf16 instance and held to it by
+/// test/unit/runtime/cuda/ElementwiseCodegenTest.cpp.
+struct KernelInstructions {
+  const char *kernel; ///< its kind in runtime/cuda/ElementwiseKernelsSource.inc
+  double perElement;
+};
+/// The kernels with a stated count.
+llvm::ArrayRef<KernelInstructions> elementwiseKernelInstructions();
+
+/// Thread instructions of elementwise-family instruction `inst`: its
+/// kernel's perElement times the elements of its largest tensor (per pair
+/// for rope3d); 0 for an op without a stated count (norms and the
+/// reductions; secondsFor then times its FLOPs at vector_flops).
+double elementwiseInstructions(const exec::ExecPlan &plan,
+                               const exec::Instruction &inst);
 
 /// secondsFor an instruction of `plan`, except that a deferred
 /// host_adamw (exec::kDeferredAttr) retains its gradient rather than

@@ -512,6 +512,11 @@ std::vector<OpCase> denseCases() {
                           {"inverse", int64_t(1)},
                           {"theta", 500.0}}),
       {tt(f32, {2, 12, 1, 16})}, {tt(f32, {2, 12, 1, 16})});
+  // The 105B preset's positions (21 latent frames, 80 patch columns) and
+  // head dim: the fp32 angles against the cpu kernel's double ones.
+  add("rope3d 105B positions",
+      makeInst("rope3d", {{"grid", V{21, 1, 80}}, {"dims", V{44, 42, 42}}}),
+      {tt(f32, {1, 1680, 1, 128})}, {tt(f32, {1, 1680, 1, 128})});
   add("attention", makeInst("attention"),
       {tt(bf, {1, 6, 2, 16}), tt(bf, {1, 5, 2, 16}), tt(bf, {1, 5, 2, 16})},
       {tt(bf, {1, 6, 2, 16})});
