@@ -5,9 +5,7 @@
 #   bin/          megaslide-exec and megaslide-runtime-tests of the
 #                 runtime-only build (libc and oneDNN; test_runtime_only.py);
 #   lib/          oneDNN (xz-compressed: 40 MB as is), its libgomp and
-#                 OpenCL loader, which device-check.sh unpacks; and
-#                 libmegaslide-pintime.so (scripts/pintime.c), which times
-#                 the cuda backend's pinning;
+#                 OpenCL loader, which device-check.sh unpacks;
 #   plans/        tiny, tiny-dsa (3D-DSA), and for the calibration, sized so
 #                 that filling their host memory fits the check:
 #                 dit-xl-2-256 (DiT-XL/2 at 256x256, 10 GiB of host memory),
@@ -63,14 +61,6 @@ for lib in libdnnl.so.2 libgomp.so.1 libOpenCL.so.1; do
   *) cp -L "$path" "$tmp/lib/$lib" ;;
   esac
 done
-# The pinning timer needs libcuda.so.1, of which this machine may have no
-# copy: it is linked against an empty library of that soname.
-mkdir "$tmp/stub"
-cc -shared -Wl,-soname,libcuda.so.1 -o "$tmp/stub/libcuda.so.1" -x c /dev/null
-cc -shared -fPIC -O2 -Wall -Werror -o "$tmp/lib/libmegaslide-pintime.so" \
-  "$root/scripts/pintime.c" -ldl -Wl,--no-as-needed "$tmp/stub/libcuda.so.1"
-rm -r "$tmp/stub"
-
 # The plans. Big ones are saved by the sim backend, which holds no state.
 python3 - "$root" "$tmp/plans" <<'EOF'
 import json, sys

@@ -464,11 +464,9 @@ fig "gtest compile" "$(gtest_line "$logs/gtest-compile.log")"
 say "== 8. calibration: cuda trace against the sim's prediction; pinning"
 # Sized to fit what is left (docs/Testing.md, "The device check"): each
 # cuda run fills its host state (12 B per trained parameter) and pins its
-# pools before the first step. The cuda runs open the driver through
-# libmegaslide-pintime.so (scripts/pintime.c), which times every pinning
-# call of the backend from outside it.
+# pools before the first step; the backend says on stderr how long pinning
+# took (docs/Runtime.md, "cuda backend limits and settings").
 : >"$out/7-calibration.txt"
-pintime=$work/lib/libmegaslide-pintime.so
 # plan, seconds it needs, its limit, cuda steps
 for row in "dit-xl-2-256 20 45 3" "wan-1block 30 60 3" "105b-1block 50 90 2"; do
   set -- $row
@@ -480,22 +478,15 @@ for row in "dit-xl-2-256 20 45 3" "wan-1block 30 60 3" "105b-1block 50 90 2"; do
     say "  cuda-$plan: needs the GPU (the sim's prediction is in the logs)"
     continue
   fi
-  if [ -f "$pintime" ]; then
-    step "cuda-$plan" "$need" "$limit" optional \
-      env MEGASLIDE_CUDA_DRIVER_LIBRARY="$pintime" "$exec_" \
-      --plan "$plans/$plan.json" --backend cuda --steps "$steps" \
-      --no-progress --metrics "$logs/cuda-$plan.jsonl" \
-      --trace "$logs/cuda-$plan.trace.json"
-  else
-    step "cuda-$plan" "$need" "$limit" optional "$exec_" \
-      --plan "$plans/$plan.json" --backend cuda --steps "$steps" \
-      --no-progress --metrics "$logs/cuda-$plan.jsonl" \
-      --trace "$logs/cuda-$plan.trace.json"
-  fi
+  step "cuda-$plan" "$need" "$limit" optional "$exec_" \
+    --plan "$plans/$plan.json" --backend cuda --steps "$steps" \
+    --no-progress --metrics "$logs/cuda-$plan.jsonl" \
+    --trace "$logs/cuda-$plan.trace.json"
   # Pinning, even of a run that went no further.
-  pinned=$(awk '/^pintime: /{b += $3; s += $6; n++}
-    END{if (n) printf "%.2f GiB in %.2f s (%d calls, %.1f GiB/s)",
-      b / 2^30, s, n, (s > 0 ? b / 2^30 / s : 0)}' "$logs/cuda-$plan.log" 2>/dev/null)
+  pinned=$(sed -n 's/^megaslide: cuda backend: pinned \([0-9]*\) bytes of host memory in \([0-9.]*\) s.*/\1 \2/p' \
+    "$logs/cuda-$plan.log" 2>/dev/null | awk '{b += $1; s += $2; n++}
+    END{if (n) printf "%.2f GiB in %.2f s (%.1f GiB/s)",
+      b / 2^30, s, (s > 0 ? b / 2^30 / s : 0)}')
   [ -n "$pinned" ] && fig "pinning $plan" "$pinned"
   [ -f "$logs/cuda-$plan.trace.json" ] || continue
   {

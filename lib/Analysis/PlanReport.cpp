@@ -419,9 +419,12 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
       r.deviceFlops += flops;
       if (op->hasAttr(schedule::kRecomputeAttrName))
         r.recomputeFlops += flops;
-      PlanReport::Family &f =
-          r.byFamily[static_cast<int>(sim::kernelFamilyOf(inst.op))];
+      sim::KernelFamily family = sim::kernelFamilyOf(inst.op);
+      PlanReport::Family &f = r.byFamily[static_cast<int>(family)];
       f.seconds += timeline.end[i] - timeline.start[i];
+      if (family == sim::KernelFamily::Elementwise)
+        r.elementwiseByOp[exec::opName(inst.op)] +=
+            timeline.end[i] - timeline.start[i];
       f.instructions += 1;
       f.flops += flops;
       f.bytes += cost.bytes;
@@ -619,6 +622,9 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                            {"flops", family.flops},
                            {"bytes", family.bytes}};
   }
+  llvm::json::Object elementwise;
+  for (const auto &[op, seconds] : r.elementwiseByOp)
+    elementwise[op] = seconds;
   out["step"] = llvm::json::Object{
       {"predicted_seconds", r.predictedSeconds},
       {"lower_bound_seconds", r.lowerBoundSeconds},
@@ -630,6 +636,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
       {"peak_flops", r.peakFlops},
       {"mfu", r.mfu()},
       {"by_kernel_family", std::move(families)},
+      {"elementwise_by_op", std::move(elementwise)},
       {"gradient_ring",
        llvm::json::Object{{"slots", r.gradientRingSlots},
                           {"slot_bytes", r.gradientRingSlotBytes},
@@ -751,7 +758,7 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
   if (r.gradientRingSlots > 0)
     os << llvm::formatv(
         "  gradient ring: {0} pinned buffers of {1}; {2} of {3} gradient "
-        "copies wait for the host optimizer, adding {4:F3} s "
+        "copies follow a host update of their buffer, adding {4:F3} s "
         "(--gradient-buffers)\n",
         r.gradientRingSlots, formatBytes(r.gradientRingSlotBytes),
         r.issueWaits.instructions, r.gradientCopies, r.issueWaits.seconds);
@@ -773,6 +780,22 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
         r.byFamily[f].seconds);
   if (!order.empty())
     os << "\n";
+  // The elementwise family by op, each priced by its own kernel's bytes and
+  // instructions (docs/CostModel.md, "Kernel families"): the largest five.
+  std::vector<std::pair<std::string, double>> ops(r.elementwiseByOp.begin(),
+                                                  r.elementwiseByOp.end());
+  llvm::stable_sort(ops, [](const auto &a, const auto &b) {
+    return a.second > b.second;
+  });
+  if (!ops.empty()) {
+    os << "  elementwise by op:";
+    for (auto [n, op] : llvm::enumerate(llvm::ArrayRef(ops).take_front(5)))
+      os << llvm::formatv("{0} {1} {2:F3} s", n ? "," : "", op.first,
+                          op.second);
+    if (ops.size() > 5)
+      os << llvm::formatv(", {0} more", ops.size() - 5);
+    os << "\n";
+  }
   os << llvm::formatv(
       "  FLOPs: model {0:E3} (as planned, without recomputation), executed "
       "{1:E3} ({2:F1}% recomputation); MFU {3:F1}% of {4:F0} TFLOP/s\n",

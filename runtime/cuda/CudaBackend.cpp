@@ -457,13 +457,14 @@ llvm::Error CudaBackend::Impl::buildCommands(
     std::vector<DeviceCmd> &out = commands[i];
     if (pi.lowered) {
       auto resolve = [&](const BufferRef &r) -> CUdeviceptr {
+        CUdeviceptr offset = static_cast<CUdeviceptr>(r.offset);
         switch (r.kind) {
         case BufferRef::Operand:
-          return deviceAddress(inst.operands[r.index]);
+          return deviceAddress(inst.operands[r.index]) + offset;
         case BufferRef::Result:
-          return deviceAddress(inst.results[r.index]);
+          return deviceAddress(inst.results[r.index]) + offset;
         case BufferRef::Scratch:
-          return scratch + r.index;
+          return scratch + r.index + offset;
         }
         return 0;
       };

@@ -791,17 +791,26 @@ llvm::Error Lowerer::lowerElementwise(size_t nOps) {
     return e;
   int64_t n = res[0].numElements();
   std::vector<DType> types;
-  std::vector<KernelArg> args;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].numElements() != n)
       return fail("operands and result differ in size");
     types.push_back(ops[i].dtype);
-    args.push_back(B(op(i)));
   }
   types.push_back(res[0].dtype);
-  args.push_back(B(rs(0)));
-  args.push_back(U(n));
-  launch1d(exec::opName(inst.op), types, n, args);
+  // Beyond the 32-bit kernels' reach (the 105B FFN's GELU: 2.48e9
+  // elements), one launch per slice: the ops are elementwise, so slices of
+  // every buffer at the same element offset are independent. Slices of
+  // 2^30 elements keep each buffer 16-byte aligned for the vector loads.
+  constexpr int64_t kSlice = int64_t(1) << 30;
+  for (int64_t first = 0; first < n; first += kSlice) {
+    int64_t count = std::min(kSlice, n - first);
+    std::vector<KernelArg> args;
+    for (size_t i = 0; i < ops.size(); ++i)
+      args.push_back(B(op(i).plus(first * exec::dtypeBytes(ops[i].dtype))));
+    args.push_back(B(rs(0).plus(first * exec::dtypeBytes(res[0].dtype))));
+    args.push_back(U(count));
+    launch1d(exec::opName(inst.op), types, count, args);
+  }
   return llvm::Error::success();
 }
 

@@ -9,6 +9,8 @@
 
 #include "megaslide/runtime/cuda/Nvrtc.h"
 
+#include "megaslide/runtime/cuda/Libraries.h"
+
 #include "megaslide/runtime/support/AtomicFile.h"
 
 #include <algorithm>
@@ -63,22 +65,13 @@ struct NvrtcSymbols {
 };
 
 /// Library names tried in order: $MEGASLIDE_NVRTC_LIBRARY alone if set;
-/// else the loader's search path first (honours LD_LIBRARY_PATH), then the
-/// toolkit directories.
+/// else where the cuda backend looks for its libraries
+/// (cudaLibraryCandidates: the loader's path, the toolkit, pip wheels).
 std::vector<std::string> nvrtcCandidates() {
-  // An explicit library wins (and is the only one tried).
   if (const char *lib = std::getenv("MEGASLIDE_NVRTC_LIBRARY"); lib && *lib)
     return {lib};
-  std::vector<std::string> names = {"libnvrtc.so", "libnvrtc.so.13",
-                                    "libnvrtc.so.12"};
-  for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char *dir = std::getenv(var); dir && *dir) {
-      names.push_back(std::string(dir) + "/lib64/libnvrtc.so");
-      names.push_back(std::string(dir) + "/lib64/libnvrtc.so.13");
-    }
-  names.push_back("/usr/local/cuda/lib64/libnvrtc.so");
-  names.push_back("/usr/local/cuda/lib64/libnvrtc.so.13");
-  return names;
+  return cudaLibraryCandidates(
+      {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"});
 }
 
 const NvrtcSymbols &nvrtc() {

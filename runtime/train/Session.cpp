@@ -49,7 +49,12 @@ Session::Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
       shapesOf(std::move(shapes)), options(std::move(options)),
       seed(this->options.seed), data(std::move(data)) {}
 
-Session::~Session() = default;
+Session::~Session() {
+  // The cuda backend keeps its pinned pools for the next bucket's backend;
+  // a finished session (a Python Trainer going away) gives them back.
+  executor.reset();
+  cuda::releasePinnedPools();
+}
 
 uint64_t HostMemoryNeed::total() const {
   uint64_t sum = 0;

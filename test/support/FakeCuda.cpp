@@ -1011,7 +1011,7 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
   auto slotOf = [&](const BufferRef &r) {
     int64_t id = valueOf(r);
     return id < 0 ? Slot{Slot::Any, static_cast<uint64_t>(r.index)}
-                  : arena(offsetOf(id));
+                  : arena(offsetOf(id) + r.offset);
   };
   if (pi.lowered) {
     size_t first = d.candidates.size();
@@ -1024,7 +1024,8 @@ void addCandidates(Device &d, const exec::ExecPlan &plan,
           switch (a.kind) {
           case KernelArg::Buffer: {
             int64_t id = valueOf(a.buffer);
-            c.slots.push_back(id < 0 ? Slot{} : arena(offsetOf(id)));
+            c.slots.push_back(id < 0 ? Slot{}
+                                     : arena(offsetOf(id) + a.buffer.offset));
             if (id >= 0)
               (a.buffer.kind == BufferRef::Operand ? c.reads : c.writes)
                   .push_back(rangeOf(id));

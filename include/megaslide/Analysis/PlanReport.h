@@ -19,6 +19,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +112,8 @@ struct PlanReport {
     uint64_t instructions = 0, flops = 0, bytes = 0;
   };
   Family byFamily[sim::kNumKernelFamilies] = {};
+  /// The elementwise family's predicted time by op (exec::opName).
+  std::map<std::string, double> elementwiseByOp;
 
   /// The training recipe's planning (megaslide-defer-updates): empty
   /// `update` when the module was not planned by it.

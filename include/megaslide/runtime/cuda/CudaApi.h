@@ -200,16 +200,6 @@ llvm::Expected<const CudaDriverApi *> loadCudaDriver();
 llvm::Expected<std::unique_ptr<CudaDriverApi>>
 openCudaDriver(const std::string &path);
 
-/// Where a CUDA library `sonames` (most wanted first) may be, in the order
-/// to try: each soname as is (the loader's path: LD_LIBRARY_PATH, ldconfig,
-/// a copy already loaded, e.g. by torch), then every file of those names
-/// that exists in a toolkit folder (lib64, lib, targets/<arch>-linux/lib of
-/// $CUDA_HOME, $CUDA_PATH, /usr/local/cuda) or in a pip wheel's
-/// (nvidia/*/lib of the site-packages of $VIRTUAL_ENV, $CONDA_PREFIX,
-/// $PYTHONPATH, ~/.local, /usr/local and /usr: where torch's CUDA
-/// libraries are installed).
-std::vector<std::string>
-cudaLibraryCandidates(const std::vector<std::string> &sonames);
 
 /// Loads cuBLASLt once per process: $MEGASLIDE_CUBLASLT_LIBRARY alone when
 /// set, else the cudaLibraryCandidates of libcublasLt.so.13, .so.12, .so.

@@ -23,10 +23,16 @@ namespace megaslide::cuda {
 struct BufferRef {
   enum Kind : uint8_t { Operand, Result, Scratch } kind = Operand;
   int64_t index = 0;
+  /// Bytes past the buffer's start: a launch over a slice of it (an op
+  /// split into launches of at most kMaxKernelElements elements).
+  int64_t offset = 0;
 
   static BufferRef operand(int64_t i) { return {Operand, i}; }
   static BufferRef result(int64_t i) { return {Result, i}; }
   static BufferRef scratch(int64_t offset) { return {Scratch, offset}; }
+  BufferRef plus(int64_t bytes) const {
+    return {kind, index, offset + bytes};
+  }
 };
 
 /// A kernel argument: a buffer's address, a null pointer, a `long long`,

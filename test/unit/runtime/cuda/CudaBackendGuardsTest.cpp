@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cuda/CudaApi.h"
+#include "megaslide/runtime/cuda/Libraries.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/HostState.h"

@@ -345,11 +345,11 @@ void runLowered(const LoweredOp &op, EmulatedKernels &emu,
   auto resolve = [&](const BufferRef &r) -> void * {
     switch (r.kind) {
     case BufferRef::Operand:
-      return operands[r.index].bytes.data();
+      return operands[r.index].bytes.data() + r.offset;
     case BufferRef::Result:
-      return results[r.index].bytes.data();
+      return results[r.index].bytes.data() + r.offset;
     case BufferRef::Scratch:
-      return scratchBase + r.index;
+      return scratchBase + r.index + r.offset;
     }
     return nullptr;
   };

@@ -65,19 +65,41 @@ TEST(ElementwiseCodegenTest, FastDivisorDividesEveryIndex) {
   }
 }
 
-TEST(ElementwiseCodegenTest, LaunchesOverTwoToThe31ElementsAreRefused) {
-  exec::Instruction gelu;
-  gelu.op = exec::OpCode::Gelu;
-  exec::TensorType big{DType::BF16, {int64_t(1) << 31}};
-  auto lowered = lowerGraphOp(gelu, {big}, {big});
-  ASSERT_FALSE(!!lowered);
-  EXPECT_EQ(llvm::toString(lowered.takeError()),
-            "'gelu' on cuda: 2147483648 elements in one kernel launch; the "
-            "elementwise kernels index with 32 bits and take at most "
+/// The 32-bit kernels cover at most 2^31 - 1 elements a launch: a purely
+/// elementwise op beyond (the 105B FFN's GELU, 75,600 x 32,768) becomes one
+/// launch per 2^30-element slice at the slices' byte offsets; an op whose
+/// indices are not per element (a broadcast) is refused by name.
+TEST(ElementwiseCodegenTest, LaunchesBeyondTwoToThe31ElementsAreSliced) {
+  exec::Instruction grad;
+  grad.op = exec::OpCode::GeluGrad;
+  exec::TensorType x{DType::BF16, {75600, 32768}},
+      dy{DType::F32, {75600, 32768}};
+  auto lowered = lowerGraphOp(grad, {x, dy}, {x});
+  ASSERT_TRUE(!!lowered) << llvm::toString(lowered.takeError());
+  int64_t n = 75600 * int64_t(32768), covered = 0;
+  ASSERT_EQ(lowered->steps.size(), 3u);
+  for (const LoweredStep &s : lowered->steps) {
+    const auto &l = std::get<KernelLaunch>(s);
+    ASSERT_EQ(l.args.size(), 4u);
+    EXPECT_EQ(l.args[0].buffer.offset, covered * 2);
+    EXPECT_EQ(l.args[1].buffer.offset, covered * 4);
+    EXPECT_EQ(l.args[2].buffer.offset, covered * 2);
+    int64_t count = l.args[3].i;
+    EXPECT_LE(count, int64_t(1) << 30);
+    covered += count;
+  }
+  EXPECT_EQ(covered, n);
+
+  exec::Instruction bias;
+  bias.op = exec::OpCode::BiasAdd;
+  exec::TensorType big{DType::BF16, {int64_t(1) << 16, int64_t(1) << 15}},
+      b{DType::BF16, {int64_t(1) << 15}};
+  auto refused = lowerGraphOp(bias, {big, b}, {big});
+  ASSERT_FALSE(!!refused);
+  EXPECT_EQ(llvm::toString(refused.takeError()),
+            "'bias_add' on cuda: 2147483648 elements in one kernel launch; "
+            "the elementwise kernels index with 32 bits and take at most "
             "2147483647");
-  exec::TensorType fits{DType::BF16, {INT32_MAX}};
-  auto ok = lowerGraphOp(gelu, {fits}, {fits});
-  EXPECT_TRUE(!!ok) << llvm::toString(ok.takeError());
 }
 
 /// The PTX of each .entry, by name: up to the closing brace at the start
