@@ -11,6 +11,7 @@
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/host/Weights.h"
 #include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>
@@ -319,6 +320,16 @@ void defineAdamW(py::module_ &m) {
   m.def("gemm_isa", &megaslide::cpu::gemmIsaName,
         "Instruction set of oneDNN's GEMM kernels here (avx512_core, avx2, "
         "sse41, ...).");
+  m.def(
+      "architecture_keys",
+      [] {
+        std::vector<std::string> keys;
+        for (llvm::StringRef k : megaslide::host::architectureKeys())
+          keys.push_back(k.str());
+        return keys;
+      },
+      "The model config keys that fix the weights' shapes and the forward's "
+      "meaning: weights whose config.json differs in one are refused.");
 }
 
 } // namespace

@@ -488,7 +488,8 @@ public:
     CallGuard lock = guard("load_weights");
     requireState("load_weights");
     py::gil_scoped_release release;
-    if (llvm::Error err = host::loadWeights(path, session->state()))
+    if (llvm::Error err =
+            host::loadWeights(path, session->state(), &session->plan()))
       raise(std::move(err));
   }
 

@@ -19,6 +19,7 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import _megaslide
 from ._datafiles import UsageError, heavy_imports
 
 TOOL = "megaslide-export"
@@ -26,11 +27,9 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 INDEX = WEIGHTS + ".index.json"
 PIPELINES = ("WanPipeline",)
 #: The WanTransformer3DModel arguments that fix the weights' shapes and
-#: the forward's meaning; the others (rope_max_seq_len, ...) do not.
-ARCHITECTURE = ("num_layers", "num_attention_heads", "attention_head_dim",
-                "ffn_dim", "text_dim", "freq_dim", "in_channels",
-                "out_channels", "patch_size", "qk_norm", "cross_attn_norm",
-                "image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
+#: the forward's meaning; the others (rope_max_seq_len, ...) do not. One
+#: list with the runtime's weight loader (host::architectureKeys).
+ARCHITECTURE = tuple(_megaslide.architecture_keys())
 
 
 def _read_json(path: str, what: str) -> Dict[str, Any]:

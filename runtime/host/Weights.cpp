@@ -408,7 +408,73 @@ readIndex(StringRef indexPath,
 
 } // namespace
 
-Error host::loadWeights(StringRef path, HostState &state) {
+llvm::ArrayRef<llvm::StringLiteral> host::architectureKeys() {
+  static const llvm::StringLiteral keys[] = {
+      "num_layers",      "num_attention_heads", "attention_head_dim",
+      "ffn_dim",         "text_dim",            "freq_dim",
+      "in_channels",     "out_channels",        "patch_size",
+      "qk_norm",         "cross_attn_norm",     "image_dim",
+      "added_kv_proj_dim", "pos_embed_seq_len"};
+  return keys;
+}
+
+namespace {
+
+/// The weights folder's config.json against the plan's model config: the
+/// architecture keys both give must agree.
+Error checkArchitecture(StringRef dir, const exec::ExecPlan &plan) {
+  std::string path = joinPath(dir, kWeightsConfigFile);
+  if (!llvm::sys::fs::is_regular_file(path))
+    return Error::success(); // no record to check against
+  llvm::Expected<std::string> text =
+      readBoundedFile(path, int64_t(16) << 20, "weights config");
+  if (!text)
+    return text.takeError();
+  llvm::Expected<llvm::json::Value> theirs = parseJson(*text);
+  if (!theirs || !theirs->getAsObject()) {
+    if (!theirs)
+      llvm::consumeError(theirs.takeError());
+    return error("weights config '" + path + "' is not a JSON object");
+  }
+  llvm::Expected<llvm::json::Value> ours =
+      parseJson(plan.modelConfig.empty() ? "{}" : plan.modelConfig);
+  if (!ours || !ours->getAsObject()) {
+    if (!ours)
+      llvm::consumeError(ours.takeError());
+    return Error::success(); // a hand-made plan without a config
+  }
+  std::string differences;
+  auto show = [](const llvm::json::Value &v) {
+    return llvm::formatv("{0}", v).str();
+  };
+  for (llvm::StringRef key : architectureKeys()) {
+    const llvm::json::Value *a = theirs->getAsObject()->get(key);
+    const llvm::json::Value *b = ours->getAsObject()->get(key);
+    if (!a || !b || *a == *b)
+      continue;
+    // 4 and 4.0 are one value.
+    if (a->getAsNumber() && b->getAsNumber() &&
+        *a->getAsNumber() == *b->getAsNumber())
+      continue;
+    differences += "\n  " + key.str() + ": weights " + show(*a) + ", model " +
+                   show(*b);
+  }
+  if (differences.empty())
+    return Error::success();
+  return error("weights '" + dir + "' are of another model (" + path +
+               "):" + differences +
+               "\nload weights of the planned model, or plan the weights' "
+               "model (--model " +
+               path + ")");
+}
+
+} // namespace
+
+Error host::loadWeights(StringRef path, HostState &state,
+                        const exec::ExecPlan *plan) {
+  if (plan && llvm::sys::fs::is_directory(path))
+    if (Error e = checkArchitecture(path, *plan))
+      return e;
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   auto openFile = [&](StringRef file) -> Error {
     llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =

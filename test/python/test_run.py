@@ -217,3 +217,31 @@ def test_a_bad_thread_count_is_an_error(value):
                             capture_output=True, text=True, env=env)
     assert result.returncode != 0
     assert f"MEGASLIDE_NUM_THREADS is '{value}'" in result.stderr
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path):
+    """2 heads of 32 and 4 heads of 16 have the same tensor shapes but not
+    the same model: the weights' config.json is checked against the plan's
+    model, by megaslide-run and by Trainer.load_weights, before anything
+    loads; weights of the same model still load."""
+    config = json.load(open(os.path.join(os.path.dirname(__file__), "..",
+                                         "..", "configs", "tiny.json")))
+    config.update(name="tiny-2x32", num_attention_heads=2,
+                  attention_head_dim=32)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(config))
+    video = ["--frames", "5", "--height", "32", "--width", "32"]
+    run("--model", other, "--backend", "cpu", "--steps", "1", *video,
+        "--save-weights", tmp_path / "other-weights")
+    r = run("--model", "tiny", "--backend", "cpu", "--steps", "1", *video,
+            "--weights", tmp_path / "other-weights", check=False)
+    assert r.returncode != 0
+    assert "are of another model" in r.stderr, r.stderr
+    assert "num_attention_heads: weights 2, model 4" in r.stderr
+    assert "attention_head_dim: weights 32, model 16" in r.stderr
+    trainer = megaslide.Trainer("tiny", 5, 32, 32, backend="cpu")
+    with pytest.raises(Exception, match="num_attention_heads: weights 2"):
+        trainer.load_weights(str(tmp_path / "other-weights"))
+    run("--model", "tiny", "--backend", "cpu", "--steps", "1", *video,
+        "--save-weights", tmp_path / "same")
+    trainer.load_weights(str(tmp_path / "same"))

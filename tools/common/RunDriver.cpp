@@ -625,7 +625,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   const exec::ExecPlan &p = s.plan();
   bool computesLoss = s.backend().computesLoss();
   if (!weightsPath.empty())
-    if (Error err = host::loadWeights(weightsPath, s.state()))
+    if (Error err = host::loadWeights(weightsPath, s.state(), &p))
       return fail(toString(std::move(err)));
   if (resume) {
     std::string trainerState;

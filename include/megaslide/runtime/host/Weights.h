@@ -84,14 +84,24 @@ llvm::Error saveWeights(const exec::ExecPlan &plan, const HostState &state,
                         llvm::StringRef dir,
                         const SaveWeightsOptions &options = {});
 
+/// The model config keys (diffusers' WanTransformer3DModel arguments) that
+/// fix the weights' shapes and the forward's meaning; the others
+/// (rope_max_seq_len, eps, ...) do not. megaslide.export compares the same.
+llvm::ArrayRef<llvm::StringLiteral> architectureKeys();
+
 /// Loads the weights of `state` from `path`: a directory as above (the
-/// index if present, else the single file) or one .safetensors file.
+/// index if present, else the single file) or one .safetensors file. With
+/// `plan`, a config.json in the directory must give every
+/// architectureKeys() entry it has the plan's model config's value: one
+/// error lists the differences (2 heads of 32 and 4 of 16 have the same
+/// tensor shapes, not the same model).
 /// F32, BF16 and F16 are converted to fp32. Every file is validated and the
 /// tensor set compared with the plan before any data is read: unknown,
 /// missing and differently shaped tensors are listed together in one
 /// error. Only an I/O error while reading data leaves `state` partly
 /// loaded. Tensors of other roles (moments) are not touched.
-llvm::Error loadWeights(llvm::StringRef path, HostState &state);
+llvm::Error loadWeights(llvm::StringRef path, HostState &state,
+                        const exec::ExecPlan *plan = nullptr);
 
 /// A tensor of a file opened for loading.
 struct FoundTensor {
