@@ -634,6 +634,8 @@ Session::trainStep(const exec::StepOptions &options) {
       optimizerStep(std::move(batches), std::move(buckets), options);
   if (!report)
     data->setState(before); // a retry draws the same batches
+  else
+    ++stepsRunSoFar;
   return report;
 }
 
@@ -646,7 +648,11 @@ Session::trainStep(std::vector<exec::StepInputs> inputs,
         this->options.recipe.gradAccum, inputs.size()));
   // The first bucket's shape: the caller's batches carry no bucket.
   std::vector<size_t> buckets(inputs.size(), 0);
-  return optimizerStep(std::move(inputs), std::move(buckets), options);
+  llvm::Expected<StepReport> report =
+      optimizerStep(std::move(inputs), std::move(buckets), options);
+  if (report)
+    ++stepsRunSoFar;
+  return report;
 }
 
 llvm::Expected<StepReport>
@@ -856,6 +862,7 @@ std::string Session::trainerState() const {
                        {"data_state", std::to_string(data->state())},
                        {"step", hostState.step},
                        {"ema_updates", emaUpdates},
+                       {"steps_run", stepsRunSoFar},
                        {"settings", std::move(settings)}};
   if (previousNorm)
     o["previous_grad_norm"] = formatDouble(*previousNorm);
@@ -903,6 +910,9 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   hostState.step = *step;
   hostState.incomplete = false;
   emaUpdates = o->getInteger("ema_updates").value_or(0);
+  // States saved before it was recorded: the optimizer steps (equal unless
+  // a step was skipped).
+  stepsRunSoFar = o->getInteger("steps_run").value_or(*step);
   for (Update &u : updates) // a checkpoint holds no pending update
     u.pending = false;
   pendingCount = 0;

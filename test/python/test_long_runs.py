@@ -262,6 +262,43 @@ def test_resume_uses_the_stored_seed(tmp_path):
     assert losses(tmp_path / "m") == losses(tmp_path / "full")
 
 
+def test_cadences_count_global_steps_across_resumes(tmp_path, shapes):
+    """--val-every and --checkpoint-every count the run's steps, not the
+    steps since the last resume: an interrupted run (2 steps, then 2 and 2
+    more) validates and saves at the steps an uninterrupted one does, with
+    the same numbers."""
+    val = tmp_path / "val"
+    val.mkdir()
+    for k in range(2):
+        write_sample(val / f"v{k}.safetensors", shapes)
+    common = [*SMALL, "--val-data", val, "--val-every", 3,
+              "--checkpoint-every", 4]
+    full = tmp_path / "full.jsonl"
+    run(*common, "--steps", 6, "--metrics", full,
+        "--checkpoint-dir", tmp_path / "ck-full")
+    parts = tmp_path / "parts.jsonl"
+    ck = tmp_path / "ck"
+    run(*common, "--steps", 2, "--metrics", parts, "--checkpoint-dir", ck)
+    for _ in range(2):
+        run(*common, "--steps", 2, "--metrics", parts, "--checkpoint-dir",
+            ck, "--resume")
+    a = [json.loads(l) for l in full.read_text().splitlines()]
+    b = [json.loads(l) for l in parts.read_text().splitlines()]
+    assert [r["step"] for r in b] == [r["step"] for r in a]
+    # Every run validates at its end too: the parts' runs end at 2 and 4.
+    val_full = [r["step"] for r in a if "val_loss" in r]
+    val_parts = [r["step"] for r in b if "val_loss" in r]
+    assert val_full == [3, 6]
+    assert set(val_full) <= set(val_parts)
+    assert 3 in val_parts, val_parts
+    assert [r.get("val_loss") for r in a if r["step"] in (3, 6)] == \
+        [r.get("val_loss") for r in b if r["step"] in (3, 6)]
+    # Checkpoints at 4 (the cadence) and at each run's end.
+    saved = lambda d: sorted(p.name for p in d.iterdir()
+                             if p.name.startswith("step-"))
+    assert "step-000004" in saved(ck)
+
+
 @pytest.mark.parametrize("flag,value,name", [
     ("--seed", "8", "seed"),
     ("--lr", "0.001", "lr"),

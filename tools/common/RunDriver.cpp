@@ -837,7 +837,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     bool lastStep = done + 1 == steps;
     std::optional<float> valLoss;
     if (!result->skipped && computesLoss && s.hasValidation() &&
-        ((valEvery > 0 && (done + 1) % valEvery == 0) || lastStep)) {
+        ((valEvery > 0 && s.stepsRun() % valEvery == 0) || lastStep)) {
       Expected<float> v = s.validationLoss();
       if (!v)
         return failAfterSaving("validation: " + toString(v.takeError()));
@@ -900,7 +900,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
           "finite) or the weights",
           skippedInARow, stepNumber));
     if (!checkpointDir.empty() &&
-        ((checkpointEvery > 0 && (done + 1) % checkpointEvery == 0) ||
+        ((checkpointEvery > 0 && s.stepsRun() % checkpointEvery == 0) ||
          done + 1 == steps)) {
       if (Error err = checkpoint())
         return failAfterSaving(toString(std::move(err)));

@@ -104,6 +104,11 @@ public:
   /// recipe's (sampleSigmas).
   llvm::Expected<StepReport> trainStep(std::vector<exec::StepInputs> inputs,
                                        const exec::StepOptions &options);
+  /// Training steps run so far, skipped ones (a non-finite loss) included,
+  /// across resumes: the step count the cadences of validation and
+  /// checkpoints follow, so a resumed run validates and saves where an
+  /// uninterrupted one does.
+  int64_t stepsRun() const { return stepsRunSoFar; }
   /// One backend step on `inputs` with the given options, outside the
   /// recipe (no data drawn, no optimizer decisions: gradient inspection).
   /// Refused while the host state is incomplete (a step failed part-way).
@@ -200,6 +205,7 @@ private:
   float pendingScale = 1;
   double pendingEmaDecay = 0;
   int64_t emaUpdates = 0; ///< EMA updates so far (its warmup's k)
+  int64_t stepsRunSoFar = 0; ///< stepsRun()
   /// The previous step's gradient norm: streaming clips with it.
   std::optional<double> previousNorm;
 };
