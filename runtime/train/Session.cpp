@@ -207,8 +207,10 @@ computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   s.push_back({"max_grad_norm", formatDouble(r.maxGradNorm)});
   s.push_back({"grad_accum", std::to_string(r.gradAccum)});
   s.push_back({"ema_decay", formatDouble(r.emaDecay)});
-  if (r.hasEma())
+  if (r.hasEma()) {
     s.push_back({"ema_warmup", r.emaWarmup ? "true" : "false"});
+    s.push_back({"ema_dtype", r.emaBf16 ? "bf16" : "f32"});
+  }
   s.push_back({"timestep_sampling", timestepSamplingName(r.timesteps).str()});
   if (r.timesteps == TimestepSampling::LogitNormal) {
     s.push_back({"logit_mean", formatDouble(r.logitMean)});

@@ -317,6 +317,30 @@ def test_resume_refuses_other_settings(tmp_path, flag, value, name):
     assert snapshot(ck) == before
 
 
+@pytest.mark.parametrize("resume_flags,name", [
+    (["--ema-decay", "0.99", "--ema-dtype", "bf16"], "ema_dtype"),
+    (["--ema-decay", "0.99", "--ema-dtype", "f32"], None),
+    ([], "ema_decay"),
+])
+def test_resume_checks_the_ema_by_name(tmp_path, resume_flags, name):
+    """The EMA is part of the recipe a resume must repeat: another dtype,
+    or none, is refused by the setting's name before any state loads (not
+    as a checkpoint that does not match the model); the same EMA resumes."""
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--ema-decay", "0.99", "--ema-dtype", "f32",
+        "--checkpoint-dir", ck)
+    before = snapshot(ck)
+    result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                 *resume_flags, check=False)
+    if name is None:
+        assert result.returncode == 0, result.out
+        return
+    failed(result, f"{name}: ")
+    assert "in the checkpoint" in result.out
+    assert "does not match" not in result.out
+    assert snapshot(ck) == before
+
+
 def test_resume_refuses_other_data(tmp_path, shapes):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):

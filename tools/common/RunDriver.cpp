@@ -628,6 +628,12 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (Error err = host::loadWeights(weightsPath, s.state(), &p))
       return fail(toString(std::move(err)));
   if (resume) {
+    // The recipe first: a checkpoint of another recipe (an EMA it has and
+    // this run has not) names the setting, not the tensors it differs in.
+    if (storedSettings)
+      if (Error err = train::checkResumeSettings(*storedSettings, s.settings()))
+        return fail("--resume from '" + checkpointDir +
+                    "': " + toString(std::move(err)));
     std::string trainerState;
     if (Error err =
             host::loadLatestCheckpoint(checkpointDir, s.state(), trainerState))
