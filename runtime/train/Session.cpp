@@ -165,7 +165,8 @@ static std::string formatDouble(double v) {
 static Settings
 computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
                 llvm::ArrayRef<std::string> names,
-                const SessionOptions &options, bool deferred) {
+                const SessionOptions &options, bool deferred,
+                const DataSource &samples) {
   const exec::ExecPlan &plan = *plans.front();
   Settings s;
   s.push_back({"seed", std::to_string(options.seed)});
@@ -176,6 +177,10 @@ computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
                                                            : std::string(real);
   }
   s.push_back({"data", data});
+  // The folder's samples, not only its path: a resume over samples added,
+  // removed or replaced would not continue the run.
+  if (std::string digest = samples.digest(); !digest.empty())
+    s.push_back({"data_samples", digest});
   s.push_back({"model", plan.model});
   for (const exec::Instruction &inst : plan.instructions) {
     if (inst.op != exec::OpCode::HostAdamW)
@@ -420,7 +425,8 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (session->executor->computesLoss()) {
     session->hostState = host::initHostState(p, options.seed);
     session->runSettings =
-        computeSettings(session->plans, session->names, options, deferred);
+        computeSettings(session->plans, session->names, options, deferred,
+                        *session->data);
     session->prepareUpdates();
   }
   return session;

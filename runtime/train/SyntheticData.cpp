@@ -8,7 +8,9 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/xxhash.h"
 
 #include <algorithm>
 #include <cmath>
@@ -291,6 +293,7 @@ FileData::open(llvm::StringRef dir, const InputShapes &shapes, uint64_t seed) {
       return reader.takeError();
     if (llvm::Error e = data->checkHeader(**reader, 0))
       return std::move(e);
+    data->addToDigest(**reader);
   }
   data->bucketSamples.assign(1, {});
   for (size_t k = 0; k < data->files.size(); ++k)
@@ -351,10 +354,30 @@ FileData::open(llvm::StringRef dir, std::vector<InputShapes> shapes,
     }
     if (llvm::Error e = data->checkHeader(**reader, bucket))
       return std::move(e);
+    data->addToDigest(**reader);
     data->fileBucket[k] = bucket;
     data->bucketSamples[bucket].push_back(k);
   }
   return data;
+}
+
+void FileData::addToDigest(const host::SafetensorsReader &reader) {
+  std::string text = llvm::sys::path::filename(reader.path()).str();
+  text += '\0' + std::to_string(reader.fileSize());
+  for (const host::StTensorInfo &t : reader.tensors()) {
+    text += '\0' + t.name + '\0' + std::to_string(static_cast<int>(t.dtype));
+    for (int64_t d : t.shape)
+      text += ',' + std::to_string(d);
+  }
+  for (const auto &[key, value] : reader.metadata())
+    text += '\0' + key + '=' + value;
+  digestText += llvm::formatv("{0:x16}", llvm::xxh3_64bits(text)).str();
+}
+
+std::string FileData::digest() const {
+  return llvm::formatv("{0} samples, xxh3 {1:x16}", files.size(),
+                       llvm::xxh3_64bits(digestText))
+      .str();
 }
 
 llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader,

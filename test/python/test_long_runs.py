@@ -355,6 +355,32 @@ def test_resume_refuses_other_data(tmp_path, shapes):
     run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume")
 
 
+def test_resume_refuses_changed_samples(tmp_path, shapes):
+    """The data folder's samples are part of the run: one added, removed or
+    replaced (another header) between a run and its resume is refused by
+    name."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(3):
+        write_sample(data / f"s{k}.safetensors", shapes)
+    ck = tmp_path / "ck"
+    run(*SMALL, "--steps", 1, "--data", data, "--checkpoint-dir", ck)
+    before = snapshot(ck)
+    write_sample(data / "s3.safetensors", shapes)
+    result = run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+                 check=False)
+    failed(result, "data_samples: 3 samples, ")
+    assert "4 samples, " in result.out
+    assert snapshot(ck) == before
+    (data / "s3.safetensors").unlink()
+    # Replaced by a sample of another header (f16 latents).
+    c, t, h, w = shapes["latents"][1:]
+    write_sample(data / "s0.safetensors", shapes,
+                 latents=np.zeros((c, t, h, w), np.float16))
+    failed(run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--resume",
+               check=False), "data_samples: ")
+
+
 # ---------------------------------------------------------------------------
 # 6. Non-finite values
 # ---------------------------------------------------------------------------

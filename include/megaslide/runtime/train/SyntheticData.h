@@ -67,6 +67,11 @@ public:
   /// made ahead (what the run's memory check counts).
   uint64_t bytesHeld() const;
 
+  /// What identifies the samples, for a resume to check that they are the
+  /// ones the run trained on; empty for a source that has nothing to
+  /// check (the synthetic task follows the seed).
+  virtual std::string digest() const { return ""; }
+
 protected:
   /// `shapes`: per bucket (docs/Runtime.md, "Buckets"); one for a source
   /// of one shape. A derived source with several sets bucketSamples.
@@ -152,7 +157,14 @@ private:
   size_t numSamples() const override { return files.size(); }
   llvm::Error checkHeader(const host::SafetensorsReader &reader,
                           size_t bucket) const;
+  /// "N samples, xxh3 H": of every file's name, size and header (tensors
+  /// and metadata), read when the folder is opened. Copies of the folder
+  /// keep it; a sample added, removed, or replaced by one of another size
+  /// or header changes it.
+  std::string digest() const override;
+  void addToDigest(const host::SafetensorsReader &reader);
   std::vector<std::string> files;
+  std::string digestText;
   std::vector<size_t> fileBucket; ///< per file
 };
 
