@@ -593,3 +593,107 @@ def test_export_removes_a_dead_exports_temporary(models, tmp_path, capsys):
     # A live process's temporary is left alone, and named.
     assert alive.is_dir()
     assert f"'{alive}'" in log and "still running" in log
+
+
+class FifoWatch:
+    """Connects a writer to each FIFO as soon as something opens it for
+    reading (which blocks until then) and records that it did: a reader
+    never hangs, and an open is always seen."""
+
+    def __init__(self, *fifos):
+        import threading
+        self.fifos = [str(f) for f in fifos]
+        self.opened = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+
+    def watch(self):
+        while not self.stop.is_set():
+            for f in self.fifos:
+                try:
+                    # ENXIO until a reader has it open.
+                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+                    self.opened.append(os.path.basename(f))
+                except OSError:
+                    pass
+            self.stop.wait(0.01)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_fifos_are_not_read(models, tmp_path, capsys):
+    """Issue 26: a FIFO named fifo.mp4 (or a caption that is one) made
+    prepare wait for a writer for ever."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    os.mkfifo(data / "fifo.mp4")
+    (data / "fifo.txt").write_text("a pipe")
+    (data / "c.txt").unlink()
+    os.mkfifo(data / "c.txt")
+    out = tmp_path / "out"
+    with FifoWatch(data / "fifo.mp4", data / "c.txt") as watch:
+        code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                                *SIZE)
+    assert watch.opened == [], log
+    assert code == 1, log
+    assert "fifo.mp4" in log and "not a regular file" in log
+    assert "failed: c: cannot read caption" in log
+    assert sorted(f.name for f in out.glob("*.safetensors")) == [
+        "a.safetensors", "sub__b.safetensors"]
+
+
+@pytest.mark.parametrize("name", ["buckets.json", "prepare.json"])
+def test_an_output_file_that_is_a_folder_is_refused_first(models, tmp_path,
+                                                          capsys, name):
+    """Issue 26: OUT/buckets.json a folder gave a traceback after all the
+    work; now one line before any."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE)
+    assert code == 2, log
+    assert f"'{out / name}' is not a regular file" in log
+    assert "Traceback" not in log and len(log.strip().splitlines()) == 1
+    assert not list(out.glob("*.safetensors"))
+
+
+def test_caption_bom_blank_captions_and_stray_files(models, tmp_path, capsys):
+    """Issue 26: a UTF-8 BOM in a caption became a token, a whitespace-only
+    caption silently an unconditional sample, and a frames folder with a
+    stray notes.txt was silently dropped."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    (data / "a.txt").write_bytes("\ufeffa red cat".encode())
+    (data / "sub" / "b.txt").write_text("  \n\t\n")
+    (data / "c" / "notes.txt").write_text("shot on a phone")
+    out = tmp_path / "out"
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE)
+    assert code == 0, log
+    _, meta = load(out / "a.safetensors")
+    assert meta["megaslide.caption"] == "a red cat"
+    assert "blank caption: sub/b.webm" in log
+    assert "skipped folder: c: holds images and other files (notes.txt)" \
+        in log
+    assert "2 prepared" in log
+
+
+def test_manifest_paths_stay_in_the_input_folder(tmp_path):
+    """Names read from a manifest are confined to the input folder."""
+    for bad in ("../outside.mp4", "/etc/x.mp4", "a/../../x.mp4"):
+        manifest = tmp_path / "captions.jsonl"
+        manifest.write_text(json.dumps({"video": "a.mp4", "caption": "x"}) +
+                            "\n" + json.dumps({"video": bad, "caption": "y"})
+                            + "\n")
+        with pytest.raises(prepare.UsageError) as e:
+            prepare.read_manifest(str(manifest), str(tmp_path))
+        assert f"manifest '{manifest}': line 2: '{bad}' is not inside the " \
+            "input folder" in str(e.value)
