@@ -49,10 +49,15 @@ def _check_str(name: str, value: Any) -> str:
 
 
 def _check_path(name: str, value: Any) -> str:
-    """A path argument (str or os.PathLike) as a str for the C++ side."""
+    """A path argument (str or os.PathLike) as a str for the C++ side.
+    '' is refused: the C++ side would resolve it as the current folder
+    (save_weights('') wrote there) or read it as "not given"."""
     path = os.fspath(value)
     if isinstance(path, bytes):
         path = os.fsdecode(path)
+    if path == "":
+        raise ValueError(f"{name} is empty; give a file or folder path "
+                         f"('.' for the current folder)")
     return _check_str(name, path)
 
 

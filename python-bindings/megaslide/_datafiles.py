@@ -4,9 +4,11 @@ the sample files' header check and the bucket file, with no heavy import
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import stat
 import struct
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
@@ -27,6 +29,25 @@ MAX_HEADER_BYTES = 1 << 24
 
 class UsageError(Exception):
     """A bad flag or input that stops the whole run (exit code 2)."""
+
+
+def open_regular(path: str) -> io.BufferedReader:
+    """``path`` opened for reading in binary, a regular file only: OSError
+    (ENXIO style, "not a regular file") for a FIFO, device or folder, which
+    open() would block on (a FIFO waits for a writer) or read without
+    end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"'{path}' is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def oserror_text(e: OSError) -> str:
+    return e.strerror or str(e)
 
 
 def heavy_imports(tool: str):
@@ -76,8 +97,8 @@ def read_safetensors_header(path: str) -> Tuple[Dict[str, Any],
     """The tensors ({name: {"dtype", "shape"}}) and ``__metadata__`` of a
     safetensors file, after checking that the data the header describes is
     all there (a truncated file is refused). Raises ValueError saying why."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
             raise ValueError("shorter than a safetensors header")
@@ -133,11 +154,11 @@ def read_bucket_file(path: str) -> List[Dict[str, int]]:
     """The buckets of a bucket file ({"buckets": [{"frames", "height",
     "width", "samples"?}, ...]}), checked; UsageError naming the file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        with open_regular(path) as f:
+            doc = json.loads(f.read().decode("utf-8"))
     except OSError as e:
         raise UsageError(f"cannot read bucket file '{path}': "
-                         f"{e.strerror}") from e
+                         f"{oserror_text(e)}") from e
     except ValueError as e:
         raise UsageError(f"bucket file '{path}' is not JSON: {e}") from e
     entries = doc.get("buckets") if isinstance(doc, dict) else None

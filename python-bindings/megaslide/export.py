@@ -2,11 +2,16 @@
 complete diffusers Wan pipeline folder (docs/Data.md "megaslide-export").
 
 ``OUT/model_index.json`` is the base's, byte for byte; every other
-component folder of the base is a symlink to it (``--copy``: a copy); and
-``OUT/transformer/`` holds the run's ``config.json`` as written and its
-weight files, hard-linked (a copy across file systems, or with
-``--copy``). The folder is built beside OUT and renamed into place at the
-end, so OUT is complete or absent."""
+component folder of the base is copied into OUT; and ``OUT/transformer/``
+holds the run's ``config.json`` as written and its weight files. Every
+file of OUT is its own: a reflink (a copy-on-write clone, free on btrfs,
+XFS, ...) where the file system makes one, else a copy (``--copy``:
+always a copy). Never a symlink or a hard link: diffusers'
+``save_pretrained`` into OUT opens the existing names for writing, which
+would rewrite the base (or the run's weights) through them. The folder is
+built beside OUT and renamed into place at the end, so OUT is complete or
+absent; a temporary left by an export that was killed is removed by the
+next export of the same OUT."""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import errno
 import inspect
 import json
 import os
+import re
 import shutil
+import stat
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -32,9 +39,18 @@ PIPELINES = ("WanPipeline",)
 ARCHITECTURE = tuple(_megaslide.architecture_keys())
 
 
+#: FICLONE from linux/fs.h: dst shares src's extents until either is
+#: written (copy-on-write).
+FICLONE = 0x40049409
+
+
 def _read_json(path: str, what: str) -> Dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
+        # O_NONBLOCK: a FIFO given as the file must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{what}: '{path}' is not a regular file")
             value = json.load(f)
     except FileNotFoundError as e:
         raise UsageError(f"{what}: '{path}' does not exist") from e
@@ -55,7 +71,15 @@ def weight_files(weights: str) -> List[str]:
         weight_map = _read_json(index, "--weights").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise UsageError(f"--weights: '{index}' has no weight_map")
-        shards = sorted(set(weight_map.values()))
+        shards = sorted(set(weight_map.values()), key=str)
+        for s in shards:
+            # A shard lies beside its index: a path could read, and (the
+            # copy into OUT joins it too) write, outside both folders.
+            if not is_plain_name(s):
+                raise UsageError(f"--weights: '{index}' names the shard "
+                                 f"{s!r}, which is not a file name in its "
+                                 f"folder; shards must lie beside the index "
+                                 f"(no '/', '..' or absolute path)")
         missing = [s for s in shards
                    if not os.path.isfile(os.path.join(weights, s))]
         if missing:
@@ -67,6 +91,15 @@ def weight_files(weights: str) -> List[str]:
     raise UsageError(f"--weights '{weights}' has neither {WEIGHTS} nor "
                      f"{INDEX}; give the folder megaslide-run --save-weights "
                      f"wrote")
+
+
+def is_plain_name(name: Any) -> bool:
+    """Whether ``name`` (read from a file) names an entry of the folder it
+    is joined to, and nothing beyond it."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and
+            "/" not in name and os.sep not in name and
+            (os.altsep is None or os.altsep not in name) and
+            "\0" not in name)
 
 
 def architecture(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -96,16 +129,64 @@ def check_out(out: str) -> None:
                          f"'{out}' first")
 
 
-def link_or_copy(src: str, dst: str, copy: bool) -> None:
-    if not copy:
+def clone_or_copy(src: str, dst: str, clone: bool = True) -> str:
+    """Makes ``dst`` (new) a file of its own with ``src``'s bytes: a reflink
+    when ``clone`` and the file system can, else a copy. Returns
+    "cloned" or "copied"."""
+    how = "copied"
+    # O_NONBLOCK: a FIFO among the files must be refused, not waited on.
+    with os.fdopen(os.open(src, os.O_RDONLY | os.O_NONBLOCK), "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+            raise UsageError(f"'{src}' is not a regular file")
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as fout:
+            if clone and sys.platform.startswith("linux"):
+                import fcntl
+                try:
+                    fcntl.ioctl(fd, FICLONE, fin.fileno())
+                    how = "cloned"
+                except OSError as e:
+                    # No reflinks here (ext4, tmpfs, across file systems).
+                    if e.errno not in (errno.EOPNOTSUPP, errno.ENOTTY,
+                                       errno.EXDEV, errno.EINVAL,
+                                       errno.ENOSYS, errno.EPERM):
+                        raise
+            if how == "copied":
+                shutil.copyfileobj(fin, fout, 16 << 20)
+    shutil.copystat(src, dst)
+    return how
+
+
+def remove_stale_temporaries(out: str) -> List[str]:
+    """Removes the temporary folders ('.OUT.tmp-PID') that exports of
+    ``out`` killed before their rename left; returns what it did, a line
+    each. A PID still running on this machine keeps its folder (named)."""
+    parent, name = os.path.split(out)
+    pattern = re.compile(re.escape(f".{name}.tmp-") + r"([0-9]+)")
+    notes = []
+    for entry in sorted(os.listdir(parent)):
+        m = pattern.fullmatch(entry)
+        path = os.path.join(parent, entry)
+        if not m or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid():
+            continue
         try:
-            os.link(src, dst)
-            return
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK,
-                               errno.ENOTSUP):
-                raise
-    shutil.copy2(src, dst)
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except (PermissionError, OverflowError):
+            alive = True  # another user's live process
+        if alive:
+            notes.append(f"{TOOL}: note: '{path}' is the temporary of an "
+                         f"export still running (pid {pid}); left alone")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        notes.append(f"{TOOL}: removed '{path}', left by an export that "
+                     f"was killed (pid {pid})")
+    return notes
 
 
 def export(base: str, weights: str, out: str, copy: bool) -> str:
@@ -119,6 +200,13 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
                          f"pipeline folder")
     components = [k for k, v in index.items() if not k.startswith("_") and
                   isinstance(v, list) and len(v) == 2 and v[0] is not None]
+    for c in components:
+        # Joined to the base (read) and to OUT (written).
+        if not is_plain_name(c):
+            raise UsageError(f"--pipeline '{base}': model_index.json names "
+                             f"the component {c!r}, which is not a folder "
+                             f"name in the pipeline folder; fix "
+                             f"model_index.json")
     if "transformer" not in components:
         raise UsageError(f"--pipeline '{base}': model_index.json lists no "
                          f"transformer; give a pipeline folder that has one "
@@ -152,7 +240,11 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
     if not os.path.isdir(parent):
         raise UsageError(f"output '{out}': the folder '{parent}' does not "
                          f"exist")
+    notes = remove_stale_temporaries(out)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+
+    def put(src: str, dst: str) -> None:
+        clone_or_copy(src, dst, clone=not copy)
     try:
         os.mkdir(tmp)
         shutil.copy2(os.path.join(base, "model_index.json"),
@@ -160,29 +252,26 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
         for c in components:
             if c == "transformer":
                 continue
-            src = os.path.realpath(os.path.join(base, c))
-            if copy:
-                shutil.copytree(src, os.path.join(tmp, c))
-            else:
-                os.symlink(src, os.path.join(tmp, c),
-                           target_is_directory=True)
+            # Links inside (a Hugging Face cache's blobs) are followed:
+            # OUT holds files of its own.
+            shutil.copytree(os.path.join(base, c), os.path.join(tmp, c),
+                            copy_function=put)
         transformer = os.path.join(tmp, "transformer")
         os.mkdir(transformer)
         shutil.copyfile(os.path.join(weights, "config.json"),
                         os.path.join(transformer, "config.json"))
         for f in files:
-            link_or_copy(os.path.join(weights, f),
-                         os.path.join(transformer, f), copy)
+            put(os.path.join(weights, f), os.path.join(transformer, f))
         check_out(out)  # still free: nothing else wrote there meanwhile
         # rename(2) replaces an empty folder and refuses a full one.
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    how = "copied" if copy else "linked"
     others = [c for c in components if c != "transformer"]
-    return (f"{TOOL}: wrote '{given}': transformer from '{weights}' "
-            f"({len(files)} weight file(s)), {', '.join(others)} {how} from "
+    return "".join(n + "\n" for n in notes) + (
+            f"{TOOL}: wrote '{given}': transformer from '{weights}' "
+            f"({len(files)} weight file(s)), {', '.join(others)} copied from "
             f"'{base}'")
 
 
@@ -200,8 +289,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("-o", "--output", required=True,
                    help="the new pipeline folder (must not exist, or be "
                    "empty)")
-    p.add_argument("--copy", action="store_true", help="copy the base's "
-                   "components and the weights instead of linking them")
+    p.add_argument("--copy", action="store_true", help="copy every file, "
+                   "even where the file system could clone it (reflink); "
+                   "either way OUT shares nothing writable with the base")
     args = p.parse_args(argv)
     try:
         print(export(args.pipeline, args.weights, args.output, args.copy))

@@ -16,17 +16,20 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import io
 import json
 import math
 import os
 import re
+import stat
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._datafiles import (REQUIREMENTS, UsageError, auto_buckets, bucket_name,
                          check_shape, choose_bucket, heavy_imports,
-                         latent_shape, read_bucket_file,
+                         latent_shape, open_regular, oserror_text,
+                         read_bucket_file,
                          read_safetensors_header, write_atomic,
                          write_json_atomic)
 
@@ -84,11 +87,34 @@ def is_frames_folder(folder: str) -> bool:
         os.path.isfile(os.path.join(folder, e)) for e in entries)
 
 
-def discover(root: str, out: str) -> List[Video]:
+def stray_files(folder: str) -> List[str]:
+    """The entries that keep a folder of images and nothing to walk into
+    (no video, no subfolder) from being a frames folder, e.g. notes.txt;
+    [] for any other folder."""
+    entries = sorted(e for e in os.listdir(folder) if not e.startswith("."))
+    images = [e for e in entries if e.lower().endswith(IMAGE_EXTENSIONS)
+              and os.path.isfile(os.path.join(folder, e))]
+    others = [e for e in entries if e not in images]
+    if not images or any(e.lower().endswith(VIDEO_EXTENSIONS) or
+                         os.path.isdir(os.path.join(folder, e))
+                         for e in others):
+        return []
+    return others
+
+
+def discover(root: str, out: str,
+             skipped: Optional[List[Tuple[str, str]]] = None) -> List[Video]:
     """Videos and frame folders under ``root`` (recursively), in path
-    order; the output folder is skipped when it lies inside."""
+    order; the output folder is skipped when it lies inside. What looks
+    like an input but is not read is added to ``skipped`` ((source, why)
+    each): a video name that is not a regular file (a FIFO would block the
+    decoder for ever), a folder of images with stray files."""
     found = []
+    skipped = [] if skipped is None else skipped
     out_real = os.path.realpath(out)
+
+    def rel(path: str) -> str:
+        return os.path.relpath(path, root).replace(os.sep, "/")
     for folder, dirs, files in os.walk(root):
         dirs.sort()
         keep = []
@@ -98,13 +124,27 @@ def discover(root: str, out: str) -> List[Video]:
                 continue
             if is_frames_folder(full):
                 found.append(Video(root, full))
+                continue
+            stray = stray_files(full)
+            if stray:
+                skipped.append((rel(full), (
+                    f"holds images and other files ({', '.join(stray[:3])}"
+                    f"{', ...' if len(stray) > 3 else ''}); a frames folder "
+                    f"holds only images: move them out")))
             else:
                 keep.append(d)
         dirs[:] = keep
         for f in sorted(files):
             if f.lower().endswith(VIDEO_EXTENSIONS) and not f.startswith("."):
-                found.append(Video(root, os.path.join(folder, f)))
+                full = os.path.join(folder, f)
+                # isfile follows links: a link to a video is read.
+                if os.path.isfile(full):
+                    found.append(Video(root, full))
+                else:
+                    skipped.append((rel(full), "not a regular file (a FIFO, "
+                                    "device or broken link); not read"))
     found.sort(key=lambda v: v.source)
+    skipped.sort()
     return found
 
 
@@ -133,7 +173,8 @@ def read_manifest(path: str, root: str) -> Dict[str, str]:
     try:
         # utf-8-sig: a byte order mark (as spreadsheets write CSV) is not
         # part of the first column's name.
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with io.TextIOWrapper(open_regular(path), encoding="utf-8-sig",
+                              newline="") as f:
             if path.lower().endswith((".jsonl", ".json")):
                 rows = []
                 for n, line in enumerate(f, 1):
@@ -154,7 +195,8 @@ def read_manifest(path: str, root: str) -> Dict[str, str]:
                                      f"{reader.fieldnames}")
                 rows = [(n + 2, row) for n, row in enumerate(reader)]
     except OSError as e:
-        raise UsageError(f"cannot read manifest '{path}': {e.strerror}") from e
+        raise UsageError(f"cannot read manifest '{path}': "
+                         f"{oserror_text(e)}") from e
     except UnicodeDecodeError as e:
         raise UsageError(f"manifest '{path}' is not UTF-8 text (byte "
                          f"{e.start}: {e.reason}); save it as UTF-8") from e
@@ -166,6 +208,12 @@ def read_manifest(path: str, root: str) -> Dict[str, str]:
             raise UsageError(f"manifest '{path}': line {n}: expected a video "
                              f"path and a caption (strings)")
         source = os.path.normpath(row["video"]).replace(os.sep, "/")
+        # Names read from a file stay inside the folder they name.
+        if os.path.isabs(row["video"]) or source == ".." or \
+                source.startswith("../"):
+            raise UsageError(f"manifest '{path}': line {n}: "
+                             f"'{row['video']}' is not inside the input "
+                             f"folder; give paths relative to it")
         if source in captions:
             raise UsageError(f"manifest '{path}': line {n}: '{source}' is "
                              f"listed twice")
@@ -182,7 +230,7 @@ def attach_captions(videos: List[Video], root: str,
         by_source = {v.source: v for v in videos}
         for v in videos:
             if v.source in captions:
-                v.caption = captions[v.source]
+                v.caption = captions[v.source].lstrip("\ufeff")
             else:
                 v.caption_problem = (f"no caption: '{v.source}' is not in "
                                      f"the manifest '{manifest}'; add a line "
@@ -191,13 +239,18 @@ def attach_captions(videos: List[Video], root: str,
     for v in videos:
         txt = (v.path if v.is_frames else os.path.splitext(v.path)[0]) + ".txt"
         try:
-            with open(txt, encoding="utf-8") as f:
-                v.caption = f.read().strip()
+            # utf-8-sig: a byte order mark (Notepad writes one) is no
+            # part of the caption (it tokenised as a word).
+            with open_regular(txt) as f:
+                v.caption = f.read().decode("utf-8-sig").strip()
         except FileNotFoundError:
             v.caption_problem = (f"no caption: write it to "
                                  f"'{os.path.relpath(txt, root)}' or give "
                                  f"--manifest")
-        except (OSError, UnicodeDecodeError) as e:
+        except OSError as e:
+            v.caption_problem = (f"cannot read caption '{txt}': "
+                                 f"{oserror_text(e)}")
+        except UnicodeDecodeError as e:
             v.caption_problem = f"cannot read caption '{txt}': {e}"
     return []
 
@@ -538,8 +591,24 @@ def check_args(args) -> None:
 
 
 def check_writable(out: str) -> None:
-    """Creates the output folder and proves it takes a file, before any
+    """Creates the output folder and proves it takes a file, and that the
+    files written at the end can replace what has their names, before any
     model loads."""
+    for name in ("buckets.json", "prepare.json"):
+        path = os.path.join(out, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise UsageError(f"cannot check '{path}': {oserror_text(e)}; give "
+                             f"another -o") from e
+        # rename() replaces a file or a link, not a folder (a FIFO read
+        # as the old state would block).
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise UsageError(f"'{path}' is not a regular file; it is written "
+                             f"at the end of the run: remove it or give "
+                             f"another -o")
     try:
         os.makedirs(out, exist_ok=True)
         write_atomic(os.path.join(out, ".megaslide-write-check"), b"")
@@ -552,7 +621,8 @@ def check_writable(out: str) -> None:
 def run(args) -> int:
     check_args(args)
     out = args.output
-    videos = discover(args.input, out)
+    skipped_inputs: List[Tuple[str, str]] = []
+    videos = discover(args.input, out, skipped_inputs)
     if not videos:
         raise UsageError(f"no videos (mp4/webm/mov) or frame folders under "
                          f"'{args.input}'")
@@ -593,8 +663,8 @@ def run(args) -> int:
         for s in missing_sources]
     state_path = os.path.join(out, "prepare.json")
     try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
+        with open_regular(state_path) as f:
+            state = json.loads(f.read().decode("utf-8"))
         probes = state.get("probes", {}) if isinstance(state, dict) else {}
     except (OSError, ValueError):
         probes = {}
@@ -759,6 +829,16 @@ def run(args) -> int:
           f"written), {len(failures)} failed; output in '{out}'")
     for source, why in failures:
         print(f"  failed: {source}: {why}")
+    for source, why in skipped_inputs:
+        kind = "folder" if os.path.isdir(os.path.join(args.input, source)) \
+            else "file"
+        print(f"  skipped {kind}: {source}: {why}")
+    # An empty caption is how a sample is made unconditional: one that is
+    # blank by accident would silently be one.
+    for v, _, caption, dropped in plan:
+        if not dropped and not caption.strip() and v.source not in failed:
+            print(f"  blank caption: {v.source} (trained as unconditional; "
+                  f"write a caption, or leave it blank on purpose)")
     return 1 if failures else 0
 
 

@@ -2201,3 +2201,33 @@ def test_validation_python_lr():
             megaslide.exec_plan("tiny", 5, 32, 32, lr=lr)
         check_exception(e.value, ValueError,
                         f"lr must be a positive number, got {lr!r}")
+
+
+EMPTY_PATH_CALLS = [
+    ("save_weights", lambda art: megaslide.Trainer(
+        plan_json=art.plan_text).save_weights(""), "directory"),
+    ("load_weights", lambda art: megaslide.Trainer(
+        plan_json=art.plan_text).load_weights(""), "path"),
+    ("save_plan", lambda art: megaslide.Trainer(
+        plan_json=art.plan_text).save_plan(""), "path"),
+    ("step trace", lambda art: megaslide.Trainer(
+        plan_json=art.plan_text).step(trace=""), "trace"),
+    ("plan_file", lambda art: megaslide.Trainer(plan_file=""), "plan_file"),
+    ("hw", lambda art: megaslide.Trainer("tiny", 5, 32, 32, hw=""), "hw"),
+    ("val_data", lambda art: megaslide.Trainer(
+        plan_json=art.plan_text, val_data=""), "val_data"),
+]
+
+
+@pytest.mark.parametrize("name,call,arg", EMPTY_PATH_CALLS,
+                         ids=[c[0] for c in EMPTY_PATH_CALLS])
+def test_empty_path_is_an_error(art, tmp_path, monkeypatch, name, call, arg):
+    """'' is no path (issue 26): save_weights('') used to write into the
+    current folder, over a config.json there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text('{"mine": true}\n')
+    before = tree_hashes(tmp_path)
+    with pytest.raises(ValueError) as e:
+        call(art)
+    check_exception(e.value, ValueError, f"{arg} is empty")
+    assert tree_hashes(tmp_path) == before

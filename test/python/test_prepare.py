@@ -435,7 +435,10 @@ def test_export_loads_and_samples(models, tmp_path, capsys):
     assert code == 0, log
     assert (out / "model_index.json").read_bytes() == \
         (base / "model_index.json").read_bytes()
-    assert (out / "vae").is_symlink() and (out / "text_encoder").is_symlink()
+    # Files of its own, no links into the base or the run
+    # (test_saving_the_export_never_writes_the_base).
+    assert not [p for p in out.rglob("*") if p.is_symlink() or
+                (p.is_file() and p.stat().st_nlink > 1)]
     assert (out / "transformer" / "config.json").read_bytes() == \
         (weights / "config.json").read_bytes()
     assert not list(tmp_path.glob(".exported.tmp-*"))
@@ -449,8 +452,8 @@ def test_export_loads_and_samples(models, tmp_path, capsys):
     assert result.frames.shape == (1, 5, 32, 32, 3)
     assert np.isfinite(result.frames).all()
 
-    # --copy: real folders, the same pipeline; an empty folder may be the
-    # output.
+    # --copy (no reflinks): the same pipeline; an empty folder may be
+    # the output.
     copied = tmp_path / "copied"
     copied.mkdir()
     code, log = run_export(capsys, "--pipeline", base, "--weights", weights,
@@ -494,3 +497,203 @@ def test_export_refuses_an_existing_folder_and_other_architectures(
     code, log = run_export(capsys, "--pipeline", not_wan, "--weights",
                            run_weights, "-o", fresh)
     assert code == 2 and "not one of WanPipeline" in log
+
+
+def tree_bytes(root):
+    """{relative path: bytes} of every file under ``root`` (links
+    followed), to prove a folder unchanged."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(pathlib.Path(root).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("flags", [[], ["--copy"]], ids=["default", "copy"])
+def test_saving_the_export_never_writes_the_base(models, tmp_path, capsys,
+                                                 flags):
+    """Issue 26: save_pretrained(bf16) into an export rewrote the base's
+    vae/text_encoder through the export's symlinks (and would rewrite the
+    run's weights through hard links)."""
+    from diffusers import WanPipeline
+
+    base = tmp_path / "base"
+    shutil.copytree(models[0], base, symlinks=True)
+    weights = tmp_path / "weights"
+    shutil.copytree(models[1], weights)
+    before = tree_bytes(base), tree_bytes(weights)
+    out = tmp_path / "my-wan"
+    code, log = run_export(capsys, "--pipeline", base, "--weights", weights,
+                           "-o", out, *flags)
+    assert code == 0, log
+    WanPipeline.from_pretrained(out).to(torch.bfloat16).save_pretrained(out)
+    changed = [f"{name}/{f}" for name, folder, old in
+               (("base", base, before[0]), ("weights", weights, before[1]))
+               for f, data in tree_bytes(folder).items()
+               if old.get(f) != data]
+    assert not changed, f"the save wrote through the export: {changed}"
+    assert (tree_bytes(base), tree_bytes(weights)) == before
+    # The save did land in the export (bf16: other bytes).
+    vae = "vae/diffusion_pytorch_model.safetensors"
+    assert tree_bytes(out)[vae] != before[0][vae]
+
+
+def test_export_confines_names_read_from_files(models, tmp_path, capsys):
+    """Issue 26: a weight_map naming '../../victimdir/victim.txt' made
+    export --copy overwrite a file outside the output folder; a
+    model_index.json component '../x' would do the same."""
+    base, run_weights = models
+    victim = tmp_path / "o" / "victimdir" / "victim.txt"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("precious")
+    (tmp_path / "victimdir").mkdir()
+    (tmp_path / "victimdir" / "victim.txt").write_text("attacker's")
+    weights = tmp_path / "a" / "weights"
+    shutil.copytree(run_weights, weights)
+    index = {"metadata": {}, "weight_map": {
+        "x": "../../victimdir/victim.txt",
+        "y": "diffusion_pytorch_model.safetensors"}}
+    (weights / export.INDEX).write_text(json.dumps(index))
+    out = tmp_path / "o" / "out"
+    for flags in ([], ["--copy"]):
+        code, log = run_export(capsys, "--pipeline", base, "--weights",
+                               weights, "-o", out, *flags)
+        assert code == 2, log
+        assert "'../../victimdir/victim.txt'" in log and export.INDEX in log
+        assert victim.read_text() == "precious"
+        assert not out.exists()
+
+    evil = tmp_path / "evil_base"
+    shutil.copytree(base, evil, symlinks=True)
+    model_index = json.loads((evil / "model_index.json").read_text())
+    model_index["../victimdir"] = ["diffusers", "AutoencoderKLWan"]
+    (evil / "model_index.json").write_text(json.dumps(model_index))
+    (tmp_path / "victimdir" / "config.json").write_text("{}")
+    code, log = run_export(capsys, "--pipeline", evil, "--weights",
+                           run_weights, "-o", out, "--copy")
+    assert code == 2, log
+    assert "'../victimdir'" in log and "model_index.json" in log
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
+    assert not out.exists()
+
+
+def test_export_removes_a_dead_exports_temporary(models, tmp_path, capsys):
+    """Issue 26: kill -9 during export --copy left '.OUT.tmp-PID' (537 MB)
+    for ever; the next export of OUT removes it when PID is gone."""
+    base, run_weights = models
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".exported.tmp-{dead.pid}"
+    (stale / "vae").mkdir(parents=True)
+    (stale / "vae" / "weights").write_bytes(b"\0" * 1024)
+    alive = tmp_path / f".exported.tmp-{os.getppid()}"
+    alive.mkdir()
+    code, log = run_export(capsys, "--pipeline", base, "--weights",
+                           run_weights, "-o", tmp_path / "exported")
+    assert code == 0, log
+    assert not stale.exists()
+    assert f"removed '{stale}'" in log
+    # A live process's temporary is left alone, and named.
+    assert alive.is_dir()
+    assert f"'{alive}'" in log and "still running" in log
+
+
+class FifoWatch:
+    """Connects a writer to each FIFO as soon as something opens it for
+    reading (which blocks until then) and records that it did: a reader
+    never hangs, and an open is always seen."""
+
+    def __init__(self, *fifos):
+        import threading
+        self.fifos = [str(f) for f in fifos]
+        self.opened = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+
+    def watch(self):
+        while not self.stop.is_set():
+            for f in self.fifos:
+                try:
+                    # ENXIO until a reader has it open.
+                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+                    self.opened.append(os.path.basename(f))
+                except OSError:
+                    pass
+            self.stop.wait(0.01)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_fifos_are_not_read(models, tmp_path, capsys):
+    """Issue 26: a FIFO named fifo.mp4 (or a caption that is one) made
+    prepare wait for a writer for ever."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    os.mkfifo(data / "fifo.mp4")
+    (data / "fifo.txt").write_text("a pipe")
+    (data / "c.txt").unlink()
+    os.mkfifo(data / "c.txt")
+    out = tmp_path / "out"
+    with FifoWatch(data / "fifo.mp4", data / "c.txt") as watch:
+        code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                                *SIZE)
+    assert watch.opened == [], log
+    assert code == 1, log
+    assert "fifo.mp4" in log and "not a regular file" in log
+    assert "failed: c: cannot read caption" in log
+    assert sorted(f.name for f in out.glob("*.safetensors")) == [
+        "a.safetensors", "sub__b.safetensors"]
+
+
+@pytest.mark.parametrize("name", ["buckets.json", "prepare.json"])
+def test_an_output_file_that_is_a_folder_is_refused_first(models, tmp_path,
+                                                          capsys, name):
+    """Issue 26: OUT/buckets.json a folder gave a traceback after all the
+    work; now one line before any."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE)
+    assert code == 2, log
+    assert f"'{out / name}' is not a regular file" in log
+    assert "Traceback" not in log and len(log.strip().splitlines()) == 1
+    assert not list(out.glob("*.safetensors"))
+
+
+def test_caption_bom_blank_captions_and_stray_files(models, tmp_path, capsys):
+    """Issue 26: a UTF-8 BOM in a caption became a token, a whitespace-only
+    caption silently an unconditional sample, and a frames folder with a
+    stray notes.txt was silently dropped."""
+    base, _ = models
+    data = dataset(tmp_path / "videos")
+    (data / "a.txt").write_bytes("\ufeffa red cat".encode())
+    (data / "sub" / "b.txt").write_text("  \n\t\n")
+    (data / "c" / "notes.txt").write_text("shot on a phone")
+    out = tmp_path / "out"
+    code, log = run_prepare(capsys, data, "-o", out, "--pipeline", base,
+                            *SIZE)
+    assert code == 0, log
+    _, meta = load(out / "a.safetensors")
+    assert meta["megaslide.caption"] == "a red cat"
+    assert "blank caption: sub/b.webm" in log
+    assert "skipped folder: c: holds images and other files (notes.txt)" \
+        in log
+    assert "2 prepared" in log
+
+
+def test_manifest_paths_stay_in_the_input_folder(tmp_path):
+    """Names read from a manifest are confined to the input folder."""
+    for bad in ("../outside.mp4", "/etc/x.mp4", "a/../../x.mp4"):
+        manifest = tmp_path / "captions.jsonl"
+        manifest.write_text(json.dumps({"video": "a.mp4", "caption": "x"}) +
+                            "\n" + json.dumps({"video": bad, "caption": "y"})
+                            + "\n")
+        with pytest.raises(prepare.UsageError) as e:
+            prepare.read_manifest(str(manifest), str(tmp_path))
+        assert f"manifest '{manifest}': line 2: '{bad}' is not inside the " \
+            "input folder" in str(e.value)
