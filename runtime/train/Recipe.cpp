@@ -83,8 +83,9 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
     return fail(llvm::formatv("--max-grad-norm must be a positive number "
                               "(0: no clipping), got {0}",
                               r.maxGradNorm));
-  if (r.gradAccum < 1)
-    return fail("--grad-accum must be >= 1, got " + llvm::Twine(r.gradAccum));
+  if (r.gradAccum < 1 || r.gradAccum > kMaxGradAccum)
+    return fail("--grad-accum must be in [1, " + llvm::Twine(kMaxGradAccum) +
+                "], got " + llvm::Twine(r.gradAccum));
   if (!(r.emaDecay >= 0 && r.emaDecay < 1))
     return fail(llvm::formatv("--ema-decay must be in [0, 1) (0: no EMA), "
                               "got {0}",
@@ -149,13 +150,23 @@ float train::sampleSigma(const Recipe &r, Random &rng) {
   return static_cast<float>(sigma);
 }
 
-std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,
-                                       int64_t step, int64_t count) {
+static uint64_t sigmaSeed(uint64_t seed, int64_t step) {
   Random mix(seed ^ hashName("timesteps"));
-  Random rng(mix.next() ^
-             (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull));
+  return mix.next() ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull);
+}
+
+train::SigmaStream::SigmaStream(const Recipe &recipe, uint64_t seed,
+                                int64_t step)
+    : recipe(recipe), rng(sigmaSeed(seed, step)) {}
+
+std::vector<float> train::SigmaStream::next(int64_t count) {
   std::vector<float> sigmas(count);
   for (float &sigma : sigmas)
-    sigma = sampleSigma(r, rng);
+    sigma = sampleSigma(recipe, rng);
   return sigmas;
+}
+
+std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,
+                                       int64_t step, int64_t count) {
+  return SigmaStream(r, seed, step).next(count);
 }

@@ -625,21 +625,8 @@ Session::trainStep(const exec::StepOptions &options) {
   if (hostState.incomplete)
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
-  std::vector<exec::StepInputs> batches;
-  std::vector<size_t> buckets;
-  for (int64_t k = 0; k < this->options.recipe.gradAccum; ++k) {
-    size_t bucket = 0;
-    llvm::Expected<exec::StepInputs> inputs = data->next(&bucket);
-    if (!inputs) {
-      data->setState(before);
-      return inputs.takeError();
-    }
-    inputs->erase("timesteps"); // the recipe's, below
-    batches.push_back(std::move(*inputs));
-    buckets.push_back(bucket);
-  }
-  llvm::Expected<StepReport> report =
-      optimizerStep(std::move(batches), std::move(buckets), options);
+  llvm::Expected<StepReport> report = optimizerStep(
+      [&](int64_t, size_t &bucket) { return data->next(&bucket); }, options);
   if (!report)
     data->setState(before); // a retry draws the same batches
   else
@@ -655,30 +642,41 @@ Session::trainStep(std::vector<exec::StepInputs> inputs,
         "an optimizer step takes {0} micro-batches (--grad-accum), got {1}",
         this->options.recipe.gradAccum, inputs.size()));
   // The first bucket's shape: the caller's batches carry no bucket.
-  std::vector<size_t> buckets(inputs.size(), 0);
-  llvm::Expected<StepReport> report =
-      optimizerStep(std::move(inputs), std::move(buckets), options);
+  llvm::Expected<StepReport> report = optimizerStep(
+      [&](int64_t k, size_t &bucket) -> llvm::Expected<exec::StepInputs> {
+        bucket = 0;
+        return std::move(inputs[k]);
+      },
+      options);
   if (report)
     ++stepsRunSoFar;
   return report;
 }
 
 llvm::Expected<StepReport>
-Session::optimizerStep(std::vector<exec::StepInputs> batches,
-                       std::vector<size_t> buckets,
+Session::optimizerStep(MicroBatches nextBatch,
                        const exec::StepOptions &given) {
   const Recipe &r = options.recipe;
-  int64_t K = static_cast<int64_t>(batches.size());
+  int64_t K = r.gradAccum;
   int64_t B = shapesOf[0].latents[0]; // every bucket's batch
-  std::vector<float> sigmas = sampleSigmas(r, seed, hostState.step, K * B);
-  for (int64_t k = 0; k < K; ++k)
-    if (!batches[k].count("timesteps"))
-      batches[k]["timesteps"].assign(sigmas.begin() + k * B,
-                                     sigmas.begin() + (k + 1) * B);
+  // Micro-batch k with its timesteps (samples k B .. k B + B - 1 of the
+  // step's sigmas, sampleSigmas), drawn in order, one at a time.
+  SigmaStream sigmas(r, seed, hostState.step);
+  std::vector<size_t> buckets;
+  auto draw = [&](int64_t k) -> llvm::Expected<exec::StepInputs> {
+    size_t bucket = 0;
+    llvm::Expected<exec::StepInputs> batch = nextBatch(k, bucket);
+    std::vector<float> t = sigmas.next(B);
+    if (!batch)
+      return batch.takeError();
+    if (!batch->count("timesteps"))
+      (*batch)["timesteps"] = std::move(t);
+    buckets.push_back(bucket);
+    return batch;
+  };
 
   StepReport report;
   report.microBatches = K;
-  report.buckets = buckets;
   report.lr = scheduledLr(r, baseLr, hostState.step);
   bool computes = executor->computesLoss();
   exec::StepOptions options = given;
@@ -686,8 +684,11 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
   if (!computes || !given.applyUpdates) {
     // Timing only, or gradients only: no optimizer decisions.
     for (int64_t k = 0; k < K; ++k) {
+      llvm::Expected<exec::StepInputs> batch = draw(k);
+      if (!batch)
+        return batch.takeError();
       llvm::Expected<exec::StepResult> one =
-          runStepOn(buckets[k], batches[k], options);
+          runStepOn(buckets.back(), *batch, options);
       if (!one)
         return one.takeError();
       double seconds = report.result.seconds + one->seconds;
@@ -696,6 +697,7 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
       report.result.seconds = seconds;
       report.result.loss = loss;
     }
+    report.buckets = buckets;
     return report;
   }
 
@@ -708,11 +710,15 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
     if (r.hasEma() && emaUpdates == 0 && !r.emaWarmup)
       for (Update &u : updates)
         copyToEma(*u.master, *u.ema);
+    llvm::Expected<exec::StepInputs> batch = draw(0);
+    if (!batch)
+      return batch.takeError();
     llvm::Expected<exec::StepResult> one =
-        runStepOn(buckets[0], batches[0], options);
+        runStepOn(buckets.back(), *batch, options);
     if (!one)
       return one.takeError();
     report.result = std::move(*one);
+    report.buckets = buckets;
     if (report.result.skipped)
       return report;
     double norm = std::sqrt(report.result.gradSquaredNorm);
@@ -741,8 +747,13 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
   };
   double lossSum = 0;
   for (int64_t k = 0; k < K; ++k) {
+    llvm::Expected<exec::StepInputs> batch = draw(k);
+    if (!batch) {
+      resetRetained();
+      return batch.takeError();
+    }
     llvm::Expected<exec::StepResult> one =
-        runStepOn(buckets[k], batches[k], options);
+        runStepOn(buckets.back(), *batch, options);
     if (!one) {
       resetRetained();
       return one.takeError();
@@ -753,6 +764,7 @@ Session::optimizerStep(std::vector<exec::StepInputs> batches,
     report.result.seconds = seconds;
   }
   report.result.loss = static_cast<float>(lossSum / K);
+  report.buckets = buckets;
   double squared = 0;
   for (Update &u : updates) {
     if (u.received != K) {

@@ -15,6 +15,8 @@
 #ifndef MEGASLIDE_RUNTIME_TRAIN_RECIPE_H
 #define MEGASLIDE_RUNTIME_TRAIN_RECIPE_H
 
+#include "megaslide/runtime/train/Random.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -25,7 +27,6 @@
 
 namespace megaslide::train {
 
-class Random;
 
 enum class LrSchedule { Constant, WarmupConstant, WarmupCosine, WarmupLinear };
 enum class TimestepSampling { Uniform, LogitNormal };
@@ -102,6 +103,21 @@ float sampleSigma(const Recipe &recipe, Random &rng);
 /// reproduced without replaying the run.
 std::vector<float> sampleSigmas(const Recipe &recipe, uint64_t seed,
                                 int64_t step, int64_t count);
+/// sampleSigmas drawn in pieces: next(n) gives the following n sigmas of
+/// step `step`, so the micro-batches of a step need not be drawn at once.
+class SigmaStream {
+public:
+  SigmaStream(const Recipe &recipe, uint64_t seed, int64_t step);
+  std::vector<float> next(int64_t count);
+
+private:
+  const Recipe &recipe;
+  Random rng;
+};
+
+/// The most micro-batches an optimizer step takes (--grad-accum): each is
+/// a full forward and backward, so 2^20 of them is already days a step.
+inline constexpr int64_t kMaxGradAccum = int64_t(1) << 20;
 
 } // namespace megaslide::train
 

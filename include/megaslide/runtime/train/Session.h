@@ -175,8 +175,11 @@ private:
   void applyPending(llvm::StringRef param);
   void apply(Update &u);
   void updateEma(Update &u);
-  llvm::Expected<StepReport> optimizerStep(std::vector<exec::StepInputs> in,
-                                           std::vector<size_t> buckets,
+  /// Micro-batch k of the step (and its bucket), made when the step gets
+  /// to it: recipe.gradAccum of them are never held at once.
+  using MicroBatches = llvm::function_ref<llvm::Expected<exec::StepInputs>(
+      int64_t k, size_t &bucket)>;
+  llvm::Expected<StepReport> optimizerStep(MicroBatches next,
                                            const exec::StepOptions &options);
 
   std::vector<std::unique_ptr<exec::ExecPlan>> plans; ///< stable addresses
