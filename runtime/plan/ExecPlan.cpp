@@ -447,8 +447,9 @@ static bool isFloatType(DType d) {
 /// The typing rule of the ops: a graph op other than cast computes in one
 /// floating-point type, so its floating operands and results share it
 /// (the plan's precision); the exceptions are the fp32 timesteps that
-/// timestep_embedding and flow_interpolate read and the fp32 loss of
-/// flow_matching_loss. Copies keep the type; fetch and host_adamw convert
+/// timestep_embedding and flow_interpolate read, the fp32 loss of
+/// flow_matching_loss and the fp32 log-sum-exp dsa3d writes and
+/// dsa3d_grad reads. Copies keep the type; fetch and host_adamw convert
 /// between the fp32 master and a floating type. Backends widen and narrow
 /// by each value's own type, so a plan edited against this rule would run
 /// and mix precisions silently.
@@ -491,6 +492,10 @@ static bool checkDTypes(Checker &c, const ExecPlan &plan,
       return !isResult && index == 2;
     case OpCode::FlowMatchingLoss:
       return isResult && index == 0;
+    case OpCode::Dsa3d: // the fp32 log-sum-exp (docs/Dsa3dKernels.md)
+      return isResult && index == 1;
+    case OpCode::Dsa3dGrad:
+      return !isResult && index == 5;
     default:
       return false;
     }
