@@ -205,7 +205,8 @@ struct Checker {
 constexpr int64_t kMaxTensorBytes = int64_t(1) << 48;
 } // namespace
 
-static bool checkType(Checker &c, const TensorType &t, const llvm::Twine &what) {
+static bool checkType(Checker &c, const TensorType &t,
+                      const llvm::Twine &what) {
   if (t.shape.size() > 8)
     return c.fail(what + ": rank " + llvm::Twine(t.shape.size()) +
                   " is above 8");
@@ -375,7 +376,8 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
     if (!p)
       return c.fail(where + ": fetch of unknown parameter '" + inst.param +
                     "'");
-    if (p->type.numElements() != plan.values[inst.results[0]].type.numElements())
+    if (p->type.numElements() !=
+        plan.values[inst.results[0]].type.numElements())
       return c.fail(where + ": fetch of '" + inst.param +
                     "' into a tensor with another element count");
     if (home(inst.results[0]) != Home::Device)
@@ -403,7 +405,8 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
     if (!p || p->role != "master")
       return c.fail(where + ": host_adamw of '" + inst.param +
                     "', which is not a master parameter");
-    if (p->type.numElements() != plan.values[inst.operands[0]].type.numElements())
+    if (p->type.numElements() !=
+        plan.values[inst.operands[0]].type.numElements())
       return c.fail(where + ": host_adamw gradient of '" + inst.param +
                     "' has another element count than the parameter");
     if (home(inst.operands[0]) == Home::Device)
@@ -433,6 +436,89 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
 #define MEGASLIDE_GRAPH_OP(Name, Spelling, Cost, Family) case OpCode::Name:
 #include "megaslide/runtime/plan/Ops.def"
     return true;
+  }
+  return true;
+}
+
+static bool isFloatType(DType d) {
+  return d == DType::BF16 || d == DType::F16 || d == DType::F32;
+}
+
+/// The typing rule of the ops: a graph op other than cast computes in one
+/// floating-point type, so its floating operands and results share it
+/// (the plan's precision); the exceptions are the fp32 timesteps that
+/// timestep_embedding and flow_interpolate read, the fp32 loss of
+/// flow_matching_loss and the fp32 log-sum-exp dsa3d writes and
+/// dsa3d_grad reads. Copies keep the type; fetch and host_adamw convert
+/// between the fp32 master and a floating type. Backends widen and narrow
+/// by each value's own type, so a plan edited against this rule would run
+/// and mix precisions silently.
+static bool checkDTypes(Checker &c, const ExecPlan &plan,
+                        const Instruction &inst, const llvm::Twine &where) {
+  auto dtype = [&](int64_t id) { return plan.values[id].type.dtype; };
+  auto floating = [&](int64_t id, llvm::StringRef what) {
+    if (isFloatType(dtype(id)))
+      return true;
+    return c.fail(where + ": " + what + " %" + llvm::Twine(id) + " is " +
+                  dtypeName(dtype(id)) + ", not a floating-point type");
+  };
+  switch (inst.op) {
+  case OpCode::HostToDevice:
+  case OpCode::DeviceToHost:
+    if (dtype(inst.operands[0]) != dtype(inst.results[0]))
+      return c.fail(where + ": '" + opName(inst.op) + "' copies %" +
+                    llvm::Twine(inst.operands[0]) + " (" +
+                    dtypeName(dtype(inst.operands[0])) + ") into %" +
+                    llvm::Twine(inst.results[0]) + " (" +
+                    dtypeName(dtype(inst.results[0])) +
+                    "): a copy keeps the type");
+    return true;
+  case OpCode::Fetch:
+    return floating(inst.results[0], "fetch result");
+  case OpCode::HostAdamW:
+    return floating(inst.operands[0], "host_adamw gradient");
+  case OpCode::Cast:
+  case OpCode::Record:
+  case OpCode::Wait:
+    return true;
+  default:
+    break;
+  }
+  auto exempt = [&](bool isResult, size_t index) {
+    switch (inst.op) {
+    case OpCode::TimestepEmbedding:
+      return !isResult && index == 0;
+    case OpCode::FlowInterpolate:
+      return !isResult && index == 2;
+    case OpCode::FlowMatchingLoss:
+      return isResult && index == 0;
+    case OpCode::Dsa3d: // the fp32 log-sum-exp (docs/Dsa3dKernels.md)
+      return isResult && index == 1;
+    case OpCode::Dsa3dGrad:
+      return !isResult && index == 5;
+    default:
+      return false;
+    }
+  };
+  std::optional<std::pair<int64_t, llvm::StringRef>> first;
+  for (bool isResult : {false, true}) {
+    const std::vector<int64_t> &ids = isResult ? inst.results : inst.operands;
+    llvm::StringRef what = isResult ? "result" : "operand";
+    for (auto [index, id] : llvm::enumerate(ids)) {
+      if (!isFloatType(dtype(id)) || exempt(isResult, index))
+        continue;
+      if (!first) {
+        first = {id, what};
+        continue;
+      }
+      if (dtype(id) != dtype(first->first))
+        return c.fail(where + ": " + what + " %" + llvm::Twine(id) + " is " +
+                      dtypeName(dtype(id)) + " but " + first->second + " %" +
+                      llvm::Twine(first->first) + " is " +
+                      dtypeName(dtype(first->first)) + "; '" + opName(inst.op) +
+                      "' computes in one floating-point type (only 'cast' "
+                      "converts)");
+    }
   }
   return true;
 }
@@ -494,9 +580,10 @@ llvm::Error exec::validate(const ExecPlan &plan) {
     // A std::string: a Twine would point at the destroyed temporary.
     std::string where = "parameter '" + p.name + "'";
     if (p.name.empty() || !paramIndex.try_emplace(p.name, i).second)
-      c.fail("parameter #" + llvm::Twine(i) + " has an empty or duplicate name");
-    if (!llvm::is_contained({"master", "moment", "weight", "gradient", "frozen"},
-                            p.role))
+      c.fail("parameter #" + llvm::Twine(i) +
+             " has an empty or duplicate name");
+    if (!llvm::is_contained(
+            {"master", "moment", "weight", "gradient", "frozen"}, p.role))
       c.fail(where + " has unknown role '" + p.role + "'");
     checkType(c, p.type, where);
   }
@@ -524,9 +611,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
                std::to_string(base));
       continue;
     }
-    if (v.home == Home::Device &&
-        (v.offset < 0 || v.offset > plan.arenaBytes ||
-         v.type.bytes() > plan.arenaBytes - v.offset))
+    if (v.home == Home::Device && (v.offset < 0 || v.offset > plan.arenaBytes ||
+                                   v.type.bytes() > plan.arenaBytes - v.offset))
       c.fail(where + " at offset " + std::to_string(v.offset) + " with " +
              std::to_string(v.type.bytes()) +
              " bytes does not fit the arena of " +
@@ -635,7 +721,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
     checkAttrs(c, inst, where);
     if (inst.op == OpCode::HostAdamW)
       checkHyperParameters(c, inst, where);
-    checkScheduleOp(c, plan, inst, where);
+    if (checkScheduleOp(c, plan, inst, where))
+      checkDTypes(c, plan, inst, where);
     if (!c.error.empty())
       return done();
   }
@@ -649,7 +736,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   // buffers by start, keeping those still live.
   Liveness live = computeLiveness(plan);
   std::vector<int64_t> order = live.deviceBuffers;
-  llvm::sort(order, [&](int64_t a, int64_t b) { return live.def[a] < live.def[b]; });
+  llvm::sort(order,
+             [&](int64_t a, int64_t b) { return live.def[a] < live.def[b]; });
   std::vector<int64_t> active;
   for (int64_t id : order) {
     int64_t start = live.def[id];
@@ -663,7 +751,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
           w.offset < v.offset + v.type.bytes() && v.type.bytes() &&
           w.type.bytes()) {
         c.fail("device values %" + std::to_string(a) + " and %" +
-               std::to_string(id) + " are live at the same time but share "
+               std::to_string(id) +
+               " are live at the same time but share "
                "arena bytes");
         return done();
       }
@@ -781,7 +870,8 @@ static bool fromJSON(const llvm::json::Value &v, Value &val,
   return o && o.map("dtype", val.type.dtype) &&
          o.map("shape", val.type.shape) && o.map("home", val.home) &&
          o.mapOptional("offset", val.offset) &&
-         o.mapOptional("view_of", val.viewOf) && o.mapOptional("name", val.name);
+         o.mapOptional("view_of", val.viewOf) &&
+         o.mapOptional("name", val.name);
 }
 
 static bool fromJSON(const llvm::json::Value &v, Range &r,
@@ -869,8 +959,11 @@ std::string exec::serialize(const ExecPlan &plan) {
   using llvm::json::Object;
   Array params;
   for (const Param &p : plan.params) {
-    Object o{{"name", p.name}, {"role", p.role}, {"group", p.group},
-             {"dtype", dtypeName(p.type.dtype)}, {"shape", p.type.shape}};
+    Object o{{"name", p.name},
+             {"role", p.role},
+             {"group", p.group},
+             {"dtype", dtypeName(p.type.dtype)},
+             {"shape", p.type.shape}};
     if (p.layer)
       o["layer"] = *p.layer;
     if (!p.of.empty())
@@ -966,16 +1059,16 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
   // parseJson refuses hostile nesting before llvm::json recurses on it.
   llvm::Expected<llvm::json::Value> json = parseJson(text);
   if (!json)
-    return llvm::createStringError(
-        llvm::Twine(source) + ": not an execution plan (invalid JSON: " +
-        llvm::toString(json.takeError()) + ")");
+    return llvm::createStringError(llvm::Twine(source) +
+                                   ": not an execution plan (invalid JSON: " +
+                                   llvm::toString(json.takeError()) + ")");
   const llvm::json::Object *root = json->getAsObject();
   std::optional<llvm::StringRef> format =
       root ? root->getString("format") : std::nullopt;
   if (!format || *format != kPlanFormatName)
-    return llvm::createStringError(llvm::Twine(source) +
-                                   ": not an execution plan (no \"format\": \"" +
-                                   kPlanFormatName + "\")");
+    return llvm::createStringError(
+        llvm::Twine(source) + ": not an execution plan (no \"format\": \"" +
+        kPlanFormatName + "\")");
   ExecPlan plan;
   llvm::json::Path::Root rootPath("plan");
   llvm::json::ObjectMapper o(*json, rootPath);
@@ -995,7 +1088,8 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
   if (plan.runtimeVersion != MEGASLIDE_VERSION)
     return llvm::createStringError(
         llvm::Twine(source) + ": the plan was compiled for MegaSlide runtime " +
-        plan.runtimeVersion + ", this is runtime " MEGASLIDE_VERSION
+        plan.runtimeVersion +
+        ", this is runtime " MEGASLIDE_VERSION
         " (a plan runs only on the release that compiled it; recompile it "
         "with this release's megaslide-run --save-plan)");
   // llvm::json::Path reports only fixed messages; an unknown op is named.

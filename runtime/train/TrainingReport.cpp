@@ -38,6 +38,12 @@ namespace {
 constexpr double kBytesPerGB = 1e9;
 constexpr double kBytesPerMB = 1e6;
 constexpr double kSvgWidth = 900;
+/// Columns a plot is drawn in: a log of up to this many steps is drawn
+/// point by point, a longer one column by column (drawnPoints), so a run of
+/// a million steps gives a page of a few MB rather than of 90 that a
+/// browser needs minutes to lay out. About twice the frame's 780 px, for
+/// displays of two pixels per px.
+constexpr size_t kPlotColumns = 2000;
 
 // Series colours, from the plan report's palette; red (#e15759, in the
 // page's CSS) marks problems (skipped steps, non-finite values, clipping)
@@ -286,8 +292,7 @@ llvm::Expected<Metrics> readMetrics(StringRef text) {
       return record.takeError();
     auto [it, inserted] = m.steps.try_emplace(record->step, *record);
     if (!inserted) {
-      if (!llvm::is_contained(m.repeated, record->step))
-        m.repeated.push_back(record->step);
+      m.repeated.push_back(record->step);
       it->second = *record;
     }
   }
@@ -298,6 +303,8 @@ llvm::Expected<Metrics> readMetrics(StringRef text) {
                         std::to_string(*m.cutLine) + " is cut short)"
                   : std::string("the metrics file is empty: no step"));
   llvm::sort(m.repeated);
+  m.repeated.erase(std::unique(m.repeated.begin(), m.repeated.end()),
+                   m.repeated.end());
   return m;
 }
 
@@ -353,12 +360,15 @@ std::string axisLabel(double value, double step) {
 // Plots
 //===----------------------------------------------------------------------===//
 
+/// A (step, value) point.
+using Point = std::pair<double, double>;
+
 /// One line of a plot: (step, value) points, finite values only.
 struct Series {
   std::string name; ///< legend text, escaped
   StringRef id;     ///< data-series: the metrics field it draws
   StringRef color;
-  std::vector<std::pair<double, double>> points;
+  std::vector<Point> points;
   bool dots = false; ///< a circle at each point (sparse validation points)
 };
 
@@ -380,7 +390,7 @@ struct Plot {
   std::vector<Series> series;
   std::vector<AxisMarks> marks;
   /// Points drawn over the curve (clipped steps) and their legend text.
-  std::vector<std::pair<double, double>> highlights;
+  std::vector<Point> highlights;
   std::string highlightName;
   /// A dashed horizontal line (the clipping threshold) and its caption.
   std::optional<double> threshold;
@@ -530,6 +540,64 @@ void drawLegend(raw_ostream &os, const Plot &plot, double left, double y) {
   }
 }
 
+/// The column of the plot that `step` is drawn in.
+size_t columnOf(double step, double xMin, double xMax) {
+  if (xMax <= xMin)
+    return 0;
+  double at = (step - xMin) / (xMax - xMin) * kPlotColumns;
+  return std::min(static_cast<size_t>(std::max(at, 0.0)), kPlotColumns - 1);
+}
+
+/// Calls `body(begin, end)` for each run of `points` (in step order) that
+/// falls in one column.
+template <typename Body>
+void forEachColumn(llvm::ArrayRef<Point> points, double xMin, double xMax,
+                   Body body) {
+  for (size_t begin = 0; begin < points.size();) {
+    size_t column = columnOf(points[begin].first, xMin, xMax);
+    size_t end = begin + 1;
+    while (end < points.size() &&
+           columnOf(points[end].first, xMin, xMax) == column)
+      ++end;
+    body(begin, end);
+    begin = end;
+  }
+}
+
+/// The points of a curve as drawn: all of them when there are no more than
+/// columns, else per column its first, smallest, largest and last point,
+/// in step order. The extremes keep a one-step spike on the curve; first
+/// and last join the columns as the full curve would.
+std::vector<Point> drawnPoints(llvm::ArrayRef<Point> points, double xMin,
+                               double xMax) {
+  if (points.size() <= kPlotColumns)
+    return points.vec();
+  std::vector<Point> drawn;
+  forEachColumn(points, xMin, xMax, [&](size_t begin, size_t end) {
+    size_t lo = begin, hi = begin;
+    for (size_t i = begin; i < end; ++i) {
+      if (points[i].second < points[lo].second)
+        lo = i;
+      if (points[i].second > points[hi].second)
+        hi = i;
+    }
+    size_t keep[] = {begin, std::min(lo, hi), std::max(lo, hi), end - 1};
+    for (auto [i, index] : llvm::enumerate(keep))
+      if (i == 0 || index != keep[i - 1])
+        drawn.push_back(points[index]);
+  });
+  return drawn;
+}
+
+/// A tooltip's steps: "step 7", or "3 steps from 7 to 9".
+std::string stepsText(double first, double last, size_t count) {
+  if (count == 1)
+    return "step " + std::to_string(static_cast<int64_t>(first));
+  return llvm::formatv("{0} steps from {1} to {2}", count,
+                       static_cast<int64_t>(first), static_cast<int64_t>(last))
+      .str();
+}
+
 void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
                 StringRef emptyMessage) {
   double yMin = std::numeric_limits<double>::infinity(), yMax = -yMin;
@@ -589,36 +657,70 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
     double ty = f.py(*plot.threshold);
     drawLine(os, f.left, ty, f.right(), ty, "threshold");
   }
+  bool downsampled = false, grouped = false;
   for (const Series &s : plot.series) {
     if (s.points.empty())
       continue;
+    std::vector<Point> drawn = drawnPoints(s.points, f.xMin, f.xMax);
+    downsampled |= drawn.size() < s.points.size();
     os << "<polyline class=\"series\" data-series=\"" << s.id << "\" stroke=\""
        << s.color << "\" points=\"";
-    for (auto [i, point] : llvm::enumerate(s.points))
+    for (auto [i, point] : llvm::enumerate(drawn))
       os << (i ? " " : "")
          << llvm::format("%.1f,%.1f", f.px(point.first), f.py(point.second));
     os << "\"/>\n";
-    if (s.dots || s.points.size() < 2)
-      for (auto [step, value] : s.points)
+    if (s.dots || drawn.size() < 2)
+      for (auto [step, value] : drawn)
         os << llvm::format("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" ",
                            f.px(step), f.py(value))
            << "fill=\"" << s.color << "\"><title>step "
            << static_cast<int64_t>(step) << ": " << formatNumber(value)
            << "</title></circle>\n";
   }
-  for (auto [step, value] : plot.highlights)
+  // Several clipped steps in one column: one circle, at the largest of
+  // them, whose tooltip counts them.
+  forEachColumn(plot.highlights, f.xMin, f.xMax, [&](size_t begin, size_t end) {
+    auto top = std::max_element(
+        plot.highlights.begin() + begin, plot.highlights.begin() + end,
+        [](const Point &a, const Point &b) { return a.second < b.second; });
     os << llvm::format("<circle class=\"highlight\" cx=\"%.1f\" cy=\"%.1f\" "
                        "r=\"3.5\">",
-                       f.px(step), f.py(value))
-       << "<title>step " << static_cast<int64_t>(step) << ": "
-       << plot.highlightName << "</title></circle>\n";
-  for (const AxisMarks &marks : plot.marks)
+                       f.px(top->first), f.py(top->second))
+       << "<title>"
+       << stepsText(plot.highlights[begin].first,
+                    plot.highlights[end - 1].first, end - begin)
+       << ": " << plot.highlightName << "</title></circle>\n";
+    grouped |= end - begin > 1;
+  });
+  for (const AxisMarks &marks : plot.marks) {
+    std::vector<Point> steps;
     for (int64_t step : marks.steps)
-      drawAxisMark(os, f.px(step), f.bottom(), marks.shape,
-                   "step " + std::to_string(step) + ": " + marks.why);
+      steps.emplace_back(static_cast<double>(step), 0);
+    forEachColumn(steps, f.xMin, f.xMax, [&](size_t begin, size_t end) {
+      drawAxisMark(
+          os, f.px(steps[begin].first), f.bottom(), marks.shape,
+          stepsText(steps[begin].first, steps[end - 1].first, end - begin) +
+              ": " + marks.why);
+      grouped |= end - begin > 1;
+    });
+  }
   os << "</svg>\n";
-  if (!plot.caption.empty())
-    os << "<p class=\"meta\">" << plot.caption << "</p>\n";
+  std::string caption = plot.caption;
+  if (downsampled || grouped) {
+    size_t total = 0;
+    for (const Series &s : plot.series)
+      total += s.points.size();
+    caption +=
+        llvm::formatv("{0}Downsampled for drawing: {1} points in {2} columns, "
+                      "each column drawn by its first, last, smallest and "
+                      "largest value, so a spike of one step stays; several "
+                      "marked steps in one column are one mark that counts "
+                      "them.",
+                      caption.empty() ? "" : " ", total, kPlotColumns)
+            .str();
+  }
+  if (!caption.empty())
+    os << "<p class=\"meta\">" << caption << "</p>\n";
 }
 
 /// Why a field has nothing to plot: never in the file, or only null.
@@ -643,10 +745,10 @@ std::string missingText(const Metrics &m, StringRef field, StringRef nullWhy,
 /// The points of a field over the steps; the steps where it is not finite
 /// go to `nonFinite` (when given).
 template <typename Get>
-std::vector<std::pair<double, double>>
-pointsOf(const Metrics &m, Get get, std::vector<int64_t> *nonFinite = nullptr,
-         double scale = 1) {
-  std::vector<std::pair<double, double>> points;
+std::vector<Point> pointsOf(const Metrics &m, Get get,
+                            std::vector<int64_t> *nonFinite = nullptr,
+                            double scale = 1) {
+  std::vector<Point> points;
   for (const auto &[step, r] : m.steps) {
     std::optional<double> value = get(r);
     if (isFinite(value))
@@ -693,7 +795,7 @@ void renderLossPlot(raw_ostream &os, const Metrics &m,
   std::vector<int64_t> skipped = skippedSteps(m);
   // A skipped step's loss is the reason it was skipped: one mark, not two.
   llvm::erase_if(nonFinite, [&](int64_t step) {
-    return llvm::is_contained(skipped, step);
+    return std::binary_search(skipped.begin(), skipped.end(), step);
   });
   llvm::append_range(nonFinite, valNonFinite);
   llvm::sort(nonFinite);
@@ -767,7 +869,7 @@ void renderGradNormPlot(raw_ostream &os, const Metrics &m,
   }
   std::vector<int64_t> skipped = skippedSteps(m);
   llvm::erase_if(nonFinite, [&](int64_t step) {
-    return llvm::is_contained(skipped, step);
+    return std::binary_search(skipped.begin(), skipped.end(), step);
   });
   plot.marks.push_back({"skipped step", "triangle", skipped, "skipped"});
   plot.marks.push_back({"non-finite gradient norm", "cross", nonFinite,

@@ -586,6 +586,25 @@ def overlap_device_values(plan):
     device[1]["offset"] = device[0]["offset"]
 
 
+def fetched_weight_to_f32(plan):
+    """A fetched weight a layer_norm reads, bf16 -> f32 by hand: it still
+    fits the arena and ran to exit 4 after writing a checkpoint."""
+    fetched = {i["results"][0] for i in plan["instructions"]
+               if i["op"] == "fetch"}
+    norm = next(i for i in plan["instructions"] if i["op"] == "layer_norm"
+                and fetched & set(i["operands"]))
+    value = plan["values"][min(fetched & set(norm["operands"]))]
+    assert value["dtype"] == "bf16"
+    value["dtype"] = "f32"
+
+
+def split_result_to_f32(plan):
+    """One result of a split, bf16 -> f32 by hand: it ran to exit 0."""
+    value = plan["values"][first(plan, "split")["results"][0]]
+    assert value["dtype"] == "bf16"
+    value["dtype"] = "f32"
+
+
 # (name, plan text or a function of the artifacts, message); {plan} is the
 # file (megaslide-run) or "<plan_json>" (Trainer).
 PLAN_CASES = [
@@ -639,6 +658,10 @@ PLAN_CASES = [
      "{plan}: unknown op 'frobnicate' at plan.instructions["),
     ("kernel shape mismatch", plan_edit(shrink_linear_result),
      "step 1: instruction #"),
+    ("weight dtype edited", plan_edit(fetched_weight_to_f32),
+     "('layer_norm'): operand %"),
+    ("activation dtype edited", plan_edit(split_result_to_f32),
+     "('split'): result %"),
 ]
 
 
@@ -659,6 +682,20 @@ def test_plan_run(art, tmp_path, name, content, message):
     result = run_tool("megaslide-run", ["--plan", path, "--steps", "1",
                                         "--no-progress"])
     check_failure(result, 1, message.format(plan=path))
+
+
+@pytest.mark.parametrize("edit", [fetched_weight_to_f32, split_result_to_f32])
+def test_edited_dtype_is_refused_before_any_work(art, tmp_path, edit):
+    """megaslide-exec validates the ops' typing rule before a step: no
+    checkpoint, no weights."""
+    path = write_plan(art, tmp_path, plan_edit(edit))
+    ck, weights = tmp_path / "ck", tmp_path / "weights"
+    result = run_tool("megaslide-exec", ["--plan", path, "--backend", "cpu",
+                                         "--steps", "2", "--checkpoint-dir",
+                                         ck, "--save-weights", weights])
+    check_failure(result, 1, "computes in one floating-point type (only "
+                  "'cast' converts)")
+    assert not ck.exists() and not weights.exists()
 
 
 @pytest.mark.parametrize("name,content,message", PLAN_CASES,

@@ -140,6 +140,40 @@ def test_corrupt_cache_entry_is_compiled_again(tmp_path, data):
     assert out.count("loaded from the plan cache") == 2, out
 
 
+def test_swapped_cache_entries_are_compiled_again(tmp_path, data):
+    """Two buckets' entries swapped (renamed into each other's keys): each
+    entry records the key it was compiled for, so both are compiled again
+    with a note rather than run on the other bucket's plan, whose error
+    would blame the samples."""
+    cache = tmp_path / "cache"
+    run("--model", "tiny", "--data", data, "--steps", 1, "--plan-cache", cache)
+    keys = sorted(p.name[:-len(".plan.json")]
+                  for p in cache.glob("*.plan.json"))
+    assert len(keys) == 2, keys
+    for suffix in (".plan.json", ".figures.json"):
+        a, b = (cache / (k + suffix) for k in keys)
+        a_text, b_text = a.read_text(), b.read_text()
+        a.write_text(b_text)
+        b.write_text(a_text)
+    out = run("--model", "tiny", "--data", data, "--steps", 4, "--plan-cache",
+              cache).out
+    assert out.count("the plan cache entry is not usable, so it is compiled "
+                     "again") == 2, out
+    assert "was compiled for key" in out, out
+    assert out.count("compiled in") == 2 and "loaded from" not in out, out
+    # A plan swapped under its own figures is refused as well.
+    plan_a, plan_b = (cache / (k + ".plan.json") for k in keys)
+    a_text = plan_a.read_text()
+    plan_a.write_text(plan_b.read_text())
+    plan_b.write_text(a_text)
+    out = run("--model", "tiny", "--data", data, "--steps", 1, "--plan-cache",
+              cache).out
+    assert out.count("is not the plan its figures were stored with") == 2, out
+    out = run("--model", "tiny", "--data", data, "--steps", 1, "--plan-cache",
+              cache).out
+    assert out.count("loaded from the plan cache") == 2, out
+
+
 def test_resume_over_buckets_is_bit_exact(tmp_path, data):
     cache = tmp_path / "cache"
     common = ("--model", "tiny", "--data", data, "--plan-cache", cache,

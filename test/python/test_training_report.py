@@ -331,3 +331,105 @@ def test_tool_errors(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "MegaSlide training run: good.jsonl" in out.read_text()
+
+
+# --- A million steps ------------------------------------------------------------
+
+BIG_STEPS = 1_000_000
+# The plot frame of runtime/train/TrainingReport.cpp: left edge and width.
+FRAME_LEFT, FRAME_WIDTH = 90, 780
+
+
+@pytest.fixture(scope="module")
+def big_report(tmp_path_factory) -> tuple:
+    """A metrics log of a million steps with one loss spike, skipped steps
+    (one alone, two next to each other), a NaN loss and clipped steps
+    (one alone, a block), at random places; the page megaslide-report made
+    of it."""
+    tmp = tmp_path_factory.mktemp("big")
+    rng = random.Random(26)
+    # Mid-column (a column is 500 steps), so the pair shares one.
+    picks = sorted(rng.sample(range(1250, BIG_STEPS - 1000, 3000), 6))
+    rng.shuffle(picks)
+    spike, skipped, pair, nan, clipped, block = picks
+    special = {spike: "spike", skipped: "skipped", pair: "skipped",
+               pair + 1: "skipped", nan: "nan", clipped: "clipped"}
+    special.update({s: "clipped" for s in range(block, block + 400)})
+    line = ('{"step": %d, "loss": %.5f, "lr": 0.0001, "grad_norm": %.4f, '
+            '"clipped": %s, "skipped": %s, "seconds": %.4f}\n')
+    out = []
+    noise = [rng.random() for _ in range(997)]
+    for step in range(1, BIG_STEPS + 1):
+        kind = special.get(step)
+        loss = 0.2 + 0.8 * math.exp(-step / 50000) + 0.05 * noise[step % 997]
+        grad = 0.5 + 0.3 * noise[(step * 7) % 997]
+        if kind == "spike":
+            out.append(line % (step, 1000.0, grad, "false", "false", 0.8))
+        elif kind == "skipped":
+            out.append('{"step": %d, "loss": null, "lr": 0.0001, "grad_norm": '
+                       'null, "clipped": false, "skipped": true, '
+                       '"seconds": 0.8}\n' % step)
+        elif kind == "nan":
+            out.append('{"step": %d, "loss": NaN, "lr": 0.0001, "grad_norm": '
+                       '0.5, "clipped": false, "skipped": false, '
+                       '"seconds": 0.8}\n' % step)
+        else:
+            clip = kind == "clipped"
+            out.append(line % (step, loss, 2.0 if clip else grad,
+                               "true" if clip else "false", "false",
+                               0.8 + 0.01 * noise[(step * 3) % 997]))
+    metrics = tmp / "big.jsonl"
+    metrics.write_text("".join(out))
+    page = tmp / "big.html"
+    r = subprocess.run([tool_path("megaslide-report"), os.fspath(metrics),
+                        "-o", os.fspath(page),
+                        "--setting", f"max_grad_norm={MAX_GRAD_NORM}"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    metrics.unlink()
+    return page, spike, skipped, pair, nan, clipped, block
+
+
+def step_x(step: int) -> float:
+    return FRAME_LEFT + (step - 1) / (BIG_STEPS - 1) * FRAME_WIDTH
+
+
+def test_million_steps_page_is_small_and_keeps_every_mark(big_report):
+    """Downsampled for drawing (docs/Training.md, "Training report"): the
+    page of a million steps is a few MB, and the spike, the skipped, NaN
+    and clipped steps are all still on it."""
+    page, spike, skipped, pair, nan, clipped, block = big_report
+    size = page.stat().st_size
+    print(f"page of {BIG_STEPS} steps: {size} bytes")
+    assert size < 5_000_000, f"the page is {size} bytes"
+    text = page.read_text()
+    parser = PlotParser()
+    parser.feed(text)
+    loss = parser.polylines[("loss", "loss")]
+    assert 2000 <= len(loss) <= 4 * 2000, len(loss)
+    xs = [x for x, _ in loss]
+    assert xs == sorted(xs)
+    # The spike is the highest point of the loss curve, where its step is,
+    # and stands far above the rest.
+    top = min(loss, key=lambda p: p[1])
+    assert abs(top[0] - step_x(spike)) <= 0.06, (top, step_x(spike))
+    rest = min(y for x, y in loss if (x, y) != top)
+    assert rest - top[1] > 50, (top, rest)
+    # Marks: a lone skipped step, two in one column summarised, a NaN loss,
+    # a lone clipped step and a block of clipped steps, in both plots.
+    assert f"step {skipped}: skipped (no update" in text
+    assert f"2 steps from {pair} to {pair + 1}: skipped (no update" in text
+    assert f"2 steps from {pair} to {pair + 1}: skipped</title>" in text
+    assert f"step {nan}: the loss is not finite" in text
+    assert f"step {clipped}: clipped</title>" in text
+    assert f"steps from {block} to" in text
+    assert "Downsampled for drawing: 1000000 points in 2000 columns" in text
+    assert "1000000 optimizer steps" in text
+
+
+def test_million_steps_page_renders(big_report, tmp_path):
+    """Chromium lays out the page of a million steps (before downsampling:
+    89 MB that it did not render in 240 s)."""
+    page = big_report[0]
+    dom = run_chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert "</html>" in dom and 'data-series="loss"' in dom, dom[-500:]

@@ -183,9 +183,18 @@ CacheEntry cacheEntry(StringRef dir, StringRef key) {
   return {std::string(plan), std::string(figures)};
 }
 
-/// The entry's plan and figures, validated as a --plan file is.
+/// The xxh3 of a plan's text, as hex: the figures name the plan they go
+/// with.
+std::string textHash(StringRef text) {
+  return formatv("{0:x-16}", xxh3_64bits(arrayRefFromStringRef(text))).str();
+}
+
+/// The entry's plan and figures, validated as a --plan file is, and
+/// checked against `key`: the figures record the key and bucket they were
+/// compiled for and the hash of their plan, so an entry renamed, copied
+/// or swapped with another bucket's is no entry of this one.
 Expected<std::pair<exec::ExecPlan, PlanFigures>>
-loadEntry(const CacheEntry &entry) {
+loadEntry(const CacheEntry &entry, StringRef key) {
   Expected<std::string> text =
       readBoundedFile(entry.figures, kMaxFiguresBytes, "plan figures");
   if (!text)
@@ -203,7 +212,24 @@ loadEntry(const CacheEntry &entry) {
     return createStringError("'" + entry.figures +
                              "' lacks device_peak_bytes or "
                              "predicted_step_seconds");
-  Expected<exec::ExecPlan> plan = exec::loadExecPlan(entry.plan);
+  std::optional<StringRef> storedKey = o->getString("key");
+  std::optional<StringRef> planHash = o->getString("plan_xxh3");
+  if (!storedKey || !planHash)
+    return createStringError("'" + entry.figures +
+                             "' records no key and plan hash (an entry of "
+                             "an older MegaSlide)");
+  if (*storedKey != key)
+    return createStringError(
+        "'" + entry.figures + "' was compiled for key " + *storedKey +
+        " (bucket " + o->getString("bucket").value_or("?") + "), not " + key);
+  Expected<std::string> planText =
+      readBoundedFile(entry.plan, kMaxExecPlanBytes, "execution plan");
+  if (!planText)
+    return planText.takeError();
+  if (textHash(*planText) != *planHash)
+    return createStringError("'" + entry.plan +
+                             "' is not the plan its figures were stored with");
+  Expected<exec::ExecPlan> plan = exec::parseExecPlan(*planText, entry.plan);
   if (!plan)
     return plan.takeError();
   return std::make_pair(std::move(*plan), PlanFigures{*peak, *seconds, {}});
@@ -211,17 +237,22 @@ loadEntry(const CacheEntry &entry) {
 
 /// Writes the entry: the figures first, so that a plan file is only ever
 /// next to its figures.
-Error storeEntry(StringRef dir, const CacheEntry &entry,
-                 const exec::ExecPlan &plan, const PlanFigures &figures) {
+Error storeEntry(StringRef dir, const CacheEntry &entry, StringRef key,
+                 const Bucket &bucket, const exec::ExecPlan &plan,
+                 const PlanFigures &figures) {
   if (std::error_code ec = sys::fs::create_directories(dir))
     return createStringError("cannot create '" + dir + "': " + ec.message());
+  std::string planText = exec::serialize(plan);
   std::string text;
   raw_string_ostream(text) << json::Value(
-      json::Object{{"device_peak_bytes", figures.devicePeak},
+      json::Object{{"key", key},
+                   {"bucket", bucket.name()},
+                   {"plan_xxh3", textHash(planText)},
+                   {"device_peak_bytes", figures.devicePeak},
                    {"predicted_step_seconds", figures.predictedSeconds}});
   if (Error e = writeFileAtomically(entry.figures, text + "\n"))
     return e;
-  return exec::saveExecPlan(plan, entry.plan);
+  return writeFileAtomically(entry.plan, planText);
 }
 } // namespace
 
@@ -242,14 +273,16 @@ Expected<PlannedBucket> tools::compileBucket(mlir::MLIRContext &context,
   PlannedBucket out;
   out.bucket = bucket;
   std::optional<CacheEntry> entry;
+  std::string key;
   if (!cacheDir.empty()) {
-    Expected<std::string> key = planCacheKey(flags, bucket);
-    if (!key)
-      return named(key.takeError());
-    entry = cacheEntry(cacheDir, *key);
+    Expected<std::string> computed = planCacheKey(flags, bucket);
+    if (!computed)
+      return named(computed.takeError());
+    key = std::move(*computed);
+    entry = cacheEntry(cacheDir, key);
     if (sys::fs::exists(entry->plan) || sys::fs::exists(entry->figures)) {
       Expected<std::pair<exec::ExecPlan, PlanFigures>> loaded =
-          loadEntry(*entry);
+          loadEntry(*entry, key);
       if (loaded) {
         out.plan = std::move(loaded->first);
         out.figures = std::move(loaded->second);
@@ -276,7 +309,7 @@ Expected<PlannedBucket> tools::compileBucket(mlir::MLIRContext &context,
     return named(plan.takeError());
   }
   if (entry)
-    if (Error e = storeEntry(cacheDir, *entry, *plan, out.figures))
+    if (Error e = storeEntry(cacheDir, *entry, key, bucket, *plan, out.figures))
       WithColor::warning(errs())
           << "bucket " << bucket.name()
           << ": the plan is not cached: " << toString(std::move(e)) << "\n";

@@ -841,6 +841,41 @@ TEST(ExecPlanCorruption, ValidateRejectsWhatTheLoaderRejects) {
   EXPECT_NE(message.find("recompile the plan"), std::string::npos) << message;
 }
 
+/// One value's dtype edited by hand (bf16 -> f32 in a saved plan) still
+/// fits the arena, so only the ops' typing rule shows it: a graph op
+/// computes in one floating-point type, and a copy keeps the type.
+TEST(ExecPlanCorruption, DTypesFollowTheOpsTypingRule) {
+  ExecPlan plan = validPlan();
+  plan.values[kW].type.dtype = DType::BF16;
+  std::string message = llvm::toString(validate(plan));
+  EXPECT_NE(message.find("instruction #4 ('add'): operand %3 is bf16 but "
+                         "operand %2 is f32; 'add' computes in one "
+                         "floating-point type (only 'cast' converts)"),
+            std::string::npos)
+      << message;
+  plan = validPlan();
+  plan.values[kSum].type.dtype = DType::BF16;
+  plan.values[kFlat].type.dtype = DType::BF16;
+  message = llvm::toString(validate(plan));
+  EXPECT_NE(message.find("result %4 is bf16 but operand %2 is f32"),
+            std::string::npos)
+      << message;
+  // Same bytes, another type: the copy would reinterpret the bits.
+  plan = validPlan();
+  plan.values[kGrad].type = {DType::F16, {16}};
+  message = llvm::toString(validate(plan));
+  EXPECT_NE(message.find("'d2h' copies %5 (f32) into %6 (f16): a copy keeps "
+                         "the type"),
+            std::string::npos)
+      << message;
+  plan = validPlan();
+  plan.values[kW].type.dtype = DType::I32;
+  message = llvm::toString(validate(plan));
+  EXPECT_NE(message.find("fetch result %3 is i32, not a floating-point type"),
+            std::string::npos)
+      << message;
+}
+
 //===----------------------------------------------------------------------===//
 // Random mutations
 //===----------------------------------------------------------------------===//
