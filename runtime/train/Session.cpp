@@ -939,6 +939,16 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   return llvm::Error::success();
 }
 
+llvm::Expected<int64_t> train::stepOfTrainerState(llvm::StringRef json) {
+  llvm::Expected<llvm::json::Value> value = parseTrainerState(json);
+  if (!value)
+    return value.takeError();
+  std::optional<int64_t> step = value->getAsObject()->getInteger("step");
+  if (!step || *step < 0)
+    return llvm::createStringError("trainer state lacks a valid 'step'");
+  return *step;
+}
+
 llvm::Expected<Settings> train::settingsOfTrainerState(llvm::StringRef json) {
   llvm::Expected<llvm::json::Value> value = parseTrainerState(json);
   if (!value)

@@ -820,3 +820,33 @@ def test_grad_accum_is_bounded_and_streams_its_micro_batches(tmp_path):
                  check=False)
     failed(result, "--grad-accum must be in [1, 1048576], got 100000000000")
     assert not started_training(result)
+
+
+def test_resume_past_the_lr_horizon_warns_and_can_extend_it(tmp_path):
+    """A resume beyond the first run's decay horizon says that its steps run
+    at the schedule's floor; one that gives --lr-decay-steps moves the
+    horizon (said, and logged in the metrics) and decays towards it;
+    --max-steps counts the run's total across resumes, and the same command
+    resumed after the total runs nothing."""
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = [*SMALL, "--lr-schedule", "warmup-cosine", "--warmup-steps", 1,
+              "--checkpoint-dir", ck, "--metrics", m]
+    run(*common, "--steps", 4)
+    r = run(*common, "--steps", 2, "--resume")
+    assert "warning: steps 5..6 run at the schedule's floor (lr 0): its " \
+        "horizon is step 4" in r.out
+    assert [json.loads(l)["lr"] for l in m.read_text().splitlines()][4:] \
+        == [0, 0]
+    r = run(*common, "--max-steps", 10, "--lr-decay-steps", 10, "--resume")
+    assert "the learning-rate horizon moves from step 4 (the checkpoint's) " \
+        "to 10 (--lr-decay-steps)" in r.out
+    assert "warning" not in r.out
+    lines = [json.loads(l) for l in m.read_text().splitlines()]
+    assert [l["step"] for l in lines] == list(range(1, 11))
+    assert lines[6]["lr_decay_steps"] == 10
+    assert all(l["lr"] > 0 for l in lines[6:])
+    r = run(*common, "--max-steps", 10, "--lr-decay-steps", 10, "--resume")
+    assert "--max-steps 10: nothing left to run" in r.out
+    assert len(m.read_text().splitlines()) == 10
+    failed(run(*common, "--steps", 1, "--max-steps", 3, check=False),
+           "not both")

@@ -60,7 +60,14 @@ cl::opt<std::string> backendName("backend", cl::init("cpu"),
                                  cl::cat(runCategory),
                                  cl::desc("cpu | cuda | sim"));
 cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
-                       cl::desc("Training steps to run"));
+                       cl::desc("Training steps to run (more steps, with "
+                                "--resume)"));
+cl::opt<int64_t>
+    maxSteps("max-steps", cl::init(0), cl::cat(runCategory),
+             cl::desc("Train until the run has taken N optimizer steps, "
+                      "counted across resumes (diffusers' "
+                      "--max_train_steps); instead of --steps"),
+             cl::value_desc("N"));
 cl::opt<uint64_t> seed("seed", cl::init(0), cl::cat(runCategory),
                        cl::desc("Seed of initial weights and synthetic data"));
 cl::opt<std::string> planFile("plan", cl::cat(runCategory),
@@ -170,10 +177,14 @@ std::string formatSeconds(double s) {
 /// One line of progress: a bar on a terminal, plain lines otherwise.
 class Progress {
 public:
-  Progress(int64_t total, bool bar) : total(total), bar(bar) {}
+  /// Steps first + 1 .. total of the run (global: a resumed run continues
+  /// the count).
+  Progress(int64_t first, int64_t total, bool bar)
+      : first(first), total(total), bar(bar) {}
   void update(int64_t step, float loss, double elapsed, double samplesPerSec,
               bool computesLoss) {
-    double eta = step ? elapsed / step * (total - step) : 0;
+    int64_t ran = step - first;
+    double eta = ran ? elapsed / ran * (total - step) : 0;
     std::string lossText =
         computesLoss ? formatv("loss {0:F5}", loss).str() : "loss n/a (sim)";
     std::string stats =
@@ -182,7 +193,9 @@ public:
                 formatSeconds(eta));
     if (bar) {
       constexpr int width = 24;
-      int filled = total ? static_cast<int>(width * step / total) : width;
+      int filled = total > first
+                       ? static_cast<int>(width * (step - first) / (total - first))
+                       : width;
       errs() << "\r[" << std::string(filled, '#')
              << std::string(width - filled, '.') << "] " << stats << "\x1b[K";
       if (step == total)
@@ -193,7 +206,7 @@ public:
   }
 
 private:
-  int64_t total;
+  int64_t first, total;
   bool bar;
 };
 
@@ -238,6 +251,16 @@ std::string shellQuote(StringRef arg) {
 /// same arguments with --steps replaced, --resume added and
 /// --overwrite-checkpoints dropped.
 std::string resumeCommand(int argc, char **argv, int64_t remaining) {
+  if (maxSteps.getNumOccurrences()) {
+    // A total: the same command, resumed, takes the rest.
+    std::string cmd = shellQuote(argv[0]);
+    for (int i = 1; i < argc; ++i) {
+      StringRef arg = argv[i];
+      if (arg.ltrim('-') != "resume" && arg.ltrim('-') != "overwrite-checkpoints")
+        cmd += " " + shellQuote(arg);
+    }
+    return cmd + " --resume";
+  }
   std::string cmd = shellQuote(argv[0]);
   auto named = [](StringRef arg, StringRef name) {
     arg = arg.ltrim('-');
@@ -485,6 +508,13 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                     flag + " does not apply");
   if (steps < 0)
     return fail("--steps must be non-negative");
+  if (maxSteps.getNumOccurrences() && steps.getNumOccurrences())
+    return fail("give --steps (steps to run) or --max-steps (the run's "
+                "total, across resumes), not both");
+  if (maxSteps.getNumOccurrences() && maxSteps < 1)
+    return fail("--max-steps must be at least 1");
+  if (maxSteps.getNumOccurrences())
+    steps = maxSteps; // a fresh run; a resume takes what is left (below)
   if (checkpointEvery < 0)
     return fail("--checkpoint-every must be non-negative");
   if (maxNonFiniteSteps < 1)
@@ -518,6 +548,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   CreatedFolders created;
   std::unique_ptr<host::CheckpointLock> lock;
   std::optional<train::Settings> storedSettings;
+  std::string horizonNote; // a resume's new --lr-decay-steps
   // With --steps 0 a checkpoint folder is only read (e.g. to export
   // weights from a read-only archive): no lock, nothing written.
   bool writesCheckpoints = !checkpointDir.empty() && steps > 0;
@@ -554,6 +585,31 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     storedSettings = std::move(*settings);
     if (Error e = adoptRunSettings(*storedSettings))
       return fail(toString(std::move(e)));
+    if (maxSteps.getNumOccurrences()) {
+      Expected<int64_t> done = train::stepOfTrainerState(*state);
+      if (!done)
+        return fail(toString(done.takeError()));
+      steps = std::max<int64_t>(maxSteps - *done, 0);
+      if (steps == 0)
+        outs() << formatv("the run has taken {0} steps, --max-steps {1}: "
+                          "nothing left to run\n",
+                          *done, maxSteps.getValue());
+    }
+    // A new learning-rate horizon is the one recipe setting a resume may
+    // change, and only when given: the schedule continues from this step
+    // towards it.
+    int64_t horizon = planningOption<int64_t>("lr-decay-steps").value_or(0);
+    if (tools::flagGiven("lr-decay-steps"))
+      if (std::optional<std::string> old =
+              train::findSetting(*storedSettings, "lr_decay_steps");
+          old && *old != std::to_string(horizon)) {
+        horizonNote = formatv("the learning-rate horizon moves from step {0} "
+                              "(the checkpoint's) to {1} (--lr-decay-steps)",
+                              *old, horizon)
+                          .str();
+        llvm::erase_if(*storedSettings,
+                       [](const auto &kv) { return kv.first == "lr_decay_steps"; });
+      }
   }
   if (!saveWeights.empty())
     if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
@@ -645,11 +701,32 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
         train::settingsOfTrainerState(trainerState);
     if (!loaded)
       return fail(toString(loaded.takeError()));
+    if (!horizonNote.empty())
+      llvm::erase_if(*loaded, [](const auto &kv) {
+        return kv.first == "lr_decay_steps";
+      });
     if (Error err = train::checkResumeSettings(*loaded, s.settings()))
       return fail("--resume from '" + checkpointDir +
                   "': " + toString(std::move(err)));
     outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
                       checkpointDir);
+    if (!horizonNote.empty())
+      outs() << horizonNote << "\n";
+  }
+  // Steps past the schedule's horizon run at its floor: say so rather than
+  // train at --min-lr unnoticed (a resume beyond the first run's --steps).
+  {
+    const train::Recipe &r = sessionOptions.recipe;
+    int64_t first = s.state().step, last = first + steps;
+    bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
+                  r.lrSchedule == train::LrSchedule::WarmupLinear;
+    if (computesLoss && decays && last > r.decaySteps)
+      errs() << formatv(
+          "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
+          "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
+          "over them\n",
+          std::max(first, r.decaySteps) + 1, last, format("%g", r.minLr),
+          r.decaySteps);
   }
   if (writesCheckpoints)
     if (Error err = host::checkCheckpointSpace(checkpointDir, s.state()))
@@ -781,7 +858,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail(text);
   };
 
-  Progress progress(steps,
+  Progress progress(s.state().step, s.state().step + steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   std::vector<float> losses;
   auto tokensPerSample = [&](size_t bucket) {
@@ -881,6 +958,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       if (valLoss)
         line += formatv(", \"val_loss\": {0}", number(double(*valLoss), "%.9g"))
                     .str();
+      if (!horizonNote.empty() && done == 0)
+        line += formatv(", \"lr_decay_steps\": {0}",
+                        sessionOptions.recipe.decaySteps)
+                    .str();
       if (s.bucketed()) {
         // One name per micro-batch: a list where there are several.
         std::string names;
@@ -896,7 +977,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (valLoss && metricsFile.empty())
       errs() << formatv("\nstep {0}: validation loss {1:F5}\n", stepNumber,
                         *valLoss);
-    progress.update(done + 1, result->loss, elapsed,
+    progress.update(firstStep + done + 1, result->loss, elapsed,
                     (done + 1) * p.batch / std::max(elapsed, 1e-9),
                     computesLoss);
     if (skippedInARow >= maxNonFiniteSteps)

@@ -65,6 +65,8 @@ using Settings = std::vector<std::pair<std::string, std::string>>;
 
 /// The settings recorded in a trainer state (none for format 1 states).
 llvm::Expected<Settings> settingsOfTrainerState(llvm::StringRef json);
+/// The optimizer steps a trainer state records.
+llvm::Expected<int64_t> stepOfTrainerState(llvm::StringRef json);
 /// The value of `name` in `settings`, if recorded.
 std::optional<std::string> findSetting(const Settings &settings,
                                        llvm::StringRef name);
