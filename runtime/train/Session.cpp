@@ -2,6 +2,7 @@
 
 #include "megaslide/runtime/train/Session.h"
 
+#include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
@@ -61,10 +62,6 @@ uint64_t HostMemoryNeed::total() const {
   for (const auto &part : parts)
     sum += part.second;
   return sum;
-}
-
-static std::string gib(uint64_t bytes) {
-  return llvm::formatv("{0:F2} GiB", bytes / double(1ull << 30)).str();
 }
 
 /// What a computing backend holds in host memory for `plan`: upper bounds
@@ -397,10 +394,11 @@ Session::create(std::vector<BucketPlan> bucketPlans,
       std::string parts;
       for (const auto &[what, bytes] : session->memoryNeed.parts)
         if (bytes)
-          parts += "\n  " + gib(bytes) + "  " + what;
+          parts += "\n  " + formatBytes(bytes) + "  " + what;
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
-          gib(need) + " of host memory, but this machine has " + gib(have) +
+          formatBytes(need) + " of host memory, but this machine has " +
+          formatBytes(have) +
           (readings.override
                ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
                : std::string(" (MemTotal or its memory blocks, capped by "
