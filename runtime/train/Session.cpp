@@ -391,10 +391,17 @@ Session::create(std::vector<BucketPlan> bucketPlans,
       return usable.takeError();
     uint64_t have = *usable;
     if (need > have) {
+      // Sizes in the unit of their magnitude (1MB is not "0.00 GiB"),
+      // right-aligned.
+      size_t width = 0;
+      for (const auto &part : session->memoryNeed.parts)
+        width = std::max(width, formatBytes(part.second).size());
       std::string parts;
       for (const auto &[what, bytes] : session->memoryNeed.parts)
         if (bytes)
-          parts += "\n  " + formatBytes(bytes) + "  " + what;
+          parts += "\n  " +
+                   std::string(width - formatBytes(bytes).size(), ' ') +
+                   formatBytes(bytes) + "  " + what;
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
           formatBytes(need) + " of host memory, but this machine has " +
