@@ -67,6 +67,18 @@ def test_resume_still_drops_a_line_cut_by_a_kill(tmp_path):
     assert steps(metrics) == [1, 2, 3]
 
 
+def test_resume_keeps_the_checkpoints_steps_out_of_order(tmp_path):
+    # Not a prefix (a later step's line before a kept one): rewritten.
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    run(*SMALL, "--steps", 2, "--checkpoint-dir", ck, "--metrics", metrics)
+    first, second = metrics.read_text().splitlines()
+    metrics.write_text(f'{first}\n{{"step": 7, "loss": 1.0}}\n{second}\n')
+    run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--metrics", metrics,
+        "--report", tmp_path / "r.html", "--resume")
+    assert steps(metrics) == [1, 2, 3]
+    assert (tmp_path / "r.html").exists()
+
+
 @pytest.mark.parametrize("resume", [False, True])
 def test_metrics_never_replaces_another_file(tmp_path, resume):
     ck, notes = tmp_path / "ck", tmp_path / "notes.txt"

@@ -288,11 +288,13 @@ constexpr size_t kMaxMetricsLineBytes = 1 << 20;
 /// `path`, read in pieces so that a log of any size resumes (the file is
 /// never held whole); `end` is the offset after the line's newline, or
 /// std::nullopt for a last line without one (cut by a kill). A line over
-/// kMaxMetricsLineBytes is passed as std::nullopt.
-Error forEachMetricsLine(StringRef path,
-                         function_ref<Error(int64_t, std::optional<StringRef>,
-                                            std::optional<uint64_t>)>
-                             onLine) {
+/// kMaxMetricsLineBytes is passed as std::nullopt. `onLine` returns
+/// whether to read on.
+Error forEachMetricsLine(
+    StringRef path,
+    function_ref<Expected<bool>(int64_t, std::optional<StringRef>,
+                                std::optional<uint64_t>)>
+        onLine) {
   uint64_t size = 0;
   Expected<int> fd = openRegularFile(path, "metrics file", size);
   if (!fd)
@@ -327,10 +329,11 @@ Error forEachMetricsLine(StringRef path,
         break;
       offset += 1;
       chunk = chunk.drop_front(newline + 1);
-      if (Error e = onLine(
-              number++,
-              overlong ? std::nullopt : std::optional<StringRef>(line), offset))
-        return e;
+      Expected<bool> more = onLine(
+          number++, overlong ? std::nullopt : std::optional<StringRef>(line),
+          offset);
+      if (!more || !*more)
+        return more.takeError();
       line.clear();
       overlong = false;
     }
@@ -338,7 +341,8 @@ Error forEachMetricsLine(StringRef path,
   if (!line.empty() || overlong)
     return onLine(number,
                   overlong ? std::nullopt : std::optional<StringRef>(line),
-                  std::nullopt);
+                  std::nullopt)
+        .takeError();
   return Error::success();
 }
 
@@ -359,35 +363,31 @@ Error checkMetricsLog(StringRef path, bool resuming, bool keepText) {
         Twine(number) + ": " + why +
         "); it is left as it is: give another path, or remove the file");
   };
-  Error failure = forEachMetricsLine(
-      path,
-      [&](int64_t number, std::optional<StringRef> line,
-          std::optional<uint64_t> end) -> Error {
-        if (!end && resuming)
-          return Error::success(); // the last line, cut by a kill
-        Expected<int64_t> step =
-            line ? metricsStep(*line)
-                 : Expected<int64_t>(createStringError(
-                       formatv("a line over {0} bytes", kMaxMetricsLineBytes)));
-        if (step && !resuming)
-          return createStringError("stop"); // a metrics log: replaced
-        if (step) {
-          logBytes += line->size() + 1;
-          return Error::success();
-        }
-        if (number == 1)
-          return notALog(number, toString(step.takeError()));
-        return createStringError(
-            "--resume: line " + Twine(number) + " of the metrics log '" + path +
-            "' is corrupt (" + toString(step.takeError()) +
-            "); only a last line cut by a kill is dropped. The log is left "
-            "as it was: repair or remove that line and resume again");
-      });
-  if (failure) {
-    std::string text = toString(std::move(failure));
-    if (text != "stop")
-      return createStringError(text);
-  }
+  if (Error e = forEachMetricsLine(
+          path,
+          [&](int64_t number, std::optional<StringRef> line,
+              std::optional<uint64_t> end) -> Expected<bool> {
+            if (!end && resuming)
+              return true; // the last line, cut by a kill
+            Expected<int64_t> step =
+                line ? metricsStep(*line)
+                     : Expected<int64_t>(createStringError(formatv(
+                           "a line over {0} bytes", kMaxMetricsLineBytes)));
+            if (step && !resuming)
+              return false; // a metrics log, which a fresh run replaces
+            if (step) {
+              logBytes += line->size() + 1;
+              return true;
+            }
+            if (number == 1)
+              return notALog(number, toString(step.takeError()));
+            return createStringError(
+                "--resume: line " + Twine(number) + " of the metrics log '" +
+                path + "' is corrupt (" + toString(step.takeError()) +
+                "); only a last line cut by a kill is dropped. The log is left "
+                "as it was: repair or remove that line and resume again");
+          }))
+    return e;
   if (keepText && logBytes > train::kMaxMetricsBytes)
     return createStringError(formatv(
         "--report draws the whole metrics log, and the lines of '{0}' hold "
@@ -423,19 +423,19 @@ public:
       return forEachMetricsLine(
           path,
           [&](int64_t, std::optional<StringRef> line,
-              std::optional<uint64_t> end) -> Error {
+              std::optional<uint64_t> end) -> Expected<bool> {
             Expected<int64_t> step =
                 line ? metricsStep(*line) : Expected<int64_t>(-1);
             if (!step || !end || *step < 0 || *step > *resumedStep) {
               consumeError(step.takeError()); // a cut last line (checked)
               dropped = true;
-              return Error::success();
+              return true;
             }
             inOrder &= !dropped;
             keptEnd = *end;
             if (collect)
               m->lines += line->str() + "\n";
-            return Error::success();
+            return true;
           });
     };
     uint64_t keptEnd = 0;
