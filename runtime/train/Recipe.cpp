@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/train/Random.h"
 
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -69,9 +70,19 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
   if (r.warmupSteps > 0 && r.lrSchedule == LrSchedule::Constant)
     return fail("--warmup-steps needs a warmup schedule: --lr-schedule "
                 "warmup-constant, warmup-cosine or warmup-linear");
+  // %g: a learning rate of 1e-4 is not "0.00"; before the plan is known
+  // the bound is unknown (infinite), not "INF".
   if (!std::isfinite(r.minLr) || r.minLr < 0 || r.minLr > baseLr)
-    return fail(llvm::formatv("--min-lr must be in [0, lr = {0}], got {1}",
-                              baseLr, r.minLr));
+    return fail(std::isfinite(baseLr)
+                    ? llvm::formatv("--min-lr must be in [0, lr = {0}], got "
+                                    "{1}",
+                                    llvm::format("%g", baseLr),
+                                    llvm::format("%g", r.minLr))
+                          .str()
+                    : llvm::formatv("--min-lr must be a finite number in "
+                                    "[0, lr], got {0}",
+                                    llvm::format("%g", r.minLr))
+                          .str());
   if (r.decaySteps < 0)
     return fail("--lr-decay-steps must be >= 0, got " +
                 llvm::Twine(r.decaySteps));

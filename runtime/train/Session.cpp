@@ -2,6 +2,7 @@
 
 #include "megaslide/runtime/train/Session.h"
 
+#include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
@@ -61,10 +62,6 @@ uint64_t HostMemoryNeed::total() const {
   for (const auto &part : parts)
     sum += part.second;
   return sum;
-}
-
-static std::string gib(uint64_t bytes) {
-  return llvm::formatv("{0:F2} GiB", bytes / double(1ull << 30)).str();
 }
 
 /// What a computing backend holds in host memory for `plan`: upper bounds
@@ -401,13 +398,21 @@ Session::create(std::vector<BucketPlan> bucketPlans,
       return usable.takeError();
     uint64_t have = *usable;
     if (need > have) {
+      // Sizes in the unit of their magnitude (1MB is not "0.00 GiB"),
+      // right-aligned.
+      size_t width = 0;
+      for (const auto &part : session->memoryNeed.parts)
+        width = std::max(width, formatBytes(part.second).size());
       std::string parts;
       for (const auto &[what, bytes] : session->memoryNeed.parts)
         if (bytes)
-          parts += "\n  " + gib(bytes) + "  " + what;
+          parts += "\n  " +
+                   std::string(width - formatBytes(bytes).size(), ' ') +
+                   formatBytes(bytes) + "  " + what;
       return llvm::createStringError(
           "'" + p.model + "' on the " + options.backend + " backend needs " +
-          gib(need) + " of host memory, but this machine has " + gib(have) +
+          formatBytes(need) + " of host memory, but this machine has " +
+          formatBytes(have) +
           (readings.override
                ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
                : std::string(" (MemTotal or its memory blocks, capped by "

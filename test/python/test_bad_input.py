@@ -1123,8 +1123,10 @@ def test_checkpoint_resume(art, tmp_path, name, edit, message):
     shutil.copytree(art.weights, tmp_path / "weights")
     edit(d)
     # The outputs of the run exist already: a failed resume changes none.
-    for output in ("plan.json", "metrics.jsonl", "trace.json"):
+    for output in ("plan.json", "trace.json"):
         (tmp_path / output).write_text("the user's earlier output\n")
+    # (A metrics file that is not a metrics log is refused before this.)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     before = tree_hashes(tmp_path)
     result = run_tool("megaslide-run",
                       [*RUN, "--steps", "1", "--checkpoint-dir", d, "--resume",

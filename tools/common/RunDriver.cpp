@@ -14,6 +14,7 @@
 
 #include "megaslide/Tools/RunDriver.h"
 
+#include "megaslide/Tools/EcosystemFlags.h"
 #include "megaslide/Tools/HardwareFlag.h"
 #include "megaslide/Tools/RecipeFlags.h"
 
@@ -33,6 +34,7 @@
 #include "megaslide/runtime/train/Session.h"
 #include "megaslide/runtime/train/TrainingReport.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -47,6 +49,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
 #include <unistd.h>
 
 using namespace llvm;
@@ -154,6 +157,10 @@ cl::opt<bool> saveEma(
     "save-ema", cl::cat(runCategory),
     cl::desc("--save-weights writes the EMA of the weights (--ema-decay) "
              "instead of the trained weights themselves"));
+cl::opt<bool> printEcosystemTable(
+    "print-ecosystem-flags", cl::Hidden, cl::cat(runCategory),
+    cl::desc("Print the table of other trainers' flags (docs/Training.md) "
+             "and exit"));
 cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
                          cl::desc("Print one line per step instead of a "
                                   "progress bar"));
@@ -284,45 +291,197 @@ std::string resumeCommand(int argc, char **argv, int64_t remaining) {
 // Outputs
 //===----------------------------------------------------------------------===//
 
+/// Whether `line` is a line of a metrics log: a JSON object with an integer
+/// "step"; the step, or the reason it is not one.
+Expected<int64_t> metricsStep(StringRef line) {
+  Expected<json::Value> v = parseJson(line);
+  if (!v)
+    return v.takeError();
+  const json::Object *o = v->getAsObject();
+  std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
+  if (!step)
+    return createStringError("not a JSON object with an integer \"step\"");
+  return *step;
+}
+
+/// No step's line comes near this; a longer one is not read into memory.
+constexpr size_t kMaxMetricsLineBytes = 1 << 20;
+
+/// Calls `onLine(number, line, end)` for each line of the metrics log at
+/// `path`, read in pieces so that a log of any size resumes (the file is
+/// never held whole); `end` is the offset after the line's newline, or
+/// std::nullopt for a last line without one (cut by a kill). A line over
+/// kMaxMetricsLineBytes is passed as std::nullopt. `onLine` returns
+/// whether to read on.
+Error forEachMetricsLine(
+    StringRef path,
+    function_ref<Expected<bool>(int64_t, std::optional<StringRef>,
+                                std::optional<uint64_t>)>
+        onLine) {
+  uint64_t size = 0;
+  Expected<int> fd = openRegularFile(path, "metrics file", size);
+  if (!fd)
+    return fd.takeError();
+  scope_exit closeFd([&] { ::close(*fd); });
+  std::string line;
+  bool overlong = false;
+  int64_t number = 1;
+  uint64_t offset = 0;
+  char buffer[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(*fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return createStringError("cannot read metrics file '" + path +
+                               "': " + std::strerror(errno));
+    if (n == 0)
+      break;
+    StringRef chunk(buffer, n);
+    while (!chunk.empty()) {
+      size_t newline = chunk.find('\n');
+      StringRef piece = chunk.substr(0, newline);
+      if (!overlong && line.size() + piece.size() > kMaxMetricsLineBytes) {
+        overlong = true;
+        line.clear();
+      }
+      if (!overlong)
+        line += piece;
+      offset += piece.size();
+      if (newline == StringRef::npos)
+        break;
+      offset += 1;
+      chunk = chunk.drop_front(newline + 1);
+      Expected<bool> more = onLine(
+          number++, overlong ? std::nullopt : std::optional<StringRef>(line),
+          offset);
+      if (!more || !*more)
+        return more.takeError();
+      line.clear();
+      overlong = false;
+    }
+  }
+  if (!line.empty() || overlong)
+    return onLine(number,
+                  overlong ? std::nullopt : std::optional<StringRef>(line),
+                  std::nullopt)
+        .takeError();
+  return Error::success();
+}
+
+/// What a run may do with an existing --metrics file, checked before
+/// compiling: a fresh run replaces only a metrics log (its first line a
+/// step's), never a file of another kind; a resumed run keeps the log's
+/// lines, so every line but a last one cut by a kill must be a step's
+/// (a corrupt one is named, not dropped). `keepText`: a resumed log is also
+/// held in memory (for --report), so its lines must be within
+/// kMaxMetricsBytes.
+Error checkMetricsLog(StringRef path, bool resuming, bool keepText) {
+  if (path.empty() || path == "-" || !sys::fs::exists(path))
+    return Error::success();
+  uint64_t logBytes = 0;
+  auto notALog = [&](int64_t number, const Twine &why) {
+    return createStringError(
+        "--metrics '" + path + "' is not a megaslide metrics log (line " +
+        Twine(number) + ": " + why +
+        "); it is left as it is: give another path, or remove the file");
+  };
+  if (Error e = forEachMetricsLine(
+          path,
+          [&](int64_t number, std::optional<StringRef> line,
+              std::optional<uint64_t> end) -> Expected<bool> {
+            if (!end && resuming)
+              return true; // the last line, cut by a kill
+            Expected<int64_t> step =
+                line ? metricsStep(*line)
+                     : Expected<int64_t>(createStringError(formatv(
+                           "a line over {0} bytes", kMaxMetricsLineBytes)));
+            if (step && !resuming)
+              return false; // a metrics log, which a fresh run replaces
+            if (step) {
+              logBytes += line->size() + 1;
+              return true;
+            }
+            if (number == 1)
+              return notALog(number, toString(step.takeError()));
+            return createStringError(
+                "--resume: line " + Twine(number) + " of the metrics log '" +
+                path + "' is corrupt (" + toString(step.takeError()) +
+                "); only a last line cut by a kill is dropped. The log is left "
+                "as it was: repair or remove that line and resume again");
+          }))
+    return e;
+  if (keepText && logBytes > train::kMaxMetricsBytes)
+    return createStringError(formatv(
+        "--report draws the whole metrics log, and the lines of '{0}' hold "
+        "{1} bytes, over the {2} bytes a report reads; drop --report "
+        "(megaslide-report draws a shorter log) or start a new --metrics "
+        "file",
+        path, logBytes, train::kMaxMetricsBytes));
+  return Error::success();
+}
+
 /// One JSON line per step, flushed as written. A fresh run replaces the
 /// file at its first line (so a run that fails before any step leaves it as
 /// it was); a resumed run keeps the lines of the steps the checkpoint holds
 /// and appends, so an interrupted and resumed run has one line per step.
-/// It also keeps the lines for --report; with an empty path it only keeps
-/// them (--report without --metrics: this run's steps).
+/// The file was checked by checkMetricsLog. With `keepText` it also keeps
+/// the lines for --report; with an empty path it only keeps them (--report
+/// without --metrics: this run's steps).
 class Metrics {
 public:
   static Expected<std::unique_ptr<Metrics>>
-  open(StringRef path, std::optional<int64_t> resumedStep) {
-    std::unique_ptr<Metrics> m(new Metrics(path.str()));
+  open(StringRef path, std::optional<int64_t> resumedStep, bool keepText) {
+    std::unique_ptr<Metrics> m(new Metrics(path.str(), keepText));
     if (!resumedStep || path.empty())
       return m;
     m->append = true;
     if (!sys::fs::exists(path))
       return m;
-    Expected<std::string> text =
-        readBoundedFile(path, kMaxMetricsBytes, "metrics file");
-    if (!text)
-      return text.takeError();
-    std::string kept;
-    for (StringRef line : split(*text, '\n')) {
-      Expected<json::Value> v = parseJson(line);
-      if (!v) {
-        consumeError(v.takeError()); // a line cut by a kill
-        continue;
-      }
-      const json::Object *o = v->getAsObject();
-      std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
-      if (step && *step <= *resumedStep)
-        kept += line.str() + "\n";
-    }
-    if (Error e = writeFileAtomically(path, kept))
+    // Keeps the lines of the steps the checkpoint holds. In a log that runs
+    // wrote they are a prefix, kept in place by truncating, whatever the
+    // log's size; otherwise the kept lines are rewritten.
+    auto keep = [&](bool collect, uint64_t &keptEnd, bool &inOrder) {
+      bool dropped = false;
+      return forEachMetricsLine(
+          path,
+          [&](int64_t, std::optional<StringRef> line,
+              std::optional<uint64_t> end) -> Expected<bool> {
+            Expected<int64_t> step =
+                line ? metricsStep(*line) : Expected<int64_t>(-1);
+            if (!step || !end || *step < 0 || *step > *resumedStep) {
+              consumeError(step.takeError()); // a cut last line (checked)
+              dropped = true;
+              return true;
+            }
+            inOrder &= !dropped;
+            keptEnd = *end;
+            if (collect)
+              m->lines += line->str() + "\n";
+            return true;
+          });
+    };
+    uint64_t keptEnd = 0;
+    bool inOrder = true;
+    if (Error e = keep(keepText, keptEnd, inOrder))
       return std::move(e);
-    m->lines = std::move(kept);
+    if (inOrder) {
+      if (::truncate(m->path.c_str(), keptEnd) != 0)
+        return createStringError("cannot write '" + path +
+                                 "': " + std::strerror(errno));
+      return m;
+    }
+    if (!keepText)
+      if (Error e = keep(true, keptEnd, inOrder))
+        return std::move(e);
+    if (Error e = writeFileAtomically(path, m->lines))
+      return std::move(e);
+    if (!keepText)
+      m->lines.clear();
     return m;
   }
 
-  /// Every line of the log so far.
+  /// Every line of the log so far (with keepText).
   StringRef text() const { return lines; }
   ~Metrics() {
     if (fd >= 0)
@@ -330,7 +489,8 @@ public:
   }
 
   Error write(StringRef line) {
-    lines += line.str() + "\n";
+    if (keepText)
+      lines += line.str() + "\n";
     if (path.empty())
       return Error::success();
     if (fd < 0) {
@@ -355,10 +515,11 @@ public:
   }
 
 private:
-  static constexpr uint64_t kMaxMetricsBytes = train::kMaxMetricsBytes;
-  explicit Metrics(std::string path) : path(std::move(path)) {}
+  Metrics(std::string path, bool keepText)
+      : path(std::move(path)), keepText(keepText) {}
   std::string lines;
   std::string path;
+  bool keepText;
   int fd = -1;
   bool append = false;
 };
@@ -369,6 +530,53 @@ struct CreatedFolders {
   std::vector<std::string> dirs;
   ~CreatedFolders() { removeCreatedDirectories(dirs); }
 };
+
+/// Refuses two outputs on one file or folder (`--metrics x --report x`
+/// would have the page overwrite the log): paths are compared after
+/// resolving symlinks, `..` and the working directory, and existing ones by
+/// inode too (hard links).
+Error checkDistinctOutputs() {
+  struct Output {
+    StringRef flag;
+    std::string path;
+    std::filesystem::path resolved;
+  };
+  std::vector<Output> outputs;
+  auto &options = cl::getRegisteredOptions();
+  for (StringRef flag : {"checkpoint-dir", "save-weights", "save-plan", "trace",
+                         "metrics", "report", "save-gradients", "plan-cache"}) {
+    auto it = options.find(flag);
+    if (it == options.end())
+      continue;
+    const std::string &path =
+        static_cast<cl::opt<std::string> *>(it->second)->getValue();
+    if (path.empty() || path == "-")
+      continue;
+    std::error_code ec;
+    std::filesystem::path resolved = std::filesystem::weakly_canonical(
+        std::filesystem::absolute(std::filesystem::path(path), ec), ec);
+    if (ec)
+      resolved = path;
+    resolved = resolved.lexically_normal();
+    if (!resolved.has_filename()) // "dir/"
+      resolved = resolved.parent_path();
+    outputs.push_back({flag, path, resolved});
+  }
+  for (size_t i = 0; i < outputs.size(); ++i)
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      const Output &a = outputs[i], &b = outputs[j];
+      std::error_code ec;
+      bool same = a.resolved == b.resolved ||
+                  (std::filesystem::equivalent(a.path, b.path, ec) && !ec);
+      if (same)
+        return createStringError(
+            "--" + a.flag + " '" + a.path + "' and --" + b.flag + " '" +
+            b.path +
+            "' are the same file; one would overwrite the other: give each "
+            "output its own path");
+    }
+  return Error::success();
+}
 
 /// --precompile-kernels: what the cuda backend compiles when it opens the
 /// plan, through the same cache.
@@ -478,6 +686,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   categories.push_back(&recipeCategory);
   categories.push_back(&hardwareCategory);
   cl::HideUnrelatedOptions(categories);
+  if (!tools::checkEcosystemFlags(argc, argv, tool.name,
+                                  {"overwrite-checkpoints"}))
+    return 1;
   cl::ParseCommandLineOptions(
       argc, argv,
       (Twine(tool.overview) +
@@ -487,6 +698,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
        "checkpoint.\n")
           .str());
 
+  if (printEcosystemTable) {
+    tools::printEcosystemFlags(outs());
+    return 0;
+  }
   // From the start: a signal while compiling ends the run before its
   // first step, not with the default action.
   installStopHandlers();
@@ -543,6 +758,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                 "--save-weights, --save-gradients and --checkpoint-dir "
                 "need cpu or cuda");
 
+  if (Error e = checkDistinctOutputs())
+    return fail(toString(std::move(e)));
   // Every output is created or proven writable now, not after hours of
   // training; folders made here go again if the run fails.
   CreatedFolders created;
@@ -623,6 +840,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     if (!file.empty())
       if (Error e = checkOutputFile(file))
         return fail(flag + ": " + toString(std::move(e)));
+  if (Error e =
+          checkMetricsLog(metricsFile, resume, resume && !reportFile.empty()))
+    return fail(toString(std::move(e)));
 
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
@@ -785,7 +1005,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   if (!metricsFile.empty() || !reportFile.empty()) {
     Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
         metricsFile,
-        resume ? std::optional<int64_t>(s.state().step) : std::nullopt);
+        resume ? std::optional<int64_t>(s.state().step) : std::nullopt,
+        !reportFile.empty());
     if (!opened)
       return fail(toString(opened.takeError()));
     metrics = std::move(*opened);
@@ -814,8 +1035,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     // machine (results match across thread counts, not instruction sets).
     if (StringRef(s.backend().name()) == "cpu")
       info.settings.push_back(
-          {"cpu_isa", formatv("{0} (GEMM {1})",
-                              cpu::cpuIsaName(cpu::cpuIsa()),
+          {"cpu_isa", formatv("{0} (GEMM {1})", cpu::cpuIsaName(cpu::cpuIsa()),
                               cpu::gemmIsaName())
                           .str()});
     if (s.bucketed()) {
