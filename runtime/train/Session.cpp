@@ -631,7 +631,13 @@ Session::trainStep(const exec::StepOptions &options) {
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
   llvm::Expected<StepReport> report = optimizerStep(
-      [&](int64_t, size_t &bucket) { return data->next(&bucket); }, options);
+      [&](int64_t, size_t &bucket) -> llvm::Expected<exec::StepInputs> {
+        llvm::Expected<exec::StepInputs> batch = data->next(&bucket);
+        if (batch)
+          batch->erase("timesteps"); // the recipe's (optimizerStep)
+        return batch;
+      },
+      options);
   if (!report)
     data->setState(before); // a retry draws the same batches
   else
