@@ -888,3 +888,27 @@ def test_data_without_weights_needs_init_random(tmp_path, shapes):
     r = run(*SMALL, "--steps", 1)
     assert "data: synthetic task (seed 0)" in r.out
     assert "backend: cpu (--backend auto: no GPU" in r.out
+
+
+def test_saved_plan_carries_the_recipe_facts_exec_needs(tmp_path):
+    """--grad-accum and --ema-dtype are recorded in the saved plan's header:
+    megaslide-exec runs such a plan with 3 micro-batches a step and a bf16
+    EMA, continuing megaslide-run's checkpoints bit for bit."""
+    plan, ck, m = tmp_path / "p.json", tmp_path / "ck", tmp_path / "m.jsonl"
+    recipe = ["--ema-decay", "0.99"]
+    run(*SMALL, "--grad-accum", 3, "--ema-dtype", "bf16", *recipe,
+        "--steps", 4, "--metrics", tmp_path / "full.jsonl")
+    run(*SMALL, "--grad-accum", 3, "--ema-dtype", "bf16", *recipe,
+        "--steps", 2, "--save-plan", plan, "--checkpoint-dir", ck,
+        "--metrics", m)
+    header = json.loads(plan.read_text())
+    assert header["grad_accum"] == 3 and header["ema_dtype"] == "bf16"
+    r = subprocess.run([tool_path("megaslide-exec"), "--no-progress",
+                        "--plan", text(plan), *recipe, "--steps", "2",
+                        "--checkpoint-dir", text(ck), "--resume",
+                        "--metrics", text(m)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(l) for l in m.read_text().splitlines()]
+    assert [l["micro_batches"] for l in lines] == [3, 3, 3, 3]
+    assert losses(m) == losses(tmp_path / "full.jsonl")

@@ -939,9 +939,15 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   sessionOptions.valDataDir = valData;
   sessionOptions.recipe = *recipe;
   train::Recipe &r = sessionOptions.recipe;
-  // What the plan was compiled for (PipelineOptions.def).
-  r.gradAccum = planningOption<int64_t>("grad-accum").value_or(1);
-  r.emaBf16 = planningOption<std::string>("ema-dtype") == "bf16";
+  // What the plan was compiled for, from its header: a saved plan runs
+  // in megaslide-exec exactly as in the megaslide-run that compiled it.
+  const exec::ExecPlan &compiled = plans->front().plan;
+  r.gradAccum = compiled.gradAccum;
+  r.emaBf16 = compiled.emaDtype == "bf16";
+  if (r.hasEma() && compiled.emaDtype == "none")
+    return fail("--ema-decay keeps an EMA, but the plan was compiled "
+                "without one (its host memory is not counted): compile it "
+                "with --ema-decay (megaslide-run --save-plan)");
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
   // it started with, so that N + N steps follow the same schedule as 2N.
   if (r.decaySteps == 0) {
