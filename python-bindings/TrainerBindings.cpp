@@ -100,6 +100,20 @@ public:
     options.seed = seed;
     options.hardwarePath = hardwarePath;
     options.recipe = recipeOf(recipe);
+    // The plan's header says what it was compiled for (megaslide-exec reads
+    // the same); a recipe asking for something else is an error, not a
+    // silent second truth.
+    train::Recipe &r = options.recipe;
+    if (recipe.contains("grad_accum") && r.gradAccum != plan.gradAccum)
+      throw std::invalid_argument(
+          "grad_accum " + std::to_string(r.gradAccum) +
+          " differs from the plan's " + std::to_string(plan.gradAccum) +
+          " (compile the plan with grad_accum)");
+    if (recipe.contains("ema_bf16") && r.emaBf16 != (plan.emaDtype == "bf16"))
+      throw std::invalid_argument("ema_bf16 differs from the plan's EMA dtype "
+                                  "'" + plan.emaDtype + "'");
+    r.gradAccum = plan.gradAccum;
+    r.emaBf16 = plan.emaDtype == "bf16";
     options.valDataDir = valData;
     session = check(train::Session::create(std::move(plan), options));
   }

@@ -545,6 +545,12 @@ llvm::Error exec::validate(const ExecPlan &plan) {
            " is not a power of two");
   if (plan.batch <= 0)
     c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
+  if (plan.gradAccum < 1 || plan.gradAccum > (int64_t(1) << 20))
+    c.fail("grad_accum " + llvm::Twine(plan.gradAccum) +
+           " is not in [1, 2^20]");
+  if (plan.emaDtype != "none" && plan.emaDtype != "f32" &&
+      plan.emaDtype != "bf16")
+    c.fail("ema_dtype '" + plan.emaDtype + "' is not none, f32 or bf16");
   if (plan.gradientBuffers < 1 || plan.gradientBuffers > 64)
     c.fail("gradient_buffers " + llvm::Twine(plan.gradientBuffers) +
            " is not in [1, 64]");
@@ -1041,6 +1047,8 @@ std::string exec::serialize(const ExecPlan &plan) {
               {"alignment", plan.alignment},
               {"planned_live_bytes", plan.plannedLiveBytes},
               {"gradient_buffers", plan.gradientBuffers},
+              {"grad_accum", plan.gradAccum},
+              {"ema_dtype", plan.emaDtype},
               {"num_events", plan.numEvents},
               {"params", std::move(params)},
               {"values", std::move(values)},
@@ -1107,6 +1115,8 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         o.map("alignment", plan.alignment) &&
         o.map("planned_live_bytes", plan.plannedLiveBytes) &&
         o.mapOptional("gradient_buffers", plan.gradientBuffers) &&
+        o.mapOptional("grad_accum", plan.gradAccum) &&
+        o.mapOptional("ema_dtype", plan.emaDtype) &&
         o.map("num_events", plan.numEvents) && o.map("params", plan.params) &&
         o.map("values", plan.values) && o.map("inputs", plan.inputs) &&
         o.map("outputs", plan.outputs) &&

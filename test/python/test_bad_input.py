@@ -1454,10 +1454,11 @@ CLI_CASES = [
      [*RUN, "--steps", "1", "--trace", "{tmp}/no/dir/t.json"], 1,
      "{tmp}/no/dir/t.json"),
     ("run: data directory missing", "megaslide-run",
-     [*RUN, "--steps", "1", "--data", "{tmp}/no-data"], 1,
+     [*RUN, "--steps", "1", "--data", "{tmp}/no-data", "--init", "random"], 1,
      "{tmp}/no-data"),
     ("run: data sample corrupt", "megaslide-run",
-     [*RUN, "--steps", "1", "--data", "{bad_data}"], 1, "sample.safetensors"),
+     [*RUN, "--steps", "1", "--data", "{bad_data}", "--init", "random"], 1,
+     "sample.safetensors"),
     ("run: lr that diverges", "megaslide-run",
      [*RUN, "--steps", "6", "--lr", "1e30"], 1,
      "3 steps in a row had a non-finite loss"),
@@ -1830,7 +1831,8 @@ def reader_data_fifo(art, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     os.mkfifo(data / "x.safetensors")
-    return ("megaslide-run", [*RUN, "--steps", "1", "--data", data],
+    return ("megaslide-run", [*RUN, "--steps", "1", "--data", data,
+                              "--init", "random"],
             f"cannot open '{data}/x.safetensors': {FIFO}")
 
 

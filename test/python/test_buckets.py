@@ -69,12 +69,23 @@ def data(tmp_path):
     return folder
 
 
+def with_init(args):
+    """These runs train on samples from random weights on purpose: a run
+    with --data and no --weights says so (--init random), as the tool asks
+    (test_data_without_weights_needs_init_random)."""
+    a = list(map(str, args))
+    if "--data" in a and not {"--weights", "--resume", "--init",
+                              "--steps=0"} & set(a):
+        a += ["--init", "random"]
+    return a
+
+
 def run(*args, check=True, cache=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     if cache is not None:
         env["MEGASLIDE_CACHE_DIR"] = os.fspath(cache)
     result = subprocess.run([tool_path("megaslide-run"), "--no-progress",
-                             *map(str, args)],
+                             *map(str, with_init(args))],
                             capture_output=True, text=True, env=env)
     result.out = result.stdout + result.stderr
     if check and result.returncode != 0:

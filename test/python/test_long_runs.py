@@ -35,9 +35,20 @@ def text(arg):
         os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg))
 
 
+def with_init(args):
+    """These runs train on samples from random weights on purpose: a run
+    with --data and no --weights says so (--init random), as the tool asks
+    (test_data_without_weights_needs_init_random)."""
+    a = list(map(str, args))
+    if "--data" in a and not {"--weights", "--resume", "--init",
+                              "--steps=0"} & set(a):
+        a += ["--init", "random"]
+    return a
+
+
 def run(*args, check=True, timeout=300):
     result = subprocess.run([tool_path("megaslide-run"), "--no-progress",
-                             *map(text, args)],
+                             *map(text, with_init(args))],
                             capture_output=True, text=True, timeout=timeout)
     result.out = result.stdout + result.stderr
     for sign in CRASH_SIGNS:
@@ -850,3 +861,54 @@ def test_resume_past_the_lr_horizon_warns_and_can_extend_it(tmp_path):
     assert len(m.read_text().splitlines()) == 10
     failed(run(*common, "--steps", 1, "--max-steps", 3, check=False),
            "not both")
+
+
+def test_data_without_weights_needs_init_random(tmp_path, shapes):
+    """Training on samples from random weights (the base model's --weights
+    forgotten) is refused before any work unless --init random says it is
+    meant; the banner says where the weights and the samples come from."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sample(data / "s.safetensors", shapes)
+    r = subprocess.run([tool_path("megaslide-run"), "--no-progress", *SMALL,
+                        "--steps", "1", "--data", text(data)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "no --weights were given" in r.stderr and "--init random" in r.stderr
+    assert "on the cpu backend" not in r.stdout + r.stderr
+    r = run(*SMALL, "--steps", 1, "--data", data, "--init", "random")
+    assert "initial weights: random (seed 0)" in r.out
+    assert f"data: {data} (1 samples, 1 bucket)" in r.out
+    assert "recipe: lr 0.002, beta1 0.9, beta2 0.999" in r.out
+    assert "attention: " in r.out
+    weights = tmp_path / "w"
+    run(*SMALL, "--steps", 1, "--save-weights", weights)
+    r = run(*SMALL, "--steps", 1, "--data", data, "--weights", weights)
+    assert f"initial weights: {weights}" in r.out
+    r = run(*SMALL, "--steps", 1)
+    assert "data: synthetic task (seed 0)" in r.out
+    assert "backend: cpu (--backend auto: no GPU" in r.out
+
+
+def test_saved_plan_carries_the_recipe_facts_exec_needs(tmp_path):
+    """--grad-accum and --ema-dtype are recorded in the saved plan's header:
+    megaslide-exec runs such a plan with 3 micro-batches a step and a bf16
+    EMA, continuing megaslide-run's checkpoints bit for bit."""
+    plan, ck, m = tmp_path / "p.json", tmp_path / "ck", tmp_path / "m.jsonl"
+    recipe = ["--ema-decay", "0.99"]
+    run(*SMALL, "--grad-accum", 3, "--ema-dtype", "bf16", *recipe,
+        "--steps", 4, "--metrics", tmp_path / "full.jsonl")
+    run(*SMALL, "--grad-accum", 3, "--ema-dtype", "bf16", *recipe,
+        "--steps", 2, "--save-plan", plan, "--checkpoint-dir", ck,
+        "--metrics", m)
+    header = json.loads(plan.read_text())
+    assert header["grad_accum"] == 3 and header["ema_dtype"] == "bf16"
+    r = subprocess.run([tool_path("megaslide-exec"), "--no-progress",
+                        "--plan", text(plan), *recipe, "--steps", "2",
+                        "--checkpoint-dir", text(ck), "--resume",
+                        "--metrics", text(m)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(l) for l in m.read_text().splitlines()]
+    assert [l["micro_batches"] for l in lines] == [3, 3, 3, 3]
+    assert losses(m) == losses(tmp_path / "full.jsonl")

@@ -147,7 +147,8 @@ def test_prepared_samples_train(models, tmp_path, capsys):
     result = subprocess.run([run, "--model", "tiny", "--backend", "cpu",
                              "--frames", "9", "--height", "32", "--width",
                              "32", "--data", str(out), "--steps", "2",
-                             "--no-progress"], capture_output=True, text=True)
+                             "--init", "random", "--no-progress"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "step 2/2" in result.stdout + result.stderr
 

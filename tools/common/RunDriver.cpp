@@ -59,9 +59,10 @@ namespace {
 
 cl::OptionCategory runCategory("Run options");
 
-cl::opt<std::string> backendName("backend", cl::init("cpu"),
-                                 cl::cat(runCategory),
-                                 cl::desc("cpu | cuda | sim"));
+cl::opt<std::string>
+    backendName("backend", cl::init("auto"), cl::cat(runCategory),
+                cl::desc("auto (cuda where a GPU is, else cpu) | cpu | cuda | "
+                         "sim"));
 cl::opt<int64_t> steps("steps", cl::init(10), cl::cat(runCategory),
                        cl::desc("Training steps to run (more steps, with "
                                 "--resume)"));
@@ -95,6 +96,12 @@ cl::opt<std::string> weightsPath(
     cl::desc("Load diffusers-format transformer weights (a directory with "
              "config.json and safetensors shards, or one .safetensors file)"),
     cl::value_desc("PATH"));
+cl::opt<std::string>
+    initWeights("init", cl::cat(runCategory),
+                cl::desc("random: start from random weights (drawn from "
+                         "--seed), which training on --data without "
+                         "--weights asks for explicitly"),
+                cl::value_desc("random"));
 cl::opt<std::string> saveWeights(
     "save-weights", cl::cat(runCategory),
     cl::desc("Write the trained weights in diffusers format at the end"),
@@ -660,6 +667,32 @@ Error adoptRunSettings(const train::Settings &stored) {
   return Error::success();
 }
 
+/// How the run attends, from host::runConfigOf's record: 3D-DSA changes
+/// the model, so sampling it faithfully needs enable_dsa (docs/Data.md).
+std::string attentionText(const json::Object &record) {
+  auto list = [](const json::Array *a) {
+    std::string text;
+    if (a)
+      for (const json::Value &v : *a)
+        text += (text.empty() ? "" : ",") +
+                std::to_string(v.getAsInteger().value_or(0));
+    return text;
+  };
+  const json::Object *dsa = record.getObject("dsa3d");
+  const json::Array *global = record.getArray("global_layers");
+  if (!dsa)
+    return "global self-attention in every block";
+  std::string text =
+      formatv("3D-DSA (window {0}, tile {1}, radius {2}) in blocks {3}",
+              list(dsa->getArray("window")), list(dsa->getArray("tile")),
+              dsa->getInteger("radius").value_or(0),
+              list(dsa->getArray("layers")))
+          .str();
+  if (global && !global->empty())
+    text += ", global in blocks " + list(global);
+  return text + "; sample with megaslide.diffusers.enable_dsa";
+}
+
 /// The planning option `name` where the tool has it (megaslide-exec, which
 /// compiles nothing, has none): an integer, or an enum read as text.
 template <typename T> std::optional<T> planningOption(StringRef name) {
@@ -751,6 +784,31 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   if (resume && overwriteCheckpoints)
     return fail("--resume continues the checkpoints that "
                 "--overwrite-checkpoints would replace; give one of them");
+  if (!initWeights.empty() && initWeights != "random")
+    return fail("--init takes 'random' (random weights from --seed), not '" +
+                initWeights + "'; --weights DIR loads weights");
+  if (!initWeights.empty() && !weightsPath.empty())
+    return fail("give --weights (start from those weights) or --init random "
+                "(start from random ones), not both");
+  // Training on real samples from random weights is a choice to make, not
+  // a default to fall into (the base model's --weights were forgotten).
+  if (!dataDir.empty() && weightsPath.empty() && initWeights.empty() &&
+      !resume && steps > 0)
+    return fail("--data trains on real samples, but no --weights were given: "
+                "the model would start from random weights. Give the base "
+                "model's transformer (--weights BASE/transformer), or --init "
+                "random to train from scratch");
+  // auto: the GPU where there is one (said in the banner).
+  std::string backendWhy;
+  if (backendName == "auto") {
+    std::string why;
+    bool gpu = cuda::cudaDeviceAvailable(&why);
+    backendName = gpu ? "cuda" : "cpu";
+    backendWhy = gpu ? " (--backend auto: a GPU is here)"
+                     : " (--backend auto: no GPU: " +
+                           StringRef(why).split("; tried").first.str() +
+                           ")";
+  }
   if (backendName == "sim" &&
       (!weightsPath.empty() || !saveWeights.empty() || !checkpointDir.empty() ||
        !saveGradients.empty()))
@@ -881,9 +939,15 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   sessionOptions.valDataDir = valData;
   sessionOptions.recipe = *recipe;
   train::Recipe &r = sessionOptions.recipe;
-  // What the plan was compiled for (PipelineOptions.def).
-  r.gradAccum = planningOption<int64_t>("grad-accum").value_or(1);
-  r.emaBf16 = planningOption<std::string>("ema-dtype") == "bf16";
+  // What the plan was compiled for, from its header: a saved plan runs
+  // in megaslide-exec exactly as in the megaslide-run that compiled it.
+  const exec::ExecPlan &compiled = plans->front().plan;
+  r.gradAccum = compiled.gradAccum;
+  r.emaBf16 = compiled.emaDtype == "bf16";
+  if (r.hasEma() && compiled.emaDtype == "none")
+    return fail("--ema-decay keeps an EMA, but the plan was compiled "
+                "without one (its host memory is not counted): compile it "
+                "with --ema-decay (megaslide-run --save-plan)");
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
   // it started with, so that N + N steps follow the same schedule as 2N.
   if (r.decaySteps == 0) {
@@ -994,11 +1058,54 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
         p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
         p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
   }
-  if (computesLoss)
+  if (!backendWhy.empty())
+    outs() << "backend: " << s.backend().name() << backendWhy << "\n";
+  if (computesLoss) {
     outs() << (s.deferredUpdates()
                    ? "update: deferred (clipping and non-finite skips exact)\n"
                    : "update: streaming (clipping by the previous step's "
                      "norm; a non-finite gradient stops the run)\n");
+    // Where the weights and the samples come from, and every recipe value
+    // the run trains with, once: nothing silent.
+    outs() << "initial weights: "
+           << (resume ? "checkpoint step " + std::to_string(s.state().step)
+               : !weightsPath.empty()
+                   ? weightsPath.getValue()
+                   : "random (seed " + std::to_string(seed) + ")")
+           << "\n";
+    std::string data = "synthetic task (seed " + std::to_string(seed) + ")";
+    if (!dataDir.empty()) {
+      size_t samples = 0;
+      for (size_t n : s.bucketSamples())
+        samples += n;
+      data = formatv("{0} ({1} samples, {2} bucket{3})", dataDir.getValue(),
+                     samples, s.numBuckets(), s.numBuckets() == 1 ? "" : "s")
+                 .str();
+    }
+    outs() << "data: " << data << "\n";
+    std::string recipeText;
+    for (const auto &[name, value] : s.settings())
+      if (!llvm::is_contained({"seed", "data", "data_samples", "model",
+                               "plan_hash", "update"},
+                              name))
+      {
+        // Numbers as a person writes them (the settings keep every digit).
+        double number;
+        std::string shown = value;
+        if (!StringRef(value).getAsDouble(number))
+          shown = formatv("{0}", format("%g", number)).str();
+        recipeText += (recipeText.empty() ? "" : ", ") + name + " " + shown;
+      }
+    outs() << "recipe: " << recipeText << "\n";
+    std::vector<const exec::ExecPlan *> plansOfRun;
+    for (size_t b = 0; b < s.numBuckets(); ++b)
+      plansOfRun.push_back(&s.plan(b));
+    Expected<json::Object> attends = host::runConfigOf(plansOfRun);
+    if (attends)
+      outs() << "attention: " << attentionText(*attends) << "\n";
+    else
+      consumeError(attends.takeError());
+  }
   outs().flush(); // before the progress lines on stderr
 
   std::unique_ptr<Metrics> metrics;

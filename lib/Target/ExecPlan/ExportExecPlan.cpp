@@ -315,6 +315,10 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   if (auto buffers = module->getAttrOfType<IntegerAttr>(
           schedule::kGradientBuffersAttrName))
     plan.gradientBuffers = buffers.getInt();
+  if (auto accum = module->getAttrOfType<IntegerAttr>(kGradAccumAttr))
+    plan.gradAccum = accum.getInt();
+  if (auto ema = module->getAttrOfType<StringAttr>(kEmaAttr))
+    plan.emaDtype = ema.getValue().str();
 
   // About one instruction and one value per op (a wait of a join makes
   // more, bookkeeping ops none).

@@ -153,6 +153,12 @@ struct ExecPlan {
   /// Pinned buffers, each one layer's gradients, that gradient copies
   /// cycle through when host values share bytes (HostPool.h).
   int64_t gradientBuffers = 2;
+  /// The recipe facts the plan was compiled for and the runtime must
+  /// follow (megaslide-defer-updates: msched.grad_accum, msched.ema):
+  /// micro-batches per optimizer step, and the EMA's dtype ("none", "f32"
+  /// or "bf16"), whose host bytes the plan counts.
+  int64_t gradAccum = 1;
+  std::string emaDtype = "none";
 
   std::vector<Param> params;
   std::vector<Value> values;
