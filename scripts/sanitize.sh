@@ -46,10 +46,12 @@ cmake --build "$build" --target "${targets[@]}" || exit 1
 echo "sanitize.sh: build took $((SECONDS - start)) s"
 
 # Sanitizer settings shared by every instrumented process (lit passes the
-# environment through). Leak checking stays on and needs no suppressions:
-# what Debian's LLVM keeps alive until exit (option and pass registries)
-# is still reachable then, which LeakSanitizer does not report.
+# environment through). Leak checking stays on: what Debian's LLVM keeps
+# alive until exit (option and pass registries) is still reachable then,
+# which LeakSanitizer does not report; the suppressions name only what
+# libraries we do not build leak (cuBLASLt's load-time allocation).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:abort_on_error=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/scripts/lsan-suppressions.txt:print_suppressions=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 status=0

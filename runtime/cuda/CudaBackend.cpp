@@ -64,7 +64,10 @@ struct PinnedCache {
 };
 
 PinnedCache &pinnedCache() {
-  static PinnedCache cache;
+  // Never destroyed: the driver may be gone at exit, so blocks still kept
+  // then are left to the process's end (and stay reachable for
+  // LeakSanitizer, which checks after static destructors).
+  static PinnedCache &cache = *new PinnedCache;
   return cache;
 }
 

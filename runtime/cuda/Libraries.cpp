@@ -52,7 +52,8 @@ cudaLibraryCandidates(const std::vector<std::string> &sonames) {
   sites.push_back("/usr/local");
   sites.push_back("/usr");
   std::vector<fs::path> siteDirs;
-  for (llvm::StringRef entry : llvm::split(envOr("PYTHONPATH"), ':'))
+  std::string pythonPath = envOr("PYTHONPATH"); // outlives the split
+  for (llvm::StringRef entry : llvm::split(pythonPath, ':'))
     if (!entry.empty())
       siteDirs.push_back(entry.str());
   std::error_code ec;

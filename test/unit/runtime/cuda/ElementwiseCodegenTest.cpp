@@ -228,7 +228,7 @@ TEST(ElementwiseCodegenTest, InstructionCountsMatchThePtx) {
     SCOPED_TRACE(k.kernel);
     KernelInstance bf{k.kernel, {}};
     for (const KernelKindInfo &info : elementwiseKernelKinds())
-      if (k.kernel == info.kind)
+      if (llvm::StringRef(k.kernel) == info.kind)
         bf.types.assign(info.numTypes, DType::BF16);
     ASSERT_FALSE(bf.types.empty()) << "no such kernel";
     if (llvm::StringRef(k.kernel).starts_with("embedding"))
