@@ -482,6 +482,11 @@ llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
     if (!name || !bytes || *bytes < 0 || !crc || crc->size() != 8 ||
         crc->getAsInteger(16, crcValue))
       return bad("a 'files' entry lacks a valid name, bytes or crc32c");
+    // A name read from the file stays in the checkpoint's folder.
+    if (name->empty() || *name == "." || *name == ".." ||
+        name->contains('/') || name->contains('\0'))
+      return bad("the 'files' entry '" + *name +
+                 "' is not a file name in the checkpoint's folder");
     records.push_back({name->str(), static_cast<uint64_t>(*bytes), crcValue});
   }
   for (StringRef required : {kStateFile, kTrainerFile})

@@ -43,6 +43,30 @@ void flipByte(StringRef path, uint64_t offset) {
   writeAll(path, bytes);
 }
 
+// Tests that a manifest naming a file outside its checkpoint's folder (a
+// name read from a file, e.g. '../../victim') is refused before it is
+// joined to the folder, not followed.
+TEST_F(CheckpointTest, ManifestNamesStayInTheFolder) {
+  exec::ExecPlan plan = makePlan(defaultSpecs());
+  HostState saved = makeState(plan, 10);
+  saved.step = 7;
+  auto stepDir = saveCheckpoint(dir, saved, "{}");
+  ASSERT_TRUE(!!stepDir) << llvm::toString(stepDir.takeError());
+  std::string manifestPath = *stepDir + "/manifest.json";
+  std::string text = readAll(manifestPath);
+  size_t at = text.find("\"trainer.json\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 14, "\"../../victim\"");
+  writeAll(manifestPath, text);
+  HostState loaded = makeState(plan, 1);
+  std::string trainer;
+  std::string e = errorText(loadCheckpoint(*stepDir, loaded, trainer));
+  EXPECT_NE(e.find("the 'files' entry '../../victim' is not a file name in "
+                   "the checkpoint's folder"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(CheckpointTest, RoundTripIsBitExact) {
   exec::ExecPlan plan = makePlan(defaultSpecs());
   HostState saved = makeState(plan, 10);
