@@ -16,6 +16,7 @@
 #include "megaslide/Analysis/PlanReport.h"
 #include "megaslide/Pipelines/PipelineOptions.h"
 #include "megaslide/Support/Units.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/StringSet.h"
@@ -93,10 +94,10 @@ struct DeferUpdatesPass
       return signalPassFailure();
     }
     int64_t microBatches = gradAccum;
-    if (microBatches < 1) {
+    if (microBatches < 1 || microBatches > exec::kMaxGradAccum) {
       module.emitError() << "option 'grad-accum': " << microBatches
-                         << " micro-batches per optimizer step; give 1 or "
-                            "more";
+                         << " micro-batches per optimizer step; give 1 to "
+                         << exec::kMaxGradAccum;
       return signalPassFailure();
     }
     if (microBatches > 1 && update == schedule::UpdatePolicy::streaming) {

@@ -545,9 +545,9 @@ llvm::Error exec::validate(const ExecPlan &plan) {
            " is not a power of two");
   if (plan.batch <= 0)
     c.fail("batch " + llvm::Twine(plan.batch) + " is not positive");
-  if (plan.gradAccum < 1 || plan.gradAccum > (int64_t(1) << 20))
-    c.fail("grad_accum " + llvm::Twine(plan.gradAccum) +
-           " is not in [1, 2^20]");
+  if (plan.gradAccum < 1 || plan.gradAccum > kMaxGradAccum)
+    c.fail("grad_accum " + llvm::Twine(plan.gradAccum) + " is not in [1, " +
+           llvm::Twine(kMaxGradAccum) + "]");
   if (plan.emaDtype != "none" && plan.emaDtype != "f32" &&
       plan.emaDtype != "bf16")
     c.fail("ema_dtype '" + plan.emaDtype + "' is not none, f32 or bf16");

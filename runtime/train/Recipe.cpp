@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/train/Recipe.h"
 
+#include "megaslide/runtime/plan/ExecPlan.h"
+
 #include "megaslide/runtime/train/Random.h"
 
 #include "llvm/Support/Format.h"
@@ -94,8 +96,9 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
     return fail(llvm::formatv("--max-grad-norm must be a positive number "
                               "(0: no clipping), got {0}",
                               r.maxGradNorm));
-  if (r.gradAccum < 1 || r.gradAccum > kMaxGradAccum)
-    return fail("--grad-accum must be in [1, " + llvm::Twine(kMaxGradAccum) +
+  if (r.gradAccum < 1 || r.gradAccum > exec::kMaxGradAccum)
+    return fail("--grad-accum must be in [1, " +
+                llvm::Twine(exec::kMaxGradAccum) +
                 "], got " + llvm::Twine(r.gradAccum));
   if (!(r.emaDecay >= 0 && r.emaDecay < 1))
     return fail(llvm::formatv("--ema-decay must be in [0, 1) (0: no EMA), "

@@ -829,7 +829,8 @@ def test_grad_accum_is_bounded_and_streams_its_micro_batches(tmp_path):
 
     result = run(*SMALL, "--steps", 1, "--grad-accum", 100000000000,
                  check=False)
-    failed(result, "--grad-accum must be in [1, 1048576], got 100000000000")
+    failed(result, "option 'grad-accum': 100000000000 micro-batches per "
+           "optimizer step; give 1 to 1048576")
     assert not started_training(result)
 
 

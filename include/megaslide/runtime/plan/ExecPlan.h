@@ -51,6 +51,9 @@ inline constexpr llvm::StringLiteral kPlanFormatName = "megaslide-exec-plan";
 /// `batch` x `grid` to, so every tensor's byte count stays far from
 /// overflowing int64.
 inline constexpr int64_t kMaxTokensPerStep = int64_t(1) << 31;
+/// The most micro-batches an optimizer step takes (--grad-accum): each is
+/// a full forward and backward, so 2^20 of them is already days a step.
+inline constexpr int64_t kMaxGradAccum = int64_t(1) << 20;
 
 enum class DType : uint8_t { BF16, F16, F32, I32, I64 };
 const char *dtypeName(DType dtype);

@@ -115,9 +115,6 @@ private:
   Random rng;
 };
 
-/// The most micro-batches an optimizer step takes (--grad-accum): each is
-/// a full forward and backward, so 2^20 of them is already days a step.
-inline constexpr int64_t kMaxGradAccum = int64_t(1) << 20;
 
 } // namespace megaslide::train
 
