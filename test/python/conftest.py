@@ -28,6 +28,17 @@ def tool_path(name: str) -> str:
     return os.fspath(path)
 
 
+def with_init(args):
+    """These runs train on samples from random weights on purpose: a run
+    with --data and no --weights says so (--init random), as the tool asks
+    (test_data_without_weights_needs_init_random)."""
+    a = list(map(str, args))
+    if "--data" in a and not {"--weights", "--resume", "--init",
+                              "--steps=0"} & set(a):
+        a += ["--init", "random"]
+    return a
+
+
 @pytest.fixture(scope="session")
 def megaslide_plan() -> str:
     return tool_path("megaslide-plan")

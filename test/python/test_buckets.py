@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import tool_path
+from conftest import tool_path, with_init
 
 # The tiny preset: 16 latent channels, 16 text tokens of 32 dimensions.
 SMALL, LARGE = (5, 32, 32), (9, 32, 48)
@@ -67,17 +67,6 @@ def data(tmp_path):
                      metadata=k < 2)
     write_buckets(folder / "buckets.json", [SMALL, LARGE])
     return folder
-
-
-def with_init(args):
-    """These runs train on samples from random weights on purpose: a run
-    with --data and no --weights says so (--init random), as the tool asks
-    (test_data_without_weights_needs_init_random)."""
-    a = list(map(str, args))
-    if "--data" in a and not {"--weights", "--resume", "--init",
-                              "--steps=0"} & set(a):
-        a += ["--init", "random"]
-    return a
 
 
 def run(*args, check=True, cache=None):

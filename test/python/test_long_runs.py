@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import megaslide
-from conftest import tool_path
+from conftest import tool_path, with_init
 
 SMALL = ["--model", "tiny", "--frames", "5", "--height", "32", "--width", "32"]
 CRASH_SIGNS = ("Stack dump", "PLEASE submit a bug report", "Assertion",
@@ -33,17 +33,6 @@ CRASH_SIGNS = ("Stack dump", "PLEASE submit a bug report", "Assertion",
 def text(arg):
     return arg if isinstance(arg, str) else (
         os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg))
-
-
-def with_init(args):
-    """These runs train on samples from random weights on purpose: a run
-    with --data and no --weights says so (--init random), as the tool asks
-    (test_data_without_weights_needs_init_random)."""
-    a = list(map(str, args))
-    if "--data" in a and not {"--weights", "--resume", "--init",
-                              "--steps=0"} & set(a):
-        a += ["--init", "random"]
-    return a
 
 
 def run(*args, check=True, timeout=300):
