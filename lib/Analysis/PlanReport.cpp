@@ -8,7 +8,6 @@
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Transforms/Planning.h"
-#include "megaslide/runtime/plan/HostPool.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/sim/Timeline.h"
 
@@ -385,16 +384,13 @@ megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
       sim::replay(tasks->tasks, hw.hostMemoryBandwidth), *tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
-  r.issueWaits = sim::issueWaits(*tasks, hw.hostMemoryBandwidth);
-  {
-    exec::HostPoolLayout pool =
-        exec::layoutHostPool(program, exec::computeLiveness(program));
-    r.gradientRingSlots = pool.ringSlots;
-    r.gradientRingSlotBytes = pool.ringSlotBytes;
-    for (const exec::Instruction &inst : program.instructions)
-      if (inst.op == exec::OpCode::HostAdamW)
-        ++r.gradientCopies;
-  }
+  r.issueWaits =
+      sim::issueWaits(*tasks, hw.hostMemoryBandwidth, timeline.makespan);
+  r.gradientRingSlots = tasks->ringSlots;
+  r.gradientRingSlotBytes = tasks->ringSlotBytes;
+  r.gradientCopies = llvm::count_if(program.instructions, [](const auto &i) {
+    return i.op == exec::OpCode::HostAdamW;
+  });
   for (int s = 0; s < exec::kNumStreams; ++s)
     r.busySeconds[s] = timeline.busy[s];
 

@@ -262,7 +262,9 @@ llvm::Expected<Built> build(const exec::ExecPlan &plan, const HardwareModel &hw,
       for (const exec::Dependency &d : waits[i])
         if (!exec::isGpuStream(d.stream))
           tasks[i].issueAfter.push_back(d.instruction);
-  Built built{StepTasks{std::move(tasks), {}, {}}, std::move(*buffers)};
+  Built built{StepTasks{std::move(tasks), {}, {}, pool.ringSlots,
+                        pool.ringSlotBytes},
+              std::move(*buffers)};
   insertDeferredUpdates(plan, hw, built.step);
   return built;
 }
@@ -307,7 +309,8 @@ llvm::Expected<StepTasks> sim::buildTasks(const exec::ExecPlan &plan,
   return std::move(replay->step);
 }
 
-IssueWaits sim::issueWaits(const StepTasks &step, double hostBandwidth) {
+IssueWaits sim::issueWaits(const StepTasks &step, double hostBandwidth,
+                           double makespan) {
   IssueWaits w;
   std::vector<Task> free = step.tasks;
   for (Task &task : free)
@@ -316,8 +319,7 @@ IssueWaits sim::issueWaits(const StepTasks &step, double hostBandwidth) {
       task.issueAfter.clear();
     }
   if (w.instructions)
-    w.seconds = replay(step.tasks, hostBandwidth).makespan -
-                replay(free, hostBandwidth).makespan;
+    w.seconds = makespan - replay(free, hostBandwidth).makespan;
   return w;
 }
 
@@ -386,7 +388,8 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
   for (const StepTasks::Update &u : built->step.updates)
     r.updates.push_back(
         {u.fetch, u.hostAdamW, replayed.start[u.task], replayed.end[u.task]});
-  r.issueWaits = issueWaits(built->step, hw.hostMemoryBandwidth);
+  r.issueWaits =
+      issueWaits(built->step, hw.hostMemoryBandwidth, replayed.makespan);
 
   if (trace) {
     for (const exec::TraceSpan &span : traceSpans(plan, r))

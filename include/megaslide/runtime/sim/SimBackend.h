@@ -57,6 +57,10 @@ struct StepTasks {
     int64_t task, fetch, hostAdamW;
   };
   std::vector<Update> updates;
+  /// The gradient ring the cuda backend lays out (exec::HostPoolLayout; 0
+  /// slots: host values have bytes of their own), whose waits the tasks
+  /// carry.
+  int64_t ringSlots = 0, ringSlotBytes = 0;
 };
 /// `hostPoolNoReuseBytes` is the cuda backend's (CudaOptions): host values
 /// laid out as it lays them out (exec::layoutHostPool).
@@ -65,7 +69,9 @@ buildTasks(const exec::ExecPlan &plan, const HardwareModel &hw,
            int64_t hostPoolNoReuseBytes = exec::kHostPoolNoReuseBytes);
 /// What the issuing thread's waits for the host stream cost in `step`
 /// (IssueWaits).
-IssueWaits issueWaits(const StepTasks &step, double hostBandwidth);
+/// `makespan`: the replay of `step` as it is (already made by the caller).
+IssueWaits issueWaits(const StepTasks &step, double hostBandwidth,
+                      double makespan);
 
 /// The replay of `step`'s tasks per instruction: each instruction's start
 /// and end are its task's; busy times and the makespan are all tasks'.
