@@ -68,6 +68,8 @@ run "GoogleTest under ASan+UBSan: the runtime" \
 run "GoogleTest under ASan+UBSan: the compiler" \
   "$build/bin/megaslide-compiler-tests" --gtest_brief=1
 run "lit under ASan+UBSan" /usr/lib/llvm-22/bin/lit -sv "$build/test"
+run "signals on the stop path under ASan+UBSan" \
+  "$python" "$root/scripts/signal-stress.py" --trials 30 --tools "$build/bin"
 if [ "${SANITIZE_SKIP_FUZZ:-0}" != 1 ]; then
   run "fuzz targets" env MEGASLIDE_FUZZ_BUILD_DIR="$build" "$root/scripts/fuzz.sh"
 fi

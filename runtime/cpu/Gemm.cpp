@@ -98,6 +98,7 @@ void megaslide::cpu::gemmSerial(int64_t m, int64_t n, int64_t k, float alpha,
   }
   capIsa();
   useOneThread();
+  AsyncSignalsHeld held; // oneDNN moves the stack pointer (WorkerPool.h)
   dnnl_status_t status = dnnl_sgemm(
       a.transposed ? 'T' : 'N', b.transposed ? 'T' : 'N', m, n, k, alpha,
       a.data, a.ld, b.data, b.ld, beta, c, ldc);

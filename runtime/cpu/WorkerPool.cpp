@@ -34,7 +34,11 @@ int threadsSetting(const char *env) {
 int megaslide::cpu::cpuThreads() {
   if (int n = threadsSetting(std::getenv("MEGASLIDE_NUM_THREADS")))
     return n;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // glibc counts the cores by reading sysfs at every call: once per
+  // process, not ~200 times per step of the tiny model.
+  static const int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return cores;
 }
 
 const char *megaslide::cpu::cpuThreadsSettingError() {
@@ -48,6 +52,36 @@ const char *megaslide::cpu::cpuThreadsSettingError() {
   return message.c_str();
 }
 
+namespace {
+
+/// The AsyncSignalsHeld alive on this thread.
+thread_local int signalHolds = 0;
+
+const sigset_t &asyncSignals() {
+  static const sigset_t set = [] {
+    sigset_t s;
+    sigfillset(&s);
+    for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP})
+      sigdelset(&s, fault);
+    return s;
+  }();
+  return set;
+}
+
+} // namespace
+
+megaslide::cpu::AsyncSignalsHeld::AsyncSignalsHeld()
+    : outermost(signalHolds++ == 0) {
+  if (outermost)
+    pthread_sigmask(SIG_BLOCK, &asyncSignals(), &saved);
+}
+
+megaslide::cpu::AsyncSignalsHeld::~AsyncSignalsHeld() {
+  --signalHolds;
+  if (outermost)
+    pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+}
+
 namespace megaslide::cpu {
 
 /// One job at a time: `generation` announces it, workers 1 .. numWorkers-1
@@ -58,6 +92,7 @@ struct WorkerPool::State {
       for (int64_t w = 0; w < numWorkers; ++w)
         call(context, w);
     };
+    AsyncSignalsHeld held; // this thread's share runs kernels too
     if (numWorkers <= 1)
       return runHere();
     std::unique_lock<std::mutex> job(busy, std::try_to_lock);
@@ -82,6 +117,8 @@ struct WorkerPool::State {
   }
 
   void serve(int64_t worker) {
+    // For good: signals go to the process's other threads.
+    AsyncSignalsHeld held;
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {

@@ -14,6 +14,7 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
 #define MEGASLIDE_RUNTIME_CPU_WORKERPOOL_H
 
+#include <csignal>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -55,15 +56,38 @@ private:
 
 /// The process-wide count of threads the CPU kernels split their work
 /// over: MEGASLIDE_NUM_THREADS if set to a positive integer (at most 1024),
-/// else std::thread::hardware_concurrency() (at least 1). Read at each call,
-/// so a test may change the variable between kernels. An invalid value is
-/// passed over here; entry points report it (cpuThreadsSettingError).
+/// else std::thread::hardware_concurrency() (at least 1, counted once). The
+/// variable is read at each call, so a test may change it between kernels. An
+/// invalid value is passed over here; entry points report it
+/// (cpuThreadsSettingError).
 int cpuThreads();
 
 /// Null when MEGASLIDE_NUM_THREADS is unset or valid; otherwise a message
 /// naming the variable, its value and what it takes. The entry points check
 /// it through cpuSettingsError (cpu/Isa.h).
 const char *cpuThreadsSettingError();
+
+/// Holds back asynchronous signals (all but the faults SIGSEGV, SIGBUS,
+/// SIGFPE, SIGILL and SIGTRAP) on this thread while it lives; nested holds
+/// cost nothing. oneDNN's AVX-512 sgemm kernels point the stack pointer
+/// into a heap buffer of their own while they run, so a signal handler run
+/// on that thread then (megaslide-run's SIGINT/SIGTERM, Python's SIGINT, a
+/// profiler's) has its frame written into the heap: "corrupted size vs.
+/// prev_size", SIGSEGV or SIGFPE in about one run in a hundred stopped by a
+/// signal. Held back, a signal goes to a thread outside the kernels or
+/// waits until the hold ends. Pool workers hold them for good; a caller
+/// holds them for the job it runs its share of, and gemmSerial for a call.
+class AsyncSignalsHeld {
+public:
+  AsyncSignalsHeld();
+  ~AsyncSignalsHeld();
+  AsyncSignalsHeld(const AsyncSignalsHeld &) = delete;
+  AsyncSignalsHeld &operator=(const AsyncSignalsHeld &) = delete;
+
+private:
+  bool outermost;
+  sigset_t saved;
+};
 
 /// The CPU kernels' pool, one per process (a forked child gets its own).
 WorkerPool &processPool();

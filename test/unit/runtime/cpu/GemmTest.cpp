@@ -1,8 +1,8 @@
 //===- GemmTest.cpp - The CPU kernels' GEMM -------------------------------===//
 //
 // cpu/Gemm.h against a double-precision reference over every transpose,
-// padded leading dimensions, tile borders and the alpha/beta cases, and its
-// thread-count independence.
+// padded leading dimensions, tile borders and the alpha/beta cases, its
+// thread-count independence, and its safety under signal handlers.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,12 +12,15 @@
 #include "gtest/gtest.h"
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/time.h>
 
 using namespace megaslide::cpu;
 
@@ -136,5 +139,51 @@ TEST(GemmTest, BitwiseEqualAtAnyThreadCount) {
 }
 
 TEST(GemmTest, NamesItsInstructionSet) { EXPECT_STRNE(gemmIsaName(), ""); }
+
+volatile std::sig_atomic_t alarms = 0;
+extern "C" void countAlarm(int) { alarms = alarms + 1; }
+
+/// Runs GEMMs under a 37 us SIGALRM timer, then exits 0 (3: no signal came).
+[[noreturn]] void gemmsUnderSignals() {
+  megaslide::cpu::test::ScopedThreads threads("2");
+  struct sigaction action = {};
+  action.sa_handler = countAlarm;
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGALRM, &action, nullptr);
+  struct itimerval every = {{0, 37}, {0, 37}};
+  setitimer(ITIMER_REAL, &every, nullptr);
+  std::mt19937 rng(3);
+  // Long reductions (weight gradients sum over tokens) take the kernels
+  // that move the stack.
+  const Case shapes[] = {{128, 128, 256, false, false, 1.0f, 0.0f},
+                         {64, 256, 320, true, false, 1.0f, 1.0f},
+                         {128, 256, 64, false, true, 1.0f, 0.0f}};
+  for (const Case &t : shapes) {
+    Stored a = makeOperand(t.m, t.k, t.ta, rng);
+    Stored b = makeOperand(t.k, t.n, t.tb, rng);
+    for (int round = 0; round < 2000; ++round) {
+      std::vector<float> c(t.m * t.n, 0.5f);
+      gemm(t.m, t.n, t.k, t.alpha, {a.data.data(), a.ld, t.ta},
+           {b.data.data(), b.ld, t.tb}, t.beta, c.data(), t.n);
+    }
+  }
+  struct itimerval off = {};
+  setitimer(ITIMER_REAL, &off, nullptr);
+  std::exit(alarms > 0 ? 0 : 3);
+}
+
+// A signal handler that runs while a thread is inside oneDNN's AVX-512
+// sgemm gets its frame written into the heap (the kernel's stack pointer
+// points into a buffer of its own): before the fix this child died of
+// SIGFPE, SIGSEGV or a glibc heap check within a fraction of a second, on
+// a machine with AVX-512 (elsewhere oneDNN's kernels keep the stack and the
+// test cannot fail). A timer raises SIGALRM every 37 us, on whichever
+// thread of the pool it lands, while GEMMs of the sizes the models use run.
+TEST(GemmTest, SignalHandlersDuringAGemmLeaveTheHeapWhole) {
+  std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(gemmsUnderSignals(), ::testing::ExitedWithCode(0), "");
+  GTEST_FLAG_SET(death_test_style, style);
+}
 
 } // namespace
