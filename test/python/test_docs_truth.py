@@ -29,7 +29,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
 # roots, and what lies below depends on what was built and run.
 BUILD_ROOTS = {
     "build": "scripts/build.sh's build tree",
-    "build-runtime": "the runtime-only build (scripts/build.sh --runtime-only)",
+    "build-runtime": "scripts/build.sh --runtime-only's build tree",
     "build-bundle": "the device bundle (scripts/device-bundle.sh)",
     "build-sanitize": "the ASan+UBSan build (scripts/sanitize.sh)",
     "build-python": "pip install .'s build tree (pyproject.toml build-dir)",
@@ -57,7 +57,8 @@ OTHERS = {
 # outside the tool's categories, which cl::HideUnrelatedOptions hides.
 # Each must still be declared where it says.
 UNLISTED = {
-    ("megaslide-plan", "--print-option-reference"): "tools/common/PlanFlags.cpp",
+    ("megaslide-plan", "--print-option-reference"):
+        "tools/common/PlanFlags.cpp",
 }
 # The megaslide tools that are Python modules (pyproject.toml's scripts).
 PYTHON_TOOLS = {"megaslide-prepare": "megaslide.prepare",
@@ -135,25 +136,30 @@ def anchors(path):
     for line in parts(path.read_text())[0].split("\n"):
         m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if m:
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower())
+            slug = slug.replace(" ", "-")
             out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
             seen[slug] = seen.get(slug, 0) + 1
     return out
 
 
-def path_tokens(span):
-    """The words of `span` that start at a top-level entry of the tree or
-    at a build root: `runtime/cpu/Gemm.cpp`, `configs/*.json`,
-    `build/bin/`."""
-    roots = {f.split("/")[0] for f in tree()[0]} | set(BUILD_ROOTS)
-    roots |= DESIGN_ROOTS
+@functools.lru_cache(maxsize=None)
+def path_regex():
+    roots = {f.split("/")[0] for f in tree()[0]}
+    roots |= set(BUILD_ROOTS) | DESIGN_ROOTS
     alternatives = "|".join(sorted(map(re.escape, roots), key=len,
                                    reverse=True))
-    # A word: not preceded by a character that makes it a suffix of a
-    # longer path (`$build/bin`, `my-build/x`), and a folder or a file.
-    regex = re.compile(r"(?<![\w./$~-])(?:\./)?(?:%s)"
-                       r"(?:/(?:\{[^{}\s]*\}|[^\s`'\"),;=])*)?" % alternatives)
-    for m in regex.finditer(span):
+    # Not preceded by a character that makes it a suffix of a longer path
+    # (`$build/bin`, `my-build/x`); `{h,cpp}` is part of it.
+    return re.compile(r"(?<![\w./$~-])(?:\./)?(?:%s)"
+                      r"(?:/(?:\{[^{}\s]*\}|[^\s`'\"),;=])*)?" % alternatives)
+
+
+def path_tokens(span):
+    """The words of `span` that start at a top-level entry of the tree, of
+    the design card or at a build root: `runtime/cpu/Gemm.cpp`,
+    `configs/*.json`, `build/bin/`."""
+    for m in path_regex().finditer(span):
         word = m.group(0)
         if "/" in word or word in tree()[0]:
             yield word
@@ -341,9 +347,9 @@ def answers(flags, flag):
     return flag in flags or flag.replace("_", "-") in flags
 
 
-def flag_problems(rel, span, names, union):
-    """Why the flags in `span` (a code line or span of page `rel`) are not
-    declared by the program they are given to."""
+def flag_problems(where, span, names, union):
+    """Why the flags in `span` (a code line or span at `where`, page:line)
+    are not declared by the program they are given to."""
     problems = []
     for program, words in commands(span):
         name = os.path.basename(program)
@@ -353,7 +359,7 @@ def flag_problems(rel, span, names, union):
             declared = tool_flags(name)
         elif re.fullmatch(r"(\./)?build/bin/megaslide-[\w-]+", program) \
                 and not name.startswith("megaslide-fuzz-"):
-            problems.append(f"{rel}: no tool {name} in {TOOLS_DIR}")
+            problems.append(f"{where}: no tool {name} in {TOOLS_DIR}")
             continue
         elif script(program):
             declared = help_flags((ROOT / script(program)).read_text())
@@ -361,8 +367,8 @@ def flag_problems(rel, span, names, union):
             continue  # another program's flags, or not a command
         for flag in flag_names(words):
             if not answers(declared, flag) and \
-                    (str(rel), flag) not in OTHERS:
-                problems.append(f"{rel}: {flag} is not a flag of "
+                    (where.split(":")[0], flag) not in OTHERS:
+                problems.append(f"{where}: {flag} is not a flag of "
                                 f"{program or 'any tool or script'}")
     return problems
 
@@ -379,8 +385,11 @@ def test_every_flag_a_doc_gives_a_tool_is_declared():
     for doc in DOCS:
         rel = doc.relative_to(ROOT)
         for number, span, _ in code(doc.read_text()):
-            problems += [p.replace(": ", f":{number}: ", 1)
-                         for p in flag_problems(rel, span, names, union)]
+            problems += flag_problems(f"{rel}:{number}", span, names, union)
+    # No exception outlives the line it was made for.
+    problems += [f"{page}: no longer names {flag} (OTHERS)"
+                 for page, flag in OTHERS
+                 if flag not in (ROOT / page).read_text()]
     assert not problems, "\n".join(problems)
 
 
