@@ -21,7 +21,8 @@ build=${MEGASLIDE_BUILD_DIR:-$default_build}
 # Paths under the repository hash relative to the build directory, so
 # ccache also serves `pip install .`'s build-python/ (docs/Python.md).
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
-# Pin the interpreter: `python3` may be a pyenv shim (TOOLCHAIN.md).
+# Pin the interpreter: `python3` may be a pyenv shim (docs/Architecture.md,
+# "Toolchain").
 python=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 
 if [ ! -f "$build/build.ninja" ]; then

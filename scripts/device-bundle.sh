@@ -3,7 +3,8 @@
 # LLVM, no network) into one ignored folder, build-bundle/ (or $1), at most
 # 48 MiB (docs/Testing.md, "The device check"):
 #   bin/          megaslide-exec and megaslide-runtime-tests of the
-#                 runtime-only build (libc and oneDNN; test_runtime_only.py);
+#                 runtime-only build (glibc, oneDNN and libgomp;
+#                 test_runtime_only.py);
 #   lib/          oneDNN (xz-compressed: 40 MB as is), its libgomp and
 #                 OpenCL loader, which device-check.sh unpacks;
 #   plans/        tiny, tiny-dsa (3D-DSA), and for the calibration, sized so

@@ -37,7 +37,8 @@ if os.path.isdir(_package) and any(
 
 
 def _nvrtc_loadable():
-    """NVRTC compiles CUDA C++ without a GPU (TOOLCHAIN.md)."""
+    """NVRTC compiles CUDA C++ without a GPU (docs/Architecture.md,
+    "Toolchain")."""
     import ctypes
     import glob
     homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]

@@ -515,7 +515,7 @@ int megaslideRunPipeline(const char *ir, const char *sourceName,
     return 1;
   // The FailureOr overload keeps the text's anchor; the overload filling a
   // PassManager would nest `builtin.module(...)` inside it and match
-  // nothing (TOOLCHAIN.md).
+  // nothing (docs/Architecture.md, "Toolchain").
   std::string parseErrors;
   llvm::raw_string_ostream parseOs(parseErrors);
   llvm::StringRef text = pipeline ? pipeline : "";

@@ -949,7 +949,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                 "without one (its host memory is not counted): compile it "
                 "with --ema-decay (megaslide-run --save-plan)");
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
-  // it started with, so that N + N steps follow the same schedule as 2N.
+  // it started with (steps past it run at the floor, with a warning).
   if (r.decaySteps == 0) {
     std::optional<std::string> stored =
         storedSettings ? train::findSetting(*storedSettings, "lr_decay_steps")
