@@ -3,6 +3,7 @@
 #include "megaslide/Pipelines/Plan.h"
 
 #include "megaslide/Pipelines/Pipelines.h"
+#include "megaslide/Report/JsonReport.h"
 #include "megaslide/Support/Units.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 

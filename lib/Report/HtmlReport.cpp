@@ -11,6 +11,7 @@
 #include "megaslide/Report/HtmlReport.h"
 
 #include "megaslide/runtime/support/Html.h"
+#include "megaslide/runtime/support/Svg.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Format.h"
@@ -26,25 +27,19 @@ using namespace megaslide;
 using llvm::raw_ostream;
 using llvm::StringRef;
 using megaslide::html::escape;
-using megaslide::html::tickLabel;
-using megaslide::html::tickStep;
+using megaslide::html::renderRow;
+using namespace megaslide::svg;
 namespace json = llvm::json;
 
 namespace {
 
 constexpr double kBytesPerGB = 1e9;
-constexpr double kSvgWidth = 900;
 
 /// Lanes of the stream plot, in the order of `step.busy_seconds`.
 constexpr std::array<StringRef, 4> kStreams = {"compute", "h2d", "d2h", "host"};
 /// Fills of the stream lanes; no red, which marks budgets.
-constexpr std::array<StringRef, 4> kStreamFills = {"#4e79a7", "#f28e2b",
-                                                   "#59a14f", "#b07aa1"};
-
-/// Fills of stacked categories; cycled when there are more categories.
-constexpr std::array<StringRef, 8> kPalette = {"#4e79a7", "#f28e2b", "#59a14f",
-                                               "#e15759", "#76b7b2", "#edc948",
-                                               "#b07aa1", "#9c755f"};
+constexpr std::array<StringRef, 4> kStreamFills = {kPalette[0], kPalette[1],
+                                                   kPalette[2], kPalette[6]};
 
 //===----------------------------------------------------------------------===//
 // Reading the plan
@@ -131,116 +126,20 @@ std::string formatUsage(std::optional<double> used,
 }
 
 //===----------------------------------------------------------------------===//
-// SVG building blocks
+// Plot pieces of this page
 //===----------------------------------------------------------------------===//
 
-/// A data interval; an empty or inverted one widens to one unit so that
-/// mapping into it never divides by zero.
-struct Range {
-  double min, max;
-  Range(double min, double max) : min(min), max(max > min ? max : min + 1) {}
-  double span() const { return max - min; }
-};
-
-/// A plot area in SVG pixels and the data window it shows.
-struct Frame {
-  double left, top, width, height;
-  Range x, y;
-
-  double px(double value) const {
-    return left + (value - x.min) / x.span() * width;
-  }
-  double py(double value) const {
-    return top + height - (value - y.min) / y.span() * height;
-  }
-  double right() const { return left + width; }
-  double bottom() const { return top + height; }
-};
-
-using html::drawLine;
-using html::drawText;
-
-/// A filled rectangle with a hover tooltip (`tooltip` already escaped).
-void drawRect(raw_ostream &os, double x, double y, double width, double height,
-              StringRef fill, StringRef tooltip) {
-  os << llvm::format("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
-                     "height=\"%.1f\" ",
-                     x, y, std::max(width, 0.5), std::max(height, 0.0))
-     << "fill=\"" << fill << "\"><title>" << tooltip << "</title></rect>\n";
+/// A legend of coloured squares and their names (drawLegendEntry) from
+/// `left`, in one row.
+LegendLayout squareLegend(double left) {
+  return {left, /*nameOffset=*/17, /*pad=*/30, /*charWidth=*/7.5};
 }
 
-/// The x axis along the bottom of `f`: ticks, vertical grid lines and
-/// `label` centred below. `minStep` keeps integer axes on integers.
-void drawXAxis(raw_ostream &os, const Frame &f, StringRef label,
-               double minStep = 0) {
-  double step = tickStep(f.x.span(), 8, minStep);
-  html::forEachTick(f.x.min, f.x.max, step, [&](double value) {
-    double x = f.px(value);
-    drawLine(os, x, f.top, x, f.bottom(), "grid");
-    drawLine(os, x, f.bottom(), x, f.bottom() + 5, "axis");
-    drawText(os, x, f.bottom() + 18, "middle", tickLabel(value, step));
-  });
-  drawLine(os, f.left, f.bottom(), f.right(), f.bottom(), "axis");
-  drawText(os, f.left + f.width / 2, f.bottom() + 36, "middle", label);
-}
-
-/// The y axis along the left of `f`: ticks, horizontal grid lines and
-/// `label` written upwards beside them.
-void drawYAxis(raw_ostream &os, const Frame &f, StringRef label) {
-  double step = tickStep(f.y.span(), 5, 0);
-  html::forEachTick(f.y.min, f.y.max, step, [&](double value) {
-    double y = f.py(value);
-    drawLine(os, f.left, y, f.right(), y, "grid");
-    drawLine(os, f.left - 5, y, f.left, y, "axis");
-    drawText(os, f.left - 8, y + 4, "end", tickLabel(value, step));
-  });
-  drawLine(os, f.left, f.top, f.left, f.bottom(), "axis");
-  os << llvm::format("<text transform=\"translate(%.1f,%.1f) rotate(-90)\" ",
-                     f.left - 52, f.top + f.height / 2)
-     << "text-anchor=\"middle\">" << label << "</text>\n";
-}
-
-/// Horizontal room a legend entry takes, estimated from the 12px font.
-double legendEntryWidth(StringRef name) { return 30 + 7.5 * name.size(); }
-
-/// A coloured square and its (escaped) name; returns the x after it.
-double drawLegendEntry(raw_ostream &os, double x, double y, StringRef fill,
-                       StringRef name) {
+/// A legend entry at (x, y): a square of `fill` and the (escaped) name.
+void drawLegendEntry(raw_ostream &os, const LegendLayout &legend, double x,
+                     double y, StringRef fill, StringRef name) {
   drawRect(os, x, y - 10, 12, 12, fill, name);
-  drawText(os, x + 17, y, "start", name);
-  return x + legendEntryWidth(name);
-}
-
-/// Where legend entries go when they wrap into rows that start at `left`:
-/// (x, row) per name.
-std::vector<std::pair<double, int>>
-layoutLegend(const std::vector<std::string> &names, double left) {
-  std::vector<std::pair<double, int>> positions;
-  double x = left;
-  int row = 0;
-  for (const std::string &name : names) {
-    if (x > left && x + legendEntryWidth(name) > kSvgWidth - 20) {
-      x = left;
-      ++row;
-    }
-    positions.emplace_back(x, row);
-    x += legendEntryWidth(name);
-  }
-  return positions;
-}
-
-void openSvg(raw_ostream &os, double height, StringRef title) {
-  os << llvm::format("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" "
-                     "height=\"%.0f\" ",
-                     kSvgWidth, height, kSvgWidth, height)
-     << "role=\"img\" aria-label=\"" << title << "\">\n";
-}
-
-/// A whole (short) SVG that says the plan has no data for this plot.
-void emptySvg(raw_ostream &os, StringRef title, StringRef message) {
-  openSvg(os, 60, title);
-  drawText(os, kSvgWidth / 2, 35, "middle", message);
-  os << "</svg>\n";
+  legend.drawName(os, x, y, name);
 }
 
 /// The caption of a dashed budget line: `what` and the budget in GB.
@@ -283,7 +182,7 @@ void renderDeviceMemoryPlot(raw_ostream &os, const json::Object *plan) {
   }
 
   double height = 340;
-  Frame f{80, 25, kSvgWidth - 110, height - 85, {tMin, tMax}, {0, yMax * 1.1}};
+  Frame f{80, 25, kWidth - 110, height - 85, {tMin, tMax}, {0, yMax * 1.1}};
   openSvg(os, height, title);
   drawYAxis(os, f, "device memory (GB)");
   drawXAxis(os, f, "time in the step (s)");
@@ -327,10 +226,12 @@ void renderHostMemoryPlot(raw_ostream &os, const json::Object *plan) {
   std::vector<std::string> names;
   for (const auto &[name, bytes] : categories)
     names.push_back(escape(name) + " " + formatGB(bytes));
-  std::vector<std::pair<double, int>> legend = layoutLegend(names, 20);
+  LegendLayout legend = squareLegend(20);
+  legend.right = kWidth - 20;
+  std::vector<std::pair<double, int>> places = legend.place(names);
   constexpr double legendRowHeight = 22;
-  double height = 150 + (legend.back().second + 1) * legendRowHeight;
-  Frame f{20, 30, kSvgWidth - 50, 44, {0, xMax * 1.05}, {0, 1}};
+  double height = 150 + (places.back().second + 1) * legendRowHeight;
+  Frame f{20, 30, kWidth - 50, 44, {0, xMax * 1.05}, {0, 1}};
   openSvg(os, height, title);
   drawXAxis(os, f, "host memory (GB)");
 
@@ -348,8 +249,8 @@ void renderHostMemoryPlot(raw_ostream &os, const json::Object *plan) {
   }
 
   for (auto [i, name] : llvm::enumerate(names)) {
-    auto [x, row] = legend[i];
-    drawLegendEntry(os, x, f.bottom() + 66 + row * legendRowHeight,
+    auto [x, row] = places[i];
+    drawLegendEntry(os, legend, x, f.bottom() + 66 + row * legendRowHeight,
                     kPalette[i % kPalette.size()], name);
   }
   os << "</svg>\n";
@@ -383,7 +284,7 @@ void drawLayerPanel(raw_ostream &os, const std::vector<LayerBars> &layers,
     yMax = std::max(yMax, value(layer).value_or(0) / kBytesPerGB);
     xMax = std::max(xMax, layer.index);
   }
-  Frame f{80, top, kSvgWidth - 110, 170, {-0.5, xMax + 0.5}, {0, yMax * 1.1}};
+  Frame f{80, top, kWidth - 110, 170, {-0.5, xMax + 0.5}, {0, yMax * 1.1}};
   drawYAxis(os, f, yLabel);
   drawXAxis(os, f, "layer", 1);
   double barWidth = 0.8 * (f.px(1) - f.px(0));
@@ -426,12 +327,15 @@ void renderPerLayerPlot(raw_ostream &os, const json::Object *plan) {
     if (!llvm::is_contained(policies, layer.policy))
       policies.push_back(layer.policy);
 
-  openSvg(os, 530, title);
-  double x = 80;
-  drawText(os, x, 18, "start", "activation policy:");
-  x += 135;
+  std::vector<std::string> names;
   for (const std::string &policy : policies)
-    x = drawLegendEntry(os, x, 18, policyFill(policy), escape(policy));
+    names.push_back(escape(policy));
+  LegendLayout legend = squareLegend(80 + 135); // after its caption
+  openSvg(os, 530, title);
+  drawText(os, 80, 18, "start", "activation policy:");
+  for (auto [i, place] : llvm::enumerate(legend.place(names)))
+    drawLegendEntry(os, legend, place.first, 18, policyFill(policies[i]),
+                    names[i]);
   drawLayerPanel(os, layers, 40, "device peak (GB)", "device peak",
                  [](const LayerBars &l) { return l.devicePeak; });
   drawLayerPanel(os, layers, 300, "host bytes (GB)", "host",
@@ -453,7 +357,7 @@ void renderStreamPlot(raw_ostream &os, const json::Object *plan) {
 
   constexpr double laneHeight = 26, laneGap = 10;
   double lanesHeight = kStreams.size() * (laneHeight + laneGap);
-  Frame f{80, 15, kSvgWidth - 110, lanesHeight, {0, tMax}, {0, 1}};
+  Frame f{80, 15, kWidth - 110, lanesHeight, {0, tMax}, {0, 1}};
   openSvg(os, lanesHeight + 70, title);
   drawXAxis(os, f, "time in the step (s)");
   auto laneTop = [&](size_t lane) {
@@ -489,27 +393,15 @@ void renderStreamPlot(raw_ostream &os, const json::Object *plan) {
 // Page sections
 //===----------------------------------------------------------------------===//
 
+/// This page's rules after the shared ones (html::openPage).
 constexpr StringRef kStyle = R"css(
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif;
-       margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
-h1 { margin-bottom: 0.2em; }
-h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-.meta { color: #555; margin: 0.2em 0; }
 .fits { font-weight: bold; padding: 0.1em 0.5em; border-radius: 4px;
         color: #fff; }
 .fits.yes { background: #2e7d32; }
 .fits.no { background: #c62828; }
 .fits.unknown { background: #777; }
-.bad, .violations { color: #c62828; }
-table { border-collapse: collapse; margin: 0.5em 0; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-th { background: #f4f4f4; }
+.violations { color: #c62828; }
 .tables { display: flex; gap: 2em; flex-wrap: wrap; align-items: flex-start; }
-svg { max-width: 100%; height: auto; display: block; }
-svg text { font-size: 12px; fill: #333; }
-svg .axis { stroke: #333; }
-svg .grid { stroke: #e6e6e6; }
 svg .budget { stroke: #c62828; stroke-width: 1.5; stroke-dasharray: 6 4; }
 svg text.budget-label { fill: #c62828; }
 svg .area { fill: #4e79a7; fill-opacity: 0.25; stroke: none; }
@@ -552,11 +444,6 @@ void renderHeader(raw_ostream &os, const json::Object *plan) {
     os << "</ul>\n";
   }
   os << "<p class=\"meta\">GB = 10^9 bytes.</p>\n</header>\n";
-}
-
-/// A table row; `value` is HTML (already escaped).
-void renderRow(raw_ostream &os, StringRef name, StringRef value) {
-  os << "<tr><th>" << name << "</th><td>" << value << "</td></tr>\n";
 }
 
 void renderSummary(raw_ostream &os, const json::Object *plan) {
@@ -742,13 +629,12 @@ std::string megaslide::renderHtmlReport(const json::Value &plan) {
   const json::Object *device = objectAt(root, "device");
   const json::Object *transfers = objectAt(root, "transfers");
 
-  std::string html;
-  llvm::raw_string_ostream os(html);
-  os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta "
-        "charset=\"utf-8\">\n"
-     << "<title>MegaSlide plan: "
-     << escapedOr(stringAt(objectAt(root, "model"), "name")) << "</title>\n"
-     << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
+  std::string page;
+  llvm::raw_string_ostream os(page);
+  html::openPage(os,
+                 "MegaSlide plan: " +
+                     escapedOr(stringAt(objectAt(root, "model"), "name")),
+                 kStyle);
   renderHeader(os, root);
   renderSummary(os, root);
 
@@ -773,6 +659,7 @@ std::string megaslide::renderHtmlReport(const json::Value &plan) {
   os << "<div class=\"tables\">\n";
   renderBytesTable(os, "host to device", objectAt(transfers, "h2d_by_kind"));
   renderBytesTable(os, "device to host", objectAt(transfers, "d2h_by_kind"));
-  os << "</div>\n</body>\n</html>\n";
-  return html;
+  os << "</div>\n";
+  html::closePage(os);
+  return page;
 }

@@ -1,13 +1,31 @@
-//===- Html.cpp - Pieces of the self-contained HTML pages -----------------===//
+//===- Html.cpp - The shell of the self-contained HTML pages --------------===//
 
 #include "megaslide/runtime/support/Html.h"
 
-#include "llvm/Support/Format.h"
-#include "llvm/Support/raw_ostream.h"
-
-#include <algorithm>
-
 using llvm::StringRef;
+
+namespace {
+
+/// The rules both pages use. Red (#c62828) marks what is wrong or over
+/// budget; the axis and grid classes are those support/Svg.h draws with.
+/// No newline at the end: a page's own rules start with one.
+constexpr StringRef kSharedCss = R"css(
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif;
+       margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
+h1 { margin-bottom: 0.2em; }
+h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; margin: 0.2em 0; }
+.bad { color: #c62828; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; }
+svg { max-width: 100%; height: auto; display: block; }
+svg text { font-size: 12px; fill: #333; }
+svg .axis { stroke: #333; }
+svg .grid { stroke: #e6e6e6; })css";
+
+} // namespace
 
 std::string megaslide::html::escape(StringRef text) {
   std::string out;
@@ -33,40 +51,19 @@ std::string megaslide::html::escape(StringRef text) {
   return out;
 }
 
-double megaslide::html::tickStep(double span, int count, double minStep) {
-  double raw = span / count;
-  double power = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = 10 * power;
-  for (double multiple : {1.0, 2.0, 5.0})
-    if (multiple * power >= raw) {
-      step = multiple * power;
-      break;
-    }
-  return std::max(step, minStep);
+void megaslide::html::openPage(llvm::raw_ostream &os, StringRef title,
+                               StringRef css) {
+  os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta "
+        "charset=\"utf-8\">\n"
+     << "<title>" << title << "</title>\n"
+     << "<style>" << kSharedCss << css << "</style>\n</head>\n<body>\n";
 }
 
-std::string megaslide::html::tickLabel(double value, double step) {
-  int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step))));
-  if (std::abs(value) < step * 1e-6)
-    value = 0; // no "-0.0"
-  std::string label;
-  llvm::raw_string_ostream(label) << llvm::format("%.*f", decimals, value);
-  return label;
+void megaslide::html::closePage(llvm::raw_ostream &os) {
+  os << "</body>\n</html>\n";
 }
 
-void megaslide::html::drawLine(llvm::raw_ostream &os, double x1, double y1,
-                               double x2, double y2, llvm::StringRef cssClass) {
-  os << llvm::format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ",
-                     x1, y1, x2, y2)
-     << "class=\"" << cssClass << "\"/>\n";
-}
-
-void megaslide::html::drawText(llvm::raw_ostream &os, double x, double y,
-                               llvm::StringRef anchor, llvm::StringRef text,
-                               llvm::StringRef cssClass) {
-  os << llvm::format("<text x=\"%.1f\" y=\"%.1f\" ", x, y) << "text-anchor=\""
-     << anchor << "\"";
-  if (!cssClass.empty())
-    os << " class=\"" << cssClass << "\"";
-  os << ">" << text << "</text>\n";
+void megaslide::html::renderRow(llvm::raw_ostream &os, StringRef name,
+                                StringRef value) {
+  os << "<tr><th>" << name << "</th><td>" << value << "</td></tr>\n";
 }

@@ -3,9 +3,9 @@
 // Reads the metrics log line by line, keeps the last line of each step,
 // and draws every curve over the same step axis, so that a spike in the
 // gradient norm lines up with the loss and step time it came with. The
-// page follows the plan report (lib/Report/HtmlReport.cpp): inline CSS and
-// SVG, no script and no URL, "n/a" and a sentence for what the file does
-// not hold.
+// page's shell and plot frames are the plan report's (support/Html.h,
+// support/Svg.h): inline CSS and SVG, no script and no URL, "n/a" and a
+// sentence for what the file does not hold.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +13,7 @@
 
 #include "megaslide/runtime/support/Html.h"
 #include "megaslide/runtime/support/Json.h"
+#include "megaslide/runtime/support/Svg.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -31,13 +32,14 @@ using namespace megaslide;
 using namespace megaslide::train;
 using llvm::raw_ostream;
 using llvm::StringRef;
+using megaslide::html::renderRow;
+using namespace megaslide::svg;
 namespace json = llvm::json;
 
 namespace {
 
 constexpr double kBytesPerGB = 1e9;
 constexpr double kBytesPerMB = 1e6;
-constexpr double kSvgWidth = 900;
 /// Columns a plot is drawn in: a log of up to this many steps is drawn
 /// point by point, a longer one column by column (drawnPoints), so a run of
 /// a million steps gives a page of a few MB rather than of 90 that a
@@ -45,17 +47,16 @@ constexpr double kSvgWidth = 900;
 /// displays of two pixels per px.
 constexpr size_t kPlotColumns = 2000;
 
-// Series colours, from the plan report's palette; red (#e15759, in the
-// page's CSS) marks problems (skipped steps, non-finite values, clipping)
-// and nothing else.
-constexpr StringRef kLossColor = "#4e79a7";
-constexpr StringRef kValColor = "#f28e2b";
-constexpr StringRef kLrColor = "#59a14f";
-constexpr StringRef kGradColor = "#b07aa1";
-constexpr StringRef kTimeColor = "#76b7b2";
-constexpr StringRef kThroughputColor = "#9c755f";
-constexpr StringRef kHostColor = "#edc948";
-constexpr StringRef kDeviceColor = "#4e79a7";
+// Series colours; red (kPalette[3], in the page's CSS) marks problems
+// (skipped steps, non-finite values, clipping) and nothing else.
+constexpr StringRef kLossColor = kPalette[0];
+constexpr StringRef kValColor = kPalette[1];
+constexpr StringRef kLrColor = kPalette[2];
+constexpr StringRef kGradColor = kPalette[6];
+constexpr StringRef kTimeColor = kPalette[4];
+constexpr StringRef kThroughputColor = kPalette[7];
+constexpr StringRef kHostColor = kPalette[5];
+constexpr StringRef kDeviceColor = kPalette[0];
 
 //===----------------------------------------------------------------------===//
 // Reading the metrics log
@@ -353,7 +354,7 @@ std::string formatSteps(llvm::ArrayRef<int64_t> steps, size_t max = 12) {
 std::string axisLabel(double value, double step) {
   if (step < 1e-3)
     return formatNumber(std::abs(value) < step * 1e-6 ? 0 : value);
-  return html::tickLabel(value, step);
+  return tickLabel(value, step);
 }
 
 //===----------------------------------------------------------------------===//
@@ -401,95 +402,27 @@ struct Plot {
   std::string caption;
 };
 
-/// A y axis, linear or logarithmic (then min and max are log10 values).
-struct YAxis {
-  double min, max;
-  bool log;
-  double position(double value) const {
-    return log ? std::log10(value) : value;
-  }
-};
-
-struct Frame {
-  double left, top, width, height;
-  double xMin, xMax;
-  YAxis y;
-
-  double px(double step) const {
-    return left + (step - xMin) / (xMax - xMin) * width;
-  }
-  double py(double value) const {
-    return top + height -
-           (y.position(value) - y.min) / (y.max - y.min) * height;
-  }
-  double right() const { return left + width; }
-  double bottom() const { return top + height; }
-};
-
-using html::drawLine;
-using html::drawText;
-
-void drawXAxis(raw_ostream &os, const Frame &f) {
-  double step = html::tickStep(f.xMax - f.xMin, 8, 1);
-  html::forEachTick(f.xMin, f.xMax, step, [&](double value) {
-    double x = f.px(value);
-    drawLine(os, x, f.top, x, f.bottom(), "grid");
-    drawLine(os, x, f.bottom(), x, f.bottom() + 5, "axis");
-    drawText(os, x, f.bottom() + 18, "middle", html::tickLabel(value, step));
-  });
-  drawLine(os, f.left, f.bottom(), f.right(), f.bottom(), "axis");
-  drawText(os, f.left + f.width / 2, f.bottom() + 36, "middle", "step");
-}
-
-void drawYTick(raw_ostream &os, const Frame &f, double value, StringRef label) {
-  double y = f.py(value);
-  drawLine(os, f.left, y, f.right(), y, "grid");
-  drawLine(os, f.left - 5, y, f.left, y, "axis");
-  drawText(os, f.left - 8, y + 4, "end", label);
-}
-
-void drawYAxis(raw_ostream &os, const Frame &f, StringRef label) {
-  if (f.y.log) {
-    // Decades, and 2 and 5 times them where the axis spans few decades.
-    int first = static_cast<int>(std::floor(f.y.min + 1e-9));
-    int last = static_cast<int>(std::ceil(f.y.max - 1e-9));
-    bool fine = last - first <= 2;
-    for (int decade = first; decade <= last; ++decade)
-      for (double multiple : {1.0, 2.0, 5.0}) {
-        if (multiple != 1 && !fine)
-          continue;
-        double value = multiple * std::pow(10.0, decade);
-        double at = std::log10(value);
-        if (at < f.y.min - 1e-9 || at > f.y.max + 1e-9)
-          continue;
-        drawYTick(os, f, value, formatNumber(value));
-      }
-  } else {
-    double step = html::tickStep(f.y.max - f.y.min, 5, 0);
-    html::forEachTick(f.y.min, f.y.max, step, [&](double value) {
-      drawYTick(os, f, value, axisLabel(value, step));
-    });
-  }
-  drawLine(os, f.left, f.top, f.left, f.bottom(), "axis");
-  os << llvm::format("<text transform=\"translate(%.1f,%.1f) rotate(-90)\" ",
-                     f.left - 62, f.top + f.height / 2)
-     << "text-anchor=\"middle\">" << label << "</text>\n";
-}
-
-void openSvg(raw_ostream &os, double height, StringRef id, StringRef title) {
-  os << llvm::format("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" "
-                     "height=\"%.0f\" ",
-                     kSvgWidth, height, kSvgWidth, height)
-     << "role=\"img\" aria-label=\"" << title << "\" data-plot=\"" << id
-     << "\">\n";
-}
-
-/// A whole (short) SVG that says the file has no data for this plot.
-void emptySvg(raw_ostream &os, StringRef id, StringRef title,
-              StringRef message) {
-  openSvg(os, 60, id, title);
-  drawText(os, kSvgWidth / 2, 35, "middle", message);
-  os << "</svg>\n";
+/// The y axis of `f`: linear, or logarithmic with ticks at decades (and 2
+/// and 5 times them where it spans few decades).
+void drawMetricYAxis(raw_ostream &os, const Frame &f, StringRef label) {
+  // Room for tick labels of four significant digits ("1.2e-05").
+  constexpr double labelGap = 62;
+  if (!f.logY)
+    return svg::drawYAxis(os, f, label, labelGap, axisLabel);
+  int first = static_cast<int>(std::floor(f.y.min + 1e-9));
+  int last = static_cast<int>(std::ceil(f.y.max - 1e-9));
+  bool fine = last - first <= 2;
+  for (int decade = first; decade <= last; ++decade)
+    for (double multiple : {1.0, 2.0, 5.0}) {
+      if (multiple != 1 && !fine)
+        continue;
+      double value = multiple * std::pow(10.0, decade);
+      double at = std::log10(value);
+      if (at < f.y.min - 1e-9 || at > f.y.max + 1e-9)
+        continue;
+      drawYTick(os, f, value, formatNumber(value));
+    }
+  drawYAxisLine(os, f, label, labelGap);
 }
 
 /// A mark on the x axis at `x`: a triangle (skipped step) or a cross
@@ -506,37 +439,37 @@ void drawAxisMark(raw_ostream &os, double x, double y, StringRef shape,
   os << "<title>" << tooltip << "</title></path>\n";
 }
 
-/// Legend entries in one row above the frame; returns nothing, wraps not
-/// (a plot has at most four entries).
+/// Legend entries in one row above the frame, not wrapped (a plot has at
+/// most five): each a swatch as the plot draws it, and its name.
 void drawLegend(raw_ostream &os, const Plot &plot, double left, double y) {
+  LegendLayout legend{left, /*nameOffset=*/23, /*pad=*/40, /*charWidth=*/7};
   double x = left;
-  auto advance = [&](StringRef name) { x += 40 + 7 * name.size(); };
+  auto name = [&](StringRef text) {
+    legend.drawName(os, x, y, text);
+    x += legend.entryWidth(text);
+  };
   for (const Series &s : plot.series) {
     os << llvm::format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
                        "y2=\"%.1f\" stroke=\"",
                        x, y - 4, x + 18, y - 4)
        << s.color << "\" stroke-width=\"2\"/>\n";
-    drawText(os, x + 23, y, "start", s.name);
-    advance(s.name);
+    name(s.name);
   }
   if (!plot.highlights.empty()) {
     os << llvm::format("<circle class=\"highlight\" cx=\"%.1f\" cy=\"%.1f\" "
                        "r=\"3.5\"/>\n",
                        x + 9, y - 4);
-    drawText(os, x + 23, y, "start", plot.highlightName);
-    advance(plot.highlightName);
+    name(plot.highlightName);
   }
   if (plot.threshold) {
     drawLine(os, x, y - 4, x + 18, y - 4, "threshold");
-    drawText(os, x + 23, y, "start", plot.thresholdName);
-    advance(plot.thresholdName);
+    name(plot.thresholdName);
   }
   for (const AxisMarks &marks : plot.marks) {
     if (marks.steps.empty())
       continue;
     drawAxisMark(os, x + 9, y + 1, marks.shape, marks.name);
-    drawText(os, x + 23, y, "start", marks.name);
-    advance(marks.name);
+    name(marks.name);
   }
 }
 
@@ -611,9 +544,9 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   bool anyMarks = llvm::any_of(
       plot.marks, [](const AxisMarks &m) { return !m.steps.empty(); });
   if (count == 0 && !anyMarks)
-    return emptySvg(os, plot.id, plot.title, html::escape(emptyMessage));
+    return emptySvg(os, plot.title, html::escape(emptyMessage), plot.id);
 
-  YAxis y{0, 1, plot.logY};
+  Range y{0, 1}; // log10 units with plot.logY
   if (count > 0) {
     if (plot.threshold) {
       yMin = std::min(yMin, *plot.threshold);
@@ -637,21 +570,15 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   }
 
   double height = 300;
-  Frame f{90,
-          34,
-          kSvgWidth - 120,
-          height - 34 - 52,
-          xMin,
-          xMax > xMin ? xMax : xMin + 1,
-          y};
-  openSvg(os, height, plot.id, plot.title);
+  Frame f{90, 34, kWidth - 120, height - 34 - 52, {xMin, xMax}, y, plot.logY};
+  openSvg(os, height, plot.title, plot.id);
   drawLegend(os, plot, f.left, 16);
   if (count > 0)
-    drawYAxis(os, f, plot.yLabel);
+    drawMetricYAxis(os, f, plot.yLabel);
   else
     drawText(os, f.left + f.width / 2, f.top + f.height / 2, "middle",
              html::escape(emptyMessage));
-  drawXAxis(os, f);
+  drawXAxis(os, f, "step", /*minStep=*/1);
 
   if (plot.threshold && count > 0) {
     double ty = f.py(*plot.threshold);
@@ -661,7 +588,7 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   for (const Series &s : plot.series) {
     if (s.points.empty())
       continue;
-    std::vector<Point> drawn = drawnPoints(s.points, f.xMin, f.xMax);
+    std::vector<Point> drawn = drawnPoints(s.points, f.x.min, f.x.max);
     downsampled |= drawn.size() < s.points.size();
     os << "<polyline class=\"series\" data-series=\"" << s.id << "\" stroke=\""
        << s.color << "\" points=\"";
@@ -679,24 +606,26 @@ void renderPlot(raw_ostream &os, const Plot &plot, double xMin, double xMax,
   }
   // Several clipped steps in one column: one circle, at the largest of
   // them, whose tooltip counts them.
-  forEachColumn(plot.highlights, f.xMin, f.xMax, [&](size_t begin, size_t end) {
-    auto top = std::max_element(
-        plot.highlights.begin() + begin, plot.highlights.begin() + end,
-        [](const Point &a, const Point &b) { return a.second < b.second; });
-    os << llvm::format("<circle class=\"highlight\" cx=\"%.1f\" cy=\"%.1f\" "
-                       "r=\"3.5\">",
-                       f.px(top->first), f.py(top->second))
-       << "<title>"
-       << stepsText(plot.highlights[begin].first,
-                    plot.highlights[end - 1].first, end - begin)
-       << ": " << plot.highlightName << "</title></circle>\n";
-    grouped |= end - begin > 1;
-  });
+  forEachColumn(
+      plot.highlights, f.x.min, f.x.max, [&](size_t begin, size_t end) {
+        auto top = std::max_element(
+            plot.highlights.begin() + begin, plot.highlights.begin() + end,
+            [](const Point &a, const Point &b) { return a.second < b.second; });
+        os << llvm::format(
+                  "<circle class=\"highlight\" cx=\"%.1f\" cy=\"%.1f\" "
+                  "r=\"3.5\">",
+                  f.px(top->first), f.py(top->second))
+           << "<title>"
+           << stepsText(plot.highlights[begin].first,
+                        plot.highlights[end - 1].first, end - begin)
+           << ": " << plot.highlightName << "</title></circle>\n";
+        grouped |= end - begin > 1;
+      });
   for (const AxisMarks &marks : plot.marks) {
     std::vector<Point> steps;
     for (int64_t step : marks.steps)
       steps.emplace_back(static_cast<double>(step), 0);
-    forEachColumn(steps, f.xMin, f.xMax, [&](size_t begin, size_t end) {
+    forEachColumn(steps, f.x.min, f.x.max, [&](size_t begin, size_t end) {
       drawAxisMark(
           os, f.px(steps[begin].first), f.bottom(), marks.shape,
           stepsText(steps[begin].first, steps[end - 1].first, end - begin) +
@@ -935,32 +864,14 @@ void renderMemoryPlot(raw_ostream &os, const Metrics &m, double xMin,
 // Page sections
 //===----------------------------------------------------------------------===//
 
+/// This page's rules after the shared ones (html::openPage).
 constexpr StringRef kStyle = R"css(
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif;
-       margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
-h1 { margin-bottom: 0.2em; }
-h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-.meta { color: #555; margin: 0.2em 0; }
-.bad { color: #c62828; }
-table { border-collapse: collapse; margin: 0.5em 0; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-th { background: #f4f4f4; }
-svg { max-width: 100%; height: auto; display: block; }
-svg text { font-size: 12px; fill: #333; }
-svg .axis { stroke: #333; }
-svg .grid { stroke: #e6e6e6; }
 svg .series { fill: none; stroke-width: 2; stroke-linejoin: round; }
 svg .threshold { stroke: #c62828; stroke-width: 1.5; stroke-dasharray: 6 4; }
 svg .highlight { fill: none; stroke: #e15759; stroke-width: 1.5; }
 svg .mark { fill: #e15759; stroke: #e15759; stroke-width: 2; }
 svg .mark.cross { fill: none; }
 )css";
-
-/// A table row; `value` is HTML (already escaped).
-void renderRow(raw_ostream &os, StringRef name, StringRef value) {
-  os << "<tr><th>" << name << "</th><td>" << value << "</td></tr>\n";
-}
 
 /// The mean of the finite values of a field, and how many there are.
 template <typename Get>
@@ -1183,10 +1094,7 @@ megaslide::train::trainingReportHtml(StringRef metricsJsonl,
   std::string title = html::escape(info.title);
   std::string page;
   llvm::raw_string_ostream os(page);
-  os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta "
-        "charset=\"utf-8\">\n"
-     << "<title>" << title << "</title>\n"
-     << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
+  html::openPage(os, title, kStyle);
   os << "<header>\n<h1>" << title << "</h1>\n"
      << "<p class=\"meta\">" << m.steps.size() << " optimizer step"
      << (m.steps.size() == 1 ? "" : "s")
@@ -1209,6 +1117,6 @@ megaslide::train::trainingReportHtml(StringRef metricsJsonl,
   renderMemoryPlot(os, m, xMin, xMax);
   renderSettings(os, info);
   renderBuckets(os, info);
-  os << "</body>\n</html>\n";
+  html::closePage(os);
   return page;
 }

@@ -13,6 +13,7 @@
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Pipelines/Plan.h"
 #include "megaslide/Report/HtmlReport.h"
+#include "megaslide/Report/TextReport.h"
 #include "megaslide/Version.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 

@@ -3,7 +3,8 @@
 // Reads a module after `megaslide-pipeline` and reports host and device
 // memory by category and per block, transfer volume, and the step time
 // predicted by replaying its execution plan on a hardware model, next to
-// its lower bound. Schema: docs/PlanSchema.md.
+// its lower bound. Rendered as text and JSON (docs/PlanSchema.md) by
+// lib/Report.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,8 +17,7 @@
 #include "megaslide/runtime/sim/Timeline.h"
 
 #include "mlir/IR/BuiltinOps.h"
-#include "llvm/Support/JSON.h"
-#include "llvm/Support/raw_ostream.h"
+#include "llvm/Support/Error.h"
 
 #include <map>
 #include <string>
@@ -207,10 +207,6 @@ buildPlanReport(mlir::ModuleOp module, const exec::ExecPlan &program,
 /// planned by megaslide-defer-updates; nothing for one that was not.
 llvm::Error planRecipe(mlir::ModuleOp module, const exec::ExecPlan &program,
                        const HardwareModel &hw, PlanReport &report);
-
-/// Adds the report's fields to `out` (docs/PlanSchema.md).
-void addToJson(const PlanReport &report, llvm::json::Object &out);
-void printText(const PlanReport &report, llvm::raw_ostream &os);
 
 } // namespace megaslide
 

@@ -1,10 +1,11 @@
-//===- Html.h - Pieces of the self-contained HTML pages ---------*- C++ -*-===//
+//===- Html.h - The shell of the self-contained HTML pages ------*- C++ -*-===//
 //
 // What the plan report (lib/Report/HtmlReport.cpp) and the training report
-// (runtime/train/TrainingReport.cpp) both need to write an offline HTML
-// page with inline SVG plots: escaping text, and round axis ticks with
-// labels. One home for both, without MLIR: the training report is built
-// in the runtime-only build too, which has no lib/Report.
+// (runtime/train/TrainingReport.cpp) both write around their plots: one
+// offline page, inline CSS, no script and no URL, so that it opens from a
+// ticket or a mail. Their plots are drawn with support/Svg.h. No MLIR: the
+// training report is built in the runtime-only build too, which has no
+// lib/Report.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,7 +15,6 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <cmath>
 #include <string>
 
 namespace megaslide::html {
@@ -22,31 +22,18 @@ namespace megaslide::html {
 /// Escapes text for HTML element content and double-quoted attributes.
 std::string escape(llvm::StringRef text);
 
-/// Round tick spacing (1, 2 or 5 times a power of ten) giving about
-/// `count` ticks over `span`, but never closer than `minStep`.
-double tickStep(double span, int count, double minStep);
+/// Opens a page up to its <body>: `title` (HTML, already escaped) as its
+/// <title>, and the CSS both reports share (text, tables, the axes and
+/// grid of support/Svg.h) followed by `css`, the report's own rules.
+void openPage(llvm::raw_ostream &os, llvm::StringRef title,
+              llvm::StringRef css);
 
-/// The label of a tick at `value`, with as many decimals as `step` needs
-/// ("0.25" for steps of 0.05), never "-0".
-std::string tickLabel(double value, double step);
+/// Closes what openPage opened.
+void closePage(llvm::raw_ostream &os);
 
-/// An SVG <line> of CSS class `cssClass`.
-void drawLine(llvm::raw_ostream &os, double x1, double y1, double x2,
-              double y2, llvm::StringRef cssClass);
-
-/// An SVG <text> anchored at (x, y) (`anchor`: start, middle, end);
-/// `text` must already be escaped.
-void drawText(llvm::raw_ostream &os, double x, double y,
-              llvm::StringRef anchor, llvm::StringRef text,
-              llvm::StringRef cssClass = "");
-
-/// Calls `draw(value)` for each multiple of `step` in [min, max].
-template <typename Fn>
-void forEachTick(double min, double max, double step, Fn draw) {
-  for (double i = std::ceil(min / step - 1e-9); i * step <= max + step * 1e-9;
-       ++i)
-    draw(i * step);
-}
+/// A table row of a name and a value; both are HTML (already escaped).
+void renderRow(llvm::raw_ostream &os, llvm::StringRef name,
+               llvm::StringRef value);
 
 } // namespace megaslide::html
 
