@@ -183,6 +183,23 @@ def test_ecosystem_flags_are_answered(flag, answer):
     assert "overwrite" not in result.out, result.out
 
 
+@pytest.mark.parametrize("flag,answer", [
+    ("--train_batch_size", "MegaSlide's equivalent is --batch\n"),
+    ("--gradient_checkpointing",
+     "MegaSlide's equivalent is --activation-policy recompute"),
+    ("--learning_rate", "MegaSlide's equivalent is --lr\n"),
+    ("--checkpointing_steps", "MegaSlide's equivalent is --checkpoint-every "
+     "(a flag of megaslide-run, not of megaslide-plan)"),
+    ("--num_processes", "not supported: one process per GPU")])
+def test_planner_answers_ecosystem_flags_too(flag, answer):
+    result = subprocess.run(
+        [tool_path("megaslide-plan"), "--model", "tiny", "--frames", "5",
+         "--height", "64", "--width", "64", flag, "2"],
+        capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert answer in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("flag", ["--overwrite-checkpoint",
                                   "--overwrite_checkpoints",
                                   "--rewrite-checkpoints"])

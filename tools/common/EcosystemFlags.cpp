@@ -157,7 +157,7 @@ bool tools::checkEcosystemFlags(int argc, char **argv, StringRef tool,
     error << "MegaSlide's equivalent is --" << hit->flag
           << (*hit->advice ? " " : "") << hit->advice;
     if (!options.count(hit->flag))
-      error << " (a flag of megaslide-run; " << tool << " runs a saved plan)";
+      error << " (a flag of megaslide-run, not of " << tool << ")";
     error << "\n";
     return false;
   }

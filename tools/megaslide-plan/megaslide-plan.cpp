@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/Tools/EcosystemFlags.h"
 #include "megaslide/Tools/HardwareFlag.h"
 #include "megaslide/Tools/PlanFlags.h"
 
@@ -119,6 +120,8 @@ int main(int argc, char **argv) {
   addVersionPrinter("megaslide-plan");
   cl::HideUnrelatedOptions({&tools::planCategory, &tools::recipeCategory,
                             &tools::hardwareCategory, &category});
+  if (!tools::checkEcosystemFlags(argc, argv, "megaslide-plan", {}))
+    return 1;
   cl::ParseCommandLineOptions(
       argc, argv,
       "megaslide-plan: does a DiT training step fit this GPU and host, and "
