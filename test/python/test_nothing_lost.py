@@ -115,6 +115,23 @@ def test_two_outputs_on_one_file_are_refused(tmp_path, first, second):
     assert not path.exists()
 
 
+@pytest.mark.parametrize("weights,output", [
+    ("base", "base"), ("base/", "./base"),
+    ("base/diffusion_pytorch_model.safetensors", "base")])
+def test_an_output_over_an_input_is_refused(tmp_path, weights, output):
+    base = tmp_path / "base"
+    run(*SMALL, "--steps", 1, "--save-weights", base)
+    def snapshot(folder):
+        return {p.name: (p.stat().st_ino, p.read_bytes())
+                for p in sorted(folder.iterdir())}
+
+    before = snapshot(base)
+    result = run(*SMALL, "--steps", 1, "--weights", tmp_path / weights,
+                 "--save-weights", tmp_path / output, check=False)
+    refused(result, "--save-weights", "would overwrite the --weights input")
+    assert snapshot(base) == before
+
+
 def test_outputs_through_a_symlink_are_refused(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")

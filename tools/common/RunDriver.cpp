@@ -539,48 +539,70 @@ struct CreatedFolders {
 };
 
 /// Refuses two outputs on one file or folder (`--metrics x --report x`
-/// would have the page overwrite the log): paths are compared after
-/// resolving symlinks, `..` and the working directory, and existing ones by
-/// inode too (hard links).
+/// would have the page overwrite the log), an output on an input
+/// (`--save-weights W --weights W` would replace the base model), and an
+/// input inside an output that is replaced whole (`--save-weights P
+/// --weights P/transformer`): paths are compared after resolving symlinks,
+/// `..` and the working directory, and existing ones by inode too (hard
+/// links).
 Error checkDistinctOutputs() {
-  struct Output {
+  struct Path {
     StringRef flag;
     std::string path;
     std::filesystem::path resolved;
   };
-  std::vector<Output> outputs;
   auto &options = cl::getRegisteredOptions();
-  for (StringRef flag : {"checkpoint-dir", "save-weights", "save-plan", "trace",
-                         "metrics", "report", "save-gradients", "plan-cache"}) {
-    auto it = options.find(flag);
-    if (it == options.end())
-      continue;
-    const std::string &path =
-        static_cast<cl::opt<std::string> *>(it->second)->getValue();
-    if (path.empty() || path == "-")
-      continue;
-    std::error_code ec;
-    std::filesystem::path resolved = std::filesystem::weakly_canonical(
-        std::filesystem::absolute(std::filesystem::path(path), ec), ec);
-    if (ec)
-      resolved = path;
-    resolved = resolved.lexically_normal();
-    if (!resolved.has_filename()) // "dir/"
-      resolved = resolved.parent_path();
-    outputs.push_back({flag, path, resolved});
-  }
-  for (size_t i = 0; i < outputs.size(); ++i)
-    for (size_t j = i + 1; j < outputs.size(); ++j) {
-      const Output &a = outputs[i], &b = outputs[j];
+  auto collect = [&](ArrayRef<StringRef> flags) {
+    std::vector<Path> paths;
+    for (StringRef flag : flags) {
+      auto it = options.find(flag);
+      if (it == options.end())
+        continue;
+      const std::string &path =
+          static_cast<cl::opt<std::string> *>(it->second)->getValue();
+      if (path.empty() || path == "-")
+        continue;
       std::error_code ec;
-      bool same = a.resolved == b.resolved ||
-                  (std::filesystem::equivalent(a.path, b.path, ec) && !ec);
-      if (same)
+      std::filesystem::path resolved = std::filesystem::weakly_canonical(
+          std::filesystem::absolute(std::filesystem::path(path), ec), ec);
+      if (ec)
+        resolved = path;
+      resolved = resolved.lexically_normal();
+      if (!resolved.has_filename()) // "dir/"
+        resolved = resolved.parent_path();
+      paths.push_back({flag, path, resolved});
+    }
+    return paths;
+  };
+  auto same = [](const Path &a, const Path &b) {
+    std::error_code ec;
+    return a.resolved == b.resolved ||
+           (std::filesystem::equivalent(a.path, b.path, ec) && !ec);
+  };
+  std::vector<Path> outputs =
+      collect({"checkpoint-dir", "save-weights", "save-plan", "trace",
+               "metrics", "report", "save-gradients", "plan-cache"});
+  for (size_t i = 0; i < outputs.size(); ++i)
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      if (same(outputs[i], outputs[j]))
         return createStringError(
-            "--" + a.flag + " '" + a.path + "' and --" + b.flag + " '" +
-            b.path +
+            "--" + outputs[i].flag + " '" + outputs[i].path + "' and --" +
+            outputs[j].flag + " '" + outputs[j].path +
             "' are the same file; one would overwrite the other: give each "
             "output its own path");
+  for (const Path &in : collect({"weights", "data", "val-data", "plan"}))
+    for (const Path &out : outputs) {
+      // Written in place of what was there: the input would be lost.
+      bool replacedWhole =
+          out.flag == "save-weights" || out.flag == "save-gradients";
+      auto rel = in.resolved.lexically_relative(out.resolved);
+      bool inside = replacedWhole && !rel.empty() && *rel.begin() != "..";
+      if (same(in, out) || inside)
+        return createStringError(
+            "--" + out.flag + " '" + out.path + "' would overwrite the --" +
+            in.flag + " input '" + in.path + "'" +
+            (inside && !same(in, out) ? " (it is inside)" : "") +
+            ": write the output somewhere else");
     }
   return Error::success();
 }
