@@ -1,285 +1,13 @@
-//===- DsaKernelsBody.cpp - CUDA C++ of the 3D-DSA kernels ----------------===//
+//===- Dsa3dKernels.cu - The 3D-DSA kernels --------------------*- CUDA -*-===//
 //
-// The kernels emitted by DsaKernels.cpp for every configuration, written
-// against the constants the emitter puts in front of them (T, Y, X, KT, KY,
-// KX, TT, TY, TX, H, D, R and the FWD_/BWD_/OFF_ kernel shapes) and the
-// DSA_*_NAME macros. Header-free CUDA C++ (NVRTC needs no include path):
-// 16-bit elements are raw bits, conversions and tensor-core mma are inline
-// PTX (mma.sync m16n8k16, ldmatrix, cp.async: sm_80 and newer).
+// The forward, the backward's dQ and dK/dV kernels and offset estimation,
+// which DsaKernels.cpp emits for every configuration after its constants
+// and Dsa3dDevice.cuh, under the names of the DSA_*_NAME macros
+// (docs/Dsa3dKernels.md).
 //
 //===----------------------------------------------------------------------===//
 
-namespace megaslide::cuda::detail {
-
-extern const char *const kDsaKernelBody;
-const char *const kDsaKernelBody = R"cuda(
-//===----------------------------------------------------------------------===//
-// Derived constants
-//===----------------------------------------------------------------------===//
-
-namespace dsa {
-
-constexpr int N = T * Y * X;                  // tokens per sample
-constexpr int NTT = (T + TT - 1) / TT;        // tiles along t, y, x
-constexpr int NTY = (Y + TY - 1) / TY;
-constexpr int NTX = (X + TX - 1) / TX;
-constexpr int NTILES = NTT * NTY * NTX;
-constexpr int WINDOW = KT * KY * KX;          // keys per query tile
-constexpr int FRAME_KEYS = KY * KX;           // keys per key frame
-constexpr int DP = D + 8;                     // padded smem row: no bank conflicts
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
-
-static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-static_assert(KT <= T && KY <= Y && KX <= X, "window exceeds the grid");
-
-//===----------------------------------------------------------------------===//
-// Element type, conversions, tensor-core and async-copy primitives
-//===----------------------------------------------------------------------===//
-
-/// Raw 16-bit storage of the element type; no CUDA headers needed.
-typedef unsigned short elem_t;
-
-// The device primitives below are inline PTX; the host emulation of the
-// unit tests (test/unit/lib/Target/Cuda/DsaKernelsTest.cpp) defines
-// DSA_HOST_EMULATION and supplies its own.
-#ifndef DSA_HOST_EMULATION
-
-__device__ __forceinline__ float toFloat(elem_t v) {
-#if DSA_BF16
-  return __uint_as_float(static_cast<unsigned>(v) << 16);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-  return f;
-#endif
-}
-
-/// Packs (lo, hi) into one register, lo in the low half (lower address).
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  unsigned r;
-#if DSA_BF16
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
-}
-
-/// c += a * b on tensor cores: a is 16x16 (row), b 16x8 (col), c 16x8 fp32.
-__device__ __forceinline__ void mma16816(float c[4], const unsigned a[4],
-                                         unsigned b0, unsigned b1) {
-#if DSA_BF16
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#endif
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned smemAddr(const void *p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-/// Four 8x8 b16 matrices from shared memory; lane l gives the address of
-/// row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldsm4(unsigned r[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// Like ldsm4, each matrix transposed.
-__device__ __forceinline__ void ldsm4T(unsigned r[4], unsigned addr) {
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-      : "r"(addr));
-}
-
-/// 16-byte global -> shared copy; bytes = 0 zero-fills the destination.
-__device__ __forceinline__ void cpAsync16(void *dst, const void *src,
-                                          int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                   smemAddr(dst)),
-               "l"(src), "r"(bytes));
-}
-/// 4-byte global -> shared copy (.ca: .cg takes 16 bytes only).
-__device__ __forceinline__ void cpAsync4(void *dst, const void *src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smemAddr(dst)),
-               "l"(src));
-}
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;");
-}
-template <int Pending> __device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending));
-}
-
-/// +infinity without <math.h> (NVRTC compiles header-free).
-__device__ __forceinline__ float infinity() {
-  return __int_as_float(0x7f800000);
-}
-
-__device__ __forceinline__ float fastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-#endif // DSA_HOST_EMULATION
-
-__device__ __forceinline__ int clampi(int v, int lo, int hi) {
-  return v < lo ? lo : (v > hi ? hi : v);
-}
-
-/// Element offset of token `n`, head `h` of sample `b` in a [B, N, H, D]
-/// tensor (64-bit: B*N*H*D exceeds 2^31 at video sizes).
-__device__ __forceinline__ long long rowOffset(int b, int n, int h) {
-  return ((static_cast<long long>(b) * N + n) * H + h) * D;
-}
-
-//===----------------------------------------------------------------------===//
-// Tile and window geometry (docs/Dsa3d.md, "Definition")
-//===----------------------------------------------------------------------===//
-
-/// A query tile: its first token and extent along t, y, x (border tiles
-/// are partial) and its centre.
-struct Tile {
-  int t0, y0, x0;
-  int nt, ny, nx;
-  int ct, cy, cx;
-  int count;
-};
-
-__device__ __forceinline__ Tile tileGeometry(int tile) {
-  Tile g;
-  int it = tile / (NTY * NTX), iy = (tile / NTX) % NTY, ix = tile % NTX;
-  g.t0 = it * TT;
-  g.y0 = iy * TY;
-  g.x0 = ix * TX;
-  g.nt = min(TT, T - g.t0);
-  g.ny = min(TY, Y - g.y0);
-  g.nx = min(TX, X - g.x0);
-  g.ct = (2 * g.t0 + g.nt - 1) / 2; // floor((first + last) / 2)
-  g.cy = (2 * g.y0 + g.ny - 1) / 2;
-  g.cx = (2 * g.x0 + g.nx - 1) / 2;
-  g.count = g.nt * g.ny * g.nx;
-  return g;
-}
-
-/// Token of the tile's `i`-th query (row-major inside the tile).
-__device__ __forceinline__ int queryToken(const Tile &g, int i) {
-  int qt = i / (g.ny * g.nx), qy = (i / g.nx) % g.ny, qx = i % g.nx;
-  return ((g.t0 + qt) * Y + g.y0 + qy) * X + g.x0 + qx;
-}
-
-/// First token of key frame j's spatial window: clamped temporal start,
-/// spatial window displaced by offsets[b, h, tile, j] and clamped.
-__device__ __forceinline__ int keyFrameBase(const Tile &g, const int *offsets,
-                                            int b, int h, int tile, int j) {
-  const int *off = offsets + ((static_cast<long long>(b) * H + h) * NTILES +
-                              tile) * KT * 2 + j * 2;
-  int st = clampi(g.ct - KT / 2, 0, T - KT);
-  int sy = clampi(g.cy + off[0] - KY / 2, 0, Y - KY);
-  int sx = clampi(g.cx + off[1] - KX / 2, 0, X - KX);
-  return ((st + j) * Y + sy) * X + sx;
-}
-
-/// Token of the window's w-th key, w in [0, WINDOW): key frame, row, column.
-__device__ __forceinline__ int keyToken(const int *frameBase, int w) {
-  int j = w / FRAME_KEYS, r = w % FRAME_KEYS;
-  return frameBase[j] + (r / KX) * X + r % KX;
-}
-
-/// Stages rows [chunk*KC, chunk*KC + KC) of the window of k and v into
-/// shared memory ([KC][DP] each); rows past the window are zero-filled so
-/// that masked probabilities never meet garbage.
-template <int KC, int THREADS>
-__device__ __forceinline__ void loadKeyChunk(elem_t *ks, elem_t *vs,
-                                             const elem_t *k, const elem_t *v,
-                                             const int *frameBase, int chunk,
-                                             int b, int h) {
-  constexpr int VPR = D / 8; // 16-byte vectors per row
-  for (int i = threadIdx.x; i < KC * VPR; i += THREADS) {
-    int r = i / VPR, c = (i % VPR) * 8;
-    int w = chunk * KC + r;
-    long long src = 0;
-    int bytes = 0;
-    if (w < WINDOW) {
-      src = rowOffset(b, keyToken(frameBase, w), h) + c;
-      bytes = 16;
-    }
-    cpAsync16(ks + r * DP + c, k + src, bytes);
-    cpAsync16(vs + r * DP + c, v + src, bytes);
-  }
-}
-
-/// Stages `rows` query-side rows of `src` (tokens in rowToken, -1 = padding
-/// row, zero-filled) into shared memory [rows][DP].
-template <int THREADS>
-__device__ __forceinline__ void loadRows(elem_t *dst, const elem_t *src,
-                                         const int *rowToken, int rows, int b,
-                                         int h) {
-  constexpr int VPR = D / 8;
-  for (int i = threadIdx.x; i < rows * VPR; i += THREADS) {
-    int r = i / VPR, c = (i % VPR) * 8;
-    int n = rowToken[r];
-    cpAsync16(dst + r * DP + c, src + (n >= 0 ? rowOffset(b, n, h) + c : 0),
-              n >= 0 ? 16 : 0);
-  }
-}
-
-// Fragment addressing (m16n8k16, see the PTX ISA "Matrix fragments for
-// mma.m16n8k16"): lane = 4 * g + c. A frags hold (row g|g+8, col 2c|2c+8),
-// B frags (k 2c|2c+8, col g), C frags (row g|g+8, col 2c, 2c+1).
-
-/// A fragment (16 rows x 16 cols) of a row-major smem matrix.
-__device__ __forceinline__ void loadA(unsigned a[4], const elem_t *m, int ld,
-                                      int row0, int col0) {
-  int l = threadIdx.x % 32, i = l / 8;
-  ldsm4(a, smemAddr(m + (row0 + l % 8 + (i & 1) * 8) * ld + col0 +
-                    (i >> 1) * 8));
-}
-
-/// A fragment of the transpose of a row-major smem matrix: A = M^T with
-/// A rows = M cols [row0, row0 + 16), A cols = M rows [col0, col0 + 16).
-__device__ __forceinline__ void loadAT(unsigned a[4], const elem_t *m, int ld,
-                                       int row0, int col0) {
-  int l = threadIdx.x % 32, i = l / 8;
-  ldsm4T(a, smemAddr(m + (col0 + l % 8 + (i >> 1) * 8) * ld + row0 +
-                     (i & 1) * 8));
-}
-
-/// B fragments of two adjacent n-tiles, B[k][n] = M[n][k] (M row-major,
-/// rows = n): b[0..1] for n-tile n0, b[2..3] for n0 + 8.
-__device__ __forceinline__ void loadBNK(unsigned b[4], const elem_t *m, int ld,
-                                        int n0, int k0) {
-  int l = threadIdx.x % 32, i = l / 8;
-  ldsm4(b, smemAddr(m + (n0 + l % 8 + (i >> 1) * 8) * ld + k0 + (i & 1) * 8));
-}
-
-/// B fragments of two adjacent n-tiles, B[k][n] = M[k][n] (M row-major,
-/// rows = k): b[0..1] for n-tile n0, b[2..3] for n0 + 8.
-__device__ __forceinline__ void loadBKN(unsigned b[4], const elem_t *m, int ld,
-                                        int k0, int n0) {
-  int l = threadIdx.x % 32, i = l / 8;
-  ldsm4T(b, smemAddr(m + (k0 + l % 8 + (i & 1) * 8) * ld + n0 + (i >> 1) * 8));
-}
-
-/// The query rows of a CTA: tile-local queries [qblock * ROWS, +ROWS).
-template <int ROWS, int THREADS>
-__device__ __forceinline__ int setupRows(int *rowToken, const Tile &g,
-                                         int qblock) {
-  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
-    int i = qblock * ROWS + r;
-    rowToken[r] = i < g.count ? queryToken(g, i) : -1;
-  }
-  return min(ROWS, g.count - qblock * ROWS);
-}
-
-} // namespace dsa
+#include "Dsa3dDevice.cuh"
 
 using namespace dsa;
 
@@ -306,11 +34,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
                  elem_t *__restrict__ out, float *__restrict__ lse,
                  float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
-  elem_t *qs = reinterpret_cast<elem_t *>(smem);      // [FWD_ROWS][DP]
-  elem_t *ks = qs + FWD_ROWS * DP;                    // [STAGES][KC][DP]
-  elem_t *vs = ks + FWD_STAGES * FWD_KC * DP;         // [STAGES][KC][DP]
+  elem_t *qs = reinterpret_cast<elem_t *>(smem); // [FWD_ROWS][DP]
+  elem_t *ks = qs + FWD_ROWS * DP;               // [STAGES][KC][DP]
+  elem_t *vs = ks + FWD_STAGES * FWD_KC * DP;    // [STAGES][KC][DP]
   int *rowToken = reinterpret_cast<int *>(vs + FWD_STAGES * FWD_KC * DP);
-  int *frameBase = rowToken + FWD_ROWS;               // [KT]
+  int *frameBase = rowToken + FWD_ROWS; // [KT]
 
   const int tile = blockIdx.x / FWD_QBLOCKS, qblock = blockIdx.x % FWD_QBLOCKS;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -336,8 +64,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
 #pragma unroll
   for (int i = 0; i < D / 8; ++i)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-infinity(), -infinity()}; // running max (log2 units), rows g, g+8
-  float l[2] = {0.f, 0.f};             // running sum (this lane's columns)
+  float m[2] = {-infinity(),
+                -infinity()}; // running max (log2 units), rows g, g+8
+  float l[2] = {0.f, 0.f};    // running sum (this lane's columns)
   // FWD_QREG: the warp's 16 queries as A fragments, loaded from shared
   // memory once (after the first chunk's wait) and kept in registers for
   // every chunk; otherwise reloaded per chunk (when D / 4 more registers
@@ -426,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
           l[e / 2] += p;
         }
 
-      // O += P v: the C fragments of two adjacent key n-tiles are the A
-      // fragment of one 16-key k-step.
+        // O += P v: the C fragments of two adjacent key n-tiles are the A
+        // fragment of one 16-key k-step.
 #pragma unroll
       for (int kk = 0; kk < FWD_KC / 16; ++kk) {
         unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]),
@@ -445,8 +174,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     }
     __syncthreads(); // the next prefetch overwrites this stage
     if (FWD_STAGES == 1 && chunk + 1 < FWD_CHUNKS) {
-      loadKeyChunk<FWD_KC, FWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1,
-                                        b, h);
+      loadKeyChunk<FWD_KC, FWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1, b,
+                                        h);
       cpAsyncCommit();
     }
   }
@@ -498,14 +227,14 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
                  const float *__restrict__ lse, elem_t *__restrict__ dq,
                  float *__restrict__ delta, float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
-  elem_t *qs = reinterpret_cast<elem_t *>(smem);   // [BWD_ROWS][DP]
-  elem_t *dos = qs + BWD_ROWS * DP;                // [BWD_ROWS][DP]
-  elem_t *ks = dos + BWD_ROWS * DP;                // [STAGES][KC][DP]
-  elem_t *vs = ks + BWD_STAGES * BWD_KC * DP;      // [STAGES][KC][DP]
+  elem_t *qs = reinterpret_cast<elem_t *>(smem); // [BWD_ROWS][DP]
+  elem_t *dos = qs + BWD_ROWS * DP;              // [BWD_ROWS][DP]
+  elem_t *ks = dos + BWD_ROWS * DP;              // [STAGES][KC][DP]
+  elem_t *vs = ks + BWD_STAGES * BWD_KC * DP;    // [STAGES][KC][DP]
   float *rowLse = reinterpret_cast<float *>(vs + BWD_STAGES * BWD_KC * DP);
   float *rowDelta = rowLse + BWD_ROWS;
   int *rowToken = reinterpret_cast<int *>(rowDelta + BWD_ROWS);
-  int *frameBase = rowToken + BWD_ROWS;            // [KT]
+  int *frameBase = rowToken + BWD_ROWS; // [KT]
 
   const int tile = blockIdx.x / BWD_QBLOCKS, qblock = blockIdx.x % BWD_QBLOCKS;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -540,9 +269,9 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
       acc += __shfl_xor_sync(0xffffffffu, acc, sh);
     if (lane == 0) {
       rowDelta[r] = acc;
-      rowLse[r] = n >= 0 ? lse[(static_cast<long long>(b) * H + h) * N + n] *
-                               LOG2E
-                         : infinity();
+      rowLse[r] = n >= 0
+                      ? lse[(static_cast<long long>(b) * H + h) * N + n] * LOG2E
+                      : infinity();
       if (n >= 0)
         delta[(static_cast<long long>(b) * H + h) * N + n] = acc;
     }
@@ -607,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
             p = 0.f;
           dp[i][e] = p * (dp[i][e] - dlt[e / 2]); // dS (unscaled)
         }
-      // dQ += dS k (scale applied at the end).
+        // dQ += dS k (scale applied at the end).
 #pragma unroll
       for (int kk = 0; kk < BWD_KC / 16; ++kk) {
         unsigned a[4] = {pack2(dp[2 * kk][0], dp[2 * kk][1]),
@@ -625,8 +354,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
     }
     __syncthreads(); // the next chunk overwrites this stage
     if (BWD_STAGES == 1 && chunk + 1 < BWD_CHUNKS) {
-      loadKeyChunk<BWD_KC, BWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1,
-                                        b, h);
+      loadKeyChunk<BWD_KC, BWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1, b,
+                                        h);
       cpAsyncCommit();
     }
   }
@@ -676,8 +405,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
 
 namespace dsa {
 constexpr int BKV_THREADS = 32 * BKV_WARPS;
-constexpr int BKV_ROWS = 16 * BKV_WARPS;       // keys per CTA
-constexpr int BKV_TILE_ROWS = TT * TY * TX;    // queries of a full tile
+constexpr int BKV_ROWS = 16 * BKV_WARPS;    // keys per CTA
+constexpr int BKV_TILE_ROWS = TT * TY * TX; // queries of a full tile
 constexpr int BKV_QCHUNKS = (BKV_TILE_ROWS + BKV_QC - 1) / BKV_QC;
 constexpr int BKV_NCAND = BKV_CAND_T * BKV_CAND_Y * BKV_CAND_X; // upper bound
 // dK/dV columns per pass over the candidates (whole 16-column steps; the
@@ -694,30 +423,26 @@ constexpr int BKV_QG = BKV_QSTEP / 16;
 static_assert(BKV_QC % 16 == 0, "query chunk must be a multiple of 16");
 } // namespace dsa
 
-extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
-    DSA_BWD_KEYS_NAME(const elem_t *__restrict__ q,
-                      const elem_t *__restrict__ k,
-                      const elem_t *__restrict__ v,
-                      const int *__restrict__ offsets,
-                      const elem_t *__restrict__ dout,
-                      const float *__restrict__ lse,
-                      const float *__restrict__ delta,
-                      elem_t *__restrict__ dk, elem_t *__restrict__ dv,
-                      float scale) {
+extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1) DSA_BWD_KEYS_NAME(
+    const elem_t *__restrict__ q, const elem_t *__restrict__ k,
+    const elem_t *__restrict__ v, const int *__restrict__ offsets,
+    const elem_t *__restrict__ dout, const float *__restrict__ lse,
+    const float *__restrict__ delta, elem_t *__restrict__ dk,
+    elem_t *__restrict__ dv, float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
-  elem_t *ks = reinterpret_cast<elem_t *>(smem);   // [BKV_ROWS][DP]
-  elem_t *vs = ks + BKV_ROWS * DP;                 // [BKV_ROWS][DP]
-  elem_t *qs = vs + BKV_ROWS * DP;                 // [STAGES][QC][DP]
-  elem_t *dos = qs + BKV_STAGES * BKV_QC * DP;     // [STAGES][QC][DP]
+  elem_t *ks = reinterpret_cast<elem_t *>(smem); // [BKV_ROWS][DP]
+  elem_t *vs = ks + BKV_ROWS * DP;               // [BKV_ROWS][DP]
+  elem_t *qs = vs + BKV_ROWS * DP;               // [STAGES][QC][DP]
+  elem_t *dos = qs + BKV_STAGES * BKV_QC * DP;   // [STAGES][QC][DP]
   float *rowLse = reinterpret_cast<float *>(dos + BKV_STAGES * BKV_QC * DP);
-  float *rowDelta = rowLse + BKV_STAGES * BKV_QC;  // [STAGES][QC]
+  float *rowDelta = rowLse + BKV_STAGES * BKV_QC; // [STAGES][QC]
   int *winY = reinterpret_cast<int *>(rowDelta + BKV_STAGES * BKV_QC);
-  int *winX = winY + BKV_STAGES * KT;              // [STAGES][KT]
-  int *winT = winX + BKV_STAGES * KT;              // [STAGES]
-  int *keyToken = winT + BKV_STAGES;               // [BKV_ROWS]
-  int *steps = keyToken + BKV_ROWS;                // [NCAND * QCHUNKS]
+  int *winX = winY + BKV_STAGES * KT;               // [STAGES][KT]
+  int *winT = winX + BKV_STAGES * KT;               // [STAGES]
+  int *keyToken = winT + BKV_STAGES;                // [BKV_ROWS]
+  int *steps = keyToken + BKV_ROWS;                 // [NCAND * QCHUNKS]
   int *meetsFlag = steps + BKV_NCAND * BKV_QCHUNKS; // [NCAND]
-  int *nsteps = meetsFlag + BKV_NCAND;             // [1]
+  int *nsteps = meetsFlag + BKV_NCAND;              // [1]
 
   const int ktile = blockIdx.x / BKV_KBLOCKS, kblock = blockIdx.x % BKV_KBLOCKS;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -818,172 +543,175 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1)
   // the column guards of a partial last pass are constants.
 #pragma unroll
   for (int part = 0; part < BKV_PASSES; ++part) {
-  const int col0 = part * BKV_DCOLS;
-  float dkAcc[BKV_DCOLS / 8][4], dvAcc[BKV_DCOLS / 8][4];
+    const int col0 = part * BKV_DCOLS;
+    float dkAcc[BKV_DCOLS / 8][4], dvAcc[BKV_DCOLS / 8][4];
 #pragma unroll
-  for (int i = 0; i < BKV_DCOLS / 8; ++i)
+    for (int i = 0; i < BKV_DCOLS / 8; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      dkAcc[i][e] = dvAcc[i][e] = 0.f;
+      for (int e = 0; e < 4; ++e)
+        dkAcc[i][e] = dvAcc[i][e] = 0.f;
 
-  for (int first = 0; first < ncand; first += BKV_NCAND) {
-    const int batch = min(BKV_NCAND, ncand - first);
-    for (int i = threadIdx.x; i < batch; i += BKV_THREADS) {
-      const int qt = candidateTile(first + i);
-      const Tile qg = tileGeometry(qt);
-      const int st = clampi(qg.ct - KT / 2, 0, T - KT);
-      int meets = 0;
-      for (int j = 0; j < KT; ++j) {
-        const int f = st + j;
-        if (f < kgeo.t0 || f >= kgeo.t0 + kgeo.nt)
-          continue;
-        const int base = keyFrameBase(qg, offsets, b, h, qt, j);
-        const int sy = (base / X) % Y, sx = base % X;
-        meets |= sy < kgeo.y0 + kgeo.ny && sy + KY > kgeo.y0 &&
-                 sx < kgeo.x0 + kgeo.nx && sx + KX > kgeo.x0;
-      }
-      meetsFlag[i] = meets;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int n = 0;
-      for (int i = 0; i < batch; ++i) {
-        if (!meetsFlag[i])
-          continue;
-        const int qt = candidateTile(first + i), count = tileGeometry(qt).count;
-        for (int ch = 0; ch * BKV_QC < count; ++ch)
-          steps[n++] = qt * BKV_QCHUNKS + ch;
-      }
-      *nsteps = n;
-    }
-    __syncthreads();
-    const int nstep = *nsteps;
-    if (nstep > 0)
-      stage(0, 0);
-    cpAsyncCommit();
-    for (int s = 0; s < nstep; ++s) {
-      const int buf = s % BKV_STAGES;
-      if (BKV_STAGES > 1 && s + 1 < nstep) {
-        stage(s + 1, (s + 1) % BKV_STAGES);
-        cpAsyncCommit();
-        cpAsyncWait<1>();
-      } else {
-        cpAsyncWait<0>();
+    for (int first = 0; first < ncand; first += BKV_NCAND) {
+      const int batch = min(BKV_NCAND, ncand - first);
+      for (int i = threadIdx.x; i < batch; i += BKV_THREADS) {
+        const int qt = candidateTile(first + i);
+        const Tile qg = tileGeometry(qt);
+        const int st = clampi(qg.ct - KT / 2, 0, T - KT);
+        int meets = 0;
+        for (int j = 0; j < KT; ++j) {
+          const int f = st + j;
+          if (f < kgeo.t0 || f >= kgeo.t0 + kgeo.nt)
+            continue;
+          const int base = keyFrameBase(qg, offsets, b, h, qt, j);
+          const int sy = (base / X) % Y, sx = base % X;
+          meets |= sy < kgeo.y0 + kgeo.ny && sy + KY > kgeo.y0 &&
+                   sx < kgeo.x0 + kgeo.nx && sx + KX > kgeo.x0;
+        }
+        meetsFlag[i] = meets;
       }
       __syncthreads();
-      const int qrows = min(BKV_QC, tileGeometry(steps[s] / BKV_QCHUNKS).count -
-                                        (steps[s] % BKV_QCHUNKS) * BKV_QC);
-      // Which of this lane's keys lie in the step's query tile's window.
-      bool in[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int j = kt[r] - winT[buf];
-        const bool frame = kt[r] >= 0 && j >= 0 && j < KT;
-        const int dy = ky[r] - winY[buf * KT + (frame ? j : 0)];
-        const int dx = kx[r] - winX[buf * KT + (frame ? j : 0)];
-        in[r] = frame && dy >= 0 && dy < KY && dx >= 0 && dx < KX;
+      if (threadIdx.x == 0) {
+        int n = 0;
+        for (int i = 0; i < batch; ++i) {
+          if (!meetsFlag[i])
+            continue;
+          const int qt = candidateTile(first + i),
+                    count = tileGeometry(qt).count;
+          for (int ch = 0; ch * BKV_QC < count; ++ch)
+            steps[n++] = qt * BKV_QCHUNKS + ch;
+        }
+        *nsteps = n;
       }
-      int any = in[0] || in[1];
+      __syncthreads();
+      const int nstep = *nsteps;
+      if (nstep > 0)
+        stage(0, 0);
+      cpAsyncCommit();
+      for (int s = 0; s < nstep; ++s) {
+        const int buf = s % BKV_STAGES;
+        if (BKV_STAGES > 1 && s + 1 < nstep) {
+          stage(s + 1, (s + 1) % BKV_STAGES);
+          cpAsyncCommit();
+          cpAsyncWait<1>();
+        } else {
+          cpAsyncWait<0>();
+        }
+        __syncthreads();
+        const int qrows =
+            min(BKV_QC, tileGeometry(steps[s] / BKV_QCHUNKS).count -
+                            (steps[s] % BKV_QCHUNKS) * BKV_QC);
+        // Which of this lane's keys lie in the step's query tile's window.
+        bool in[2];
 #pragma unroll
-      for (int sh = 16; sh > 0; sh /= 2)
-        any |= __shfl_xor_sync(0xffffffffu, any, sh);
-      const elem_t *qc = qs + buf * BKV_QC * DP;
-      const elem_t *doc = dos + buf * BKV_QC * DP;
-      const float *lc = rowLse + buf * BKV_QC;
-      const float *dc = rowDelta + buf * BKV_QC;
+        for (int r = 0; r < 2; ++r) {
+          const int j = kt[r] - winT[buf];
+          const bool frame = kt[r] >= 0 && j >= 0 && j < KT;
+          const int dy = ky[r] - winY[buf * KT + (frame ? j : 0)];
+          const int dx = kx[r] - winX[buf * KT + (frame ? j : 0)];
+          in[r] = frame && dy >= 0 && dy < KY && dx >= 0 && dx < KX;
+        }
+        int any = in[0] || in[1];
+#pragma unroll
+        for (int sh = 16; sh > 0; sh /= 2)
+          any |= __shfl_xor_sync(0xffffffffu, any, sh);
+        const elem_t *qc = qs + buf * BKV_QC * DP;
+        const elem_t *doc = dos + buf * BKV_QC * DP;
+        const float *lc = rowLse + buf * BKV_QC;
+        const float *dc = rowDelta + buf * BKV_QC;
 
-      if (active && any) {
-        for (int qq = 0; qq * BKV_QSTEP < qrows; ++qq) {
-          // S^T and dP^T for the warp's 16 keys and BKV_QSTEP queries (the
-          // k and v fragments serve BKV_QG groups of 16 queries).
-          float st[2 * BKV_QG][4], dpt[2 * BKV_QG][4];
+        if (active && any) {
+          for (int qq = 0; qq * BKV_QSTEP < qrows; ++qq) {
+            // S^T and dP^T for the warp's 16 keys and BKV_QSTEP queries (the
+            // k and v fragments serve BKV_QG groups of 16 queries).
+            float st[2 * BKV_QG][4], dpt[2 * BKV_QG][4];
 #pragma unroll
-          for (int i = 0; i < 2 * BKV_QG; ++i)
+            for (int i = 0; i < 2 * BKV_QG; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              st[i][e] = dpt[i][e] = 0.f;
+              for (int e = 0; e < 4; ++e)
+                st[i][e] = dpt[i][e] = 0.f;
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned ak[4], av[4];
-            loadA(ak, ks, DP, row0, kk * 16);
-            loadA(av, vs, DP, row0, kk * 16);
+            for (int kk = 0; kk < D / 16; ++kk) {
+              unsigned ak[4], av[4];
+              loadA(ak, ks, DP, row0, kk * 16);
+              loadA(av, vs, DP, row0, kk * 16);
+#pragma unroll
+              for (int qg = 0; qg < BKV_QG; ++qg) {
+                unsigned bq[4], bd[4];
+                const int q0 = qq * BKV_QSTEP + qg * 16;
+                loadBNK(bq, qc, DP, q0, kk * 16);
+                mma16816(st[2 * qg], ak, bq[0], bq[1]);
+                mma16816(st[2 * qg + 1], ak, bq[2], bq[3]);
+                loadBNK(bd, doc, DP, q0, kk * 16);
+                mma16816(dpt[2 * qg], av, bd[0], bd[1]);
+                mma16816(dpt[2 * qg + 1], av, bd[2], bd[3]);
+              }
+            }
+#pragma unroll
+            for (int i = 0; i < 2 * BKV_QG; ++i)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int col = qq * BKV_QSTEP + i * 8 + 2 * c + (e & 1);
+                float p = fastExp2(st[i][e] * scaleLog2 - lc[col] * LOG2E);
+                if (!in[e / 2])
+                  p = 0.f;
+                st[i][e] = p;                          // P^T
+                dpt[i][e] = p * (dpt[i][e] - dc[col]); // dS^T (unscaled)
+              }
 #pragma unroll
             for (int qg = 0; qg < BKV_QG; ++qg) {
-              unsigned bq[4], bd[4];
+              // The C fragments of two query n-tiles are the A fragment of
+              // one 16-query k-step.
+              const unsigned ap[4] = {
+                  pack2(st[2 * qg][0], st[2 * qg][1]),
+                  pack2(st[2 * qg][2], st[2 * qg][3]),
+                  pack2(st[2 * qg + 1][0], st[2 * qg + 1][1]),
+                  pack2(st[2 * qg + 1][2], st[2 * qg + 1][3])};
+              const unsigned as[4] = {
+                  pack2(dpt[2 * qg][0], dpt[2 * qg][1]),
+                  pack2(dpt[2 * qg][2], dpt[2 * qg][3]),
+                  pack2(dpt[2 * qg + 1][0], dpt[2 * qg + 1][1]),
+                  pack2(dpt[2 * qg + 1][2], dpt[2 * qg + 1][3])};
               const int q0 = qq * BKV_QSTEP + qg * 16;
-              loadBNK(bq, qc, DP, q0, kk * 16);
-              mma16816(st[2 * qg], ak, bq[0], bq[1]);
-              mma16816(st[2 * qg + 1], ak, bq[2], bq[3]);
-              loadBNK(bd, doc, DP, q0, kk * 16);
-              mma16816(dpt[2 * qg], av, bd[0], bd[1]);
-              mma16816(dpt[2 * qg + 1], av, bd[2], bd[3]);
-            }
-          }
 #pragma unroll
-          for (int i = 0; i < 2 * BKV_QG; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int col = qq * BKV_QSTEP + i * 8 + 2 * c + (e & 1);
-              float p = fastExp2(st[i][e] * scaleLog2 - lc[col] * LOG2E);
-              if (!in[e / 2])
-                p = 0.f;
-              st[i][e] = p;                           // P^T
-              dpt[i][e] = p * (dpt[i][e] - dc[col]);  // dS^T (unscaled)
-            }
-#pragma unroll
-          for (int qg = 0; qg < BKV_QG; ++qg) {
-            // The C fragments of two query n-tiles are the A fragment of
-            // one 16-query k-step.
-            const unsigned ap[4] = {pack2(st[2 * qg][0], st[2 * qg][1]),
-                                    pack2(st[2 * qg][2], st[2 * qg][3]),
-                                    pack2(st[2 * qg + 1][0], st[2 * qg + 1][1]),
-                                    pack2(st[2 * qg + 1][2], st[2 * qg + 1][3])};
-            const unsigned as[4] = {
-                pack2(dpt[2 * qg][0], dpt[2 * qg][1]),
-                pack2(dpt[2 * qg][2], dpt[2 * qg][3]),
-                pack2(dpt[2 * qg + 1][0], dpt[2 * qg + 1][1]),
-                pack2(dpt[2 * qg + 1][2], dpt[2 * qg + 1][3])};
-            const int q0 = qq * BKV_QSTEP + qg * 16;
-#pragma unroll
-            for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
-              if (col0 + dd * 16 >= D)
-                break;
-              unsigned bf[4];
-              loadBKN(bf, doc, DP, q0, col0 + dd * 16);
-              mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
-              mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
-              loadBKN(bf, qc, DP, q0, col0 + dd * 16);
-              mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
-              mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
+              for (int dd = 0; dd < BKV_DCOLS / 16; ++dd) {
+                if (col0 + dd * 16 >= D)
+                  break;
+                unsigned bf[4];
+                loadBKN(bf, doc, DP, q0, col0 + dd * 16);
+                mma16816(dvAcc[2 * dd], ap, bf[0], bf[1]);
+                mma16816(dvAcc[2 * dd + 1], ap, bf[2], bf[3]);
+                loadBKN(bf, qc, DP, q0, col0 + dd * 16);
+                mma16816(dkAcc[2 * dd], as, bf[0], bf[1]);
+                mma16816(dkAcc[2 * dd + 1], as, bf[2], bf[3]);
+              }
             }
           }
         }
-      }
-      __syncthreads(); // the next stage overwrites this buffer
-      if (BKV_STAGES == 1 && s + 1 < nstep) {
-        stage(s + 1, 0);
-        cpAsyncCommit();
+        __syncthreads(); // the next stage overwrites this buffer
+        if (BKV_STAGES == 1 && s + 1 < nstep) {
+          stage(s + 1, 0);
+          cpAsyncCommit();
+        }
       }
     }
-  }
-  cpAsyncWait<0>(); // K and V when no query tile reaches these keys
+    cpAsyncWait<0>(); // K and V when no query tile reaches these keys
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + g + 8 * r;
-    if (!active || row >= keys)
-      continue;
-    const long long base = rowOffset(b, keyToken[row], h) + col0;
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + 8 * r;
+      if (!active || row >= keys)
+        continue;
+      const long long base = rowOffset(b, keyToken[row], h) + col0;
 #pragma unroll
-    for (int i = 0; i < BKV_DCOLS / 8; ++i) {
-      if (col0 + i * 8 >= D)
-        break;
-      *reinterpret_cast<unsigned *>(dk + base + i * 8 + 2 * c) =
-          pack2(dkAcc[i][2 * r] * scale, dkAcc[i][2 * r + 1] * scale);
-      *reinterpret_cast<unsigned *>(dv + base + i * 8 + 2 * c) =
-          pack2(dvAcc[i][2 * r], dvAcc[i][2 * r + 1]);
+      for (int i = 0; i < BKV_DCOLS / 8; ++i) {
+        if (col0 + i * 8 >= D)
+          break;
+        *reinterpret_cast<unsigned *>(dk + base + i * 8 + 2 * c) =
+            pack2(dkAcc[i][2 * r] * scale, dkAcc[i][2 * r + 1] * scale);
+        *reinterpret_cast<unsigned *>(dv + base + i * 8 + 2 * c) =
+            pack2(dvAcc[i][2 * r], dvAcc[i][2 * r + 1]);
+      }
     }
-  }
   } // part
 }
 
@@ -1018,8 +746,8 @@ __device__ __forceinline__ bool better(const Candidate &a, const Candidate &b) {
 }
 
 extern "C" __global__ void __launch_bounds__(OFF_THREADS)
-    DSA_OFFSETS_NAME(const elem_t *__restrict__ q,
-                     const elem_t *__restrict__ k, int *__restrict__ offsets) {
+    DSA_OFFSETS_NAME(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
+                     int *__restrict__ offsets) {
   __shared__ float qbar[D];
   __shared__ float dots[OFF_RY * OFF_RX];
   __shared__ Candidate best[OFF_WARPS];
@@ -1072,8 +800,8 @@ extern "C" __global__ void __launch_bounds__(OFF_THREADS)
           rowSum += dots[(sy + yy) * rx + sx + xx];
         score += rowSum;
       }
-      const Candidate cand = {score, ((abs(dy) + abs(dx)) * OFF_SIDE +
-                                      dy + R) * OFF_SIDE + dx + R};
+      const Candidate cand = {
+          score, ((abs(dy) + abs(dx)) * OFF_SIDE + dy + R) * OFF_SIDE + dx + R};
       if (better(cand, mine))
         mine = cand;
     }
@@ -1095,13 +823,12 @@ extern "C" __global__ void __launch_bounds__(OFF_THREADS)
       // No finite score (inf/nan features): keep the window undisplaced.
       const int r = win.rank == 0x7fffffff ? R * OFF_SIDE + R
                                            : win.rank % (OFF_SIDE * OFF_SIDE);
-      int *dst = offsets + ((static_cast<long long>(b) * H + h) * NTILES +
-                            tile) * KT * 2 + j * 2;
+      int *dst =
+          offsets +
+          ((static_cast<long long>(b) * H + h) * NTILES + tile) * KT * 2 +
+          j * 2;
       dst[0] = r / OFF_SIDE - R;
       dst[1] = r % OFF_SIDE - R;
     }
   }
 }
-)cuda";
-
-} // namespace megaslide::cuda::detail
