@@ -195,14 +195,79 @@ __device__ __forceinline__ int keyToken(const int *frameBase, int w) {
   return frameBase[j] + (r / KX) * X + r % KX;
 }
 
-/// Stages rows [chunk*KC, chunk*KC + KC) of the window of k and v into
-/// shared memory ([KC][DP] each); rows past the window are zero-filled so
-/// that masked probabilities never meet garbage.
+//===----------------------------------------------------------------------===//
+// Staging through shared memory (cp.async)
+//===----------------------------------------------------------------------===//
+
+/// The query rows of a CTA: tile-local queries [qblock * ROWS, +ROWS).
+template <int ROWS, int THREADS>
+__device__ __forceinline__ int setupRows(int *rowToken, const Tile &g,
+                                         int qblock) {
+  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+    int i = qblock * ROWS + r;
+    rowToken[r] = i < g.count ? queryToken(g, i) : -1;
+  }
+  return min(ROWS, g.count - qblock * ROWS);
+}
+
+/// A query block's rows (setupRows) and the first tokens of its tile's key
+/// frames (frameBase[KT]), then a barrier. Returns the block's number of
+/// rows; none (a query block past the end of a partial border tile) returns
+/// before the barrier, in every thread alike.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ int
+setupQueryBlock(int *rowToken, int *frameBase, const Tile &g,
+                const int *offsets, int b, int h, int tile, int qblock) {
+  const int rows = setupRows<ROWS, THREADS>(rowToken, g, qblock);
+  if (rows <= 0)
+    return rows;
+  for (int j = threadIdx.x; j < KT; j += THREADS)
+    frameBase[j] = keyFrameBase(g, offsets, b, h, tile, j);
+  __syncthreads();
+  return rows;
+}
+
+/// Stages the ROWS rows of `src` whose tokens rowToken holds (-1: a padding
+/// row, zero-filled) into shared memory [ROWS][DP].
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void loadRows(elem_t *dst, const elem_t *src,
+                                         const int *rowToken, int b, int h) {
+  constexpr int VPR = D / 8; // 16-byte vectors per row
+  for (int i = threadIdx.x; i < ROWS * VPR; i += THREADS) {
+    int r = i / VPR, c = (i % VPR) * 8;
+    int n = rowToken[r];
+    cpAsync16(dst + r * DP + c, src + (n >= 0 ? rowOffset(b, n, h) + c : 0),
+              n >= 0 ? 16 : 0);
+  }
+}
+
+/// Stages the ROWS queries [first, first + ROWS) of tile g, rows of both
+/// `src0` and `src1`, into buffer `buf` of dst0 and dst1 ([buffers][ROWS][DP]
+/// each); rows past the tile are zero-filled.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void
+loadTileRows(elem_t *dst0, const elem_t *src0, elem_t *dst1, const elem_t *src1,
+             int buf, const Tile &g, int first, int b, int h) {
+  constexpr int VPR = D / 8;
+  for (int i = threadIdx.x; i < ROWS * VPR; i += THREADS) {
+    const int r = i / VPR, c = (i % VPR) * 8, qi = first + r;
+    const long long src =
+        qi < g.count ? rowOffset(b, queryToken(g, qi), h) + c : -1;
+    cpAsync16(dst0 + (buf * ROWS + r) * DP + c, src0 + (src >= 0 ? src : 0),
+              src >= 0 ? 16 : 0);
+    cpAsync16(dst1 + (buf * ROWS + r) * DP + c, src1 + (src >= 0 ? src : 0),
+              src >= 0 ? 16 : 0);
+  }
+}
+
+/// Stages rows [chunk * KC, +KC) of the window of k and v into shared memory
+/// ([KC][DP] each); rows past the window are zero-filled so that masked
+/// probabilities never meet garbage.
 template <int KC, int THREADS>
 __device__ __forceinline__ void
 loadKeyChunk(elem_t *ks, elem_t *vs, const elem_t *k, const elem_t *v,
              const int *frameBase, int chunk, int b, int h) {
-  constexpr int VPR = D / 8; // 16-byte vectors per row
+  constexpr int VPR = D / 8;
   for (int i = threadIdx.x; i < KC * VPR; i += THREADS) {
     int r = i / VPR, c = (i % VPR) * 8;
     int w = chunk * KC + r;
@@ -217,20 +282,39 @@ loadKeyChunk(elem_t *ks, elem_t *vs, const elem_t *k, const elem_t *v,
   }
 }
 
-/// Stages `rows` query-side rows of `src` (tokens in rowToken, -1 = padding
-/// row, zero-filled) into shared memory [rows][DP].
-template <int THREADS>
-__device__ __forceinline__ void loadRows(elem_t *dst, const elem_t *src,
-                                         const int *rowToken, int rows, int b,
-                                         int h) {
-  constexpr int VPR = D / 8;
-  for (int i = threadIdx.x; i < rows * VPR; i += THREADS) {
-    int r = i / VPR, c = (i % VPR) * 8;
-    int n = rowToken[r];
-    cpAsync16(dst + r * DP + c, src + (n >= 0 ? rowOffset(b, n, h) + c : 0),
-              n >= 0 ? 16 : 0);
+// The kernels stream key chunks (forward, backward) and query steps (dK/dV)
+// through STAGES shared-memory buffers, item i in buffer i % STAGES:
+// `stage(i, buf)` issues item i's copies into buffer buf, and item 0 is
+// staged and committed before the loop over the items.
+
+/// Before item i of `count` is read: with two or more buffers, item i + 1
+/// is staged into its buffer; then the wait for item i, and a barrier.
+template <int STAGES, typename Stage>
+__device__ __forceinline__ void pipelineAcquire(int i, int count, Stage stage) {
+  if (STAGES > 1 && i + 1 < count) {
+    stage(i + 1, (i + 1) % STAGES);
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+  } else {
+    cpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
+/// After item i of `count` is read: a barrier (the next copies overwrite
+/// its buffer); then, with one buffer, item i + 1 is staged into it.
+template <int STAGES, typename Stage>
+__device__ __forceinline__ void pipelineRelease(int i, int count, Stage stage) {
+  __syncthreads();
+  if (STAGES == 1 && i + 1 < count) {
+    stage(i + 1, 0);
+    cpAsyncCommit();
   }
 }
+
+//===----------------------------------------------------------------------===//
+// Tensor-core fragments
+//===----------------------------------------------------------------------===//
 
 // Fragment addressing (m16n8k16, see the PTX ISA "Matrix fragments for
 // mma.m16n8k16"): lane = 4 * g + c. A frags hold (row g|g+8, col 2c|2c+8),
@@ -267,17 +351,6 @@ __device__ __forceinline__ void loadBKN(unsigned b[4], const elem_t *m, int ld,
                                         int k0, int n0) {
   int l = threadIdx.x % 32, i = l / 8;
   ldsm4T(b, smemAddr(m + (k0 + l % 8 + (i & 1) * 8) * ld + n0 + (i >> 1) * 8));
-}
-
-/// The query rows of a CTA: tile-local queries [qblock * ROWS, +ROWS).
-template <int ROWS, int THREADS>
-__device__ __forceinline__ int setupRows(int *rowToken, const Tile &g,
-                                         int qblock) {
-  for (int r = threadIdx.x; r < ROWS; r += THREADS) {
-    int i = qblock * ROWS + r;
-    rowToken[r] = i < g.count ? queryToken(g, i) : -1;
-  }
-  return min(ROWS, g.count - qblock * ROWS);
 }
 
 } // namespace dsa

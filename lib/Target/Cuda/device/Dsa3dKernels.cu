@@ -46,15 +46,18 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
   const int g = lane / 4, c = lane % 4;
   const Tile geo = tileGeometry(tile);
 
-  const int rows = setupRows<FWD_ROWS, FWD_THREADS>(rowToken, geo, qblock);
+  const int rows = setupQueryBlock<FWD_ROWS, FWD_THREADS>(
+      rowToken, frameBase, geo, offsets, b, h, tile, qblock);
   if (rows <= 0)
     return; // a query block past the end of a partial border tile
-  for (int j = threadIdx.x; j < KT; j += FWD_THREADS)
-    frameBase[j] = keyFrameBase(geo, offsets, b, h, tile, j);
-  __syncthreads();
 
-  loadRows<FWD_THREADS>(qs, q, rowToken, FWD_ROWS, b, h);
-  loadKeyChunk<FWD_KC, FWD_THREADS>(ks, vs, k, v, frameBase, 0, b, h);
+  auto stageChunk = [&](int chunk, int buf) {
+    loadKeyChunk<FWD_KC, FWD_THREADS>(ks + buf * FWD_KC * DP,
+                                      vs + buf * FWD_KC * DP, k, v, frameBase,
+                                      chunk, b, h);
+  };
+  loadRows<FWD_ROWS, FWD_THREADS>(qs, q, rowToken, b, h);
+  stageChunk(0, 0);
   cpAsyncCommit();
 
   const bool active = warp * 16 < rows; // warps of padding rows only copy
@@ -64,9 +67,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
 #pragma unroll
   for (int i = 0; i < D / 8; ++i)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-infinity(),
-                -infinity()}; // running max (log2 units), rows g, g+8
-  float l[2] = {0.f, 0.f};    // running sum (this lane's columns)
+  // Running max (log2 units) of rows g and g + 8, and running sum (this
+  // lane's columns).
+  float m[2] = {-infinity(), -infinity()};
+  float l[2] = {0.f, 0.f};
   // FWD_QREG: the warp's 16 queries as A fragments, loaded from shared
   // memory once (after the first chunk's wait) and kept in registers for
   // every chunk; otherwise reloaded per chunk (when D / 4 more registers
@@ -74,20 +78,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
   unsigned qf[D / 16][4];
 
   for (int chunk = 0; chunk < FWD_CHUNKS; ++chunk) {
-    const int stage = chunk % FWD_STAGES;
-    if (FWD_STAGES > 1 && chunk + 1 < FWD_CHUNKS) {
-      const int next = (chunk + 1) % FWD_STAGES;
-      loadKeyChunk<FWD_KC, FWD_THREADS>(ks + next * FWD_KC * DP,
-                                        vs + next * FWD_KC * DP, k, v,
-                                        frameBase, chunk + 1, b, h);
-      cpAsyncCommit();
-      cpAsyncWait<1>();
-    } else {
-      cpAsyncWait<0>();
-    }
-    __syncthreads();
-    const elem_t *kc = ks + stage * FWD_KC * DP;
-    const elem_t *vc = vs + stage * FWD_KC * DP;
+    const int buf = chunk % FWD_STAGES;
+    pipelineAcquire<FWD_STAGES>(chunk, FWD_CHUNKS, stageChunk);
+    const elem_t *kc = ks + buf * FWD_KC * DP;
+    const elem_t *vc = vs + buf * FWD_KC * DP;
 
     if (active) {
       if (FWD_QREG && chunk == 0) {
@@ -172,12 +166,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
         }
       }
     }
-    __syncthreads(); // the next prefetch overwrites this stage
-    if (FWD_STAGES == 1 && chunk + 1 < FWD_CHUNKS) {
-      loadKeyChunk<FWD_KC, FWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1, b,
-                                        h);
-      cpAsyncCommit();
-    }
+    pipelineRelease<FWD_STAGES>(chunk, FWD_CHUNKS, stageChunk);
   }
 
   if (!active)
@@ -242,16 +231,19 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
   const int g = lane / 4, c = lane % 4;
   const Tile geo = tileGeometry(tile);
 
-  const int rows = setupRows<BWD_ROWS, BWD_THREADS>(rowToken, geo, qblock);
+  const int rows = setupQueryBlock<BWD_ROWS, BWD_THREADS>(
+      rowToken, frameBase, geo, offsets, b, h, tile, qblock);
   if (rows <= 0)
     return; // a query block past the end of a partial border tile
-  for (int j = threadIdx.x; j < KT; j += BWD_THREADS)
-    frameBase[j] = keyFrameBase(geo, offsets, b, h, tile, j);
-  __syncthreads();
 
-  loadRows<BWD_THREADS>(qs, q, rowToken, BWD_ROWS, b, h);
-  loadRows<BWD_THREADS>(dos, dout, rowToken, BWD_ROWS, b, h);
-  loadKeyChunk<BWD_KC, BWD_THREADS>(ks, vs, k, v, frameBase, 0, b, h);
+  auto stageChunk = [&](int chunk, int buf) {
+    loadKeyChunk<BWD_KC, BWD_THREADS>(ks + buf * BWD_KC * DP,
+                                      vs + buf * BWD_KC * DP, k, v, frameBase,
+                                      chunk, b, h);
+  };
+  loadRows<BWD_ROWS, BWD_THREADS>(qs, q, rowToken, b, h);
+  loadRows<BWD_ROWS, BWD_THREADS>(dos, dout, rowToken, b, h);
+  stageChunk(0, 0);
   cpAsyncCommit();
 
   // Per-row log-sum-exp (log2 units) and Delta = rowsum(dO * O) in fp32;
@@ -286,20 +278,10 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
     dqAcc[i][0] = dqAcc[i][1] = dqAcc[i][2] = dqAcc[i][3] = 0.f;
 
   for (int chunk = 0; chunk < BWD_CHUNKS; ++chunk) {
-    const int stage = chunk % BWD_STAGES;
-    if (BWD_STAGES > 1 && chunk + 1 < BWD_CHUNKS) {
-      const int next = (chunk + 1) % BWD_STAGES;
-      loadKeyChunk<BWD_KC, BWD_THREADS>(ks + next * BWD_KC * DP,
-                                        vs + next * BWD_KC * DP, k, v,
-                                        frameBase, chunk + 1, b, h);
-      cpAsyncCommit();
-      cpAsyncWait<1>();
-    } else {
-      cpAsyncWait<0>();
-    }
-    __syncthreads();
-    const elem_t *kc = ks + stage * BWD_KC * DP;
-    const elem_t *vc = vs + stage * BWD_KC * DP;
+    const int buf = chunk % BWD_STAGES;
+    pipelineAcquire<BWD_STAGES>(chunk, BWD_CHUNKS, stageChunk);
+    const elem_t *kc = ks + buf * BWD_KC * DP;
+    const elem_t *vc = vs + buf * BWD_KC * DP;
 
     if (active) {
       float s[BWD_KC / 8][4], dp[BWD_KC / 8][4];
@@ -352,12 +334,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, BWD_MIN_BLOCKS)
         }
       }
     }
-    __syncthreads(); // the next chunk overwrites this stage
-    if (BWD_STAGES == 1 && chunk + 1 < BWD_CHUNKS) {
-      loadKeyChunk<BWD_KC, BWD_THREADS>(ks, vs, k, v, frameBase, chunk + 1, b,
-                                        h);
-      cpAsyncCommit();
-    }
+    pipelineRelease<BWD_STAGES>(chunk, BWD_CHUNKS, stageChunk);
   }
 
   if (!active)
@@ -454,8 +431,8 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1) DSA_BWD_KEYS_NAME(
   if (keys <= 0)
     return; // a key block past the end of a partial border tile
   __syncthreads();
-  loadRows<BKV_THREADS>(ks, k, keyToken, BKV_ROWS, b, h);
-  loadRows<BKV_THREADS>(vs, v, keyToken, BKV_ROWS, b, h);
+  loadRows<BKV_ROWS, BKV_THREADS>(ks, k, keyToken, b, h);
+  loadRows<BKV_ROWS, BKV_THREADS>(vs, v, keyToken, b, h);
   cpAsyncCommit();
 
   // Offsets beyond [-R, R] (not from this configuration's estimator) void
@@ -491,16 +468,8 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1) DSA_BWD_KEYS_NAME(
   auto stage = [&](int s, int buf) {
     const int qt = steps[s] / BKV_QCHUNKS, ch = steps[s] % BKV_QCHUNKS;
     const Tile qg = tileGeometry(qt);
-    constexpr int VPR = D / 8;
-    for (int i = threadIdx.x; i < BKV_QC * VPR; i += BKV_THREADS) {
-      const int r = i / VPR, col = (i % VPR) * 8, qi = ch * BKV_QC + r;
-      const long long src =
-          qi < qg.count ? rowOffset(b, queryToken(qg, qi), h) + col : -1;
-      cpAsync16(qs + (buf * BKV_QC + r) * DP + col, q + (src >= 0 ? src : 0),
-                src >= 0 ? 16 : 0);
-      cpAsync16(dos + (buf * BKV_QC + r) * DP + col,
-                dout + (src >= 0 ? src : 0), src >= 0 ? 16 : 0);
-    }
+    loadTileRows<BKV_QC, BKV_THREADS>(qs, q, dos, dout, buf, qg, ch * BKV_QC, b,
+                                      h);
     // lse (natural log; scaled to log2 units at use) and Delta of the
     // rows, one 4-byte cp.async a thread in the rows' commit group, not
     // loads the CTA would wait for; rows past the tile get +inf (P = 0)
@@ -589,14 +558,7 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1) DSA_BWD_KEYS_NAME(
       cpAsyncCommit();
       for (int s = 0; s < nstep; ++s) {
         const int buf = s % BKV_STAGES;
-        if (BKV_STAGES > 1 && s + 1 < nstep) {
-          stage(s + 1, (s + 1) % BKV_STAGES);
-          cpAsyncCommit();
-          cpAsyncWait<1>();
-        } else {
-          cpAsyncWait<0>();
-        }
-        __syncthreads();
+        pipelineAcquire<BKV_STAGES>(s, nstep, stage);
         const int qrows =
             min(BKV_QC, tileGeometry(steps[s] / BKV_QCHUNKS).count -
                             (steps[s] % BKV_QCHUNKS) * BKV_QC);
@@ -687,11 +649,7 @@ extern "C" __global__ void __launch_bounds__(BKV_THREADS, 1) DSA_BWD_KEYS_NAME(
             }
           }
         }
-        __syncthreads(); // the next stage overwrites this buffer
-        if (BKV_STAGES == 1 && s + 1 < nstep) {
-          stage(s + 1, 0);
-          cpAsyncCommit();
-        }
+        pipelineRelease<BKV_STAGES>(s, nstep, stage);
       }
     }
     cpAsyncWait<0>(); // K and V when no query tile reaches these keys
