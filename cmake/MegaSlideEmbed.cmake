@@ -64,9 +64,9 @@ endif()
 # megaslide_check_device_code(<target> <source> [FLAGS <flag>...]
 #                             [DEPENDS <file>...])
 #
-# Adds <target>, which compiles <source> (a .cu file) with nvcc and <flags>
-# into nothing, again when <source> or a file it DEPENDS on changes; the
-# target does nothing without nvcc.
+# Adds <target>, which compiles <source> (CUDA C++, .cu or .cuh) with nvcc
+# and <flags> into nothing, again when <source> or a file it DEPENDS on
+# changes; the target does nothing without nvcc.
 function(megaslide_check_device_code target source)
   cmake_parse_arguments(ARG "" "" "FLAGS;DEPENDS" ${ARGN})
   if(NOT MEGASLIDE_CHECK_DEVICE_CODE OR NOT MEGASLIDE_NVCC)
@@ -77,7 +77,7 @@ function(megaslide_check_device_code target source)
   set(stamp ${CMAKE_CURRENT_BINARY_DIR}/${target}.stamp)
   add_custom_command(OUTPUT ${stamp}
     COMMAND ${MEGASLIDE_NVCC} -arch=sm_90a --std=c++17 -Werror all-warnings
-      ${ARG_FLAGS} -c ${path} -o /dev/null
+      ${ARG_FLAGS} -x cu -c ${path} -o /dev/null
     COMMAND ${CMAKE_COMMAND} -E touch ${stamp}
     DEPENDS ${path} ${ARG_DEPENDS}
     COMMENT "Compiling ${source} with nvcc (sm_90a) ${ARG_FLAGS}"

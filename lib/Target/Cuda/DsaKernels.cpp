@@ -12,6 +12,7 @@
 #include "megaslide/Target/Cuda/DsaKernels.h"
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Support/EmbeddedFile.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -31,10 +32,7 @@ namespace megaslide::cuda {
 namespace {
 /// The kernels' CUDA C++, written against the constants of
 /// emitDsaKernelSource: one text per file of device/, in order.
-struct DeviceFile {
-  const char *name, *text;
-};
-const DeviceFile kDeviceFiles[] = {
+const EmbeddedFile kDeviceFiles[] = {
 #include "megaslide/Target/Cuda/Dsa3dDeviceText.inc"
 };
 } // namespace
@@ -476,7 +474,7 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
   }
   os << llvm::formatv("constexpr int OFF_THREADS = {0};\n", p.offThreads)
      << "} // namespace dsa\n";
-  for (const DeviceFile &file : kDeviceFiles)
+  for (const EmbeddedFile &file : kDeviceFiles)
     os << file.text;
   return out;
 }
