@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "megaslide/Support/EmbeddedFile.h"
 #include "megaslide/runtime/plan/HyperParameters.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"
@@ -22,11 +23,7 @@ using llvm::StringRef;
 namespace {
 
 /// The built-in presets, generated from configs/*.json by CMake.
-struct Preset {
-  const char *name;
-  const char *json;
-};
-const Preset kPresets[] = {
+const EmbeddedFile kPresets[] = {
 #include "megaslide/Model/Presets.inc"
 };
 
@@ -473,22 +470,22 @@ Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
 
 std::vector<std::string> megaslide::presetNames() {
   std::vector<std::string> names;
-  for (const Preset &p : kPresets)
+  for (const EmbeddedFile &p : kPresets)
     names.push_back(p.name);
   return names;
 }
 
 Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
-  for (const Preset &p : kPresets)
+  for (const EmbeddedFile &p : kPresets)
     if (nameOrPath == p.name) {
-      Expected<ModelConfig> c = parseModelConfig(p.json, p.name);
+      Expected<ModelConfig> c = parseModelConfig(p.text, p.name);
       if (c && c->name.empty())
         c->name = p.name;
       return c;
     }
   if (!nameOrPath.ends_with(".json")) {
     std::string names;
-    for (const Preset &p : kPresets)
+    for (const EmbeddedFile &p : kPresets)
       names += std::string(names.empty() ? "" : ", ") + p.name;
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),

@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/cuda/ElementwiseKernels.h"
 
+#include "megaslide/Support/EmbeddedFile.h"
+
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -14,12 +16,17 @@
 
 namespace megaslide::cuda {
 
-#include "AttentionKernelsSource.inc"
 #include "ElementwiseKernelsSource.inc"
 
 using exec::DType;
 
 namespace {
+
+/// The kernels' device code (device/Elementwise.cuh, device/Attention.cuh),
+/// compiled in as text: one text per file, in order.
+const EmbeddedFile kDeviceFiles[] = {
+#include "megaslide/runtime/cuda/DenseDeviceText.inc"
+};
 
 //===----------------------------------------------------------------------===//
 // Parameter lists
@@ -175,8 +182,9 @@ std::string emitElementwiseSource(llvm::ArrayRef<KernelInstance> kernels) {
      << unique.size() << " instances; fp32 arithmetic, bf16/f16/f32 storage; "
      << kElementwiseBlockThreads
      << " threads per block (attention on tensor cores: "
-     << kAttentionTcBlockThreads << ").\n"
-     << kPrelude << kAttentionPrelude;
+     << kAttentionTcBlockThreads << ").\n";
+  for (const EmbeddedFile &file : kDeviceFiles)
+    os << file.text;
   for (const KernelBody &b : kKernelBodies) {
     std::vector<Param> params = parseParams(b.params);
     os << "\ntemplate <";

@@ -2,15 +2,17 @@
 //
 // Source emission is a translation of the module (like upstream EmitC's
 // TranslateToCpp), not a pass: it reads the dsa3d ops and writes text. The
-// kernel bodies are one fixed CUDA C++ text (DsaKernelsBody.cpp); what
-// varies per configuration is the block of constants in front of it, so
-// every shape is a compile-time constant to NVRTC.
+// kernels are one fixed CUDA C++ text (device/Dsa3dDevice.cuh and
+// device/Dsa3dKernels.cu, compiled in as text); what varies per
+// configuration is the block of constants in front of it, so every shape
+// is a compile-time constant to NVRTC.
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Target/Cuda/DsaKernels.h"
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Support/EmbeddedFile.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -27,10 +29,13 @@ using namespace mlir;
 
 namespace megaslide::cuda {
 
-namespace detail {
-/// The kernels, written against the constants of emitDsaKernelSource.
-extern const char *const kDsaKernelBody;
-} // namespace detail
+namespace {
+/// The kernels' CUDA C++, written against the constants of
+/// emitDsaKernelSource: one text per file of device/, in order.
+const EmbeddedFile kDeviceFiles[] = {
+#include "megaslide/Target/Cuda/Dsa3dDeviceText.inc"
+};
+} // namespace
 
 //===----------------------------------------------------------------------===//
 // DsaConfig
@@ -468,8 +473,9 @@ std::string emitDsaKernelSource(const DsaConfig &c, const DsaKernelPlan &p) {
     os << "};\n";
   }
   os << llvm::formatv("constexpr int OFF_THREADS = {0};\n", p.offThreads)
-     << "} // namespace dsa\n"
-     << detail::kDsaKernelBody;
+     << "} // namespace dsa\n";
+  for (const EmbeddedFile &file : kDeviceFiles)
+    os << file.text;
   return out;
 }
 

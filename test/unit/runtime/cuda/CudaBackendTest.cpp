@@ -235,8 +235,9 @@ constexpr const char *kDenseEmulation = R"emu(
 inline float msHalfToFloat(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short msFloatToHalf(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
 
-// The tensor-core attention kernels' primitives (AttentionKernelsSource.inc),
-// after test/unit/lib/Target/Cuda/DsaKernelsTest.cpp's: mma.sync as a warp
+// The tensor-core attention kernels' primitives
+// (runtime/cuda/device/Attention.cuh), after
+// test/unit/lib/Target/Cuda/DsaKernelsTest.cpp's: mma.sync as a warp
 // rendezvous computing the 16x16x8 product in fp32 from the lanes'
 // fragments, ldmatrix from the 32 lanes' row pointers, cp.async as a copy.
 inline unsigned short emuBf16(float f) {
@@ -678,7 +679,7 @@ TEST_F(CudaDenseEmulationTest, LoweredOpsMatchCpuKernels) {
 }
 
 //===----------------------------------------------------------------------===//
-// Global attention on tensor cores (AttentionKernelsSource.inc)
+// Global attention on tensor cores (runtime/cuda/device/Attention.cuh)
 //===----------------------------------------------------------------------===//
 
 /// A global-attention shape the tensor-core kernels must handle: cross-

@@ -118,7 +118,7 @@ std::map<std::string, std::string> ptxEntries(llvm::StringRef ptx) {
 }
 
 /// The dense kernels the checks cover: every kind but global attention
-/// (AttentionKernelsSource.inc and the scalar fallback, outside this
+/// (runtime/cuda/device/Attention.cuh and the scalar fallback, outside this
 /// file's subject), bf16 and f32 instances.
 std::vector<KernelInstance> denseInstances() {
   std::vector<KernelInstance> out;

@@ -1,22 +1,23 @@
-//===- AttentionKernelsSource.inc - Tensor-core attention ------*- C++ -*-===//
+//===- Attention.cuh - Attention on tensor cores ---------------*- CUDA -*-===//
 //
-// Included by ElementwiseKernels.cpp only, after ElementwiseKernelsSource.inc:
-// the CUDA C++ of global attention on tensor cores (docs/Runtime.md,
-// "Attention on tensor cores"), emitted after the dense prelude. Templates
-// over the 16-bit input type T (ms_bf16 or ms_f16), the output types and
-// the head dim DH (a multiple of 8 up to 128, padded to a multiple of 16
-// in shared memory and registers); the kernel table
-// instantiates one kind per head dim (attention_fwd_tc<DH>, ...).
+// The CUDA C++ of global attention on tensor cores (docs/Runtime.md,
+// "Attention on tensor cores"), which ElementwiseKernels.cpp emits after
+// Elementwise.cuh. Templates over the 16-bit input type T (ms_bf16 or
+// ms_f16), the output types and the head dim DH (a multiple of 8 up to
+// 128, padded to a multiple of 16 in shared memory and registers); the
+// kernel table of ElementwiseKernelsSource.inc instantiates one kind per
+// head dim (attention_fwd_tc<DH>, ...).
 //
 // The inline-PTX primitives (mma.sync m16n8k16, ldmatrix, cp.async, packs)
-// are a second copy of lib/Target/Cuda/DsaKernelsBody.cpp's, in the same
-// style: the 3D-DSA ones are fixed to one element type by a macro and take
-// shared-memory addresses, these are per type and take pointers (so a host
-// emulation reads the pointer), and the DSA kernels' text stays unchanged.
+// are a second copy of lib/Target/Cuda/device/Dsa3dDevice.cuh's, in the
+// same style: the 3D-DSA ones are fixed to one element type by a macro and
+// take shared-memory addresses, these are per type and take pointers (so a
+// host emulation reads the pointer).
 //
 //===----------------------------------------------------------------------===//
 
-static const char *const kAttentionPrelude = R"cuda(
+#include "Elementwise.cuh"
+
 //===----------------------------------------------------------------------===//
 // Tensor-core primitives (sm_80 and newer PTX)
 //===----------------------------------------------------------------------===//
@@ -59,9 +60,10 @@ __device__ __forceinline__ unsigned msSmemAddr(const void *p) {
 /// Four 8x8 b16 matrices from shared memory; lane l gives the address of
 /// row l % 8 of matrix l / 8.
 __device__ __forceinline__ void msLdsm4(unsigned r[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(msSmemAddr(p)));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(msSmemAddr(p)));
 }
 /// Like msLdsm4, each matrix transposed.
 __device__ __forceinline__ void msLdsm4T(unsigned r[4], const void *p) {
@@ -74,15 +76,15 @@ __device__ __forceinline__ void msLdsm4T(unsigned r[4], const void *p) {
 /// 16-byte global -> shared copy; bytes = 0 zero-fills the destination.
 __device__ __forceinline__ void msCpAsync16(void *dst, const void *src,
                                             int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                   msSmemAddr(dst)),
-               "l"(src), "r"(bytes));
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(msSmemAddr(dst)),
+      "l"(src), "r"(bytes));
 }
 /// 4-byte global -> shared copy (.ca: .cg takes 16 bytes only).
 __device__ __forceinline__ void msCpAsync4(void *dst, const void *src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
-                   msSmemAddr(dst)),
-               "l"(src));
+  asm volatile(
+      "cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(msSmemAddr(dst)),
+      "l"(src));
 }
 __device__ __forceinline__ void msCpAsyncCommit() {
   asm volatile("cp.async.commit_group;");
@@ -142,10 +144,9 @@ template <int DH> struct MsAttRow {
 /// padding columns are zero-filled (zero keys, values and queries never
 /// produce a NaN).
 template <int ROWS, int DH, typename T>
-__device__ __forceinline__ void msAttLoadRows(unsigned short *dst, const T *src,
-                                              long long b, long long n0,
-                                              long long N, long long H,
-                                              long long h) {
+__device__ __forceinline__ void
+msAttLoadRows(unsigned short *dst, const T *src, long long b, long long n0,
+              long long N, long long H, long long h) {
   constexpr int VPR = MsAttRow<DH>::kCols / 8, P = MsAttRow<DH>::kPitch;
   for (int i = threadIdx.x; i < ROWS * VPR; i += MS_ATT_TC_THREADS) {
     int r = i / VPR, c = (i % VPR) * 8;
@@ -162,27 +163,24 @@ __device__ __forceinline__ void msAttLoadRows(unsigned short *dst, const T *src,
 // fragments (row g|g+8; cols 2c, 2c+1).
 
 /// A fragment (16 x 16) of a row-major smem matrix at (row0, col0).
-__device__ __forceinline__ void msAttLoadA(unsigned a[4],
-                                           const unsigned short *m, int ld,
-                                           int row0, int col0) {
+__device__ __forceinline__ void
+msAttLoadA(unsigned a[4], const unsigned short *m, int ld, int row0, int col0) {
   int l = threadIdx.x % 32, i = l / 8;
   msLdsm4(a, m + (row0 + l % 8 + (i & 1) * 8) * ld + col0 + (i >> 1) * 8);
 }
 
 /// B fragments of two adjacent n-tiles, B[k][n] = M[n][k] (M row-major,
 /// rows = n): b[0..1] for n-tile n0, b[2..3] for n0 + 8.
-__device__ __forceinline__ void msAttLoadBNK(unsigned b[4],
-                                             const unsigned short *m, int ld,
-                                             int n0, int k0) {
+__device__ __forceinline__ void
+msAttLoadBNK(unsigned b[4], const unsigned short *m, int ld, int n0, int k0) {
   int l = threadIdx.x % 32, i = l / 8;
   msLdsm4(b, m + (n0 + l % 8 + (i >> 1) * 8) * ld + k0 + (i & 1) * 8);
 }
 
 /// B fragments of two adjacent n-tiles, B[k][n] = M[k][n] (M row-major,
 /// rows = k): b[0..1] for n-tile n0, b[2..3] for n0 + 8.
-__device__ __forceinline__ void msAttLoadBKN(unsigned b[4],
-                                             const unsigned short *m, int ld,
-                                             int k0, int n0) {
+__device__ __forceinline__ void
+msAttLoadBKN(unsigned b[4], const unsigned short *m, int ld, int k0, int n0) {
   int l = threadIdx.x % 32, i = l / 8;
   msLdsm4T(b, m + (k0 + l % 8 + (i & 1) * 8) * ld + n0 + (i >> 1) * 8);
 }
@@ -201,10 +199,9 @@ __device__ __forceinline__ void msAttCtoA(unsigned a[4], const float c0[4],
 /// acc[NT][4] += A (16 x DH, fragments a[DH / 16]) times the B^T of the
 /// NT * 8 rows of smem matrix m from row n0 (S = Q K^T, dP = dO V^T).
 template <typename T, int DH, int NT>
-__device__ __forceinline__ void msAttRowsTimesT(float acc[][4],
-                                                const unsigned a[][4],
-                                                const unsigned short *m,
-                                                int n0) {
+__device__ __forceinline__ void
+msAttRowsTimesT(float acc[][4], const unsigned a[][4], const unsigned short *m,
+                int n0) {
   constexpr int P = MsAttRow<DH>::kPitch;
 #pragma unroll
   for (int kk = 0; kk < DH / 16; ++kk)
@@ -220,10 +217,9 @@ __device__ __forceinline__ void msAttRowsTimesT(float acc[][4],
 /// acc[DH / 8][4] += A (16 x 16 KS, C fragments c[2 KS][4]) times rows
 /// [k0, k0 + 16 KS) of smem matrix m [.][DH] (O += P V, dQ += dS K, ...).
 template <typename T, int DH, int KS>
-__device__ __forceinline__ void msAttTimesRows(float acc[][4],
-                                               const float c[][4],
-                                               const unsigned short *m,
-                                               int k0) {
+__device__ __forceinline__ void
+msAttTimesRows(float acc[][4], const float c[][4], const unsigned short *m,
+               int k0) {
   constexpr int P = MsAttRow<DH>::kPitch;
 #pragma unroll
   for (int kk = 0; kk < KS; ++kk) {
@@ -239,8 +235,7 @@ __device__ __forceinline__ void msAttTimesRows(float acc[][4],
   }
 }
 
-template <int N>
-__device__ __forceinline__ void msAttZero(float acc[][4]) {
+template <int N> __device__ __forceinline__ void msAttZero(float acc[][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
     acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -260,10 +255,9 @@ __device__ __forceinline__ float msQuadSum(float v) {
 /// rows [row0, +16) of head h of a [B, N, H, DH] tensor; rows past N and
 /// padding columns are not stored.
 template <int DH, typename TO>
-__device__ __forceinline__ void msAttStoreRows(TO *dst, const float acc[][4],
-                                               const float mul[2], long long b,
-                                               long long row0, long long N,
-                                               long long H, long long h) {
+__device__ __forceinline__ void
+msAttStoreRows(TO *dst, const float acc[][4], const float mul[2], long long b,
+               long long row0, long long N, long long H, long long h) {
   int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -293,10 +287,9 @@ __device__ __forceinline__ void msAttStoreRows(TO *dst, const float acc[][4],
 // grid (ceil(Nq / 64), H, B).
 
 template <typename T, typename TO, int DH>
-__device__ __forceinline__ void msAttnFwdTc(const T *q, const T *k, const T *v,
-                                            TO *o, float *lse, long long B,
-                                            long long Nq, long long Nk,
-                                            long long H, float scale) {
+__device__ __forceinline__ void
+msAttnFwdTc(const T *q, const T *k, const T *v, TO *o, float *lse, long long B,
+            long long Nq, long long Nk, long long H, float scale) {
   constexpr int KC = 64, P = MsAttRow<DH>::kPitch, DC = MsAttRow<DH>::kCols;
   __align__(16) __shared__ unsigned short ks[KC * P];
   __align__(16) __shared__ unsigned short vs[KC * P];
@@ -465,8 +458,8 @@ msAttnBwdDqTc(const T *q, const T *k, const T *v, const TOI *o, const T *dout,
   for (long long j = 0; j < chunks; ++j) {
     const unsigned short *kc = ks + (j % 2) * KC * P;
     if (j + 1 < chunks) {
-      msAttLoadRows<KC, DH>(ks + ((j + 1) % 2) * KC * P, k, b, (j + 1) * KC,
-                            Nk, H, h);
+      msAttLoadRows<KC, DH>(ks + ((j + 1) % 2) * KC * P, k, b, (j + 1) * KC, Nk,
+                            H, h);
       msCpAsyncCommit();
       msCpAsyncWait<1>();
     } else {
@@ -666,4 +659,3 @@ msAttnBwdDkvTc(const T *q, const T *k, const T *v, const T *dout, TK *dk,
   msAttStoreRows<DH>(dk, dka, mulK, b, k0 + row0, Nk, H, h);
   msAttStoreRows<DH>(dv, dva, mulV, b, k0 + row0, Nk, H, h);
 }
-)cuda";
