@@ -8,6 +8,7 @@
 
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/host/Weights.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
 

@@ -6,6 +6,7 @@
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/Support/raw_ostream.h"
@@ -41,19 +42,16 @@ llvm::StringRef categorize(Value v) {
 
 DevicePeak megaslide::findDevicePeak(const DeviceBuffers &buffers) {
   DevicePeak peak;
-  std::vector<int64_t> delta(buffers.numSteps + 1, 0);
-  for (const DeviceBuffer &b : buffers.buffers) {
-    delta[b.slice.start] += b.slice.size;
-    delta[b.slice.end + 1] -= b.slice.size;
-  }
-  peak.live.resize(buffers.numSteps);
-  int64_t running = 0;
+  std::vector<Slice> slices;
+  slices.reserve(buffers.buffers.size());
+  for (const DeviceBuffer &b : buffers.buffers)
+    slices.push_back(b.slice);
+  // The runtime counts a plan's live bytes the same way (Liveness.h).
+  peak.live = exec::liveBytesAt(slices, buffers.numSteps);
   peak.bytes = -1;
-  for (int64_t t = 0; t < buffers.numSteps; ++t) {
-    peak.live[t] = running += delta[t];
-    if (running > peak.bytes)
-      peak.bytes = running, peak.step = t;
-  }
+  for (int64_t t = 0; t < buffers.numSteps; ++t)
+    if (peak.live[t] > peak.bytes)
+      peak.bytes = peak.live[t], peak.step = t;
   peak.bytes = std::max<int64_t>(peak.bytes, 0);
   for (const DeviceBuffer &b : buffers.buffers)
     if (b.slice.start <= peak.step && peak.step <= b.slice.end) {

@@ -8,6 +8,7 @@
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Transforms/Planning.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/sim/Timeline.h"
 

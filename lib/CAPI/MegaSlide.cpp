@@ -2,9 +2,9 @@
 
 #include "megaslide/CAPI/MegaSlide.h"
 
+#include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
-#include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Model/ModelBuilder.h"
 #include "megaslide/Model/ModelInfo.h"
 #include "megaslide/Pipelines/CompileExecPlan.h"
@@ -14,6 +14,7 @@
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Version.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/plan/HyperParameters.h"
 #include "megaslide/runtime/support/Json.h"
 

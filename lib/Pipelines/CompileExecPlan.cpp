@@ -3,6 +3,7 @@
 #include "megaslide/Pipelines/CompileExecPlan.h"
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 
 using namespace mlir;
 using namespace megaslide;

@@ -16,6 +16,7 @@
 #include "megaslide/Analysis/PlanReport.h"
 #include "megaslide/Pipelines/PipelineOptions.h"
 #include "megaslide/Support/Units.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"
@@ -33,35 +34,37 @@ using namespace megaslide;
 
 namespace {
 
-/// The master a fetch of `param` reads the update of: the parameter
-/// itself, or the master of a persistent bf16 copy (refreshed by its
-/// update); empty for frozen buffers.
-StringRef updatedMaster(graph::ParamOp param) {
-  if (param.getRole() == graph::ParamRole::master)
-    return param.getSymName();
-  if (param.getRole() == graph::ParamRole::weight && param.getOf())
-    return *param.getOf();
-  return {};
-}
-
-/// Marks the deferred updates: each host_adamw, and the first fetch of
-/// each parameter it updates.
+/// Marks the deferred updates (exec::fetchesApplyingUpdates, the rule the
+/// runtime marks plans by): each host_adamw, and the first fetch of each
+/// parameter it updates.
 LogicalResult markDeferred(ModuleOp module, func::FuncOp step) {
-  OpBuilder b(module.getContext());
   llvm::StringMap<schedule::HostAdamWOp> updates;
+  llvm::StringSet<> updated;
   for (auto update : step.getOps<schedule::HostAdamWOp>()) {
     update.setDeferred(true);
     updates[update.getParam()] = update;
+    updated.insert(update.getParam());
   }
   SymbolTable symbols(module);
-  llvm::StringSet<> applied;
+  SmallVector<schedule::FetchOp> fetches;
+  SmallVector<StringRef> masters;
   for (auto fetch : step.getOps<schedule::FetchOp>()) {
     auto param = symbols.lookup<graph::ParamOp>(fetch.getParam());
-    StringRef master = param ? updatedMaster(param) : StringRef();
-    if (!master.empty() && updates.count(master) &&
-        applied.insert(master).second)
-      fetch.setAppliesUpdate(true);
+    fetches.push_back(fetch);
+    masters.push_back(
+        param ? exec::updatedMaster(param.getSymName(),
+                                    graph::stringifyParamRole(param.getRole()),
+                                    param.getOf().value_or(""))
+              : StringRef());
   }
+  std::vector<bool> applies = exec::fetchesApplyingUpdates(masters, updated);
+  llvm::StringSet<> applied;
+  for (auto [fetch, master, marked] :
+       llvm::zip_equal(fetches, masters, applies))
+    if (marked) {
+      fetch.setAppliesUpdate(true);
+      applied.insert(master);
+    }
   for (auto &[name, update] : updates)
     if (!applied.contains(name))
       return update.emitOpError()

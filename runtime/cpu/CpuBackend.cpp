@@ -6,6 +6,7 @@
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/FormatVariadic.h"

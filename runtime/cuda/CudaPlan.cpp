@@ -3,6 +3,7 @@
 #include "megaslide/runtime/cuda/CudaPlan.h"
 
 #include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/plan/Liveness.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/Packing.h"
 

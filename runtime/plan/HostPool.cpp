@@ -149,7 +149,7 @@ HostPoolLayout layoutHostPool(const ExecPlan &plan, const Liveness &live,
     slices.push_back({poolBytes(plan.values[id]), live.def[id],
                       isOutput[id]
                           ? static_cast<int64_t>(plan.instructions.size())
-                          : std::max(live.def[id], live.lastUse[id])});
+                          : live.end(id)});
   }
   Packing packing = packSlices(slices, kHostPoolAlign);
   for (auto [k, id] : llvm::enumerate(others))

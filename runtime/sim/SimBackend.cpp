@@ -3,6 +3,7 @@
 #include "megaslide/runtime/sim/SimBackend.h"
 
 #include "megaslide/runtime/plan/HostPool.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"

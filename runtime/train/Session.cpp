@@ -9,6 +9,7 @@
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/support/Json.h"
 

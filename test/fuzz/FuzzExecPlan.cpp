@@ -11,6 +11,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
+#include "megaslide/runtime/plan/Liveness.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 
 #include "llvm/Support/Error.h"

@@ -1,6 +1,7 @@
 //===- TestPlans.cpp - Saved plans for the runtime's tests ----------------===//
 
 #include "megaslide/Testing/TestPlans.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 
 #include "llvm/Support/Error.h"
 

@@ -7,6 +7,7 @@
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Support/Units.h"
 #include "megaslide/Version.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"

@@ -27,6 +27,7 @@
 #include "megaslide/runtime/host/Checkpoint.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"

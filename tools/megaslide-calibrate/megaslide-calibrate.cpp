@@ -12,6 +12,7 @@
 #include "megaslide/Tools/HardwareFlag.h"
 
 #include "megaslide/Version.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/sim/Calibrate.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 #include "megaslide/runtime/support/AtomicFile.h"

@@ -1,8 +1,9 @@
 //===- DeviceBuffers.h - Device buffers of a scheduled step -----*- C++ -*-===//
 //
 // Every device buffer of a training step after insert-transfers, with its
-// live range in program order, size, category and block: the input of
-// memory packing, budget checks and the memory report.
+// live range in program order (the rule of runtime/plan/Liveness.h, which
+// the runtime applies to the exported plan), size, category and block: the
+// input of memory packing, budget checks and the memory report.
 //
 //===----------------------------------------------------------------------===//
 

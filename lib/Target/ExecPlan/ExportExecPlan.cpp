@@ -7,12 +7,14 @@
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
+#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Transforms/Planning.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
+#include "megaslide/runtime/plan/Validate.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinAttributes.h"

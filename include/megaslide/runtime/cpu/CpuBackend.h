@@ -15,6 +15,7 @@
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include <memory>
 

@@ -20,6 +20,7 @@
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 #include "megaslide/runtime/plan/HostPool.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "llvm/ADT/Twine.h"
 

@@ -4,7 +4,9 @@
 // program over numbered tensors, with every device tensor at its planned
 // arena offset. Written by lib/Target/ExecPlan from the pipeline's final IR,
 // read here without MLIR. The file format (JSON) is docs/ExecutionPlan.md;
-// a loaded plan is validated as untrusted input before any backend sees it.
+// its reader and writer are ExecPlanJson.h, which validates a loaded plan
+// as untrusted input (Validate.h) before any backend sees it; Liveness.h
+// and DeferredUpdates.h hold the rules the planner and the runtime share.
 //
 //===----------------------------------------------------------------------===//
 
@@ -179,50 +181,6 @@ struct ExecPlan {
   /// Whether the host_adamw instructions are deferred (kDeferredAttr).
   bool defersUpdates() const;
 };
-
-/// Marks `plan`'s updates deferred or streaming, as megaslide-defer-updates
-/// does on the IR: every host_adamw kDeferredAttr and the first fetch of
-/// each parameter it updates (updatedParam) kAppliesUpdateAttr, or no
-/// marks; the version follows (the oldest that describes the plan). For
-/// replaying the mode a plan was not compiled with.
-void setDeferredUpdates(ExecPlan &plan, bool deferred);
-
-/// When each value is needed, in instruction indices: a value is live from
-/// the instruction defining it (inputs: from 0) to its last reader,
-/// inclusive; a view keeps the value it views live. The planner's
-/// liveness (lib/Analysis/DeviceBuffers) is the same rule.
-struct Liveness {
-  std::vector<int64_t> def, lastUse; ///< per value; -1 when never used
-  /// Device values that own arena bytes (not views), with their intervals.
-  std::vector<int64_t> deviceBuffers;
-  /// Bytes live at each instruction: device buffers plus workspace.
-  std::vector<int64_t> liveBytes;
-  int64_t peakLiveBytes = 0;
-};
-Liveness computeLiveness(const ExecPlan &plan);
-
-/// Checks every invariant a backend relies on: ids and offsets in range,
-/// device offsets (values and workspaces) multiples of `alignment`, device
-/// bytes inside the arena, batch x grid within kMaxTokensPerStep,
-/// operand/result counts and types of each op, AdamW moments matching
-/// their parameter and hyper-parameters in range (checkAdamWHyperParameter),
-/// events recorded before they are waited on, every read of a value
-/// written on another stream ordered after that write by record/wait
-/// pairs (directly or transitively), no two live device values (or a
-/// workspace and a live value) overlapping (the event check is one pass
-/// over the instructions). Errors name the instruction and what is wrong.
-llvm::Error validate(const ExecPlan &plan);
-
-/// Parses and validates a plan; `source` names it in errors.
-llvm::Expected<ExecPlan> parseExecPlan(llvm::StringRef text,
-                                       llvm::StringRef source);
-llvm::Expected<ExecPlan> loadExecPlan(llvm::StringRef path);
-
-/// The plan as its JSON text (docs/ExecutionPlan.md).
-std::string serialize(const ExecPlan &plan);
-/// Writes serialize(plan) to `path` atomically (support/AtomicFile.h): on
-/// any error `path` is as it was, and the error names it.
-llvm::Error saveExecPlan(const ExecPlan &plan, llvm::StringRef path);
 
 } // namespace megaslide::exec
 

@@ -12,6 +12,7 @@
 #define MEGASLIDE_RUNTIME_PLAN_HOSTPOOL_H
 
 #include "megaslide/runtime/plan/ExecPlan.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include <cstdint>
 #include <vector>

@@ -6,18 +6,26 @@
 // cross-, must lower to the tensor-core kernels (docs/Runtime.md,
 // "Attention on tensor cores"), never to the scalar fallback, whose
 // one-warp-per-query fp32 loops are for fp32 plans and odd head dims.
+// Also: the rules the planner and the runtime share (liveness, deferred
+// update marks; runtime/plan/Liveness.h, DeferredUpdates.h) give the same
+// answer on the IR and on the plan exported from it.
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Pipelines/CompileExecPlan.h"
+#include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
+#include "megaslide/Transforms/Planning.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/plan/HostPool.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -134,6 +142,101 @@ TEST(CompileExecPlanTest, GradientStagingIsTheBackendsRing) {
       EXPECT_EQ(pool.ringSlots, buffers);
       EXPECT_EQ(pool.ringSlots * pool.ringSlotBytes,
                 static_cast<int64_t>(staging.getSize()));
+    }
+}
+
+/// The planner's liveness (collectDeviceBuffers on the IR) and the
+/// runtime's (computeLiveness on the exported plan) are one rule: for every
+/// preset, and for tiny under each activation policy, the bytes live at
+/// each instruction are those live at the op it was exported from, and the
+/// peaks are equal.
+TEST(CompileExecPlanTest, PlannerAndRuntimeLivenessAgree) {
+  using schedule::ActivationPolicy;
+  std::vector<std::pair<std::string, ActivationPolicy>> cases;
+  for (const std::string &preset : presetNames())
+    cases.push_back({preset, ActivationPolicy::automatic});
+  for (ActivationPolicy policy :
+       {ActivationPolicy::keep, ActivationPolicy::recompute,
+        ActivationPolicy::offload})
+    cases.push_back({"tiny", policy});
+  for (const auto &[preset, policy] : cases) {
+    SCOPED_TRACE(preset + ", activations " +
+                 schedule::stringifyEnum(policy).str());
+    mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+    PlanOptions options;
+    options.activationPolicy = policy;
+    llvm::Expected<PlanResult> planned =
+        planModel(context, preset, videoOf(preset), TrainingOptions{}, options);
+    ASSERT_TRUE(!!planned) << llvm::toString(planned.takeError());
+    DeviceBuffers buffers =
+        collectDeviceBuffers(*getTrainStep(*planned->module));
+    DevicePeak peak = findDevicePeak(buffers);
+    std::vector<mlir::Operation *> origins;
+    llvm::Expected<exec::ExecPlan> plan =
+        exportProgram(*planned->module, &origins);
+    ASSERT_TRUE(!!plan) << llvm::toString(plan.takeError());
+    ASSERT_EQ(origins.size(), plan->instructions.size());
+    exec::Liveness live = exec::computeLiveness(*plan);
+    int differ = 0;
+    for (size_t i = 0; i < origins.size(); ++i) {
+      auto it = buffers.index.find(origins[i]);
+      ASSERT_NE(it, buffers.index.end()) << "instruction #" << i;
+      if (live.liveBytes[i] != peak.live[it->second] && ++differ <= 3)
+        ADD_FAILURE() << "instruction #" << i << " ('"
+                      << exec::opName(plan->instructions[i].op)
+                      << "'): the runtime counts " << live.liveBytes[i]
+                      << " live bytes, the planner " << peak.live[it->second];
+    }
+    EXPECT_EQ(differ, 0);
+    EXPECT_GT(peak.bytes, 0);
+    EXPECT_EQ(live.peakLiveBytes, peak.bytes);
+  }
+}
+
+/// megaslide-defer-updates marks the IR by the rule setDeferredUpdates
+/// marks a plan by: the exported plan carries exactly the marks
+/// setDeferredUpdates gives it, deferred (some marks) or streaming (none),
+/// also with persistent bf16 copies whose blocks are fetched twice
+/// (recomputation), where the first fetch of the copy applies the update.
+TEST(CompileExecPlanTest, DeferUpdatesMarksAsTheRuntimeDoes) {
+  using schedule::UpdatePolicy;
+  for (bool copies : {false, true})
+    for (UpdatePolicy update :
+         {UpdatePolicy::deferred, UpdatePolicy::streaming}) {
+      SCOPED_TRACE(
+          std::string(copies ? "persistent-bf16, recompute, " : "defaults, ") +
+          schedule::stringifyEnum(update).str());
+      mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+      PlanOptions options;
+      options.update = update;
+      if (copies) {
+        options.hostStatePolicy = schedule::HostStatePolicy::persistent_bf16;
+        options.activationPolicy = schedule::ActivationPolicy::recompute;
+      }
+      llvm::Expected<PlanResult> planned = planModel(
+          context, "tiny", videoOf("tiny"), TrainingOptions{}, options);
+      ASSERT_TRUE(!!planned) << llvm::toString(planned.takeError());
+      llvm::Expected<exec::ExecPlan> plan = exportExecPlan(*planned->module);
+      ASSERT_TRUE(!!plan) << llvm::toString(plan.takeError());
+      bool deferred = update == UpdatePolicy::deferred;
+      EXPECT_EQ(plan->defersUpdates(), deferred);
+      exec::ExecPlan marked = *plan;
+      exec::setDeferredUpdates(marked, deferred);
+      EXPECT_EQ(marked.version, plan->version);
+      int differ = 0;
+      for (auto [i, inst] : llvm::enumerate(plan->instructions))
+        for (llvm::StringRef mark :
+             {exec::kDeferredAttr, exec::kAppliesUpdateAttr}) {
+          bool pass = inst.hasAttr(mark),
+               rule = marked.instructions[i].hasAttr(mark);
+          if (pass != rule && ++differ <= 3)
+            ADD_FAILURE() << "instruction #" << i << " ('"
+                          << exec::opName(inst.op) << "' of '" << inst.param
+                          << "') is " << (pass ? "" : "not ") << "'"
+                          << mark.str() << "' in the exported plan, but "
+                          << (rule ? "" : "not ") << "by setDeferredUpdates";
+        }
+      EXPECT_EQ(differ, 0);
     }
 }
 

@@ -44,6 +44,7 @@
 #include "megaslide/runtime/cuda/ElementwiseKernels.h"
 #include "megaslide/runtime/cuda/GraphOpLowering.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
+#include "megaslide/runtime/plan/Validate.h"
 #include "megaslide/runtime/train/SyntheticData.h"
 
 #include "megaslide/Testing/CudaEmulation.h"

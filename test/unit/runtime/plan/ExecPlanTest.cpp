@@ -17,7 +17,11 @@
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/host/HostState.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/plan/HyperParameters.h"
+#include "megaslide/runtime/plan/Liveness.h"
+#include "megaslide/runtime/plan/Validate.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"

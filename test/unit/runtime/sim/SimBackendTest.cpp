@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/sim/SimBackend.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 
 #include "gtest/gtest.h"
 

@@ -11,6 +11,7 @@
 #include "megaslide/runtime/train/Session.h"
 
 #include "megaslide/Testing/TestPlans.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 
 #include <gtest/gtest.h>
 
