@@ -644,15 +644,16 @@ def main():
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
-    kinds = {}
+    kinds = {k: 0 for k in [*KINDS, "late", "latest by hand"]}
     for r in results:
         for k, _, _ in r.events:
-            kinds[k] = kinds.get(k, 0) + 1
+            kinds[k] += 1
     failed = [r.name for r in results if r.diffs]
     print(f"resume-scenarios: {len(results)} runs, {len(failed)} failed; "
-          f"interruptions: " + ", ".join(f"{k} {n}" for k, n in
-                                         sorted(kinds.items())) +
-          f"; {sum(r.steps for r in results)} steps and "
+          f"interruptions: " + ", ".join(f"{k} {kinds[k]}" for k in KINDS) +
+          f" (landed after the end {kinds['late']}; 'latest' written by "
+          f"hand {kinds['latest by hand']}); "
+          f"{sum(r.steps for r in results)} steps and "
           f"{sum(r.checkpoints for r in results)} checkpoints compared; "
           f"{time.time() - start:.0f} s (seed {seed})", flush=True)
     if failed:
