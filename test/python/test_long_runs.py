@@ -612,6 +612,53 @@ def test_second_signal_aborts_at_once(tmp_path):
     assert proc.returncode == -signal.SIGINT
 
 
+
+def catches_sigint(proc):
+    """Whether `proc` has installed its SIGINT handler (SigCgt of
+    /proc/PID/status), which megaslide-run does before it plans."""
+    try:
+        status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return False
+    caught = [l for l in status.splitlines() if l.startswith("SigCgt:")]
+    return bool(int(caught[0].split()[1], 16) >> (signal.SIGINT - 1) & 1)
+
+
+@pytest.mark.parametrize("old_checkpoints", [False, True])
+def test_signal_before_the_first_step_prints_the_command_as_given(
+        tmp_path, old_checkpoints):
+    """A fresh run stopped while it plans has no checkpoint to resume: the
+    command it prints is the one given (with --overwrite-checkpoints, which
+    --resume would have turned into a resume of the old run), and running
+    it gives the uninterrupted run's losses (found by
+    scripts/resume-scenarios.py)."""
+    reference = tmp_path / "ref.jsonl"
+    run(*SMALL, "--steps", 3, "--seed", 2, "--metrics", reference)
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    extra = ["--overwrite-checkpoints"] if old_checkpoints else []
+    for attempt in range(20):
+        if old_checkpoints:
+            run(*SMALL, "--steps", 1, "--checkpoint-dir", ck,
+                "--overwrite-checkpoints")
+        proc = start([*SMALL, "--steps", 3, "--seed", 2, "--checkpoint-dir",
+                      ck, "--metrics", metrics, *extra])
+        deadline = time.time() + 120
+        while proc.poll() is None and not catches_sigint(proc):
+            assert time.time() < deadline
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        if "after 0 of 3 steps" in err:
+            break
+    else:
+        pytest.skip("no SIGINT landed before the first step in 20 runs")
+    assert proc.returncode == 130, out + err
+    line = resume_line(out)
+    assert "--resume" not in line, line
+    assert ("--overwrite-checkpoints" in line) == old_checkpoints, line
+    run(*resume_args(line))
+    assert losses(metrics) == losses(reference)
+
 def test_failing_run_keeps_existing_trace_and_metrics(tmp_path, shapes):
     data = tmp_path / "data"
     data.mkdir()
@@ -852,6 +899,24 @@ def test_resume_past_the_lr_horizon_warns_and_can_extend_it(tmp_path):
     failed(run(*common, "--steps", 1, "--max-steps", 3, check=False),
            "not both")
 
+
+
+def test_warmup_constant_resumes_with_fewer_steps_left_than_its_warmup(
+        tmp_path):
+    """warmup-constant has no horizon: a resume with fewer steps left than
+    its warmup is no "--lr-decay-steps below --warmup-steps" (the printed
+    command after a signal failed so; found by
+    scripts/resume-scenarios.py), and continues bit-exactly."""
+    common = [*SMALL, "--lr-schedule", "warmup-constant", "--warmup-steps", 4]
+    run(*common, "--steps", 6, "--metrics", tmp_path / "ref.jsonl")
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    run(*common, "--steps", 5, "--checkpoint-dir", ck, "--metrics", m)
+    run(*common, "--steps", 1, "--checkpoint-dir", ck, "--metrics", m,
+        "--resume")
+    lr = [[json.loads(l)["lr"] for l in p.read_text().splitlines()]
+          for p in (tmp_path / "ref.jsonl", m)]
+    assert lr[0] == lr[1]
+    assert losses(m) == losses(tmp_path / "ref.jsonl")
 
 def test_data_without_weights_needs_init_random(tmp_path, shapes):
     """Training on samples from random weights (the base model's --weights

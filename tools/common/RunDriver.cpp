@@ -264,8 +264,17 @@ std::string shellQuote(StringRef arg) {
 
 /// The command line that continues this run for `remaining` steps: the
 /// same arguments with --steps replaced, --resume added and
-/// --overwrite-checkpoints dropped.
-std::string resumeCommand(int argc, char **argv, int64_t remaining) {
+/// --overwrite-checkpoints dropped. A fresh run stopped before its first
+/// step saved nothing to resume (and --resume would continue the checkpoints
+/// --overwrite-checkpoints was to replace): the command as given.
+std::string resumeCommand(int argc, char **argv, int64_t remaining,
+                          bool saved) {
+  if (!saved) {
+    std::string cmd = shellQuote(argv[0]);
+    for (int i = 1; i < argc; ++i)
+      cmd += " " + shellQuote(argv[i]);
+    return cmd;
+  }
   if (maxSteps.getNumOccurrences()) {
     // A total: the same command, resumed, takes the rest.
     std::string cmd = shellQuote(argv[0]);
@@ -973,7 +982,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                 "with --ema-decay (megaslide-run --save-plan)");
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
   // it started with (steps past it run at the floor, with a warning).
-  if (r.decaySteps == 0) {
+  // (warmup-constant has none: a default would only refuse a resume with
+  // fewer steps left than its warmup.)
+  if (r.decaySteps == 0 && (r.lrSchedule == train::LrSchedule::WarmupCosine ||
+                            r.lrSchedule == train::LrSchedule::WarmupLinear)) {
     std::optional<std::string> stored =
         storedSettings ? train::findSetting(*storedSettings, "lr_decay_steps")
                        : std::nullopt;
@@ -1357,7 +1369,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                             sig == SIGINT ? "SIGINT" : "SIGTERM",
                             s.state().step, toString(std::move(err)))
                         .str());
-      note = "to continue: " + resumeCommand(argc, argv, steps - done);
+      note = "to continue: " +
+             resumeCommand(argc, argv, steps - done, done > 0 || resume);
     } else {
       note = "no --checkpoint-dir was given, so the state is not saved";
     }
