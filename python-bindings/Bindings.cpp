@@ -1,9 +1,10 @@
 //===- Bindings.cpp - The _megaslide Python extension ---------------------===//
 //
 // Thin wrappers over the C API and the CPU 3D-DSA kernels; user-facing
-// argument checking and the dict-shaped results live in
-// megaslide/__init__.py. The kernel wrappers still check dtypes and shapes
-// because a wrong buffer would be read out of bounds, not merely misread.
+// argument checking and the dict-shaped results live in the megaslide
+// package (docs/Python.md). The kernel wrappers still check dtypes and
+// shapes because a wrong buffer would be read out of bounds, not merely
+// misread.
 //
 //===----------------------------------------------------------------------===//
 
