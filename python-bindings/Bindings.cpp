@@ -1,9 +1,10 @@
 //===- Bindings.cpp - The _megaslide Python extension ---------------------===//
 //
 // Thin wrappers over the C API and the CPU 3D-DSA kernels; user-facing
-// argument checking and the dict-shaped results live in
-// megaslide/__init__.py. The kernel wrappers still check dtypes and shapes
-// because a wrong buffer would be read out of bounds, not merely misread.
+// argument checking and the dict-shaped results live in the megaslide
+// package (docs/Python.md). The kernel wrappers still check dtypes and
+// shapes because a wrong buffer would be read out of bounds, not merely
+// misread.
 //
 //===----------------------------------------------------------------------===//
 
@@ -76,7 +77,10 @@ using Triple = std::array<int64_t, 3>;
 using FloatArray = py::array_t<float, py::array::c_style>;
 using IntArray = py::array_t<int32_t, py::array::c_style>;
 
-std::string shapeString(const std::vector<int64_t> &shape) {
+/// A shape as Python prints a tuple ("(2, 3)", "(3,)"), since these
+/// messages name numpy arrays' shapes; the C++ side prints "[2, 3]"
+/// (support/Shape.h).
+std::string tupleString(const std::vector<int64_t> &shape) {
   std::ostringstream os;
   os << "(";
   for (size_t i = 0; i < shape.size(); ++i)
@@ -102,8 +106,8 @@ void checkArray(const py::array &a, const char *name,
     throw py::value_error(std::string(name) + " must be C-contiguous");
   if (shapeOf(a) != shape)
     throw py::value_error(std::string(name) + " has shape " +
-                          shapeString(shapeOf(a)) + ", expected " +
-                          shapeString(shape));
+                          tupleString(shapeOf(a)) + ", expected " +
+                          tupleString(shape));
 }
 
 const float *floatData(const py::array &a, const char *name,
@@ -117,7 +121,7 @@ Dsa3dConfig dsa3dConfig(const py::array &q, Triple window, Triple tile,
                         double scale) {
   if (q.ndim() != 6)
     throw py::value_error("q must have shape (B, H, T, Y, X, D), got " +
-                          shapeString(shapeOf(q)));
+                          tupleString(shapeOf(q)));
   Dsa3dConfig cfg;
   cfg.batch = q.shape(0);
   cfg.heads = q.shape(1);

@@ -3,8 +3,9 @@
 // The compiler entry points that need MLIR go through the C API
 // (include/megaslide/CAPI/MegaSlide.h: text in, text out); NVRTC and the
 // device probe are runtime code (no MLIR). Each C API wrapper returns
-// (status, output, error) and megaslide/__init__.py turns a non-zero status
-// into the right exception, so the rules live in one place.
+// (status, output, error) and its Python wrapper in the megaslide package
+// turns a non-zero status into the right exception, so the rules live in
+// Python alone.
 //
 //===----------------------------------------------------------------------===//
 

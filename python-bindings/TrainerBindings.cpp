@@ -120,7 +120,7 @@ public:
   }
 
   /// The recipe of megaslide.Trainer's keyword arguments, already type
-  /// checked in Python (megaslide/__init__.py); ranges are Session's.
+  /// checked in Python (megaslide/_trainer.py); ranges are Session's.
   static train::Recipe recipeOf(const py::dict &d) {
     train::Recipe r;
     for (const auto &[key, value] : d) {

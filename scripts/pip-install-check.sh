@@ -57,7 +57,8 @@ case $location in
   *) echo "error: megaslide imported from $location, not from $venv" >&2
      exit 1 ;;
 esac
-for f in __init__.py _megaslide.pyi py.typed prepare.py export.py; do
+# Every module of the source package, its stub and marker.
+for f in $(cd "$root/python-bindings/megaslide" && ls *.py *.pyi py.typed); do
   [ -f "$(dirname "$location")/$f" ] ||
     { echo "error: the installed package lacks $f" >&2; exit 1; }
 done

@@ -18,6 +18,8 @@
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cpu/VecMath.h"
 
+#include "llvm/Support/MathExtras.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -34,8 +36,9 @@ using namespace megaslide::cpu;
 //===----------------------------------------------------------------------===//
 
 std::array<int64_t, 3> Dsa3dConfig::numTiles() const {
-  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  return {ceilDiv(T, tile[0]), ceilDiv(Y, tile[1]), ceilDiv(X, tile[2])};
+  return {llvm::divideCeilSigned(T, tile[0]),
+          llvm::divideCeilSigned(Y, tile[1]),
+          llvm::divideCeilSigned(X, tile[2])};
 }
 
 int64_t Dsa3dConfig::offsetsSize() const {

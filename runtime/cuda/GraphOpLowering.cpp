@@ -4,6 +4,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,12 +22,10 @@ bool isFloat(DType t) {
   return t == DType::BF16 || t == DType::F16 || t == DType::F32;
 }
 
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// Blocks of a grid-stride kernel over n elements.
 uint32_t gridFor(int64_t n) {
-  return static_cast<uint32_t>(
-      std::clamp<int64_t>(ceilDiv(n, kElementwiseBlockThreads), 1, 16384));
+  return static_cast<uint32_t>(std::clamp<int64_t>(
+      llvm::divideCeilSigned(n, int64_t{kElementwiseBlockThreads}), 1, 16384));
 }
 
 class Lowerer {
@@ -192,13 +191,16 @@ void Lowerer::colsum(BufferRef a, DType ta, std::optional<BufferRef> b,
                      DType tb, std::optional<BufferRef> stats, int mode,
                      int64_t groups, int64_t rows, int64_t cols, BufferRef dst,
                      DType td) {
-  int64_t chunks = std::clamp<int64_t>(ceilDiv(rows, 64), 1, 1024);
-  int64_t chunkRows = std::max<int64_t>(ceilDiv(rows, chunks), 1);
-  chunks = std::max<int64_t>(ceilDiv(rows, chunkRows), 1);
+  int64_t chunks =
+      std::clamp<int64_t>(llvm::divideCeilSigned(rows, 64), 1, 1024);
+  int64_t chunkRows =
+      std::max<int64_t>(llvm::divideCeilSigned(rows, chunks), 1);
+  chunks = std::max<int64_t>(llvm::divideCeilSigned(rows, chunkRows), 1);
   BufferRef partial =
       BufferRef::scratch(scratch(groups * chunks * cols * int64_t(4)));
   launch("colsum_partial", {ta, b ? tb : ta},
-         {static_cast<uint32_t>(ceilDiv(cols, kElementwiseBlockThreads)),
+         {static_cast<uint32_t>(
+              llvm::divideCeilSigned(cols, int64_t{kElementwiseBlockThreads})),
           static_cast<uint32_t>(chunks), static_cast<uint32_t>(groups)},
          {B(a), b ? B(*b) : KernelArg::null(),
           stats ? B(*stats) : KernelArg::null(), B(partial), I(rows), I(cols),
@@ -507,8 +509,8 @@ std::string tensorCoreKind(const char *kind, int64_t Dh) {
 
 /// Grid of the tensor-core kernels: 64 rows of one (head, sample) per CTA.
 std::array<uint32_t, 3> tensorCoreGrid(int64_t rows, int64_t H, int64_t Bn) {
-  return {static_cast<uint32_t>(ceilDiv(rows, 64)), static_cast<uint32_t>(H),
-          static_cast<uint32_t>(Bn)};
+  return {static_cast<uint32_t>(llvm::divideCeilSigned(rows, 64)),
+          static_cast<uint32_t>(H), static_cast<uint32_t>(Bn)};
 }
 
 llvm::Error Lowerer::lowerAttention() {
@@ -540,8 +542,8 @@ llvm::Error Lowerer::lowerAttention() {
   // gridFor caps blocks for grid-stride kernels; these are not: one warp
   // per query, every warp needs a thread.
   auto &l = std::get<KernelLaunch>(out.steps.back());
-  l.grid[0] =
-      static_cast<uint32_t>(ceilDiv(warps * 32, kElementwiseBlockThreads));
+  l.grid[0] = static_cast<uint32_t>(
+      llvm::divideCeilSigned(warps * 32, int64_t{kElementwiseBlockThreads}));
   return llvm::Error::success();
 }
 
@@ -580,15 +582,15 @@ llvm::Error Lowerer::lowerAttentionGrad() {
   }
   launch("attention_bwd_dq",
          {q.dtype, k.dtype, v.dtype, o.dtype, dout.dtype, res[0].dtype},
-         {static_cast<uint32_t>(
-              ceilDiv(Bn * H * Nq * 32, kElementwiseBlockThreads)),
+         {static_cast<uint32_t>(llvm::divideCeilSigned(
+              Bn * H * Nq * 32, int64_t{kElementwiseBlockThreads})),
           1, 1},
          {B(op(0)), B(op(1)), B(op(2)), B(op(3)), B(op(4)), B(rs(0)), B(lse),
           B(delta), I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)});
   launch("attention_bwd_dkv",
          {q.dtype, k.dtype, v.dtype, dout.dtype, res[1].dtype, res[2].dtype},
-         {static_cast<uint32_t>(
-              ceilDiv(Bn * H * Nk * 32, kElementwiseBlockThreads)),
+         {static_cast<uint32_t>(llvm::divideCeilSigned(
+              Bn * H * Nk * 32, int64_t{kElementwiseBlockThreads})),
           1, 1},
          {B(op(0)), B(op(1)), B(op(2)), B(op(4)), B(rs(1)), B(rs(2)), B(lse),
           B(delta), I(Bn), I(Nq), I(Nk), I(H), I(Dh), F(scale)});
@@ -653,8 +655,8 @@ llvm::Error Lowerer::lowerFlowLoss(bool grad) {
               F(2.0 / double(n))});
     return llvm::Error::success();
   }
-  uint32_t blocks = static_cast<uint32_t>(
-      std::clamp<int64_t>(ceilDiv(n, kElementwiseBlockThreads), 1, 1024));
+  uint32_t blocks = static_cast<uint32_t>(std::clamp<int64_t>(
+      llvm::divideCeilSigned(n, int64_t{kElementwiseBlockThreads}), 1, 1024));
   BufferRef partial = BufferRef::scratch(scratch(int64_t(blocks) * 4));
   fits(pred.numElements());
   fits(n);

@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/host/Files.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/support/Json.h"
@@ -39,17 +40,6 @@ constexpr llvm::StringLiteral kManifestFile = "manifest.json";
 constexpr llvm::StringLiteral kLatestFile = "latest";
 constexpr llvm::StringLiteral kFormat = "megaslide-checkpoint";
 constexpr llvm::StringLiteral kManifestFormat = "megaslide-checkpoint-manifest";
-
-Error error(const llvm::Twine &message) {
-  return llvm::createStringError(
-      std::make_error_code(std::errc::invalid_argument), message);
-}
-
-std::string joinPath(StringRef dir, StringRef name) {
-  llvm::SmallString<256> p(dir);
-  llvm::sys::path::append(p, name);
-  return std::string(p);
-}
 
 std::string hex32(uint32_t v) { return llvm::formatv("{0:x-8}", v).str(); }
 

@@ -6,6 +6,7 @@
 #include "megaslide/runtime/support/AtomicFile.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"
+#include "megaslide/runtime/support/Shape.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -47,13 +48,6 @@ Error errnoError(StringRef path, const llvm::Twine &action, int err) {
   std::error_code ec(err, std::generic_category());
   return llvm::createStringError(ec, "cannot %s '%s': %s", action.str().c_str(),
                                  path.str().c_str(), ec.message().c_str());
-}
-
-std::string shapeString(llvm::ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 /// Top-level keys of a JSON object text, decoded, in order; llvm::json

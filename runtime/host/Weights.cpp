@@ -3,10 +3,11 @@
 #include "megaslide/runtime/host/Weights.h"
 
 #include "megaslide/runtime/cpu/Finite.h"
-
+#include "megaslide/runtime/host/Files.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/ReadFile.h"
+#include "megaslide/runtime/support/Shape.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -25,24 +26,6 @@ using llvm::Error;
 using llvm::StringRef;
 
 namespace {
-
-Error error(const llvm::Twine &message) {
-  return llvm::createStringError(
-      std::make_error_code(std::errc::invalid_argument), message);
-}
-
-std::string joinPath(StringRef dir, StringRef name) {
-  llvm::SmallString<256> p(dir);
-  llvm::sys::path::append(p, name);
-  return std::string(p);
-}
-
-std::string shapeString(llvm::ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 const HostTensor *lookup(const HostState &state, StringRef name) {
   auto it = state.index.find(name);

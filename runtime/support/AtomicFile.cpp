@@ -1,6 +1,7 @@
 //===- AtomicFile.cpp - Output files that are all-or-nothing --------------===//
 
 #include "megaslide/runtime/support/AtomicFile.h"
+#include "megaslide/runtime/support/FaultInjection.h"
 
 #include "llvm/Support/Path.h"
 
@@ -8,7 +9,6 @@
 #include <cassert>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -23,26 +23,8 @@ using llvm::StringRef;
 
 namespace {
 
-//===----------------------------------------------------------------------===//
-// Fault injection (docs/Testing.md)
-//===----------------------------------------------------------------------===//
-
-/// MEGASLIDE_FAULT_WRITE_LIMIT, read once: the bytes this process may write
-/// through AtomicFile before every further write fails with ENOSPC.
-std::optional<uint64_t> faultWriteLimit() {
-  static const std::optional<uint64_t> limit = []() -> std::optional<uint64_t> {
-    const char *text = std::getenv("MEGASLIDE_FAULT_WRITE_LIMIT");
-    if (!text || !*text)
-      return std::nullopt;
-    char *end = nullptr;
-    unsigned long long value = std::strtoull(text, &end, 10);
-    if (*end)
-      return std::nullopt;
-    return value;
-  }();
-  return limit;
-}
-
+/// What this process has written through AtomicFile, against
+/// fault::writeLimit() (docs/Testing.md, "Fault injection").
 std::atomic<uint64_t> bytesWrittenByProcess{0};
 
 //===----------------------------------------------------------------------===//
@@ -193,7 +175,7 @@ private:
       return;
     size_t allowed = size;
     bool full = false;
-    if (std::optional<uint64_t> limit = faultWriteLimit()) {
+    if (std::optional<uint64_t> limit = fault::writeLimit()) {
       uint64_t done = bytesWrittenByProcess.load();
       if (done + size > *limit) {
         allowed = *limit > done ? static_cast<size_t>(*limit - done) : 0;

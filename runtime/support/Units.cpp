@@ -1,4 +1,4 @@
-//===- Units.cpp - Byte quantities with decimal and binary units ----------===//
+//===- Units.cpp - Byte quantities and durations as text ------------------===//
 
 #include "megaslide/Support/Units.h"
 
@@ -60,6 +60,10 @@ std::string megaslide::formatBytes(uint64_t bytes) {
                        bytes / std::pow(1000.0, rank), decimal[rank],
                        bytes / std::pow(1024.0, rank), binary[rank])
       .str();
+}
+
+std::string megaslide::formatSeconds(double seconds) {
+  return llvm::formatv("{0:F3} s", seconds).str();
 }
 
 uint64_t megaslide::elementBytes(unsigned bitWidth) {

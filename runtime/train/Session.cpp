@@ -11,6 +11,7 @@
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/sim/SimBackend.h"
+#include "megaslide/runtime/support/FaultInjection.h"
 #include "megaslide/runtime/support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -503,31 +504,6 @@ host::HostTensor *Session::ema(llvm::StringRef name) {
   return hostState.find((name + ".ema").str());
 }
 
-namespace {
-/// MEGASLIDE_FAULT_NAN_GRADIENT=NAME@STEP, read once: the retained gradient
-/// of parameter NAME at optimizer step STEP (1-based) gets a NaN, so tests
-/// can check that the deferred update skips such a step exactly
-/// (docs/Testing.md); a finite loss with a non-finite gradient is hard to
-/// make from inputs.
-struct NanGradientFault {
-  std::string param;
-  int64_t step = -1;
-};
-const NanGradientFault &nanGradientFault() {
-  static const NanGradientFault fault = [] {
-    NanGradientFault f;
-    const char *text = std::getenv("MEGASLIDE_FAULT_NAN_GRADIENT");
-    if (!text)
-      return f;
-    auto [name, step] = llvm::StringRef(text).rsplit('@');
-    if (!step.getAsInteger(10, f.step))
-      f.param = name.str();
-    return f;
-  }();
-  return fault;
-}
-} // namespace
-
 void Session::retain(const exec::Instruction &inst,
                      const exec::HostGradient &g) {
   Update &u = updates[updateIndex.find(inst.param)->second];
@@ -543,8 +519,9 @@ void Session::retain(const exec::Instruction &inst,
     cpu::accumulate(g.data, g.dtype, g.count, u.accum.data());
   }
   ++u.received;
-  const NanGradientFault &fault = nanGradientFault();
-  if (fault.step == hostState.step + 1 && fault.param == inst.param) {
+  // A test-only fault (support/FaultInjection.h): a finite loss with a
+  // non-finite gradient, which no input makes.
+  if (fault::nanGradient(inst.param, hostState.step + 1)) {
     float nan = NAN;
     if (u.accum.empty())
       cpu::narrow(&nan, u.dtype, 1, u.retained.data());

@@ -180,7 +180,8 @@ int fail(const Twine &message, int code = 1) {
   return code;
 }
 
-std::string formatSeconds(double s) {
+/// "mm:ss", or "h:mm:ss" from an hour on: elapsed time and ETA of a run.
+std::string formatClock(double s) {
   if (!std::isfinite(s) || s < 0)
     return "--:--";
   int64_t t = static_cast<int64_t>(s + 0.5);
@@ -202,10 +203,9 @@ public:
     double eta = ran ? elapsed / ran * (total - step) : 0;
     std::string lossText =
         computesLoss ? formatv("loss {0:F5}", loss).str() : "loss n/a (sim)";
-    std::string stats =
-        formatv("step {0}/{1}  {2}  {3:F2} samples/s  elapsed {4}  eta {5}",
-                step, total, lossText, samplesPerSec, formatSeconds(elapsed),
-                formatSeconds(eta));
+    std::string stats = formatv(
+        "step {0}/{1}  {2}  {3:F2} samples/s  elapsed {4}  eta {5}", step,
+        total, lossText, samplesPerSec, formatClock(elapsed), formatClock(eta));
     if (bar) {
       constexpr int width = 24;
       int filled = total > first

@@ -1,4 +1,4 @@
-//===- Units.h - Byte quantities with decimal and binary units --*- C++ -*-===//
+//===- Units.h - Byte quantities and durations as text ----------*- C++ -*-===//
 
 #ifndef MEGASLIDE_SUPPORT_UNITS_H
 #define MEGASLIDE_SUPPORT_UNITS_H
@@ -19,6 +19,10 @@ llvm::Expected<uint64_t> parseBytes(llvm::StringRef text);
 /// "141.00 GB (131.32 GiB)": decimal and binary units of the magnitude's
 /// rank ("67.11 MB (64.00 MiB)"), saying which is which.
 std::string formatBytes(uint64_t bytes);
+
+/// "1.234 s": seconds with three decimals, how the plan and training
+/// reports spell a duration.
+std::string formatSeconds(double seconds);
 
 /// Storage bytes of one element of `type` (bf16 2, f32 4, i64 8, ...).
 uint64_t elementBytes(unsigned bitWidth);

@@ -6,28 +6,24 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
+#include "megaslide/runtime/support/Shape.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
 
 #include <cmath>
 
 using namespace mlir;
 using namespace megaslide::graph;
+using megaslide::shapeString;
 
 namespace {
 
 RankedTensorType tensorType(Value v) {
   return cast<RankedTensorType>(v.getType());
-}
-
-std::string shapeString(ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  llvm::interleave(
-      shape, [&](int64_t d) { s += std::to_string(d); }, [&] { s += ", "; });
-  return s + "]";
 }
 
 /// Fails with "'what' has shape [..] but expected [..]" unless equal.
@@ -79,8 +75,6 @@ SmallVector<int64_t> withLast(ArrayRef<int64_t> shape, int64_t last) {
   return s;
 }
 
-int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// Norms reduce over the last dimension, so their input needs one.
 LogicalResult verifyNormInput(Operation *op, Value input) {
   if (tensorType(input).getRank() >= 1)
@@ -127,9 +121,9 @@ LogicalResult verifyDsaOperands(Operation *op, Value q, Value k, Value v,
     return op->emitOpError()
            << "token count " << qs[1] << " does not match grid "
            << shapeString(grid) << " (" << tokens << " tokens)";
-  offsetsShape.assign({qs[0], qs[2], ceilDiv(grid[0], tile[0]),
-                       ceilDiv(grid[1], tile[1]), ceilDiv(grid[2], tile[2]),
-                       window[0], 2});
+  offsetsShape.assign({qs[0], qs[2], llvm::divideCeilSigned(grid[0], tile[0]),
+                       llvm::divideCeilSigned(grid[1], tile[1]),
+                       llvm::divideCeilSigned(grid[2], tile[2]), window[0], 2});
   return success();
 }
 

@@ -19,6 +19,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
@@ -53,11 +54,10 @@ bool DsaConfig::operator<(const DsaConfig &o) const {
   return tie(*this) < tie(o);
 }
 
-static int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 std::array<int64_t, 3> DsaConfig::tileCounts() const {
-  return {ceilDiv(grid[0], tile[0]), ceilDiv(grid[1], tile[1]),
-          ceilDiv(grid[2], tile[2])};
+  return {llvm::divideCeilSigned(grid[0], tile[0]),
+          llvm::divideCeilSigned(grid[1], tile[1]),
+          llvm::divideCeilSigned(grid[2], tile[2])};
 }
 
 int64_t DsaConfig::tiles() const {
@@ -143,7 +143,7 @@ int64_t bwdShared(const DsaConfig &c, int warps, int chunk, int stages) {
 int64_t keyShared(const DsaConfig &c, int warps, int chunk, int stages,
                   int64_t candidates) {
   int64_t rows = 16 * warps, dp = c.headDim + 8;
-  int64_t qchunks = ceilDiv(c.tileQueries(), chunk);
+  int64_t qchunks = llvm::divideCeilSigned(c.tileQueries(), chunk);
   return 2 * rows * dp * 2 + 2 * stages * chunk * dp * 2 + stages * chunk * 8 +
          stages * (2 * c.window[0] + 1) * 4 + rows * 4 +
          candidates * qchunks * 4 + candidates * 4 + 4;
@@ -156,7 +156,7 @@ int64_t keyShared(const DsaConfig &c, int warps, int chunk, int stages,
 /// is [s(-r), s(r) + k) and the query tiles form one range.
 std::vector<std::array<int64_t, 2>> inverseRange(int64_t g, int64_t k,
                                                  int64_t t, int64_t r) {
-  int64_t tiles = ceilDiv(g, t);
+  int64_t tiles = llvm::divideCeilSigned(g, t);
   auto start = [&](int64_t i, int64_t d) {
     int64_t first = i * t, n = std::min(t, g - first);
     int64_t centre = (2 * first + n - 1) / 2;
@@ -180,9 +180,9 @@ std::vector<std::array<int64_t, 2>> inverseRange(int64_t g, int64_t k,
 /// Splits the tile's 16-query warps into query blocks of at most `maxWarps`
 /// warps each, balanced.
 void splitQueries(const DsaConfig &c, int maxWarps, int &warps, int &blocks) {
-  int64_t needed = ceilDiv(c.tileQueries(), 16);
-  blocks = static_cast<int>(ceilDiv(needed, maxWarps));
-  warps = static_cast<int>(ceilDiv(needed, blocks));
+  int64_t needed = llvm::divideCeilSigned(c.tileQueries(), 16);
+  blocks = static_cast<int>(llvm::divideCeilSigned(needed, maxWarps));
+  warps = static_cast<int>(llvm::divideCeilSigned(needed, blocks));
 }
 
 /// Chooses (warps, chunk, stages) for a kernel whose shared memory is
@@ -192,7 +192,7 @@ template <typename SharedFn>
 bool fitShared(const DsaConfig &c, int preferredChunk, SharedFn shared,
                int &warps, int &blocks, int &chunk, int &stages,
                int64_t &bytes) {
-  int64_t keys16 = ceilDiv(c.windowKeys(), 16) * 16;
+  int64_t keys16 = llvm::divideCeilSigned(c.windowKeys(), 16) * 16;
   for (int maxWarps = kMaxWarps; maxWarps >= 1; maxWarps /= 2) {
     splitQueries(c, maxWarps, warps, blocks);
     for (int kc = static_cast<int>(std::min<int64_t>(preferredChunk, keys16));
@@ -319,8 +319,8 @@ bool planDsaKernels(const DsaConfig &c, DsaKernelPlan &plan,
   bool keyFits = false;
   for (int maxWarps = kMaxWarps; maxWarps >= 1 && !keyFits; maxWarps /= 2) {
     splitQueries(c, maxWarps, plan.keyWarps, plan.keyBlocks);
-    for (int qc = static_cast<int>(
-             std::min<int64_t>(128, ceilDiv(c.tileQueries(), 16) * 16));
+    for (int qc = static_cast<int>(std::min<int64_t>(
+             128, llvm::divideCeilSigned(c.tileQueries(), 16) * 16));
          qc >= 16 && !keyFits; qc = qc / 2 / 16 * 16)
       for (int st = 2; st >= 1 && !keyFits; --st) {
         plan.keySharedBytes = keyShared(c, plan.keyWarps, qc, st, candidates);

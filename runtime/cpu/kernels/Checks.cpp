@@ -19,13 +19,6 @@ std::string Count::str() const {
   return std::to_string(min) + " to " + std::to_string(max);
 }
 
-std::string cpu::shapeString(llvm::ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Error cpu::opError(const exec::Instruction &inst, const Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                  llvm::Twine("megaslide.") + opName(inst.op) +

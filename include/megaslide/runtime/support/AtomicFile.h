@@ -16,10 +16,11 @@
 // character device) are written directly. A symlink is followed: the file
 // it points to is replaced, the link stays.
 //
-// Test-only seam: MEGASLIDE_FAULT_WRITE_LIMIT=<bytes> (read once per
-// process) makes every AtomicFile write fail with ENOSPC once that many
-// bytes have been written by the process, like a disk that fills up
-// (docs/Testing.md). No MLIR dependency: LLVM Support and POSIX only.
+// Test-only seam: MEGASLIDE_FAULT_WRITE_LIMIT=<bytes> (fault::writeLimit(),
+// support/FaultInjection.h) makes every AtomicFile write fail with ENOSPC
+// once that many bytes have been written by the process, like a disk that
+// fills up (docs/Testing.md). No MLIR dependency: LLVM Support and POSIX
+// only.
 //
 //===----------------------------------------------------------------------===//
 

@@ -12,6 +12,7 @@
 #define MEGASLIDE_RUNTIME_CPU_KERNELS_CHECKS_H
 
 #include "megaslide/runtime/cpu/GraphKernels.h"
+#include "megaslide/runtime/support/Shape.h"
 
 #include "llvm/ADT/Twine.h"
 
@@ -33,9 +34,6 @@ struct Count {
   /// "2", "2 to 3" or "at least 1".
   std::string str() const;
 };
-
-/// "[2, 3, 4]", as the verifiers print shapes.
-std::string shapeString(llvm::ArrayRef<int64_t> shape);
 
 /// "megaslide.<op>: <message>": a failing step names its culprit first.
 llvm::Error opError(const exec::Instruction &inst, const llvm::Twine &message);
