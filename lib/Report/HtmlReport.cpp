@@ -10,6 +10,7 @@
 
 #include "megaslide/Report/HtmlReport.h"
 
+#include "megaslide/Support/Units.h"
 #include "megaslide/runtime/support/Html.h"
 #include "megaslide/runtime/support/Svg.h"
 
@@ -96,9 +97,7 @@ std::string formatGB(std::optional<double> bytes) {
 }
 
 std::string formatSeconds(std::optional<double> seconds) {
-  if (!seconds)
-    return "n/a";
-  return llvm::formatv("{0:F3} s", *seconds).str();
+  return seconds ? megaslide::formatSeconds(*seconds) : "n/a";
 }
 
 /// An exact count with digit grouping (1,234,567).

@@ -11,6 +11,7 @@
 
 #include "megaslide/runtime/train/TrainingReport.h"
 
+#include "megaslide/Support/Units.h"
 #include "megaslide/runtime/support/Html.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/Svg.h"
@@ -320,10 +321,6 @@ std::string formatNumber(double value) {
   std::string text;
   llvm::raw_string_ostream(text) << llvm::format("%.4g", value);
   return text;
-}
-
-std::string formatSeconds(double seconds) {
-  return llvm::formatv("{0:F3} s", seconds).str();
 }
 
 /// Bytes as decimal gigabytes, or megabytes under one gigabyte (the
