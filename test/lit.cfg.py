@@ -90,7 +90,7 @@ if _cuobjdump and (
 
 tool_dirs = [config.megaslide_tools_dir, config.llvm_tools_dir]
 tools = ["megaslide-opt", "megaslide-plan", "megaslide-run", "megaslide-translate",
-         "megaslide-calibrate", "megaslide-report"]
+         "megaslide-calibrate", "megaslide-report", "megaslide-tblgen"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment(

@@ -2,7 +2,6 @@
 
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
 
-#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 
@@ -131,20 +130,6 @@ HostAdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
                          << "' is a '"
                          << graph::stringifyParamRole(decl->getRole())
                          << "' tensor";
-  return success();
-}
-
-LogicalResult LaunchOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
-  auto kernel =
-      symbolTable.lookupNearestSymbolFrom<func::FuncOp>(*this, getKernelAttr());
-  if (!kernel)
-    return emitOpError() << "'" << getKernel()
-                         << "' does not name a kernel function";
-  FunctionType type = kernel.getFunctionType();
-  if (!llvm::equal(type.getInputs(), getOperands().getTypes()) ||
-      !llvm::equal(type.getResults(), getResults().getTypes()))
-    return emitOpError() << "operand or result types do not match kernel '"
-                         << getKernel() << "' of type " << type;
   return success();
 }
 

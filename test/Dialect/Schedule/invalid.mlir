@@ -327,40 +327,8 @@ func.func @adamw_step(%g: tensor<64x64xbf16>, %step: tensor<i32>) {
 }
 
 //===----------------------------------------------------------------------===//
-// Kernels and timepoints
+// Timepoints
 //===----------------------------------------------------------------------===//
-
-// -----
-
-// Tests that launch must name a function.
-
-func.func @launch_unknown(%x: tensor<4xf32>) {
-  // expected-error @below {{'msched.launch' op 'nope' does not name a kernel function}}
-  %0 = msched.launch @nope(%x) : (tensor<4xf32>) -> tensor<4xf32>
-  return
-}
-
-// -----
-
-// Tests that launch operand types must match the kernel's inputs.
-
-func.func private @k(tensor<4xf32>) -> tensor<4xf32>
-func.func @launch_operand_types(%x: tensor<4xbf16>) {
-  // expected-error @below {{'msched.launch' op operand or result types do not match kernel 'k' of type '(tensor<4xf32>) -> tensor<4xf32>'}}
-  %0 = msched.launch @k(%x) : (tensor<4xbf16>) -> tensor<4xf32>
-  return
-}
-
-// -----
-
-// Tests that launch result types must match the kernel's results.
-
-func.func private @k(tensor<4xf32>) -> tensor<4xf32>
-func.func @launch_result_types(%x: tensor<4xf32>) {
-  // expected-error @below {{'msched.launch' op operand or result types do not match kernel 'k' of type '(tensor<4xf32>) -> tensor<4xf32>'}}
-  %0:2 = msched.launch @k(%x) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
-  return
-}
 
 // -----
 

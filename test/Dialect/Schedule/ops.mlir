@@ -104,27 +104,6 @@ func.func @host_adamw(%g: tensor<64x64xbf16>, %step: tensor<i64>) {
 
 // -----
 
-// Tests that launch round-trips with several operands and results, and
-// with none.
-
-func.func private @dsa3d_fwd_0(tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>)
-    -> (tensor<1x32x4x16xbf16>, tensor<1x32x4xf32>)
-func.func private @barrier()
-
-// CHECK-LABEL: func.func @launch(
-// CHECK-SAME:      %[[Q:[a-z0-9_]+]]: tensor<1x32x4x16xbf16>, %[[OFF:[a-z0-9_]+]]: tensor<1x4x2x2x2x2x2xi32>)
-func.func @launch(%q: tensor<1x32x4x16xbf16>, %off: tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16> {
-  // CHECK: %[[O:.*]]:2 = msched.launch @dsa3d_fwd_0(%[[Q]], %[[OFF]]) : (tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x32x4xf32>)
-  %o:2 = msched.launch @dsa3d_fwd_0(%q, %off)
-      : (tensor<1x32x4x16xbf16>, tensor<1x4x2x2x2x2x2xi32>) -> (tensor<1x32x4x16xbf16>, tensor<1x32x4xf32>)
-  // CHECK: msched.launch @barrier() : () -> ()
-  msched.launch @barrier() : () -> ()
-  // CHECK: return %[[O]]#0
-  return %o#0 : tensor<1x32x4x16xbf16>
-}
-
-// -----
-
 // Tests that record on every stream, wait and join (of one and of several
 // timepoints) round-trip.
 

@@ -9,6 +9,7 @@
 #ifndef MEGASLIDE_GRAPH_DIALECT
 #define MEGASLIDE_GRAPH_DIALECT
 
+include "megaslide/Dialect/PlanOp.td"
 include "mlir/IR/OpBase.td"
 
 def Graph_Dialect : Dialect {
@@ -29,8 +30,13 @@ def Graph_Dialect : Dialect {
   let dependentDialects = ["::mlir::func::FuncDialect"];
 }
 
-/// Base class of every graph op.
+/// Base class of every graph op. A graph op in a plan is a kernel, timed
+/// by the roofline (PlanOp.td); most run as grid-stride elementwise or
+/// reduction kernels on the cuda backend, the others say which family.
 class Graph_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Graph_Dialect, mnemonic, traits>;
+    : Op<Graph_Dialect, mnemonic, traits>, PlanOp<"GRAPH"> {
+  let costKind = "Device";
+  let kernelFamily = "Elementwise";
+}
 
 #endif // MEGASLIDE_GRAPH_DIALECT

@@ -30,6 +30,10 @@ def Graph_Flops : DeclareOpInterfaceMethods<Graph_FlopCountOpInterface>;
 // Persistent state
 //===----------------------------------------------------------------------===//
 
+// Why load, store and adamw never reach a plan (PlanOp.td).
+defvar Graph_HostStateAccess = "replaced by schedule ops in "
+    "megaslide-insert-transfers; megaslide-verify-schedule refuses any left";
+
 def Graph_ParamRole : I32EnumAttr<"ParamRole", "role of a persistent tensor", [
     I32EnumAttrCase<"weight", 0>, I32EnumAttrCase<"master", 1>,
     I32EnumAttrCase<"moment", 2>, I32EnumAttrCase<"gradient", 3>,
@@ -45,6 +49,7 @@ def Graph_ParamGroup : I32EnumAttr<"ParamGroup", "part of the model", [
 
 def Graph_ParamOp : Graph_Op<"param", [Symbol]> {
   let summary = "declares a persistent tensor of the model state";
+  let notInPlans = "a declaration, which the plan makes in its `params`";
   let description = [{
     Names one persistent tensor: a trainable parameter's fp32 `master`
     copy, an AdamW `moment` of it (`of` names the parameter), a persistent
@@ -79,6 +84,7 @@ def Graph_ParamOp : Graph_Op<"param", [Symbol]> {
 def Graph_LoadOp : Graph_Op<"load", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "reads the current value of a persistent tensor";
+  let notInPlans = Graph_HostStateAccess;
   let description = [{
     ```mlir
     %w = megaslide.load @"blocks.0.attn1.to_q.weight" : tensor<64x64xf32>
@@ -92,6 +98,7 @@ def Graph_LoadOp : Graph_Op<"load", [
 def Graph_StoreOp : Graph_Op<"store", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "writes a new value to a persistent tensor";
+  let notInPlans = Graph_HostStateAccess;
   let description = [{
     ```mlir
     megaslide.store %w2, @"blocks.0.attn1.to_q.weight" : tensor<64x64xf32>
@@ -105,6 +112,7 @@ def Graph_AdamWOp : Graph_Op<"adamw", [Pure, Graph_Flops,
     AllTypesMatch<["param", "new_param"]>, AllTypesMatch<["m", "new_m"]>,
     AllTypesMatch<["v", "new_v", "m"]>]> {
   let summary = "one decoupled-weight-decay Adam (AdamW) update";
+  let notInPlans = Graph_HostStateAccess;
   let description = [{
     With step `t` (1-based) and gradient `g` (cast to fp32):
     `m' = b1 m + (1-b1) g`, `v' = b2 v + (1-b2) g^2`,
@@ -151,6 +159,9 @@ def Graph_CastOp : Graph_Op<"cast", [Pure, Graph_Differentiable,
 
 def Graph_ReshapeOp : Graph_Op<"reshape", [Pure, Graph_Differentiable]> {
   let summary = "reinterprets a tensor with another static shape";
+  // A view of its operand: no work, no kernel.
+  let costKind = "None";
+  let kernelFamily = "None";
   let description = [{
     Row-major reinterpretation; the element count is unchanged.
 
@@ -213,6 +224,7 @@ def Graph_ZerosOp : Graph_Op<"zeros", [Pure]> {
 def Graph_PatchEmbedOp : Graph_Op<"patch_embed", [Pure, Graph_Differentiable,
     Graph_Flops]> {
   let summary = "3D convolution with stride equal to the patch (patchify + linear)";
+  let kernelFamily = "Gemm";
   let description = [{
     Latents `x` [B, C, T, H, W] are cut into non-overlapping patches
     (pt, ph, pw) taken from the weight [D, C, pt, ph, pw]; each patch is
@@ -236,6 +248,7 @@ def Graph_PatchEmbedOp : Graph_Op<"patch_embed", [Pure, Graph_Differentiable,
 def Graph_PatchEmbedGradOp : Graph_Op<"patch_embed_grad", [Pure,
     Graph_BackwardOp, Graph_Flops]> {
   let summary = "weight and bias gradients of patch_embed";
+  let kernelFamily = "Gemm";
   let description = [{
     Given the latents and the gradient of the tokens [B, N, D], returns
     the gradients of the weight [D, C, pt, ph, pw] and of the bias [D].
@@ -347,6 +360,7 @@ def Graph_EmbeddingGradOp : Graph_Op<"embedding_grad", [Pure,
 def Graph_LinearOp : Graph_Op<"linear", [Pure, Graph_Differentiable,
     Graph_Flops]> {
   let summary = "y = x W^T + b over the last dimension";
+  let kernelFamily = "Gemm";
   let description = [{
     `x` [..., in], `weight` [out, in] (PyTorch layout), optional `bias` [out].
 
@@ -367,6 +381,7 @@ def Graph_LinearOp : Graph_Op<"linear", [Pure, Graph_Differentiable,
 def Graph_LinearGradDataOp : Graph_Op<"linear_grad_data", [Pure,
     Graph_BackwardOp, Graph_Flops]> {
   let summary = "input gradient of linear: dx = dy W";
+  let kernelFamily = "Gemm";
   let description = [{
     ```mlir
     %dx = megaslide.linear_grad_data %dy, %w
@@ -384,6 +399,7 @@ def Graph_LinearGradDataOp : Graph_Op<"linear_grad_data", [Pure,
 def Graph_LinearGradParamsOp : Graph_Op<"linear_grad_params", [Pure,
     Graph_BackwardOp, Graph_Flops]> {
   let summary = "weight (and bias) gradients of linear";
+  let kernelFamily = "Gemm";
   let description = [{
     `dW = dy^T x` summed over all leading dimensions; with a second result,
     `db = sum(dy)` over the leading dimensions.
@@ -701,6 +717,7 @@ def Graph_Rope3dOp : Graph_Op<"rope3d", [Pure, Graph_Differentiable,
 def Graph_AttentionOp : Graph_Op<"attention", [Pure, Graph_Differentiable,
     Graph_Flops]> {
   let summary = "global multi-head scaled dot-product attention";
+  let kernelFamily = "AttentionFwd";
   let description = [{
     `softmax(scale q k^T) v` per batch and head, q [B, Nq, H, Dh], k and v
     [B, Nk, H, Dh]. Self-attention when Nq = Nk over the same tokens;
@@ -727,6 +744,7 @@ def Graph_AttentionOp : Graph_Op<"attention", [Pure, Graph_Differentiable,
 def Graph_AttentionGradOp : Graph_Op<"attention_grad", [Pure,
     Graph_BackwardOp, Graph_Flops]> {
   let summary = "gradients of attention with respect to q, k and v";
+  let kernelFamily = "AttentionBwd";
   let description = [{
     ```mlir
     %dq, %dk, %dv = megaslide.attention_grad %q, %k, %v, %o, %do
@@ -750,6 +768,7 @@ def Graph_AttentionGradOp : Graph_Op<"attention_grad", [Pure,
 def Graph_Dsa3dOp : Graph_Op<"dsa3d", [Pure, Graph_Differentiable,
     Graph_Flops]> {
   let summary = "3D Deformable Slide Attention and its softmax log-sum-exp";
+  let kernelFamily = "Dsa3dFwd";
   let description = [{
     Linear-cost local attention over the token grid `grid` = (T, Y, X)
     (docs/Dsa3d.md, "Definition"). Queries are tiled by
@@ -787,6 +806,7 @@ def Graph_Dsa3dOp : Graph_Op<"dsa3d", [Pure, Graph_Differentiable,
 def Graph_Dsa3dGradOp : Graph_Op<"dsa3d_grad", [Pure, Graph_BackwardOp,
     Graph_Flops]> {
   let summary = "gradients of dsa3d with respect to q, k and v";
+  let kernelFamily = "Dsa3dBwd";
   let description = [{
     Takes the forward's `output` and its `lse` (fp32 [B, H, N]) beside the
     output gradient: probabilities are recomputed as
@@ -819,6 +839,7 @@ def Graph_Dsa3dGradOp : Graph_Op<"dsa3d_grad", [Pure, Graph_BackwardOp,
 
 def Graph_Dsa3dOffsetsOp : Graph_Op<"dsa3d_offsets", [Pure, Graph_Flops]> {
   let summary = "block-matching estimate of 3D-DSA window displacements";
+  let kernelFamily = "Dsa3dOffsets";
   let description = [{
     For each query tile and key frame: the displacement (dy, dx) in
     [-radius, radius]^2 maximising the dot product between the mean-pooled

@@ -10,6 +10,7 @@
 #ifndef MEGASLIDE_SCHEDULE_DIALECT
 #define MEGASLIDE_SCHEDULE_DIALECT
 
+include "megaslide/Dialect/PlanOp.td"
 include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"
@@ -30,8 +31,13 @@ def Schedule_Dialect : Dialect {
   let useDefaultTypePrinterParser = 1;
 }
 
+/// Base class of every schedule op. The backends run a schedule op
+/// themselves, launching no kernel; each op that reaches plans says how it
+/// is timed (PlanOp.td).
 class Schedule_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Schedule_Dialect, mnemonic, traits>;
+    : Op<Schedule_Dialect, mnemonic, traits>, PlanOp<"SCHEDULE"> {
+  let kernelFamily = "None";
+}
 
 def Schedule_Residency : I32EnumAttr<"Residency", "where a buffer lives", [
     I32EnumAttrCase<"host", 0>, I32EnumAttrCase<"pinned", 1>,

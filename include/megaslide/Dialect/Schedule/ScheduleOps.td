@@ -15,6 +15,7 @@ include "mlir/Interfaces/InferTypeOpInterface.td"
 
 def Schedule_ResourceOp : Schedule_Op<"resource", [Symbol]> {
   let summary = "declares a buffer pool that is not a tensor of the model";
+  let notInPlans = "declared outside the step, for the memory reports";
   let description = [{
     The device arena, pinned staging buffers, the host pool of offloaded
     activation checkpoints, the data batch and the host allowance for the
@@ -35,6 +36,7 @@ def Schedule_ResourceOp : Schedule_Op<"resource", [Symbol]> {
 
 def Schedule_BudgetCheckOp : Schedule_Op<"budget_check"> {
   let summary = "runtime guard: the resource must fit the budget";
+  let notInPlans = "the exporter drops it";
   let description = [{
     Placed before the first use of a resource. The runtime fails with a
     message naming the resource, its size and the budget (and, on a GPU,
@@ -51,6 +53,7 @@ def Schedule_BudgetCheckOp : Schedule_Op<"budget_check"> {
 
 def Schedule_PackOp : Schedule_Op<"pack"> {
   let summary = "a device-memory packing problem and, once solved, its solution";
+  let notInPlans = "the plan's `arena_bytes`, `alignment` and value offsets";
   let description = [{
     One slice per device buffer: `sizes[i]` bytes live from op index
     `starts[i]` to `ends[i]` (inclusive, in program order). The solver
@@ -79,6 +82,7 @@ def Schedule_PackOp : Schedule_Op<"pack"> {
 def Schedule_FetchOp : Schedule_Op<"fetch", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "streams a parameter's working copy from host to device";
+  let costKind = "Fetch";
   let description = [{
     Reads the persistent host tensor `param` (fp32 master, frozen buffer or
     persistent bf16 copy), converts it to the result's element type while
@@ -101,6 +105,7 @@ def Schedule_FetchOp : Schedule_Op<"fetch", [
 
 def Schedule_HostToDeviceOp : Schedule_Op<"h2d", [SameOperandsAndResultType]> {
   let summary = "copies a host tensor to the device";
+  let costKind = "HostToDevice";
   let description = [{
     Used for the data batch and for reloading offloaded activation
     checkpoints.
@@ -116,6 +121,7 @@ def Schedule_HostToDeviceOp : Schedule_Op<"h2d", [SameOperandsAndResultType]> {
 
 def Schedule_DeviceToHostOp : Schedule_Op<"d2h", [SameOperandsAndResultType]> {
   let summary = "copies a device tensor to the host";
+  let costKind = "DeviceToHost";
   let description = [{
     Used for gradients on their way to the host optimizer, offloaded
     activation checkpoints and the loss.
@@ -132,6 +138,7 @@ def Schedule_DeviceToHostOp : Schedule_Op<"d2h", [SameOperandsAndResultType]> {
 def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "AdamW update of one parameter's host state";
+  let costKind = "HostAdamW";
   let description = [{
     Updates the fp32 master of `param` and its two moments (the
     `megaslide.param moment ... of @param` tensors) in place with the host
@@ -162,33 +169,13 @@ def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
   }];
 }
 
-def Schedule_LaunchOp : Schedule_Op<"launch", [
-    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
-  let summary = "launches an outlined device kernel";
-  let description = [{
-    Calls the kernel function `kernel` (outlined from graph ops, e.g. one
-    per distinct 3D-DSA configuration) on device tensors.
-
-    ```mlir
-    %o = msched.launch @dsa3d_fwd_0(%q, %k, %v, %off)
-        : (tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>, tensor<1x32x4x16xbf16>,
-           tensor<1x4x2x2x2x2x2xi32>) -> tensor<1x32x4x16xbf16>
-    ```
-  }];
-  let arguments = (ins FlatSymbolRefAttr:$kernel,
-                       Variadic<AnyRankedTensor>:$operands);
-  let results = (outs Variadic<AnyRankedTensor>:$results);
-  let assemblyFormat = [{
-    $kernel `(` $operands `)` attr-dict `:` functional-type($operands, $results)
-  }];
-}
-
 //===----------------------------------------------------------------------===//
 // Timepoints
 //===----------------------------------------------------------------------===//
 
 def Schedule_RecordOp : Schedule_Op<"record"> {
   let summary = "records a timepoint after the work issued so far on a stream";
+  let costKind = "None";
   let description = [{
     ```mlir
     %tp = msched.record h2d
@@ -201,6 +188,7 @@ def Schedule_RecordOp : Schedule_Op<"record"> {
 
 def Schedule_WaitOp : Schedule_Op<"wait"> {
   let summary = "makes a stream wait for a timepoint";
+  let costKind = "None";
   let description = [{
     Work issued on `stream` after the wait starts after the timepoint.
 
@@ -215,6 +203,7 @@ def Schedule_WaitOp : Schedule_Op<"wait"> {
 
 def Schedule_JoinOp : Schedule_Op<"join", [Pure]> {
   let summary = "a timepoint reached when all given timepoints are";
+  let notInPlans = "the events of the waits on it";
   let description = [{
     ```mlir
     %all = msched.join %a, %b

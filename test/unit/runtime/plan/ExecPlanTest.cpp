@@ -1064,8 +1064,8 @@ TEST(ExecPlanOps, NamesDecodeToTheirOp) {
 //===----------------------------------------------------------------------===//
 
 TEST(ExecPlanCpuBackend, EveryGraphOpHasAKernel) {
-  // Ops.def lists what plans may carry (checked against the dialects by
-  // the compiler's OpVocabularyTest); the cpu backend runs all of it.
+  // Ops.def lists what plans may carry (generated from the dialects' op
+  // definitions); the cpu backend runs all of it.
   for (exec::OpCode op : exec::kAllOpCodes)
     EXPECT_EQ(cpu::findGraphKernel(op) != nullptr, !exec::isScheduleOp(op))
         << exec::opName(op);
