@@ -306,12 +306,19 @@ def reference(s, tools, work, data):
 
 
 def steps_run(ck):
-    """The steps the latest checkpoint in `ck` holds, or None."""
+    """The steps the checkpoint a resume takes holds, or None: `latest`'s,
+    or where a kill came before `latest` was first written, the newest
+    complete one (docs/Runtime.md, "Checkpoints")."""
     latest = ck / "latest"
-    if not latest.exists():
-        return None
-    trainer = json.loads((ck / latest.read_text().strip() /
-                          "trainer.json").read_text())
+    if latest.exists():
+        folder = ck / latest.read_text().strip()
+    else:
+        complete = sorted(p for p in ck.glob("step-*")
+                          if (p / "manifest.json").exists())
+        if not complete:
+            return None
+        folder = complete[-1]
+    trainer = json.loads((folder / "trainer.json").read_text())
     state = json.loads(trainer["trainer_state"])
     return state.get("steps_run", state["step"])
 
@@ -319,29 +326,14 @@ def steps_run(ck):
 def after_kill(s, cmd, ck, env):
     """What a user runs after kill -9: the same command, resumed from the
     latest checkpoint, with the steps it leaves (--steps), or afresh when
-    there is none yet; and whether `latest` had to be written by hand."""
+    there is none yet."""
     args = [a for a in cmd if a != "--resume"]
-    by_hand = False
-    if not (ck / "latest").exists() and any(ck.glob("step-*")):
-        # Killed between the first checkpoint's rename and `latest`: the
-        # resume names the checkpoint to write into it (docs/Runtime.md,
-        # "Checkpoints"); the user does so.
-        probe = subprocess.run(args + ["--resume"], capture_output=True,
-                               text=True, env=env, cwd=ck.parent)
-        advice = re.search(r"to resume from it, write '([^']+)' into "
-                           r"'([^']+)'", probe.stdout + probe.stderr)
-        if probe.returncode != 1 or not advice:
-            raise Failure(f"a checkpoint folder without 'latest' "
-                          f"(exit {probe.returncode}):\n"
-                          f"{(probe.stdout + probe.stderr)[-3000:]}")
-        (ck.parent / advice[2]).write_text(advice[1])
-        by_hand = True
     done = steps_run(ck)
     if done is None:
-        return args, by_hand
+        return args
     if not s.total:
         args[args.index("--steps") + 1] = str(s.steps - done)
-    return args + ["--resume"], by_hand
+    return args + ["--resume"]
 
 
 KINDS = {"kill": signal.SIGKILL, "SIGINT": signal.SIGINT,
@@ -352,8 +344,7 @@ def interrupted(s, tools, work, data, rng, step_seconds, repeat, events):
     """The scenario interrupted and resumed until done; its folder. Appends
     to `events` the interruptions as (kind, the step the run had reported,
     the step it resumes from), with kind "late" where the run ended before
-    the interruption landed and "latest by hand" where `latest` was written
-    as the resume said."""
+    the interruption landed."""
     folder = work / s.name / f"run-{repeat}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -397,11 +388,8 @@ def interrupted(s, tools, work, data, rng, step_seconds, repeat, events):
             how = f"the command printed after {kind} at step {seen}"
         elif kind is not None and rc == -sig:
             # kill -9, or a signal before the handlers were installed.
-            cmd, by_hand = after_kill(s, first, folder / "ck", env)
+            cmd = after_kill(s, first, folder / "ck", env)
             how = f"the command after {kind} at step {seen}"
-            if by_hand:
-                events.append(("latest by hand", seen,
-                               steps_run(folder / "ck")))
         else:
             raise Failure(f"exit {rc} of {how}: {shlex.join(run.cmd)}\n"
                           f"{run.text()[-3000:]}")
@@ -644,15 +632,14 @@ def main():
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
-    kinds = {k: 0 for k in [*KINDS, "late", "latest by hand"]}
+    kinds = {k: 0 for k in [*KINDS, "late"]}
     for r in results:
         for k, _, _ in r.events:
             kinds[k] += 1
     failed = [r.name for r in results if r.diffs]
     print(f"resume-scenarios: {len(results)} runs, {len(failed)} failed; "
           f"interruptions: " + ", ".join(f"{k} {kinds[k]}" for k in KINDS) +
-          f" (landed after the end {kinds['late']}; 'latest' written by "
-          f"hand {kinds['latest by hand']}); "
+          f" (landed after the end {kinds['late']}); "
           f"{sum(r.steps for r in results)} steps and "
           f"{sum(r.checkpoints for r in results)} checkpoints compared; "
           f"{time.time() - start:.0f} s (seed {seed})", flush=True)

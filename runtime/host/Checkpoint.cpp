@@ -17,6 +17,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/WithColor.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -650,10 +651,21 @@ std::string suggestOther(StringRef dir, StringRef failed) {
 llvm::Expected<std::string> readLatestName(StringRef dir) {
   std::string latestPath = joinPath(dir, kLatestFile);
   if (!llvm::sys::fs::exists(latestPath)) {
-    if (stepDirs(dir, /*completeOnly=*/true).empty())
+    std::vector<CheckpointInfo> complete =
+        stepDirs(dir, /*completeOnly=*/true);
+    if (complete.empty())
       return error("no checkpoint in '" + dir + "' ('" + latestPath +
                    "' does not exist)");
-    return error("'" + latestPath + "' is missing" + suggestOther(dir, ""));
+    // A save renames its folder into place, then writes `latest`: a run
+    // killed between the two (a second Ctrl-C while the first checkpoint is
+    // written) leaves a complete checkpoint that nothing names yet. It is
+    // the newest state, as `latest` would have said.
+    StringRef name = llvm::sys::path::filename(complete.back().path);
+    llvm::WithColor::note(llvm::errs(), "megaslide")
+        << "'" << latestPath << "' is missing (a save was interrupted before "
+        << "it named its checkpoint); resuming from the newest complete one, '"
+        << name << "'\n";
+    return name.str();
   }
   llvm::Expected<std::string> text =
       readSmallFile(latestPath, kMaxCheckpointLatestBytes);

@@ -1059,8 +1059,6 @@ NEWEST = ("the newest complete checkpoint is '{d}/step-000002': to resume "
 CHECKPOINT_CASES = [
     ("no checkpoint", ck_empty, "no checkpoint in '{d}' ('{d}/latest' does "
      "not exist)"),
-    ("latest missing", ck_remove("latest"), "'{d}/latest' is missing; " +
-     NEWEST),
     ("latest garbage", ck_write("latest", "garbage\n"),
      "'{d}/latest' is corrupt (it should name a step-N directory but holds "
      "\"garbage\"); " + NEWEST),
@@ -1149,6 +1147,22 @@ def test_checkpoint_advice_works(art, tmp_path):
     result = run_tool("megaslide-run", args)
     assert result.returncode == 0, result.out
     assert "resumed at step 1" in result.out
+
+
+def test_missing_latest_resumes_the_newest_complete_checkpoint(art, tmp_path):
+    """A save killed between renaming its folder and writing `latest` (a
+    second Ctrl-C during the first checkpoint) leaves a complete checkpoint
+    nothing names yet: resume takes the newest complete one, and says so."""
+    d = tmp_path / "ckpt"
+    shutil.copytree(art.ckpt, d)
+    ck_remove("latest")(d)
+    result = run_tool("megaslide-run", [*RUN, "--steps", "1",
+                                        "--checkpoint-dir", d, "--resume"])
+    assert result.returncode == 0, result.out
+    assert (f"'{d}/latest' is missing (a save was interrupted before it "
+            "named its checkpoint); resuming from the newest complete one, "
+            "'step-000002'") in result.out, result.out
+    assert "resumed at step 2" in result.out, result.out
 
 
 # ---------------------------------------------------------------------------
