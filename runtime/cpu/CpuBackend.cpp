@@ -2,9 +2,7 @@
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 
-#include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
-#include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/Isa.h"
 
 #include "llvm/ADT/Twine.h"
@@ -61,9 +59,9 @@ public:
 
 private:
   llvm::Error overlap(int64_t a, int64_t b) {
-    return llvm::createStringError(
-        "device memory plan is corrupt: %" + llvm::Twine(a) +
-        " is placed over live %" + llvm::Twine(b));
+    return llvm::createStringError("device memory plan is corrupt: %" +
+                                   llvm::Twine(a) + " is placed over live %" +
+                                   llvm::Twine(b));
   }
   struct Allocation {
     int64_t size, owner;
@@ -103,18 +101,6 @@ public:
 CpuBackend::CpuBackend(const exec::ExecPlan &plan)
     : plan(plan), liveness(exec::computeLiveness(plan)) {}
 
-AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
-  AdamWHyper hyper; // the defaults, for attributes the plan leaves out
-  hyper.lr = inst.floatAttr("lr").value_or(hyper.lr);
-  hyper.beta1 = inst.floatAttr("beta1").value_or(hyper.beta1);
-  hyper.beta2 = inst.floatAttr("beta2").value_or(hyper.beta2);
-  hyper.eps = inst.floatAttr("eps").value_or(hyper.eps);
-  hyper.weightDecay =
-      inst.floatAttr("weight_decay").value_or(hyper.weightDecay);
-  hyper.step = step;
-  return hyper;
-}
-
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
   // The kernels read MEGASLIDE_CPU_ISA and MEGASLIDE_NUM_THREADS; a bad
@@ -142,8 +128,8 @@ CpuBackend::create(const exec::ExecPlan &plan) {
     const exec::Value &v = plan.values[id];
     if (v.viewOf || backend->liveness.def[id] < 0)
       continue;
-    int64_t last = std::max(backend->liveness.def[id],
-                            backend->liveness.lastUse[id]);
+    int64_t last =
+        std::max(backend->liveness.def[id], backend->liveness.lastUse[id]);
     if (last >= 0 && last < static_cast<int64_t>(plan.instructions.size()))
       backend->releasedAfter[last].push_back(id);
   }
@@ -247,21 +233,20 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       std::memcpy(run.data(inst.results[0]), run.data(inst.operands[0]),
                   plan.values[inst.results[0]].type.bytes());
     } else if (inst.op == exec::OpCode::HostAdamW) {
-      host::HostTensor *master = state.find(inst.param);
-      host::HostTensor *m = state.expAvg(inst.param);
-      host::HostTensor *v = state.expAvgSq(inst.param);
-      if (!master || !m || !v)
-        return llvm::createStringError("host state lacks '" + inst.param +
-                                       "' or its AdamW moments");
+      llvm::Expected<host::AdamWTensors> tensors =
+          host::adamwTensors(state, inst.param);
+      if (!tensors)
+        return tensors.takeError();
       const exec::Value &g = plan.values[inst.operands[0]];
-      int64_t n = g.type.numElements();
-      std::vector<float> grad(n);
-      widen(run.data(inst.operands[0]), g.type.dtype, n, grad.data());
-      if (options.onGradient)
-        options.onGradient(inst.param, grad);
+      host::HostGradient gradient{run.data(inst.operands[0]), g.type.dtype,
+                                  g.type.numElements()};
+      if (options.onGradient) {
+        std::vector<float> wide(gradient.count);
+        widen(gradient.data, gradient.dtype, gradient.count, wide.data());
+        options.onGradient(inst.param, wide);
+      }
       if (options.retainGradient)
-        options.retainGradient(inst,
-                               {run.data(inst.operands[0]), g.type.dtype, n});
+        options.retainGradient(inst, gradient);
       if (options.applyUpdates && !updating) {
         // The compiler's plans compute the loss before the first update:
         // a non-finite one skips the step with the state untouched.
@@ -276,16 +261,12 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
         updating = true;
       }
       if (options.applyUpdates) {
-        if (std::optional<int64_t> bad = firstNonFinite(grad.data(), n))
-          return llvm::createStringError(nonFiniteGradientMessage(
-              inst.param, optimizerStep, *bad, grad[*bad]));
-        result.gradSquaredNorm += squaredNorm(grad.data(), DType::F32, n);
-        state.incomplete = true;
-        AdamWHyper hyper = adamwHyperOf(inst, optimizerStep);
-        hyper.lr = options.lr.value_or(hyper.lr);
-        hyper.gradScale = options.gradScale;
-        adamwStep(hyper, n, master->data.data(), m->data.data(),
-                  v->data.data(), grad.data(), /*workingBf16=*/nullptr);
+        llvm::Expected<double> squared = host::streamingUpdate(
+            state, *tensors, inst, gradient,
+            {optimizerStep, options.lr, options.gradScale});
+        if (!squared)
+          return squared.takeError();
+        result.gradSquaredNorm += *squared;
       }
     } else if (GraphKernel kernel = kernels[i]) {
       wide.resize(inst.operands.size() + inst.results.size());
@@ -321,8 +302,8 @@ CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
             {operands[0].f32,
              static_cast<size_t>(operands[0].type.numElements())});
       if (llvm::Error err = kernel(inst, operands, results))
-        return llvm::createStringError("instruction #" + llvm::Twine(i) +
-                                       ": " + llvm::toString(std::move(err)));
+        return llvm::createStringError("instruction #" + llvm::Twine(i) + ": " +
+                                       llvm::toString(std::move(err)));
       for (size_t k = 0; k < results.size(); ++k)
         if (results[k].f32)
           narrow(results[k].f32, results[k].type.dtype,

@@ -7,10 +7,7 @@
 
 #include "megaslide/runtime/cuda/CudaBackendImpl.h"
 
-#include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
-#include "megaslide/runtime/cpu/CpuBackend.h"
-#include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include "llvm/ADT/Twine.h"
@@ -144,59 +141,31 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
       }
     }
     Clock::time_point start = Clock::now();
-    host::HostTensor *master = state.find(inst.param);
-    host::HostTensor *m = state.expAvg(inst.param);
-    host::HostTensor *v = state.expAvgSq(inst.param);
-    if (!master || !m || !v) {
-      I.setWorkerError("host state lacks '" + inst.param +
-                       "' or its AdamW moments");
+    llvm::Expected<host::AdamWTensors> tensors =
+        host::adamwTensors(state, inst.param);
+    if (!tensors) {
+      I.setWorkerError(llvm::toString(tensors.takeError()));
       return;
     }
     const exec::Value &g = I.plan.values[inst.operands[0]];
-    int64_t count = g.type.numElements();
-    const uint8_t *grad = I.hostAddress(inst.operands[0]);
-    std::vector<float> wide;
-    if (options.onGradient || g.type.dtype == DType::F16) {
-      wide.resize(count);
-      cpu::widen(grad, g.type.dtype, count, wide.data());
-    }
-    if (options.onGradient)
+    host::HostGradient gradient{I.hostAddress(inst.operands[0]), g.type.dtype,
+                                g.type.numElements()};
+    if (options.onGradient) {
+      std::vector<float> wide(gradient.count);
+      cpu::widen(gradient.data, gradient.dtype, gradient.count, wide.data());
       options.onGradient(inst.param, wide);
+    }
     if (options.retainGradient)
-      options.retainGradient(inst, {grad, g.type.dtype, count});
+      options.retainGradient(inst, gradient);
     if (options.applyUpdates) {
-      std::optional<int64_t> bad =
-          g.type.dtype == DType::BF16
-              ? cpu::firstNonFiniteBf16(
-                    reinterpret_cast<const uint16_t *>(grad), count)
-          : g.type.dtype == DType::F32
-              ? cpu::firstNonFinite(reinterpret_cast<const float *>(grad),
-                                    count)
-              : cpu::firstNonFinite(wide.data(), count);
-      if (bad) {
-        float value;
-        cpu::widen(grad + *bad * exec::dtypeBytes(g.type.dtype), g.type.dtype,
-                   1, &value);
-        I.setWorkerError(cpu::nonFiniteGradientMessage(
-            inst.param, optimizerStep, *bad, value));
+      llvm::Expected<double> squared =
+          host::streamingUpdate(state, *tensors, inst, gradient,
+                                {optimizerStep, options.lr, options.gradScale});
+      if (!squared) {
+        I.setWorkerError(llvm::toString(squared.takeError()));
         return;
       }
-      squaredNorms[i] = cpu::squaredNorm(grad, g.type.dtype, count);
-      state.incomplete = true;
-      cpu::AdamWHyper hyper = cpu::adamwHyperOf(inst, optimizerStep);
-      hyper.lr = options.lr.value_or(hyper.lr);
-      hyper.gradScale = options.gradScale;
-      if (g.type.dtype == DType::BF16)
-        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                       v->data.data(), reinterpret_cast<const uint16_t *>(grad),
-                       nullptr);
-      else if (g.type.dtype == DType::F32)
-        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                       v->data.data(), reinterpret_cast<const float *>(grad),
-                       nullptr);
-      else
-        cpu::adamwStep(hyper, count, master->data.data(), m->data.data(),
-                       v->data.data(), wide.data(), nullptr);
+      squaredNorms[i] = *squared;
     }
     hostTimes[i] = {since0(start), since0(Clock::now()) - since0(start)};
   };

@@ -12,7 +12,6 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 #define MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 
-#include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/plan/Backend.h"
 
@@ -43,11 +42,6 @@ private:
   std::vector<uint8_t> arenaStorage;
   std::vector<std::vector<uint8_t>> hostStorage;
 };
-
-/// The AdamW settings of a host_adamw instruction for optimizer step
-/// `step`, plan/HyperParameters.h's defaults where the plan leaves an
-/// attribute out: one reading for the cpu and cuda backends.
-AdamWHyper adamwHyperOf(const exec::Instruction &inst, int64_t step);
 
 } // namespace megaslide::cpu
 

@@ -10,6 +10,7 @@
 #ifndef MEGASLIDE_RUNTIME_PLAN_BACKEND_H
 #define MEGASLIDE_RUNTIME_PLAN_BACKEND_H
 
+#include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/host/HostState.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 
@@ -75,13 +76,7 @@ struct StepResult {
   std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
 };
 
-/// A gradient as it reached the host, in its planned dtype; valid only
-/// during the call it is passed to.
-struct HostGradient {
-  const void *data = nullptr;
-  DType dtype = DType::F32;
-  int64_t count = 0;
-};
+using host::HostGradient;
 
 struct StepOptions {
   /// Apply the host AdamW updates; without, the step only computes the
