@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,22 @@ inline std::string spanName(const Instruction &inst) {
   if (!inst.param.empty())
     name += " " + inst.param;
   return name;
+}
+
+/// The span of instruction `i` that ran from `start` for `seconds`.
+inline TraceSpan instructionSpan(const Instruction &inst, int64_t i,
+                                 double start, double seconds) {
+  TraceSpan span;
+  span.stream = inst.stream;
+  span.name = spanName(inst);
+  span.start = start;
+  span.seconds = seconds;
+  span.instruction = i;
+  span.layer = inst.layer;
+  span.flops =
+      inst.cost.matmulFlops + inst.cost.attentionFlops + inst.cost.otherFlops;
+  span.bytes = inst.cost.bytes;
+  return span;
 }
 
 /// Device memory of a step: what the plan promised and what the backend
@@ -132,6 +149,25 @@ inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
     id = inst.operands[0]; // a copy: look for where its source is made
   }
   return {id, def};
+}
+
+/// Where a step can skip on a non-finite loss before anything is
+/// updated: the loss (lossSource) and the instruction defining it, made
+/// before the first host_adamw, whose index is given too (-1: none). `def`
+/// is -1 when there is no such point (no update, or one before the loss:
+/// the loss is then checked after the step).
+struct LossGuard {
+  int64_t value = -1, def = -1, firstUpdate = -1;
+};
+inline LossGuard lossGuard(const ExecPlan &plan) {
+  LossGuard g;
+  for (size_t i = 0; i < plan.instructions.size() && g.firstUpdate < 0; ++i)
+    if (plan.instructions[i].op == OpCode::HostAdamW)
+      g.firstUpdate = static_cast<int64_t>(i);
+  std::tie(g.value, g.def) = lossSource(plan);
+  if (g.def < 0 || g.def > g.firstUpdate)
+    g.def = -1;
+  return g;
 }
 
 class Backend {
