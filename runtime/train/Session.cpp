@@ -221,6 +221,19 @@ computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   return s;
 }
 
+/// What the host optimizer does of the recipe.
+static host::HostOptimizer::Options optimizerOptions(const Recipe &r,
+                                                     bool deferred) {
+  host::HostOptimizer::Options o;
+  o.deferred = deferred;
+  o.gradAccum = r.gradAccum;
+  o.maxGradNorm = r.maxGradNorm;
+  o.emaDecay = r.emaDecay;
+  o.emaWarmup = r.emaWarmup;
+  o.emaBf16 = r.emaBf16;
+  return o;
+}
+
 llvm::Expected<std::unique_ptr<Session>>
 Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   std::vector<BucketPlan> one;
@@ -413,15 +426,8 @@ Session::create(std::vector<BucketPlan> bucketPlans,
     session->hostState = host::initHostState(p, options.seed);
     session->runSettings = computeSettings(session->plans, session->names,
                                            options, deferred, *session->data);
-    const Recipe &r = options.recipe;
-    host::HostOptimizer::Options o;
-    o.deferred = deferred;
-    o.gradAccum = r.gradAccum;
-    o.maxGradNorm = r.maxGradNorm;
-    o.emaDecay = r.emaDecay;
-    o.emaWarmup = r.emaWarmup;
-    o.emaBf16 = r.emaBf16;
-    session->optimizer.prepare(p, session->hostState, o);
+    session->optimizer.prepare(p, session->hostState,
+                               optimizerOptions(options.recipe, deferred));
   }
   return session;
 }

@@ -3,7 +3,8 @@
 // A backend executes one training step of an execution plan against the
 // host state: cpu (reference numerics, tracking arena), cuda (the GPU) and
 // sim (predicted timing only). The trainer (runtime/train) drives them all
-// through this interface.
+// through this interface. The backends that compute give a step the
+// meaning of plan/StepRunner.h, over their own device primitives.
 //
 //===----------------------------------------------------------------------===//
 
@@ -110,12 +111,13 @@ struct StepOptions {
   std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
   /// The trainer's deferred update (docs/Training.md): receives each
   /// host_adamw's gradient as it reaches the host, in its planned dtype,
-  /// instead of an update (set applyUpdates false). Called once per
-  /// host_adamw, possibly from another thread and concurrently for
-  /// distinct parameters.
+  /// instead of an update (set applyUpdates false;
+  /// host::HostOptimizer::retain). Called once per host_adamw, possibly
+  /// from another thread and concurrently for distinct parameters.
   std::function<void(const Instruction &, const HostGradient &)> retainGradient;
   /// Called before a fetch reads its parameter's fp32 master, on the
-  /// thread that reads it, so that a pending deferred update lands first.
+  /// thread that reads it, so that a pending deferred update lands first
+  /// (host::HostOptimizer::applyPending).
   std::function<void(llvm::StringRef param)> beforeFetch;
   /// Called with the model's prediction, the `prediction` operand of the
   /// flow_matching_loss op ([B, C, T, H, W], widened to fp32), when the
@@ -130,8 +132,8 @@ struct StepOptions {
 /// defining it. The plan's output is often a device-to-host copy placed
 /// at the end of the step; the device value it copies exists as soon as
 /// the forward pass ends, before any gradient reaches the host optimizer,
-/// so backends read that one to skip a step with a non-finite loss before
-/// anything is updated. {-1, -1} when the plan returns nothing.
+/// so the step runner reads that one to skip a step with a non-finite loss
+/// before anything is updated. {-1, -1} when the plan returns nothing.
 inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
   if (plan.outputs.empty())
     return {-1, -1};
