@@ -3,9 +3,11 @@
 #include "megaslide/runtime/cpu/Convert.h"
 
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/cpu/WorkerPool.h"
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 using namespace megaslide::cpu;
 using megaslide::exec::DType;
@@ -74,6 +76,20 @@ void megaslide::cpu::narrow(const float *src, DType dtype, int64_t n,
     return;
   }
   }
+}
+
+void megaslide::cpu::narrowOnWorkers(WorkerPool &pool, const float *src,
+                                     DType dtype, int64_t n, void *dst) {
+  int64_t parts = std::min<int64_t>(
+      {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
+       std::max<int64_t>(1, n >> 20)});
+  int64_t chunk = (n + parts - 1) / parts,
+          bytes = megaslide::exec::dtypeBytes(dtype);
+  pool.run((n + chunk - 1) / chunk, [&](int64_t w) {
+    int64_t begin = w * chunk, end = std::min(n, begin + chunk);
+    narrow(src + begin, dtype, end - begin,
+           static_cast<uint8_t *>(dst) + begin * bytes);
+  });
 }
 
 /// Calls fn(offset, values, count) over `src` widened to fp32 in blocks on

@@ -2,17 +2,12 @@
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 
-#include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Convert.h"
-#include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/plan/Liveness.h"
 
 #include "llvm/ADT/Twine.h"
-#include "llvm/Support/FormatVariadic.h"
 
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -22,8 +17,6 @@ using exec::DType;
 using exec::Home;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 /// The tracking allocator standing in for device memory: every allocation
 /// is placed where the plan says, checked against the live ones, and
@@ -62,9 +55,9 @@ public:
 
 private:
   llvm::Error overlap(int64_t a, int64_t b) {
-    return llvm::createStringError(
-        "device memory plan is corrupt: %" + llvm::Twine(a) +
-        " is placed over live %" + llvm::Twine(b));
+    return llvm::createStringError("device memory plan is corrupt: %" +
+                                   llvm::Twine(a) + " is placed over live %" +
+                                   llvm::Twine(b));
   }
   struct Allocation {
     int64_t size, owner;
@@ -74,47 +67,135 @@ private:
   int64_t liveBytes = 0;
 };
 
-bool isFloat(DType d) {
-  return d == DType::BF16 || d == DType::F16 || d == DType::F32;
-}
-
-/// One execution of the plan: where each value's bytes are right now.
-class StepRun {
+/// The cpu backend's primitives: the device arena and the host values in
+/// host memory, every primitive done before it returns.
+class CpuDevice final : public exec::Device {
 public:
-  StepRun(const exec::ExecPlan &plan, uint8_t *arenaStorage,
-          std::vector<std::vector<uint8_t>> &hostBytes)
-      : plan(plan), arena(arenaStorage), hostBytes(hostBytes) {
-    hostBytes.resize(plan.values.size());
+  explicit CpuDevice(const exec::ExecPlan &plan)
+      : plan(plan), arenaStorage(plan.arenaBytes), arena(nullptr) {
+    hostStorage.resize(plan.values.size());
+    for (size_t id = 0; id < plan.values.size(); ++id)
+      if (plan.values[id].home != Home::Device)
+        hostStorage[id].resize(plan.values[id].type.bytes());
   }
 
+  /// Per instruction; null for schedule ops and views.
+  std::vector<GraphKernel> kernels;
+
+  const char *name() const override { return "cpu"; }
+  bool synchronous() const override { return true; }
+  uint8_t *hostData(int64_t id) override { return hostStorage[id].data(); }
+
+  llvm::Error beginStep(exec::StepSetup setup) override {
+    fetches = std::move(setup.fetches);
+    arena = TrackingArena(arenaStorage.data());
+    return llvm::Error::success();
+  }
+
+  llvm::Error allocate(size_t i) override {
+    // Results and workspace where the plan put them.
+    const exec::Instruction &inst = plan.instructions[i];
+    for (int64_t r : inst.results) {
+      const exec::Value &v = plan.values[r];
+      if (v.home == Home::Device && !v.viewOf)
+        if (llvm::Error err = arena.allocate(v.offset, v.type.bytes(), r))
+          return err;
+    }
+    for (const exec::Range &w : inst.workspace)
+      if (llvm::Error err = arena.allocate(w.offset, w.size, -1))
+        return err;
+    return llvm::Error::success();
+  }
+
+  void release(size_t i, llvm::ArrayRef<int64_t> dead) override {
+    for (const exec::Range &w : plan.instructions[i].workspace)
+      arena.release(w.offset);
+    for (int64_t id : dead)
+      if (plan.values[id].home == Home::Device)
+        arena.release(plan.values[id].offset);
+  }
+
+  llvm::Error fetch(size_t i, size_t k) override {
+    const exec::FetchSource &source = fetches[k];
+    if (source.before)
+      source.before();
+    int64_t id = plan.instructions[i].results[0];
+    const exec::Value &v = plan.values[id];
+    narrow(source.master, v.type.dtype, v.type.numElements(), data(id));
+    return llvm::Error::success();
+  }
+
+  llvm::Error copy(size_t i) override {
+    const exec::Instruction &inst = plan.instructions[i];
+    std::memcpy(data(inst.results[0]), data(inst.operands[0]),
+                plan.values[inst.results[0]].type.bytes());
+    return llvm::Error::success();
+  }
+
+  llvm::Error launch(size_t i) override {
+    GraphKernel kernel = kernels[i];
+    if (!kernel)
+      return llvm::Error::success(); // a reshape's result views its operand
+    if (llvm::Error err = runGraphKernel(
+            kernel, plan, plan.instructions[i],
+            [this](int64_t id) { return data(id); }, wide))
+      return llvm::createStringError("instruction #" + llvm::Twine(i) + ": " +
+                                     llvm::toString(std::move(err)));
+    return llvm::Error::success();
+  }
+
+  llvm::Error record(size_t) override { return llvm::Error::success(); }
+  llvm::Error wait(size_t) override { return llvm::Error::success(); }
+  llvm::Error runOnHost(size_t, std::function<void()> work) override {
+    work();
+    return llvm::Error::success();
+  }
+
+  llvm::Error captureValue(int64_t id, exec::Stream) override {
+    const uint8_t *bytes = data(id);
+    captured.assign(bytes, bytes + plan.values[id].type.bytes());
+    return llvm::Error::success();
+  }
+  llvm::Error awaitValue(int64_t, void *dst) override {
+    std::memcpy(dst, captured.data(), captured.size());
+    return llvm::Error::success();
+  }
+
+  llvm::Error endStep() override { return llvm::Error::success(); }
+  llvm::Error readValue(int64_t id, void *dst) override {
+    std::memcpy(dst, data(id), plan.values[id].type.bytes());
+    return llvm::Error::success();
+  }
+  void measureMemory(exec::MemoryStats &stats) override {
+    stats.measuredArenaBytes = arena.highWater;
+    stats.measuredLiveBytes = arena.peakLiveBytes;
+  }
+
+private:
   uint8_t *data(int64_t id) {
     const exec::Value &v = plan.values[id];
     if (v.home == Home::Device)
       return arena.at(v.offset);
-    return hostBytes[id].data();
+    return hostStorage[id].data();
   }
 
   const exec::ExecPlan &plan;
-  TrackingArena arena;
-  std::vector<std::vector<uint8_t>> &hostBytes; ///< inputs and host values
+  /// The device arena and the host values' bytes, kept from step to step:
+  /// a fresh arena each step cost a page fault per 4 KiB, 6% of a
+  /// 1,024-token step (docs/Benchmarks.md, "CPU training step"). Every
+  /// value is written before it is read, as on a device, so what the arena
+  /// held in an earlier step is never seen.
+  std::vector<uint8_t> arenaStorage;
+  std::vector<std::vector<uint8_t>> hostStorage;
+  TrackingArena arena; ///< this step's allocations
+  std::vector<exec::FetchSource> fetches;
+  std::vector<uint8_t> captured;
+  std::vector<std::vector<float>> wide; ///< graph ops' fp32 operands
 };
 
 } // namespace
 
-CpuBackend::CpuBackend(const exec::ExecPlan &plan)
-    : plan(plan), liveness(exec::computeLiveness(plan)) {}
-
-AdamWHyper cpu::adamwHyperOf(const exec::Instruction &inst, int64_t step) {
-  AdamWHyper hyper; // the defaults, for attributes the plan leaves out
-  hyper.lr = inst.floatAttr("lr").value_or(hyper.lr);
-  hyper.beta1 = inst.floatAttr("beta1").value_or(hyper.beta1);
-  hyper.beta2 = inst.floatAttr("beta2").value_or(hyper.beta2);
-  hyper.eps = inst.floatAttr("eps").value_or(hyper.eps);
-  hyper.weightDecay =
-      inst.floatAttr("weight_decay").value_or(hyper.weightDecay);
-  hyper.step = step;
-  return hyper;
-}
+CpuBackend::~CpuBackend() = default;
 
 llvm::Expected<std::unique_ptr<CpuBackend>>
 CpuBackend::create(const exec::ExecPlan &plan) {
@@ -132,22 +213,7 @@ CpuBackend::create(const exec::ExecPlan &plan) {
         "the plan's device arena of " + llvm::Twine(plan.arenaBytes) +
         " bytes does not fit this machine's memory; the cpu backend holds "
         "it in host memory (use --backend sim for plans this size)");
-  std::unique_ptr<CpuBackend> backend(new CpuBackend(plan));
-  // Kept from step to step: a fresh arena each step cost a page fault per
-  // 4 KiB, 6% of a 1,024-token step (docs/Benchmarks.md, "CPU training
-  // step"). Every value is written before it is read, as on a device, so
-  // what the arena held in an earlier step is never seen.
-  backend->arenaStorage.resize(plan.arenaBytes);
-  backend->releasedAfter.resize(plan.instructions.size());
-  for (size_t id = 0; id < plan.values.size(); ++id) {
-    const exec::Value &v = plan.values[id];
-    if (v.viewOf || backend->liveness.def[id] < 0)
-      continue;
-    int64_t last = std::max(backend->liveness.def[id],
-                            backend->liveness.lastUse[id]);
-    if (last >= 0 && last < static_cast<int64_t>(plan.instructions.size()))
-      backend->releasedAfter[last].push_back(id);
-  }
+  std::vector<GraphKernel> kernels;
   for (const exec::Instruction &inst : plan.instructions) {
     GraphKernel kernel = nullptr;
     // A reshape's result is a view: it holds the operand's bytes already.
@@ -158,219 +224,18 @@ CpuBackend::create(const exec::ExecPlan &plan) {
             llvm::Twine("the cpu backend has no kernel for '") +
             exec::opName(inst.op) + "'");
     }
-    backend->kernels.push_back(kernel);
+    kernels.push_back(kernel);
   }
+  auto device = std::make_unique<CpuDevice>(plan);
+  device->kernels = std::move(kernels);
+  std::unique_ptr<CpuBackend> backend(new CpuBackend());
+  backend->runner = std::make_unique<exec::StepRunner>(plan, *device);
+  backend->device = std::move(device);
   return backend;
 }
 
 llvm::Expected<exec::StepResult>
 CpuBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                  const exec::StepOptions &options) {
-  StepRun run(plan, arenaStorage.data(), hostStorage);
-  exec::StepResult result;
-  Clock::time_point begin = Clock::now();
-  auto since = [&](Clock::time_point t) {
-    return std::chrono::duration<double>(t - begin).count();
-  };
-
-  // Inputs: converted to their planned dtype on the host.
-  int64_t optimizerStep = state.step + 1;
-  for (int64_t id : plan.inputs) {
-    const exec::Value &v = plan.values[id];
-    int64_t n = v.type.numElements();
-    run.hostBytes[id].resize(v.type.bytes());
-    if (v.name == "step") {
-      std::vector<float> one(n, static_cast<float>(optimizerStep));
-      narrow(one.data(), v.type.dtype, n, run.hostBytes[id].data());
-      if (v.type.dtype == DType::I64 && n == 1)
-        std::memcpy(run.hostBytes[id].data(), &optimizerStep, 8);
-      continue;
-    }
-    auto it = inputs.find(v.name);
-    if (it == inputs.end())
-      return llvm::createStringError("step input '" + v.name +
-                                     "' was not provided");
-    if (static_cast<int64_t>(it->second.size()) != n)
-      return llvm::createStringError(
-          "step input '" + v.name + "' has " + llvm::Twine(it->second.size()) +
-          " elements; the plan expects " + llvm::Twine(n));
-    narrow(it->second.data(), v.type.dtype, n, run.hostBytes[id].data());
-  }
-
-  if (plan.outputs.empty())
-    return llvm::createStringError("the plan returns no loss");
-  int64_t lossId = plan.outputs[0];
-  auto [lossSourceId, lossDef] = exec::lossSource(plan);
-  auto readLoss = [&, lossSourceId = lossSourceId] {
-    widen(run.data(lossSourceId), plan.values[lossSourceId].type.dtype, 1,
-          &result.loss);
-  };
-  auto finish = [&] {
-    result.seconds = since(Clock::now());
-    result.memory.plannedArenaBytes = plan.arenaBytes;
-    result.memory.plannedLiveBytes = plan.plannedLiveBytes;
-    result.memory.measuredArenaBytes = run.arena.highWater;
-    result.memory.measuredLiveBytes = run.arena.peakLiveBytes;
-  };
-  bool updating = false;
-
-  std::vector<std::vector<float>> wide;
-  std::vector<OpTensor> operands, results;
-  for (size_t i = 0; i < plan.instructions.size(); ++i) {
-    const exec::Instruction &inst = plan.instructions[i];
-    Clock::time_point start = Clock::now();
-
-    // Allocate results and workspace where the plan put them.
-    for (int64_t r : inst.results) {
-      const exec::Value &v = plan.values[r];
-      if (v.home == Home::Host)
-        run.hostBytes[r].resize(v.type.bytes());
-      else if (!v.viewOf)
-        if (llvm::Error err = run.arena.allocate(v.offset, v.type.bytes(), r))
-          return std::move(err);
-    }
-    for (const exec::Range &w : inst.workspace)
-      if (llvm::Error err = run.arena.allocate(w.offset, w.size, -1))
-        return std::move(err);
-
-    if (inst.op == exec::OpCode::Fetch) {
-      if (options.beforeFetch)
-        options.beforeFetch(inst.param);
-      const host::HostTensor *source = state.find(inst.param);
-      if (!source)
-        return llvm::createStringError("host state has no parameter '" +
-                                       inst.param + "'");
-      const exec::Value &v = plan.values[inst.results[0]];
-      narrow(source->data.data(), v.type.dtype, v.type.numElements(),
-             run.data(inst.results[0]));
-    } else if (inst.op == exec::OpCode::HostToDevice ||
-               inst.op == exec::OpCode::DeviceToHost) {
-      std::memcpy(run.data(inst.results[0]), run.data(inst.operands[0]),
-                  plan.values[inst.results[0]].type.bytes());
-    } else if (inst.op == exec::OpCode::HostAdamW) {
-      host::HostTensor *master = state.find(inst.param);
-      host::HostTensor *m = state.expAvg(inst.param);
-      host::HostTensor *v = state.expAvgSq(inst.param);
-      if (!master || !m || !v)
-        return llvm::createStringError("host state lacks '" + inst.param +
-                                       "' or its AdamW moments");
-      const exec::Value &g = plan.values[inst.operands[0]];
-      int64_t n = g.type.numElements();
-      std::vector<float> grad(n);
-      widen(run.data(inst.operands[0]), g.type.dtype, n, grad.data());
-      if (options.onGradient)
-        options.onGradient(inst.param, grad);
-      if (options.retainGradient)
-        options.retainGradient(inst,
-                               {run.data(inst.operands[0]), g.type.dtype, n});
-      if (options.applyUpdates && !updating) {
-        // The compiler's plans compute the loss before the first update:
-        // a non-finite one skips the step with the state untouched.
-        if (lossDef >= 0 && lossDef < static_cast<int64_t>(i)) {
-          readLoss();
-          if (!std::isfinite(result.loss)) {
-            result.skipped = true;
-            finish();
-            return result;
-          }
-        }
-        updating = true;
-      }
-      if (options.applyUpdates) {
-        if (std::optional<int64_t> bad = firstNonFinite(grad.data(), n))
-          return llvm::createStringError(nonFiniteGradientMessage(
-              inst.param, optimizerStep, *bad, grad[*bad]));
-        result.gradSquaredNorm += squaredNorm(grad.data(), DType::F32, n);
-        state.incomplete = true;
-        AdamWHyper hyper = adamwHyperOf(inst, optimizerStep);
-        hyper.lr = options.lr.value_or(hyper.lr);
-        hyper.gradScale = options.gradScale;
-        adamwStep(hyper, n, master->data.data(), m->data.data(),
-                  v->data.data(), grad.data(), /*workingBf16=*/nullptr);
-      }
-    } else if (GraphKernel kernel = kernels[i]) {
-      wide.resize(inst.operands.size() + inst.results.size());
-      operands.clear();
-      results.clear();
-      size_t slot = 0;
-      auto bind = [&](int64_t id) {
-        const exec::Value &v = plan.values[id];
-        OpTensor t;
-        t.type = v.type;
-        if (isFloat(v.type.dtype)) {
-          wide[slot].resize(v.type.numElements());
-          t.f32 = wide[slot++].data();
-        } else if (v.type.dtype == DType::I32) {
-          t.i32 = reinterpret_cast<int32_t *>(run.data(id));
-        } else {
-          t.i64 = reinterpret_cast<int64_t *>(run.data(id));
-        }
-        return t;
-      };
-      for (int64_t o : inst.operands) {
-        OpTensor t = bind(o);
-        if (t.f32)
-          widen(run.data(o), t.type.dtype, t.type.numElements(), t.f32);
-        operands.push_back(t);
-      }
-      for (int64_t r : inst.results)
-        results.push_back(bind(r));
-      if (inst.op == exec::OpCode::FlowMatchingLoss && options.onPrediction &&
-          !operands.empty() && operands[0].f32)
-        options.onPrediction(
-            operands[0].type.shape,
-            {operands[0].f32,
-             static_cast<size_t>(operands[0].type.numElements())});
-      if (llvm::Error err = kernel(inst, operands, results))
-        return llvm::createStringError("instruction #" + llvm::Twine(i) +
-                                       ": " + llvm::toString(std::move(err)));
-      for (size_t k = 0; k < results.size(); ++k)
-        if (results[k].f32)
-          narrow(results[k].f32, results[k].type.dtype,
-                 results[k].type.numElements(), run.data(inst.results[k]));
-    }
-
-    if (options.trace && inst.op != exec::OpCode::Record &&
-        inst.op != exec::OpCode::Wait) {
-      exec::TraceSpan span;
-      span.stream = inst.stream;
-      span.name = exec::spanName(inst);
-      span.start = since(start);
-      span.seconds = since(Clock::now()) - span.start;
-      span.instruction = i;
-      span.layer = inst.layer;
-      span.flops = inst.cost.matmulFlops + inst.cost.attentionFlops +
-                   inst.cost.otherFlops;
-      span.bytes = inst.cost.bytes;
-      result.spans.push_back(std::move(span));
-    }
-
-    for (const exec::Range &w : inst.workspace)
-      run.arena.release(w.offset);
-    for (int64_t id : releasedAfter[i]) {
-      const exec::Value &v = plan.values[id];
-      if (v.home == Home::Device)
-        run.arena.release(v.offset);
-    }
-  }
-
-  widen(run.data(lossId), plan.values[lossId].type.dtype, 1, &result.loss);
-  if (options.applyUpdates && !std::isfinite(result.loss)) {
-    if (!updating) {
-      result.skipped = true; // a plan that updates nothing
-    } else {
-      // Only a plan that updates before computing its loss gets here.
-      state.incomplete = true;
-      return llvm::createStringError(llvm::formatv(
-          "step {0}: the loss is {1}, and this plan updates parameters before "
-          "it computes the loss, so the step could not be skipped: the host "
-          "state is incomplete",
-          optimizerStep, result.loss));
-    }
-  } else if (options.applyUpdates) {
-    state.step = optimizerStep;
-    state.incomplete = false;
-  }
-  finish();
-  return result;
+  return runner->run(inputs, state, options);
 }

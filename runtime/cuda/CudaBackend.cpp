@@ -611,7 +611,9 @@ llvm::Error CudaBackend::Impl::issueCommands(size_t i, int s) {
   return llvm::Error::success();
 }
 
-CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl)
+    : impl(std::move(impl)), runner(std::make_unique<exec::StepRunner>(
+                                 this->impl->plan, *this->impl)) {}
 CudaBackend::~CudaBackend() = default;
 
 const CudaDeviceInfo &CudaBackend::deviceInfo() const { return impl->info; }

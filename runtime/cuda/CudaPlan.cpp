@@ -22,13 +22,6 @@ using exec::Home;
 using exec::OpCode;
 using exec::Stream;
 
-llvm::Error instError(size_t i, const exec::Instruction &inst,
-                      const llvm::Twine &msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "instruction #" + llvm::Twine(i) + " ('" +
-                                     exec::opName(inst.op) + "'): " + msg);
-}
-
 namespace {
 
 /// The ops that run the plan's generated 3D-DSA modules, with the kernel
@@ -351,15 +344,11 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
     for (const Dependency &d : pi.waits)
       if (isGpuStream(d.stream))
         p.needsDoneEvent[d.instruction] = true;
-    if (plan.instructions[i].op == OpCode::HostAdamW && p.firstUpdate < 0)
-      p.firstUpdate = i;
   }
-  std::tie(p.lossValue, p.lossDef) = exec::lossSource(plan);
-  // The guard needs the loss made on a GPU stream before the first update
-  // (the compiler's plans); without, the loss is checked after the step.
-  if (p.lossDef < 0 || p.lossDef > p.firstUpdate ||
-      !isGpuStream(plan.instructions[p.lossDef].stream))
-    p.lossDef = -1;
+  exec::LossGuard guard = exec::lossGuard(plan);
+  p.lossValue = guard.value;
+  p.lossDef = guard.def;
+  p.firstUpdate = guard.firstUpdate;
   return p;
 }
 

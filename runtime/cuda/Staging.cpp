@@ -35,19 +35,6 @@ std::optional<int64_t> StagingRing::place(int64_t bytes, int64_t owner) {
 
 void StagingRing::releaseOldest() { regions.pop_front(); }
 
-void cuda::narrowOnWorkers(cpu::WorkerPool &pool, const float *src,
-                           exec::DType dtype, int64_t n, void *dst) {
-  int64_t parts = std::min<int64_t>(
-      {8, std::max<unsigned>(1, std::thread::hardware_concurrency()),
-       std::max<int64_t>(1, n >> 20)});
-  int64_t chunk = (n + parts - 1) / parts, bytes = exec::dtypeBytes(dtype);
-  pool.run((n + chunk - 1) / chunk, [&](int64_t w) {
-    int64_t begin = w * chunk, end = std::min(n, begin + chunk);
-    cpu::narrow(src + begin, dtype, end - begin,
-                static_cast<uint8_t *>(dst) + begin * bytes);
-  });
-}
-
 void WeightStager::start(std::function<void()> init, uint8_t *ringBase,
                          int64_t capacity, WaitForCopy wait) {
   base = ringBase;
@@ -113,7 +100,8 @@ void WeightStager::run(std::function<void()> init) {
       lock.unlock();
       if (job.before)
         job.before();
-      narrowOnWorkers(workers, job.source, job.dtype, job.count, base + *offset);
+      cpu::narrowOnWorkers(workers, job.source, job.dtype, job.count,
+                           base + *offset);
       lock.lock();
       offsets[k] = *offset;
       stagedCount = k + 1;

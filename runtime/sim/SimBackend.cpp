@@ -413,16 +413,8 @@ std::vector<exec::TraceSpan> sim::traceSpans(const exec::ExecPlan &plan,
   for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
     if (isEvent(inst))
       continue;
-    exec::TraceSpan span;
-    span.stream = inst.stream;
-    span.name = exec::spanName(inst);
-    span.start = result.start[i];
-    span.seconds = result.end[i] - result.start[i];
-    span.instruction = i;
-    span.layer = inst.layer;
-    span.bytes = inst.cost.bytes;
-    span.flops = flopsOf(inst.cost);
-    spans.push_back(std::move(span));
+    spans.push_back(exec::instructionSpan(inst, i, result.start[i],
+                                          result.end[i] - result.start[i]));
   }
   return spans;
 }

@@ -132,21 +132,6 @@ double train::scheduledLr(const Recipe &r, double lr, int64_t s) {
   return r.minLr + (lr - r.minLr) * keep;
 }
 
-double train::clipFactor(const Recipe &r, double norm) {
-  if (!r.clips())
-    return 1.0;
-  if (!std::isfinite(norm))
-    return NAN;
-  return std::min(1.0, r.maxGradNorm / (norm + 1e-6));
-}
-
-double train::emaDecayAt(const Recipe &r, int64_t k) {
-  if (!r.emaWarmup)
-    return r.emaDecay;
-  return std::min(r.emaDecay, double(1 + k) / double(10 + k)) *
-         (k > 0 ? 1.0 : 0.0);
-}
-
 double train::shiftSigma(double sigma, double shift) {
   return shift * sigma / (1.0 + (shift - 1.0) * sigma);
 }

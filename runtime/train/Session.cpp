@@ -3,15 +3,11 @@
 #include "megaslide/runtime/train/Session.h"
 
 #include "megaslide/Support/Units.h"
-#include "megaslide/runtime/cpu/AdamW.h"
-#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
-#include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/sim/SimBackend.h"
-#include "megaslide/runtime/support/FaultInjection.h"
 #include "megaslide/runtime/support/Json.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -28,21 +24,6 @@ using namespace megaslide::train;
 /// Version of trainerState()'s JSON: 2 adds the settings, 3 the EMA's
 /// update count and the previous step's gradient norm.
 static constexpr int64_t kTrainerStateVersion = 3;
-
-/// One trainable parameter's update: a host_adamw of the plan, and what
-/// the deferred update keeps of its gradient until it is applied.
-struct Session::Update {
-  const exec::Instruction *inst = nullptr;
-  host::HostTensor *master = nullptr, *m = nullptr, *v = nullptr;
-  host::HostTensor *ema = nullptr;
-  exec::DType dtype = exec::DType::F32; ///< of the gradient
-  int64_t count = 0;
-  std::vector<uint8_t> retained; ///< one micro-batch: its bytes
-  std::vector<float> accum;      ///< several: their fp32 sum
-  double squaredNorm = 0;
-  int64_t received = 0; ///< micro-batches retained this step
-  bool pending = false; ///< decided, applied before the next fetch
-};
 
 Session::Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
                  std::vector<std::string> names,
@@ -241,6 +222,19 @@ computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   return s;
 }
 
+/// What the host optimizer does of the recipe.
+static host::HostOptimizer::Options optimizerOptions(const Recipe &r,
+                                                     bool deferred) {
+  host::HostOptimizer::Options o;
+  o.deferred = deferred;
+  o.gradAccum = r.gradAccum;
+  o.maxGradNorm = r.maxGradNorm;
+  o.emaDecay = r.emaDecay;
+  o.emaWarmup = r.emaWarmup;
+  o.emaBf16 = r.emaBf16;
+  return o;
+}
+
 llvm::Expected<std::unique_ptr<Session>>
 Session::create(exec::ExecPlan plan, const SessionOptions &options) {
   std::vector<BucketPlan> one;
@@ -431,10 +425,10 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   session->executor = std::move(*backend);
   if (session->executor->computesLoss()) {
     session->hostState = host::initHostState(p, options.seed);
-    session->runSettings =
-        computeSettings(session->plans, session->names, options, deferred,
-                        *session->data);
-    session->prepareUpdates();
+    session->runSettings = computeSettings(session->plans, session->names,
+                                           options, deferred, *session->data);
+    session->optimizer.prepare(p, session->hostState,
+                               optimizerOptions(options.recipe, deferred));
   }
   return session;
 }
@@ -461,147 +455,12 @@ llvm::Error Session::useBucket(size_t bucket) {
   return llvm::Error::success();
 }
 
-void Session::prepareUpdates() {
-  const exec::ExecPlan &p = plan();
-  const Recipe &r = options.recipe;
-  if (r.hasEma())
-    for (const exec::Instruction &inst : p.instructions)
-      if (inst.op == exec::OpCode::HostAdamW) {
-        const host::HostTensor *master = hostState.find(inst.param);
-        if (!master || hostState.find(inst.param + ".ema"))
-          continue;
-        exec::Param param = *master->param;
-        param.name = inst.param + ".ema";
-        param.role = "ema";
-        param.of = inst.param;
-        param.type.dtype = r.emaBf16 ? exec::DType::BF16 : exec::DType::F32;
-        hostState.addTensor(std::move(param));
-      }
-  // Pointers into the state only now that no tensor is added.
-  for (const exec::Instruction &inst : p.instructions) {
-    if (inst.op != exec::OpCode::HostAdamW)
-      continue;
-    Update u;
-    u.inst = &inst;
-    u.master = hostState.find(inst.param);
-    u.m = hostState.expAvg(inst.param);
-    u.v = hostState.expAvgSq(inst.param);
-    u.ema = hostState.find(inst.param + ".ema");
-    const exec::TensorType &g = p.values[inst.operands[0]].type;
-    u.dtype = g.dtype;
-    u.count = g.numElements();
-    if (r.gradAccum > 1)
-      u.accum.resize(u.count);
-    else if (deferred)
-      u.retained.resize(g.bytes());
-    updateIndex[inst.param] = updates.size();
-    updates.push_back(std::move(u));
-  }
-}
-
 host::HostTensor *Session::ema(llvm::StringRef name) {
   flushUpdates();
   return hostState.find((name + ".ema").str());
 }
 
-void Session::retain(const exec::Instruction &inst,
-                     const exec::HostGradient &g) {
-  Update &u = updates[updateIndex.find(inst.param)->second];
-  if (u.pending)
-    apply(u); // a plan fetches a parameter before its gradient; be safe
-  size_t bytes = g.count * exec::dtypeBytes(g.dtype);
-  if (u.accum.empty()) {
-    std::memcpy(u.retained.data(), g.data, bytes);
-    u.squaredNorm = cpu::squaredNorm(g.data, g.dtype, g.count);
-  } else if (u.received == 0) {
-    cpu::widen(g.data, g.dtype, g.count, u.accum.data());
-  } else {
-    cpu::accumulate(g.data, g.dtype, g.count, u.accum.data());
-  }
-  ++u.received;
-  // A test-only fault (support/FaultInjection.h): a finite loss with a
-  // non-finite gradient, which no input makes.
-  if (fault::nanGradient(inst.param, hostState.step + 1)) {
-    float nan = NAN;
-    if (u.accum.empty())
-      cpu::narrow(&nan, u.dtype, 1, u.retained.data());
-    else
-      u.accum[0] = nan;
-    u.squaredNorm = NAN;
-  }
-}
-
-void Session::applyPending(llvm::StringRef param) {
-  // A fetch reads a master, or the persistent bf16 copy its update makes.
-  const exec::Param *master = plan().updatedParam(param);
-  auto it = master ? updateIndex.find(master->name) : updateIndex.end();
-  if (it != updateIndex.end() && updates[it->second].pending)
-    apply(updates[it->second]);
-}
-
-void Session::apply(Update &u) {
-  cpu::AdamWHyper hyper = cpu::adamwHyperOf(*u.inst, pendingStep);
-  hyper.lr = pendingLr;
-  hyper.gradScale = pendingScale;
-  float *p = u.master->data.data(), *m = u.m->data.data(),
-        *v = u.v->data.data();
-  if (!u.accum.empty()) {
-    cpu::adamwStep(hyper, u.count, p, m, v, u.accum.data(), nullptr);
-  } else if (u.dtype == exec::DType::BF16) {
-    cpu::adamwStep(hyper, u.count, p, m, v,
-                   reinterpret_cast<const uint16_t *>(u.retained.data()),
-                   nullptr);
-  } else if (u.dtype == exec::DType::F32) {
-    cpu::adamwStep(hyper, u.count, p, m, v,
-                   reinterpret_cast<const float *>(u.retained.data()), nullptr);
-  } else {
-    std::vector<float> wide(u.count);
-    cpu::widen(u.retained.data(), u.dtype, u.count, wide.data());
-    cpu::adamwStep(hyper, u.count, p, m, v, wide.data(), nullptr);
-  }
-  u.pending = false;
-  --pendingCount;
-  if (u.ema)
-    updateEma(u);
-}
-
-void Session::updateEma(Update &u) {
-  // diffusers' EMAModel: ema -= (1 - decay) (ema - param), in fp32.
-  // A bf16 EMA computes in fp32 and rounds to nearest even once.
-  float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
-  float *e = u.ema->data.data();
-  uint16_t *e16 = u.ema->bf16.data();
-  const float *p = u.master->data.data();
-  // Elementwise, so the result does not depend on the chunking.
-  int64_t threads = std::clamp<int64_t>(u.count >> 16, 1, cpu::cpuThreads());
-  cpu::parallelChunks(
-      u.count, threads, cpu::kAdamWChunkAlign, [&](int64_t begin, int64_t end) {
-        if (e16)
-          for (int64_t i = begin; i < end; ++i) {
-            float v = cpu::bf16ToFloat(e16[i]);
-            e16[i] = cpu::floatToBf16(v - oneMinus * (v - p[i]));
-          }
-        else
-          for (int64_t i = begin; i < end; ++i)
-            e[i] -= oneMinus * (e[i] - p[i]);
-      });
-}
-
-/// The EMA starts as a copy of the weights (rounded, for a bf16 EMA).
-static void copyToEma(const host::HostTensor &master, host::HostTensor &ema) {
-  if (ema.bf16.empty()) {
-    ema.data = master.data;
-    return;
-  }
-  cpu::narrow(master.data.data(), exec::DType::BF16, master.data.size(),
-              ema.bf16.data());
-}
-
-void Session::flushUpdates() {
-  for (Update &u : updates)
-    if (u.pending)
-      apply(u);
-}
+void Session::flushUpdates() { optimizer.flush(); }
 
 llvm::Expected<StepReport>
 Session::trainStep(const exec::StepOptions &options) {
@@ -643,8 +502,7 @@ Session::trainStep(std::vector<exec::StepInputs> inputs,
 }
 
 llvm::Expected<StepReport>
-Session::optimizerStep(MicroBatches nextBatch,
-                       const exec::StepOptions &given) {
+Session::optimizerStep(MicroBatches nextBatch, const exec::StepOptions &given) {
   const Recipe &r = options.recipe;
   int64_t K = r.gradAccum;
   int64_t B = shapesOf[0].latents[0]; // every bucket's batch
@@ -693,12 +551,9 @@ Session::optimizerStep(MicroBatches nextBatch,
   if (!deferred) {
     // Streaming: the backend updates as gradients land, clipped with the
     // previous step's norm (docs/Training.md, "Streaming update").
-    double factor = previousNorm ? clipFactor(r, *previousNorm) : 1.0;
+    double factor = optimizer.beginStreamingStep();
     options.gradScale = static_cast<float>(factor);
     report.clipped = factor < 1.0;
-    if (r.hasEma() && emaUpdates == 0 && !r.emaWarmup)
-      for (Update &u : updates)
-        copyToEma(*u.master, *u.ema);
     llvm::Expected<exec::StepInputs> batch = draw(0);
     if (!batch)
       return batch.takeError();
@@ -710,14 +565,7 @@ Session::optimizerStep(MicroBatches nextBatch,
     report.buckets = buckets;
     if (report.result.skipped)
       return report;
-    double norm = std::sqrt(report.result.gradSquaredNorm);
-    report.gradNorm = norm;
-    previousNorm = norm;
-    if (r.hasEma()) {
-      pendingEmaDecay = emaDecayAt(r, emaUpdates++);
-      for (Update &u : updates)
-        updateEma(u);
-    }
+    report.gradNorm = optimizer.endStreamingStep(report.result.gradSquaredNorm);
     return report;
   }
 
@@ -727,24 +575,22 @@ Session::optimizerStep(MicroBatches nextBatch,
   options.applyUpdates = false;
   options.retainGradient = [this](const exec::Instruction &inst,
                                   const exec::HostGradient &g) {
-    retain(inst, g);
+    optimizer.retain(inst, g);
   };
-  options.beforeFetch = [this](llvm::StringRef param) { applyPending(param); };
-  auto resetRetained = [&] {
-    for (Update &u : updates)
-      u.received = 0;
+  options.beforeFetch = [this](llvm::StringRef param) {
+    optimizer.applyPending(param);
   };
   double lossSum = 0;
   for (int64_t k = 0; k < K; ++k) {
     llvm::Expected<exec::StepInputs> batch = draw(k);
     if (!batch) {
-      resetRetained();
+      optimizer.dropRetained();
       return batch.takeError();
     }
     llvm::Expected<exec::StepResult> one =
         runStepOn(buckets.back(), *batch, options);
     if (!one) {
-      resetRetained();
+      optimizer.dropRetained();
       return one.takeError();
     }
     double seconds = report.result.seconds + one->seconds;
@@ -754,45 +600,16 @@ Session::optimizerStep(MicroBatches nextBatch,
   }
   report.result.loss = static_cast<float>(lossSum / K);
   report.buckets = buckets;
-  double squared = 0;
-  for (Update &u : updates) {
-    if (u.received != K) {
-      resetRetained();
-      return llvm::createStringError(llvm::formatv(
-          "the plan gave parameter '{0}' {1} gradients in {2} micro-batches",
-          u.inst->param, u.received, K));
-    }
-    if (!u.accum.empty())
-      u.squaredNorm =
-          cpu::squaredNorm(u.accum.data(), exec::DType::F32, u.count) /
-          double(K * K);
-    squared += u.squaredNorm;
-  }
-  resetRetained();
-  double norm = std::sqrt(squared);
-  report.gradNorm = norm;
-  if (!std::isfinite(norm) || !std::isfinite(report.result.loss)) {
+  llvm::Expected<double> norm = optimizer.retainedNorm();
+  if (!norm)
+    return norm.takeError();
+  report.gradNorm = *norm;
+  if (!std::isfinite(*norm) || !std::isfinite(report.result.loss)) {
     // Nothing was updated: the state is bitwise as before the step.
     report.result.skipped = true;
     return report;
   }
-  double factor = clipFactor(r, norm);
-  report.clipped = factor < 1.0;
-  flushUpdates(); // none should be left: each fetch applied its own
-  if (r.hasEma()) {
-    if (emaUpdates == 0 && !r.emaWarmup)
-      for (Update &u : updates)
-        copyToEma(*u.master, *u.ema); // the EMA starts at the weights
-    pendingEmaDecay = emaDecayAt(r, emaUpdates++);
-  }
-  pendingStep = hostState.step + 1;
-  pendingLr = report.lr;
-  pendingScale = static_cast<float>(factor / double(K));
-  for (Update &u : updates)
-    u.pending = true;
-  pendingCount = static_cast<int64_t>(updates.size());
-  hostState.step = pendingStep;
-  previousNorm = norm;
+  report.clipped = optimizer.decide(*norm, report.lr) < 1.0;
   return report;
 }
 
@@ -870,11 +687,11 @@ std::string Session::trainerState() const {
                        {"seed", std::to_string(seed)},
                        {"data_state", std::to_string(data->state())},
                        {"step", hostState.step},
-                       {"ema_updates", emaUpdates},
+                       {"ema_updates", optimizer.emaUpdates()},
                        {"steps_run", stepsRunSoFar},
                        {"settings", std::move(settings)}};
-  if (previousNorm)
-    o["previous_grad_norm"] = formatDouble(*previousNorm);
+  if (std::optional<double> norm = optimizer.previousNorm())
+    o["previous_grad_norm"] = formatDouble(*norm);
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(o));
@@ -906,7 +723,7 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   if (!dataState || dataState->getAsInteger(10, parsed) || !step || *step < 0)
     return llvm::createStringError(
         "trainer state lacks a valid 'data_state' or 'step'");
-  previousNorm.reset();
+  std::optional<double> previousNorm;
   if (std::optional<llvm::StringRef> norm =
           o->getString("previous_grad_norm")) {
     double v;
@@ -918,13 +735,10 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   data->setState(parsed);
   hostState.step = *step;
   hostState.incomplete = false;
-  emaUpdates = o->getInteger("ema_updates").value_or(0);
+  optimizer.restore(o->getInteger("ema_updates").value_or(0), previousNorm);
   // States saved before it was recorded: the optimizer steps (equal unless
   // a step was skipped).
   stepsRunSoFar = o->getInteger("steps_run").value_or(*step);
-  for (Update &u : updates) // a checkpoint holds no pending update
-    u.pending = false;
-  pendingCount = 0;
   return llvm::Error::success();
 }
 

@@ -15,6 +15,8 @@
 
 namespace megaslide::cpu {
 
+class WorkerPool;
+
 /// dst[i] = the fp32 value of element i of `src` (n elements of `dtype`):
 /// exact for bf16 and f16, integers rounded to the nearest float.
 void widen(const void *src, exec::DType dtype, int64_t n, float *dst);
@@ -22,6 +24,11 @@ void widen(const void *src, exec::DType dtype, int64_t n, float *dst);
 /// Element i of `dst` (n elements of `dtype`) = src[i]: bf16 and f16 round
 /// to nearest even, integers truncate toward zero.
 void narrow(const float *src, exec::DType dtype, int64_t n, void *dst);
+
+/// narrow() on up to 8 workers of `pool`, in contiguous parts of at least
+/// 2^20 elements: the same bytes.
+void narrowOnWorkers(WorkerPool &pool, const float *src, exec::DType dtype,
+                     int64_t n, void *dst);
 
 /// acc[i] += the fp32 value of element i of `src`, in index order: the
 /// same sum on every thread count and machine.

@@ -12,10 +12,10 @@
 #ifndef MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 #define MEGASLIDE_RUNTIME_CPU_CPUBACKEND_H
 
-#include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/plan/Backend.h"
 #include "megaslide/runtime/plan/Liveness.h"
+#include "megaslide/runtime/plan/StepRunner.h"
 
 #include <memory>
 
@@ -26,29 +26,20 @@ public:
   /// Fails, naming the op, when the plan uses an op without a cpu kernel.
   static llvm::Expected<std::unique_ptr<CpuBackend>>
   create(const exec::ExecPlan &plan);
+  ~CpuBackend() override;
 
   const char *name() const override { return "cpu"; }
-  llvm::Expected<exec::StepResult> step(const exec::StepInputs &inputs,
-                                        host::HostState &state,
-                                        const exec::StepOptions &options) override;
+  /// The step runner's semantics (plan/StepRunner.h) over the cpu
+  /// backend's primitives, each done before it returns.
+  llvm::Expected<exec::StepResult>
+  step(const exec::StepInputs &inputs, host::HostState &state,
+       const exec::StepOptions &options) override;
 
 private:
-  explicit CpuBackend(const exec::ExecPlan &plan);
-  const exec::ExecPlan &plan;
-  exec::Liveness liveness;
-  /// Instructions after which each value's bytes are released.
-  std::vector<std::vector<int64_t>> releasedAfter;
-  /// Per instruction; null for schedule ops and views.
-  std::vector<GraphKernel> kernels;
-  /// The device arena and the host values' bytes, kept from step to step.
-  std::vector<uint8_t> arenaStorage;
-  std::vector<std::vector<uint8_t>> hostStorage;
+  CpuBackend() = default;
+  std::unique_ptr<exec::Device> device;
+  std::unique_ptr<exec::StepRunner> runner;
 };
-
-/// The AdamW settings of a host_adamw instruction for optimizer step
-/// `step`, plan/HyperParameters.h's defaults where the plan leaves an
-/// attribute out: one reading for the cpu and cuda backends.
-AdamWHyper adamwHyperOf(const exec::Instruction &inst, int64_t step);
 
 } // namespace megaslide::cpu
 

@@ -2,9 +2,10 @@
 //
 // The cpu backend's numerics: one kernel per `megaslide` op that can appear
 // in a scheduled step, forward and backward, with the semantics its
-// description in include/megaslide/Dialect/Graph/GraphOps.td states. Tensors arrive as fp32
-// whatever their stored dtype (the interpreter widens bf16 operands and
-// rounds results back), so every kernel accumulates in fp32 or better.
+// description in include/megaslide/Dialect/Graph/GraphOps.td states. Tensors
+// arrive as fp32 whatever their stored dtype (the interpreter widens bf16
+// operands and rounds results back), so every kernel accumulates in fp32 or
+// better.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,7 +15,10 @@
 #include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
+
+#include <vector>
 
 namespace megaslide::cpu {
 
@@ -37,6 +41,14 @@ using GraphKernel = llvm::Error (*)(const exec::Instruction &inst,
 /// The kernel of graph op `op`, or null for a schedule op (the backend
 /// runs those itself). Every graph op of plan/Ops.def has one.
 GraphKernel findGraphKernel(exec::OpCode op);
+
+/// Runs `kernel` on graph op `inst` of `plan` over tensors stored in their
+/// planned dtypes at `bytesOf(id)`: floating-point operands widened to
+/// fp32 in `wide` (kept by the caller from op to op), results rounded back.
+llvm::Error runGraphKernel(GraphKernel kernel, const exec::ExecPlan &plan,
+                           const exec::Instruction &inst,
+                           llvm::function_ref<uint8_t *(int64_t id)> bytesOf,
+                           std::vector<std::vector<float>> &wide);
 
 } // namespace megaslide::cpu
 

@@ -20,6 +20,7 @@
 
 #include "megaslide/runtime/cuda/CudaPlan.h"
 #include "megaslide/runtime/plan/Backend.h"
+#include "megaslide/runtime/plan/StepRunner.h"
 
 #include <memory>
 
@@ -39,12 +40,12 @@ public:
   ~CudaBackend() override;
 
   const char *name() const override { return "cuda"; }
-  /// Issues the step's instructions in program order on their streams,
-  /// waits for all of them, returns the loss. The optimizer step passed to
-  /// AdamW is state.step + 1 (state.step advances with applyUpdates);
-  /// onGradient is called on the host worker thread, in program order. A
-  /// step that fails leaves no work in flight and applies none of the
-  /// updates still queued (state.incomplete is set only if one was).
+  /// The step runner's semantics (plan/StepRunner.h) over the backend's
+  /// primitives: the instructions issued in program order on their
+  /// streams, host work on the host worker thread (onGradient is called
+  /// there, in program order). A step that fails leaves no work in flight
+  /// and applies none of the updates still queued (state.incomplete is set
+  /// only if one was).
   llvm::Expected<exec::StepResult>
   step(const exec::StepInputs &inputs, host::HostState &state,
        const exec::StepOptions &options) override;
@@ -57,6 +58,7 @@ public:
 private:
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl;
+  std::unique_ptr<exec::StepRunner> runner; ///< over *impl
 };
 
 /// Frees the pinned host memory a destroyed backend left for the next one

@@ -2,7 +2,8 @@
 //
 // Private to the backend: what CudaBackend.cpp creates (device and pinned
 // memory, streams, events, modules, GEMM plans, each instruction's device
-// commands) and CudaStep.cpp issues every step.
+// commands), and the step primitives (exec::Device, CudaStep.cpp) that
+// issue them as the step runner walks the plan.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,11 +14,12 @@
 #include "megaslide/runtime/cuda/Gemm.h"
 #include "megaslide/runtime/cuda/HostWorker.h"
 #include "megaslide/runtime/cuda/Staging.h"
+#include "megaslide/runtime/plan/StepRunner.h"
 #include "megaslide/runtime/support/Packing.h"
 
 #include <array>
+#include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <variant>
 #include <vector>
@@ -48,7 +50,7 @@ struct CopyCmd {
 /// once (Impl::buildCommands) and issued every step.
 using DeviceCmd = std::variant<LaunchCmd, GemmCmd, MemsetCmd, CopyCmd>;
 
-struct CudaBackend::Impl {
+struct CudaBackend::Impl final : exec::Device {
   const exec::ExecPlan &plan;
   CudaOptions options;
   PreparedPlan prep;
@@ -82,12 +84,44 @@ struct CudaBackend::Impl {
   std::vector<std::vector<DeviceCmd>> commands; ///< per instruction
   HostWorker worker;
   WeightStager stager;
-  std::mutex errorMu;
-  std::string workerError;
+  /// The step being run: whether it is traced, and its host stream's
+  /// status (StepSetup).
+  bool trace = false;
+  exec::StepStatus *status = nullptr;
 
   Impl(const exec::ExecPlan &plan, const CudaOptions &options)
       : plan(plan), options(options) {}
-  ~Impl();
+  ~Impl() override;
+
+  // exec::Device (CudaStep.cpp).
+  const char *name() const override { return "cuda"; }
+  bool synchronous() const override { return false; }
+  uint8_t *hostData(int64_t id) override { return hostAddress(id); }
+  llvm::Error beginStep(exec::StepSetup setup) override;
+  /// The arena is the plan's: every value already has its bytes.
+  llvm::Error allocate(size_t) override { return llvm::Error::success(); }
+  void release(size_t, llvm::ArrayRef<int64_t>) override {}
+  llvm::Error fetch(size_t i, size_t k) override;
+  llvm::Error copy(size_t i) override;
+  llvm::Error launch(size_t i) override;
+  llvm::Error record(size_t i) override;
+  llvm::Error wait(size_t i) override;
+  llvm::Error runOnHost(size_t i, std::function<void()> work) override;
+  llvm::Error captureValue(int64_t id, exec::Stream stream) override;
+  llvm::Error awaitValue(int64_t id, void *dst) override;
+  llvm::Error endStep() override;
+  llvm::Error readValue(int64_t id, void *dst) override;
+  std::optional<std::pair<double, double>> timeOf(size_t i) override;
+  void measureMemory(exec::MemoryStats &stats) override;
+  /// Before instruction `i` on `stream`: its derived waits on the other
+  /// streams (PreparedInstruction::waits).
+  llvm::Error waitForOtherStreams(size_t i, CUstream stream);
+  /// After device instruction `i` on `stream`: MEGASLIDE_CUDA_SYNC's wait,
+  /// the trace's end event, the event other streams wait for.
+  llvm::Error finishOnStream(size_t i, CUstream stream);
+  /// Host-stream instruction `i` on the worker, after the GPU work it
+  /// waits for, then `work` (if any).
+  llvm::Error enqueueHost(size_t i, std::function<void()> work);
 
   llvm::Error check(CUresult r, const llvm::Twine &what) const {
     return checkCu(*cu, r, what);
@@ -134,15 +168,6 @@ struct CudaBackend::Impl {
     if (e)
       cu->cuStreamSynchronize(streams[s]);
     return e;
-  }
-  void setWorkerError(const std::string &e) {
-    std::lock_guard<std::mutex> lock(errorMu);
-    if (workerError.empty())
-      workerError = e;
-  }
-  bool workerFailed() {
-    std::lock_guard<std::mutex> lock(errorMu);
-    return !workerError.empty();
   }
 };
 

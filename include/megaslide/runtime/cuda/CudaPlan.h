@@ -21,6 +21,7 @@
 #include "megaslide/runtime/plan/ExecPlan.h"
 #include "megaslide/runtime/plan/HostPool.h"
 #include "megaslide/runtime/plan/Liveness.h"
+#include "megaslide/runtime/plan/StepRunner.h"
 
 #include "llvm/ADT/Twine.h"
 
@@ -98,11 +99,9 @@ struct PreparedPlan {
   std::vector<bool> needsDoneEvent;
   /// Per plan event: the instruction recording it (-1: none).
   std::vector<int64_t> eventRecorder;
-  /// The loss where it is computed (exec::lossSource), the instruction
-  /// defining it and the first host_adamw (-1: none): the loss is copied
-  /// to the host as soon as it exists, and the
-  /// first update reads it, so a non-finite loss skips the step before any
-  /// state changes.
+  /// The step runner's loss guard (exec::lossGuard): the loss where it is
+  /// computed, the instruction defining it (-1: no guard) and the first
+  /// host_adamw; the loss is copied to the host as soon as it exists.
   int64_t lossValue = -1, lossDef = -1, firstUpdate = -1;
   /// Measured like the cpu backend: arena high-water mark, live peak.
   int64_t arenaHighWater = 0, peakLiveBytes = 0;
@@ -129,9 +128,7 @@ int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override = 0);
 
 using exec::isGpuStream;
 
-/// "instruction #i ('op'): msg".
-llvm::Error instError(size_t i, const exec::Instruction &inst,
-                      const llvm::Twine &msg);
+using exec::instError;
 
 } // namespace megaslide::cuda
 

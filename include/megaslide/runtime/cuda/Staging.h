@@ -51,11 +51,6 @@ private:
   std::deque<Region> regions; ///< in placement order
 };
 
-/// Casts `n` fp32 values to `dtype` into `dst` on up to 8 workers of
-/// `pool`.
-void narrowOnWorkers(cpu::WorkerPool &pool, const float *src,
-                     exec::DType dtype, int64_t n, void *dst);
-
 /// The staging thread. Per step: begin() with the step's fetches in
 /// program order; the issuing thread takes each one's bytes with staged(),
 /// issues its copy and calls copyIssued(); finish() before the next step.

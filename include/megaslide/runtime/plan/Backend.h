@@ -3,13 +3,15 @@
 // A backend executes one training step of an execution plan against the
 // host state: cpu (reference numerics, tracking arena), cuda (the GPU) and
 // sim (predicted timing only). The trainer (runtime/train) drives them all
-// through this interface.
+// through this interface. The backends that compute give a step the
+// meaning of plan/StepRunner.h, over their own device primitives.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef MEGASLIDE_RUNTIME_PLAN_BACKEND_H
 #define MEGASLIDE_RUNTIME_PLAN_BACKEND_H
 
+#include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/host/HostState.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 
@@ -21,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,6 +55,22 @@ inline std::string spanName(const Instruction &inst) {
   return name;
 }
 
+/// The span of instruction `i` that ran from `start` for `seconds`.
+inline TraceSpan instructionSpan(const Instruction &inst, int64_t i,
+                                 double start, double seconds) {
+  TraceSpan span;
+  span.stream = inst.stream;
+  span.name = spanName(inst);
+  span.start = start;
+  span.seconds = seconds;
+  span.instruction = i;
+  span.layer = inst.layer;
+  span.flops =
+      inst.cost.matmulFlops + inst.cost.attentionFlops + inst.cost.otherFlops;
+  span.bytes = inst.cost.bytes;
+  return span;
+}
+
 /// Device memory of a step: what the plan promised and what the backend
 /// measured (cpu: its tracking arena; cuda: the same bookkeeping on the
 /// real arena; sim: replayed).
@@ -75,13 +94,7 @@ struct StepResult {
   std::vector<TraceSpan> spans; ///< filled when StepOptions::trace is set
 };
 
-/// A gradient as it reached the host, in its planned dtype; valid only
-/// during the call it is passed to.
-struct HostGradient {
-  const void *data = nullptr;
-  DType dtype = DType::F32;
-  int64_t count = 0;
-};
+using host::HostGradient;
 
 struct StepOptions {
   /// Apply the host AdamW updates; without, the step only computes the
@@ -98,12 +111,13 @@ struct StepOptions {
   std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
   /// The trainer's deferred update (docs/Training.md): receives each
   /// host_adamw's gradient as it reaches the host, in its planned dtype,
-  /// instead of an update (set applyUpdates false). Called once per
-  /// host_adamw, possibly from another thread and concurrently for
-  /// distinct parameters.
+  /// instead of an update (set applyUpdates false;
+  /// host::HostOptimizer::retain). Called once per host_adamw, possibly
+  /// from another thread and concurrently for distinct parameters.
   std::function<void(const Instruction &, const HostGradient &)> retainGradient;
   /// Called before a fetch reads its parameter's fp32 master, on the
-  /// thread that reads it, so that a pending deferred update lands first.
+  /// thread that reads it, so that a pending deferred update lands first
+  /// (host::HostOptimizer::applyPending).
   std::function<void(llvm::StringRef param)> beforeFetch;
   /// Called with the model's prediction, the `prediction` operand of the
   /// flow_matching_loss op ([B, C, T, H, W], widened to fp32), when the
@@ -118,8 +132,8 @@ struct StepOptions {
 /// defining it. The plan's output is often a device-to-host copy placed
 /// at the end of the step; the device value it copies exists as soon as
 /// the forward pass ends, before any gradient reaches the host optimizer,
-/// so backends read that one to skip a step with a non-finite loss before
-/// anything is updated. {-1, -1} when the plan returns nothing.
+/// so the step runner reads that one to skip a step with a non-finite loss
+/// before anything is updated. {-1, -1} when the plan returns nothing.
 inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
   if (plan.outputs.empty())
     return {-1, -1};
@@ -137,6 +151,25 @@ inline std::pair<int64_t, int64_t> lossSource(const ExecPlan &plan) {
     id = inst.operands[0]; // a copy: look for where its source is made
   }
   return {id, def};
+}
+
+/// Where a step can skip on a non-finite loss before anything is
+/// updated: the loss (lossSource) and the instruction defining it, made
+/// before the first host_adamw, whose index is given too (-1: none). `def`
+/// is -1 when there is no such point (no update, or one before the loss:
+/// the loss is then checked after the step).
+struct LossGuard {
+  int64_t value = -1, def = -1, firstUpdate = -1;
+};
+inline LossGuard lossGuard(const ExecPlan &plan) {
+  LossGuard g;
+  for (size_t i = 0; i < plan.instructions.size() && g.firstUpdate < 0; ++i)
+    if (plan.instructions[i].op == OpCode::HostAdamW)
+      g.firstUpdate = static_cast<int64_t>(i);
+  std::tie(g.value, g.def) = lossSource(plan);
+  if (g.def < 0 || g.def > g.firstUpdate)
+    g.def = -1;
+  return g;
 }
 
 class Backend {

@@ -5,10 +5,11 @@
 // accumulation, an EMA of the weights, how flow-matching timesteps are
 // sampled, and validation. The definitions follow the field's libraries
 // so results can be compared with them: schedules as transformers'
-// get_*_schedule_with_warmup, clipping as torch.nn.utils.clip_grad_norm_,
-// the EMA warmup as diffusers' EMAModel, the timestep shift as diffusers'
-// FlowMatchEulerDiscreteScheduler. No MLIR: the runtime-only build and
-// the Python module use it.
+// get_*_schedule_with_warmup, the timestep shift as diffusers'
+// FlowMatchEulerDiscreteScheduler; clipping (torch.nn.utils.clip_grad_norm_)
+// and the EMA (diffusers' EMAModel) are the host optimizer's
+// (host/HostOptimizer.h). No MLIR: the runtime-only build and the Python
+// module use it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -82,14 +83,6 @@ llvm::Error checkRecipe(const Recipe &recipe, double baseLr);
 /// with p = (s - warmupSteps) / (decaySteps - warmupSteps) clamped to
 /// [0, 1]: decay reaches minLr at s = decaySteps and stays there.
 double scheduledLr(const Recipe &recipe, double lr, int64_t s);
-
-/// torch.nn.utils.clip_grad_norm_'s factor for a global norm: min(1,
-/// maxGradNorm / (norm + 1e-6)); 1 without clipping. A non-finite norm
-/// gives NaN (the step is skipped before it is used).
-double clipFactor(const Recipe &recipe, double norm);
-
-/// The EMA decay of the k-th update (0-based).
-double emaDecayAt(const Recipe &recipe, int64_t k);
 
 /// sigma' = shift sigma / (1 + (shift - 1) sigma).
 double shiftSigma(double sigma, double shift);

@@ -10,6 +10,7 @@
 #ifndef MEGASLIDE_RUNTIME_TRAIN_SESSION_H
 #define MEGASLIDE_RUNTIME_TRAIN_SESSION_H
 
+#include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/host/HostState.h"
 #include "megaslide/runtime/plan/Backend.h"
 #include "megaslide/runtime/train/Recipe.h"
@@ -163,7 +164,6 @@ public:
   ~Session();
 
 private:
-  struct Update;
   Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
           std::vector<std::string> names, std::vector<InputShapes> shapes,
           SessionOptions options, std::unique_ptr<DataSource> data);
@@ -172,11 +172,6 @@ private:
   llvm::Expected<exec::StepResult> runStepOn(size_t bucket,
                                              const exec::StepInputs &inputs,
                                              const exec::StepOptions &options);
-  void prepareUpdates();
-  void retain(const exec::Instruction &inst, const exec::HostGradient &g);
-  void applyPending(llvm::StringRef param);
-  void apply(Update &u);
-  void updateEma(Update &u);
   /// Micro-batch k of the step (and its bucket), made when the step gets
   /// to it: recipe.gradAccum of them are never held at once.
   using MicroBatches = llvm::function_ref<llvm::Expected<exec::StepInputs>(
@@ -200,19 +195,8 @@ private:
   // The optimizer side of the recipe.
   bool deferred = false;
   double baseLr = 0;
-  std::vector<Update> updates;         ///< one per host_adamw, plan order
-  llvm::StringMap<size_t> updateIndex; ///< by parameter name
-  int64_t pendingCount = 0;
-  /// Applied with the pending updates: the step, lr and gradient scale
-  /// they were decided with.
-  int64_t pendingStep = 0;
-  double pendingLr = 0;
-  float pendingScale = 1;
-  double pendingEmaDecay = 0;
-  int64_t emaUpdates = 0; ///< EMA updates so far (its warmup's k)
+  host::HostOptimizer optimizer;
   int64_t stepsRunSoFar = 0; ///< stepsRun()
-  /// The previous step's gradient norm: streaming clips with it.
-  std::optional<double> previousNorm;
 };
 
 } // namespace megaslide::train
