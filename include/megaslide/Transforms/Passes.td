@@ -208,7 +208,7 @@ def ReportBytesMovedPass : Pass<"megaslide-report-bytes-moved",
   }];
   let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
   let options = [
-    Option<"minBytes", "min-bytes", "std::string", "\"0\"",
+    Option<"minBytes", "min-bytes", "::megaslide::ByteSize", "\"0\"",
            "Skip blocks that move fewer bytes than this, both directions "
            "together (e.g. 1GB, 512MiB)">,
   ];
