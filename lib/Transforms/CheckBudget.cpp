@@ -164,7 +164,9 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     if (!fits)
       return signalPassFailure();
 
-    // The runtime re-checks before it allocates the arena.
+    // The exporter carries the budget into the execution plan, whose
+    // device guard (the cuda backend) checks the arena against it before it
+    // allocates (docs/ExecutionPlan.md).
     Block &body = step->getBody().front();
     for (auto check :
          llvm::make_early_inc_range(body.getOps<schedule::BudgetCheckOp>()))

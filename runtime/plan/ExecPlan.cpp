@@ -540,6 +540,10 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   }
   if (plan.arenaBytes < 0 || plan.arenaBytes > kMaxTensorBytes)
     c.fail("arena size " + llvm::Twine(plan.arenaBytes) + " is out of range");
+  // msched.budget_check's budget is positive.
+  if (plan.arenaBudgetBytes && *plan.arenaBudgetBytes <= 0)
+    c.fail("arena_budget_bytes " + llvm::Twine(*plan.arenaBudgetBytes) +
+           " is not positive");
   if (plan.alignment <= 0 || (plan.alignment & (plan.alignment - 1)))
     c.fail("alignment " + llvm::Twine(plan.alignment) +
            " is not a power of two");
@@ -1056,6 +1060,8 @@ std::string exec::serialize(const ExecPlan &plan) {
               {"outputs", plan.outputs},
               {"instructions", std::move(instructions)},
               {"kernel_modules", std::move(kernels)}};
+  if (plan.arenaBudgetBytes)
+    root["arena_budget_bytes"] = *plan.arenaBudgetBytes;
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(root));
@@ -1112,6 +1118,7 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
   if (!(o.map("model", plan.model) && o.map("model_config", plan.modelConfig) &&
         o.map("grid", plan.grid) && o.map("batch", plan.batch) &&
         o.map("arena_bytes", plan.arenaBytes) &&
+        o.mapOptional("arena_budget_bytes", plan.arenaBudgetBytes) &&
         o.map("alignment", plan.alignment) &&
         o.map("planned_live_bytes", plan.plannedLiveBytes) &&
         o.mapOptional("gradient_buffers", plan.gradientBuffers) &&
