@@ -247,9 +247,11 @@ public:
 /// Python), hence the lock.
 class PlanningOptionSlots {
 public:
+  /// Never destroyed, so that a pass destroyed during static destruction
+  /// still finds it.
   static PlanningOptionSlots &get() {
-    static PlanningOptionSlots slots;
-    return slots;
+    static auto *slots = new PlanningOptionSlots;
+    return *slots;
   }
   void add(const mlir::Pass &pass, PlanningOptionSlot &slot) {
     std::lock_guard<std::mutex> lock(mutex);
