@@ -218,10 +218,9 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
                                 recipe.accumulateSeconds + recipe.emaSeconds;
 
-  uint64_t arenaBudget = r.gpuBudget - std::min(r.gpuBudget, r.gpuReserve);
   recipe.deviceAccumulationBytes = params * schedule::kGradAccumBytesPerParam;
   recipe.deviceAccumulationFits =
-      uint64_t(r.devicePeak) + recipe.deviceAccumulationBytes <= arenaBudget;
+      uint64_t(r.devicePeak) + recipe.deviceAccumulationBytes <= r.arenaBudget;
 
   auto policy = schedule::symbolizeHostStatePolicy(r.hostStatePolicy)
                     .value_or(schedule::HostStatePolicy::master_moments);
@@ -319,16 +318,16 @@ megaslide::hostMemoryByCategory(ModuleOp module) {
   return sorted(byCategory);
 }
 
-llvm::Expected<PlanReport>
-megaslide::buildPlanReport(ModuleOp module, const exec::ExecPlan &program,
-                           llvm::ArrayRef<Operation *> origins,
-                           const HardwareModel &hw, uint64_t gpuBudget,
-                           uint64_t gpuReserve, uint64_t hostBudget,
-                           std::vector<std::string> violations) {
+llvm::Expected<PlanReport> megaslide::buildPlanReport(
+    ModuleOp module, const exec::ExecPlan &program,
+    llvm::ArrayRef<Operation *> origins, const HardwareModel &hw,
+    uint64_t gpuBudget, uint64_t gpuReserve, uint64_t arenaBudget,
+    uint64_t hostBudget, std::vector<std::string> violations) {
   PlanReport r;
   r.hardware = hw;
   r.gpuBudget = gpuBudget;
   r.gpuReserve = gpuReserve;
+  r.arenaBudget = arenaBudget;
   r.hostBudget = hostBudget;
   r.violations = std::move(violations);
   if (auto policy =

@@ -89,11 +89,16 @@ llvm::Error readPlanningOption(const OptionInfo &info, llvm::StringRef key,
           llvm::inconvertibleErrorCode(), "option '%s': %s",
           info.name.str().c_str(), unknownOptionValue<T>(*text).c_str());
     field = *parsed;
-  } else if constexpr (std::is_same_v<T, std::string>) {
+  } else if constexpr (std::is_base_of_v<ByteSize, T>) {
     std::optional<llvm::StringRef> text = value.getAsString();
     if (!text)
       return planOptionError(key, "expected a string");
-    field = text->str();
+    llvm::Expected<T> parsed = T::parse(*text);
+    if (!parsed)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(), "option '%s': %s",
+          info.name.str().c_str(), llvm::toString(parsed.takeError()).c_str());
+    field = std::move(*parsed);
   } else if constexpr (std::is_same_v<T, bool>) {
     std::optional<bool> flag = value.getAsBoolean();
     if (!flag)
@@ -120,7 +125,7 @@ llvm::Error readPlanningOption(const OptionInfo &info, llvm::StringRef key,
 
 /// The JSON type name of an option's value, as Python spells it.
 template <typename T> const char *pythonTypeOf() {
-  if constexpr (std::is_enum_v<T> || std::is_same_v<T, std::string>)
+  if constexpr (std::is_enum_v<T> || std::is_base_of_v<ByteSize, T>)
     return "str";
   else if constexpr (std::is_same_v<T, bool>)
     return "bool";
@@ -222,6 +227,8 @@ int megaslidePlanOptionsJson(char **json) {
       option["default"] = OptionEnum<T>::name(value);
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       option["default"] = nullptr;
+    } else if constexpr (std::is_base_of_v<ByteSize, T>) {
+      option["default"] = value.text();
     } else {
       option["default"] = value;
     }

@@ -65,9 +65,7 @@ void megaslide::printOptionReference(raw_ostream &os) {
     using T = std::decay_t<decltype(value)>;
     std::string readers;
     for (Pass &pass : pm.getPasses()) {
-      if (failed(pass.initializeOptions(
-              (info.passOption + "=" + printOptionValue(value)).str(),
-              [](const Twine &) { return failure(); })))
+      if (!declaresPlanningOption(pass, info.name))
         continue;
       readers += (readers.empty() ? "`" : ", `") + pass.getArgument().str() +
                  "`";

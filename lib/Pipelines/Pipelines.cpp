@@ -6,7 +6,6 @@
 #include "megaslide/Transforms/Planning.h"
 
 #include "mlir/Pass/PassRegistry.h"
-#include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
 using namespace megaslide;
@@ -21,20 +20,11 @@ PlanningOptions PipelineOptions::values() const {
   return v;
 }
 
-/// Whether `pass` declares an option named `name`. Passes have no lookup
-/// by name; setting it is the test (the value is typed, so it parses).
-static bool setPassOption(Pass &pass, StringRef name, StringRef value) {
-  return succeeded(pass.initializeOptions(
-      (name + "=" + value).str(), [](const Twine &) { return failure(); }));
-}
-
 /// Adds `pass` with every planning option it declares (PipelineOption) set
 /// from `o`: the builders name passes, never their options.
 static void addPass(OpPassManager &pm, std::unique_ptr<Pass> pass,
                     const PlanningOptions &o) {
-  forEachOption(o, [&](const OptionInfo &info, const auto &value) {
-    setPassOption(*pass, info.passOption, printOptionValue(value));
-  });
+  setPlanningOptions(*pass, o);
   pm.addPass(std::move(pass));
 }
 

@@ -22,12 +22,6 @@ using namespace megaslide;
 
 namespace {
 
-llvm::Error optionError(llvm::StringRef option, llvm::Error cause) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "option '%s': %s", option.str().c_str(),
-                                 llvm::toString(std::move(cause)).c_str());
-}
-
 /// The path of the first number in `value` that is not finite: JSON has
 /// no inf or nan, and llvm::json would print them as such.
 std::optional<std::string> firstNonFinite(const llvm::json::Value &value,
@@ -87,19 +81,6 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
                                                 const VideoShape &video,
                                                 const TrainingOptions &training,
                                                 const PlanOptions &options) {
-  llvm::Expected<uint64_t> gpu = parseBytes(options.gpuMemory);
-  if (!gpu)
-    return optionError("gpu-mem", gpu.takeError());
-  llvm::Expected<uint64_t> host = parseBytes(options.hostMemory);
-  if (!host)
-    return optionError("host-mem", host.takeError());
-  if (*gpu == 0 || *host == 0)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "option '%s': a budget must be positive",
-                                   *gpu == 0 ? "gpu-mem" : "host-mem");
-  llvm::Expected<uint64_t> reserve = parseBytes(options.gpuReserve);
-  if (!reserve)
-    return optionError("gpu-reserve", reserve.takeError());
   if (llvm::Error err = checkHyperParameters(training))
     return std::move(err);
   TrainingOptions step = training;
@@ -163,9 +144,12 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
       exportProgram(*result.module, &origins);
   if (!program)
     return program.takeError();
-  llvm::Expected<PlanReport> report = buildPlanReport(
-      *result.module, *program, origins, hw, *gpu, *reserve, *host,
-      failed(ran) ? diagnostics : std::vector<std::string>());
+  llvm::Expected<PlanReport> report =
+      buildPlanReport(*result.module, *program, origins, hw,
+                      options.gpuMemory.bytes(), options.gpuReserve.bytes(),
+                      arenaBudget(options.gpuMemory, options.gpuReserve),
+                      options.hostMemory.bytes(),
+                      failed(ran) ? diagnostics : std::vector<std::string>());
   if (!report)
     return report.takeError();
   result.report = std::move(*report);

@@ -99,8 +99,8 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
   for (const auto &[name, bytes] : r.hostByCategory)
     os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
   os << "\nDevice memory: peak " << formatBytes(r.devicePeak) << " of "
-     << formatBytes(r.gpuBudget - std::min(r.gpuBudget, r.gpuReserve))
-     << " (GPU budget " << formatBytes(r.gpuBudget) << " less a runtime "
+     << formatBytes(r.arenaBudget) << " (GPU budget "
+     << formatBytes(r.gpuBudget) << " less a runtime "
      << "reserve of " << formatBytes(r.gpuReserve) << "; peak at op "
      << r.peakStep << ")\n";
   for (const auto &[name, bytes] : r.deviceByCategory)

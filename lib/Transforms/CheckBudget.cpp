@@ -28,10 +28,9 @@ using namespace megaslide;
 namespace {
 
 /// Names the buffers live at the device peak, largest first, and says what
-/// would shrink them.
+/// would shrink them; `budget` is the arena's (arenaBudget).
 void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
-                       uint64_t gpu, uint64_t reserve) {
-  uint64_t budget = gpu - std::min(gpu, reserve);
+                       uint64_t gpu, uint64_t reserve, uint64_t budget) {
   DeviceBuffers buffers = collectDeviceBuffers(step);
   DevicePeak peak = findDevicePeak(buffers);
   const std::vector<const DeviceBuffer *> &atPeak = peak.buffers;
@@ -101,13 +100,10 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     FailureOr<func::FuncOp> step = getTrainStep(module);
-    FailureOr<uint64_t> gpu = parseBudget(module, "gpu-mem", gpuMemory);
-    FailureOr<uint64_t> host = parseBudget(module, "host-mem", hostMemory);
-    FailureOr<uint64_t> reserve =
-        parseBudget(module, "gpu-reserve", gpuReserve, /*allowZero=*/true);
-    if (failed(step) || failed(gpu) || failed(host) || failed(reserve))
+    if (failed(step))
       return signalPassFailure();
-    uint64_t arenaBudget = *gpu - std::min(*gpu, *reserve);
+    uint64_t host = hostMemory.bytes();
+    uint64_t budget = arenaBudget(gpuMemory, gpuReserve);
     auto arena = module.lookupSymbol<schedule::ResourceOp>("device_arena");
     if (!arena) {
       module.emitError() << "no device arena: run megaslide-plan-memory first";
@@ -115,8 +111,9 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     }
 
     bool fits = true;
-    if (static_cast<uint64_t>(arena.getSize()) > arenaBudget) {
-      explainDevicePeak(*step, module, arena.getSize(), *gpu, *reserve);
+    if (static_cast<uint64_t>(arena.getSize()) > budget) {
+      explainDevicePeak(*step, module, arena.getSize(), gpuMemory.bytes(),
+                        gpuReserve.bytes(), budget);
       fits = false;
     }
 
@@ -126,11 +123,11 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     uint64_t hostTotal = 0;
     for (const auto &entry : hostByCategory)
       hostTotal += entry.second;
-    if (hostTotal > *host) {
+    if (hostTotal > host) {
       InFlightDiagnostic diag = module.emitError() << "host memory plan needs "
                                                    << formatBytes(hostTotal)
                                                    << " but the host budget is "
-                                                   << formatBytes(*host);
+                                                   << formatBytes(host);
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       // The training recipe's buffers (megaslide-defer-updates) are
@@ -167,14 +164,16 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     if (!fits)
       return signalPassFailure();
 
-    // The runtime re-checks before it allocates the arena.
+    // The exporter carries the budget into the execution plan, whose
+    // device guard (the cuda backend) checks the arena against it before it
+    // allocates (docs/ExecutionPlan.md).
     Block &body = step->getBody().front();
     for (auto check :
          llvm::make_early_inc_range(body.getOps<schedule::BudgetCheckOp>()))
       check.erase();
     OpBuilder b(&body, body.begin());
     schedule::BudgetCheckOp::create(b, step->getLoc(), "device_arena",
-                                 static_cast<int64_t>(arenaBudget));
+                                    static_cast<int64_t>(budget));
   }
 };
 

@@ -88,9 +88,9 @@ struct DeferUpdatesPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     FailureOr<func::FuncOp> step = getTrainStep(module);
-    FailureOr<uint64_t> host = parseBudget(module, "host-mem", hostMemory);
-    if (failed(step) || failed(host))
+    if (failed(step))
       return signalPassFailure();
+    uint64_t host = hostMemory.bytes();
     if (module->hasAttr(kUpdateAttr)) {
       module.emitError() << "updates are already planned ("
                          << module->getAttr(kUpdateAttr) << ")";
@@ -117,7 +117,7 @@ struct DeferUpdatesPass
     uint64_t used = 0;
     for (const auto &entry : hostMemoryByCategory(module))
       used += entry.second;
-    uint64_t free = *host > used ? *host - used : 0;
+    uint64_t free = host > used ? host - used : 0;
     uint64_t deferredNeeds = bytes.deferredBytes() + bytes.emaBytes;
 
     schedule::UpdatePolicy mode = update;

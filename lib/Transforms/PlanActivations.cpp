@@ -262,20 +262,12 @@ struct PlanActivationsPass
   /// the checkpoints of leading blocks (live longest) until it fits.
   LogicalResult
   chooseAutomatically(SmallVectorImpl<ActivationPolicy> &policies) {
-    FailureOr<uint64_t> budget =
-        parseBudget(getOperation(), "gpu-mem", gpuMemory);
-    FailureOr<uint64_t> reserve =
-        parseBudget(getOperation(), "gpu-reserve", gpuReserve,
-                    /*allowZero=*/true);
-    if (failed(budget) || failed(reserve))
-      return failure();
-    // The arena gets what the runtime does not keep for itself.
-    *budget -= std::min(*budget, *reserve);
+    uint64_t budget = arenaBudget(gpuMemory, gpuReserve);
     int64_t layers = policies.size();
     FailureOr<int64_t> peak = tryPolicies(policies);
     if (failed(peak))
       return failure();
-    if (static_cast<uint64_t>(*peak) <= *budget)
+    if (static_cast<uint64_t>(*peak) <= budget)
       return success();
     std::fill(policies.begin(), policies.end(), ActivationPolicy::recompute);
     peak = tryPolicies(policies);
@@ -283,8 +275,8 @@ struct PlanActivationsPass
       return failure();
     int64_t perBlock = checkpointBytes();
     int64_t offloaded = 0;
-    while (static_cast<uint64_t>(*peak) > *budget && offloaded < layers) {
-      int64_t excess = *peak - static_cast<int64_t>(*budget);
+    while (static_cast<uint64_t>(*peak) > budget && offloaded < layers) {
+      int64_t excess = *peak - static_cast<int64_t>(budget);
       offloaded = std::min(
           layers,
           offloaded +

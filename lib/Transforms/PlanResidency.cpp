@@ -94,9 +94,7 @@ struct PlanResidencyPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     FailureOr<func::FuncOp> step = getTrainStep(module);
-    FailureOr<uint64_t> allowance =
-        parseBudget(module, "os-allowance", osAllowance, /*allowZero=*/true);
-    if (failed(step) || failed(allowance))
+    if (failed(step))
       return signalPassFailure();
     if (module->hasAttr(kHostStatePolicyAttr)) {
       module.emitError() << "residency is already planned ("
@@ -131,8 +129,8 @@ struct PlanResidencyPass
       batchBytes += tensorBytes(t);
     declareResource(module, "data_batch", schedule::Residency::pinned, batchBytes,
                     "data batch");
-    declareResource(module, "os_allowance", schedule::Residency::host, *allowance,
-                    "OS and runtime allowance");
+    declareResource(module, "os_allowance", schedule::Residency::host,
+                    osAllowance.bytes(), "OS and runtime allowance");
   }
 };
 

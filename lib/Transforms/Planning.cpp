@@ -4,7 +4,6 @@
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Model/ModelBuilder.h"
-#include "megaslide/Support/Units.h"
 
 using namespace mlir;
 using namespace megaslide;
@@ -47,16 +46,4 @@ void megaslide::declareResource(ModuleOp module, StringRef name,
     b.setInsertionPointAfter(resource);
   schedule::ResourceOp::create(b, module.getLoc(), name, residency, size,
                             category);
-}
-
-FailureOr<uint64_t> megaslide::parseBudget(Operation *anchor, StringRef option,
-                                           StringRef text, bool allowZero) {
-  llvm::Expected<uint64_t> bytes = parseBytes(text);
-  if (!bytes)
-    return anchor->emitError() << "option '" << option
-                               << "': " << llvm::toString(bytes.takeError());
-  if (*bytes == 0 && !allowZero)
-    return anchor->emitError()
-           << "option '" << option << "': a budget must be positive";
-  return *bytes;
 }

@@ -57,10 +57,6 @@ struct ReportBytesMovedPass
     FailureOr<func::FuncOp> step = getTrainStep(module);
     if (failed(step))
       return signalPassFailure();
-    FailureOr<uint64_t> threshold =
-        parseBudget(module, "min-bytes", minBytes, /*allowZero=*/true);
-    if (failed(threshold))
-      return signalPassFailure();
 
     // Before insert-transfers, host state is read in place and nothing
     // crosses PCIe explicitly: a report would say "0 B" and be wrong.
@@ -105,7 +101,7 @@ struct ReportBytesMovedPass
     }
 
     auto large = [&](const Traffic &t) {
-      return t.hostToDeviceBytes + t.deviceToHostBytes >= *threshold;
+      return t.hostToDeviceBytes + t.deviceToHostBytes >= minBytes.bytes();
     };
     for (auto &[layer, t] : blocks)
       if (large(t))

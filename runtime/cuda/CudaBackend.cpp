@@ -217,14 +217,25 @@ llvm::Error CudaBackend::Impl::init() {
                      "cuMemGetInfo"))
     return e;
 
-  // Runtime budget guard: everything the step needs on the device, up
-  // front, with the free memory in the message, and a margin for what
-  // takes device memory later: local memory, which the driver reserves for
-  // every thread the device holds at once when a launch needs more than it
-  // has (counted at 1 KiB a thread, the default stack limit; our kernels
-  // do not spill, cuBLASLt's may use a stack), and the code of kernels
-  // loaded on their first use (cuBLASLt's, under CUDA_MODULE_LOADING=LAZY,
-  // the default since CUDA 12.2).
+  // Runtime budget guard. First the plan against the budget the planner
+  // checked it against (msched.budget_check, carried in the header): an
+  // arena beyond it is not what was planned for this device.
+  if (plan.arenaBudgetBytes && plan.arenaBytes > *plan.arenaBudgetBytes)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "the plan's device arena is %lld bytes but the plan was checked "
+        "against an arena budget of %lld bytes (its arena_budget_bytes: "
+        "--gpu-mem less --gpu-reserve); recompile the plan",
+        static_cast<long long>(plan.arenaBytes),
+        static_cast<long long>(*plan.arenaBudgetBytes));
+  // Then everything the step needs on the device, up front, with the free
+  // memory in the message, and a margin for what takes device memory
+  // later: local memory, which the driver reserves for every thread the
+  // device holds at once when a launch needs more than it has (counted at
+  // 1 KiB a thread, the default stack limit; our kernels do not spill,
+  // cuBLASLt's may use a stack), and the code of kernels loaded on their
+  // first use (cuBLASLt's, under CUDA_MODULE_LOADING=LAZY, the default
+  // since CUDA 12.2).
   constexpr int64_t kLocalBytesPerThread = 1024;
   constexpr int64_t kLazyCodeBytes = int64_t(64) << 20;
   int64_t residentThreads =

@@ -263,6 +263,8 @@ std::string exec::serialize(const ExecPlan &plan) {
               {"outputs", plan.outputs},
               {"instructions", std::move(instructions)},
               {"kernel_modules", std::move(kernels)}};
+  if (plan.arenaBudgetBytes)
+    root["arena_budget_bytes"] = *plan.arenaBudgetBytes;
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(root));
@@ -319,6 +321,7 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
   if (!(o.map("model", plan.model) && o.map("model_config", plan.modelConfig) &&
         o.map("grid", plan.grid) && o.map("batch", plan.batch) &&
         o.map("arena_bytes", plan.arenaBytes) &&
+        o.mapOptional("arena_budget_bytes", plan.arenaBudgetBytes) &&
         o.map("alignment", plan.alignment) &&
         o.map("planned_live_bytes", plan.plannedLiveBytes) &&
         o.mapOptional("gradient_buffers", plan.gradientBuffers) &&

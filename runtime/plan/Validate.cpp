@@ -314,6 +314,10 @@ static bool checkPlanFields(Checker &c, const ExecPlan &plan) {
   if (plan.arenaBytes < 0 || plan.arenaBytes > kMaxTensorBytes)
     return c.fail("arena size " + llvm::Twine(plan.arenaBytes) +
                   " is out of range");
+  // msched.budget_check's budget is positive.
+  if (plan.arenaBudgetBytes && *plan.arenaBudgetBytes <= 0)
+    return c.fail("arena_budget_bytes " +
+                  llvm::Twine(*plan.arenaBudgetBytes) + " is not positive");
   if (plan.alignment <= 0 || (plan.alignment & (plan.alignment - 1)))
     return c.fail("alignment " + llvm::Twine(plan.alignment) +
                   " is not a power of two");

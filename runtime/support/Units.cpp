@@ -46,6 +46,31 @@ llvm::Expected<uint64_t> megaslide::parseBytes(llvm::StringRef text) {
   return static_cast<uint64_t>(bytes);
 }
 
+ByteSize::ByteSize(const char *text) : ByteSize(llvm::cantFail(parse(text))) {}
+
+llvm::Expected<ByteSize> ByteSize::parse(llvm::StringRef text) {
+  llvm::Expected<uint64_t> bytes = parseBytes(text);
+  if (!bytes)
+    return bytes.takeError();
+  ByteSize size;
+  size.spelling = text.str();
+  size.count = *bytes;
+  return size;
+}
+
+ByteBudget::ByteBudget(const char *text)
+    : ByteBudget(llvm::cantFail(parse(text))) {}
+
+llvm::Expected<ByteBudget> ByteBudget::parse(llvm::StringRef text) {
+  llvm::Expected<ByteSize> size = ByteSize::parse(text);
+  if (!size)
+    return size.takeError();
+  if (size->bytes() == 0)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "a budget must be positive");
+  return ByteBudget(std::move(*size));
+}
+
 std::string megaslide::formatBytes(uint64_t bytes) {
   // The largest unit that keeps the number at least 1, decimal and binary
   // of the same rank, so small plans do not read "0.00 GB".

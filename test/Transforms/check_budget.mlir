@@ -8,7 +8,7 @@
 // the arena that plan-memory would give them; buffers on the compute (0)
 // and h2d (1) streams are device values.
 
-// BADUNIT: error: option 'gpu-mem': 'lots' is not a memory size
+// BADUNIT: for the --gpu-mem option: 'lots' is not a memory size
 
 // Tests that a device plan over budget fails on the largest buffer live
 // at the peak (op 2: the 512 MiB weight shard, next to the 256 MiB linear

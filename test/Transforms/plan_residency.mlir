@@ -32,7 +32,7 @@
 // OS:         msched.resource @os_allowance host size(1610612736) category("OS and runtime allowance")
 
 // BAD: for the --host-state-policy option: unknown value 'nope'; use one of master-moments, persistent-bf16, bf16-moments
-// BADOS: error: option 'os-allowance': 'lots' is not a memory size
+// BADOS: for the --os-allowance option: 'lots' is not a memory size
 
 module @master_moments {
   megaslide.param master blocks[0] @w : tensor<16x16xf32>

@@ -10,7 +10,7 @@
 // bf16 activation 256 B, the f32 loss 4 B. The second RUN (the `not` is
 // for the last case's error) keeps only groups moving at least 1 KiB.
 
-// BADMIN: error: option 'min-bytes': 'lots' is not a memory size
+// BADMIN: for the --min-bytes option: 'lots' is not a memory size
 
 // Tests that a scheduled step (as schedule-overlap leaves it: streams,
 // records and waits) gets one remark per block, on the block's first

@@ -179,6 +179,11 @@ def test_unknown_pipeline_is_named():
      "for the --buffers option: 'two' value invalid"),
     ("megaslide-graph-pipeline", dict(attention="sparse"),
      "for the --attention option: unknown value 'sparse'; use one of dsa, global"),
+    # Sizes are parsed where given, also in a phase that does not read them.
+    ("megaslide-graph-pipeline", dict(host_mem="lots"),
+     "for the --host-mem option: 'lots' is not a memory size"),
+    ("megaslide-check-budget", dict(gpu_mem="0"),
+     "for the --gpu-mem option: a budget must be positive"),
     ("megaslide-plan-memory", dict(bogus=1), "no such option bogus"),
     ("canonicalize", dict(max_iterations="x"), "max-iterations"),
 ])

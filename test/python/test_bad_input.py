@@ -419,7 +419,7 @@ IR_CASES = [
      ["--megaslide-verify-schedule"], "run megaslide-insert-transfers"),
     ("pipeline budget not a size", ir_sub("", "", "built"),
      ["--megaslide-pipeline=gpu-mem=abc"],
-     "option 'gpu-mem': 'abc' is not a memory size"),
+     "for the --gpu-mem option: 'abc' is not a memory size"),
     ("pipeline buffers zero", ir_sub("", "", "built"),
      ["--megaslide-pipeline=buffers=0"], "'buffers' (>= 1)"),
     ("pipeline window of two", ir_sub("", "", "built"),

@@ -144,6 +144,11 @@ def test_exec_plan_is_documented_json():
     assert streaming["version"] == 2
     assert plan["runtime_version"] == megaslide.__version__
     assert plan["arena_bytes"] > 0 and plan["instructions"]
+    # The arena's budget, checked when planning: gpu_mem less gpu_reserve.
+    assert plan["arena_budget_bytes"] == 141_000_000_000 - 2 * 2**30
+    small = json.loads(megaslide.exec_plan("tiny", 5, 32, 32, gpu_mem="1GB",
+                                           gpu_reserve="0"))
+    assert small["arena_budget_bytes"] == 1_000_000_000
     ops = {i["op"] for i in plan["instructions"]}
     assert {"fetch", "h2d", "d2h", "host_adamw", "record", "wait",
             "linear", "flow_matching_loss"} <= ops

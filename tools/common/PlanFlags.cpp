@@ -55,9 +55,9 @@ cl::opt<std::string>
                        "fp32 either way)"));
 
 /// The flag of every planning option that has one, made from its
-/// declaration (PipelineOptions.def): same default and help. Enum options
-/// are read as text, so that a bad value gets the message every entry
-/// point gives (unknownOptionValue).
+/// declaration (PipelineOptions.def): same default and help. Enum and size
+/// options are read as text and parsed here, so that a bad value gets the
+/// message every entry point gives ("option 'gpu-mem': ...").
 class PlanningFlags {
 public:
   PlanningFlags() {
@@ -87,6 +87,10 @@ private:
           info.flag, cl::init(OptionEnum<T>::name(value).str()),
           cl::cat(planCategory),
           cl::desc(saver.save(info.help + ": " + optionEnumNames<T>(" | "))));
+    else if constexpr (std::is_base_of_v<ByteSize, T>)
+      return std::make_unique<cl::opt<std::string>>(
+          info.flag, cl::init(value.text()), cl::cat(planCategory),
+          cl::desc(info.help));
     else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
       return std::make_unique<cl::list<int64_t>>(info.flag, cl::CommaSeparated,
                                                  cl::cat(planCategory),
@@ -106,6 +110,12 @@ private:
         return createStringError("option '" + info.name +
                                  "': " + unknownOptionValue<T>(text));
       value = *parsed;
+    } else if constexpr (std::is_base_of_v<ByteSize, T>) {
+      Expected<T> parsed = T::parse(static_cast<cl::opt<std::string> &>(flag));
+      if (!parsed)
+        return createStringError("option '" + info.name +
+                                 "': " + toString(parsed.takeError()));
+      value = std::move(*parsed);
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       auto &list = static_cast<cl::list<int64_t> &>(flag);
       value.assign(list.begin(), list.end());

@@ -53,6 +53,7 @@ struct RecipeBytes {
 struct PlanReport {
   HardwareModel hardware;
   uint64_t gpuBudget = 0, gpuReserve = 0, hostBudget = 0;
+  uint64_t arenaBudget = 0; ///< the device arena's share of gpuBudget
   std::vector<std::string> violations;
   bool fits() const { return violations.empty(); }
 
@@ -193,14 +194,15 @@ hostMemoryByCategory(mlir::ModuleOp module);
 /// training step as exported for the runtime (exportProgram), `origins` the
 /// op of each of its instructions: the step time is the sim backend's
 /// replay of the program (sim::buildTasks, docs/CostModel.md), so the
-/// planner and the backend predict one step. `violations` are the budget
-/// errors the pipeline reported (empty when it fits). Fails when the
-/// replay does (sim::buildTasks: e.g. a time that is not finite).
+/// planner and the backend predict one step. `arenaBudget` is what the
+/// arena may use of `gpuBudget` (megaslide::arenaBudget). `violations` are
+/// the budget errors the pipeline reported (empty when it fits). Fails
+/// when the replay does (sim::buildTasks: e.g. a time that is not finite).
 llvm::Expected<PlanReport>
 buildPlanReport(mlir::ModuleOp module, const exec::ExecPlan &program,
                 llvm::ArrayRef<mlir::Operation *> origins,
                 const HardwareModel &hw, uint64_t gpuBudget,
-                uint64_t gpuReserve, uint64_t hostBudget,
+                uint64_t gpuReserve, uint64_t arenaBudget, uint64_t hostBudget,
                 std::vector<std::string> violations);
 
 /// Fills `report.recipe` (the report's other fields set) from a module

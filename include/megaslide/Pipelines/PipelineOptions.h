@@ -10,11 +10,17 @@
 //  - PipelineOption<&PlanningOptions::field>: the option, declared in the
 //    pass that reads it, under its pass option name and with the one
 //    default and help;
+//  - setPlanningOptions: the typed setter of every option a pass declares,
+//    which the pipelines (lib/Pipelines/Pipelines.cpp) call on each pass
+//    they add, so that no builder restates an option and no value goes
+//    through text;
 //  - OptionEnum<E> and EnumOptionParser<E>: the cases of an enum option
-//    as cl values, with errors that name the choices.
+//    as cl values, with errors that name the choices;
+//  - arenaBudget: the device arena's share of the GPU budget.
 //
-// The pipelines hand each pass the options it declares by name
-// (lib/Pipelines/Pipelines.cpp), so no builder restates them.
+// Values are typed where they are given: sizes are ByteSize or ByteBudget
+// (Support/Units.h), parsed by the flags, the C API and llvm::cl, so a bad
+// value is an error that names the option there.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,12 +28,16 @@
 #define MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H
 
 #include "megaslide/Dialect/Schedule/SchedulePolicies.h"
+#include "megaslide/Support/Units.h"
 
 #include "mlir/Pass/Pass.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/Support/CommandLine.h"
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -179,14 +189,18 @@ void forEachOption(Options &options, Fn &&fn) {
 #include "megaslide/Pipelines/PipelineOptions.def"
 }
 
-/// A value as pass-option text (what a pass's initializeOptions reads).
+/// A value as pass-option text (what `megaslide-opt --megaslide-pipeline=`
+/// reads; the listing's defaults, the bucket cache key).
 template <typename T> std::string printOptionValue(const T &value) {
   if constexpr (std::is_enum_v<T>) {
     return OptionEnum<T>::name(value).str();
   } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "true" : "false";
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return value.find(' ') == std::string::npos ? value : "{" + value + "}";
+  } else if constexpr (std::is_base_of_v<ByteSize, T>) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    llvm::cl::parser<T>::print(os, value);
+    return text;
   } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
     std::string text;
     for (int64_t v : value)
@@ -203,15 +217,87 @@ template <auto Member> struct OptionDecl;
   template <> struct OptionDecl<&PlanningOptions::FIELD> {                    \
     using Type = TYPE;                                                         \
     static constexpr bool isTriple = false;                                    \
-    static constexpr const char *passOption = PASS, *help = HELP;              \
+    static constexpr const char *name = NAME, *passOption = PASS,              \
+                                *help = HELP;                                  \
     static Type init() { return INIT; }                                        \
   };
 #define MEGASLIDE_TRIPLE_OPTION(FIELD, NAME, HELP, PASS, FLAG)                \
   template <> struct OptionDecl<&PlanningOptions::FIELD> {                    \
     static constexpr bool isTriple = true;                                     \
-    static constexpr const char *passOption = PASS, *help = HELP;              \
+    static constexpr const char *name = NAME, *passOption = PASS,              \
+                                *help = HELP;                                  \
   };
 #include "megaslide/Pipelines/PipelineOptions.def"
+
+namespace detail {
+/// A planning option as a pass declares it, seen from the pipelines.
+class PlanningOptionSlot {
+public:
+  virtual ~PlanningOptionSlot() = default;
+  /// The pipeline option's name ("gpu-mem").
+  virtual llvm::StringRef optionName() const = 0;
+  /// Sets the pass's option to the value in `values`.
+  virtual void setFrom(const PlanningOptions &values) = 0;
+};
+
+/// The slots of the live passes, by pass: a PipelineOption adds itself when
+/// its pass is made (or cloned) and removes itself when it is destroyed.
+/// mlir::Pass looks its options up only by text, so the typed setters are
+/// found here. Passes are made on any thread (two plans at once from
+/// Python), hence the lock.
+class PlanningOptionSlots {
+public:
+  /// Never destroyed, so that a pass destroyed during static destruction
+  /// still finds it.
+  static PlanningOptionSlots &get() {
+    static auto *slots = new PlanningOptionSlots;
+    return *slots;
+  }
+  void add(const mlir::Pass &pass, PlanningOptionSlot &slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    byPass[&pass].push_back(&slot);
+  }
+  void remove(const mlir::Pass &pass, PlanningOptionSlot &slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = byPass.find(&pass);
+    if (it == byPass.end())
+      return;
+    llvm::erase(it->second, &slot);
+    if (it->second.empty())
+      byPass.erase(it);
+  }
+  /// The slots of `pass`, in the order it declares them.
+  llvm::SmallVector<PlanningOptionSlot *> of(const mlir::Pass &pass) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return byPass.lookup(&pass);
+  }
+
+private:
+  std::mutex mutex;
+  llvm::DenseMap<const mlir::Pass *, llvm::SmallVector<PlanningOptionSlot *>>
+      byPass;
+};
+} // namespace detail
+
+/// Sets every planning option `pass` declares (PipelineOption) to its value
+/// in `values`, typed: nothing is printed and parsed again, so nothing can
+/// fail.
+inline void setPlanningOptions(mlir::Pass &pass,
+                               const PlanningOptions &values) {
+  for (detail::PlanningOptionSlot *slot :
+       detail::PlanningOptionSlots::get().of(pass))
+    slot->setFrom(values);
+}
+
+/// Whether `pass` declares the planning option `name` (the listing's
+/// "read by").
+inline bool declaresPlanningOption(const mlir::Pass &pass,
+                                   llvm::StringRef name) {
+  return llvm::any_of(detail::PlanningOptionSlots::get().of(pass),
+                      [&](detail::PlanningOptionSlot *slot) {
+                        return slot->optionName() == name;
+                      });
+}
 
 /// A planning option in the pass that reads it, e.g.
 ///   PipelineOption<&PlanningOptions::gpuMemory> gpuMemory{*this};
@@ -223,24 +309,62 @@ struct PipelineOption;
 template <auto Member>
 struct PipelineOption<Member, false>
     : mlir::Pass::Option<typename OptionDecl<Member>::Type,
-                         OptionParserFor<typename OptionDecl<Member>::Type>> {
+                         OptionParserFor<typename OptionDecl<Member>::Type>>,
+      detail::PlanningOptionSlot {
   using Decl = OptionDecl<Member>;
   using Base = mlir::Pass::Option<typename Decl::Type,
                                   OptionParserFor<typename Decl::Type>>;
   explicit PipelineOption(mlir::Pass &pass)
       : Base(pass, Decl::passOption, llvm::cl::desc(Decl::help),
-             llvm::cl::init(Decl::init())) {}
+             llvm::cl::init(Decl::init())),
+        pass(pass) {
+    detail::PlanningOptionSlots::get().add(pass, *this);
+  }
+  ~PipelineOption() override {
+    detail::PlanningOptionSlots::get().remove(pass, *this);
+  }
   using Base::operator=;
+
+  llvm::StringRef optionName() const override { return Decl::name; }
+  void setFrom(const PlanningOptions &values) override {
+    *this = values.*Member;
+  }
+
+private:
+  const mlir::Pass &pass;
 };
 
 template <auto Member>
-struct PipelineOption<Member, true> : mlir::Pass::ListOption<int64_t> {
+struct PipelineOption<Member, true> : mlir::Pass::ListOption<int64_t>,
+                                      detail::PlanningOptionSlot {
   using Decl = OptionDecl<Member>;
   explicit PipelineOption(mlir::Pass &pass)
       : mlir::Pass::ListOption<int64_t>(pass, Decl::passOption,
-                                        llvm::cl::desc(Decl::help)) {}
+                                        llvm::cl::desc(Decl::help)),
+        pass(pass) {
+    detail::PlanningOptionSlots::get().add(pass, *this);
+  }
+  ~PipelineOption() override {
+    detail::PlanningOptionSlots::get().remove(pass, *this);
+  }
   using mlir::Pass::ListOption<int64_t>::operator=;
+
+  llvm::StringRef optionName() const override { return Decl::name; }
+  void setFrom(const PlanningOptions &values) override {
+    *this = llvm::ArrayRef<int64_t>(values.*Member);
+  }
+
+private:
+  const mlir::Pass &pass;
 };
+
+/// What the device arena may use: the GPU budget less what the runtime
+/// keeps for itself (`gpu-reserve`; all of it when the reserve is larger).
+/// Planning, the budget check and the report all take it from here.
+inline uint64_t arenaBudget(const ByteSize &gpuMemory,
+                            const ByteSize &gpuReserve) {
+  return gpuMemory.bytes() - std::min(gpuMemory.bytes(), gpuReserve.bytes());
+}
 
 } // namespace megaslide
 

@@ -5,6 +5,7 @@
 
 #include "megaslide/Dialect/Graph/GraphOps.h"
 #include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "megaslide/Support/Units.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"

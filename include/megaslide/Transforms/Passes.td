@@ -156,8 +156,9 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
     Compares the arena (device) and the host total (persistent state,
     staging, offloaded checkpoints, batch, allowance) to the budgets. Over
     budget: an error on the largest consumer with notes naming the largest
-    live buffers and what would make it fit. Within budget: inserts
-    `msched.budget_check` guards the runtime evaluates before allocating.
+    live buffers and what would make it fit. Within budget: inserts an
+    `msched.budget_check` of the arena, whose budget the exporter carries
+    into the execution plan for the cuda backend's device guard.
 
     Its planning options are declared in the pass, from
     include/megaslide/Pipelines/PipelineOptions.def (listed in
@@ -208,7 +209,7 @@ def ReportBytesMovedPass : Pass<"megaslide-report-bytes-moved",
   }];
   let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
   let options = [
-    Option<"minBytes", "min-bytes", "std::string", "\"0\"",
+    Option<"minBytes", "min-bytes", "::megaslide::ByteSize", "\"0\"",
            "Skip blocks that move fewer bytes than this, both directions "
            "together (e.g. 1GB, 512MiB)">,
   ];

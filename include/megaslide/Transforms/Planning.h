@@ -74,13 +74,6 @@ void declareResource(mlir::ModuleOp module, llvm::StringRef name,
                      megaslide::schedule::Residency residency, uint64_t size,
                      llvm::StringRef category);
 
-/// Parses a --gpu-mem style option, emitting an error naming `option`.
-/// Budgets must be positive; reserves and allowances may be zero.
-mlir::FailureOr<uint64_t> parseBudget(mlir::Operation *anchor,
-                                      llvm::StringRef option,
-                                      llvm::StringRef text,
-                                      bool allowZero = false);
-
 } // namespace megaslide
 
 #endif // MEGASLIDE_TRANSFORMS_PLANNING_H

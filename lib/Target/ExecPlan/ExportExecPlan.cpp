@@ -314,6 +314,15 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   schedule::PackOp pack = *packs.begin();
   plan.arenaBytes = pack.getArenaSize().value_or(0);
   plan.alignment = pack.getAlignment();
+  // check-budget's guard goes into the header, for the device guard of the
+  // cuda backend; the arena is the only device resource a plan has.
+  for (auto check : body.getOps<schedule::BudgetCheckOp>()) {
+    if (check.getResource() != "device_arena")
+      return llvm::createStringError(
+          "cannot export msched.budget_check of @" + check.getResource() +
+          ": an execution plan carries the budget of @device_arena only");
+    plan.arenaBudgetBytes = static_cast<int64_t>(check.getBudget());
+  }
   if (auto buffers = module->getAttrOfType<IntegerAttr>(
           schedule::kGradientBuffersAttrName))
     plan.gradientBuffers = buffers.getInt();

@@ -36,11 +36,13 @@ def Schedule_ResourceOp : Schedule_Op<"resource", [Symbol]> {
 
 def Schedule_BudgetCheckOp : Schedule_Op<"budget_check"> {
   let summary = "runtime guard: the resource must fit the budget";
-  let notInPlans = "the exporter drops it";
+  let notInPlans = "the plan's `arena_budget_bytes`";
   let description = [{
-    Placed before the first use of a resource. The runtime fails with a
-    message naming the resource, its size and the budget (and, on a GPU,
-    the free memory) instead of running out of memory mid-step.
+    Placed before the first use of a resource; `megaslide-check-budget`
+    places one for `@device_arena`. The exporter writes its budget into the
+    execution plan (`arena_budget_bytes`), and the cuda backend refuses,
+    before it allocates, a plan whose arena exceeds it, naming the arena
+    and the budget (docs/ExecutionPlan.md).
 
     ```mlir
     msched.budget_check @device_arena budget(141000000000)

@@ -153,6 +153,10 @@ struct ExecPlan {
   int64_t batch = 1;
 
   int64_t arenaBytes = 0; ///< planned device peak (msched.pack arena_size)
+  /// The budget the planner checked the arena against (msched.budget_check
+  /// of @device_arena: gpu-mem less gpu-reserve), which the cuda backend's
+  /// device guard holds it to; none for a plan that was not checked.
+  std::optional<int64_t> arenaBudgetBytes;
   int64_t alignment = 1;
   int64_t plannedLiveBytes = 0; ///< planned peak of live (unaligned) bytes
   /// Pinned buffers, each one layer's gradients, that gradient copies

@@ -24,6 +24,7 @@
 #include "megaslide/runtime/plan/HostPool.h"
 #include "megaslide/runtime/plan/Liveness.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringRef.h"
@@ -238,6 +239,32 @@ TEST(CompileExecPlanTest, DeferUpdatesMarksAsTheRuntimeDoes) {
         }
       EXPECT_EQ(differ, 0);
     }
+
+/// The budget check-budget held the arena to is the plan's
+/// arena_budget_bytes, which the cuda backend's device guard holds it to
+/// (issue 27; before, the exporter dropped msched.budget_check). A guard of
+/// another resource, which a plan cannot carry, is an error, not dropped.
+TEST(CompileExecPlanTest, TheArenaBudgetIsCarriedIntoThePlan) {
+  mlir::MLIRContext context(mlir::MLIRContext::Threading::DISABLED);
+  PlanOptions options;
+  options.gpuMemory = ByteBudget("24GB");
+  options.gpuReserve = ByteSize("1GiB");
+  llvm::Expected<PlanResult> planned =
+      planModel(context, "tiny", videoOf("tiny"), TrainingOptions{}, options);
+  ASSERT_TRUE(!!planned) << llvm::toString(planned.takeError());
+  llvm::Expected<exec::ExecPlan> plan = exportExecPlan(*planned->module);
+  ASSERT_TRUE(!!plan) << llvm::toString(plan.takeError());
+  EXPECT_EQ(plan->arenaBudgetBytes, 24000000000 - (int64_t(1) << 30));
+
+  auto step = planned->module->lookupSymbol<mlir::func::FuncOp>("train_step");
+  ASSERT_TRUE(step);
+  for (auto check : step.getBody().front().getOps<schedule::BudgetCheckOp>())
+    check.setResourceAttr(mlir::FlatSymbolRefAttr::get(&context, "data_batch"));
+  llvm::Expected<exec::ExecPlan> other = exportExecPlan(*planned->module);
+  ASSERT_FALSE(!!other);
+  EXPECT_EQ(llvm::toString(other.takeError()),
+            "cannot export msched.budget_check of @data_batch: an execution "
+            "plan carries the budget of @device_arena only");
 }
 
 } // namespace

@@ -1,12 +1,13 @@
 //===- CudaBackendGuardsTest.cpp - The cuda backend's guards --------------===//
 //
 // What the cuda backend refuses or keeps, without a GPU: plans it cannot
-// run (alignment below 256 bytes, a graph op off the compute stream), the
-// device-memory margin, MEGASLIDE_CUDA_SYNC and the errors of a GPU fault,
-// the final loss copied into pinned memory, the library search, and pinned
-// pools kept across backends (a bucket switch). The backend runs on the
-// fake device (FakeCuda.h) with the dense kernels as the cpu reference:
-// what these check is the backend's bookkeeping, not the kernels.
+// run (alignment below 256 bytes, a graph op off the compute stream), an
+// arena over the budget the plan was checked against, the device-memory
+// margin, MEGASLIDE_CUDA_SYNC and the errors of a GPU fault, the final loss
+// copied into pinned memory, the library search, and pinned pools kept
+// across backends (a bucket switch). The backend runs on the fake device
+// (FakeCuda.h) with the dense kernels as the cpu reference: what these
+// check is the backend's bookkeeping, not the kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -242,6 +243,38 @@ TEST(CudaBackendGuardsTest, DeviceMemoryGuardKeepsAMargin) {
   enough.freeBytes = needed + margin;
   ASSERT_TRUE(setUpFake(*plan, *prep, why, enough));
   auto gpu = CudaBackend::create(*plan, options);
+  EXPECT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
+}
+
+// Issue 27: the device guard holds the plan to the arena budget it was
+// checked against (arena_budget_bytes, msched.budget_check), before it
+// allocates: an arena beyond it is refused, naming both; one exactly at
+// the budget runs.
+TEST(CudaBackendGuardsTest, DeviceGuardHoldsThePlanToItsBudget) {
+  std::string why;
+  const exec::ExecPlan *saved = savedTestPlan("tiny", why);
+  ASSERT_TRUE(saved) << why;
+  ASSERT_TRUE(saved->arenaBudgetBytes) << "the planner's plan has a budget";
+  exec::ExecPlan plan = *saved;
+  auto prep = prepareCudaPlan(plan);
+  ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+  if (!setUpFake(plan, *prep, why))
+    GTEST_SKIP() << why;
+  plan.arenaBudgetBytes = plan.arenaBytes - 1;
+  {
+    auto gpu = CudaBackend::create(plan, fakeOptions());
+    ASSERT_FALSE(!!gpu);
+    EXPECT_EQ(llvm::toString(gpu.takeError()),
+              "the plan's device arena is " + std::to_string(plan.arenaBytes) +
+                  " bytes but the plan was checked against an arena budget "
+                  "of " +
+                  std::to_string(plan.arenaBytes - 1) +
+                  " bytes (its arena_budget_bytes: --gpu-mem less "
+                  "--gpu-reserve); recompile the plan");
+  }
+  plan.arenaBudgetBytes = plan.arenaBytes;
+  ASSERT_TRUE(setUpFake(plan, *prep, why));
+  auto gpu = CudaBackend::create(plan, fakeOptions());
   EXPECT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
 }
 

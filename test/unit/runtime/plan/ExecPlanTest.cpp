@@ -119,6 +119,7 @@ ExecPlan validPlan() {
   plan.grid = {1, 2, 2};
   plan.batch = 1;
   plan.arenaBytes = kArenaBytes;
+  plan.arenaBudgetBytes = 2 * kArenaBytes;
   plan.alignment = 16;
   plan.plannedLiveBytes = kArenaBytes;
   plan.params = {makeParam("X", "master"),
@@ -209,6 +210,7 @@ void expectSamePlan(const ExecPlan &a, const ExecPlan &b) {
   EXPECT_EQ(a.grid, b.grid);
   EXPECT_EQ(a.batch, b.batch);
   EXPECT_EQ(a.arenaBytes, b.arenaBytes);
+  EXPECT_EQ(a.arenaBudgetBytes, b.arenaBudgetBytes);
   EXPECT_EQ(a.alignment, b.alignment);
   EXPECT_EQ(a.plannedLiveBytes, b.plannedLiveBytes);
   EXPECT_EQ(a.inputs, b.inputs);
@@ -297,6 +299,21 @@ TEST(ExecPlan, IntegralFloatAttributesReadBackThroughFloatAttr) {
   EXPECT_EQ(back.instructions[kAdd].intAttr("repeat"), 3);
   EXPECT_EQ(back.instructions[kAdd].intsAttr("tile"),
             (std::vector<int64_t>{2, -4}));
+}
+
+/// A plan whose arena was not checked against a budget (exported without
+/// megaslide-check-budget) has no arena_budget_bytes, and reads back so.
+TEST(ExecPlan, ArenaBudgetIsOptional) {
+  ExecPlan plan = validPlan();
+  plan.arenaBudgetBytes.reset();
+  std::string text = serialize(plan);
+  EXPECT_EQ(text.find("arena_budget_bytes"), std::string::npos) << text;
+  ExecPlan back = llvm::cantFail(parseExecPlan(text, "plan.json"));
+  EXPECT_FALSE(back.arenaBudgetBytes);
+  EXPECT_NE(
+      serialize(validPlan())
+          .find("\"arena_budget_bytes\":" + std::to_string(2 * kArenaBytes)),
+      std::string::npos);
 }
 
 TEST(ExecPlanFile, SaveAndLoad) {
@@ -395,6 +412,12 @@ const std::vector<Corruption> &corruptions() {
       {"missing required field",
        viaJson([](llvm::json::Object &o) { o.erase("arena_bytes"); }),
        "missing value at plan.arena_bytes"},
+      {"arena budget not positive",
+       viaPlan([](ExecPlan &p) { p.arenaBudgetBytes = 0; }),
+       "invalid execution plan: arena_budget_bytes 0 is not positive"},
+      {"arena budget not a number",
+       viaJson([](llvm::json::Object &o) { o["arena_budget_bytes"] = "1GB"; }),
+       "at plan.arena_budget_bytes"},
       {"missing value field",
        viaJson([](llvm::json::Object &o) { valueJson(o, kW).erase("home"); }),
        "missing value at plan.values[3].home"},
