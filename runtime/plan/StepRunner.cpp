@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/WorkerPool.h"
+#include "megaslide/runtime/plan/Liveness.h"
 
 #include "llvm/Support/FormatVariadic.h"
 

@@ -239,6 +239,7 @@ TEST(CompileExecPlanTest, DeferUpdatesMarksAsTheRuntimeDoes) {
         }
       EXPECT_EQ(differ, 0);
     }
+}
 
 /// The budget check-budget held the arena to is the plan's
 /// arena_budget_bytes, which the cuda backend's device guard holds it to

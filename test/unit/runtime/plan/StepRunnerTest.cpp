@@ -20,6 +20,7 @@
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/host/HostOptimizer.h"
+#include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/train/SyntheticData.h"
 
 #include "megaslide/Testing/TestPlans.h"
