@@ -585,8 +585,18 @@ llvm::Error CudaBackend::Impl::issue(const DeviceCmd &cmd, CUstream stream) {
                                     stream, params.data(), nullptr),
                  "cuLaunchKernel (" + l->name + ")");
   }
-  if (auto *g = std::get_if<GemmCmd>(&cmd))
-    return gemms.run(g->index, stream);
+  if (auto *g = std::get_if<GemmCmd>(&cmd)) {
+    llvm::Error e = gemms.run(g->index, stream);
+    if (!e)
+      return e;
+    // cuBLASLt reports an earlier kernel's fault (a sticky error) only as a
+    // failed call: the stream says what it was, and that the process must
+    // restart, as every other call that meets it does.
+    CUresult r = cu->cuStreamSynchronize(stream);
+    if (!isStickyCudaError(r))
+      return e;
+    return check(r, llvm::toString(std::move(e)) + "; the stream");
+  }
   if (auto *m = std::get_if<MemsetCmd>(&cmd))
     return check(cu->cuMemsetD8Async(m->dst, 0, m->bytes, stream),
                  "cuMemsetD8Async");
