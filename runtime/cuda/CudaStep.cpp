@@ -59,6 +59,14 @@ llvm::Error CudaBackend::Impl::waitForOtherStreams(size_t i, CUstream stream) {
   return llvm::Error::success();
 }
 
+llvm::Error CudaBackend::Impl::startOnStream(size_t i, CUstream stream) {
+  if (auto e = waitForOtherStreams(i, stream))
+    return e;
+  if (trace)
+    cu->cuEventRecord(startEvents[i], stream);
+  return llvm::Error::success();
+}
+
 llvm::Error CudaBackend::Impl::finishOnStream(size_t i, CUstream stream) {
   const exec::Instruction &inst = plan.instructions[i];
   // MEGASLIDE_CUDA_SYNC=1: the copies too (issueCommands waits for each
@@ -138,10 +146,8 @@ llvm::Error CudaBackend::Impl::fetch(size_t i, size_t k) {
 llvm::Error CudaBackend::Impl::copy(size_t i) {
   const exec::Instruction &inst = plan.instructions[i];
   CUstream stream = streamOf(inst.stream);
-  if (auto e = waitForOtherStreams(i, stream))
+  if (auto e = startOnStream(i, stream))
     return e;
-  if (trace)
-    cu->cuEventRecord(startEvents[i], stream);
   size_t bytes = plan.values[inst.results[0]].type.bytes();
   if (inst.op == exec::OpCode::HostToDevice) {
     if (auto e = check(cu->cuMemcpyHtoDAsync_v2(deviceAddress(inst.results[0]),
@@ -162,10 +168,8 @@ llvm::Error CudaBackend::Impl::copy(size_t i) {
 llvm::Error CudaBackend::Impl::launch(size_t i) {
   const exec::Instruction &inst = plan.instructions[i];
   CUstream stream = streamOf(inst.stream);
-  if (auto e = waitForOtherStreams(i, stream))
+  if (auto e = startOnStream(i, stream))
     return e;
-  if (trace)
-    cu->cuEventRecord(startEvents[i], stream);
   if (auto e = issueCommands(i, streamIndex(inst.stream)))
     return e;
   return finishOnStream(i, stream);

@@ -116,6 +116,9 @@ struct CudaBackend::Impl final : exec::Device {
   /// Before instruction `i` on `stream`: its derived waits on the other
   /// streams (PreparedInstruction::waits).
   llvm::Error waitForOtherStreams(size_t i, CUstream stream);
+  /// Before device instruction `i` on `stream`: its waits, then the
+  /// trace's start event (a fetch records it itself, after its staging).
+  llvm::Error startOnStream(size_t i, CUstream stream);
   /// After device instruction `i` on `stream`: MEGASLIDE_CUDA_SYNC's wait,
   /// the trace's end event, the event other streams wait for.
   llvm::Error finishOnStream(size_t i, CUstream stream);
