@@ -11,6 +11,7 @@
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
+#include "megaslide/runtime/train/TrainingRun.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -94,7 +95,41 @@ public:
   Trainer(const std::string &planJson, const std::string &source,
           const std::string &backend, uint64_t seed,
           const std::string &hardwarePath, const py::dict &recipe,
-          const std::string &valData) {
+          const std::string &valData, const py::dict &runOptions) {
+    // The run's outputs first: a folder held by another run, or an
+    // unwritable log, fails before the plan is loaded.
+    train::RunOptions o;
+    o.spell = train::pythonSpelling;
+    o.toolName = "megaslide.Trainer";
+    // resume() may come before the first step.
+    o.refuseEarlierRunAtOpen = false;
+    for (const auto &[key, value] : runOptions) {
+      std::string k = py::cast<std::string>(key);
+      if (k == "checkpoint_dir")
+        o.checkpointDir = py::cast<std::string>(value);
+      else if (k == "checkpoint_every")
+        o.checkpointEvery = py::cast<int64_t>(value);
+      else if (k == "overwrite_checkpoints")
+        o.overwriteCheckpoints = py::cast<bool>(value);
+      else if (k == "metrics")
+        o.metricsPath = py::cast<std::string>(value);
+      else if (k == "report")
+        o.reportPath = py::cast<std::string>(value);
+      else if (k == "val_every")
+        o.valEvery = py::cast<int64_t>(value);
+      else if (k == "max_nonfinite_steps")
+        o.maxNonFiniteSteps = py::cast<int64_t>(value);
+      else
+        throw std::invalid_argument("unknown run option '" + k + "'");
+    }
+    if (recipe.contains("lr_decay_steps"))
+      o.lrDecaySteps = py::cast<int64_t>(recipe["lr_decay_steps"]);
+    if (!o.checkpointDir.empty() && backend == "sim")
+      throw std::invalid_argument("checkpoint_dir: the sim backend holds no "
+                                  "model state to checkpoint");
+    if (o.valEvery && valData.empty())
+      throw std::invalid_argument("val_every needs val_data");
+    run = check(train::TrainingRun::open(std::move(o)));
     exec::ExecPlan plan = check(exec::parseExecPlan(planJson, source));
     train::SessionOptions options;
     options.backend = backend;
@@ -117,6 +152,7 @@ public:
     r.emaBf16 = plan.emaDtype == "bf16";
     options.valDataDir = valData;
     session = check(train::Session::create(std::move(plan), options));
+    run->attach(*session);
   }
 
   /// The recipe of megaslide.Trainer's keyword arguments, already type
@@ -174,6 +210,14 @@ public:
 
   CallGuard guard(const char *what) const {
     return CallGuard(mutex, owner, what);
+  }
+
+  /// Throws once close() has ended the run.
+  train::TrainingRun &openRun(const char *what) const {
+    if (!run)
+      throw std::invalid_argument(std::string(what) +
+                                  ": the Trainer is closed");
+    return *run;
   }
 
   /// Throws unless the backend holds the model state (cpu, cuda): sim
@@ -400,6 +444,7 @@ public:
       }
     }
     CallGuard lock = guard("step");
+    openRun("step");
     checkSignals();
     bool trace = !tracePath.empty();
     // Created first, so an unwritable path fails before the step is taken.
@@ -408,15 +453,18 @@ public:
       writer = check(trace::ChromeTrace::create(
           tracePath, "megaslide.Trainer " + session->plan().model + " (" +
                          session->backend().name() + ")"));
-    train::StepReport report;
+    train::RunStep taken;
     {
       exec::StepOptions options;
       options.trace = trace;
       py::gil_scoped_release release;
-      report = check(arrays.is_none()
-                         ? session->trainStep(options)
-                         : session->trainStep(std::move(batches), options));
+      std::optional<std::vector<exec::StepInputs>> given;
+      if (!arrays.is_none())
+        given = std::move(batches);
+      taken = check(run->step(options, /*last=*/false, nullptr,
+                              std::move(given)));
     }
+    const train::StepReport &report = taken.report;
     const exec::StepResult &result = report.result;
     if (writer) {
       for (const exec::TraceSpan &span : result.spans)
@@ -445,7 +493,90 @@ public:
     out["measured_peak_bytes"] = result.memory.measuredArenaBytes;
     out["planned_live_bytes"] = result.memory.plannedLiveBytes;
     out["measured_live_bytes"] = result.memory.measuredLiveBytes;
+    out["val_loss"] = taken.valLoss ? py::cast(*taken.valLoss) : py::none();
     return out;
+  }
+
+  /// `steps` steps as megaslide-run takes them (train::TrainingRun::train):
+  /// the last one validated and checkpointed. Ctrl-C ends the loop at the
+  /// step boundary, saves a checkpoint where there is a folder for it and
+  /// raises KeyboardInterrupt.
+  py::dict train(int64_t steps) {
+    if (steps < 0)
+      throw std::invalid_argument("train: steps must be non-negative");
+    CallGuard lock = guard("train");
+    openRun("train");
+    checkSignals();
+    std::optional<py::error_already_set> interrupt;
+    auto stopRequested = [&] {
+      py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() == 0)
+        return false;
+      interrupt.emplace();
+      return true;
+    };
+    train::TrainingRun::Hooks hooks;
+    hooks.stopRequested = stopRequested;
+    int64_t done = 0;
+    {
+      py::gil_scoped_release release;
+      done = check(run->train(steps, hooks));
+      if (interrupt) {
+        if (run->writesCheckpoints() && done > 0)
+          if (llvm::Error e = run->checkpoint())
+            raise(run->failAfterSaving(llvm::toString(std::move(e))));
+        if (llvm::Error e = run->finish(/*whole=*/false))
+          raise(std::move(e));
+      } else if (llvm::Error e = run->finish(/*whole=*/true)) {
+        raise(std::move(e));
+      }
+    }
+    if (interrupt)
+      throw std::move(*interrupt);
+    const train::RunTotals &totals = run->totals();
+    py::dict out;
+    out["steps"] = done;
+    out["step"] = session->state().step;
+    out["skipped"] = totals.skipped;
+    out["first_loss"] =
+        totals.firstLoss ? py::cast(*totals.firstLoss) : py::none();
+    out["last_loss"] =
+        totals.lastLoss ? py::cast(*totals.lastLoss) : py::none();
+    out["seconds"] = totals.seconds;
+    return out;
+  }
+
+  int64_t resume() {
+    CallGuard lock = guard("resume");
+    requireState("resume");
+    openRun("resume");
+    py::gil_scoped_release release;
+    if (llvm::Error e = run->resume())
+      raise(std::move(e));
+    return session->state().step;
+  }
+
+  void checkpoint() {
+    CallGuard lock = guard("checkpoint");
+    requireState("checkpoint");
+    if (!openRun("checkpoint").writesCheckpoints())
+      throw std::invalid_argument("checkpoint: this Trainer has no "
+                                  "checkpoint_dir");
+    py::gil_scoped_release release;
+    if (llvm::Error e = run->checkpoint())
+      raise(std::move(e));
+  }
+
+  /// Writes the report (and finishes the run's outputs) and releases the
+  /// checkpoint folder; the Trainer takes no step after it.
+  void close() {
+    CallGuard lock = guard("close");
+    if (!run)
+      return;
+    llvm::Error e = run->finish(/*whole=*/false);
+    run.reset();
+    if (e)
+      raise(std::move(e));
   }
 
   py::dict optimizerState() {
@@ -509,7 +640,7 @@ public:
   }
 
   void saveWeights(const std::string &dir, const std::string &dtype,
-                   uint64_t maxShardBytes) {
+                   uint64_t maxShardBytes, bool ema) {
     CallGuard lock = guard("save_weights");
     requireState("save_weights");
     host::SaveWeightsOptions options;
@@ -527,7 +658,7 @@ public:
     options.maxShardBytes = maxShardBytes;
     py::gil_scoped_release release;
     if (llvm::Error err =
-            host::saveWeights(session->plan(), session->state(), dir, options))
+            train::saveSessionWeights(*session, dir, options, ema))
       raise(std::move(err));
   }
 
@@ -546,7 +677,9 @@ public:
   std::string backendName() const { return session->backend().name(); }
 
 private:
+  // Declared first, destroyed last: the run's outputs refer to the session.
   std::unique_ptr<train::Session> session;
+  std::unique_ptr<train::TrainingRun> run;
   mutable std::mutex mutex;
   mutable std::atomic<std::thread::id> owner{};
 };
@@ -558,10 +691,14 @@ void defineTrainer(py::module_ &m) {
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<const std::string &, const std::string &,
                     const std::string &, uint64_t, const std::string &,
-                    const py::dict &, const std::string &>(),
+                    const py::dict &, const std::string &, const py::dict &>(),
            py::arg("plan_json"), py::arg("source"), py::arg("backend"),
            py::arg("seed"), py::arg("hardware_path"), py::arg("recipe"),
-           py::arg("val_data"))
+           py::arg("val_data"), py::arg("run"))
+      .def("train", &Trainer::train, py::arg("steps"))
+      .def("resume", &Trainer::resume)
+      .def("checkpoint", &Trainer::checkpoint)
+      .def("close", &Trainer::close)
       .def("validation_loss", &Trainer::validationLoss)
       .def("optimizer_state", &Trainer::optimizerState)
       .def("ema_parameters", &Trainer::emaParameters)
@@ -573,7 +710,7 @@ void defineTrainer(py::module_ &m) {
       .def("step", &Trainer::step, py::arg("inputs"), py::arg("trace"))
       .def("load_weights", &Trainer::loadWeights, py::arg("path"))
       .def("save_weights", &Trainer::saveWeights, py::arg("dir"),
-           py::arg("dtype"), py::arg("max_shard_bytes"))
+           py::arg("dtype"), py::arg("max_shard_bytes"), py::arg("ema"))
       .def("save_plan", &Trainer::savePlan, py::arg("path"))
       .def("plan_json", &Trainer::planJson)
       .def_property_readonly("computes_loss", &Trainer::computesLoss)

@@ -144,6 +144,16 @@ class Trainer:
     timestep_sampling, logit_mean, logit_std, flow_shift; ``val_data`` is
     a folder of validation samples for :meth:`validation_loss`.
 
+    A run's outputs are megaslide-run's (docs/Python.md, "Runs"), written by
+    the same library (runtime/train/TrainingRun), so the files are the same
+    bytes: ``checkpoint_dir`` (locked for the Trainer's life; checkpoints
+    every ``checkpoint_every`` steps and at the end of :meth:`train`;
+    :meth:`resume` continues its newest one, ``overwrite_checkpoints``
+    starts afresh over an earlier run's), ``metrics`` (one JSON line per
+    step), ``report`` (the HTML training report, rewritten at every
+    checkpoint and by :meth:`close`), ``val_every`` (validation cadence,
+    with ``val_data``) and ``max_nonfinite_steps``.
+
     Threads: calls on one Trainer are serialised (a lock per Trainer; the
     GIL is released while a step computes), so two threads stepping one
     Trainer take every step in turn, each whole. Ctrl-C during a step is
@@ -157,6 +167,9 @@ class Trainer:
     >>> tr.step()["loss"]                     # one step on synthetic data
     >>> Trainer("megaslide-105b", 81, 720, 1280, backend="sim").step(
     ...     trace="105b.json")["seconds"]     # predicted step, Perfetto trace
+    >>> with Trainer("tiny", checkpoint_dir="ck", metrics="m.jsonl") as tr:
+    ...     tr.resume()                       # where an earlier run stopped
+    ...     tr.train(100)                     # as megaslide-run --steps 100
     """
 
     def __init__(self, model: Optional[str] = None, frames: int = 17,
@@ -165,9 +178,37 @@ class Trainer:
                  plan_file: Optional[Union[str, os.PathLike]] = None,
                  hw: Optional[Union[str, os.PathLike]] = None,
                  val_data: Optional[Union[str, os.PathLike]] = None,
+                 checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
+                 checkpoint_every: int = 0,
+                 overwrite_checkpoints: bool = False,
+                 metrics: Optional[Union[str, os.PathLike]] = None,
+                 report: Optional[Union[str, os.PathLike]] = None,
+                 val_every: int = 0, max_nonfinite_steps: int = 3,
                  **plan_options: Any) -> None:
         recipe = _recipe_options(plan_options)
         val = "" if val_data is None else _check_path("val_data", val_data)
+        run: Dict[str, Any] = {}
+        for name, path in (("checkpoint_dir", checkpoint_dir),
+                           ("metrics", metrics), ("report", report)):
+            if path is not None:
+                run[name] = _check_path(name, path)
+        for name, value, low in (("checkpoint_every", checkpoint_every, 0),
+                                 ("val_every", val_every, 0),
+                                 ("max_nonfinite_steps", max_nonfinite_steps,
+                                  1)):
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got "
+                                 f"{value!r}")
+            run[name] = _within_int64(name, value)
+        if not isinstance(overwrite_checkpoints, bool):
+            raise TypeError(f"overwrite_checkpoints must be a bool, got "
+                            f"{overwrite_checkpoints!r}")
+        run["overwrite_checkpoints"] = overwrite_checkpoints
+        if checkpoint_dir is None and (checkpoint_every or
+                                       overwrite_checkpoints):
+            raise ValueError("checkpoint_every and overwrite_checkpoints "
+                             "need checkpoint_dir")
         if backend not in ("cpu", "cuda", "sim"):
             raise ValueError(f"backend must be cpu, cuda or sim, got "
                              f"{backend!r}")
@@ -209,7 +250,52 @@ class Trainer:
             raise TypeError(f"plan_json must be a str, got "
                             f"{type(plan_json).__name__}")
         self._native = _megaslide.Trainer(plan_json, source, backend, seed,
-                                          hardware, recipe, val)
+                                          hardware, recipe, val, run)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def train(self, steps: int) -> Dict[str, Any]:
+        """``steps`` optimizer steps as ``megaslide-run --steps`` takes them:
+        each logged to ``metrics``, validated every ``val_every`` steps and
+        checkpointed every ``checkpoint_every``, the last one validated and
+        checkpointed; ``max_nonfinite_steps`` skipped steps in a row end the
+        run. A failing step raises ValueError after saving the state where
+        it could (the message says so). Ctrl-C stops at the next step
+        boundary, saves a checkpoint and raises KeyboardInterrupt.
+
+        Returns steps (taken by this call), step (the run's count),
+        skipped, first_loss, last_loss (of steps not skipped; None on sim)
+        and seconds (the steps' own time)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or \
+                steps < 0:
+            raise ValueError(f"steps must be a non-negative int, got "
+                             f"{steps!r}")
+        return self._native.train(_within_int64("steps", steps))
+
+    def resume(self) -> int:
+        """Continues the newest complete checkpoint in ``checkpoint_dir``, as
+        ``megaslide-run --resume`` does: its settings (seed, data, model,
+        recipe, plan) must be this Trainer's (ValueError naming each one
+        that differs; ``lr_decay_steps`` may move the horizon), the state
+        and the data position are restored and the metrics log keeps the
+        lines of the steps it holds. Call it before the first step. Returns
+        the step resumed at."""
+        return self._native.resume()
+
+    def checkpoint(self) -> None:
+        """Saves a checkpoint of the current step into ``checkpoint_dir`` now
+        (nothing when one of this step is saved already)."""
+        self._native.checkpoint()
+
+    def close(self) -> None:
+        """Ends the run: writes the report and releases ``checkpoint_dir``.
+        Steps raise ValueError after it; the state stays readable. A
+        ``with`` block calls it."""
+        self._native.close()
 
     @property
     def backend(self) -> str:
@@ -245,16 +331,20 @@ class Trainer:
 
     def save_weights(self, directory: Union[str, os.PathLike], *,
                      dtype: str = "f32",
-                     max_shard_bytes: int = 5_000_000_000) -> None:
+                     max_shard_bytes: int = 5_000_000_000,
+                     ema: bool = False) -> None:
         """Writes the model weights as a diffusers transformer directory
         (created if needed): config.json (the plan's model config) and
         diffusion_pytorch_model.safetensors, or shards of at most
         ``max_shard_bytes`` with an index, as ``megaslide-run
         --save-weights`` does. ``dtype``: "f32" or "bf16" (rounded to
         nearest even). Files are replaced atomically; weight files of an
-        earlier save that this one does not produce are removed. Raises
-        ValueError for a bad dtype or shard size, an unwritable directory,
-        or the sim backend."""
+        earlier save that this one does not produce are removed. ``ema``:
+        write the EMA of the weights instead (``megaslide-run --save-ema``;
+        ValueError without ``ema_decay``). Raises ValueError for a bad
+        dtype or shard size, an unwritable directory, or the sim backend."""
+        if not isinstance(ema, bool):
+            raise TypeError(f"ema must be a bool, got {ema!r}")
         if (isinstance(max_shard_bytes, bool) or
                 not isinstance(max_shard_bytes, numbers.Integral) or
                 max_shard_bytes <= 0):
@@ -262,7 +352,7 @@ class Trainer:
                              f"{max_shard_bytes!r}")
         self._native.save_weights(
             _check_path("directory", directory), dtype,
-            _within_int64("max_shard_bytes", max_shard_bytes))
+            _within_int64("max_shard_bytes", max_shard_bytes), ema)
 
     def input_shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Shapes of the step inputs: latents, noise, timesteps, condition."""
@@ -325,7 +415,10 @@ class Trainer:
         on sim), lr (the step's), clipped, skipped, micro_batches, seconds
         (measured; on sim the predicted step time), step and the planned
         and measured device peaks (planned_peak_bytes, measured_peak_bytes,
-        planned_live_bytes, measured_live_bytes).
+        planned_live_bytes, measured_live_bytes), and val_loss where the
+        step validated (``val_every``), else None. The step is logged to
+        ``metrics`` and checkpointed on ``checkpoint_every`` as in
+        :meth:`train`.
 
         ``skipped``: the loss, or with the deferred update any gradient, was
         NaN or infinite, so no update was applied and the state

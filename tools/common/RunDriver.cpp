@@ -33,7 +33,7 @@
 #include "megaslide/runtime/support/ReadFile.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
-#include "megaslide/runtime/train/TrainingReport.h"
+#include "megaslide/runtime/train/TrainingRun.h"
 
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
@@ -308,239 +308,6 @@ std::string resumeCommand(int argc, char **argv, int64_t remaining,
 // Outputs
 //===----------------------------------------------------------------------===//
 
-/// Whether `line` is a line of a metrics log: a JSON object with an integer
-/// "step"; the step, or the reason it is not one.
-Expected<int64_t> metricsStep(StringRef line) {
-  Expected<json::Value> v = parseJson(line);
-  if (!v)
-    return v.takeError();
-  const json::Object *o = v->getAsObject();
-  std::optional<int64_t> step = o ? o->getInteger("step") : std::nullopt;
-  if (!step)
-    return createStringError("not a JSON object with an integer \"step\"");
-  return *step;
-}
-
-/// No step's line comes near this; a longer one is not read into memory.
-constexpr size_t kMaxMetricsLineBytes = 1 << 20;
-
-/// Calls `onLine(number, line, end)` for each line of the metrics log at
-/// `path`, read in pieces so that a log of any size resumes (the file is
-/// never held whole); `end` is the offset after the line's newline, or
-/// std::nullopt for a last line without one (cut by a kill). A line over
-/// kMaxMetricsLineBytes is passed as std::nullopt. `onLine` returns
-/// whether to read on.
-Error forEachMetricsLine(
-    StringRef path,
-    function_ref<Expected<bool>(int64_t, std::optional<StringRef>,
-                                std::optional<uint64_t>)>
-        onLine) {
-  uint64_t size = 0;
-  Expected<int> fd = openRegularFile(path, "metrics file", size);
-  if (!fd)
-    return fd.takeError();
-  scope_exit closeFd([&] { ::close(*fd); });
-  std::string line;
-  bool overlong = false;
-  int64_t number = 1;
-  uint64_t offset = 0;
-  char buffer[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(*fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return createStringError("cannot read metrics file '" + path +
-                               "': " + std::strerror(errno));
-    if (n == 0)
-      break;
-    StringRef chunk(buffer, n);
-    while (!chunk.empty()) {
-      size_t newline = chunk.find('\n');
-      StringRef piece = chunk.substr(0, newline);
-      if (!overlong && line.size() + piece.size() > kMaxMetricsLineBytes) {
-        overlong = true;
-        line.clear();
-      }
-      if (!overlong)
-        line += piece;
-      offset += piece.size();
-      if (newline == StringRef::npos)
-        break;
-      offset += 1;
-      chunk = chunk.drop_front(newline + 1);
-      Expected<bool> more = onLine(
-          number++, overlong ? std::nullopt : std::optional<StringRef>(line),
-          offset);
-      if (!more || !*more)
-        return more.takeError();
-      line.clear();
-      overlong = false;
-    }
-  }
-  if (!line.empty() || overlong)
-    return onLine(number,
-                  overlong ? std::nullopt : std::optional<StringRef>(line),
-                  std::nullopt)
-        .takeError();
-  return Error::success();
-}
-
-/// What a run may do with an existing --metrics file, checked before
-/// compiling: a fresh run replaces only a metrics log (its first line a
-/// step's), never a file of another kind; a resumed run keeps the log's
-/// lines, so every line but a last one cut by a kill must be a step's
-/// (a corrupt one is named, not dropped). `keepText`: a resumed log is also
-/// held in memory (for --report), so its lines must be within
-/// kMaxMetricsBytes.
-Error checkMetricsLog(StringRef path, bool resuming, bool keepText) {
-  if (path.empty() || path == "-" || !sys::fs::exists(path))
-    return Error::success();
-  uint64_t logBytes = 0;
-  auto notALog = [&](int64_t number, const Twine &why) {
-    return createStringError(
-        "--metrics '" + path + "' is not a megaslide metrics log (line " +
-        Twine(number) + ": " + why +
-        "); it is left as it is: give another path, or remove the file");
-  };
-  if (Error e = forEachMetricsLine(
-          path,
-          [&](int64_t number, std::optional<StringRef> line,
-              std::optional<uint64_t> end) -> Expected<bool> {
-            if (!end && resuming)
-              return true; // the last line, cut by a kill
-            Expected<int64_t> step =
-                line ? metricsStep(*line)
-                     : Expected<int64_t>(createStringError(formatv(
-                           "a line over {0} bytes", kMaxMetricsLineBytes)));
-            if (step && !resuming)
-              return false; // a metrics log, which a fresh run replaces
-            if (step) {
-              logBytes += line->size() + 1;
-              return true;
-            }
-            if (number == 1)
-              return notALog(number, toString(step.takeError()));
-            return createStringError(
-                "--resume: line " + Twine(number) + " of the metrics log '" +
-                path + "' is corrupt (" + toString(step.takeError()) +
-                "); only a last line cut by a kill is dropped. The log is left "
-                "as it was: repair or remove that line and resume again");
-          }))
-    return e;
-  if (keepText && logBytes > train::kMaxMetricsBytes)
-    return createStringError(formatv(
-        "--report draws the whole metrics log, and the lines of '{0}' hold "
-        "{1} bytes, over the {2} bytes a report reads; drop --report "
-        "(megaslide-report draws a shorter log) or start a new --metrics "
-        "file",
-        path, logBytes, train::kMaxMetricsBytes));
-  return Error::success();
-}
-
-/// One JSON line per step, flushed as written. A fresh run replaces the
-/// file at its first line (so a run that fails before any step leaves it as
-/// it was); a resumed run keeps the lines of the steps the checkpoint holds
-/// and appends, so an interrupted and resumed run has one line per step.
-/// The file was checked by checkMetricsLog. With `keepText` it also keeps
-/// the lines for --report; with an empty path it only keeps them (--report
-/// without --metrics: this run's steps).
-class Metrics {
-public:
-  static Expected<std::unique_ptr<Metrics>>
-  open(StringRef path, std::optional<int64_t> resumedStep, bool keepText) {
-    std::unique_ptr<Metrics> m(new Metrics(path.str(), keepText));
-    if (!resumedStep || path.empty())
-      return m;
-    m->append = true;
-    if (!sys::fs::exists(path))
-      return m;
-    // Keeps the lines of the steps the checkpoint holds. In a log that runs
-    // wrote they are a prefix, kept in place by truncating, whatever the
-    // log's size; otherwise the kept lines are rewritten.
-    auto keep = [&](bool collect, uint64_t &keptEnd, bool &inOrder) {
-      bool dropped = false;
-      return forEachMetricsLine(
-          path,
-          [&](int64_t, std::optional<StringRef> line,
-              std::optional<uint64_t> end) -> Expected<bool> {
-            Expected<int64_t> step =
-                line ? metricsStep(*line) : Expected<int64_t>(-1);
-            if (!step || !end || *step < 0 || *step > *resumedStep) {
-              consumeError(step.takeError()); // a cut last line (checked)
-              dropped = true;
-              return true;
-            }
-            inOrder &= !dropped;
-            keptEnd = *end;
-            if (collect)
-              m->lines += line->str() + "\n";
-            return true;
-          });
-    };
-    uint64_t keptEnd = 0;
-    bool inOrder = true;
-    if (Error e = keep(keepText, keptEnd, inOrder))
-      return std::move(e);
-    if (inOrder) {
-      if (::truncate(m->path.c_str(), keptEnd) != 0)
-        return createStringError("cannot write '" + path +
-                                 "': " + std::strerror(errno));
-      return m;
-    }
-    if (!keepText)
-      if (Error e = keep(true, keptEnd, inOrder))
-        return std::move(e);
-    if (Error e = writeFileAtomically(path, m->lines))
-      return std::move(e);
-    if (!keepText)
-      m->lines.clear();
-    return m;
-  }
-
-  /// Every line of the log so far (with keepText).
-  StringRef text() const { return lines; }
-  ~Metrics() {
-    if (fd >= 0)
-      ::close(fd);
-  }
-
-  Error write(StringRef line) {
-    if (keepText)
-      lines += line.str() + "\n";
-    if (path.empty())
-      return Error::success();
-    if (fd < 0) {
-      int flags =
-          O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
-      fd = ::open(path.c_str(), flags, 0666);
-      if (fd < 0)
-        return createStringError("cannot write '" + path +
-                                 "': " + std::strerror(errno));
-    }
-    std::string text = line.str() + "\n";
-    for (size_t done = 0; done < text.size();) {
-      ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        return createStringError("cannot write '" + path +
-                                 "': " + std::strerror(errno));
-      done += n;
-    }
-    return Error::success();
-  }
-
-private:
-  Metrics(std::string path, bool keepText)
-      : path(std::move(path)), keepText(keepText) {}
-  std::string lines;
-  std::string path;
-  bool keepText;
-  int fd = -1;
-  bool append = false;
-};
-
 /// Folders this run created for its outputs: at exit, those still empty
 /// are removed, so a failed run leaves no trace of them.
 struct CreatedFolders {
@@ -735,346 +502,14 @@ template <typename T> std::optional<T> planningOption(StringRef name) {
   return static_cast<cl::opt<T> *>(it->second)->getValue();
 }
 
-} // namespace
 
-bool tools::flagGiven(StringRef name) {
-  auto &options = cl::getRegisteredOptions();
-  auto it = options.find(name);
-  return it != options.end() && it->second->getNumOccurrences();
-}
-
-int tools::runMain(int argc, char **argv, const RunTool &tool) {
-  toolName = tool.name;
-  addVersionPrinter(tool.name);
-  std::vector<const cl::OptionCategory *> categories = tool.categories;
-  categories.push_back(&runCategory);
-  categories.push_back(&recipeCategory);
-  categories.push_back(&hardwareCategory);
-  cl::HideUnrelatedOptions(categories);
-  if (!tools::checkEcosystemFlags(argc, argv, tool.name,
-                                  {"overwrite-checkpoints"}))
-    return 1;
-  cl::ParseCommandLineOptions(
-      argc, argv,
-      (Twine(tool.overview) +
-       "\n\nExit status: 0 done, 1 bad input or a failed step, 3 the plan "
-       "does not fit its budgets, 4 measured device memory differs from the "
-       "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
-       "checkpoint.\n")
-          .str());
-
-  if (printEcosystemTable) {
-    tools::printEcosystemFlags(outs());
-    return 0;
-  }
-  // From the start: a signal while compiling ends the run before its
-  // first step, not with the default action.
-  installStopHandlers();
-  if (tool.checkFlags)
-    if (Error e = tool.checkFlags(!planFile.empty()))
-      return fail(toString(std::move(e)));
-  if (planFile.empty() && !tool.compile)
-    return fail(Twine(tool.name) +
-                " runs a saved execution plan: give --plan FILE (written by "
-                "megaslide-run --save-plan on a machine with the compiler)");
-  if (!precompileKernels.empty())
-    for (StringRef flag :
-         {"steps", "resume", "checkpoint-dir", "checkpoint-every", "weights",
-          "save-weights", "data", "save-plan", "trace", "metrics", "report",
-          "save-gradients", "backend"})
-      if (flagGiven(flag))
-        return fail("--precompile-kernels compiles the plan's kernels and "
-                    "exits; it runs no step, so --" +
-                    flag + " does not apply");
-  if (steps < 0)
-    return fail("--steps must be non-negative");
-  if (maxSteps.getNumOccurrences() && steps.getNumOccurrences())
-    return fail("give --steps (steps to run) or --max-steps (the run's "
-                "total, across resumes), not both");
-  if (maxSteps.getNumOccurrences() && maxSteps < 1)
-    return fail("--max-steps must be at least 1");
-  if (maxSteps.getNumOccurrences())
-    steps = maxSteps; // a fresh run; a resume takes what is left (below)
-  if (checkpointEvery < 0)
-    return fail("--checkpoint-every must be non-negative");
-  if (maxNonFiniteSteps < 1)
-    return fail("--max-nonfinite-steps must be at least 1");
-  if (valEvery < 0)
-    return fail("--val-every must be non-negative");
-  if (valEvery.getNumOccurrences() && valData.empty())
-    return fail("--val-every needs --val-data");
-  Expected<train::Recipe> recipe = readRecipeFlags(INFINITY);
-  if (!recipe)
-    return fail(toString(recipe.takeError()));
-  if (saveEma && (saveWeights.empty() || !recipe->hasEma()))
-    return fail("--save-ema writes the EMA with --save-weights: give both "
-                "and --ema-decay");
-  if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
-      checkpointDir.empty())
-    return fail("--resume, --checkpoint-every and --overwrite-checkpoints "
-                "need --checkpoint-dir");
-  if (resume && overwriteCheckpoints)
-    return fail("--resume continues the checkpoints that "
-                "--overwrite-checkpoints would replace; give one of them");
-  if (!initWeights.empty() && initWeights != "random")
-    return fail("--init takes 'random' (random weights from --seed), not '" +
-                initWeights + "'; --weights DIR loads weights");
-  if (!initWeights.empty() && !weightsPath.empty())
-    return fail("give --weights (start from those weights) or --init random "
-                "(start from random ones), not both");
-  // Training on real samples from random weights is a choice to make, not
-  // a default to fall into (the base model's --weights were forgotten).
-  if (!dataDir.empty() && weightsPath.empty() && initWeights.empty() &&
-      !resume && steps > 0)
-    return fail("--data trains on real samples, but no --weights were given: "
-                "the model would start from random weights. Give the base "
-                "model's transformer (--weights BASE/transformer), or --init "
-                "random to train from scratch");
-  // auto: the GPU where there is one (said in the banner).
-  std::string backendWhy;
-  if (backendName == "auto") {
-    std::string why;
-    bool gpu = cuda::cudaDeviceAvailable(&why);
-    backendName = gpu ? "cuda" : "cpu";
-    backendWhy = gpu ? " (--backend auto: a GPU is here)"
-                     : " (--backend auto: no GPU: " +
-                           StringRef(why).split("; tried").first.str() +
-                           ")";
-  }
-  if (backendName == "sim" &&
-      (!weightsPath.empty() || !saveWeights.empty() || !checkpointDir.empty() ||
-       !saveGradients.empty()))
-    return fail("the sim backend holds no model state: --weights, "
-                "--save-weights, --save-gradients and --checkpoint-dir "
-                "need cpu or cuda");
-
-  if (Error e = checkDistinctOutputs())
-    return fail(toString(std::move(e)));
-  // Every output is created or proven writable now, not after hours of
-  // training; folders made here go again if the run fails.
-  CreatedFolders created;
-  std::unique_ptr<host::CheckpointLock> lock;
-  std::optional<train::Settings> storedSettings;
-  std::string horizonNote; // a resume's new --lr-decay-steps
-  // With --steps 0 a checkpoint folder is only read (e.g. to export
-  // weights from a read-only archive): no lock, nothing written.
-  bool writesCheckpoints = !checkpointDir.empty() && steps > 0;
-  if (writesCheckpoints) {
-    if (Error e = prepareOutputDirectory(checkpointDir, &created.dirs))
-      return fail("--checkpoint-dir: " + toString(std::move(e)));
-    Expected<std::unique_ptr<host::CheckpointLock>> locked =
-        host::CheckpointLock::acquire(checkpointDir);
-    if (!locked)
-      return fail(toString(locked.takeError()));
-    lock = std::move(*locked);
-    // Under the lock, whatever interrupted saves left is stale.
-    host::removeStaleTemporaries(checkpointDir);
-    Expected<std::vector<host::CheckpointInfo>> existing =
-        host::listCheckpoints(checkpointDir);
-    if (!existing)
-      return fail(toString(existing.takeError()));
-    if (!resume && !overwriteCheckpoints && !existing->empty())
-      return fail(formatv("--checkpoint-dir '{0}' holds checkpoints of an "
-                          "earlier run (the newest: step {1}); give --resume "
-                          "to continue it, or --overwrite-checkpoints to "
-                          "start afresh (they are deleted once this run's "
-                          "first checkpoint is complete)",
-                          checkpointDir, existing->back().step)
-                      .str());
-  }
-  if (resume) {
-    Expected<std::string> state = host::readLatestTrainerState(checkpointDir);
-    if (!state)
-      return fail(toString(state.takeError()));
-    Expected<train::Settings> settings = train::settingsOfTrainerState(*state);
-    if (!settings)
-      return fail(toString(settings.takeError()));
-    storedSettings = std::move(*settings);
-    if (Error e = adoptRunSettings(*storedSettings))
-      return fail(toString(std::move(e)));
-    if (maxSteps.getNumOccurrences()) {
-      Expected<int64_t> done = train::stepOfTrainerState(*state);
-      if (!done)
-        return fail(toString(done.takeError()));
-      steps = std::max<int64_t>(maxSteps - *done, 0);
-      if (steps == 0)
-        outs() << formatv("the run has taken {0} steps, --max-steps {1}: "
-                          "nothing left to run\n",
-                          *done, maxSteps.getValue());
-    }
-    // A new learning-rate horizon is the one recipe setting a resume may
-    // change, and only when given: the schedule continues from this step
-    // towards it.
-    int64_t horizon = planningOption<int64_t>("lr-decay-steps").value_or(0);
-    if (tools::flagGiven("lr-decay-steps"))
-      if (std::optional<std::string> old =
-              train::findSetting(*storedSettings, "lr_decay_steps");
-          old && *old != std::to_string(horizon)) {
-        horizonNote = formatv("the learning-rate horizon moves from step {0} "
-                              "(the checkpoint's) to {1} (--lr-decay-steps)",
-                              *old, horizon)
-                          .str();
-        llvm::erase_if(*storedSettings,
-                       [](const auto &kv) { return kv.first == "lr_decay_steps"; });
-      }
-  }
-  if (!saveWeights.empty())
-    if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
-      return fail("--save-weights: " + toString(std::move(e)));
-  for (auto [flag, file] :
-       {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
-        {"--trace", traceFile},
-        {"--metrics", metricsFile},
-        {"--report", reportFile},
-        {"--save-gradients", saveGradients}})
-    if (!file.empty())
-      if (Error e = checkOutputFile(file))
-        return fail(flag + ": " + toString(std::move(e)));
-  if (Error e =
-          checkMetricsLog(metricsFile, resume, resume && !reportFile.empty()))
-    return fail(toString(std::move(e)));
-
-  int exitCode = 1;
-  auto compileStart = std::chrono::steady_clock::now();
-  Expected<std::vector<train::BucketPlan>> plans =
-      std::vector<train::BucketPlan>();
-  if (!planFile.empty()) {
-    Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
-    if (!loaded)
-      return fail(toString(loaded.takeError()));
-    plans->push_back({"", std::move(*loaded), 0});
-  } else {
-    plans = tool.compile(storedSettings ? &*storedSettings : nullptr, dataDir,
-                         exitCode);
-  }
-  if (!plans)
-    return fail(toString(plans.takeError()), exitCode);
-  bool bucketed = !plans->front().name.empty();
-  if (bucketed && !savePlan.empty())
-    return fail("--save-plan writes one plan; a run over buckets keeps each "
-                "bucket's in the plan cache (--plan-cache)");
-  if (!precompileKernels.empty()) {
-    for (const train::BucketPlan &b : *plans)
-      if (int code = precompile(b.plan, precompileKernels))
-        return code;
-    return 0;
-  }
-  double compileSeconds = std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - compileStart)
-                              .count();
-
-  train::SessionOptions sessionOptions;
-  sessionOptions.backend = backendName;
-  sessionOptions.seed = seed;
-  sessionOptions.hardwarePath = hardwareFile;
-  sessionOptions.dataDir = dataDir;
-  sessionOptions.valDataDir = valData;
-  sessionOptions.recipe = *recipe;
-  train::Recipe &r = sessionOptions.recipe;
-  // What the plan was compiled for, from its header: a saved plan runs
-  // in megaslide-exec exactly as in the megaslide-run that compiled it.
-  const exec::ExecPlan &compiled = plans->front().plan;
-  r.gradAccum = compiled.gradAccum;
-  r.emaBf16 = compiled.emaDtype == "bf16";
-  if (r.hasEma() && compiled.emaDtype == "none")
-    return fail("--ema-decay keeps an EMA, but the plan was compiled "
-                "without one (its host memory is not counted): compile it "
-                "with --ema-decay (megaslide-run --save-plan)");
-  // Decay runs over a fresh run's steps; a resumed run keeps the horizon
-  // it started with (steps past it run at the floor, with a warning).
-  // (warmup-constant has none: a default would only refuse a resume with
-  // fewer steps left than its warmup.)
-  if (r.decaySteps == 0 && (r.lrSchedule == train::LrSchedule::WarmupCosine ||
-                            r.lrSchedule == train::LrSchedule::WarmupLinear)) {
-    std::optional<std::string> stored =
-        storedSettings ? train::findSetting(*storedSettings, "lr_decay_steps")
-                       : std::nullopt;
-    if (!stored || StringRef(*stored).getAsInteger(10, r.decaySteps))
-      r.decaySteps = steps;
-  }
-  Expected<std::unique_ptr<train::Session>> session =
-      train::Session::create(std::move(*plans), sessionOptions);
-  if (!session)
-    return fail(toString(session.takeError()));
-  train::Session &s = **session;
+/// What the run trains, once, before its first step: the plan, the backend,
+/// the weights and data it starts from and every recipe value (nothing
+/// silent).
+void printBanner(train::Session &s, StringRef tool, StringRef backendWhy,
+                 double compileSeconds) {
   const exec::ExecPlan &p = s.plan();
-  bool computesLoss = s.backend().computesLoss();
-  if (!weightsPath.empty())
-    if (Error err = host::loadWeights(weightsPath, s.state(), &p))
-      return fail(toString(std::move(err)));
-  if (resume) {
-    // The recipe first: a checkpoint of another recipe (an EMA it has and
-    // this run has not) names the setting, not the tensors it differs in.
-    if (storedSettings)
-      if (Error err = train::checkResumeSettings(*storedSettings, s.settings()))
-        return fail("--resume from '" + checkpointDir +
-                    "': " + toString(std::move(err)));
-    std::string trainerState;
-    if (Error err =
-            host::loadLatestCheckpoint(checkpointDir, s.state(), trainerState))
-      return fail(toString(std::move(err)));
-    if (Error err = s.restoreTrainerState(trainerState))
-      return fail(toString(std::move(err)));
-    // `latest` may have been rewritten since the settings were read.
-    Expected<train::Settings> loaded =
-        train::settingsOfTrainerState(trainerState);
-    if (!loaded)
-      return fail(toString(loaded.takeError()));
-    if (!horizonNote.empty())
-      llvm::erase_if(*loaded, [](const auto &kv) {
-        return kv.first == "lr_decay_steps";
-      });
-    if (Error err = train::checkResumeSettings(*loaded, s.settings()))
-      return fail("--resume from '" + checkpointDir +
-                  "': " + toString(std::move(err)));
-    outs() << formatv("resumed at step {0} from {1}\n", s.state().step,
-                      checkpointDir);
-    if (!horizonNote.empty())
-      outs() << horizonNote << "\n";
-  }
-  // Steps past the schedule's horizon run at its floor: say so rather than
-  // train at --min-lr unnoticed (a resume beyond the first run's --steps).
-  {
-    const train::Recipe &r = sessionOptions.recipe;
-    int64_t first = s.state().step, last = first + steps;
-    bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
-                  r.lrSchedule == train::LrSchedule::WarmupLinear;
-    if (computesLoss && decays && last > r.decaySteps)
-      errs() << formatv(
-          "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
-          "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
-          "over them\n",
-          std::max(first, r.decaySteps) + 1, last, format("%g", r.minLr),
-          r.decaySteps);
-  }
-  if (writesCheckpoints)
-    if (Error err = host::checkCheckpointSpace(checkpointDir, s.state()))
-      return fail(toString(std::move(err)));
-  // --save-plan is written once every input has loaded: a run that fails
-  // on its weights or checkpoint leaves the user's files as they were.
-  if (!savePlan.empty())
-    if (Error err = exec::saveExecPlan(p, savePlan))
-      return fail(toString(std::move(err)));
-
-  int64_t lastCheckpoint = -1;
-  bool replaceOthers = overwriteCheckpoints;
-  auto checkpoint = [&]() -> Error {
-    if (s.state().step == lastCheckpoint)
-      return Error::success();
-    host::CheckpointOptions options;
-    options.replaceOthers = replaceOthers;
-    Expected<std::string> dir = host::saveCheckpoint(checkpointDir, s.state(),
-                                                     s.trainerState(), options);
-    if (!dir)
-      return dir.takeError();
-    replaceOthers = false;
-    lastCheckpoint = s.state().step;
-    outs() << formatv("checkpoint: {0}\n", *dir);
-    outs().flush();
-    return Error::success();
-  };
-
-  if (bucketed) {
+  if (s.bucketed()) {
     std::string counts;
     std::vector<size_t> samples = s.bucketSamples();
     for (size_t b = 0; b < s.numBuckets(); ++b)
@@ -1083,7 +518,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                     .str();
     outs() << formatv("{0}: {1} on the {2} backend, {3} buckets, batch {4}; "
                       "plans ready in {5:F2} s; samples per bucket: {6}\n",
-                      tool.name, p.model, s.backend().name(), s.numBuckets(),
+                      tool, p.model, s.backend().name(), s.numBuckets(),
                       p.batch, compileSeconds, counts);
   } else {
     outs() << formatv(
@@ -1091,11 +526,11 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
         "grid {3}x{4}x{5}, batch {6}; plan ready in {7:F2} s\n",
         p.model, s.backend().name(), p.instructions.size(),
         p.grid.size() == 3 ? p.grid[0] : 0, p.grid.size() == 3 ? p.grid[1] : 0,
-        p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool.name);
+        p.grid.size() == 3 ? p.grid[2] : 0, p.batch, compileSeconds, tool);
   }
   if (!backendWhy.empty())
     outs() << "backend: " << s.backend().name() << backendWhy << "\n";
-  if (computesLoss) {
+  if (s.backend().computesLoss()) {
     outs() << (s.deferredUpdates()
                    ? "update: deferred (clipping and non-finite skips exact)\n"
                    : "update: streaming (clipping by the previous step's "
@@ -1142,314 +577,141 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       consumeError(attends.takeError());
   }
   outs().flush(); // before the progress lines on stderr
+}
 
-  std::unique_ptr<Metrics> metrics;
-  if (!metricsFile.empty() || !reportFile.empty()) {
-    Expected<std::unique_ptr<Metrics>> opened = Metrics::open(
-        metricsFile,
-        resume ? std::optional<int64_t>(s.state().step) : std::nullopt,
-        !reportFile.empty());
-    if (!opened)
-      return fail(toString(opened.takeError()));
-    metrics = std::move(*opened);
+/// The run flags' own checks, before anything is read or written;
+/// --max-steps becomes the steps of a fresh run here.
+Error checkRunFlags(const tools::RunTool &tool) {
+  if (tool.checkFlags)
+    if (Error e = tool.checkFlags(!planFile.empty()))
+      return e;
+  if (planFile.empty() && !tool.compile)
+    return createStringError(Twine(tool.name) +
+                " runs a saved execution plan: give --plan FILE (written by "
+                "megaslide-run --save-plan on a machine with the compiler)");
+  if (!precompileKernels.empty())
+    for (StringRef flag :
+         {"steps", "resume", "checkpoint-dir", "checkpoint-every", "weights",
+          "save-weights", "data", "save-plan", "trace", "metrics", "report",
+          "save-gradients", "backend"})
+      if (tools::flagGiven(flag))
+        return createStringError("--precompile-kernels compiles the plan's kernels and "
+                    "exits; it runs no step, so --" +
+                    flag + " does not apply");
+  if (steps < 0)
+    return createStringError("--steps must be non-negative");
+  if (maxSteps.getNumOccurrences() && steps.getNumOccurrences())
+    return createStringError("give --steps (steps to run) or --max-steps (the run's "
+                "total, across resumes), not both");
+  if (maxSteps.getNumOccurrences() && maxSteps < 1)
+    return createStringError("--max-steps must be at least 1");
+  if (maxSteps.getNumOccurrences())
+    steps = maxSteps; // a fresh run; a resume takes what is left (below)
+  if (checkpointEvery < 0)
+    return createStringError("--checkpoint-every must be non-negative");
+  if (maxNonFiniteSteps < 1)
+    return createStringError("--max-nonfinite-steps must be at least 1");
+  if (valEvery < 0)
+    return createStringError("--val-every must be non-negative");
+  if (valEvery.getNumOccurrences() && valData.empty())
+    return createStringError("--val-every needs --val-data");
+  if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
+      checkpointDir.empty())
+    return createStringError("--resume, --checkpoint-every and --overwrite-checkpoints "
+                "need --checkpoint-dir");
+  if (!initWeights.empty() && initWeights != "random")
+    return createStringError("--init takes 'random' (random weights from --seed), not '" +
+                initWeights + "'; --weights DIR loads weights");
+  if (!initWeights.empty() && !weightsPath.empty())
+    return createStringError("give --weights (start from those weights) or --init random "
+                "(start from random ones), not both");
+  // Training on real samples from random weights is a choice to make, not
+  // a default to fall into (the base model's --weights were forgotten).
+  if (!dataDir.empty() && weightsPath.empty() && initWeights.empty() &&
+      !resume && steps > 0)
+    return createStringError("--data trains on real samples, but no --weights were given: "
+                "the model would start from random weights. Give the base "
+                "model's transformer (--weights BASE/transformer), or --init "
+                "random to train from scratch");
+  if (backendName == "sim" &&
+      (!weightsPath.empty() || !saveWeights.empty() || !checkpointDir.empty() ||
+       !saveGradients.empty()))
+    return createStringError("the sim backend holds no model state: --weights, "
+                "--save-weights, --save-gradients and --checkpoint-dir "
+                "need cpu or cuda");
+
+  return Error::success();
+}
+
+/// Resolves --backend auto: the GPU where there is one; the reason, for
+/// the banner.
+std::string resolveBackend() {
+  if (backendName != "auto")
+    return "";
+  std::string why;
+  bool gpu = cuda::cudaDeviceAvailable(&why);
+  backendName = gpu ? "cuda" : "cpu";
+  return gpu ? " (--backend auto: a GPU is here)"
+             : " (--backend auto: no GPU: " +
+                   StringRef(why).split("; tried").first.str() + ")";
+}
+
+/// The session of the run: the flags' recipe with what the plan was
+/// compiled for, and the learning-rate horizon a fresh run derives from
+/// its steps (a resumed one keeps its checkpoint's, `stored`).
+Expected<train::SessionOptions>
+sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
+                 const train::Settings *stored) {
+  train::SessionOptions sessionOptions;
+  sessionOptions.backend = backendName;
+  sessionOptions.seed = seed;
+  sessionOptions.hardwarePath = tools::hardwareFile;
+  sessionOptions.dataDir = dataDir;
+  sessionOptions.valDataDir = valData;
+  sessionOptions.recipe = recipe;
+  train::Recipe &r = sessionOptions.recipe;
+  // What the plan was compiled for, from its header: a saved plan runs
+  // in megaslide-exec exactly as in the megaslide-run that compiled it.
+  r.gradAccum = compiled.gradAccum;
+  r.emaBf16 = compiled.emaDtype == "bf16";
+  if (r.hasEma() && compiled.emaDtype == "none")
+    return createStringError("--ema-decay keeps an EMA, but the plan was compiled "
+                "without one (its host memory is not counted): compile it "
+                "with --ema-decay (megaslide-run --save-plan)");
+  // Decay runs over a fresh run's steps; a resumed run keeps the horizon
+  // it started with (steps past it run at the floor, with a warning).
+  // (warmup-constant has none: a default would only refuse a resume with
+  // fewer steps left than its warmup.)
+  if (r.decaySteps == 0 && (r.lrSchedule == train::LrSchedule::WarmupCosine ||
+                            r.lrSchedule == train::LrSchedule::WarmupLinear)) {
+    std::optional<std::string> horizon =
+        stored ? train::findSetting(*stored, "lr_decay_steps") : std::nullopt;
+    if (!horizon || StringRef(*horizon).getAsInteger(10, r.decaySteps))
+      r.decaySteps = steps;
   }
+  return sessionOptions;
+}
 
-  std::unique_ptr<trace::ChromeTrace> trace;
-  if (!traceFile.empty()) {
-    Expected<std::unique_ptr<trace::ChromeTrace>> createdTrace =
-        trace::ChromeTrace::create(
-            traceFile,
-            formatv("{2} {0} ({1})", p.model, s.backend().name(), tool.name)
-                .str());
-    if (!createdTrace)
-      return fail(toString(createdTrace.takeError()));
-    trace = std::move(*createdTrace);
-  }
-
-  // The report is rewritten whole, atomically: a reader never sees half.
-  auto writeReport = [&]() -> Error {
-    if (reportFile.empty() || metrics->text().empty())
-      return Error::success();
-    train::TrainingReportInfo info;
-    info.title = formatv("{0} on the {1} backend", p.model, s.backend().name());
-    info.settings = s.settings();
-    // Shown, not stored in the settings: a resumed run may be on another
-    // machine (results match across thread counts, not instruction sets).
-    if (StringRef(s.backend().name()) == "cpu")
-      info.settings.push_back(
-          {"cpu_isa", formatv("{0} (GEMM {1})", cpu::cpuIsaName(cpu::cpuIsa()),
-                              cpu::gemmIsaName())
-                          .str()});
-    if (s.bucketed()) {
-      std::vector<size_t> samples = s.bucketSamples();
-      for (size_t b = 0; b < s.numBuckets(); ++b)
-        info.buckets.push_back(
-            {s.bucketName(b),
-             b < samples.size() ? static_cast<int64_t>(samples[b]) : 0,
-             s.plan(b).arenaBytes, s.predictedSeconds(b)});
-    }
-    Expected<std::string> html =
-        train::trainingReportHtml(metrics->text(), info);
-    if (!html)
-      return html.takeError();
-    return writeFileAtomically(reportFile, *html);
-  };
-
-  int64_t done = 0; // steps run
-  // Before a failing exit: the state, if it is whole and newer than the
-  // last checkpoint, is saved, so the run resumes from where it stopped.
-  auto failAfterSaving = [&](const Twine &message) {
-    std::string text = message.str();
-    if (writesCheckpoints && computesLoss && !s.state().incomplete &&
-        s.state().step != lastCheckpoint && s.state().step > 0) {
-      if (Error e = checkpoint())
-        text += "\n(the state could not be saved either: " +
-                toString(std::move(e)) + ")";
-      else
-        text += formatv("\nthe state after step {0} is saved; fix the cause "
-                        "and continue with --resume",
-                        s.state().step)
-                    .str();
-    }
-    if (trace && done > 0) // an empty trace never replaces an old one
-      consumeError(trace->finish());
-    if (Error e = writeReport())
-      text +=
-          "\n(--report could not be written either: " + toString(std::move(e)) +
-          ")";
-    return fail(text);
-  };
-
-  Progress progress(s.state().step, s.state().step + steps,
-                    !noProgress && sys::Process::StandardErrIsDisplayed());
-  std::vector<float> losses;
-  auto tokensPerSample = [&](size_t bucket) {
-    int64_t n = 1;
-    for (int64_t g : s.plan(bucket).grid)
-      n *= g;
-    return n;
-  };
-  std::optional<exec::MemoryStats> memory;
-  double elapsed = 0;
-  int64_t firstStep = s.state().step; // sim keeps no state: count here
-  int64_t skipped = 0, skippedInARow = 0;
-  StringMap<std::vector<float>>
-      gradients; // of the last step (--save-gradients)
-  bool lastSkipped = false;
-  for (; done < steps && !stopSignal; ++done) {
-    int64_t stepNumber =
-        computesLoss ? s.state().step + 1 : firstStep + done + 1;
-    exec::StepOptions stepOptions;
-    stepOptions.trace = !traceFile.empty();
-    if (!saveGradients.empty() && done + 1 == steps) {
-      gradients.clear();
-      stepOptions.onGradient = [&](StringRef name, ArrayRef<float> g) {
-        gradients[name] = g.vec();
-      };
-    }
-    Expected<train::StepReport> report = s.trainStep(stepOptions);
-    exec::StepResult *result = report ? &report->result : nullptr;
-    if (!report) {
-      std::string why = toString(report.takeError());
-      return failAfterSaving(
-          StringRef(why).starts_with("step ")
-              ? why
-              : formatv("step {0}: {1}", stepNumber, why).str());
-    }
-    if (trace)
-      // Steps follow each other on the trace's time axis.
-      for (exec::TraceSpan &span : result->spans) {
-        span.start += elapsed;
-        trace->complete(span);
-      }
-    elapsed += result->seconds;
-    lastSkipped = result->skipped;
-    if (result->skipped) {
-      ++skipped;
-      ++skippedInARow;
-      errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
-                        "(no update; {2} in a row, the run stops at {3})\n",
-                        stepNumber,
-                        std::isfinite(result->loss)
-                            ? std::string("the gradient norm")
-                            : formatv("the loss ({0})", result->loss).str(),
-                        skippedInARow, maxNonFiniteSteps.getValue());
-    } else {
-      skippedInARow = 0;
-      memory = result->memory;
-      losses.push_back(result->loss);
-    }
-    bool lastStep = done + 1 == steps;
-    std::optional<float> valLoss;
-    if (!result->skipped && computesLoss && s.hasValidation() &&
-        ((valEvery > 0 && s.stepsRun() % valEvery == 0) || lastStep)) {
-      Expected<float> v = s.validationLoss();
-      if (!v)
-        return failAfterSaving("validation: " + toString(v.takeError()));
-      valLoss = *v;
-    }
-    if (metrics) {
-      auto number = [](std::optional<double> v, const char *fmt) {
-        return v && std::isfinite(*v) ? formatv("{0}", format(fmt, *v)).str()
-                                      : std::string("null");
-      };
-      int64_t samples = report->microBatches * p.batch;
-      int64_t tokens = 0;
-      for (size_t b : report->buckets)
-        tokens += p.batch * tokensPerSample(b);
-      double perSecond = 1.0 / std::max(result->seconds, 1e-12);
-      std::string line =
-          formatv("{{\"step\": {0}, \"loss\": {1}, \"lr\": {2}, \"grad_norm\": "
-                  "{3}, "
-                  "\"clipped\": {4}, \"skipped\": {5}, \"micro_batches\": {6}, "
-                  "\"seconds\": {7}, \"samples_per_second\": {8}, "
-                  "\"tokens_per_second\": {9}, \"host_rss_bytes\": {10}, "
-                  "\"device_peak_bytes\": {11}",
-                  stepNumber,
-                  number(computesLoss ? std::optional<double>(result->loss)
-                                      : std::nullopt,
-                         "%.9g"),
-                  number(report->lr, "%.9g"), number(report->gradNorm, "%.9g"),
-                  report->clipped ? "true" : "false",
-                  result->skipped ? "true" : "false", report->microBatches,
-                  format("%.6f", result->seconds),
-                  number(samples * perSecond, "%.6g"),
-                  number(double(tokens) * perSecond, "%.6g"),
-                  host::residentBytes(), result->memory.measuredArenaBytes)
-              .str();
-      if (valLoss)
-        line += formatv(", \"val_loss\": {0}", number(double(*valLoss), "%.9g"))
-                    .str();
-      if (!horizonNote.empty() && done == 0)
-        line += formatv(", \"lr_decay_steps\": {0}",
-                        sessionOptions.recipe.decaySteps)
-                    .str();
-      if (s.bucketed()) {
-        // One name per micro-batch: a list where there are several.
-        std::string names;
-        for (size_t b : report->buckets)
-          names += (names.empty() ? "\"" : ", \"") + s.bucketName(b) + "\"";
-        line += report->buckets.size() == 1 ? ", \"bucket\": " + names
-                                            : ", \"bucket\": [" + names + "]";
-      }
-      line += "}";
-      if (Error e = metrics->write(line))
-        return failAfterSaving(toString(std::move(e)));
-    }
-    if (valLoss && metricsFile.empty())
-      errs() << formatv("\nstep {0}: validation loss {1:F5}\n", stepNumber,
-                        *valLoss);
-    progress.update(firstStep + done + 1, result->loss, elapsed,
-                    (done + 1) * p.batch / std::max(elapsed, 1e-9),
-                    computesLoss);
-    if (skippedInARow >= maxNonFiniteSteps)
-      return failAfterSaving(formatv(
-          "{0} steps in a row had a non-finite loss (the last: step {1}); "
-          "lower --lr, check the data (every sample is checked to be "
-          "finite) or the weights",
-          skippedInARow, stepNumber));
-    if (!checkpointDir.empty() &&
-        ((checkpointEvery > 0 && s.stepsRun() % checkpointEvery == 0) ||
-         done + 1 == steps)) {
-      if (Error err = checkpoint())
-        return failAfterSaving(toString(std::move(err)));
-      if (Error err = writeReport())
-        return failAfterSaving("--report: " + toString(std::move(err)));
-    }
-  }
-
-  if (stopSignal) {
-    int sig = stopSignal;
-    errs() << "\n";
-    std::string note;
-    if (writesCheckpoints) {
-      if (Error err = done ? checkpoint() : Error::success())
-        return fail(formatv("stopped by {0} after step {1}, but the "
-                            "checkpoint failed: {2}",
-                            sig == SIGINT ? "SIGINT" : "SIGTERM",
-                            s.state().step, toString(std::move(err)))
-                        .str());
-      note = "to continue: " +
-             resumeCommand(argc, argv, steps - done, done > 0 || resume);
-    } else {
-      note = "no --checkpoint-dir was given, so the state is not saved";
-    }
-    if (trace && done > 0)
-      if (Error err = trace->finish())
-        return fail(toString(std::move(err)));
-    if (Error err = writeReport())
-      return fail("--report: " + toString(std::move(err)));
-    WithColor::warning(errs(), tool.name) << formatv(
-        "stopped by {0} after {1} of {2} steps{3}; {4}\n",
-        sig == SIGINT ? "SIGINT" : "SIGTERM", done, steps.getValue(),
-        saveWeights.empty() ? "" : " (--save-weights not written)", note);
-    outs() << note << "\n";
-    return 128 + sig;
-  }
-
-  if (!saveWeights.empty()) {
-    host::HostState &state = s.state();
-    // --save-ema: the EMA stands in for the masters while they are written
-    // (a bf16 EMA widened, exactly, for the time).
-    std::vector<std::vector<float>> kept;
-    auto swapEma = [&, restoring = false]() mutable {
-      size_t k = 0;
-      for (host::HostTensor &t : state.tensors) {
-        if (t.param->role != "ema")
-          continue;
-        std::vector<float> &master = state.find(t.param->of)->data;
-        if (t.bf16.empty()) {
-          std::swap(t.data, master);
-        } else if (restoring) {
-          master = std::move(kept[k++]);
-        } else {
-          kept.push_back(std::move(master));
-          master.resize(t.bf16.size());
-          cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
-                     master.data());
-        }
-      }
-      restoring = true;
-    };
-    if (saveEma)
-      swapEma();
-    host::SaveWeightsOptions saveOptions;
-    for (size_t b = 0; b < s.numBuckets(); ++b)
-      saveOptions.runPlans.push_back(&s.plan(b));
-    Error err = host::saveWeights(p, state, saveWeights, saveOptions);
-    if (saveEma)
-      swapEma();
-    if (err)
-      return fail(toString(std::move(err)));
-  }
-  if (!saveGradients.empty() && lastSkipped)
-    return fail("--save-gradients: the last step was skipped for a "
-                "non-finite loss, so it has no gradients to write");
-  if (!saveGradients.empty() && done > 0)
-    if (Error err = writeGradients(p, gradients, saveGradients))
-      return fail(toString(std::move(err)));
-
-  if (trace)
-    if (Error err = trace->finish())
-      return fail(toString(std::move(err)));
-  if (Error err = writeReport())
-    return fail("--report: " + toString(std::move(err)));
-
-  if (skipped)
-    WithColor::warning(errs(), tool.name) << formatv(
-        "{0} of {1} steps were skipped for a non-finite loss\n", skipped, done);
+/// The end of a run: skipped steps, the loss or predicted step time, and
+/// device memory measured against the plan (exit 4 where they differ).
+int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
+              const char *tool) {
+  if (totals.skipped)
+    WithColor::warning(errs(), tool) << formatv(
+        "{0} of {1} steps were skipped for a non-finite loss\n",
+        totals.skipped, done);
   if (done > 0) {
     if (!computesLoss)
       outs() << formatv("predicted step: {0:F3} s on the sim hardware "
                         "model\n",
-                        elapsed / done);
-    if (computesLoss && !losses.empty())
+                        totals.seconds / done);
+    if (computesLoss && totals.firstLoss)
       outs() << formatv("loss: first {0:F5}, last {1:F5} ({2:P0} of the "
                         "first)\n",
-                        losses.front(), losses.back(),
-                        losses.back() / losses.front());
+                        *totals.firstLoss, *totals.lastLoss,
+                        *totals.lastLoss / *totals.firstLoss);
   }
-  if (memory) {
+  if (const std::optional<exec::MemoryStats> &memory = totals.memory) {
     outs() << formatv("device memory: planned peak {0} B, measured {1} B; "
                       "planned live {2} B, measured {3} B\n",
                       memory->plannedArenaBytes, memory->measuredArenaBytes,
@@ -1459,4 +721,267 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail("measured device memory differs from the plan", 4);
   }
   return 0;
+}
+
+/// What the run flags ask of the training loop (train::TrainingRun).
+train::RunOptions runOptionsOf(const char *tool) {
+  train::RunOptions runOptions;
+  runOptions.checkpointDir = checkpointDir;
+  // With --steps 0 a checkpoint folder is only read (e.g. to export
+  // weights from a read-only archive): no lock, nothing written.
+  runOptions.writesCheckpoints = steps > 0;
+  runOptions.checkpointEvery = checkpointEvery;
+  runOptions.resume = resume;
+  runOptions.overwriteCheckpoints = overwriteCheckpoints;
+  if (tools::flagGiven("lr-decay-steps"))
+    runOptions.lrDecaySteps =
+        planningOption<int64_t>("lr-decay-steps").value_or(0);
+  runOptions.metricsPath = metricsFile;
+  runOptions.reportPath = reportFile;
+  runOptions.tracePath = traceFile;
+  runOptions.valEvery = valEvery;
+  runOptions.maxNonFiniteSteps = maxNonFiniteSteps;
+  runOptions.toolName = tool;
+  runOptions.note = [](StringRef line) {
+    outs() << line << "\n";
+    outs().flush();
+  };
+  return runOptions;
+}
+
+/// A run stopped by SIGINT or SIGTERM after `done` steps: a checkpoint
+/// where there is a folder for it, the command that continues the run,
+/// exit 128 + the signal.
+int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
+            int argc, char **argv, const char *tool) {
+  int sig = stopSignal;
+  errs() << "\n";
+  std::string note;
+  if (run.writesCheckpoints()) {
+    if (Error err = done ? run.checkpoint() : Error::success())
+      return fail(formatv("stopped by {0} after step {1}, but the "
+                          "checkpoint failed: {2}",
+                          sig == SIGINT ? "SIGINT" : "SIGTERM",
+                          s.state().step, toString(std::move(err)))
+                      .str());
+    note = "to continue: " +
+           resumeCommand(argc, argv, steps - done, done > 0 || resume);
+  } else {
+    note = "no --checkpoint-dir was given, so the state is not saved";
+  }
+  if (Error err = run.finish(/*whole=*/false))
+    return fail(toString(std::move(err)));
+  WithColor::warning(errs(), tool) << formatv(
+      "stopped by {0} after {1} of {2} steps{3}; {4}\n",
+      sig == SIGINT ? "SIGINT" : "SIGTERM", done, steps.getValue(),
+      saveWeights.empty() ? "" : " (--save-weights not written)", note);
+  outs() << note << "\n";
+  return 128 + sig;
+}
+
+} // namespace
+
+bool tools::flagGiven(StringRef name) {
+  auto &options = cl::getRegisteredOptions();
+  auto it = options.find(name);
+  return it != options.end() && it->second->getNumOccurrences();
+}
+
+int tools::runMain(int argc, char **argv, const RunTool &tool) {
+  toolName = tool.name;
+  addVersionPrinter(tool.name);
+  std::vector<const cl::OptionCategory *> categories = tool.categories;
+  categories.push_back(&runCategory);
+  categories.push_back(&recipeCategory);
+  categories.push_back(&hardwareCategory);
+  cl::HideUnrelatedOptions(categories);
+  if (!tools::checkEcosystemFlags(argc, argv, tool.name,
+                                  {"overwrite-checkpoints"}))
+    return 1;
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      (Twine(tool.overview) +
+       "\n\nExit status: 0 done, 1 bad input or a failed step, 3 the plan "
+       "does not fit its budgets, 4 measured device memory differs from the "
+       "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
+       "checkpoint.\n")
+          .str());
+
+  if (printEcosystemTable) {
+    tools::printEcosystemFlags(outs());
+    return 0;
+  }
+  // From the start: a signal while compiling ends the run before its
+  // first step, not with the default action.
+  installStopHandlers();
+  if (Error e = checkRunFlags(tool))
+    return fail(toString(std::move(e)));
+  Expected<train::Recipe> recipe = readRecipeFlags(INFINITY);
+  if (!recipe)
+    return fail(toString(recipe.takeError()));
+  if (saveEma && (saveWeights.empty() || !recipe->hasEma()))
+    return fail("--save-ema writes the EMA with --save-weights: give both "
+                "and --ema-decay");
+  std::string backendWhy = resolveBackend();
+  if (Error e = checkDistinctOutputs())
+    return fail(toString(std::move(e)));
+  // Every output is created or proven writable now, not after hours of
+  // training; folders made here go again if the run fails.
+  Expected<std::unique_ptr<train::TrainingRun>> opened =
+      train::TrainingRun::open(runOptionsOf(tool.name));
+  if (!opened)
+    return fail(toString(opened.takeError()));
+  train::TrainingRun &run = **opened;
+  const train::Settings *storedSettings = run.storedSettings();
+  if (resume) {
+    if (Error e = adoptRunSettings(*storedSettings))
+      return fail(toString(std::move(e)));
+    if (maxSteps.getNumOccurrences()) {
+      Expected<int64_t> done = run.storedStep();
+      if (!done)
+        return fail(toString(done.takeError()));
+      steps = std::max<int64_t>(maxSteps - *done, 0);
+      if (steps == 0)
+        outs() << formatv("the run has taken {0} steps, --max-steps {1}: "
+                          "nothing left to run\n",
+                          *done, maxSteps.getValue());
+    }
+  }
+  CreatedFolders created;
+  if (!saveWeights.empty())
+    if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
+      return fail("--save-weights: " + toString(std::move(e)));
+  for (auto [flag, file] :
+       {std::pair<StringRef, StringRef>{"--save-plan", savePlan},
+        {"--save-gradients", saveGradients}})
+    if (!file.empty())
+      if (Error e = checkOutputFile(file))
+        return fail(flag + ": " + toString(std::move(e)));
+
+  int exitCode = 1;
+  auto compileStart = std::chrono::steady_clock::now();
+  Expected<std::vector<train::BucketPlan>> plans =
+      std::vector<train::BucketPlan>();
+  if (!planFile.empty()) {
+    Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
+    if (!loaded)
+      return fail(toString(loaded.takeError()));
+    plans->push_back({"", std::move(*loaded), 0});
+  } else {
+    plans = tool.compile(storedSettings, dataDir, exitCode);
+  }
+  if (!plans)
+    return fail(toString(plans.takeError()), exitCode);
+  bool bucketed = !plans->front().name.empty();
+  if (bucketed && !savePlan.empty())
+    return fail("--save-plan writes one plan; a run over buckets keeps each "
+                "bucket's in the plan cache (--plan-cache)");
+  if (!precompileKernels.empty()) {
+    for (const train::BucketPlan &b : *plans)
+      if (int code = precompile(b.plan, precompileKernels))
+        return code;
+    return 0;
+  }
+  double compileSeconds = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - compileStart)
+                              .count();
+
+  Expected<train::SessionOptions> sessionOptions =
+      sessionOptionsOf(*recipe, plans->front().plan, storedSettings);
+  if (!sessionOptions)
+    return fail(toString(sessionOptions.takeError()));
+  Expected<std::unique_ptr<train::Session>> session =
+      train::Session::create(std::move(*plans), *sessionOptions);
+  if (!session)
+    return fail(toString(session.takeError()));
+  train::Session &s = **session;
+  run.attach(s);
+  const exec::ExecPlan &p = s.plan();
+  bool computesLoss = s.backend().computesLoss();
+  if (!weightsPath.empty())
+    if (Error err = host::loadWeights(weightsPath, s.state(), &p))
+      return fail(toString(std::move(err)));
+  if (resume)
+    if (Error err = run.resume())
+      return fail(toString(std::move(err)));
+  // Steps past the schedule's horizon run at its floor: say so rather than
+  // train at --min-lr unnoticed (a resume beyond the first run's --steps).
+  {
+    const train::Recipe &r = sessionOptions->recipe;
+    int64_t first = s.state().step, last = first + steps;
+    bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
+                  r.lrSchedule == train::LrSchedule::WarmupLinear;
+    if (computesLoss && decays && last > r.decaySteps)
+      errs() << formatv(
+          "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
+          "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
+          "over them\n",
+          std::max(first, r.decaySteps) + 1, last, format("%g", r.minLr),
+          r.decaySteps);
+  }
+  if (Error err = run.start())
+    return fail(toString(std::move(err)));
+  // --save-plan is written once every input has loaded: a run that fails
+  // on its weights or checkpoint leaves the user's files as they were.
+  if (!savePlan.empty())
+    if (Error err = exec::saveExecPlan(p, savePlan))
+      return fail(toString(std::move(err)));
+  printBanner(s, tool.name, backendWhy, compileSeconds);
+
+  Progress progress(s.state().step, s.state().step + steps,
+                    !noProgress && sys::Process::StandardErrIsDisplayed());
+  StringMap<std::vector<float>> gradients; // of the last step
+  auto onStep = [&](const train::RunStep &step) {
+    const exec::StepResult &result = step.report.result;
+    if (result.skipped)
+      errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
+                        "(no update; {2} in a row, the run stops at {3})\n",
+                        step.step,
+                        std::isfinite(result.loss)
+                            ? std::string("the gradient norm")
+                            : formatv("the loss ({0})", result.loss).str(),
+                        step.skippedInARow, maxNonFiniteSteps.getValue());
+    if (step.valLoss && metricsFile.empty())
+      errs() << formatv("\nstep {0}: validation loss {1:F5}\n", step.step,
+                        *step.valLoss);
+    double elapsed = run.totals().seconds;
+    progress.update(run.firstStep() + step.ran, result.loss, elapsed,
+                    step.ran * p.batch / std::max(elapsed, 1e-9),
+                    computesLoss);
+  };
+  train::TrainingRun::Hooks hooks;
+  auto stopRequested = [] { return stopSignal != 0; };
+  auto beforeStep = [&](exec::StepOptions &options, bool last) {
+    if (!saveGradients.empty() && last) {
+      gradients.clear();
+      options.onGradient = [&](StringRef name, ArrayRef<float> g) {
+        gradients[name] = g.vec();
+      };
+    }
+  };
+  hooks.stopRequested = stopRequested;
+  hooks.beforeStep = beforeStep;
+  hooks.afterStep = onStep;
+  Expected<int64_t> ran = run.train(steps, hooks);
+  if (!ran)
+    return fail(toString(ran.takeError()));
+  int64_t done = *ran;
+  const train::RunTotals &totals = run.totals();
+
+  if (stopSignal)
+    return stopped(run, s, done, argc, argv, tool.name);
+
+  if (!saveWeights.empty())
+    if (Error err = train::saveSessionWeights(s, saveWeights, {}, saveEma))
+      return fail(toString(std::move(err)));
+  if (!saveGradients.empty() && totals.lastSkipped)
+    return fail("--save-gradients: the last step was skipped for a "
+                "non-finite loss, so it has no gradients to write");
+  if (!saveGradients.empty() && done > 0)
+    if (Error err = writeGradients(p, gradients, saveGradients))
+      return fail(toString(std::move(err)));
+  if (Error err = run.finish(/*whole=*/true))
+    return fail(toString(std::move(err)));
+
+  return summarize(totals, done, computesLoss, tool.name);
 }
