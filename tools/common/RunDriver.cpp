@@ -19,9 +19,6 @@
 #include "megaslide/Tools/RecipeFlags.h"
 
 #include "megaslide/Version.h"
-#include "megaslide/runtime/cpu/Convert.h"
-#include "megaslide/runtime/cpu/Gemm.h"
-#include "megaslide/runtime/cpu/Isa.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/host/Checkpoint.h"
@@ -29,18 +26,12 @@
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/support/AtomicFile.h"
-#include "megaslide/runtime/support/Json.h"
-#include "megaslide/runtime/support/ReadFile.h"
-#include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/Session.h"
 #include "megaslide/runtime/train/TrainingRun.h"
 
-#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
-#include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
@@ -48,10 +39,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstring>
-#include <fcntl.h>
 #include <filesystem>
-#include <unistd.h>
 
 using namespace llvm;
 using namespace megaslide;

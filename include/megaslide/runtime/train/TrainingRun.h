@@ -14,6 +14,7 @@
 
 #include "megaslide/runtime/host/Checkpoint.h"
 #include "megaslide/runtime/host/Weights.h"
+#include "megaslide/runtime/trace/ChromeTrace.h"
 #include "megaslide/runtime/train/MetricsLog.h"
 #include "megaslide/runtime/train/Session.h"
 
@@ -23,10 +24,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
-namespace megaslide::trace {
-class ChromeTrace;
-} // namespace megaslide::trace
 
 namespace megaslide::train {
 
