@@ -4,8 +4,8 @@
 
 #include "megaslide/Analysis/CostModel.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/runtime/plan/Liveness.h"
 
 #include "mlir/IR/BuiltinTypes.h"

@@ -5,8 +5,8 @@
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Support/Units.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Transforms/Planning.h"
 #include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/sim/SimBackend.h"

@@ -2,9 +2,9 @@
 
 #include "megaslide/CAPI/MegaSlide.h"
 
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Model/ModelBuilder.h"
 #include "megaslide/Model/ModelInfo.h"
 #include "megaslide/Pipelines/CompileExecPlan.h"

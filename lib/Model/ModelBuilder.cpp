@@ -16,8 +16,8 @@
 
 #include "megaslide/Model/ModelBuilder.h"
 
-#include "megaslide/Dialect/Graph/GraphAutodiff.h"
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphAutodiff.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 
 #include "mlir/IR/Builders.h"

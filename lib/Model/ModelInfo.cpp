@@ -4,7 +4,7 @@
 
 #include "megaslide/Support/Units.h"
 
-#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
+#include "dialects/Schedule/SchedulePolicies.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FormatVariadic.h"

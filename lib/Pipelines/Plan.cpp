@@ -7,7 +7,7 @@
 #include "megaslide/Support/Units.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/runtime/plan/HyperParameters.h"
 
 #include "mlir/IR/Diagnostics.h"

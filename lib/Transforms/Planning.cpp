@@ -2,7 +2,7 @@
 
 #include "megaslide/Transforms/Planning.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/Model/ModelBuilder.h"
 
 using namespace mlir;

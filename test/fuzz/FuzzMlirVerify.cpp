@@ -11,8 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"

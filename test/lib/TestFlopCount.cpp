@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassRegistry.h"

@@ -8,7 +8,7 @@
 
 #include "megaslide/Analysis/DeviceBuffers.h"
 
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"

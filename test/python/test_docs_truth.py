@@ -34,10 +34,11 @@ BUILD_ROOTS = {
     "build-sanitize": "the ASan+UBSan build (scripts/sanitize.sh)",
     "build-python": "pip install .'s build tree (pyproject.toml build-dir)",
 }
-# Top-level folders of the design card this project was built from: a doc
-# naming one that the tree lacks is wrong, so they count as roots whether
-# or not they exist.
-DESIGN_ROOTS = {"dialects"}
+# The top-level entries of the design card this project was built from:
+# the tree must keep each, and a doc's path from one is checked even if the
+# tree lost it.
+DESIGN_ROOTS = {"CMakeLists.txt", "include", "lib", "tools", "dialects",
+                "runtime", "test", "python-bindings", "docs"}
 # Flags a page names that no megaslide tool or script declares, with
 # whose they are.
 OTHERS = {
@@ -232,6 +233,14 @@ def test_every_path_a_doc_names_is_in_the_tree():
                 problems.append(f"{rel}:{number}: link to '{target}': "
                                 f"{where} has no heading #{anchor}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_design_cards_layout_is_kept():
+    files, folders = tree()
+    missing = sorted(root for root in DESIGN_ROOTS
+                     if root not in files | folders)
+    assert not missing, f"the design card's top-level entries {missing} " \
+        "are not in the tree"
 
 
 def test_build_roots_are_ignored_by_git():

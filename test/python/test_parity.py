@@ -11,7 +11,7 @@ parameter names and shapes of its checkpoints, the hyper-parameters read
 from configs/tiny.json, rectified-flow training (x_t = (1 - t) x0 + t noise,
 velocity target noise - x0, mean squared error over every element, model
 timestep 1000 t) and 3D Deformable Slide Attention as docs/Dsa3d.md defines it.
-Where MegaSlide's op definitions (include/megaslide/Dialect/Graph/GraphOps.td) make a choice,
+Where MegaSlide's op definitions (dialects/Graph/GraphOps.td) make a choice,
 the choice is stated next to the code that makes it.
 
 Configurations (B from ``Trainer.input_shapes()``):

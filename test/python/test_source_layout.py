@@ -1,6 +1,7 @@
 """The source conventions of docs/Style.md hold for every file git tracks:
-one include root (headers under include/megaslide/, included by their full
-path), and unit tests in folders that mirror the sources they test."""
+two include roots (headers under include/megaslide/, and the dialects'
+under dialects/ beside their sources, each included by its full path from
+its root), and unit tests in folders that mirror the sources they test."""
 import os
 import re
 import subprocess
@@ -37,17 +38,25 @@ def include_problems(path, text):
                     or spelling == "megaslide/Version.h"):  # by CMake
                 problems.append(f"{path}: '{spelling}' is not under include/")
             continue
+        if spelling.startswith("dialects/"):
+            # What TableGen generates lands at the same path in the build.
+            generated = spelling.endswith(".inc") and os.path.isdir(
+                os.path.join(ROOT, os.path.dirname(spelling)))
+            if not (os.path.exists(os.path.join(ROOT, spelling))
+                    or generated):
+                problems.append(f"{path}: '{spelling}' is not in dialects/")
+            continue
         # A textual fragment next to its includer may go by its name.
         here = os.path.join(ROOT, os.path.dirname(path), spelling)
         if spelling.endswith(".inc") and "/" not in spelling and \
                 os.path.exists(here):
             continue
         problems.append(f"{path}: '{spelling}' is not a full path from "
-                        "include/ (docs/Style.md)")
+                        "include/ or the root (docs/Style.md)")
     return problems
 
 
-def test_every_include_is_a_full_path_from_the_one_root():
+def test_every_include_is_a_full_path_from_its_root():
     problems = []
     for f in tracked("*.cpp", "*.h", "*.inc", "*.td", "*.def"):
         if f.startswith("test/fuzz/corpus"):
@@ -57,10 +66,12 @@ def test_every_include_is_a_full_path_from_the_one_root():
     assert not problems, "\n".join(problems)
 
 
-def test_headers_live_under_include():
+def test_headers_live_under_include_or_beside_their_dialect():
     stray = [f for f in tracked("*.h")
-             if not f.startswith("include/megaslide/")]
-    assert not stray, f"headers outside include/megaslide/: {stray}"
+             if not f.startswith("include/megaslide/") and
+             not re.fullmatch(r"dialects/[A-Z]\w*/\w+\.h", f)]
+    assert not stray, ("headers outside include/megaslide/ and "
+                       f"dialects/<Dialect>/: {stray}")
 
 
 def test_unit_tests_mirror_the_sources():
@@ -68,7 +79,7 @@ def test_unit_tests_mirror_the_sources():
     assert tests
     for f in tests:
         folder = os.path.dirname(f)[len("test/unit/"):]
-        assert folder.split("/")[0] in ("lib", "runtime"), f
+        assert folder.split("/")[0] in ("dialects", "lib", "runtime"), f
         assert os.path.isdir(os.path.join(ROOT, folder)), (
             f"{f} mirrors no source folder '{folder}'")
 
@@ -79,3 +90,11 @@ def test_the_check_catches_a_short_spelling():
     assert include_problems("lib/X.cpp", '#include "Graph/GraphOps.h"\n')
     assert not include_problems(
         "lib/X.cpp", '#include "megaslide/runtime/cpu/AdamW.h"\n')
+    # A dialect's code goes by its path from the root, and by no other.
+    assert not include_problems("lib/X.cpp",
+                                '#include "dialects/Graph/GraphOps.h"\n')
+    assert not include_problems(
+        "dialects/Graph/X.cpp", '#include "dialects/Graph/GraphOps.h.inc"\n')
+    assert include_problems(
+        "lib/X.cpp", '#include "megaslide/Dialect/Graph/GraphOps.h"\n')
+    assert include_problems("dialects/Graph/X.cpp", '#include "GraphOps.h"\n')

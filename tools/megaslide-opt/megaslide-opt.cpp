@@ -10,8 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Pipelines/Pipelines.h"
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Transforms/Passes.h"

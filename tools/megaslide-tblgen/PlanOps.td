@@ -6,5 +6,5 @@
 //
 //===----------------------------------------------------------------------===//
 
-include "megaslide/Dialect/Graph/GraphOps.td"
-include "megaslide/Dialect/Schedule/ScheduleOps.td"
+include "dialects/Graph/GraphOps.td"
+include "dialects/Schedule/ScheduleOps.td"

@@ -8,12 +8,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
-#include "megaslide/runtime/cuda/Nvrtc.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Version.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

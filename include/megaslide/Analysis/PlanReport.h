@@ -11,8 +11,8 @@
 #ifndef MEGASLIDE_ANALYSIS_PLANREPORT_H
 #define MEGASLIDE_ANALYSIS_PLANREPORT_H
 
+#include "dialects/Schedule/SchedulePolicies.h"
 #include "megaslide/Analysis/CostModel.h"
-#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
 #include "megaslide/runtime/plan/ExecPlan.h"
 #include "megaslide/runtime/sim/Timeline.h"
 

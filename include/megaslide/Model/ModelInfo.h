@@ -9,7 +9,7 @@
 #ifndef MEGASLIDE_MODEL_MODELINFO_H
 #define MEGASLIDE_MODEL_MODELINFO_H
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/Model/ModelBuilder.h"
 
 #include "llvm/Support/JSON.h"

@@ -27,7 +27,7 @@
 #ifndef MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H
 #define MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H
 
-#include "megaslide/Dialect/Schedule/SchedulePolicies.h"
+#include "dialects/Schedule/SchedulePolicies.h"
 #include "megaslide/Support/Units.h"
 
 #include "mlir/Pass/Pass.h"

@@ -3,8 +3,8 @@
 #ifndef MEGASLIDE_TRANSFORMS_PASSES_H
 #define MEGASLIDE_TRANSFORMS_PASSES_H
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Support/Units.h"
 
 #include "mlir/IR/BuiltinOps.h"

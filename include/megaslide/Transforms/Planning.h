@@ -8,8 +8,8 @@
 #ifndef MEGASLIDE_TRANSFORMS_PLANNING_H
 #define MEGASLIDE_TRANSFORMS_PLANNING_H
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"

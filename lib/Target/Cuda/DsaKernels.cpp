@@ -11,7 +11,7 @@
 
 #include "megaslide/Target/Cuda/DsaKernels.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/Support/EmbeddedFile.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 

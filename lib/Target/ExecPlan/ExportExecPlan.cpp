@@ -7,10 +7,10 @@
 
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/CostModel.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Transforms/Planning.h"
 #include "megaslide/runtime/plan/ExecPlanJson.h"

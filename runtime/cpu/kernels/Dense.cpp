@@ -3,8 +3,8 @@
 // fp32 reference kernels of the token-wise graph ops: linear and its two
 // backward ops, layer/RMS norm, adaLN modulate/gate, GELU/SiLU, residual and
 // bias adds, and the structural ops (cast, reshape, split, concat, zeros).
-// Semantics are those of include/megaslide/Dialect/Graph/GraphOps.td; the backward ops compute
-// what lib/Dialect/Graph/GraphGradients.cpp emits them for.
+// Semantics are those of dialects/Graph/GraphOps.td; the backward ops compute
+// what dialects/Graph/GraphGradients.cpp emits them for.
 //
 // Determinism: every output element is computed by exactly one thread with
 // a reduction order that depends only on the shapes, never on the thread

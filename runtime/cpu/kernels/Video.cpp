@@ -4,8 +4,8 @@
 // patch embedding and (un)patchify, timestep and label embeddings, 3D RoPE,
 // global attention, 3D-DSA (wrapping cpu/Dsa3d.h) and rectified-flow
 // interpolation and loss, forward and backward. Semantics are those of the
-// op descriptions in include/megaslide/Dialect/Graph/GraphOps.td; each backward op computes
-// what lib/Dialect/Graph/GraphGradients.cpp emits it for.
+// op descriptions in dialects/Graph/GraphOps.td; each backward op computes
+// what dialects/Graph/GraphGradients.cpp emits it for.
 //
 // Every kernel checks its instruction before touching memory
 // (kernels/Checks.h). Parameter gradients summed over all tokens accumulate

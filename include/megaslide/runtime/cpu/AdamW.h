@@ -2,7 +2,7 @@
 //
 // The runtime's host optimizer: one fused AdamW update over an fp32 master
 // copy and its moments, applied per layer as gradients arrive. The math is
-// exactly that of the graph op megaslide.adamw (include/megaslide/Dialect/Graph/GraphOps.td).
+// exactly that of the graph op megaslide.adamw (dialects/Graph/GraphOps.td).
 // No MLIR: the runtime and the Python module call this on host buffers.
 //
 //===----------------------------------------------------------------------===//

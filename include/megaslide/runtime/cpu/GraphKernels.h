@@ -2,7 +2,7 @@
 //
 // The cpu backend's numerics: one kernel per `megaslide` op that can appear
 // in a scheduled step, forward and backward, with the semantics its
-// description in include/megaslide/Dialect/Graph/GraphOps.td states. Tensors
+// description in dialects/Graph/GraphOps.td states. Tensors
 // arrive as fp32 whatever their stored dtype (the interpreter widens bf16
 // operands and rounds results back), so every kernel accumulates in fp32 or
 // better.

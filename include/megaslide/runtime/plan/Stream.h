@@ -3,9 +3,9 @@
 // The one definition of a step's streams, shared by the compiler and the
 // runtime: the schedule dialect stores it as an i32 (`msched.stream`, the
 // stream of `msched.record` and `msched.wait`;
-// include/megaslide/Dialect/Schedule/ScheduleDialect.td), the execution plan names it in
-// each instruction, and the replay (include/megaslide/runtime/sim/Timeline.h) and the
-// backends run one queue per stream. Header only and free of MLIR and
+// dialects/Schedule/ScheduleDialect.td), the execution plan names it in
+// each instruction, and the replay (include/megaslide/runtime/sim/Timeline.h)
+// and the backends run one queue per stream. Header only and free of MLIR and
 // LLVM, so the dialect includes it without linking the runtime.
 //
 //===----------------------------------------------------------------------===//

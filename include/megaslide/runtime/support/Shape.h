@@ -1,6 +1,6 @@
 //===- Shape.h - Shapes in messages -----------------------------*- C++ -*-===//
 //
-// The graph verifiers (lib/Dialect/Graph), the cpu kernels' argument checks
+// The graph verifiers (dialects/Graph), the cpu kernels' argument checks
 // and the host's readers of safetensors, weights and checkpoints all name
 // shapes in their messages; they print them one way, so a problem reads
 // the same whichever of them finds it. Header-only: LLVM's ArrayRef only.

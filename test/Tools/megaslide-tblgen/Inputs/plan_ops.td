@@ -2,7 +2,7 @@
 // opDialect and opName, Dialect's name) and the PlanOp mix-in. The -D
 // macros add one mistake each.
 
-include "megaslide/Dialect/PlanOp.td"
+include "dialects/PlanOp.td"
 
 class Dialect {
   string name;

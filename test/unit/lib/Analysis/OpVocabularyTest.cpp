@@ -2,7 +2,7 @@
 //
 // include/megaslide/runtime/plan/Ops.def, the runtime's list of the ops a
 // plan carries, is generated from the ops' definitions (megaslide-tblgen
-// -gen-plan-ops, include/megaslide/Dialect/PlanOp.td), and
+// -gen-plan-ops, dialects/PlanOp.td), and
 // test/Docs/reference_current.test fails while the committed copy differs
 // from the build's. So every registered op is in it unless its definition
 // says why plans never carry it, by construction, and no list of those ops
@@ -19,8 +19,8 @@
 
 #include "megaslide/Analysis/CostModel.h"
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"

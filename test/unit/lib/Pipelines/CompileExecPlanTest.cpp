@@ -13,8 +13,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Pipelines/CompileExecPlan.h"
+#include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Analysis/DeviceBuffers.h"
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
 #include "megaslide/Model/ModelConfig.h"
 #include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Transforms/Planning.h"

@@ -2,7 +2,7 @@
 //
 // adamwStep (runtime/cpu/AdamW.cpp) over steps t = 1..5 on fixed-seed random
 // data, against a reference written here from megaslide.adamw's definition
-// (include/megaslide/Dialect/Graph/GraphOps.td) in double precision. Covered: bf16 and fp32
+// (dialects/Graph/GraphOps.td) in double precision. Covered: bf16 and fp32
 // gradients, weight decay 0 and > 0, n = 0 and 1, sizes that are not
 // multiples of the vector width or of the thread chunk, the bf16 working
 // copy (round-to-nearest-even, checked on hand values and ties against an

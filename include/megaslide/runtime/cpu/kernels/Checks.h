@@ -2,8 +2,8 @@
 //
 // Every kernel checks arity, buffers, shapes and attributes before touching
 // memory, so a malformed instruction is an llvm::Error naming the op, never a
-// crash. The messages follow the graph verifiers (lib/Dialect/Graph/
-// GraphOps.cpp) after a "megaslide.<op>: " prefix, e.g.
+// crash. The messages follow the graph verifiers (dialects/Graph/GraphOps.cpp)
+// after a "megaslide.<op>: " prefix, e.g.
 //   megaslide.linear: 'bias' has shape [6] but expected [5]
 //
 //===----------------------------------------------------------------------===//

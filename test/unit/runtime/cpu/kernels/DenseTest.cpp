@@ -4,7 +4,7 @@
 // called through findGraphKernel as the interpreter does, on fixed-seed
 // random shapes. Forward ops are checked against naive double-precision
 // references written here from the op descriptions in
-// include/megaslide/Dialect/Graph/GraphOps.td; backward ops against central finite
+// dialects/Graph/GraphOps.td; backward ops against central finite
 // differences of those double references (loss = sum(forward * dy)) and,
 // for linear, against analytic double references on shapes large enough to
 // cross every blocking boundary of the GEMM. Also covered: every optional

@@ -2,7 +2,7 @@
 //
 // The kernels of runtime/cpu/kernels/Video.cpp, called through the graph
 // kernel table like the interpreter does, against references written here
-// from the op descriptions of include/megaslide/Dialect/Graph/GraphOps.td (and docs/Dsa3d.md for
+// from the op descriptions of dialects/Graph/GraphOps.td (and docs/Dsa3d.md for
 // 3D-DSA) in double precision: direct index formulas, explicit softmaxes,
 // explicit key windows and block matching. Backward ops are checked against
 // central finite differences of the double reference forward for a loss

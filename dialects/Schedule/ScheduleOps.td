@@ -3,8 +3,8 @@
 #ifndef MEGASLIDE_SCHEDULE_OPS
 #define MEGASLIDE_SCHEDULE_OPS
 
-include "megaslide/Dialect/Schedule/ScheduleDialect.td"
-include "megaslide/Dialect/Schedule/SchedulePolicies.td"
+include "dialects/Schedule/ScheduleDialect.td"
+include "dialects/Schedule/SchedulePolicies.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"

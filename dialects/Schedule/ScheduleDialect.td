@@ -10,7 +10,7 @@
 #ifndef MEGASLIDE_SCHEDULE_DIALECT
 #define MEGASLIDE_SCHEDULE_DIALECT
 
-include "megaslide/Dialect/PlanOp.td"
+include "dialects/PlanOp.td"
 include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"

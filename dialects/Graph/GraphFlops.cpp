@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 
 using namespace mlir;
 using namespace megaslide::graph;

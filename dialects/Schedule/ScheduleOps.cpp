@@ -1,6 +1,6 @@
 //===- ScheduleOps.cpp - MegaSlide schedule op verifiers ------------------===//
 
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -173,4 +173,4 @@ static void printStream(OpAsmPrinter &printer, Operation *,
 }
 
 #define GET_OP_CLASSES
-#include "megaslide/Dialect/Schedule/ScheduleOps.cpp.inc"
+#include "dialects/Schedule/ScheduleOps.cpp.inc"

@@ -3,7 +3,7 @@
 #ifndef MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
 #define MEGASLIDE_SCHEDULE_SCHEDULEOPS_H
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/runtime/plan/Stream.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
@@ -34,13 +34,13 @@ mlir::IntegerAttr getStreamAttr(mlir::MLIRContext *context,
 
 } // namespace megaslide::schedule
 
-#include "megaslide/Dialect/Schedule/ScheduleDialect.h.inc"
-#include "megaslide/Dialect/Schedule/ScheduleEnums.h.inc"
+#include "dialects/Schedule/ScheduleDialect.h.inc"
+#include "dialects/Schedule/ScheduleEnums.h.inc"
 
 #define GET_TYPEDEF_CLASSES
-#include "megaslide/Dialect/Schedule/ScheduleTypes.h.inc"
+#include "dialects/Schedule/ScheduleTypes.h.inc"
 
 #define GET_OP_CLASSES
-#include "megaslide/Dialect/Schedule/ScheduleOps.h.inc"
+#include "dialects/Schedule/ScheduleOps.h.inc"
 
 #endif // MEGASLIDE_SCHEDULE_SCHEDULEOPS_H

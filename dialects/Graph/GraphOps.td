@@ -9,8 +9,8 @@
 #ifndef MEGASLIDE_GRAPH_OPS
 #define MEGASLIDE_GRAPH_OPS
 
-include "megaslide/Dialect/Graph/GraphDialect.td"
-include "megaslide/Dialect/Graph/GraphInterfaces.td"
+include "dialects/Graph/GraphDialect.td"
+include "dialects/Graph/GraphInterfaces.td"
 include "mlir/IR/EnumAttr.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 
 #include "mlir/IR/Builders.h"
 

@@ -8,7 +8,7 @@
 #ifndef MEGASLIDE_SCHEDULE_SCHEDULEPOLICIES_H
 #define MEGASLIDE_SCHEDULE_SCHEDULEPOLICIES_H
 
-#include "megaslide/Dialect/Schedule/ScheduleOps.h"
+#include "dialects/Schedule/ScheduleOps.h"
 
 #include "llvm/ADT/SmallVector.h"
 

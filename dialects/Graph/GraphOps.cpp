@@ -5,7 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "megaslide/runtime/support/Shape.h"
 
 #include "mlir/IR/Builders.h"
@@ -766,4 +766,4 @@ LogicalResult FlowMatchingLossGradOp::verify() {
 }
 
 #define GET_OP_CLASSES
-#include "megaslide/Dialect/Graph/GraphOps.cpp.inc"
+#include "dialects/Graph/GraphOps.cpp.inc"

@@ -53,11 +53,11 @@ class BackwardOp : public mlir::OpTrait::TraitBase<ConcreteType, BackwardOp> {};
 
 } // namespace megaslide::graph
 
-#include "megaslide/Dialect/Graph/GraphDialect.h.inc"
-#include "megaslide/Dialect/Graph/GraphEnums.h.inc"
-#include "megaslide/Dialect/Graph/GraphInterfaces.h.inc"
+#include "dialects/Graph/GraphDialect.h.inc"
+#include "dialects/Graph/GraphEnums.h.inc"
+#include "dialects/Graph/GraphInterfaces.h.inc"
 
 #define GET_OP_CLASSES
-#include "megaslide/Dialect/Graph/GraphOps.h.inc"
+#include "dialects/Graph/GraphOps.h.inc"
 
 #endif // MEGASLIDE_GRAPH_GRAPHOPS_H

@@ -1,7 +1,7 @@
 //===- GraphAutodiff.cpp - Reverse-mode differentiation of graph IR -------===//
 
-#include "megaslide/Dialect/Graph/GraphAutodiff.h"
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphAutodiff.h"
+#include "dialects/Graph/GraphOps.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"

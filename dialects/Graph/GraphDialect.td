@@ -9,7 +9,7 @@
 #ifndef MEGASLIDE_GRAPH_DIALECT
 #define MEGASLIDE_GRAPH_DIALECT
 
-include "megaslide/Dialect/PlanOp.td"
+include "dialects/PlanOp.td"
 include "mlir/IR/OpBase.td"
 
 def Graph_Dialect : Dialect {

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "megaslide/Dialect/Graph/GraphAutodiff.h"
-#include "megaslide/Dialect/Graph/GraphOps.h"
+#include "dialects/Graph/GraphAutodiff.h"
+#include "dialects/Graph/GraphOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
