@@ -165,6 +165,11 @@ std::vector<float> train::SigmaStream::next(int64_t count) {
   return sigmas;
 }
 
+void train::SigmaStream::skip(int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    sampleSigma(recipe, rng);
+}
+
 std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,
                                        int64_t step, int64_t count) {
   return SigmaStream(r, seed, step).next(count);

@@ -163,6 +163,25 @@ DataSource::Made DataSource::make(uint64_t state) {
   return {std::move(in), rng.state, bucket};
 }
 
+uint64_t DataSource::stateAfter(uint64_t state, int64_t batches) const {
+  // As make() draws: the bucket (where there are several), then per sample
+  // its index and timestep, then two uniforms per element of noise.
+  for (int64_t n = 0; n < batches; ++n) {
+    Random rng(state);
+    size_t bucket = 0;
+    if (bucketSamples.size() > 1) {
+      uint64_t u = rng.next() % numSamples();
+      while (u >= bucketSamples[bucket].size())
+        u -= bucketSamples[bucket++].size();
+    }
+    const InputShapes &s = bucketShapes[bucket];
+    uint64_t B = s.latents[0];
+    uint64_t draws = 2 * B + 2 * B * product(s.latents, 1);
+    state = rng.state + draws * Random::kGamma;
+  }
+  return state;
+}
+
 llvm::Expected<exec::StepInputs> DataSource::next(size_t *bucket) {
   if (readAhead == 0) {
     Made m = make(consumedState);

@@ -20,8 +20,11 @@ class Random {
 public:
   explicit Random(uint64_t seed) : state(seed) {}
 
+  /// What each draw adds to the state: n draws on is state + n kGamma.
+  static constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
+
   uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (state += kGamma);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);

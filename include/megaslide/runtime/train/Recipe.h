@@ -102,6 +102,8 @@ class SigmaStream {
 public:
   SigmaStream(const Recipe &recipe, uint64_t seed, int64_t step);
   std::vector<float> next(int64_t count);
+  /// Passes over `count` sigmas (those of other ranks' micro-batches).
+  void skip(int64_t count);
 
 private:
   const Recipe &recipe;

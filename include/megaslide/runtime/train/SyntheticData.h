@@ -50,6 +50,10 @@ public:
 
   uint64_t state() const { return consumedState; }
   void setState(uint64_t s);
+  /// The state after `batches` more batches from `state`, found without
+  /// making them (the generator jumps): the ranks of a data-parallel job
+  /// each take their own batches of one sequence (docs/Distributed.md).
+  uint64_t stateAfter(uint64_t state, int64_t batches) const;
 
   /// Sample `k` (of size()) directly, drawing nothing: validation reads
   /// its samples in order. Not to be mixed with next() on one source.

@@ -103,6 +103,28 @@ TEST_F(BucketDataTest, BucketsAreDrawnInProportionToTheirSamples) {
   EXPECT_NEAR(inA, 0.6 * kDraws, 5 * sd);
 }
 
+TEST_F(BucketDataTest, StateAfterJumpsAsDrawingWould) {
+  // A data-parallel rank jumps over the other ranks' batches: the state it
+  // lands on must be the one drawing them would leave, for buckets of
+  // different shapes and for one shape.
+  writeTwoBuckets();
+  for (bool bucketed : {true, false}) {
+    std::unique_ptr<DataSource> data;
+    if (bucketed)
+      data = open();
+    else
+      data = std::make_unique<SyntheticData>(a, 42);
+    ASSERT_TRUE(data);
+    uint64_t start = data->state();
+    for (int n = 1; n <= 9; ++n) {
+      ASSERT_TRUE(!!data->next());
+      EXPECT_EQ(data->stateAfter(start, n), data->state())
+          << (bucketed ? "buckets, " : "one shape, ") << n << " batches";
+    }
+    EXPECT_EQ(data->stateAfter(start, 0), start);
+  }
+}
+
 TEST_F(BucketDataTest, ASetStateContinuesTheSequenceBitwise) {
   writeTwoBuckets();
   std::unique_ptr<FileData> data = open();

@@ -1,0 +1,81 @@
+//===- Collectives.h - A job of several processes ---------------*- C++ -*-===//
+//
+// Data parallelism's process model (docs/Distributed.md): one process per
+// GPU, launched by mpirun or srun, each a rank of the job. Where this
+// process sits comes from the launcher's environment; the host-side
+// collectives run on MPI, loaded at run time from a plugin built against
+// it (libMegaSlideMpi.so), so a process of one rank runs without MPI
+// installed, as the runtime-only bundle does.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_DIST_COLLECTIVES_H
+#define MEGASLIDE_RUNTIME_DIST_COLLECTIVES_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace megaslide::dist {
+
+/// Where this process sits in its job.
+struct World {
+  int rank = 0, size = 1;
+  /// Among the ranks on this node (a rank's GPU is its local rank).
+  int localRank = 0, localSize = 1;
+  /// What started the job: "mpirun" (Open MPI), "mpiexec" (MPICH's
+  /// Hydra), "srun"; empty for a process started by itself.
+  std::string launcher;
+};
+
+/// The job this process belongs to, from the launcher's environment:
+/// Open MPI's OMPI_COMM_WORLD_*, Hydra's PMI_RANK/PMI_SIZE, Slurm's
+/// SLURM_PROCID/SLURM_STEP_NUM_TASKS (set for an srun step, not for the
+/// batch script itself). A malformed value is an error naming it.
+llvm::Expected<World> worldFromEnvironment();
+
+/// The host-side collectives of a job. Every rank calls the same ones in
+/// the same order; a call returns when the collective is complete on this
+/// rank. Results are the same bits on every rank.
+class Collectives {
+public:
+  virtual ~Collectives();
+  const World &world() const { return where; }
+  int rank() const { return where.rank; }
+  int size() const { return where.size; }
+  /// This rank's host name, and every rank's (rank order).
+  const std::string &host() const { return hostName; }
+
+  /// In place: the element-wise sum over the ranks.
+  virtual llvm::Error allReduceSum(llvm::MutableArrayRef<float> data) = 0;
+  virtual llvm::Error allReduceSum(llvm::MutableArrayRef<double> data) = 0;
+  /// Every rank's `mine` (of any length), in rank order.
+  virtual llvm::Expected<std::vector<std::string>>
+  allGather(llvm::StringRef mine) = 0;
+  virtual llvm::Error barrier() = 0;
+
+  /// Fails with `message` unless every rank's `mine` is the same: the
+  /// error names the ranks and hosts that differ (ranks that disagree on
+  /// the plan, the backend or the checkpoint).
+  llvm::Error checkSame(llvm::StringRef what, llvm::StringRef mine);
+
+protected:
+  Collectives(World where, std::string host)
+      : where(std::move(where)), hostName(std::move(host)) {}
+  World where;
+  std::string hostName;
+};
+
+/// The collectives of this process's job: of one rank without MPI, or
+/// the MPI plugin's (found beside the executable's lib/ folder, or at
+/// $MEGASLIDE_MPI_PLUGIN). An error says what is missing.
+llvm::Expected<std::unique_ptr<Collectives>> openCollectives();
+
+} // namespace megaslide::dist
+
+#endif // MEGASLIDE_RUNTIME_DIST_COLLECTIVES_H

@@ -1,0 +1,227 @@
+//===- Collectives.cpp - A job of several processes -----------------------===//
+
+#include "megaslide/runtime/dist/Collectives.h"
+
+#include "MpiPlugin.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+
+#include <cstdlib>
+#include <dlfcn.h>
+#include <unistd.h>
+
+using namespace llvm;
+using namespace megaslide;
+using namespace megaslide::dist;
+
+Collectives::~Collectives() = default;
+
+namespace {
+
+/// An environment variable as a non-negative int; none when unset.
+Expected<std::optional<int>> envInt(const char *name) {
+  const char *text = std::getenv(name);
+  if (!text)
+    return std::nullopt;
+  int value = 0;
+  if (StringRef(text).getAsInteger(10, value) || value < 0)
+    return createStringError(formatv("the launcher's {0}='{1}' is not a "
+                                     "non-negative integer",
+                                     name, text));
+  return value;
+}
+
+std::string thisHost() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0)
+    return "?";
+  return name;
+}
+
+/// The job of one process: every collective is the identity.
+class OneRank final : public Collectives {
+public:
+  OneRank(World w) : Collectives(std::move(w), thisHost()) {}
+  Error allReduceSum(MutableArrayRef<float>) override {
+    return Error::success();
+  }
+  Error allReduceSum(MutableArrayRef<double>) override {
+    return Error::success();
+  }
+  Expected<std::vector<std::string>> allGather(StringRef mine) override {
+    return std::vector<std::string>{mine.str()};
+  }
+  Error barrier() override { return Error::success(); }
+};
+
+/// A job over MPI, through the plugin's C functions.
+class MpiJob final : public Collectives {
+public:
+  MpiJob(World w, std::string host, const MegaSlideMpiApi &api)
+      : Collectives(std::move(w), std::move(host)), api(api) {}
+  ~MpiJob() override { api.finalize(); }
+
+  Error allReduceSum(MutableArrayRef<float> data) override {
+    return check(api.allReduceSum(data.data(), data.size(), 0), "allreduce");
+  }
+  Error allReduceSum(MutableArrayRef<double> data) override {
+    return check(api.allReduceSum(data.data(), data.size(), 1), "allreduce");
+  }
+  Expected<std::vector<std::string>> allGather(StringRef mine) override {
+    std::vector<int> lengths(size());
+    if (Error e = check(api.allGatherLengths(static_cast<int>(mine.size()),
+                                             lengths.data()),
+                        "allgather"))
+      return std::move(e);
+    size_t total = 0;
+    for (int n : lengths)
+      total += n;
+    std::string all(total, '\0');
+    if (Error e = check(api.allGatherBytes(mine.data(),
+                                           static_cast<int>(mine.size()),
+                                           lengths.data(), all.data()),
+                        "allgather"))
+      return std::move(e);
+    std::vector<std::string> out;
+    for (size_t r = 0, at = 0; r < lengths.size(); at += lengths[r++])
+      out.push_back(all.substr(at, lengths[r]));
+    return out;
+  }
+  Error barrier() override { return check(api.barrier(), "barrier"); }
+
+private:
+  Error check(int code, const char *what) {
+    if (code == 0)
+      return Error::success();
+    char text[512] = {};
+    api.errorText(code, text, sizeof(text));
+    return createStringError(formatv("rank {0} on {1}: MPI {2} failed: {3}",
+                                     rank(), host(), what, text));
+  }
+  MegaSlideMpiApi api;
+};
+
+} // namespace
+
+Expected<World> dist::worldFromEnvironment() {
+  struct Launcher {
+    const char *name, *rank, *size, *localRank, *localSize;
+  };
+  // Open MPI first: its mpirun inside a Slurm allocation also sets
+  // SLURM_* variables of the allocation.
+  static const Launcher launchers[] = {
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+       "MPI_LOCALNRANKS"},
+      {"srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+       "SLURM_STEP_TASKS_PER_NODE"},
+  };
+  for (const Launcher &l : launchers) {
+    Expected<std::optional<int>> size = envInt(l.size);
+    if (!size)
+      return size.takeError();
+    if (!*size)
+      continue;
+    World w;
+    w.launcher = l.name;
+    w.size = **size;
+    Expected<std::optional<int>> rank = envInt(l.rank);
+    if (!rank)
+      return rank.takeError();
+    if (!*rank || **rank >= w.size || w.size < 1)
+      return createStringError(formatv(
+          "the launcher ({0}) set {1}={2} but {3} is {4}: not a rank of the "
+          "job",
+          l.name, l.size, w.size, l.rank,
+          *rank ? std::to_string(**rank) : std::string("unset")));
+    w.rank = **rank;
+    Expected<std::optional<int>> local = envInt(l.localRank);
+    if (!local)
+      return local.takeError();
+    w.localRank = local->value_or(0);
+    // Slurm gives the tasks per node as "8(x2)"; its first count is this
+    // node's where nodes hold the same number.
+    if (const char *n = std::getenv(l.localSize)) {
+      int count = 0;
+      if (!StringRef(n).take_while(isDigit).getAsInteger(10, count))
+        w.localSize = count;
+    }
+    return w;
+  }
+  return World();
+}
+
+Error Collectives::checkSame(StringRef what, StringRef mine) {
+  Expected<std::vector<std::string>> all = allGather(mine);
+  if (!all)
+    return all.takeError();
+  Expected<std::vector<std::string>> hosts = allGather(hostName);
+  if (!hosts)
+    return hosts.takeError();
+  std::string differ;
+  for (size_t r = 1; r < all->size(); ++r)
+    if ((*all)[r] != (*all)[0])
+      differ += formatv("{0}rank {1} on {2}", differ.empty() ? "" : ", ", r,
+                        (*hosts)[r]);
+  if (differ.empty())
+    return Error::success();
+  return createStringError(formatv("the ranks of this job disagree on {0}: "
+                                   "{1} differ{2} from rank 0 on {3}; every "
+                                   "rank must run the same command",
+                                   what, differ,
+                                   differ.find(',') == std::string::npos
+                                       ? "s"
+                                       : "",
+                                   (*hosts)[0]));
+}
+
+Expected<std::unique_ptr<Collectives>> dist::openCollectives() {
+  Expected<World> world = worldFromEnvironment();
+  if (!world)
+    return world.takeError();
+  if (world->size == 1)
+    return std::make_unique<OneRank>(*world);
+  // The plugin: $MEGASLIDE_MPI_PLUGIN, else lib/ beside the executable's
+  // bin/, else the loader's search path.
+  std::vector<std::string> candidates;
+  if (const char *given = std::getenv("MEGASLIDE_MPI_PLUGIN"))
+    candidates.push_back(given);
+  else {
+    std::string exe = sys::fs::getMainExecutable(nullptr, nullptr);
+    SmallString<256> path(sys::path::parent_path(sys::path::parent_path(exe)));
+    sys::path::append(path, "lib", "libMegaSlideMpi.so");
+    candidates.push_back(std::string(path));
+    candidates.push_back("libMegaSlideMpi.so");
+  }
+  std::string tried;
+  for (const std::string &path : candidates) {
+    void *handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+      tried += formatv("\n  {0}: {1}", path, ::dlerror()).str();
+      continue;
+    }
+    auto open =
+        reinterpret_cast<decltype(&megaslideMpiOpen)>(::dlsym(handle,
+                                                              kMpiOpenSymbol));
+    if (!open)
+      return createStringError(path + " is not a MegaSlide MPI plugin");
+    MegaSlideMpiApi api{};
+    char host[256] = {}, error[512] = {};
+    if (open(world->rank, world->size, &api, host, sizeof(host), error,
+             sizeof(error)) != 0)
+      return createStringError(formatv("rank {0} of {1} ({2}): MPI did not "
+                                       "start: {3}",
+                                       world->rank, world->size,
+                                       world->launcher, error));
+    return std::make_unique<MpiJob>(*world, host, api);
+  }
+  return createStringError(formatv(
+      "launched as rank {0} of {1} by {2}, but the MPI plugin cannot be "
+      "loaded (build with MPI: scripts/install-deps.sh installs Open MPI; "
+      "or set MEGASLIDE_MPI_PLUGIN):{3}",
+      world->rank, world->size, world->launcher, tried));
+}
