@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/host/HostOptimizer.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
@@ -111,6 +113,10 @@ llvm::Expected<double> host::streamingUpdate(HostState &state,
 // HostOptimizer
 //===----------------------------------------------------------------------===//
 
+int64_t HostOptimizer::Options::ranks() const {
+  return collectives ? collectives->size() : 1;
+}
+
 void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
                             const Options &o) {
   plan = &p;
@@ -143,7 +149,8 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
     const exec::TensorType &g = p.values[inst.operands[0]].type;
     u.dtype = g.dtype;
     u.count = g.numElements();
-    if (o.gradAccum > 1)
+    // Summed in fp32 over micro-batches, and over ranks.
+    if (o.gradAccum > 1 || o.ranks() > 1)
       u.accum.resize(u.count);
     else if (o.deferred)
       u.retained.resize(g.bytes());
@@ -268,6 +275,8 @@ void HostOptimizer::dropRetained() {
 
 llvm::Expected<double> HostOptimizer::retainedNorm() {
   int64_t K = options.gradAccum;
+  // The job's micro-batches: the mean is over all of them.
+  int64_t all = K * options.ranks();
   double squared = 0;
   for (Update &u : updates) {
     if (u.received != K) {
@@ -276,9 +285,14 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
           "the plan gave parameter '{0}' {1} gradients in {2} micro-batches",
           u.inst->param, u.received, K));
     }
+    if (options.ranks() > 1)
+      if (llvm::Error e = options.collectives->allReduceSum(u.accum)) {
+        dropRetained();
+        return std::move(e);
+      }
     if (!u.accum.empty())
-      u.squaredNorm =
-          cpu::squaredNorm(u.accum.data(), DType::F32, u.count) / double(K * K);
+      u.squaredNorm = cpu::squaredNorm(u.accum.data(), DType::F32, u.count) /
+                      double(all * all);
     squared += u.squaredNorm;
   }
   dropRetained();
@@ -295,7 +309,8 @@ double HostOptimizer::decide(double norm, double lr) {
   }
   pendingStep = state->step + 1;
   pendingLr = lr;
-  pendingScale = static_cast<float>(factor / double(options.gradAccum));
+  pendingScale = static_cast<float>(
+      factor / double(options.gradAccum * options.ranks()));
   for (Update &u : updates)
     u.pending = true;
   state->step = pendingStep;

@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/train/Session.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
@@ -223,10 +225,12 @@ computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
 }
 
 /// What the host optimizer does of the recipe.
-static host::HostOptimizer::Options optimizerOptions(const Recipe &r,
-                                                     bool deferred) {
+static host::HostOptimizer::Options
+optimizerOptions(const Recipe &r, bool deferred,
+                 dist::Collectives *collectives) {
   host::HostOptimizer::Options o;
   o.deferred = deferred;
+  o.collectives = collectives;
   o.gradAccum = r.gradAccum;
   o.maxGradNorm = r.maxGradNorm;
   o.emaDecay = r.emaDecay;
@@ -355,6 +359,14 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   }
   if (llvm::Error e = checkRecipe(options.recipe, baseLr))
     return std::move(e);
+  if (options.collectives && options.collectives->size() > 1 && !deferred &&
+      streaming)
+    return llvm::createStringError(llvm::formatv(
+        "data parallelism ({0} ranks) needs the deferred update (the job's "
+        "gradient is complete only when every rank's backward ends), and "
+        "this plan updates as gradients arrive (--update streaming); plan "
+        "with --update deferred",
+        options.collectives->size()));
   if (options.recipe.gradAccum > 1 && !deferred && streaming)
     return llvm::createStringError(
         "--grad-accum needs the deferred update (the accumulated gradient "
@@ -428,7 +440,8 @@ Session::create(std::vector<BucketPlan> bucketPlans,
     session->runSettings = computeSettings(session->plans, session->names,
                                            options, deferred, *session->data);
     session->optimizer.prepare(p, session->hostState,
-                               optimizerOptions(options.recipe, deferred));
+                               optimizerOptions(options.recipe, deferred,
+                                                options.collectives));
   }
   return session;
 }
@@ -467,6 +480,16 @@ Session::trainStep(const exec::StepOptions &options) {
   if (hostState.incomplete)
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
+  // A rank of a job takes its own micro-batches of the job's sequence:
+  // rank r those after r K others', whatever the job's size
+  // (docs/Distributed.md, "Data").
+  int64_t K = this->options.recipe.gradAccum, ranks = 1, rank = 0;
+  if (dist::Collectives *c = this->options.collectives) {
+    ranks = c->size();
+    rank = c->rank();
+  }
+  if (ranks > 1)
+    data->setState(data->stateAfter(before, rank * K));
   llvm::Expected<StepReport> report = optimizerStep(
       [&](int64_t, size_t &bucket) -> llvm::Expected<exec::StepInputs> {
         llvm::Expected<exec::StepInputs> batch = data->next(&bucket);
@@ -475,10 +498,13 @@ Session::trainStep(const exec::StepOptions &options) {
         return batch;
       },
       options);
-  if (!report)
+  if (!report) {
     data->setState(before); // a retry draws the same batches
-  else
-    ++stepsRunSoFar;
+    return report;
+  }
+  if (ranks > 1)
+    data->setState(data->stateAfter(before, ranks * K));
+  ++stepsRunSoFar;
   return report;
 }
 
@@ -509,6 +535,10 @@ Session::optimizerStep(MicroBatches nextBatch, const exec::StepOptions &given) {
   // Micro-batch k with its timesteps (samples k B .. k B + B - 1 of the
   // step's sigmas, sampleSigmas), drawn in order, one at a time.
   SigmaStream sigmas(r, seed, hostState.step);
+  dist::Collectives *job = options.collectives;
+  int64_t ranks = job ? job->size() : 1;
+  if (ranks > 1)
+    sigmas.skip(job->rank() * K * B); // the micro-batches of ranks before
   std::vector<size_t> buckets;
   auto draw = [&](int64_t k) -> llvm::Expected<exec::StepInputs> {
     size_t bucket = 0;
@@ -598,7 +628,13 @@ Session::optimizerStep(MicroBatches nextBatch, const exec::StepOptions &given) {
     report.result = std::move(*one);
     report.result.seconds = seconds;
   }
-  report.result.loss = static_cast<float>(lossSum / K);
+  if (ranks > 1)
+    if (llvm::Error e = job->allReduceSum(llvm::MutableArrayRef<double>(
+            lossSum))) {
+      optimizer.dropRetained();
+      return std::move(e);
+    }
+  report.result.loss = static_cast<float>(lossSum / double(K * ranks));
   report.buckets = buckets;
   llvm::Expected<double> norm = optimizer.retainedNorm();
   if (!norm)

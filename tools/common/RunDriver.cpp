@@ -21,6 +21,7 @@
 #include "megaslide/Version.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
+#include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/host/Checkpoint.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
@@ -39,7 +40,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <fcntl.h>
 #include <filesystem>
+#include <unistd.h>
 
 using namespace llvm;
 using namespace megaslide;
@@ -162,9 +165,11 @@ cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
                                   "progress bar"));
 
 const char *toolName = "megaslide";
+/// "rank 3 on node7: " in a job of several ranks: whose message it is.
+std::string rankPrefix;
 
 int fail(const Twine &message, int code = 1) {
-  WithColor::error(errs(), toolName) << message << "\n";
+  WithColor::error(errs(), toolName) << rankPrefix << message << "\n";
   return code;
 }
 
@@ -711,22 +716,58 @@ int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
   return 0;
 }
 
+/// A rank of a data-parallel job (docs/Distributed.md): messages say which
+/// rank, ranks other than 0 print nothing but errors, and every rank must
+/// have been given the same command.
+Error joinJob(dist::Collectives &comm, int argc, char **argv) {
+  rankPrefix = formatv("rank {0} on {1}: ", comm.rank(), comm.host()).str();
+  if (comm.rank() != 0) {
+    noProgress = true;
+    outs().flush();
+    int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::close(null);
+    }
+  }
+  std::string command;
+  for (int i = 1; i < argc; ++i)
+    command += std::string(argv[i]) + '\0';
+  if (Error e = comm.checkSame("the command line", command))
+    return e;
+  if (backendName == "cuda")
+    return createStringError(formatv(
+        "data parallelism ({0} ranks) runs on the cpu backend for now: the "
+        "cuda backend's collectives (NCCL) are not built yet; see "
+        "docs/Distributed.md",
+        comm.size()));
+  if (!saveGradients.empty())
+    return createStringError("--save-gradients writes one process's "
+                             "gradients; in a job of several ranks they are "
+                             "not the step's: run it in one process");
+  return Error::success();
+}
+
 /// What the run flags ask of the training loop (train::TrainingRun).
-train::RunOptions runOptionsOf(const char *tool) {
+/// In a job of several ranks only rank 0 writes: the state is the same on
+/// every rank (docs/Distributed.md).
+train::RunOptions runOptionsOf(const char *tool, int rank) {
   train::RunOptions runOptions;
   runOptions.checkpointDir = checkpointDir;
   // With --steps 0 a checkpoint folder is only read (e.g. to export
   // weights from a read-only archive): no lock, nothing written.
-  runOptions.writesCheckpoints = steps > 0;
+  runOptions.writesCheckpoints = steps > 0 && rank == 0;
   runOptions.checkpointEvery = checkpointEvery;
   runOptions.resume = resume;
   runOptions.overwriteCheckpoints = overwriteCheckpoints;
   if (tools::flagGiven("lr-decay-steps"))
     runOptions.lrDecaySteps =
         planningOption<int64_t>("lr-decay-steps").value_or(0);
-  runOptions.metricsPath = metricsFile;
-  runOptions.reportPath = reportFile;
-  runOptions.tracePath = traceFile;
+  if (rank == 0) {
+    runOptions.metricsPath = metricsFile;
+    runOptions.reportPath = reportFile;
+    runOptions.tracePath = traceFile;
+  }
   runOptions.valEvery = valEvery;
   runOptions.maxNonFiniteSteps = maxNonFiniteSteps;
   runOptions.toolName = tool;
@@ -804,6 +845,10 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   installStopHandlers();
   if (Error e = checkRunFlags(tool))
     return fail(toString(std::move(e)));
+  Expected<std::unique_ptr<dist::Collectives>> job = dist::openCollectives();
+  if (!job)
+    return fail(toString(job.takeError()));
+  dist::Collectives &comm = **job;
   Expected<train::Recipe> recipe = readRecipeFlags(INFINITY);
   if (!recipe)
     return fail(toString(recipe.takeError()));
@@ -811,12 +856,15 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail("--save-ema writes the EMA with --save-weights: give both "
                 "and --ema-decay");
   std::string backendWhy = resolveBackend();
+  if (comm.size() > 1)
+    if (Error e = joinJob(comm, argc, argv))
+      return fail(toString(std::move(e)));
   if (Error e = checkDistinctOutputs())
     return fail(toString(std::move(e)));
   // Every output is created or proven writable now, not after hours of
   // training; folders made here go again if the run fails.
   Expected<std::unique_ptr<train::TrainingRun>> opened =
-      train::TrainingRun::open(runOptionsOf(tool.name));
+      train::TrainingRun::open(runOptionsOf(tool.name, comm.rank()));
   if (!opened)
     return fail(toString(opened.takeError()));
   train::TrainingRun &run = **opened;
@@ -836,6 +884,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     }
   }
   CreatedFolders created;
+  if (comm.rank() != 0)
+    saveWeights = ""; // rank 0's
   if (!saveWeights.empty())
     if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
       return fail("--save-weights: " + toString(std::move(e)));
@@ -878,11 +928,21 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       sessionOptionsOf(*recipe, plans->front().plan, storedSettings);
   if (!sessionOptions)
     return fail(toString(sessionOptions.takeError()));
+  sessionOptions->collectives = &comm;
   Expected<std::unique_ptr<train::Session>> session =
       train::Session::create(std::move(*plans), *sessionOptions);
   if (!session)
     return fail(toString(session.takeError()));
   train::Session &s = **session;
+  if (comm.size() > 1) {
+    std::string settings;
+    for (const auto &[name, value] : s.settings())
+      settings += name + "=" + value + "\n";
+    if (Error e = comm.checkSame("the run's settings (the plan, data and "
+                                 "recipe)",
+                                 settings))
+      return fail(toString(std::move(e)));
+  }
   run.attach(s);
   const exec::ExecPlan &p = s.plan();
   bool computesLoss = s.backend().computesLoss();
@@ -920,6 +980,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   StringMap<std::vector<float>> gradients; // of the last step
   auto onStep = [&](const train::RunStep &step) {
+    if (comm.rank() != 0)
+      return; // rank 0 speaks for the job: the ranks' steps are the same
     const exec::StepResult &result = step.report.result;
     if (result.skipped)
       errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
@@ -938,7 +1000,18 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
                     computesLoss);
   };
   train::TrainingRun::Hooks hooks;
-  auto stopRequested = [] { return stopSignal != 0; };
+  // Every rank stops at the same step: where any was signalled.
+  auto stopRequested = [&] {
+    if (comm.size() == 1)
+      return stopSignal != 0;
+    double stops[2] = {stopSignal == SIGINT ? 1.0 : 0.0,
+                       stopSignal == SIGTERM ? 1.0 : 0.0};
+    if (Error e = comm.allReduceSum(MutableArrayRef<double>(stops)))
+      consumeError(std::move(e)); // the next step's collective says why
+    if (!stopSignal && (stops[0] > 0 || stops[1] > 0))
+      stopSignal = stops[0] > 0 ? SIGINT : SIGTERM;
+    return stopSignal != 0;
+  };
   auto beforeStep = [&](exec::StepOptions &options, bool last) {
     if (!saveGradients.empty() && last) {
       gradients.clear();
@@ -956,7 +1029,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   int64_t done = *ran;
   const train::RunTotals &totals = run.totals();
 
-  if (stopSignal)
+  if (done < steps)
     return stopped(run, s, done, argc, argv, tool.name);
 
   if (!saveWeights.empty())

@@ -25,6 +25,10 @@
 #include <optional>
 #include <vector>
 
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
+
 namespace megaslide::host {
 
 /// A gradient as it reached the host, in its planned dtype; valid only
@@ -94,7 +98,12 @@ public:
     double maxGradNorm = 0; ///< clipping; 0: none
     double emaDecay = 0;    ///< EMA of the masters; 0: none
     bool emaWarmup = false, emaBf16 = false;
+    /// The job's ranks (docs/Distributed.md), each with gradAccum
+    /// micro-batches of a step: the deferred update sums the retained
+    /// gradients over them first, so every rank decides and updates alike.
+    dist::Collectives *collectives = nullptr;
     bool hasEma() const { return emaDecay > 0; }
+    int64_t ranks() const;
   };
 
   /// Adds the EMA tensors ("<param>.ema", role "ema") to `state` and keeps
@@ -128,8 +137,8 @@ public:
   /// Deferred, after the last micro-batch: the global L2 norm of the
   /// averaged gradients (squared norms summed in plan order, in double);
   /// NaN or infinite when a gradient is. An error when a parameter did not
-  /// get one gradient per micro-batch. The retained micro-batches are
-  /// counted afresh from here.
+  /// get one gradient per micro-batch, or a collective failed. The
+  /// retained micro-batches are counted afresh from here.
   llvm::Expected<double> retainedNorm();
   /// Deferred: forgets the micro-batches retained in a failed step.
   void dropRetained();

@@ -21,6 +21,10 @@
 #include <utility>
 #include <vector>
 
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
+
 namespace megaslide::train {
 
 struct SessionOptions {
@@ -31,6 +35,10 @@ struct SessionOptions {
   Recipe recipe;
   /// Validation samples (the --data format); empty: no validation.
   std::string valDataDir;
+  /// The job this process is a rank of (docs/Distributed.md); null: one
+  /// process. Each rank takes recipe.gradAccum micro-batches of every
+  /// step, the job's gradient is their sum over the ranks.
+  dist::Collectives *collectives = nullptr;
 };
 
 /// One shape of a bucketed run (docs/Runtime.md, "Buckets"): its name,
