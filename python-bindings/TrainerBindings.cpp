@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/host/Weights.h"
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/trace/ChromeTrace.h"
@@ -96,6 +97,18 @@ public:
           const std::string &backend, uint64_t seed,
           const std::string &hardwarePath, const py::dict &recipe,
           const std::string &valData, const py::dict &runOptions) {
+    // One process per Trainer: under a launcher each rank would train on
+    // its own, silently (docs/Python.md, "Under mpirun").
+    llvm::Expected<dist::World> world = dist::worldFromEnvironment();
+    if (!world)
+      raise(world.takeError());
+    if (world->size > 1)
+      throw std::runtime_error(
+          "megaslide.Trainer runs in one process, and this is rank " +
+          std::to_string(world->rank) + " of " + std::to_string(world->size) +
+          " started by " + world->launcher +
+          ": data-parallel training is megaslide-run's (mpirun -np N "
+          "megaslide-run ...; docs/Distributed.md)");
     // The run's outputs first: a folder held by another run, or an
     // unwritable log, fails before the plan is loaded.
     train::RunOptions o;

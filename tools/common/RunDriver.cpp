@@ -167,6 +167,9 @@ cl::opt<bool> noProgress("no-progress", cl::cat(runCategory),
 const char *toolName = "megaslide";
 /// "rank 3 on node7: " in a job of several ranks: whose message it is.
 std::string rankPrefix;
+/// How the job was launched ("mpirun -np 8 "), for the command that
+/// continues a stopped run.
+std::string launchPrefix;
 
 int fail(const Twine &message, int code = 1) {
   WithColor::error(errs(), toolName) << rankPrefix << message << "\n";
@@ -263,14 +266,14 @@ std::string shellQuote(StringRef arg) {
 std::string resumeCommand(int argc, char **argv, int64_t remaining,
                           bool saved) {
   if (!saved) {
-    std::string cmd = shellQuote(argv[0]);
+    std::string cmd = launchPrefix + shellQuote(argv[0]);
     for (int i = 1; i < argc; ++i)
       cmd += " " + shellQuote(argv[i]);
     return cmd;
   }
   if (maxSteps.getNumOccurrences()) {
     // A total: the same command, resumed, takes the rest.
-    std::string cmd = shellQuote(argv[0]);
+    std::string cmd = launchPrefix + shellQuote(argv[0]);
     for (int i = 1; i < argc; ++i) {
       StringRef arg = argv[i];
       if (arg.ltrim('-') != "resume" && arg.ltrim('-') != "overwrite-checkpoints")
@@ -278,7 +281,7 @@ std::string resumeCommand(int argc, char **argv, int64_t remaining,
     }
     return cmd + " --resume";
   }
-  std::string cmd = shellQuote(argv[0]);
+  std::string cmd = launchPrefix + shellQuote(argv[0]);
   auto named = [](StringRef arg, StringRef name) {
     arg = arg.ltrim('-');
     return arg == name || arg.starts_with((name + "=").str());
@@ -721,6 +724,10 @@ int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
 /// have been given the same command.
 Error joinJob(dist::Collectives &comm, int argc, char **argv) {
   rankPrefix = formatv("rank {0} on {1}: ", comm.rank(), comm.host()).str();
+  const dist::World &w = comm.world();
+  launchPrefix = formatv("{0} {1} {2} ", w.launcher,
+                         w.launcher == "mpirun" ? "-np" : "-n", w.size)
+                     .str();
   if (comm.rank() != 0) {
     noProgress = true;
     outs().flush();
