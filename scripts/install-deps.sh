@@ -16,6 +16,9 @@ APT_PACKAGES=(
   python3-venv
   # The ASan+UBSan build and libFuzzer targets (scripts/sanitize.sh).
   clang-22 libclang-rt-22-dev
+  # Data parallelism (docs/Distributed.md): Open MPI's mpirun and headers
+  # for the MPI plugin (runtime/dist/MpiCollectives.cpp).
+  libopenmpi-dev openmpi-bin
   # The training report rendered by a real browser, headless
   # (test/python/test_training_report.py): 122 MB to fetch, 414 MB
   # installed, about a minute (docs/Testing.md).

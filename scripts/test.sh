@@ -32,11 +32,12 @@ run "runtime-only build, device bundle, device check (dry run without a GPU)" \
   env MEGASLIDE_BUILD_DIR="$build" MEGASLIDE_RUNTIME_BUILD="$runtime" \
   sh -c '"$0/scripts/device-bundle.sh" && OUT="$1/device-check" "$0/scripts/device-check.sh"' \
   "$root" "$build"
-# MEGASLIDE_REQUIRE_CHROMIUM: the browser test of the training report
-# fails, not skips, where install-deps.sh did not give a chromium.
+# MEGASLIDE_REQUIRE_CHROMIUM / _MPI: the browser test of the training
+# report and the mpirun tests fail, not skip, where install-deps.sh did not
+# give a chromium or Open MPI.
 run "pytest (Python module)" env PYTHONPATH="$build/python_packages" \
   MEGASLIDE_RUNTIME_BUILD="$runtime" MEGASLIDE_REQUIRE_RUNTIME_BUILD=1 \
-  MEGASLIDE_REQUIRE_CHROMIUM=1 \
+  MEGASLIDE_REQUIRE_CHROMIUM=1 MEGASLIDE_REQUIRE_MPI=1 \
   "$python" -m pytest -q "$root/test/python"
 # `pip install .` into a venv and pytest on the installed package: ~4.5 min
 # after the build above (ccache serves it), ~10 min cold (docs/Python.md).

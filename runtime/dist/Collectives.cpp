@@ -2,7 +2,7 @@
 
 #include "megaslide/runtime/dist/Collectives.h"
 
-#include "MpiPlugin.h"
+#include "megaslide/runtime/dist/MpiPlugin.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"

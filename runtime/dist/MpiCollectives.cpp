@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "MpiPlugin.h"
+#include "megaslide/runtime/dist/MpiPlugin.h"
 
 #include <algorithm>
 #include <cstdio>
