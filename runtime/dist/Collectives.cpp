@@ -9,8 +9,13 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <dlfcn.h>
+#include <mutex>
+#include <thread>
 #include <unistd.h>
 
 using namespace llvm;
@@ -57,20 +62,39 @@ public:
   Error barrier() override { return Error::success(); }
 };
 
-/// A job over MPI, through the plugin's C functions.
+/// A job over MPI, through the plugin's C functions, with a watchdog on
+/// every collective.
 class MpiJob final : public Collectives {
 public:
   MpiJob(World w, std::string host, const MegaSlideMpiApi &api)
       : Collectives(std::move(w), std::move(host)), api(api) {}
-  ~MpiJob() override { api.finalize(); }
+  ~MpiJob() override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (watchdog.joinable())
+      watchdog.join();
+    api.finalize();
+  }
+
+  void setTimeout(double seconds) override {
+    timeout = seconds;
+    if (!watchdog.joinable() && seconds > 0)
+      watchdog = std::thread([this] { watch(); });
+  }
 
   Error allReduceSum(MutableArrayRef<float> data) override {
+    Waiting w(*this, "allreduce");
     return check(api.allReduceSum(data.data(), data.size(), 0), "allreduce");
   }
   Error allReduceSum(MutableArrayRef<double> data) override {
+    Waiting w(*this, "allreduce");
     return check(api.allReduceSum(data.data(), data.size(), 1), "allreduce");
   }
   Expected<std::vector<std::string>> allGather(StringRef mine) override {
+    Waiting w(*this, "allgather");
     std::vector<int> lengths(size());
     if (Error e = check(api.allGatherLengths(static_cast<int>(mine.size()),
                                              lengths.data()),
@@ -90,9 +114,51 @@ public:
       out.push_back(all.substr(at, lengths[r]));
     return out;
   }
-  Error barrier() override { return check(api.barrier(), "barrier"); }
+  Error barrier() override {
+    Waiting w(*this, "barrier");
+    return check(api.barrier(), "barrier");
+  }
 
 private:
+  /// Marks a collective in flight for the watchdog.
+  struct Waiting {
+    Waiting(MpiJob &job, const char *what) : job(job) {
+      job.what = what;
+      job.since = std::chrono::steady_clock::now().time_since_epoch().count();
+    }
+    ~Waiting() { job.since = 0; }
+    MpiJob &job;
+  };
+
+  /// Ends the process when a collective has waited past the timeout: MPI
+  /// would wait for a hung rank for ever. Exit code 5; the launcher ends
+  /// the others (Open MPI on a rank's non-zero exit).
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping) {
+      cv.wait_for(lock, std::chrono::milliseconds(200));
+      int64_t started = since;
+      if (!started)
+        continue;
+      double waited =
+          std::chrono::duration<double>(
+              std::chrono::steady_clock::now().time_since_epoch() -
+              std::chrono::steady_clock::duration(started))
+              .count();
+      if (waited < timeout)
+        continue;
+      std::string text =
+          formatv("megaslide: error: rank {0} on {1}: the job's {2} has "
+                  "waited {3:F0} s for the other ranks (--collective-timeout "
+                  "{4}): a rank has hung or died; the job stops, and the last "
+                  "complete checkpoint resumes it\n",
+                  rank(), host(), what.load(), waited, timeout)
+              .str();
+      (void)!::write(STDERR_FILENO, text.data(), text.size());
+      std::_Exit(5);
+    }
+  }
+
   Error check(int code, const char *what) {
     if (code == 0)
       return Error::success();
@@ -102,6 +168,13 @@ private:
                                      rank(), host(), what, text));
   }
   MegaSlideMpiApi api;
+  double timeout = 0;
+  std::atomic<int64_t> since{0}; ///< steady clock ticks; 0: none in flight
+  std::atomic<const char *> what{""};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread watchdog;
 };
 
 } // namespace

@@ -19,6 +19,7 @@ struct GradientAt {
 struct Faults {
   std::optional<uint64_t> writeLimit;
   std::optional<GradientAt> nanGradient;
+  std::optional<std::pair<int, int64_t>> hang; ///< rank, step
 };
 
 std::optional<uint64_t> parseWriteLimit(const char *text) {
@@ -42,6 +43,13 @@ const Faults &faults() {
       if (!step.getAsInteger(10, at.step))
         f.nanGradient = std::move(at);
     }
+    // RANK@STEP
+    if (const char *text = std::getenv("MEGASLIDE_FAULT_HANG")) {
+      auto [rank, step] = llvm::StringRef(text).split('@');
+      std::pair<int, int64_t> at;
+      if (!rank.getAsInteger(10, at.first) && !step.getAsInteger(10, at.second))
+        f.hang = at;
+    }
     return f;
   }();
   return f;
@@ -54,4 +62,9 @@ std::optional<uint64_t> fault::writeLimit() { return faults().writeLimit; }
 bool fault::nanGradient(llvm::StringRef param, int64_t step) {
   const std::optional<GradientAt> &at = faults().nanGradient;
   return at && at->step == step && at->param == param;
+}
+
+bool fault::hangs(int rank, int64_t step) {
+  const std::optional<std::pair<int, int64_t>> &at = faults().hang;
+  return at && at->first == rank && at->second == step;
 }

@@ -3,6 +3,9 @@
 #include "megaslide/runtime/train/Session.h"
 
 #include "megaslide/runtime/dist/Collectives.h"
+#include "megaslide/runtime/support/FaultInjection.h"
+
+#include <unistd.h>
 
 #include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
@@ -501,6 +504,9 @@ Session::trainStep(const exec::StepOptions &options) {
     ranks = c->size();
     rank = c->rank();
   }
+  if (ranks > 1 && fault::hangs(rank, hostState.step + 1))
+    for (;;)
+      ::pause(); // a test's hung rank: only SIGKILL ends it
   if (ranks > 1)
     data->setState(data->stateAfter(before, rank * K));
   llvm::Expected<StepReport> report = optimizerStep(

@@ -152,6 +152,12 @@ cl::opt<std::string> reportFile(
              "and at the end; megaslide-report draws it from a --metrics "
              "file"),
     cl::value_desc("FILE"));
+cl::opt<double> collectiveTimeout(
+    "collective-timeout", cl::init(1800), cl::cat(runCategory),
+    cl::desc("In a job of several ranks: seconds a rank waits in a "
+             "collective for the others before it ends the job (a rank "
+             "hung); docs/Distributed.md"),
+    cl::value_desc("SECONDS"));
 cl::opt<bool> saveEma(
     "save-ema", cl::cat(runCategory),
     cl::desc("--save-weights writes the EMA of the weights (--ema-decay) "
@@ -748,6 +754,10 @@ Error joinJob(dist::Collectives &comm, int argc, char **argv) {
         "cuda backend's collectives (NCCL) are not built yet; see "
         "docs/Distributed.md",
         comm.size()));
+  if (!(collectiveTimeout > 0))
+    return createStringError("--collective-timeout must be a positive number "
+                             "of seconds");
+  comm.setTimeout(collectiveTimeout);
   if (!saveGradients.empty())
     return createStringError("--save-gradients writes one process's "
                              "gradients; in a job of several ranks they are "

@@ -59,6 +59,12 @@ public:
   allGather(llvm::StringRef mine) = 0;
   virtual llvm::Error barrier() = 0;
 
+  /// A collective that waits longer than `seconds` for the other ranks (one
+  /// of them hung or died unnoticed) ends this process with exit code 5
+  /// and a message naming the rank, host and collective; the launcher then
+  /// ends the job (docs/Distributed.md, "Stopping and faults").
+  virtual void setTimeout(double seconds) {}
+
   /// Fails with `message` unless every rank's `mine` is the same: the
   /// error names the ranks and hosts that differ (ranks that disagree on
   /// the plan, the backend or the checkpoint).

@@ -10,6 +10,7 @@
 //
 //   MEGASLIDE_FAULT_WRITE_LIMIT=<bytes>          fault::writeLimit()
 //   MEGASLIDE_FAULT_NAN_GRADIENT=<param>@<step>  fault::nanGradient()
+//   MEGASLIDE_FAULT_HANG=<rank>@<step>           fault::hangs()
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,6 +32,11 @@ std::optional<uint64_t> writeLimit();
 /// Whether the gradient of parameter `param` that the deferred update
 /// keeps at optimizer step `step` (1-based) gets a NaN.
 bool nanGradient(llvm::StringRef param, int64_t step);
+
+/// Whether rank `rank` of a data-parallel job hangs (sleeps for good)
+/// before optimizer step `step` (1-based): a rank the others must not
+/// wait for forever.
+bool hangs(int rank, int64_t step);
 
 } // namespace megaslide::fault
 
