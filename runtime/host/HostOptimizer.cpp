@@ -117,6 +117,47 @@ int64_t HostOptimizer::Options::ranks() const {
   return collectives ? collectives->size() : 1;
 }
 
+namespace {
+/// What the optimizer keeps of one parameter's gradient between its
+/// micro-batches: their fp32 sum over several, else (deferred) the bytes
+/// of one.
+struct GradientHold {
+  int64_t accumCount = 0;
+  uint64_t retainedBytes = 0;
+};
+} // namespace
+
+static GradientHold gradientHold(const exec::TensorType &g,
+                                 const HostOptimizer::Options &o) {
+  GradientHold hold;
+  // Summed in fp32 over micro-batches, and over a job's ranks.
+  if (o.gradAccum > 1 || o.ranks() > 1)
+    hold.accumCount = g.numElements();
+  else if (o.deferred)
+    hold.retainedBytes = g.bytes();
+  return hold;
+}
+
+static DType emaDType(const HostOptimizer::Options &o) {
+  return o.emaBf16 ? DType::BF16 : DType::F32;
+}
+
+HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
+                                                  const Options &o) {
+  Footprint f;
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (inst.op != exec::OpCode::HostAdamW)
+      continue;
+    const exec::TensorType &g = plan.values[inst.operands[0]].type;
+    GradientHold hold = gradientHold(g, o);
+    f.retainedBytes += hold.retainedBytes;
+    f.accumBytes += hold.accumCount * sizeof(float);
+    if (o.hasEma())
+      f.emaBytes += g.numElements() * exec::dtypeBytes(emaDType(o));
+  }
+  return f;
+}
+
 void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
                             const Options &o) {
   plan = &p;
@@ -132,7 +173,7 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
         param.name = inst.param + ".ema";
         param.role = "ema";
         param.of = inst.param;
-        param.type.dtype = o.emaBf16 ? DType::BF16 : DType::F32;
+        param.type.dtype = emaDType(o);
         s.addTensor(std::move(param));
       }
   // Pointers into the state only now that no tensor is added.
@@ -149,11 +190,9 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
     const exec::TensorType &g = p.values[inst.operands[0]].type;
     u.dtype = g.dtype;
     u.count = g.numElements();
-    // Summed in fp32 over micro-batches, and over ranks.
-    if (o.gradAccum > 1 || o.ranks() > 1)
-      u.accum.resize(u.count);
-    else if (o.deferred)
-      u.retained.resize(g.bytes());
+    GradientHold hold = gradientHold(g, o);
+    u.accum.resize(hold.accumCount);
+    u.retained.resize(hold.retainedBytes);
     updateIndex[inst.param] = updates.size();
     updates.push_back(std::move(u));
   }

@@ -171,11 +171,24 @@ static void initTensor(const exec::Param &p, uint64_t seed,
     x = stddev * rng.normal();
 }
 
+/// Whether the host state holds parameter `p` (initHostState).
+static bool inHostState(const exec::Param &p) {
+  return p.role == "master" || p.role == "moment" || p.role == "frozen";
+}
+
+uint64_t host::stateBytes(const exec::ExecPlan &plan) {
+  uint64_t bytes = 0;
+  for (const exec::Param &p : plan.params)
+    if (inHostState(p))
+      bytes += p.type.numElements() * sizeof(float);
+  return bytes;
+}
+
 HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed) {
   HostState state;
   state.tensors.reserve(plan.params.size());
   for (const exec::Param &p : plan.params) {
-    if (p.role != "master" && p.role != "moment" && p.role != "frozen")
+    if (!inHostState(p))
       continue;
     HostTensor t;
     t.param = &p;

@@ -106,6 +106,17 @@ public:
     int64_t ranks() const;
   };
 
+  /// The host memory prepare() allocates for `plan` besides the state's
+  /// masters and moments: the one home of its sizes, which the trainer's
+  /// host-memory check counts (docs/Runtime.md, "Host memory").
+  struct Footprint {
+    uint64_t retainedBytes = 0; ///< deferred: one micro-batch's gradients
+    uint64_t accumBytes = 0;    ///< several micro-batches: their fp32 sums
+    uint64_t emaBytes = 0;      ///< the EMA tensors
+  };
+  static Footprint footprint(const exec::ExecPlan &plan,
+                             const Options &options);
+
   /// Adds the EMA tensors ("<param>.ema", role "ema") to `state` and keeps
   /// one record per host_adamw of `plan`, in plan order. `plan` and
   /// `state` must outlive the optimizer, and no tensor may be added to

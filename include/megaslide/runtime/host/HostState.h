@@ -1,9 +1,10 @@
 //===- HostState.h - The model state in host memory -------------*- C++ -*-===//
 //
 // Every persistent tensor of a plan (fp32 masters, AdamW moments, frozen
-// buffers) plus the optimizer step, owned by the host (docs/MemoryAccounting.md).
-// Backends read masters when staging weights and update them in the host
-// AdamW; weights and checkpoints are saved from and loaded into it.
+// buffers) plus the optimizer step, owned by the host
+// (docs/MemoryAccounting.md). Backends read masters when staging weights and
+// update them in the host AdamW; weights and checkpoints are saved from and
+// loaded into it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -80,6 +81,10 @@ uint64_t residentBytes();
 llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
 /// The same for this machine.
 llvm::Expected<uint64_t> usableHostMemoryBytes();
+
+/// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
+/// moments and frozen buffers.
+uint64_t stateBytes(const exec::ExecPlan &plan);
 
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch

@@ -186,6 +186,16 @@ private:
       int64_t k, size_t &bucket)>;
   llvm::Expected<StepReport> optimizerStep(MicroBatches next,
                                            const exec::StepOptions &options);
+  /// optimizerStep's three kinds, each running report.microBatches drawn
+  /// by `draw` (their timesteps added) into `report`: no update (timing,
+  /// or gradients only), the streaming update, the deferred update.
+  llvm::Error stepWithoutUpdate(MicroBatches draw,
+                                const exec::StepOptions &options,
+                                StepReport &report);
+  llvm::Error streamingStep(MicroBatches draw, exec::StepOptions options,
+                            StepReport &report);
+  llvm::Error deferredStep(MicroBatches draw, exec::StepOptions options,
+                           StepReport &report);
 
   std::vector<std::unique_ptr<exec::ExecPlan>> plans; ///< stable addresses
   std::vector<std::string> names;

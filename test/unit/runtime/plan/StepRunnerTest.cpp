@@ -7,18 +7,18 @@
 // must match it bit for bit: losses, gradients, gradient norms, the host
 // state after streaming and deferred updates (host::HostOptimizer, as
 // train::Session drives it), and a step skipped for a non-finite loss.
-// Unlike the cpu backend's device it keeps every value in a buffer of its
-// own, allocated when the runner makes it live and freed when the runner
-// releases it, so a value released too early or a view bound to the wrong
-// bytes shows as a difference.
+// It shares the cpu backend's host primitives (cpu::HostDevice: casts,
+// copies, the cpu kernels) but binds memory its own way: every value in a
+// buffer of its own, allocated when the runner makes it live and freed
+// when the runner releases it, so a value released too early or a view
+// bound to the wrong bytes shows as a difference.
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/plan/StepRunner.h"
 
-#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/CpuBackend.h"
-#include "megaslide/runtime/cpu/GraphKernels.h"
+#include "megaslide/runtime/cpu/HostDevice.h"
 #include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/plan/DeferredUpdates.h"
 #include "megaslide/runtime/train/SyntheticData.h"
@@ -36,33 +36,24 @@ using exec::Home;
 
 namespace {
 
-/// The primitives over plain host memory, each done before it returns;
-/// graph ops on the cpu kernels.
-class HostTestDevice final : public exec::Device {
+/// The primitives over plain host memory (cpu::HostDevice: each done
+/// before it returns, graph ops on the cpu kernels), every device value in
+/// a buffer of its own while it is live.
+class HostTestDevice final : public cpu::HostDevice {
 public:
   explicit HostTestDevice(const exec::ExecPlan &plan)
-      : plan(plan), buffers(plan.values.size()) {
+      : HostDevice(plan, llvm::cantFail(cpu::bindGraphKernels(plan))),
+        buffers(plan.values.size()) {
     for (size_t id = 0; id < plan.values.size(); ++id)
       if (plan.values[id].home != Home::Device)
         buffers[id].resize(plan.values[id].type.bytes());
-    for (const exec::Instruction &inst : plan.instructions)
-      kernels.push_back(exec::isScheduleOp(inst.op) ||
-                                inst.op == exec::OpCode::Reshape
-                            ? nullptr
-                            : cpu::findGraphKernel(inst.op));
   }
 
   int64_t peakLiveBytes = 0;
 
   const char *name() const override { return "host-test"; }
-  bool synchronous() const override { return true; }
   uint8_t *hostData(int64_t id) override { return buffers[id].data(); }
 
-  llvm::Error beginStep(exec::StepSetup setup) override {
-    fetches = std::move(setup.fetches);
-    liveBytes = peakLiveBytes = 0;
-    return llvm::Error::success();
-  }
   llvm::Error allocate(size_t i) override {
     const exec::Instruction &inst = plan.instructions[i];
     for (int64_t r : inst.results) {
@@ -89,66 +80,21 @@ public:
         buffers[id] = {};
       }
   }
-
-  llvm::Error fetch(size_t i, size_t k) override {
-    if (fetches[k].before)
-      fetches[k].before();
-    int64_t id = plan.instructions[i].results[0];
-    const exec::TensorType &type = plan.values[id].type;
-    cpu::narrow(fetches[k].master, type.dtype, type.numElements(), data(id));
-    return llvm::Error::success();
-  }
-  llvm::Error copy(size_t i) override {
-    const exec::Instruction &inst = plan.instructions[i];
-    std::memcpy(data(inst.results[0]), data(inst.operands[0]),
-                plan.values[inst.results[0]].type.bytes());
-    return llvm::Error::success();
-  }
-  llvm::Error launch(size_t i) override {
-    if (!kernels[i])
-      return llvm::Error::success();
-    return cpu::runGraphKernel(
-        kernels[i], plan, plan.instructions[i],
-        [this](int64_t id) { return data(id); }, wide);
-  }
-  llvm::Error record(size_t) override { return llvm::Error::success(); }
-  llvm::Error wait(size_t) override { return llvm::Error::success(); }
-  llvm::Error runOnHost(size_t, std::function<void()> work) override {
-    work();
-    return llvm::Error::success();
-  }
-  llvm::Error captureValue(int64_t id, exec::Stream) override {
-    captured.assign(data(id), data(id) + plan.values[id].type.bytes());
-    return llvm::Error::success();
-  }
-  llvm::Error awaitValue(int64_t, void *dst) override {
-    std::memcpy(dst, captured.data(), captured.size());
-    return llvm::Error::success();
-  }
-  llvm::Error endStep() override { return llvm::Error::success(); }
-  llvm::Error readValue(int64_t id, void *dst) override {
-    std::memcpy(dst, data(id), plan.values[id].type.bytes());
-    return llvm::Error::success();
-  }
   void measureMemory(exec::MemoryStats &stats) override {
     stats.measuredLiveBytes = peakLiveBytes;
   }
 
 private:
+  void resetMemory() override { liveBytes = peakLiveBytes = 0; }
   /// A value's bytes: its own buffer, or its base's for a view.
-  uint8_t *data(int64_t id) {
+  uint8_t *bytesOf(int64_t id) override {
     while (plan.values[id].viewOf)
       id = *plan.values[id].viewOf;
     EXPECT_FALSE(buffers[id].empty()) << "%" << id << " is not live";
     return buffers[id].data();
   }
 
-  const exec::ExecPlan &plan;
   std::vector<std::vector<uint8_t>> buffers; ///< per value; empty: free
-  std::vector<cpu::GraphKernel> kernels;
-  std::vector<exec::FetchSource> fetches;
-  std::vector<uint8_t> captured;
-  std::vector<std::vector<float>> wide;
   int64_t liveBytes = 0;
 };
 

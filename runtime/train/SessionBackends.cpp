@@ -1,0 +1,65 @@
+//===- SessionBackends.cpp - A session's backends, one bucket's at a time -===//
+
+#include "SessionParts.h"
+
+#include "megaslide/runtime/cpu/CpuBackend.h"
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/sim/SimBackend.h"
+
+using namespace megaslide;
+using namespace megaslide::train;
+
+Session::~Session() {
+  // The cuda backend keeps its pinned pools for the next bucket's backend;
+  // a finished session (a Python Trainer going away) gives them back.
+  executor.reset();
+  cuda::releasePinnedPools();
+}
+
+llvm::Expected<std::unique_ptr<exec::Backend>>
+train::createBackend(const exec::ExecPlan &plan,
+                     const SessionOptions &options) {
+  if (options.backend == "sim") {
+    sim::HardwareModel hw;
+    if (!options.hardwarePath.empty()) {
+      llvm::Expected<sim::HardwareModel> loaded =
+          sim::loadHardwareModel(options.hardwarePath);
+      if (!loaded)
+        return loaded.takeError();
+      hw = std::move(*loaded);
+    }
+    auto backend = sim::SimBackend::create(plan, std::move(hw));
+    if (!backend)
+      return backend.takeError();
+    return std::unique_ptr<exec::Backend>(std::move(*backend));
+  }
+  if (options.backend == "cuda") {
+    auto backend = cuda::CudaBackend::create(plan);
+    if (!backend)
+      return backend.takeError();
+    return std::unique_ptr<exec::Backend>(std::move(*backend));
+  }
+  if (options.backend == "cpu") {
+    auto backend = cpu::CpuBackend::create(plan);
+    if (!backend)
+      return backend.takeError();
+    return std::unique_ptr<exec::Backend>(std::move(*backend));
+  }
+  return llvm::createStringError("unknown backend '" + options.backend +
+                                 "' (use cpu, cuda or sim)");
+}
+
+llvm::Error Session::useBucket(size_t bucket) {
+  if (executor && live == bucket)
+    return llvm::Error::success();
+  // Every decided update lands first: the next backend starts from the
+  // host state alone.
+  flushUpdates();
+  executor.reset(); // its device memory goes before the next one's comes
+  auto backend = createBackend(*plans[bucket], options);
+  if (!backend)
+    return backend.takeError();
+  executor = std::move(*backend);
+  live = bucket;
+  return llvm::Error::success();
+}

@@ -1,0 +1,118 @@
+//===- SessionHostMemory.cpp - What a run holds in host memory ------------===//
+//
+// docs/Runtime.md, "Host memory": upper bounds from the plan's own sizes,
+// checked before the backend or the state touches a byte.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SessionParts.h"
+
+#include "megaslide/Support/Units.h"
+#include "megaslide/runtime/cuda/CudaPlan.h"
+
+using namespace megaslide;
+using namespace megaslide::train;
+
+uint64_t HostMemoryNeed::total() const {
+  uint64_t sum = 0;
+  for (const auto &part : parts)
+    sum += part.second;
+  return sum;
+}
+
+/// What a computing backend holds in host memory for `plan`.
+static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
+                               const SessionOptions &options,
+                               const DataSource &data, bool deferred) {
+  HostMemoryNeed need;
+  need.parts.push_back(
+      {"host state (fp32 masters, AdamW moments)", host::stateBytes(plan)});
+  uint64_t hostValues = 0;
+  for (const exec::Value &v : plan.values)
+    if (v.home != exec::Home::Device)
+      hostValues += v.type.bytes();
+  need.parts.push_back(
+      {"host buffers of the plan (step inputs, gradients, offloaded "
+       "activations)",
+       hostValues});
+  if (options.backend == "cpu") {
+    need.parts.push_back(
+        {"device arena (the cpu backend holds it in host memory)",
+         static_cast<uint64_t>(plan.arenaBytes)});
+    // Each kernel runs on fp32 copies of its floating-point operands.
+    uint64_t widest = 0;
+    for (const exec::Instruction &inst : plan.instructions) {
+      uint64_t bytes = 0;
+      for (const auto *ids : {&inst.operands, &inst.results})
+        for (int64_t id : *ids)
+          bytes += plan.values[id].type.numElements() * sizeof(float);
+      widest = std::max(widest, bytes);
+    }
+    need.parts.push_back({"fp32 operands of the largest kernel", widest});
+  } else {
+    need.parts.push_back(
+        {"pinned weight staging",
+         static_cast<uint64_t>(cuda::weightStagingBytes(plan))});
+  }
+  need.parts.push_back(
+      {"data (samples in memory, batches read ahead)", data.bytesHeld()});
+  host::HostOptimizer::Footprint optimizer = host::HostOptimizer::footprint(
+      plan, optimizerOptions(options.recipe, deferred));
+  need.parts.push_back(
+      {"gradients kept for the deferred update", optimizer.retainedBytes});
+  need.parts.push_back({"gradient accumulation (fp32)", optimizer.accumBytes});
+  need.parts.push_back({"EMA of the weights", optimizer.emaBytes});
+  return need;
+}
+
+HostMemoryNeed
+train::hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
+                      const SessionOptions &options, const DataSource &data,
+                      bool deferred) {
+  HostMemoryNeed need;
+  for (const std::unique_ptr<exec::ExecPlan> &plan : plans) {
+    HostMemoryNeed one = planNeed(*plan, options, data, deferred);
+    if (need.parts.empty())
+      need = std::move(one);
+    else
+      for (size_t i = 0; i < need.parts.size(); ++i)
+        need.parts[i].second =
+            std::max(need.parts[i].second, one.parts[i].second);
+  }
+  return need;
+}
+
+llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
+                                   const exec::ExecPlan &plan,
+                                   llvm::StringRef backend) {
+  uint64_t total = need.total();
+  host::HostMemoryReadings readings = host::readHostMemory();
+  llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
+  if (!usable)
+    return usable.takeError();
+  uint64_t have = *usable;
+  if (total <= have)
+    return llvm::Error::success();
+  // Sizes in the unit of their magnitude (1MB is not "0.00 GiB"),
+  // right-aligned.
+  size_t width = 0;
+  for (const auto &part : need.parts)
+    width = std::max(width, formatBytes(part.second).size());
+  std::string parts;
+  for (const auto &[what, bytes] : need.parts)
+    if (bytes)
+      parts += "\n  " + std::string(width - formatBytes(bytes).size(), ' ') +
+               formatBytes(bytes) + "  " + what;
+  return llvm::createStringError(
+      "'" + plan.model + "' on the " + backend.str() + " backend needs " +
+      formatBytes(total) + " of host memory, but this machine has " +
+      formatBytes(have) +
+      (readings.override
+           ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
+           : std::string(" (MemTotal or its memory blocks, capped by "
+                         "the cgroup's limit):")) +
+      parts +
+      "\nuse --backend sim to predict it, a smaller model or video, or "
+      "--activation-policy recompute; where memory grows as it is used "
+      "(some VMs), set MEGASLIDE_HOST_MEMORY to what the machine has");
+}

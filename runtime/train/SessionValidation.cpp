@@ -1,0 +1,78 @@
+//===- SessionValidation.cpp - The validation loss of a session -----------===//
+
+#include "SessionParts.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace megaslide;
+using namespace megaslide::train;
+
+llvm::Expected<std::unique_ptr<DataSource>>
+train::openValidationData(const SessionOptions &options,
+                          llvm::ArrayRef<InputShapes> shapesOf,
+                          llvm::ArrayRef<std::string> names) {
+  const InputShapes &first = shapesOf.front();
+  bool bucketed = !names.front().empty();
+  uint64_t valSeed = options.seed ^ hashName("validation");
+  auto files = bucketed ? FileData::open(options.valDataDir, shapesOf.vec(),
+                                         names, valSeed)
+                        : FileData::open(options.valDataDir, first, valSeed);
+  if (!files)
+    return files.takeError();
+  // Validation batches are whole and of one bucket each.
+  int64_t B = first.latents[0], batches = 0;
+  for (const std::vector<size_t> &samples : (*files)->buckets())
+    batches += static_cast<int64_t>(samples.size()) / B;
+  if (batches == 0)
+    return llvm::createStringError(llvm::formatv(
+        "validation data '{0}' has {1} samples; a validation batch takes "
+        "{2} (the plan's batch){3}",
+        options.valDataDir, (*files)->size(), B,
+        bucketed ? " of one bucket" : ""));
+  return std::unique_ptr<DataSource>(std::move(*files));
+}
+
+llvm::Expected<float> Session::validationLoss() {
+  if (!valData)
+    return llvm::createStringError("no validation data (--val-data)");
+  flushUpdates();
+  // The same noise and timesteps at every call: drawn from one seed.
+  Random rng(seed ^ hashName("validation"));
+  int64_t batches = 0;
+  double sum = 0;
+  // Bucket by bucket, in order: whole batches of one bucket each.
+  const std::vector<std::vector<size_t>> &buckets = valData->buckets();
+  for (size_t g = 0; g < buckets.size(); ++g) {
+    const InputShapes &shapes = shapesOf[g];
+    int64_t B = shapes.latents[0];
+    int64_t latent = 1, cond = 1;
+    for (size_t d = 1; d < shapes.latents.size(); ++d)
+      latent *= shapes.latents[d];
+    if (!shapes.conditionIsLabel)
+      for (size_t d = 1; d < shapes.condition.size(); ++d)
+        cond *= shapes.condition[d];
+    for (size_t k = 0; k + B <= buckets[g].size(); k += B, ++batches) {
+      exec::StepInputs in;
+      std::vector<float> &x0 = in["latents"], &noise = in["noise"],
+                         &t = in["timesteps"], &c = in["condition"];
+      x0.resize(B * latent);
+      c.resize(B * cond);
+      for (int64_t b = 0; b < B; ++b) {
+        if (llvm::Error e = valData->sample(
+                buckets[g][k + b], x0.data() + b * latent, c.data() + b * cond))
+          return std::move(e);
+        t.push_back(sampleSigma(options.recipe, rng));
+      }
+      noise.resize(B * latent);
+      for (float &n : noise)
+        n = rng.normal();
+      exec::StepOptions gradientsOnly;
+      gradientsOnly.applyUpdates = false;
+      llvm::Expected<exec::StepResult> one = runStepOn(g, in, gradientsOnly);
+      if (!one)
+        return one.takeError();
+      sum += one->loss;
+    }
+  }
+  return static_cast<float>(sum / double(batches));
+}
