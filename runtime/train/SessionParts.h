@@ -25,7 +25,8 @@ llvm::Expected<std::unique_ptr<exec::Backend>>
 createBackend(const exec::ExecPlan &plan, const SessionOptions &options);
 
 /// What the host optimizer does of the recipe.
-host::HostOptimizer::Options optimizerOptions(const Recipe &r, bool deferred);
+host::HostOptimizer::Options optimizerOptions(const Recipe &r, bool deferred,
+                                              dist::Collectives *collectives);
 
 /// The host memory a computing backend needs for a run over `plans`, one
 /// bucket's backend alive at a time: each part as large as the largest

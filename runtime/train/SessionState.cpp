@@ -8,6 +8,8 @@
 
 #include "SessionParts.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/support/Json.h"
 
@@ -78,7 +80,12 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
     }
   }
   s.push_back({"max_grad_norm", formatDouble(r.maxGradNorm)});
-  s.push_back({"grad_accum", std::to_string(r.gradAccum)});
+  // The job's micro-batches per step, however many ranks take them: a
+  // checkpoint resumes on another number of ranks with the same total
+  // (docs/Distributed.md, "Checkpoints").
+  int64_t jobAccum =
+      r.gradAccum * (options.collectives ? options.collectives->size() : 1);
+  s.push_back({"grad_accum", std::to_string(jobAccum)});
   s.push_back({"ema_decay", formatDouble(r.emaDecay)});
   if (r.hasEma()) {
     s.push_back({"ema_warmup", r.emaWarmup ? "true" : "false"});
@@ -92,11 +99,19 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   s.push_back({"flow_shift", formatDouble(r.flowShift)});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
-  std::string text = exec::serialize(plan);
+  // Hashed with the job's micro-batches: a rank's share is not the run's.
+  auto serializeForJob = [&](const exec::ExecPlan &p) {
+    if (p.gradAccum == jobAccum)
+      return exec::serialize(p);
+    exec::ExecPlan job = p;
+    job.gradAccum = jobAccum;
+    return exec::serialize(job);
+  };
+  std::string text = serializeForJob(plan);
   if (!names.front().empty()) {
     std::string all, list;
     for (size_t b = 0; b < plans.size(); ++b) {
-      text = exec::serialize(*plans[b]);
+      text = serializeForJob(*plans[b]);
       all += names[b] + "\n" + std::to_string(text.size()) + "\n" + text;
       list += (b ? "," : "") + names[b];
     }
