@@ -1,6 +1,6 @@
 //===- SessionBackends.cpp - A session's backends, one bucket's at a time -===//
 
-#include "SessionParts.h"
+#include "megaslide/runtime/train/SessionParts.h"
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"

@@ -5,7 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "SessionParts.h"
+#include "megaslide/runtime/train/SessionParts.h"
 
 #include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "SessionParts.h"
+#include "megaslide/runtime/train/SessionParts.h"
 
 #include "megaslide/runtime/dist/Collectives.h"
 

@@ -1,6 +1,6 @@
 //===- SessionValidation.cpp - The validation loss of a session -----------===//
 
-#include "SessionParts.h"
+#include "megaslide/runtime/train/SessionParts.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
