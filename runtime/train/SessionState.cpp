@@ -228,7 +228,8 @@ std::optional<std::string> train::findSetting(const Settings &settings,
 }
 
 llvm::Error train::checkResumeSettings(const Settings &stored,
-                                       const Settings &current) {
+                                       const Settings &current,
+                                       llvm::StringRef advice) {
   std::string diffs;
   bool onlyPlan = true;
   for (const auto &[name, value] : stored) {
@@ -242,10 +243,13 @@ llvm::Error train::checkResumeSettings(const Settings &stored,
   }
   if (diffs.empty())
     return llvm::Error::success();
+  std::string text = "this run's settings differ from the checkpoint's, so "
+                     "resuming would not continue it:" +
+                     diffs;
+  if (!advice.empty())
+    return llvm::createStringError(text + "\n" + advice);
   return llvm::createStringError(
-      "this run's settings differ from the checkpoint's, so resuming would "
-      "not continue it:" +
-      diffs +
+      text +
       (onlyPlan
            ? "\nthe execution plan differs: resume with the model, video "
              "size and planning flags the checkpoint was trained with (or "

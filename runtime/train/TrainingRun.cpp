@@ -131,6 +131,13 @@ Error TrainingRun::resume() {
   if (dir.empty())
     return createStringError(spell("resume") + " needs " +
                              spell("checkpoint-dir"));
+  // Python's Trainer takes every setting as given: none is adopted.
+  std::string advice =
+      spell == cliSpelling
+          ? ""
+          : "give the Trainer the plan, seed, data and recipe the "
+            "checkpoint's run had; or start afresh with " +
+                spell("overwrite-checkpoints");
   auto mismatch = [&](Error e) {
     return createStringError(spell("resume") + " from '" + dir +
                              "': " + toString(std::move(e)));
@@ -150,7 +157,7 @@ Error TrainingRun::resume() {
   }
   // The recipe first: a checkpoint of another recipe (an EMA it has and
   // this run has not) names the setting, not the tensors it differs in.
-  if (Error e = checkResumeSettings(*stored, session->settings()))
+  if (Error e = checkResumeSettings(*stored, session->settings(), advice))
     return mismatch(std::move(e));
   std::string trainerState;
   if (Error e =
@@ -165,7 +172,7 @@ Error TrainingRun::resume() {
   if (!horizon.empty())
     llvm::erase_if(*loaded,
                    [](const auto &kv) { return kv.first == "lr_decay_steps"; });
-  if (Error e = checkResumeSettings(*loaded, session->settings()))
+  if (Error e = checkResumeSettings(*loaded, session->settings(), advice))
     return mismatch(std::move(e));
   isResumed = true;
   if (options.note) {

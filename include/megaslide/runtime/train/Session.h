@@ -80,9 +80,12 @@ llvm::Expected<int64_t> stepOfTrainerState(llvm::StringRef json);
 std::optional<std::string> findSetting(const Settings &settings,
                                        llvm::StringRef name);
 /// An error naming every setting whose value differs between the
-/// checkpoint (`stored`) and this run (`current`), with both values.
+/// checkpoint (`stored`) and this run (`current`), with both values, and
+/// what to do: megaslide-run's flags, or `advice` where the caller is not
+/// megaslide-run (Python's Trainer adopts no setting from a checkpoint).
 llvm::Error checkResumeSettings(const Settings &stored,
-                                const Settings &current);
+                                const Settings &current,
+                                llvm::StringRef advice = "");
 
 /// Host memory a run needs, by part (docs/Runtime.md, "Host memory").
 struct HostMemoryNeed {
