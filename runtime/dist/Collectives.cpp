@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
@@ -152,7 +153,8 @@ private:
                   "waited {3:F0} s for the other ranks (--collective-timeout "
                   "{4}): a rank has hung or died; the job stops, and the last "
                   "complete checkpoint resumes it\n",
-                  rank(), host(), what.load(), waited, timeout)
+                  rank(), host(), what.load(), waited,
+                  llvm::format("%g", timeout))
               .str();
       (void)!::write(STDERR_FILENO, text.data(), text.size());
       std::_Exit(5);

@@ -224,3 +224,23 @@ def test_the_trainer_refuses_to_be_a_rank(tmp_path):
     out = result.stdout + result.stderr
     assert out.count("refused: megaslide.Trainer runs in one process, and "
                      "this is rank") == 2, out
+
+
+def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    # Rank 1 hangs before step 3 (a test-only fault): rank 0 waits in its
+    # next collective, its watchdog ends it after --collective-timeout with
+    # exit 5, and the launcher ends the hung rank.
+    env = dict(ENV, MEGASLIDE_FAULT_HANG="1@3")
+    started = time.time()
+    result = subprocess.run(
+        [mpirun(), "-np", "2", tool_path("megaslide-run"), *SMALL,
+         "--steps", "10", "--collective-timeout", "2", "--checkpoint-dir",
+         tmp_path / "ck", "--checkpoint-every", "1"],
+        capture_output=True, text=True, env=env, timeout=120)
+    out = result.stdout + result.stderr
+    assert time.time() - started < 60, out
+    assert result.returncode != 0, out
+    assert "rank 0 on " in out and "has waited 2 s for the other ranks " \
+        "(--collective-timeout 2): a rank has hung or died" in out, out
+    # The steps before the hang are checkpointed and resume.
+    assert (tmp_path / "ck" / "step-000002").is_dir()
