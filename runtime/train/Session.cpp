@@ -203,7 +203,8 @@ Session::create(std::vector<BucketPlan> bucketPlans,
     session->memoryNeed = hostMemoryNeed(session->plans, options,
                                          *session->data, session->deferred);
     if (llvm::Error e =
-            checkHostMemory(session->memoryNeed, p, options.backend))
+            checkHostMemory(session->memoryNeed, p, options.backend,
+                            options.collectives))
       return std::move(e);
   }
   auto backend = createBackend(p, options);

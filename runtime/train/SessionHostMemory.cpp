@@ -7,6 +7,10 @@
 
 #include "megaslide/runtime/train/SessionParts.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
 #include "megaslide/Support/Units.h"
 #include "megaslide/runtime/cuda/CudaPlan.h"
 
@@ -84,8 +88,12 @@ train::hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
 
 llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
                                    const exec::ExecPlan &plan,
-                                   llvm::StringRef backend) {
-  uint64_t total = need.total();
+                                   llvm::StringRef backend,
+                                   const dist::Collectives *job) {
+  // The ranks of a job on this node each hold the whole host state
+  // (docs/Distributed.md): the node must hold all of theirs.
+  uint64_t ranksHere = job ? std::max(job->world().localSize, 1) : 1;
+  uint64_t total = need.total() * ranksHere;
   host::HostMemoryReadings readings = host::readHostMemory();
   llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
   if (!usable)
@@ -103,9 +111,17 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
     if (bytes)
       parts += "\n  " + std::string(width - formatBytes(bytes).size(), ' ') +
                formatBytes(bytes) + "  " + what;
+  std::string perRank =
+      ranksHere > 1 ? llvm::formatv(" ({0} ranks on this node, {1} each: "
+                                    "the host state is not yet sharded "
+                                    "across ranks)",
+                                    ranksHere, formatBytes(need.total()))
+                          .str()
+                    : std::string();
   return llvm::createStringError(
       "'" + plan.model + "' on the " + backend.str() + " backend needs " +
-      formatBytes(total) + " of host memory, but this machine has " +
+      formatBytes(total) + " of host memory" + perRank +
+      ", but this machine has " +
       formatBytes(have) +
       (readings.override
            ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")

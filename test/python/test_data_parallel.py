@@ -244,3 +244,20 @@ def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
         "(--collective-timeout 2): a rank has hung or died" in out, out
     # The steps before the hang are checkpointed and resume.
     assert (tmp_path / "ck" / "step-000002").is_dir()
+
+
+def test_the_host_memory_check_counts_every_rank_on_the_node(tmp_path):
+    # Each rank holds the whole host state for now: 4 ranks need 4 times
+    # what one process needs, and a node with room for one says so.
+    env = dict(ENV, MEGASLIDE_HOST_MEMORY="10MB")
+    one = subprocess.run([tool_path("megaslide-run"), *SMALL, "--steps", "1"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert one.returncode == 0, one.stdout + one.stderr
+    job = subprocess.run([mpirun(), "-np", "4", tool_path("megaslide-run"),
+                          *SMALL, "--steps", "1"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    out = job.stdout + job.stderr
+    assert job.returncode != 0
+    assert "(4 ranks on this node, " in out and \
+        "the host state is not yet sharded across ranks), but this machine " \
+        "has 10.00 MB" in out, out
