@@ -127,8 +127,7 @@ void DataSource::stopReadAhead() {
     worker.join();
 }
 
-DataSource::Made DataSource::make(uint64_t state) {
-  Random rng(state);
+size_t DataSource::drawBucket(Random &rng) const {
   // Several buckets: the batch's bucket first, with probability n_b / N (a
   // uniform sample index names it), then its samples within it, with
   // replacement (docs/Runtime.md, "Buckets"). One shape draws no bucket,
@@ -139,6 +138,12 @@ DataSource::Made DataSource::make(uint64_t state) {
     while (u >= bucketSamples[bucket].size())
       u -= bucketSamples[bucket++].size();
   }
+  return bucket;
+}
+
+DataSource::Made DataSource::make(uint64_t state) {
+  Random rng(state);
+  size_t bucket = drawBucket(rng);
   const InputShapes &s = bucketShapes[bucket];
   int64_t latent = product(s.latents, 1), condition = conditionElementsOf(s);
   int64_t B = s.latents[0];
@@ -168,13 +173,7 @@ uint64_t DataSource::stateAfter(uint64_t state, int64_t batches) const {
   // its index and timestep, then two uniforms per element of noise.
   for (int64_t n = 0; n < batches; ++n) {
     Random rng(state);
-    size_t bucket = 0;
-    if (bucketSamples.size() > 1) {
-      uint64_t u = rng.next() % numSamples();
-      while (u >= bucketSamples[bucket].size())
-        u -= bucketSamples[bucket++].size();
-    }
-    const InputShapes &s = bucketShapes[bucket];
+    const InputShapes &s = bucketShapes[drawBucket(rng)];
     uint64_t B = s.latents[0];
     uint64_t draws = 2 * B + 2 * B * product(s.latents, 1);
     state = rng.state + draws * Random::kGamma;

@@ -104,6 +104,8 @@ private:
         true; ///< whether `inputs` holds a batch (read without locking it)
   };
   Made make(uint64_t state);
+  /// A batch's bucket, the first draw of a batch that has several to pick.
+  size_t drawBucket(Random &rng) const;
   void readAheadLoop();
 
   uint64_t consumedState;
