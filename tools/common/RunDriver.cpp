@@ -825,6 +825,133 @@ int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
   return 128 + sig;
 }
 
+/// A resume takes the checkpoint's seed and data, and --max-steps what is
+/// left of the run.
+Error continueRun(const train::TrainingRun &run) {
+  if (Error e = adoptRunSettings(*run.storedSettings()))
+    return e;
+  if (maxSteps.getNumOccurrences()) {
+    Expected<int64_t> done = run.storedStep();
+    if (!done)
+      return done.takeError();
+    steps = std::max<int64_t>(maxSteps - *done, 0);
+    if (steps == 0)
+      outs() << formatv("the run has taken {0} steps, --max-steps {1}: "
+                        "nothing left to run\n",
+                        *done, maxSteps.getValue());
+  }
+  return Error::success();
+}
+
+/// The run's plans: the --plan file, or the tool's compiled plan (one per
+/// bucket); `exitCode` for a plan over its budgets.
+Expected<std::vector<train::BucketPlan>>
+loadPlans(const tools::RunTool &tool, const train::Settings *stored,
+          int &exitCode) {
+  if (planFile.empty())
+    return tool.compile(stored, dataDir, exitCode);
+  Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
+  if (!loaded)
+    return loaded.takeError();
+  std::vector<train::BucketPlan> plans;
+  plans.push_back({"", std::move(*loaded), 0});
+  return plans;
+}
+
+/// Steps past the schedule's horizon run at its floor: say so rather than
+/// train at --min-lr unnoticed (a resume beyond the first run's --steps).
+void warnPastHorizon(train::Session &s) {
+  const train::Recipe &r = s.recipe();
+  int64_t first = s.state().step, last = first + steps;
+  bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
+                r.lrSchedule == train::LrSchedule::WarmupLinear;
+  if (s.backend().computesLoss() && decays && last > r.decaySteps)
+    errs() << formatv(
+        "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
+        "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
+        "over them\n",
+        std::max(first, r.decaySteps) + 1, last, format("%g", r.minLr),
+        r.decaySteps);
+}
+
+/// The steps, then what is saved at the end, and the summary; a stop at a
+/// step boundary where a signal asks.
+int trainAndSave(train::TrainingRun &run, train::Session &s,
+                 dist::Collectives &comm, int argc, char **argv,
+                 const char *tool) {
+  const exec::ExecPlan &p = s.plan();
+  bool computesLoss = s.backend().computesLoss();
+  Progress progress(s.state().step, s.state().step + steps,
+                    !noProgress && sys::Process::StandardErrIsDisplayed());
+  StringMap<std::vector<float>> gradients; // of the last step
+  auto onStep = [&](const train::RunStep &step) {
+    if (comm.rank() != 0)
+      return; // rank 0 speaks for the job: the ranks' steps are the same
+    const exec::StepResult &result = step.report.result;
+    if (result.skipped)
+      errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
+                        "(no update; {2} in a row, the run stops at {3})\n",
+                        step.step,
+                        std::isfinite(result.loss)
+                            ? std::string("the gradient norm")
+                            : formatv("the loss ({0})", result.loss).str(),
+                        step.skippedInARow, maxNonFiniteSteps.getValue());
+    if (step.valLoss && metricsFile.empty())
+      errs() << formatv("\nstep {0}: validation loss {1:F5}\n", step.step,
+                        *step.valLoss);
+    double elapsed = run.totals().seconds;
+    progress.update(run.firstStep() + step.ran, result.loss, elapsed,
+                    step.ran * p.batch / std::max(elapsed, 1e-9),
+                    computesLoss);
+  };
+  train::TrainingRun::Hooks hooks;
+  // Every rank stops at the same step: where any was signalled.
+  auto stopRequested = [&] {
+    if (comm.size() == 1)
+      return stopSignal != 0;
+    double stops[2] = {stopSignal == SIGINT ? 1.0 : 0.0,
+                       stopSignal == SIGTERM ? 1.0 : 0.0};
+    if (Error e = comm.allReduceSum(MutableArrayRef<double>(stops)))
+      consumeError(std::move(e)); // the next step's collective says why
+    if (!stopSignal && (stops[0] > 0 || stops[1] > 0))
+      stopSignal = stops[0] > 0 ? SIGINT : SIGTERM;
+    return stopSignal != 0;
+  };
+  auto beforeStep = [&](exec::StepOptions &options, bool last) {
+    if (!saveGradients.empty() && last) {
+      gradients.clear();
+      options.onGradient = [&](StringRef name, ArrayRef<float> g) {
+        gradients[name] = g.vec();
+      };
+    }
+  };
+  hooks.stopRequested = stopRequested;
+  hooks.beforeStep = beforeStep;
+  hooks.afterStep = onStep;
+  Expected<int64_t> ran = run.train(steps, hooks);
+  if (!ran)
+    return fail(toString(ran.takeError()));
+  int64_t done = *ran;
+  const train::RunTotals &totals = run.totals();
+
+  if (done < steps)
+    return stopped(run, s, done, argc, argv, tool);
+
+  if (!saveWeights.empty())
+    if (Error err = train::saveSessionWeights(s, saveWeights, {}, saveEma))
+      return fail(toString(std::move(err)));
+  if (!saveGradients.empty() && totals.lastSkipped)
+    return fail("--save-gradients: the last step was skipped for a "
+                "non-finite loss, so it has no gradients to write");
+  if (!saveGradients.empty() && done > 0)
+    if (Error err = writeGradients(p, gradients, saveGradients))
+      return fail(toString(std::move(err)));
+  if (Error err = run.finish(/*whole=*/true))
+    return fail(toString(std::move(err)));
+
+  return summarize(totals, done, computesLoss, tool);
+}
+
 } // namespace
 
 bool tools::flagGiven(StringRef name) {
@@ -886,20 +1013,9 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
     return fail(toString(opened.takeError()));
   train::TrainingRun &run = **opened;
   const train::Settings *storedSettings = run.storedSettings();
-  if (resume) {
-    if (Error e = adoptRunSettings(*storedSettings))
+  if (resume)
+    if (Error e = continueRun(run))
       return fail(toString(std::move(e)));
-    if (maxSteps.getNumOccurrences()) {
-      Expected<int64_t> done = run.storedStep();
-      if (!done)
-        return fail(toString(done.takeError()));
-      steps = std::max<int64_t>(maxSteps - *done, 0);
-      if (steps == 0)
-        outs() << formatv("the run has taken {0} steps, --max-steps {1}: "
-                          "nothing left to run\n",
-                          *done, maxSteps.getValue());
-    }
-  }
   CreatedFolders created;
   if (comm.rank() != 0)
     saveWeights = ""; // rank 0's
@@ -916,15 +1032,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
   Expected<std::vector<train::BucketPlan>> plans =
-      std::vector<train::BucketPlan>();
-  if (!planFile.empty()) {
-    Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
-    if (!loaded)
-      return fail(toString(loaded.takeError()));
-    plans->push_back({"", std::move(*loaded), 0});
-  } else {
-    plans = tool.compile(storedSettings, dataDir, exitCode);
-  }
+      loadPlans(tool, storedSettings, exitCode);
   if (!plans)
     return fail(toString(plans.takeError()), exitCode);
   bool bucketed = !plans->front().name.empty();
@@ -962,28 +1070,13 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   }
   run.attach(s);
   const exec::ExecPlan &p = s.plan();
-  bool computesLoss = s.backend().computesLoss();
   if (!weightsPath.empty())
     if (Error err = host::loadWeights(weightsPath, s.state(), &p))
       return fail(toString(std::move(err)));
   if (resume)
     if (Error err = run.resume())
       return fail(toString(std::move(err)));
-  // Steps past the schedule's horizon run at its floor: say so rather than
-  // train at --min-lr unnoticed (a resume beyond the first run's --steps).
-  {
-    const train::Recipe &r = sessionOptions->recipe;
-    int64_t first = s.state().step, last = first + steps;
-    bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
-                  r.lrSchedule == train::LrSchedule::WarmupLinear;
-    if (computesLoss && decays && last > r.decaySteps)
-      errs() << formatv(
-          "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
-          "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
-          "over them\n",
-          std::max(first, r.decaySteps) + 1, last, format("%g", r.minLr),
-          r.decaySteps);
-  }
+  warnPastHorizon(s);
   if (Error err = run.start())
     return fail(toString(std::move(err)));
   // --save-plan is written once every input has loaded: a run that fails
@@ -993,73 +1086,5 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail(toString(std::move(err)));
   printBanner(s, tool.name, backendWhy, compileSeconds);
 
-  Progress progress(s.state().step, s.state().step + steps,
-                    !noProgress && sys::Process::StandardErrIsDisplayed());
-  StringMap<std::vector<float>> gradients; // of the last step
-  auto onStep = [&](const train::RunStep &step) {
-    if (comm.rank() != 0)
-      return; // rank 0 speaks for the job: the ranks' steps are the same
-    const exec::StepResult &result = step.report.result;
-    if (result.skipped)
-      errs() << formatv("\nstep {0}: {1} is not finite; the step is skipped "
-                        "(no update; {2} in a row, the run stops at {3})\n",
-                        step.step,
-                        std::isfinite(result.loss)
-                            ? std::string("the gradient norm")
-                            : formatv("the loss ({0})", result.loss).str(),
-                        step.skippedInARow, maxNonFiniteSteps.getValue());
-    if (step.valLoss && metricsFile.empty())
-      errs() << formatv("\nstep {0}: validation loss {1:F5}\n", step.step,
-                        *step.valLoss);
-    double elapsed = run.totals().seconds;
-    progress.update(run.firstStep() + step.ran, result.loss, elapsed,
-                    step.ran * p.batch / std::max(elapsed, 1e-9),
-                    computesLoss);
-  };
-  train::TrainingRun::Hooks hooks;
-  // Every rank stops at the same step: where any was signalled.
-  auto stopRequested = [&] {
-    if (comm.size() == 1)
-      return stopSignal != 0;
-    double stops[2] = {stopSignal == SIGINT ? 1.0 : 0.0,
-                       stopSignal == SIGTERM ? 1.0 : 0.0};
-    if (Error e = comm.allReduceSum(MutableArrayRef<double>(stops)))
-      consumeError(std::move(e)); // the next step's collective says why
-    if (!stopSignal && (stops[0] > 0 || stops[1] > 0))
-      stopSignal = stops[0] > 0 ? SIGINT : SIGTERM;
-    return stopSignal != 0;
-  };
-  auto beforeStep = [&](exec::StepOptions &options, bool last) {
-    if (!saveGradients.empty() && last) {
-      gradients.clear();
-      options.onGradient = [&](StringRef name, ArrayRef<float> g) {
-        gradients[name] = g.vec();
-      };
-    }
-  };
-  hooks.stopRequested = stopRequested;
-  hooks.beforeStep = beforeStep;
-  hooks.afterStep = onStep;
-  Expected<int64_t> ran = run.train(steps, hooks);
-  if (!ran)
-    return fail(toString(ran.takeError()));
-  int64_t done = *ran;
-  const train::RunTotals &totals = run.totals();
-
-  if (done < steps)
-    return stopped(run, s, done, argc, argv, tool.name);
-
-  if (!saveWeights.empty())
-    if (Error err = train::saveSessionWeights(s, saveWeights, {}, saveEma))
-      return fail(toString(std::move(err)));
-  if (!saveGradients.empty() && totals.lastSkipped)
-    return fail("--save-gradients: the last step was skipped for a "
-                "non-finite loss, so it has no gradients to write");
-  if (!saveGradients.empty() && done > 0)
-    if (Error err = writeGradients(p, gradients, saveGradients))
-      return fail(toString(std::move(err)));
-  if (Error err = run.finish(/*whole=*/true))
-    return fail(toString(std::move(err)));
-
-  return summarize(totals, done, computesLoss, tool.name);
+  return trainAndSave(run, s, comm, argc, argv, tool.name);
 }
