@@ -149,6 +149,11 @@ float train::sampleSigma(const Recipe &r, Random &rng) {
   return static_cast<float>(sigma);
 }
 
+int64_t train::sigmaDraws(const Recipe &r) {
+  // Random::normal takes two uniforms, Random::uniform one.
+  return r.timesteps == TimestepSampling::LogitNormal ? 2 : 1;
+}
+
 static uint64_t sigmaSeed(uint64_t seed, int64_t step) {
   Random mix(seed ^ hashName("timesteps"));
   return mix.next() ^ (static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull);
@@ -166,8 +171,7 @@ std::vector<float> train::SigmaStream::next(int64_t count) {
 }
 
 void train::SigmaStream::skip(int64_t count) {
-  for (int64_t i = 0; i < count; ++i)
-    sampleSigma(recipe, rng);
+  rng.state += count * sigmaDraws(recipe) * Random::kGamma;
 }
 
 std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,

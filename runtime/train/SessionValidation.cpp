@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/train/SessionParts.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace megaslide;
@@ -40,6 +42,10 @@ llvm::Expected<float> Session::validationLoss() {
   Random rng(seed ^ hashName("validation"));
   int64_t batches = 0;
   double sum = 0;
+  // A job's ranks share the batches (rank r those of index r mod N) and
+  // jump over the others' draws: the same loss, N times sooner.
+  dist::Collectives *job = options.collectives;
+  int64_t ranks = job ? job->size() : 1, rank = job ? job->rank() : 0;
   // Bucket by bucket, in order: whole batches of one bucket each.
   const std::vector<std::vector<size_t>> &buckets = valData->buckets();
   for (size_t g = 0; g < buckets.size(); ++g) {
@@ -52,6 +58,11 @@ llvm::Expected<float> Session::validationLoss() {
       for (size_t d = 1; d < shapes.condition.size(); ++d)
         cond *= shapes.condition[d];
     for (size_t k = 0; k + B <= buckets[g].size(); k += B, ++batches) {
+      if (batches % ranks != rank) {
+        rng.state += (B * sigmaDraws(options.recipe) + 2 * B * latent) *
+                     Random::kGamma;
+        continue;
+      }
       exec::StepInputs in;
       std::vector<float> &x0 = in["latents"], &noise = in["noise"],
                          &t = in["timesteps"], &c = in["condition"];
@@ -74,5 +85,8 @@ llvm::Expected<float> Session::validationLoss() {
       sum += one->loss;
     }
   }
+  if (ranks > 1)
+    if (llvm::Error e = job->allReduceSum(llvm::MutableArrayRef<double>(sum)))
+      return std::move(e);
   return static_cast<float>(sum / double(batches));
 }

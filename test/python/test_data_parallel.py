@@ -261,3 +261,41 @@ def test_the_host_memory_check_counts_every_rank_on_the_node(tmp_path):
     assert "(4 ranks on this node, " in out and \
         "the host state is not yet sharded across ranks), but this machine " \
         "has 10.00 MB" in out, out
+
+
+def write_samples(folder, count, seed):
+    from safetensors.numpy import save_file
+    shapes = megaslide.Trainer("tiny", frames=5, height=32,
+                               width=32).input_shapes()
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for k in range(count):
+        save_file({"latents": rng.standard_normal(shapes["latents"][1:])
+                   .astype(np.float32),
+                   "condition": rng.standard_normal(shapes["condition"][1:])
+                   .astype(np.float32)},
+                  os.fspath(folder / f"s{k}.safetensors"))
+
+
+def test_file_data_logit_normal_times_and_shared_validation(tmp_path):
+    # Samples from files, times with two draws each (logit-normal) and a
+    # validation set of 5 batches split 3 + 2 over the ranks: the job is
+    # the one process again.
+    mpirun()
+    write_samples(tmp_path / "data", 6, seed=1)
+    write_samples(tmp_path / "val", 5, seed=2)
+    common = [*SMALL, "--data", tmp_path / "data", "--init", "random",
+              "--val-data", tmp_path / "val", "--val-every", 2,
+              "--timestep-sampling", "logit-normal", "--steps", 4]
+    run(*common, "--grad-accum", 2, "--metrics", tmp_path / "one.jsonl")
+    run(*common, "--metrics", tmp_path / "two.jsonl", ranks=2)
+    one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text()
+           .splitlines()]
+    two = [json.loads(l) for l in (tmp_path / "two.jsonl").read_text()
+           .splitlines()]
+    assert metrics(tmp_path / "two.jsonl") == metrics(tmp_path / "one.jsonl")
+    vals = [(l["step"], l.get("val_loss")) for l in one]
+    assert [v for _, v in vals if v is not None], vals
+    np.testing.assert_allclose([l.get("val_loss") or 0 for l in two],
+                               [l.get("val_loss") or 0 for l in one],
+                               rtol=1e-6)

@@ -90,6 +90,9 @@ double shiftSigma(double sigma, double shift);
 /// uniform consumes one uniform(), logit-normal one normal() (sigmoid of
 /// mean + std z); then the flow shift.
 float sampleSigma(const Recipe &recipe, Random &rng);
+/// How many draws of the generator one sampleSigma takes (a jump over
+/// sigmas not sampled advances the state by as many).
+int64_t sigmaDraws(const Recipe &recipe);
 /// The sigmas of a run's optimizer step `step` (0-based: completed steps
 /// before it), samples 0..count-1 (micro-batch m, sample b at m B + b):
 /// a function of (seed, step) only, so any step's timesteps can be
