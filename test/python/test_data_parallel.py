@@ -83,6 +83,14 @@ def test_two_ranks_are_one_process_with_grad_accum_2(tmp_path):
         tmp_path / "one.jsonl", "--save-weights", tmp_path / "one")
     job = run(*SMALL, "--steps", "6", "--metrics", tmp_path / "two.jsonl",
               "--save-weights", tmp_path / "two", ranks=2)
+    # The EMA (and the schedule) follow the one decision on every rank.
+    ema = ["--ema-decay", "0.9", "--lr-schedule", "warmup-cosine",
+           "--warmup-steps", "2", "--save-ema"]
+    run(*SMALL, *ema, "--steps", "4", "--grad-accum", "2", "--save-weights",
+        tmp_path / "ema-one")
+    run(*SMALL, *ema, "--steps", "4", "--save-weights", tmp_path / "ema-two",
+        ranks=2)
+    assert weights(tmp_path / "ema-two") == weights(tmp_path / "ema-one")
     assert metrics(tmp_path / "two.jsonl") == metrics(tmp_path / "one.jsonl")
     assert weights(tmp_path / "two") == weights(tmp_path / "one")
     # Rank 0 speaks for the job: one banner, one progress line per step.
