@@ -528,8 +528,24 @@ public:
       interrupt.emplace();
       return true;
     };
+    // This call's figures, not the Trainer's whole life's.
+    int64_t skipped = 0;
+    double seconds = 0;
+    std::optional<float> firstLoss, lastLoss;
+    auto afterStep = [&](const train::RunStep &step) {
+      const exec::StepResult &r = step.report.result;
+      seconds += r.seconds;
+      if (r.skipped) {
+        ++skipped;
+        return;
+      }
+      if (!firstLoss)
+        firstLoss = r.loss;
+      lastLoss = r.loss;
+    };
     train::TrainingRun::Hooks hooks;
     hooks.stopRequested = stopRequested;
+    hooks.afterStep = afterStep;
     int64_t done = 0;
     {
       py::gil_scoped_release release;
@@ -546,16 +562,15 @@ public:
     }
     if (interrupt)
       throw std::move(*interrupt);
-    const train::RunTotals &totals = run->totals();
+    bool losses = session->backend().computesLoss();
     py::dict out;
     out["steps"] = done;
     out["step"] = session->state().step;
-    out["skipped"] = totals.skipped;
+    out["skipped"] = skipped;
     out["first_loss"] =
-        totals.firstLoss ? py::cast(*totals.firstLoss) : py::none();
-    out["last_loss"] =
-        totals.lastLoss ? py::cast(*totals.lastLoss) : py::none();
-    out["seconds"] = totals.seconds;
+        losses && firstLoss ? py::cast(*firstLoss) : py::none();
+    out["last_loss"] = losses && lastLoss ? py::cast(*lastLoss) : py::none();
+    out["seconds"] = seconds;
     return out;
   }
 

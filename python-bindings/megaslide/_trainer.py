@@ -267,9 +267,12 @@ class Trainer:
         it could (the message says so). Ctrl-C stops at the next step
         boundary, saves a checkpoint and raises KeyboardInterrupt.
 
-        Returns steps (taken by this call), step (the run's count),
-        skipped, first_loss, last_loss (of steps not skipped; None on sim)
-        and seconds (the steps' own time)."""
+        Returns this call's figures: steps (taken), step (the run's count
+        after them), skipped, first_loss, last_loss (of its steps not
+        skipped; None on sim) and seconds (the steps' own time).
+        :meth:`step` takes steps one by one, logged and checkpointed alike,
+        but raises for non-finite losses only under streaming updates (it
+        returns ``skipped``), not for ``max_nonfinite_steps``."""
         if isinstance(steps, bool) or not isinstance(steps, int) or \
                 steps < 0:
             raise ValueError(f"steps must be a non-negative int, got "

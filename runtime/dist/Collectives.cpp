@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <mutex>
@@ -118,6 +119,11 @@ public:
   Error barrier() override {
     Waiting w(*this, "barrier");
     return check(api.barrier(), "barrier");
+  }
+  Error untimedBarrier() override { return check(api.barrier(), "barrier"); }
+  void abort(int code) override {
+    std::fflush(nullptr);
+    api.abort(code);
   }
 
 private:

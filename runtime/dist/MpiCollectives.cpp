@@ -59,6 +59,8 @@ int allGatherBytes(const char *mine, int length, const int *lengths,
 
 int barrier() { return MPI_Barrier(MPI_COMM_WORLD); }
 
+void abortJob(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
 void finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -98,7 +100,7 @@ extern "C" int megaslideMpiOpen(int rank, int size, MegaSlideMpiApi *api,
   int length = 0;
   MPI_Get_processor_name(name, &length);
   std::snprintf(host, hostCapacity, "%s", name);
-  *api = {allReduceSum, allGatherLengths, allGatherBytes,
-          barrier,      finalize,         errorText};
+  *api = {allReduceSum, allGatherLengths, allGatherBytes, barrier,
+          finalize,     errorText,        abortJob};
   return MPI_SUCCESS;
 }

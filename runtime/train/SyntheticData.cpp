@@ -238,6 +238,8 @@ void DataSource::readAheadLoop() {
 }
 
 void DataSource::setState(uint64_t s) {
+  if (s == consumedState)
+    return; // what is read ahead is still the sequence's next
   {
     std::lock_guard<std::mutex> lock(mu);
     for (Made &m : ready)

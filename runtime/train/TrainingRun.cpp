@@ -10,6 +10,7 @@
 #include "megaslide/runtime/train/TrainingReport.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
@@ -353,6 +354,10 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
     sums.lastLoss = result.loss;
   }
   out.skippedInARow = skippedInARow;
+  out.checkpointDue = !options.checkpointDir.empty() &&
+                      ((options.checkpointEvery > 0 &&
+                        s.stepsRun() % options.checkpointEvery == 0) ||
+                       last);
   if (!result.skipped && computesLoss && s.hasValidation() &&
       ((options.valEvery > 0 && s.stepsRun() % options.valEvery == 0) ||
        last)) {
@@ -397,16 +402,14 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
   }
   if (afterStep)
     afterStep(out);
-  if (skippedInARow >= options.maxNonFiniteSteps)
+  if (inTrain && skippedInARow >= options.maxNonFiniteSteps)
     return failAfterSaving(formatv(
         "{0} steps in a row had a non-finite loss (the last: step {1}); "
         "lower {2}, check the data (every sample is checked to be finite) or "
         "the weights",
-        skippedInARow, out.step, options.spell("lr")));
-  if (writesCheckpoints() &&
-      ((options.checkpointEvery > 0 &&
-        s.stepsRun() % options.checkpointEvery == 0) ||
-       last)) {
+        skippedInARow, out.step,
+        options.spell == cliSpelling ? "--lr" : "the learning rate"));
+  if (out.checkpointDue && writesCheckpoints()) {
     if (Error e = checkpoint())
       return failAfterSaving(toString(std::move(e)));
     if (Error e = writeReport())
@@ -420,6 +423,8 @@ Expected<int64_t> TrainingRun::train(int64_t steps, const Hooks &hooks) {
   if (Error e = start())
     return std::move(e);
   int64_t done = 0;
+  inTrain = true;
+  llvm::scope_exit outside([&] { inTrain = false; });
   for (; done < steps && !(hooks.stopRequested && hooks.stopRequested());
        ++done) {
     bool last = done + 1 == steps;

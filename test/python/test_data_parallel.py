@@ -186,8 +186,11 @@ def test_sigterm_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path):
         time.sleep(0.05)
     launcher.send_signal(signal.SIGINT)
     out, err = launcher.communicate(timeout=120)
-    assert "stopped by SIGTERM" in err, out + err
-    assert "to continue: mpirun -np 2 " in out + err, out + err
+    # Rank 0 alone speaks: one warning, with the command that continues.
+    warnings = [l for l in err.splitlines() if "stopped by SIGTERM" in l]
+    assert len(warnings) == 1, out + err
+    assert "to continue (with the launcher's own options too): mpirun " \
+        "-np 2 " in warnings[0], warnings
     saved = [p.name for p in (tmp_path / "ck").iterdir()
              if p.name.startswith("step-")]
     assert len(saved) == 1, saved
@@ -307,3 +310,31 @@ def test_file_data_logit_normal_times_and_shared_validation(tmp_path):
     np.testing.assert_allclose([l.get("val_loss") or 0 for l in two],
                                [l.get("val_loss") or 0 for l in one],
                                rtol=1e-6)
+
+
+def test_one_ranks_failure_ends_the_job_at_once(tmp_path):
+    # Rank 0 alone finds the checkpoint folder of an earlier run: the job
+    # ends with its message, not after the others time out waiting for it.
+    run(*SMALL, "--steps", "1", "--checkpoint-dir", tmp_path / "ck")
+    started = time.time()
+    job = run(*SMALL, "--steps", "2", "--checkpoint-dir", tmp_path / "ck",
+              "--collective-timeout", "60", ranks=2, check=False)
+    assert time.time() - started < 30, job.out
+    assert job.returncode == 1, job.out
+    assert "rank 0 on " in job.out and "holds checkpoints of an earlier " \
+        "run" in job.out, job.out
+    assert "has waited" not in job.out, job.out
+    # And mid-run: rank 0's checkpoint disk fills up at step 2.
+    env = dict(ENV, MEGASLIDE_FAULT_WRITE_LIMIT="3000000")
+    started = time.time()
+    result = subprocess.run(
+        [mpirun(), "-np", "2", "-x", "MEGASLIDE_FAULT_WRITE_LIMIT",
+         tool_path("megaslide-run"), *SMALL, "--steps", "20",
+         "--checkpoint-dir", tmp_path / "full", "--checkpoint-every", "1",
+         "--collective-timeout", "60"],
+        capture_output=True, text=True, env=env, timeout=120)
+    out = result.stdout + result.stderr
+    assert time.time() - started < 30, out
+    assert result.returncode != 0, out
+    assert "No space left on device" in out or "ENOSPC" in out, out
+    assert "has waited" not in out, out

@@ -256,3 +256,30 @@ def test_run_options_are_checked(plan, tmp_path):
     with pytest.raises(ValueError, match="not a megaslide metrics log"):
         trainer(plan, metrics=tmp_path / "notes.txt")
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+def test_step_keeps_returning_skipped_steps(plan):
+    # The non-finite limit is train()'s, as megaslide-run's: step() returns
+    # each skipped step, as it always did.
+    import numpy as np
+    tr = megaslide.Trainer(plan_file=plan)
+    shapes = tr.input_shapes()
+    nan = {name: np.full(shape, np.nan, np.float32)
+           for name, shape in shapes.items() if name != "timesteps"}
+    for _ in range(5):
+        assert tr.step(**nan)["skipped"]
+    assert tr.step_count == 0
+
+
+def test_train_returns_its_own_figures(plan, tmp_path):
+    with trainer(plan, metrics=tmp_path / "m.jsonl") as tr:
+        first = tr.train(2)
+        second = tr.train(3)
+    lines = [json.loads(l) for l in (tmp_path / "m.jsonl").read_text()
+             .splitlines()]
+    assert (first["steps"], second["steps"], second["step"]) == (2, 3, 5)
+    assert first["first_loss"] == pytest.approx(lines[0]["loss"], rel=1e-6)
+    assert second["first_loss"] == pytest.approx(lines[2]["loss"], rel=1e-6)
+    assert second["last_loss"] == pytest.approx(lines[4]["loss"], rel=1e-6)
+    assert second["seconds"] == pytest.approx(
+        sum(l["seconds"] for l in lines[2:]), rel=1e-3, abs=1e-5)

@@ -177,8 +177,20 @@ std::string rankPrefix;
 /// continues a stopped run.
 std::string launchPrefix;
 
+/// The job this process is a rank of, once open.
+dist::Collectives *job = nullptr;
+/// Whether this process speaks for the run: rank 0 of a job (the others'
+/// warnings and notes would repeat its own).
+bool speaks = true;
+
 int fail(const Twine &message, int code = 1) {
   WithColor::error(errs(), toolName) << rankPrefix << message << "\n";
+  // One rank's failure ends the job: the others would wait for it in their
+  // next collective, and its MPI_Finalize for them.
+  if (job && job->size() > 1) {
+    errs().flush();
+    job->abort(code);
+  }
   return code;
 }
 
@@ -698,7 +710,7 @@ sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
 /// device memory measured against the plan (exit 4 where they differ).
 int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
               const char *tool) {
-  if (totals.skipped)
+  if (totals.skipped && speaks)
     WithColor::warning(errs(), tool) << formatv(
         "{0} of {1} steps were skipped for a non-finite loss\n",
         totals.skipped, done);
@@ -730,6 +742,11 @@ int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
 /// have been given the same command.
 Error joinJob(dist::Collectives &comm, int argc, char **argv) {
   rankPrefix = formatv("rank {0} on {1}: ", comm.rank(), comm.host()).str();
+  speaks = comm.rank() == 0;
+  if (!(collectiveTimeout > 0))
+    return createStringError("--collective-timeout must be a positive number "
+                             "of seconds");
+  comm.setTimeout(collectiveTimeout);
   const dist::World &w = comm.world();
   launchPrefix = formatv("{0} {1} {2} ", w.launcher,
                          w.launcher == "mpirun" ? "-np" : "-n", w.size)
@@ -754,10 +771,6 @@ Error joinJob(dist::Collectives &comm, int argc, char **argv) {
         "cuda backend's collectives (NCCL) are not built yet; see "
         "docs/Distributed.md",
         comm.size()));
-  if (!(collectiveTimeout > 0))
-    return createStringError("--collective-timeout must be a positive number "
-                             "of seconds");
-  comm.setTimeout(collectiveTimeout);
   if (!saveGradients.empty())
     return createStringError("--save-gradients writes one process's "
                              "gradients; in a job of several ranks they are "
@@ -801,6 +814,8 @@ train::RunOptions runOptionsOf(const char *tool, int rank) {
 int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
             int argc, char **argv, const char *tool) {
   int sig = stopSignal;
+  if (!speaks) // rank 0 saves and says how to continue
+    return run.finish(/*whole=*/false) ? 1 : 128 + sig;
   errs() << "\n";
   std::string note;
   if (run.writesCheckpoints()) {
@@ -810,7 +825,9 @@ int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
                           sig == SIGINT ? "SIGINT" : "SIGTERM",
                           s.state().step, toString(std::move(err)))
                       .str());
-    note = "to continue: " +
+    note = (job && job->size() > 1
+                ? "to continue (with the launcher's own options too): "
+                : "to continue: ") +
            resumeCommand(argc, argv, steps - done, done > 0 || resume);
   } else {
     note = "no --checkpoint-dir was given, so the state is not saved";
@@ -865,7 +882,7 @@ void warnPastHorizon(train::Session &s) {
   int64_t first = s.state().step, last = first + steps;
   bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
                 r.lrSchedule == train::LrSchedule::WarmupLinear;
-  if (s.backend().computesLoss() && decays && last > r.decaySteps)
+  if (speaks && s.backend().computesLoss() && decays && last > r.decaySteps)
     errs() << formatv(
         "warning: steps {0}..{1} run at the schedule's floor (lr {2}): its "
         "horizon is step {3}; give --lr-decay-steps N (N >= {1}) to decay "
@@ -884,7 +901,9 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
   Progress progress(s.state().step, s.state().step + steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   StringMap<std::vector<float>> gradients; // of the last step
+  bool checkpointed = false; // the last step's, on rank 0
   auto onStep = [&](const train::RunStep &step) {
+    checkpointed = step.checkpointDue;
     if (comm.rank() != 0)
       return; // rank 0 speaks for the job: the ranks' steps are the same
     const exec::StepResult &result = step.report.result;
@@ -909,6 +928,11 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
   auto stopRequested = [&] {
     if (comm.size() == 1)
       return stopSignal != 0;
+    // Rank 0 may be writing the last step's checkpoint: wait for it
+    // without the watchdog's limit, however long a checkpoint takes.
+    if (checkpointed)
+      if (Error e = comm.untimedBarrier())
+        consumeError(std::move(e)); // the next collective says why
     double stops[2] = {stopSignal == SIGINT ? 1.0 : 0.0,
                        stopSignal == SIGTERM ? 1.0 : 0.0};
     if (Error e = comm.allReduceSum(MutableArrayRef<double>(stops)))
@@ -976,8 +1000,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       (Twine(tool.overview) +
        "\n\nExit status: 0 done, 1 bad input or a failed step, 3 the plan "
        "does not fit its budgets, 4 measured device memory differs from the "
-       "plan, 130/143 stopped by SIGINT/SIGTERM after saving a "
-       "checkpoint.\n")
+       "plan, 5 a collective of a job of several ranks timed out, 130/143 "
+       "stopped by SIGINT/SIGTERM after saving a checkpoint.\n")
           .str());
 
   if (printEcosystemTable) {
@@ -989,10 +1013,12 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   installStopHandlers();
   if (Error e = checkRunFlags(tool))
     return fail(toString(std::move(e)));
-  Expected<std::unique_ptr<dist::Collectives>> job = dist::openCollectives();
-  if (!job)
-    return fail(toString(job.takeError()));
-  dist::Collectives &comm = **job;
+  Expected<std::unique_ptr<dist::Collectives>> jobOpened =
+      dist::openCollectives();
+  if (!jobOpened)
+    return fail(toString(jobOpened.takeError()));
+  dist::Collectives &comm = **jobOpened;
+  job = &comm;
   Expected<train::Recipe> recipe = readRecipeFlags(INFINITY);
   if (!recipe)
     return fail(toString(recipe.takeError()));
@@ -1018,7 +1044,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail(toString(std::move(e)));
   CreatedFolders created;
   if (comm.rank() != 0)
-    saveWeights = ""; // rank 0's
+    saveWeights = savePlan = ""; // rank 0's
   if (!saveWeights.empty())
     if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
       return fail("--save-weights: " + toString(std::move(e)));

@@ -58,6 +58,13 @@ public:
   virtual llvm::Expected<std::vector<std::string>>
   allGather(llvm::StringRef mine) = 0;
   virtual llvm::Error barrier() = 0;
+  /// A barrier without the watchdog's limit: the other ranks wait while
+  /// rank 0 writes a checkpoint, for as long as that takes.
+  virtual llvm::Error untimedBarrier() { return barrier(); }
+  /// Ends every rank of the job with exit code `code`: a rank that fails
+  /// alone must not leave the others waiting in their next collective (or
+  /// its own MPI_Finalize waiting for them). Returns only in a job of one.
+  virtual void abort(int code) {}
 
   /// A collective that waits longer than `seconds` for the other ranks (one
   /// of them hung or died unnoticed) ends this process with exit code 5

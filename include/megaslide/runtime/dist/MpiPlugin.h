@@ -21,6 +21,8 @@ struct MegaSlideMpiApi {
   int (*barrier)();
   void (*finalize)();
   void (*errorText)(int code, char *text, int capacity);
+  /// Ends every rank of the job with `code` (MPI_Abort); does not return.
+  void (*abort)(int code);
 };
 
 /// Starts MPI (once), fills `api` and this rank's host name; returns 0, or

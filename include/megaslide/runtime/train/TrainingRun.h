@@ -36,6 +36,9 @@ struct RunStep {
   int64_t ran = 0;
   int64_t skippedInARow = 0;
   std::optional<float> valLoss;
+  /// Whether the step is one the cadence checkpoints (whichever process
+  /// writes it).
+  bool checkpointDue = false;
 };
 
 struct RunOptions {
@@ -125,7 +128,8 @@ public:
     llvm::function_ref<void(exec::StepOptions &, bool last)> beforeStep;
     llvm::function_ref<void(const RunStep &)> afterStep;
   };
-  /// `steps` steps, the last one checkpointed; returns the steps taken (a
+  /// `steps` steps, the last one checkpointed, and the run stops after
+  /// maxNonFiniteSteps skipped steps in a row; returns the steps taken (a
   /// stop asked for ends the loop early, without a checkpoint: the caller
   /// takes it, as checkpoint(), and says how to continue).
   llvm::Expected<int64_t> train(int64_t steps, const Hooks &hooks);
@@ -164,6 +168,7 @@ private:
   bool replaceOthers = false;
   RunTotals sums;
   int64_t skippedInARow = 0;
+  bool inTrain = false; ///< step() called by train(): the limit applies
 };
 
 /// Writes the session's weights as a diffusers transformer folder; `ema`:
