@@ -474,8 +474,8 @@ public:
       std::optional<std::vector<exec::StepInputs>> given;
       if (!arrays.is_none())
         given = std::move(batches);
-      taken = check(run->step(options, /*last=*/false, nullptr,
-                              std::move(given)));
+      taken =
+          check(run->step(options, /*last=*/false, nullptr, std::move(given)));
     }
     const train::StepReport &report = taken.report;
     const exec::StepResult &result = report.result;
@@ -567,8 +567,7 @@ public:
     out["steps"] = done;
     out["step"] = session->state().step;
     out["skipped"] = skipped;
-    out["first_loss"] =
-        losses && firstLoss ? py::cast(*firstLoss) : py::none();
+    out["first_loss"] = losses && firstLoss ? py::cast(*firstLoss) : py::none();
     out["last_loss"] = losses && lastLoss ? py::cast(*lastLoss) : py::none();
     out["seconds"] = seconds;
     return out;

@@ -98,18 +98,18 @@ public:
   Expected<std::vector<std::string>> allGather(StringRef mine) override {
     Waiting w(*this, "allgather");
     std::vector<int> lengths(size());
-    if (Error e = check(api.allGatherLengths(static_cast<int>(mine.size()),
-                                             lengths.data()),
-                        "allgather"))
+    if (Error e = check(
+            api.allGatherLengths(static_cast<int>(mine.size()), lengths.data()),
+            "allgather"))
       return std::move(e);
     size_t total = 0;
     for (int n : lengths)
       total += n;
     std::string all(total, '\0');
-    if (Error e = check(api.allGatherBytes(mine.data(),
-                                           static_cast<int>(mine.size()),
-                                           lengths.data(), all.data()),
-                        "allgather"))
+    if (Error e =
+            check(api.allGatherBytes(mine.data(), static_cast<int>(mine.size()),
+                                     lengths.data(), all.data()),
+                  "allgather"))
       return std::move(e);
     std::vector<std::string> out;
     for (size_t r = 0, at = 0; r < lengths.size(); at += lengths[r++])
@@ -147,11 +147,10 @@ private:
       int64_t started = since;
       if (!started)
         continue;
-      double waited =
-          std::chrono::duration<double>(
-              std::chrono::steady_clock::now().time_since_epoch() -
-              std::chrono::steady_clock::duration(started))
-              .count();
+      double waited = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now().time_since_epoch() -
+                          std::chrono::steady_clock::duration(started))
+                          .count();
       if (waited < timeout)
         continue;
       std::string text =
@@ -196,8 +195,7 @@ Expected<World> dist::worldFromEnvironment() {
   static const Launcher launchers[] = {
       {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-       "MPI_LOCALNRANKS"},
+      {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
       {"srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
        "SLURM_STEP_TASKS_PER_NODE"},
   };
@@ -250,14 +248,12 @@ Error Collectives::checkSame(StringRef what, StringRef mine) {
                         (*hosts)[r]);
   if (differ.empty())
     return Error::success();
-  return createStringError(formatv("the ranks of this job disagree on {0}: "
-                                   "{1} differ{2} from rank 0 on {3}; every "
-                                   "rank must run the same command",
-                                   what, differ,
-                                   differ.find(',') == std::string::npos
-                                       ? "s"
-                                       : "",
-                                   (*hosts)[0]));
+  return createStringError(
+      formatv("the ranks of this job disagree on {0}: "
+              "{1} differ{2} from rank 0 on {3}; every "
+              "rank must run the same command",
+              what, differ, differ.find(',') == std::string::npos ? "s" : "",
+              (*hosts)[0]));
 }
 
 Expected<std::unique_ptr<Collectives>> dist::openCollectives() {
@@ -285,9 +281,8 @@ Expected<std::unique_ptr<Collectives>> dist::openCollectives() {
       tried += formatv("\n  {0}: {1}", path, ::dlerror()).str();
       continue;
     }
-    auto open =
-        reinterpret_cast<decltype(&megaslideMpiOpen)>(::dlsym(handle,
-                                                              kMpiOpenSymbol));
+    auto open = reinterpret_cast<decltype(&megaslideMpiOpen)>(
+        ::dlsym(handle, kMpiOpenSymbol));
     if (!open)
       return createStringError(path + " is not a MegaSlide MPI plugin");
     MegaSlideMpiApi api{};

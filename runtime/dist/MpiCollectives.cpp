@@ -32,9 +32,9 @@ int allReduceSum(void *data, size_t count, int isDouble) {
   constexpr size_t kPiece = size_t(1) << 30;
   for (size_t done = 0; done < count; done += kPiece) {
     int n = static_cast<int>(std::min(kPiece, count - done));
-    int code = MPI_Allreduce(MPI_IN_PLACE, static_cast<char *>(data) +
-                                               done * bytes,
-                             n, type, MPI_SUM, MPI_COMM_WORLD);
+    int code =
+        MPI_Allreduce(MPI_IN_PLACE, static_cast<char *>(data) + done * bytes, n,
+                      type, MPI_SUM, MPI_COMM_WORLD);
     if (code != MPI_SUCCESS)
       return code;
   }
@@ -42,8 +42,7 @@ int allReduceSum(void *data, size_t count, int isDouble) {
 }
 
 int allGatherLengths(int mine, int *lengths) {
-  return MPI_Allgather(&mine, 1, MPI_INT, lengths, 1, MPI_INT,
-                       MPI_COMM_WORLD);
+  return MPI_Allgather(&mine, 1, MPI_INT, lengths, 1, MPI_INT, MPI_COMM_WORLD);
 }
 
 int allGatherBytes(const char *mine, int length, const int *lengths,

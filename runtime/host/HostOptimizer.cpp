@@ -348,8 +348,8 @@ double HostOptimizer::decide(double norm, double lr) {
   }
   pendingStep = state->step + 1;
   pendingLr = lr;
-  pendingScale = static_cast<float>(
-      factor / double(options.gradAccum * options.ranks()));
+  pendingScale =
+      static_cast<float>(factor / double(options.gradAccum * options.ranks()));
   for (Update &u : updates)
     u.pending = true;
   state->step = pendingStep;

@@ -171,8 +171,8 @@ Error train::checkMetricsLog(StringRef path, bool resuming, bool keepText,
   auto notALog = [&](int64_t number, const Twine &why) {
     return createStringError(
         spell("metrics") + " '" + path +
-        "' is not a megaslide metrics log (line " + Twine(number) + ": " +
-        why + "); it is left as it is: give another path, or remove the file");
+        "' is not a megaslide metrics log (line " + Twine(number) + ": " + why +
+        "); it is left as it is: give another path, or remove the file");
   };
   if (Error e = forEachMetricsLine(
           path,

@@ -202,9 +202,8 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (options.backend != "sim") {
     session->memoryNeed = hostMemoryNeed(session->plans, options,
                                          *session->data, session->deferred);
-    if (llvm::Error e =
-            checkHostMemory(session->memoryNeed, p, options.backend,
-                            options.collectives))
+    if (llvm::Error e = checkHostMemory(session->memoryNeed, p, options.backend,
+                                        options.collectives))
       return std::move(e);
   }
   auto backend = createBackend(p, options);
@@ -216,10 +215,10 @@ Session::create(std::vector<BucketPlan> bucketPlans,
     session->runSettings =
         computeSettings(session->plans, session->names, options,
                         session->deferred, *session->data);
-    session->optimizer.prepare(
-        p, session->hostState,
-        optimizerOptions(options.recipe, session->deferred,
-                         options.collectives));
+    session->optimizer.prepare(p, session->hostState,
+                               optimizerOptions(options.recipe,
+                                                session->deferred,
+                                                options.collectives));
   }
   return session;
 }

@@ -121,8 +121,7 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
   return llvm::createStringError(
       "'" + plan.model + "' on the " + backend.str() + " backend needs " +
       formatBytes(total) + " of host memory" + perRank +
-      ", but this machine has " +
-      formatBytes(have) +
+      ", but this machine has " + formatBytes(have) +
       (readings.override
            ? std::string(" (as MEGASLIDE_HOST_MEMORY says):")
            : std::string(" (MemTotal or its memory blocks, capped by "

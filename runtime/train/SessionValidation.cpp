@@ -59,8 +59,8 @@ llvm::Expected<float> Session::validationLoss() {
         cond *= shapes.condition[d];
     for (size_t k = 0; k + B <= buckets[g].size(); k += B, ++batches) {
       if (batches % ranks != rank) {
-        rng.state += (B * sigmaDraws(options.recipe) + 2 * B * latent) *
-                     Random::kGamma;
+        rng.state +=
+            (B * sigmaDraws(options.recipe) + 2 * B * latent) * Random::kGamma;
         continue;
       }
       exec::StepInputs in;

@@ -74,11 +74,11 @@ Expected<std::unique_ptr<TrainingRun>> TrainingRun::open(RunOptions o) {
       if (std::optional<std::string> old =
               findSetting(*run->stored, "lr_decay_steps");
           old && *old != std::to_string(*opts.lrDecaySteps)) {
-        run->horizon = formatv("the learning-rate horizon moves from step {0} "
-                               "(the checkpoint's) to {1} ({2})",
-                               *old, *opts.lrDecaySteps,
-                               spell("lr-decay-steps"))
-                           .str();
+        run->horizon =
+            formatv("the learning-rate horizon moves from step {0} "
+                    "(the checkpoint's) to {1} ({2})",
+                    *old, *opts.lrDecaySteps, spell("lr-decay-steps"))
+                .str();
         llvm::erase_if(*run->stored, [](const auto &kv) {
           return kv.first == "lr_decay_steps";
         });
@@ -161,8 +161,7 @@ Error TrainingRun::resume() {
   if (Error e = checkResumeSettings(*stored, session->settings(), advice))
     return mismatch(std::move(e));
   std::string trainerState;
-  if (Error e =
-          host::loadLatestCheckpoint(dir, session->state(), trainerState))
+  if (Error e = host::loadLatestCheckpoint(dir, session->state(), trainerState))
     return e;
   if (Error e = session->restoreTrainerState(trainerState))
     return e;
@@ -177,9 +176,9 @@ Error TrainingRun::resume() {
     return mismatch(std::move(e));
   isResumed = true;
   if (options.note) {
-    options.note(formatv("resumed at step {0} from {1}",
-                         session->state().step, dir)
-                     .str());
+    options.note(
+        formatv("resumed at step {0} from {1}", session->state().step, dir)
+            .str());
     if (!horizon.empty())
       options.note(horizon);
   }
@@ -199,8 +198,8 @@ Error TrainingRun::start() {
                                   !options.reportPath.empty(), options.spell))
       return e;
   if (writesCheckpoints())
-    if (Error e = host::checkCheckpointSpace(options.checkpointDir,
-                                             session->state()))
+    if (Error e =
+            host::checkCheckpointSpace(options.checkpointDir, session->state()))
       return e;
   if (!options.metricsPath.empty() || !options.reportPath.empty()) {
     Expected<std::unique_ptr<MetricsLog>> opened = MetricsLog::open(
@@ -253,8 +252,8 @@ Error TrainingRun::writeReport() {
     return Error::success();
   Session &s = *session;
   TrainingReportInfo info;
-  info.title = formatv("{0} on the {1} backend", s.plan().model,
-                       s.backend().name());
+  info.title =
+      formatv("{0} on the {1} backend", s.plan().model, s.backend().name());
   info.settings = s.settings();
   // Shown, not stored in the settings: a resumed run may be on another
   // machine (results match across thread counts, not instruction sets).

@@ -516,7 +516,6 @@ template <typename T> std::optional<T> planningOption(StringRef name) {
   return static_cast<cl::opt<T> *>(it->second)->getValue();
 }
 
-
 /// What the run trains, once, before its first step: the plan, the backend,
 /// the weights and data it starts from and every recipe value (nothing
 /// silent).
@@ -569,10 +568,9 @@ void printBanner(train::Session &s, StringRef tool, StringRef backendWhy,
     outs() << "data: " << data << "\n";
     std::string recipeText;
     for (const auto &[name, value] : s.settings())
-      if (!llvm::is_contained({"seed", "data", "data_samples", "model",
-                               "plan_hash", "update"},
-                              name))
-      {
+      if (!llvm::is_contained(
+              {"seed", "data", "data_samples", "model", "plan_hash", "update"},
+              name)) {
         // Numbers as a person writes them (the settings keep every digit).
         double number;
         std::string shown = value;
@@ -600,23 +598,26 @@ Error checkRunFlags(const tools::RunTool &tool) {
     if (Error e = tool.checkFlags(!planFile.empty()))
       return e;
   if (planFile.empty() && !tool.compile)
-    return createStringError(Twine(tool.name) +
-                " runs a saved execution plan: give --plan FILE (written by "
-                "megaslide-run --save-plan on a machine with the compiler)");
+    return createStringError(
+        Twine(tool.name) +
+        " runs a saved execution plan: give --plan FILE (written by "
+        "megaslide-run --save-plan on a machine with the compiler)");
   if (!precompileKernels.empty())
     for (StringRef flag :
          {"steps", "resume", "checkpoint-dir", "checkpoint-every", "weights",
           "save-weights", "data", "save-plan", "trace", "metrics", "report",
           "save-gradients", "backend"})
       if (tools::flagGiven(flag))
-        return createStringError("--precompile-kernels compiles the plan's kernels and "
-                    "exits; it runs no step, so --" +
-                    flag + " does not apply");
+        return createStringError(
+            "--precompile-kernels compiles the plan's kernels and "
+            "exits; it runs no step, so --" +
+            flag + " does not apply");
   if (steps < 0)
     return createStringError("--steps must be non-negative");
   if (maxSteps.getNumOccurrences() && steps.getNumOccurrences())
-    return createStringError("give --steps (steps to run) or --max-steps (the run's "
-                "total, across resumes), not both");
+    return createStringError(
+        "give --steps (steps to run) or --max-steps (the run's "
+        "total, across resumes), not both");
   if (maxSteps.getNumOccurrences() && maxSteps < 1)
     return createStringError("--max-steps must be at least 1");
   if (maxSteps.getNumOccurrences())
@@ -631,28 +632,33 @@ Error checkRunFlags(const tools::RunTool &tool) {
     return createStringError("--val-every needs --val-data");
   if ((resume || checkpointEvery.getNumOccurrences() || overwriteCheckpoints) &&
       checkpointDir.empty())
-    return createStringError("--resume, --checkpoint-every and --overwrite-checkpoints "
-                "need --checkpoint-dir");
+    return createStringError(
+        "--resume, --checkpoint-every and --overwrite-checkpoints "
+        "need --checkpoint-dir");
   if (!initWeights.empty() && initWeights != "random")
-    return createStringError("--init takes 'random' (random weights from --seed), not '" +
-                initWeights + "'; --weights DIR loads weights");
+    return createStringError(
+        "--init takes 'random' (random weights from --seed), not '" +
+        initWeights + "'; --weights DIR loads weights");
   if (!initWeights.empty() && !weightsPath.empty())
-    return createStringError("give --weights (start from those weights) or --init random "
-                "(start from random ones), not both");
+    return createStringError(
+        "give --weights (start from those weights) or --init random "
+        "(start from random ones), not both");
   // Training on real samples from random weights is a choice to make, not
   // a default to fall into (the base model's --weights were forgotten).
   if (!dataDir.empty() && weightsPath.empty() && initWeights.empty() &&
       !resume && steps > 0)
-    return createStringError("--data trains on real samples, but no --weights were given: "
-                "the model would start from random weights. Give the base "
-                "model's transformer (--weights BASE/transformer), or --init "
-                "random to train from scratch");
+    return createStringError(
+        "--data trains on real samples, but no --weights were given: "
+        "the model would start from random weights. Give the base "
+        "model's transformer (--weights BASE/transformer), or --init "
+        "random to train from scratch");
   if (backendName == "sim" &&
       (!weightsPath.empty() || !saveWeights.empty() || !checkpointDir.empty() ||
        !saveGradients.empty()))
-    return createStringError("the sim backend holds no model state: --weights, "
-                "--save-weights, --save-gradients and --checkpoint-dir "
-                "need cpu or cuda");
+    return createStringError(
+        "the sim backend holds no model state: --weights, "
+        "--save-weights, --save-gradients and --checkpoint-dir "
+        "need cpu or cuda");
 
   return Error::success();
 }
@@ -689,9 +695,10 @@ sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
   r.gradAccum = compiled.gradAccum;
   r.emaBf16 = compiled.emaDtype == "bf16";
   if (r.hasEma() && compiled.emaDtype == "none")
-    return createStringError("--ema-decay keeps an EMA, but the plan was compiled "
-                "without one (its host memory is not counted): compile it "
-                "with --ema-decay (megaslide-run --save-plan)");
+    return createStringError(
+        "--ema-decay keeps an EMA, but the plan was compiled "
+        "without one (its host memory is not counted): compile it "
+        "with --ema-decay (megaslide-run --save-plan)");
   // Decay runs over a fresh run's steps; a resumed run keeps the horizon
   // it started with (steps past it run at the floor, with a warning).
   // (warmup-constant has none: a default would only refuse a resume with
@@ -711,9 +718,9 @@ sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
 int summarize(const train::RunTotals &totals, int64_t done, bool computesLoss,
               const char *tool) {
   if (totals.skipped && speaks)
-    WithColor::warning(errs(), tool) << formatv(
-        "{0} of {1} steps were skipped for a non-finite loss\n",
-        totals.skipped, done);
+    WithColor::warning(errs(), tool)
+        << formatv("{0} of {1} steps were skipped for a non-finite loss\n",
+                   totals.skipped, done);
   if (done > 0) {
     if (!computesLoss)
       outs() << formatv("predicted step: {0:F3} s on the sim hardware "
@@ -811,8 +818,8 @@ train::RunOptions runOptionsOf(const char *tool, int rank) {
 /// A run stopped by SIGINT or SIGTERM after `done` steps: a checkpoint
 /// where there is a folder for it, the command that continues the run,
 /// exit 128 + the signal.
-int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
-            int argc, char **argv, const char *tool) {
+int stopped(train::TrainingRun &run, train::Session &s, int64_t done, int argc,
+            char **argv, const char *tool) {
   int sig = stopSignal;
   if (!speaks) // rank 0 saves and says how to continue
     return run.finish(/*whole=*/false) ? 1 : 128 + sig;
@@ -822,8 +829,8 @@ int stopped(train::TrainingRun &run, train::Session &s, int64_t done,
     if (Error err = done ? run.checkpoint() : Error::success())
       return fail(formatv("stopped by {0} after step {1}, but the "
                           "checkpoint failed: {2}",
-                          sig == SIGINT ? "SIGINT" : "SIGTERM",
-                          s.state().step, toString(std::move(err)))
+                          sig == SIGINT ? "SIGINT" : "SIGTERM", s.state().step,
+                          toString(std::move(err)))
                       .str());
     note = (job && job->size() > 1
                 ? "to continue (with the launcher's own options too): "
@@ -901,7 +908,7 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
   Progress progress(s.state().step, s.state().step + steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   StringMap<std::vector<float>> gradients; // of the last step
-  bool checkpointed = false; // the last step's, on rank 0
+  bool checkpointed = false;               // the last step's, on rank 0
   auto onStep = [&](const train::RunStep &step) {
     checkpointed = step.checkpointDue;
     if (comm.rank() != 0)
@@ -920,8 +927,7 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
                         *step.valLoss);
     double elapsed = run.totals().seconds;
     progress.update(run.firstStep() + step.ran, result.loss, elapsed,
-                    step.ran * p.batch / std::max(elapsed, 1e-9),
-                    computesLoss);
+                    step.ran * p.batch / std::max(elapsed, 1e-9), computesLoss);
   };
   train::TrainingRun::Hooks hooks;
   // Every rank stops at the same step: where any was signalled.

@@ -54,8 +54,8 @@ std::string metricsLine(const MetricsRecord &record);
 /// lines, so every line but a last one cut by a kill must be a step's (a
 /// corrupt one is named, not dropped). `keepText`: the log is also held in
 /// memory (for the report), so its lines must be within kMaxMetricsBytes.
-llvm::Error checkMetricsLog(llvm::StringRef path, bool resuming,
-                            bool keepText, OptionSpelling spell);
+llvm::Error checkMetricsLog(llvm::StringRef path, bool resuming, bool keepText,
+                            OptionSpelling spell);
 
 /// The open log. A fresh run replaces the file at its first line (so a run
 /// that fails before any step leaves it as it was); a resumed run keeps the
@@ -68,8 +68,7 @@ public:
   /// `resumedStep`: the step the run resumes from (checked by
   /// checkMetricsLog first); none for a fresh run.
   static llvm::Expected<std::unique_ptr<MetricsLog>>
-  open(llvm::StringRef path, std::optional<int64_t> resumedStep,
-       bool keepText);
+  open(llvm::StringRef path, std::optional<int64_t> resumedStep, bool keepText);
   ~MetricsLog();
 
   llvm::Error write(const MetricsRecord &record);

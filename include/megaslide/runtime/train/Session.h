@@ -83,8 +83,7 @@ std::optional<std::string> findSetting(const Settings &settings,
 /// checkpoint (`stored`) and this run (`current`), with both values, and
 /// what to do: megaslide-run's flags, or `advice` where the caller is not
 /// megaslide-run (Python's Trainer adopts no setting from a checkpoint).
-llvm::Error checkResumeSettings(const Settings &stored,
-                                const Settings &current,
+llvm::Error checkResumeSettings(const Settings &stored, const Settings &current,
                                 llvm::StringRef advice = "");
 
 /// Host memory a run needs, by part (docs/Runtime.md, "Host memory").

@@ -38,8 +38,7 @@ hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
 /// An error listing the parts when `need` exceeds the memory this process
 /// may use, with `plan`'s model named.
 llvm::Error checkHostMemory(const HostMemoryNeed &need,
-                            const exec::ExecPlan &plan,
-                            llvm::StringRef backend,
+                            const exec::ExecPlan &plan, llvm::StringRef backend,
                             const dist::Collectives *job);
 
 /// The settings a run records in its checkpoints (Settings).

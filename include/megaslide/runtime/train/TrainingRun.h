@@ -93,9 +93,7 @@ public:
 
   /// With resume: the settings of the newest checkpoint (without its
   /// learning-rate horizon where lrDecaySteps moves it) and its step.
-  const Settings *storedSettings() const {
-    return stored ? &*stored : nullptr;
-  }
+  const Settings *storedSettings() const { return stored ? &*stored : nullptr; }
   llvm::Expected<int64_t> storedStep() const;
   /// Where lrDecaySteps moves the checkpoint's horizon: the sentence.
   const std::string &horizonNote() const { return horizon; }
