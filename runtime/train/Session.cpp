@@ -210,6 +210,11 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (!backend)
     return backend.takeError();
   session->executor = std::move(*backend);
+  // A rank of a job takes its own micro-batches of the job's sequence:
+  // rank r those after r K others', whatever the job's size
+  // (docs/Distributed.md, "Data").
+  if (dist::Collectives *c = options.collectives; c && c->size() > 1)
+    session->data->setShare(c->rank(), c->size(), options.recipe.gradAccum);
   if (session->executor->computesLoss()) {
     session->hostState = host::initHostState(p, options.seed);
     session->runSettings =
@@ -242,19 +247,10 @@ Session::trainStep(const exec::StepOptions &options) {
   if (hostState.incomplete)
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
-  // A rank of a job takes its own micro-batches of the job's sequence:
-  // rank r those after r K others', whatever the job's size
-  // (docs/Distributed.md, "Data").
-  int64_t K = this->options.recipe.gradAccum, ranks = 1, rank = 0;
-  if (dist::Collectives *c = this->options.collectives) {
-    ranks = c->size();
-    rank = c->rank();
-  }
-  if (ranks > 1 && fault::hangs(rank, hostState.step + 1))
+  if (dist::Collectives *c = this->options.collectives;
+      c && c->size() > 1 && fault::hangs(c->rank(), hostState.step + 1))
     for (;;)
       ::pause(); // a test's hung rank: only SIGKILL ends it
-  if (ranks > 1)
-    data->setState(data->stateAfter(before, rank * K));
   llvm::Expected<StepReport> report = optimizerStep(
       [&](int64_t, size_t &bucket) -> llvm::Expected<exec::StepInputs> {
         llvm::Expected<exec::StepInputs> batch = data->next(&bucket);
@@ -267,8 +263,6 @@ Session::trainStep(const exec::StepOptions &options) {
     data->setState(before); // a retry draws the same batches
     return report;
   }
-  if (ranks > 1)
-    data->setState(data->stateAfter(before, ranks * K));
   ++stepsRunSoFar;
   return report;
 }

@@ -184,8 +184,12 @@ uint64_t DataSource::stateAfter(uint64_t state, int64_t batches) const {
 llvm::Expected<exec::StepInputs> DataSource::next(size_t *bucket) {
   if (readAhead == 0) {
     Made m = make(consumedState);
-    if (m.inputs)
+    if (m.inputs) {
+      finishBatch(m, consumedInStep);
       consumedState = m.stateAfter;
+      if (m.endsShare)
+        jobState = m.jobStateAfter;
+    }
     if (bucket)
       *bucket = m.bucket;
     return std::move(m.inputs);
@@ -200,9 +204,13 @@ llvm::Expected<exec::StepInputs> DataSource::next(size_t *bucket) {
     // Made again from the same state when asked again: the same error.
     ready.clear();
     producedState = consumedState;
+    producedInStep = consumedInStep;
     ++generation;
   } else {
     consumedState = m.stateAfter;
+    consumedInStep = m.endsShare ? 0 : consumedInStep + 1;
+    if (m.endsShare)
+      jobState = m.jobStateAfter;
   }
   if (bucket)
     *bucket = m.bucket;
@@ -222,9 +230,12 @@ void DataSource::readAheadLoop() {
     if (stopping)
       return;
     uint64_t gen = generation, from = producedState;
+    int64_t inStep = producedInStep;
     lock.unlock();
     Made m = make(from);
     m.ok = static_cast<bool>(m.inputs);
+    if (m.ok)
+      finishBatch(m, inStep);
     lock.lock();
     if (gen != generation) { // setState() or an error reset the sequence
       if (!m.ok)
@@ -232,13 +243,20 @@ void DataSource::readAheadLoop() {
       continue;
     }
     producedState = m.stateAfter;
+    producedInStep = inStep;
     ready.push_back(std::move(m));
     cv.notify_all();
   }
 }
 
 void DataSource::setState(uint64_t s) {
-  if (s == consumedState)
+  // With a share, the job's state: this rank starts its share of the step.
+  uint64_t local = s;
+  if (shareRanks > 1) {
+    jobState = s;
+    local = stateAfter(s, shareRank * sharePerStep);
+  }
+  if (local == consumedState && consumedInStep == 0)
     return; // what is read ahead is still the sequence's next
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -247,9 +265,28 @@ void DataSource::setState(uint64_t s) {
         llvm::consumeError(m.inputs.takeError());
     ready.clear();
     ++generation;
-    producedState = consumedState = s;
+    producedState = consumedState = local;
+    producedInStep = consumedInStep = 0;
   }
   cv.notify_all();
+}
+
+void DataSource::setShare(int64_t rank, int64_t ranks, int64_t perStep) {
+  uint64_t job = state();
+  shareRank = rank;
+  shareRanks = ranks;
+  sharePerStep = perStep;
+  setState(job);
+}
+
+void DataSource::finishBatch(Made &m, int64_t &inStep) const {
+  if (shareRanks == 1 || ++inStep < sharePerStep)
+    return;
+  inStep = 0;
+  m.endsShare = true;
+  m.jobStateAfter = stateAfter(
+      m.stateAfter, (shareRanks - 1 - shareRank) * sharePerStep);
+  m.stateAfter = stateAfter(m.jobStateAfter, shareRank * sharePerStep);
 }
 
 uint64_t DataSource::bytesHeld() const {

@@ -48,8 +48,16 @@ public:
   /// `bucket`, if given, is set to the bucket the batch was drawn from.
   llvm::Expected<exec::StepInputs> next(size_t *bucket = nullptr);
 
-  uint64_t state() const { return consumedState; }
+  /// The sequence's state: where the next batch is drawn from, or with a
+  /// share, the job's at the last step boundary handed out.
+  uint64_t state() const { return shareRanks > 1 ? jobState : consumedState; }
   void setState(uint64_t s);
+  /// A rank's share of the job's sequence (docs/Distributed.md, "Data"):
+  /// of every step's `ranks * perStep` batches, this source hands out the
+  /// `perStep` from index `rank * perStep` and jumps over the others', so
+  /// what it reads ahead is its own. state() and setState() stay the job's.
+  /// Set before the first batch.
+  void setShare(int64_t rank, int64_t ranks, int64_t perStep);
   /// The state after `batches` more batches from `state`, found without
   /// making them (the generator jumps): the ranks of a data-parallel job
   /// each take their own batches of one sequence (docs/Distributed.md).
@@ -100,15 +108,25 @@ private:
     llvm::Expected<exec::StepInputs> inputs;
     uint64_t stateAfter;
     size_t bucket = 0;
+    /// With a share: whether the batch is the last of its step's, and the
+    /// job's state after the step.
+    bool endsShare = false;
+    uint64_t jobStateAfter = 0;
     bool ok =
         true; ///< whether `inputs` holds a batch (read without locking it)
   };
   Made make(uint64_t state);
+  /// With a share, counts a batch made into its step (`inStep`) and, at
+  /// the share's end, jumps over the other ranks' batches.
+  void finishBatch(Made &m, int64_t &inStep) const;
   /// A batch's bucket, the first draw of a batch that has several to pick.
   size_t drawBucket(Random &rng) const;
   void readAheadLoop();
 
   uint64_t consumedState;
+  int64_t shareRank = 0, shareRanks = 1, sharePerStep = 1;
+  uint64_t jobState = 0;
+  int64_t consumedInStep = 0, producedInStep = 0;
   int readAhead;
   // Read-ahead: batches made from producedState on, in order.
   std::mutex mu;

@@ -125,6 +125,52 @@ TEST_F(BucketDataTest, StateAfterJumpsAsDrawingWould) {
   }
 }
 
+TEST_F(BucketDataTest, ASharedSourceHandsOutItsRanksBatches) {
+  // Three ranks of two micro-batches a step: each hands out exactly its
+  // batches of one sequence (the files' source reads ahead), and its
+  // state() at each step boundary is the job's.
+  writeTwoBuckets();
+  constexpr int ranks = 3, perStep = 2, stepsRun = 3;
+  std::unique_ptr<FileData> whole = open();
+  ASSERT_TRUE(whole);
+  std::vector<std::pair<size_t, exec::StepInputs>> sequence;
+  std::vector<uint64_t> boundaries{whole->state()};
+  for (int k = 0; k < ranks * perStep * stepsRun; ++k) {
+    size_t bucket = 0;
+    auto batch = whole->next(&bucket);
+    ASSERT_TRUE(!!batch);
+    sequence.push_back({bucket, std::move(*batch)});
+    if ((k + 1) % (ranks * perStep) == 0)
+      boundaries.push_back(whole->state());
+  }
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::unique_ptr<FileData> mine = open();
+    ASSERT_TRUE(mine);
+    mine->setShare(rank, ranks, perStep);
+    EXPECT_EQ(mine->state(), boundaries[0]);
+    for (int step = 0; step < stepsRun; ++step) {
+      for (int k = 0; k < perStep; ++k) {
+        size_t bucket = 0;
+        auto batch = mine->next(&bucket);
+        ASSERT_TRUE(!!batch);
+        const auto &want = sequence[(step * ranks + rank) * perStep + k];
+        EXPECT_EQ(bucket, want.first) << rank << " " << step << " " << k;
+        EXPECT_EQ(*batch, want.second) << rank << " " << step << " " << k;
+      }
+      EXPECT_EQ(mine->state(), boundaries[step + 1]) << rank << " " << step;
+    }
+    // A resume at a boundary continues the rank's share.
+    std::unique_ptr<FileData> resumed = open();
+    ASSERT_TRUE(resumed);
+    resumed->setShare(rank, ranks, perStep);
+    resumed->setState(boundaries[2]);
+    size_t bucket = 0;
+    auto batch = resumed->next(&bucket);
+    ASSERT_TRUE(!!batch);
+    EXPECT_EQ(*batch, sequence[(2 * ranks + rank) * perStep].second) << rank;
+  }
+}
+
 TEST_F(BucketDataTest, ASetStateContinuesTheSequenceBitwise) {
   writeTwoBuckets();
   std::unique_ptr<FileData> data = open();
