@@ -338,3 +338,45 @@ def test_one_ranks_failure_ends_the_job_at_once(tmp_path):
     assert result.returncode != 0, out
     assert "No space left on device" in out or "ENOSPC" in out, out
     assert "has waited" not in out, out
+
+
+def test_buckets_and_the_runtime_only_executor(tmp_path):
+    # Micro-batches of two shapes drawn over the ranks (each rank's source
+    # reads ahead its own), and megaslide-exec running a saved plan as a
+    # rank: the job is the one process again.
+    mpirun()
+    from test_buckets import LARGE, SMALL as SHAPE, write_buckets, \
+        write_sample
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(6):
+        write_sample(data / f"a{k}.safetensors", SHAPE, k)
+    for k in range(4):
+        write_sample(data / f"b{k}.safetensors", LARGE, 10 + k)
+    write_buckets(data / "buckets.json", [SHAPE, LARGE])
+    common = ["--model", "tiny", "--backend", "cpu", "--no-progress",
+              "--data", data, "--init", "random", "--plan-cache",
+              tmp_path / "cache", "--steps", 5]
+    run(*common, "--grad-accum", 2, "--metrics", tmp_path / "one.jsonl")
+    run(*common, "--metrics", tmp_path / "two.jsonl", ranks=2)
+    one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text()
+           .splitlines()]
+    two = [json.loads(l) for l in (tmp_path / "two.jsonl").read_text()
+           .splitlines()]
+    assert [(l["loss"], l["grad_norm"]) for l in two] == \
+        [(l["loss"], l["grad_norm"]) for l in one]
+    # Both shapes were drawn, and rank 0 logs its own micro-batch's.
+    assert {b for l in one for b in l["bucket"]} == {"5x32x32", "9x32x48"}
+    assert [l["bucket"] for l in two] == [l["bucket"][0] for l in one]
+
+    exec_tool = pathlib.Path(tool_path("megaslide-exec"))
+    run(*SMALL, "--steps", "0", "--save-plan", tmp_path / "plan.json")
+    run(*SMALL, "--steps", "4", "--grad-accum", "2", "--metrics",
+        tmp_path / "run.jsonl")
+    result = subprocess.run(
+        [mpirun(), "-np", "2", exec_tool, "--plan", tmp_path / "plan.json",
+         "--backend", "cpu", "--no-progress", "--max-grad-norm", "1",
+         "--steps", "4", "--metrics", tmp_path / "exec.jsonl"],
+        capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert metrics(tmp_path / "exec.jsonl") == metrics(tmp_path / "run.jsonl")
