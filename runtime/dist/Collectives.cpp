@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/dist/MpiPlugin.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <limits>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <mutex>
@@ -62,6 +64,14 @@ public:
     return std::vector<std::string>{mine.str()};
   }
   Error barrier() override { return Error::success(); }
+  Error allGatherShards(MutableArrayRef<float>) override {
+    return Error::success();
+  }
+  Error gatherShardsToRank0(ArrayRef<float> mine, int64_t,
+                            float *all) override {
+    llvm::copy(mine, all);
+    return Error::success();
+  }
 };
 
 /// A job over MPI, through the plugin's C functions, with a watchdog on
@@ -121,12 +131,51 @@ public:
     return check(api.barrier(), "barrier");
   }
   Error untimedBarrier() override { return check(api.barrier(), "barrier"); }
+
+  Error allGatherShards(MutableArrayRef<float> data) override {
+    Expected<Layout> layout = layoutOf(data.size());
+    if (!layout)
+      return layout.takeError();
+    Waiting w(*this, "allgather");
+    return check(api.allGatherFloats(data.data(), layout->counts.data(),
+                                     layout->offsets.data()),
+                 "allgather");
+  }
+  Error gatherShardsToRank0(ArrayRef<float> mine, int64_t count,
+                            float *all) override {
+    Expected<Layout> layout = layoutOf(count);
+    if (!layout)
+      return layout.takeError();
+    Waiting w(*this, "gather");
+    return check(api.gatherFloats(mine.data(), all,
+                                  layout->counts.data(),
+                                  layout->offsets.data()),
+                 "gather");
+  }
   void abort(int code) override {
     std::fflush(nullptr);
     api.abort(code);
   }
 
 private:
+  /// The ranks' shards of a tensor as MPI's counts and offsets.
+  struct Layout {
+    std::vector<int> counts, offsets;
+  };
+  Expected<Layout> layoutOf(size_t count) {
+    if (count > size_t(std::numeric_limits<int>::max()))
+      return createStringError(formatv(
+          "a tensor of {0} elements is over what one MPI collective moves",
+          count));
+    Layout l;
+    for (int r = 0; r < size(); ++r) {
+      ShardRange s = shardRange(static_cast<int64_t>(count), r, size());
+      l.counts.push_back(static_cast<int>(s.size()));
+      l.offsets.push_back(static_cast<int>(s.begin));
+    }
+    return l;
+  }
+
   /// Marks a collective in flight for the watchdog.
   struct Waiting {
     Waiting(MpiJob &job, const char *what) : job(job) {
@@ -185,6 +234,18 @@ private:
 };
 
 } // namespace
+
+ShardRange dist::shardRange(int64_t count, int rank, int ranks) {
+  // In units of kShardAlign elements: the first (units % ranks) ranks take
+  // one unit more; the last unit may be short.
+  int64_t units = (count + kShardAlign - 1) / kShardAlign;
+  int64_t base = units / ranks, extra = units % ranks;
+  auto start = [&](int64_t r) {
+    return std::min(count,
+                    (r * base + std::min<int64_t>(r, extra)) * kShardAlign);
+  };
+  return {start(rank), start(rank + 1)};
+}
 
 Expected<World> dist::worldFromEnvironment() {
   struct Launcher {

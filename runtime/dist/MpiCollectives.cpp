@@ -58,6 +58,19 @@ int allGatherBytes(const char *mine, int length, const int *lengths,
 
 int barrier() { return MPI_Barrier(MPI_COMM_WORLD); }
 
+int allGatherFloats(float *data, const int *counts, const int *offsets) {
+  return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts,
+                        offsets, MPI_FLOAT, MPI_COMM_WORLD);
+}
+
+int gatherFloats(const float *mine, float *all, const int *counts,
+                 const int *offsets) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return MPI_Gatherv(mine, counts[rank], MPI_FLOAT, all, counts, offsets,
+                     MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+
 void abortJob(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 void finalize() {
@@ -100,6 +113,6 @@ extern "C" int megaslideMpiOpen(int rank, int size, MegaSlideMpiApi *api,
   MPI_Get_processor_name(name, &length);
   std::snprintf(host, hostCapacity, "%s", name);
   *api = {allReduceSum, allGatherLengths, allGatherBytes, barrier,
-          finalize,     errorText,        abortJob};
+          allGatherFloats, gatherFloats, finalize, errorText, abortJob};
   return MPI_SUCCESS;
 }

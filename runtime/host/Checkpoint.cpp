@@ -612,7 +612,9 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
       for (size_t k = 0; k < wide.size(); ++k)
         t.bf16[k] = cpu::floatToBf16(wide[k]);
     } else {
+      // Whole, a sharded tensor too: the trainer keeps its shard after.
       t.data.resize(static_cast<size_t>(info.numElements()));
+      t.shardBegin = 0;
       if (Error e = file.readF32(info, t.data, onRaw))
         return e;
     }

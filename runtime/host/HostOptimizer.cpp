@@ -190,6 +190,12 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
     const exec::TensorType &g = p.values[inst.operands[0]].type;
     u.dtype = g.dtype;
     u.count = g.numElements();
+    dist::ShardRange shard =
+        o.ranks() > 1 ? dist::shardRange(u.count, o.collectives->rank(),
+                                         o.ranks())
+                      : dist::ShardRange{0, u.count};
+    u.shardBegin = shard.begin;
+    u.shardEnd = shard.end;
     GradientHold hold = gradientHold(g, o);
     u.accum.resize(hold.accumCount);
     u.retained.resize(hold.retainedBytes);
@@ -355,6 +361,65 @@ double HostOptimizer::decide(double norm, double lr) {
   state->step = pendingStep;
   lastNorm = norm;
   return factor;
+}
+
+llvm::Error HostOptimizer::applySharded() {
+  for (Update &u : updates) {
+    if (!u.pending)
+      continue;
+    cpu::AdamWHyper hyper = adamwHyperOf(*u.inst, pendingStep);
+    hyper.lr = pendingLr;
+    hyper.gradScale = pendingScale;
+    // Elementwise (cpu::adamwStep): a shard's values are those the whole
+    // update gives them.
+    HostTensor &master = *u.tensors.master;
+    int64_t held = u.shardEnd - u.shardBegin;
+    if (static_cast<int64_t>(u.tensors.m->data.size()) != held ||
+        static_cast<int64_t>(u.tensors.v->data.size()) != held)
+      return llvm::createStringError(llvm::formatv(
+          "the moments of '{0}' hold {1} values, this rank's shard {2}",
+          u.inst->param, u.tensors.m->data.size(), held));
+    cpu::adamwStep(hyper, u.shardEnd - u.shardBegin,
+                   master.data.data() + u.shardBegin, u.tensors.m->data.data(),
+                   u.tensors.v->data.data(), u.accum.data() + u.shardBegin,
+                   nullptr);
+    if (llvm::Error e = options.collectives->allGatherShards(master.data))
+      return e;
+    u.pending = false;
+    if (u.ema)
+      updateEma(u);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error HostOptimizer::gatherMoments() {
+  if (!sharded())
+    return llvm::Error::success();
+  bool root = options.collectives->rank() == 0;
+  for (Update &u : updates)
+    for (HostTensor *t : {u.tensors.m, u.tensors.v}) {
+      std::vector<float> whole(root ? u.count : 0);
+      if (llvm::Error e = options.collectives->gatherShardsToRank0(
+              t->data, u.count, whole.data()))
+        return e;
+      if (root) {
+        t->data = std::move(whole);
+        t->shardBegin = 0;
+      }
+    }
+  return llvm::Error::success();
+}
+
+void HostOptimizer::keepShards() {
+  if (!sharded())
+    return;
+  for (Update &u : updates)
+    for (HostTensor *t : {u.tensors.m, u.tensors.v})
+      if (t->whole()) {
+        t->data = std::vector<float>(t->data.begin() + u.shardBegin,
+                                     t->data.begin() + u.shardEnd);
+        t->shardBegin = u.shardBegin;
+      }
 }
 
 void HostOptimizer::restore(int64_t emaUpdates,

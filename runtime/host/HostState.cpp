@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/host/HostState.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "megaslide/runtime/train/Random.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -176,15 +178,23 @@ static bool inHostState(const exec::Param &p) {
   return p.role == "master" || p.role == "moment" || p.role == "frozen";
 }
 
-uint64_t host::stateBytes(const exec::ExecPlan &plan) {
+/// The elements of `p` rank `rank` of `ranks` holds.
+static dist::ShardRange heldRange(const exec::Param &p, int rank, int ranks) {
+  int64_t count = p.type.numElements();
+  return p.role == "moment" && ranks > 1 ? dist::shardRange(count, rank, ranks)
+                                         : dist::ShardRange{0, count};
+}
+
+uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
   uint64_t bytes = 0;
   for (const exec::Param &p : plan.params)
     if (inHostState(p))
-      bytes += p.type.numElements() * sizeof(float);
+      bytes += heldRange(p, 0, ranks).size() * sizeof(float);
   return bytes;
 }
 
-HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed) {
+HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
+                              int rank, int ranks) {
   HostState state;
   state.tensors.reserve(plan.params.size());
   for (const exec::Param &p : plan.params) {
@@ -192,8 +202,14 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed) {
       continue;
     HostTensor t;
     t.param = &p;
-    t.data.assign(p.type.numElements(), 0.0f);
-    initTensor(p, seed, t.data);
+    dist::ShardRange held = heldRange(p, rank, ranks);
+    if (held.size() != p.type.numElements()) {
+      t.shardBegin = held.begin;
+      t.data.assign(held.size(), 0.0f); // moments start at zero
+    } else {
+      t.data.assign(p.type.numElements(), 0.0f);
+      initTensor(p, seed, t.data);
+    }
     state.index[p.name] = state.tensors.size();
     state.tensors.push_back(std::move(t));
   }

@@ -216,7 +216,9 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (dist::Collectives *c = options.collectives; c && c->size() > 1)
     session->data->setShare(c->rank(), c->size(), options.recipe.gradAccum);
   if (session->executor->computesLoss()) {
-    session->hostState = host::initHostState(p, options.seed);
+    dist::Collectives *job = options.collectives;
+    session->hostState = host::initHostState(
+        p, options.seed, job ? job->rank() : 0, job ? job->size() : 1);
     session->runSettings =
         computeSettings(session->plans, session->names, options,
                         session->deferred, *session->data);
@@ -420,6 +422,9 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     return llvm::Error::success();
   }
   report.clipped = optimizer.decide(*norm, report.lr) < 1.0;
+  // A job's ranks each update their shard, then share the masters.
+  if (optimizer.sharded())
+    return optimizer.applySharded();
   return llvm::Error::success();
 }
 

@@ -29,8 +29,16 @@ static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
                                const SessionOptions &options,
                                const DataSource &data, bool deferred) {
   HostMemoryNeed need;
-  need.parts.push_back(
-      {"host state (fp32 masters, AdamW moments)", host::stateBytes(plan)});
+  int ranks = options.collectives ? options.collectives->size() : 1;
+  need.parts.push_back({ranks > 1 ? "host state (fp32 masters; this rank's "
+                                    "shard of the AdamW moments)"
+                                  : "host state (fp32 masters, AdamW moments)",
+                        host::stateBytes(plan, ranks)});
+  if (ranks > 1 && options.collectives->rank() == 0)
+    // Rank 0 gathers the moments whole to write a checkpoint.
+    need.parts.push_back({"the moments gathered for a checkpoint (rank 0)",
+                          host::stateBytes(plan) -
+                              host::stateBytes(plan, ranks)});
   uint64_t hostValues = 0;
   for (const exec::Value &v : plan.values)
     if (v.home != exec::Home::Device)
@@ -89,11 +97,26 @@ train::hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
 llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
                                    const exec::ExecPlan &plan,
                                    llvm::StringRef backend,
-                                   const dist::Collectives *job) {
-  // The ranks of a job on this node each hold the whole host state
-  // (docs/Distributed.md): the node must hold all of theirs.
-  uint64_t ranksHere = job ? std::max(job->world().localSize, 1) : 1;
-  uint64_t total = need.total() * ranksHere;
+                                   dist::Collectives *job) {
+  // The ranks of a job on this node each hold the masters and their share
+  // of the moments, rank 0 the moments whole for a checkpoint
+  // (docs/Distributed.md, "Memory"): the node must hold all of theirs.
+  uint64_t total = need.total(), ranksHere = 1;
+  if (job && job->size() > 1) {
+    llvm::Expected<std::vector<std::string>> all =
+        job->allGather(job->host() + "\n" + std::to_string(need.total()));
+    if (!all)
+      return all.takeError();
+    total = ranksHere = 0;
+    for (llvm::StringRef entry : *all) {
+      auto [host, bytes] = entry.split('\n');
+      uint64_t n = 0;
+      if (host == job->host() && !bytes.getAsInteger(10, n)) {
+        total += n;
+        ++ranksHere;
+      }
+    }
+  }
   host::HostMemoryReadings readings = host::readHostMemory();
   llvm::Expected<uint64_t> usable = host::usableHostMemoryBytes(readings);
   if (!usable)
@@ -112,9 +135,9 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
       parts += "\n  " + std::string(width - formatBytes(bytes).size(), ' ') +
                formatBytes(bytes) + "  " + what;
   std::string perRank =
-      ranksHere > 1 ? llvm::formatv(" ({0} ranks on this node, {1} each: "
-                                    "the host state is not yet sharded "
-                                    "across ranks)",
+      ranksHere > 1 ? llvm::formatv(" ({0} ranks on this node, this one {1}: "
+                                    "the masters are on every rank, the "
+                                    "moments sharded)",
                                     ranksHere, formatBytes(need.total()))
                           .str()
                     : std::string();

@@ -290,8 +290,14 @@ Error TrainingRun::failAfterSaving(const Twine &message) {
   std::string text = message.str();
   if (session && started) {
     host::HostState &state = session->state();
-    if (writesCheckpoints() && session->backend().computesLoss() &&
-        !state.incomplete && state.step != lastCheckpoint && state.step > 0) {
+    if (session->sharded() && writesCheckpoints() &&
+        state.step != lastCheckpoint && state.step > 0) {
+      // The other ranks hold the moments' other shards and are not here.
+      text += "\nthe state is sharded over the job's ranks and not saved "
+              "now; the last checkpoint resumes the run";
+    } else if (writesCheckpoints() && session->backend().computesLoss() &&
+               !state.incomplete && state.step != lastCheckpoint &&
+               state.step > 0) {
       if (Error e = checkpoint())
         text += "\n(the state could not be saved either: " +
                 toString(std::move(e)) + ")";
@@ -408,12 +414,18 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
         "the weights",
         skippedInARow, out.step,
         options.spell == cliSpelling ? "--lr" : "the learning rate"));
-  if (out.checkpointDue && writesCheckpoints()) {
-    if (Error e = checkpoint())
+  if (out.checkpointDue) {
+    // Every rank of a job takes part in gathering the state; rank 0 writes.
+    if (Error e = s.gatherForCheckpoint())
       return failAfterSaving(toString(std::move(e)));
-    if (Error e = writeReport())
-      return failAfterSaving(options.spell("report") + ": " +
-                             toString(std::move(e)));
+    Error saved = writesCheckpoints() ? checkpoint() : Error::success();
+    s.releaseCheckpointCopy();
+    if (saved)
+      return failAfterSaving(toString(std::move(saved)));
+    if (writesCheckpoints())
+      if (Error e = writeReport())
+        return failAfterSaving(options.spell("report") + ": " +
+                               toString(std::move(e)));
   }
   return out;
 }

@@ -257,9 +257,18 @@ def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     assert (tmp_path / "ck" / "step-000002").is_dir()
 
 
+def host_need(out):
+    """The bytes a failed host-memory check says a process needs."""
+    import re
+    found = re.search(r"needs ([\d.]+) (KB|MB)", out)
+    assert found, out
+    return float(found[1]) * {"KB": 1e3, "MB": 1e6}[found[2]]
+
+
 def test_the_host_memory_check_counts_every_rank_on_the_node(tmp_path):
-    # Each rank holds the whole host state for now: 4 ranks need 4 times
-    # what one process needs, and a node with room for one says so.
+    # Each rank holds the masters and a quarter of the moments (rank 0 the
+    # moments whole while it writes a checkpoint): 4 ranks need less than
+    # 4 processes, more than one, and a node with room for one says so.
     env = dict(ENV, MEGASLIDE_HOST_MEMORY="10MB")
     one = subprocess.run([tool_path("megaslide-run"), *SMALL, "--steps", "1"],
                          capture_output=True, text=True, env=env, timeout=120)
@@ -269,9 +278,15 @@ def test_the_host_memory_check_counts_every_rank_on_the_node(tmp_path):
                          text=True, env=env, timeout=120)
     out = job.stdout + job.stderr
     assert job.returncode != 0
-    assert "(4 ranks on this node, " in out and \
-        "the host state is not yet sharded across ranks), but this machine " \
-        "has 10.00 MB" in out, out
+    assert "(4 ranks on this node, this one " in out and \
+        "the masters are on every rank, the moments sharded), but this " \
+        "machine has 10.00 MB" in out, out
+    small = dict(ENV, MEGASLIDE_HOST_MEMORY="1KB")
+    need_one = host_need(subprocess.run(
+        [tool_path("megaslide-run"), *SMALL, "--steps", "1"],
+        capture_output=True, text=True, env=small, timeout=120).stderr)
+    need_job = host_need(job.stdout + job.stderr)
+    assert need_one < need_job < 4 * need_one, (need_one, need_job)
 
 
 def write_samples(folder, count, seed):

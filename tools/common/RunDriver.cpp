@@ -30,6 +30,7 @@
 #include "megaslide/runtime/train/Session.h"
 #include "megaslide/runtime/train/TrainingRun.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
@@ -772,6 +773,9 @@ Error joinJob(dist::Collectives &comm, int argc, char **argv) {
     command += std::string(argv[i]) + '\0';
   if (Error e = comm.checkSame("the command line", command))
     return e;
+  // The same flags may resolve differently per node (--backend auto).
+  if (Error e = comm.checkSame("the backend", backendName))
+    return e;
   if (backendName == "cuda")
     return createStringError(formatv(
         "data parallelism ({0} ranks) runs on the cpu backend for now: the "
@@ -821,8 +825,21 @@ train::RunOptions runOptionsOf(const char *tool, int rank) {
 int stopped(train::TrainingRun &run, train::Session &s, int64_t done, int argc,
             char **argv, const char *tool) {
   int sig = stopSignal;
-  if (!speaks) // rank 0 saves and says how to continue
-    return run.finish(/*whole=*/false) ? 1 : 128 + sig;
+  // Every rank of a job takes part in gathering the state for rank 0's
+  // checkpoint.
+  bool saves = done > 0 && !checkpointDir.empty();
+  if (saves)
+    if (Error e = s.gatherForCheckpoint())
+      return fail(toString(std::move(e)));
+  llvm::scope_exit release([&] {
+    if (saves)
+      s.releaseCheckpointCopy();
+  });
+  if (!speaks) { // rank 0 saves and says how to continue
+    if (Error e = run.finish(/*whole=*/false))
+      return fail(toString(std::move(e)));
+    return 128 + sig;
+  }
   errs() << "\n";
   std::string note;
   if (run.writesCheckpoints()) {

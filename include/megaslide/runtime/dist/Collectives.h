@@ -33,6 +33,19 @@ struct World {
   std::string launcher;
 };
 
+/// The elements [begin, end) of a tensor that one rank holds of a sharded
+/// host tensor (docs/Distributed.md, "Memory").
+struct ShardRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+/// Rank `rank`'s shard of a tensor of `count` elements over `ranks` ranks:
+/// balanced, every boundary on a multiple of kShardAlign elements (a
+/// 64-byte line of floats, as the host AdamW splits its work), rank 0's
+/// the largest.
+ShardRange shardRange(int64_t count, int rank, int ranks);
+inline constexpr int64_t kShardAlign = 16;
+
 /// The job this process belongs to, from the launcher's environment:
 /// Open MPI's OMPI_COMM_WORLD_*, Hydra's PMI_RANK/PMI_SIZE, Slurm's
 /// SLURM_PROCID/SLURM_STEP_NUM_TASKS (set for an srun step, not for the
@@ -58,6 +71,14 @@ public:
   virtual llvm::Expected<std::vector<std::string>>
   allGather(llvm::StringRef mine) = 0;
   virtual llvm::Error barrier() = 0;
+  /// In place: each rank's shardRange of `data` goes to every rank, which
+  /// then holds all of it.
+  virtual llvm::Error allGatherShards(llvm::MutableArrayRef<float> data) = 0;
+  /// Each rank's shardRange of a tensor of `count` elements (`mine`, its
+  /// shard's values) into `all` on rank 0, which has room for `count`;
+  /// `all` is not read on the other ranks.
+  virtual llvm::Error gatherShardsToRank0(llvm::ArrayRef<float> mine,
+                                          int64_t count, float *all) = 0;
   /// A barrier without the watchdog's limit: the other ranks wait while
   /// rank 0 writes a checkpoint, for as long as that takes.
   virtual llvm::Error untimedBarrier() { return barrier(); }

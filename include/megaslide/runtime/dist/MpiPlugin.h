@@ -19,6 +19,13 @@ struct MegaSlideMpiApi {
   int (*allGatherBytes)(const char *mine, int length, const int *lengths,
                         char *out);
   int (*barrier)();
+  /// Floats, in place (MPI_Allgatherv): rank r's `counts[r]` at
+  /// `offsets[r]` of `data` go to every rank.
+  int (*allGatherFloats)(float *data, const int *counts, const int *offsets);
+  /// Floats to rank 0 (MPI_Gatherv): `mine` (count `counts[rank]`) lands
+  /// at `offsets[rank]` of `all` on rank 0.
+  int (*gatherFloats)(const float *mine, float *all, const int *counts,
+                      const int *offsets);
   void (*finalize)();
   void (*errorText)(int code, char *text, int capacity);
   /// Ends every rank of the job with `code` (MPI_Abort); does not return.

@@ -28,6 +28,14 @@ struct HostTensor {
   /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
   /// --ema-dtype bf16); `data` is then empty.
   std::vector<uint16_t> bf16;
+  /// A rank's shard of a tensor sharded over a job's ranks (its AdamW
+  /// moments; docs/Distributed.md, "Memory"): `data` holds the elements
+  /// from this one on. 0 and the whole tensor otherwise.
+  int64_t shardBegin = 0;
+  bool whole() const {
+    return shardBegin == 0 &&
+           static_cast<int64_t>(data.size()) == param->type.numElements();
+  }
 };
 
 struct HostState {
@@ -84,13 +92,18 @@ llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
 /// moments and frozen buffers.
-uint64_t stateBytes(const exec::ExecPlan &plan);
+/// With `ranks` > 1, a rank's: the moments are sharded, rank 0's shard the
+/// largest.
+uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
 
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
 /// layers ~ N(0, 0.02), biases and moments zero, norm weights one,
 /// embedding tables ~ N(0, 0.02), the output projection zero as in DiT.
-HostState initHostState(const exec::ExecPlan &plan, uint64_t seed);
+/// With `ranks` > 1, rank `rank`'s: its shard of every AdamW moment
+/// (dist::shardRange), the masters and frozen buffers whole.
+HostState initHostState(const exec::ExecPlan &plan, uint64_t seed,
+                        int rank = 0, int ranks = 1);
 
 } // namespace megaslide::host
 

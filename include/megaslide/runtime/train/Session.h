@@ -137,6 +137,13 @@ public:
   /// parameter's next fetch anyway): state() does it first, so whatever
   /// reads or saves the state sees every decided update.
   void flushUpdates();
+  /// In a job of several ranks the AdamW moments are sharded over the
+  /// ranks (docs/Distributed.md, "Memory"): every rank calls
+  /// gatherForCheckpoint() before rank 0 writes a checkpoint (rank 0 then
+  /// holds them whole) and releaseCheckpointCopy() after.
+  bool sharded() const { return optimizer.sharded(); }
+  llvm::Error gatherForCheckpoint() { return optimizer.gatherMoments(); }
+  void releaseCheckpointCopy() { optimizer.keepShards(); }
   /// Whether the plan defers its updates to after the backward
   /// (docs/Training.md, "Deferred update").
   bool deferredUpdates() const { return deferred; }

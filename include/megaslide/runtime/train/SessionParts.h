@@ -39,7 +39,7 @@ hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
 /// may use, with `plan`'s model named.
 llvm::Error checkHostMemory(const HostMemoryNeed &need,
                             const exec::ExecPlan &plan, llvm::StringRef backend,
-                            const dist::Collectives *job);
+                            dist::Collectives *job);
 
 /// The settings a run records in its checkpoints (Settings).
 Settings computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,

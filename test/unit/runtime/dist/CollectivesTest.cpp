@@ -114,3 +114,31 @@ TEST_F(LauncherEnv, AMissingPluginSaysWhatToDo) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(ShardRangeTest, ShardsTileTheTensorAlignedAndBalanced) {
+  for (int64_t count : {0, 1, 15, 16, 17, 100, 4096, 1000003})
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      int64_t next = 0, largest = 0, smallest = count;
+      for (int r = 0; r < ranks; ++r) {
+        ShardRange s = shardRange(count, r, ranks);
+        EXPECT_EQ(s.begin, next) << count << " " << ranks << " " << r;
+        EXPECT_LE(s.begin, s.end);
+        if (s.end < count) {
+          EXPECT_EQ(s.end % kShardAlign, 0) << count << " " << r;
+        }
+        largest = std::max(largest, s.size());
+        smallest = std::min(smallest, s.size());
+        if (r > 0) {
+          EXPECT_LE(s.size(), shardRange(count, 0, ranks).size());
+        }
+        next = s.end;
+      }
+      EXPECT_EQ(next, count) << count << " " << ranks;
+      // Balanced to one alignment unit (the last may be short).
+      EXPECT_LE(largest - smallest, 2 * kShardAlign) << count << " " << ranks;
+    }
+}
+
+} // namespace
