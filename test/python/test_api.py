@@ -620,14 +620,19 @@ def test_trainer_ctrl_c_leaves_whole_steps():
     """KeyboardInterrupt arrives at a step boundary while another thread
     steps too: every step taken is whole, and the Trainer goes on."""
     tr = megaslide.Trainer("tiny", *VIDEO, seed=7)
-    worker = threading.Thread(target=lambda: [tr.step() for _ in range(3)])
-    timer = threading.Timer(0.05, _thread.interrupt_main)
+
+    def work():
+        for _ in range(3):
+            tr.step()
+        # Interrupted while the main thread steps: after the worker's steps,
+        # not after a time, so that a loaded machine does not let the main
+        # thread take thousands of steps first (which the check replays).
+        _thread.interrupt_main()
+    worker = threading.Thread(target=work)
     with pytest.raises(KeyboardInterrupt):
         worker.start()
-        timer.start()
         while True:
             tr.step()
-    timer.join()
     worker.join()
     alone = trained(tr.step_count, seed=7)
     assert_same_parameters(tr, alone)

@@ -303,6 +303,15 @@ def write_samples(folder, count, seed):
                   os.fspath(folder / f"s{k}.safetensors"))
 
 
+def one_and_two_ranks(common, tmp_path):
+    """The metrics records of `common` in one process with --grad-accum 2
+    and in a job of 2 ranks."""
+    run(*common, "--grad-accum", 2, "--metrics", tmp_path / "one.jsonl")
+    run(*common, "--metrics", tmp_path / "two.jsonl", ranks=2)
+    return [[json.loads(l) for l in (tmp_path / f"{n}.jsonl").read_text()
+             .splitlines()] for n in ("one", "two")]
+
+
 def test_file_data_logit_normal_times_and_shared_validation(tmp_path):
     # Samples from files, times with two draws each (logit-normal) and a
     # validation set of 5 batches split 3 + 2 over the ranks: the job is
@@ -313,12 +322,7 @@ def test_file_data_logit_normal_times_and_shared_validation(tmp_path):
     common = [*SMALL, "--data", tmp_path / "data", "--init", "random",
               "--val-data", tmp_path / "val", "--val-every", 2,
               "--timestep-sampling", "logit-normal", "--steps", 4]
-    run(*common, "--grad-accum", 2, "--metrics", tmp_path / "one.jsonl")
-    run(*common, "--metrics", tmp_path / "two.jsonl", ranks=2)
-    one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text()
-           .splitlines()]
-    two = [json.loads(l) for l in (tmp_path / "two.jsonl").read_text()
-           .splitlines()]
+    one, two = one_and_two_ranks(common, tmp_path)
     assert metrics(tmp_path / "two.jsonl") == metrics(tmp_path / "one.jsonl")
     vals = [(l["step"], l.get("val_loss")) for l in one]
     assert [v for _, v in vals if v is not None], vals
@@ -372,12 +376,7 @@ def test_buckets_and_the_runtime_only_executor(tmp_path):
     common = ["--model", "tiny", "--backend", "cpu", "--no-progress",
               "--data", data, "--init", "random", "--plan-cache",
               tmp_path / "cache", "--steps", 5]
-    run(*common, "--grad-accum", 2, "--metrics", tmp_path / "one.jsonl")
-    run(*common, "--metrics", tmp_path / "two.jsonl", ranks=2)
-    one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text()
-           .splitlines()]
-    two = [json.loads(l) for l in (tmp_path / "two.jsonl").read_text()
-           .splitlines()]
+    one, two = one_and_two_ranks(common, tmp_path)
     assert [(l["loss"], l["grad_norm"]) for l in two] == \
         [(l["loss"], l["grad_norm"]) for l in one]
     # Both shapes were drawn, and rank 0 logs its own micro-batch's.
