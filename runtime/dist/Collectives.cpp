@@ -295,11 +295,21 @@ Expected<World> dist::worldFromEnvironment() {
   return World();
 }
 
+Expected<const std::vector<std::string> &> Collectives::hosts() {
+  if (hostNames.empty()) {
+    Expected<std::vector<std::string>> all = allGather(hostName);
+    if (!all)
+      return all.takeError();
+    hostNames = std::move(*all);
+  }
+  return hostNames;
+}
+
 Error Collectives::checkSame(StringRef what, StringRef mine) {
   Expected<std::vector<std::string>> all = allGather(mine);
   if (!all)
     return all.takeError();
-  Expected<std::vector<std::string>> hosts = allGather(hostName);
+  Expected<const std::vector<std::string> &> hosts = this->hosts();
   if (!hosts)
     return hosts.takeError();
   std::string differ;

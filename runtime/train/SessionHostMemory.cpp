@@ -103,15 +103,18 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
   // (docs/Distributed.md, "Memory"): the node must hold all of theirs.
   uint64_t total = need.total(), ranksHere = 1;
   if (job && job->size() > 1) {
-    llvm::Expected<std::vector<std::string>> all =
-        job->allGather(job->host() + "\n" + std::to_string(need.total()));
-    if (!all)
-      return all.takeError();
+    llvm::Expected<std::vector<std::string>> needs =
+        job->allGather(std::to_string(need.total()));
+    if (!needs)
+      return needs.takeError();
+    llvm::Expected<const std::vector<std::string> &> hosts = job->hosts();
+    if (!hosts)
+      return hosts.takeError();
     total = ranksHere = 0;
-    for (llvm::StringRef entry : *all) {
-      auto [host, bytes] = entry.split('\n');
+    for (size_t r = 0; r < needs->size(); ++r) {
       uint64_t n = 0;
-      if (host == job->host() && !bytes.getAsInteger(10, n)) {
+      if ((*hosts)[r] == job->host() &&
+          !llvm::StringRef((*needs)[r]).getAsInteger(10, n)) {
         total += n;
         ++ranksHere;
       }

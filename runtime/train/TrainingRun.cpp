@@ -19,6 +19,15 @@ using namespace llvm;
 using namespace megaslide;
 using namespace megaslide::train;
 
+/// A resume and a fresh start over the same folder, asked for together.
+static Error resumeOverOverwrite(OptionSpelling spell) {
+  return createStringError(spell("resume") +
+                           " continues the checkpoints "
+                           "that " +
+                           spell("overwrite-checkpoints") +
+                           " would replace; give one of them");
+}
+
 TrainingRun::~TrainingRun() {
   // The lock's file goes first: a folder this run created and left empty
   // goes with it.
@@ -35,9 +44,7 @@ Expected<std::unique_ptr<TrainingRun>> TrainingRun::open(RunOptions o) {
   const RunOptions &opts = run->options;
   OptionSpelling spell = opts.spell;
   if (opts.resume && opts.overwriteCheckpoints)
-    return createStringError(
-        spell("resume") + " continues the checkpoints that " +
-        spell("overwrite-checkpoints") + " would replace; give one of them");
+    return resumeOverOverwrite(spell);
   if (opts.resume && opts.checkpointDir.empty())
     return createStringError(spell("resume") + " needs " +
                              spell("checkpoint-dir"));
@@ -57,33 +64,9 @@ Expected<std::unique_ptr<TrainingRun>> TrainingRun::open(RunOptions o) {
       if (Error e = run->refuseEarlierRun())
         return std::move(e);
   }
-  if (opts.resume) {
-    Expected<std::string> state =
-        host::readLatestTrainerState(opts.checkpointDir);
-    if (!state)
-      return state.takeError();
-    Expected<Settings> settings = settingsOfTrainerState(*state);
-    if (!settings)
-      return settings.takeError();
-    run->storedState = std::move(*state);
-    run->stored = std::move(*settings);
-    // A new learning-rate horizon is the one recipe setting a resume may
-    // change, and only when given: the schedule continues from this step
-    // towards it.
-    if (opts.lrDecaySteps)
-      if (std::optional<std::string> old =
-              findSetting(*run->stored, "lr_decay_steps");
-          old && *old != std::to_string(*opts.lrDecaySteps)) {
-        run->horizon =
-            formatv("the learning-rate horizon moves from step {0} "
-                    "(the checkpoint's) to {1} ({2})",
-                    *old, *opts.lrDecaySteps, spell("lr-decay-steps"))
-                .str();
-        llvm::erase_if(*run->stored, [](const auto &kv) {
-          return kv.first == "lr_decay_steps";
-        });
-      }
-  }
+  if (opts.resume)
+    if (Error e = run->readStoredSettings())
+      return std::move(e);
   for (auto [name, file] :
        {std::pair<StringRef, StringRef>{"trace", opts.tracePath},
         {"metrics", opts.metricsPath},
@@ -96,6 +79,33 @@ Expected<std::unique_ptr<TrainingRun>> TrainingRun::open(RunOptions o) {
     return std::move(e);
   run->metricsCheckedForResume = opts.resume;
   return run;
+}
+
+Error TrainingRun::readStoredSettings() {
+  Expected<std::string> state =
+      host::readLatestTrainerState(options.checkpointDir);
+  if (!state)
+    return state.takeError();
+  Expected<Settings> settings = settingsOfTrainerState(*state);
+  if (!settings)
+    return settings.takeError();
+  storedState = std::move(*state);
+  stored = std::move(*settings);
+  // A new learning-rate horizon is the one recipe setting a resume may
+  // change, and only when given: the schedule continues from this step
+  // towards it.
+  if (options.lrDecaySteps)
+    if (std::optional<std::string> old = findSetting(*stored, "lr_decay_steps");
+        old && *old != std::to_string(*options.lrDecaySteps)) {
+      horizon =
+          formatv("the learning-rate horizon moves from step {0} "
+                  "(the checkpoint's) to {1} ({2})",
+                  *old, *options.lrDecaySteps, options.spell("lr-decay-steps"))
+              .str();
+      llvm::erase_if(
+          *stored, [](const auto &kv) { return kv.first == "lr_decay_steps"; });
+    }
+  return Error::success();
 }
 
 Error TrainingRun::refuseEarlierRun() {
@@ -132,6 +142,8 @@ Error TrainingRun::resume() {
   if (dir.empty())
     return createStringError(spell("resume") + " needs " +
                              spell("checkpoint-dir"));
+  if (options.overwriteCheckpoints)
+    return resumeOverOverwrite(spell);
   // Python's Trainer takes every setting as given: none is adopted.
   std::string advice =
       spell == cliSpelling
@@ -143,19 +155,10 @@ Error TrainingRun::resume() {
     return createStringError(spell("resume") + " from '" + dir +
                              "': " + toString(std::move(e)));
   };
-  if (!stored) {
-    // Decided after open() (Python's Trainer): read as open() would.
-    RunOptions again = options;
-    again.resume = true;
-    again.writesCheckpoints = false;
-    again.metricsPath = again.reportPath = again.tracePath = "";
-    Expected<std::unique_ptr<TrainingRun>> reader = open(std::move(again));
-    if (!reader)
-      return reader.takeError();
-    stored = std::move((*reader)->stored);
-    storedState = std::move((*reader)->storedState);
-    horizon = std::move((*reader)->horizon);
-  }
+  // Decided after open() (Python's Trainer): read now.
+  if (!stored)
+    if (Error e = readStoredSettings())
+      return e;
   // The recipe first: a checkpoint of another recipe (an EMA it has and
   // this run has not) names the setting, not the tensors it differs in.
   if (Error e = checkResumeSettings(*stored, session->settings(), advice))

@@ -61,8 +61,11 @@ public:
   const World &world() const { return where; }
   int rank() const { return where.rank; }
   int size() const { return where.size; }
-  /// This rank's host name, and every rank's (rank order).
+  /// This rank's host name.
   const std::string &host() const { return hostName; }
+  /// Every rank's host name, in rank order: gathered by the first call
+  /// (a collective), kept after.
+  llvm::Expected<const std::vector<std::string> &> hosts();
 
   /// In place: the element-wise sum over the ranks.
   virtual llvm::Error allReduceSum(llvm::MutableArrayRef<float> data) = 0;
@@ -103,6 +106,7 @@ protected:
       : where(std::move(where)), hostName(std::move(host)) {}
   World where;
   std::string hostName;
+  std::vector<std::string> hostNames; ///< hosts(), once gathered
 };
 
 /// The collectives of this process's job: of one rank without MPI, or

@@ -151,6 +151,8 @@ public:
 private:
   explicit TrainingRun(RunOptions options) : options(std::move(options)) {}
   llvm::Error writeReport();
+  /// A resume's checkpoint settings (stored, storedState, horizon).
+  llvm::Error readStoredSettings();
   llvm::Error refuseEarlierRun();
 
   RunOptions options;
