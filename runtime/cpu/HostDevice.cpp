@@ -44,6 +44,8 @@ llvm::Error HostDevice::fetch(size_t i, size_t k) {
   if (source.before)
     source.before();
   int64_t id = plan.instructions[i].results[0];
+  if (source.gather)
+    return source.gather(bytesOf(id));
   const exec::TensorType &type = plan.values[id].type;
   narrow(source.master, type.dtype, type.numElements(), bytesOf(id));
   return llvm::Error::success();

@@ -15,10 +15,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <limits>
 #include <cstdlib>
 #include <dlfcn.h>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -60,11 +61,15 @@ public:
   Error allReduceSum(MutableArrayRef<double>) override {
     return Error::success();
   }
-  Expected<std::vector<std::string>> allGather(StringRef mine) override {
+  Expected<std::vector<std::string>> gatherStrings(StringRef mine,
+                                                   bool) override {
     return std::vector<std::string>{mine.str()};
   }
   Error barrier() override { return Error::success(); }
-  Error allGatherShards(MutableArrayRef<float>) override {
+  Error allGatherShards(void *, int64_t, int) override {
+    return Error::success();
+  }
+  Error reduceScatterShards(MutableArrayRef<float>) override {
     return Error::success();
   }
   Error gatherShardsToRank0(ArrayRef<float> mine, int64_t,
@@ -105,8 +110,11 @@ public:
     Waiting w(*this, "allreduce");
     return check(api.allReduceSum(data.data(), data.size(), 1), "allreduce");
   }
-  Expected<std::vector<std::string>> allGather(StringRef mine) override {
-    Waiting w(*this, "allgather");
+  Expected<std::vector<std::string>> gatherStrings(StringRef mine,
+                                                   bool timed) override {
+    std::optional<Waiting> w;
+    if (timed)
+      w.emplace(*this, "allgather");
     std::vector<int> lengths(size());
     if (Error e = check(
             api.allGatherLengths(static_cast<int>(mine.size()), lengths.data()),
@@ -130,16 +138,25 @@ public:
     Waiting w(*this, "barrier");
     return check(api.barrier(), "barrier");
   }
-  Error untimedBarrier() override { return check(api.barrier(), "barrier"); }
 
-  Error allGatherShards(MutableArrayRef<float> data) override {
-    Expected<Layout> layout = layoutOf(data.size());
+  Error allGatherShards(void *data, int64_t count, int elementBytes) override {
+    Expected<Layout> layout = layoutOf(count);
     if (!layout)
       return layout.takeError();
     Waiting w(*this, "allgather");
-    return check(api.allGatherFloats(data.data(), layout->counts.data(),
-                                     layout->offsets.data()),
+    return check(api.allGatherElements(data, elementBytes,
+                                       layout->counts.data(),
+                                       layout->offsets.data()),
                  "allgather");
+  }
+  Error reduceScatterShards(MutableArrayRef<float> data) override {
+    Expected<Layout> layout = layoutOf(data.size());
+    if (!layout)
+      return layout.takeError();
+    Waiting w(*this, "reduce-scatter");
+    return check(api.reduceScatterFloats(data.data(), layout->counts.data(),
+                                         layout->offsets.data()),
+                 "reduce-scatter");
   }
   Error gatherShardsToRank0(ArrayRef<float> mine, int64_t count,
                             float *all) override {

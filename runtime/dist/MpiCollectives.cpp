@@ -58,9 +58,25 @@ int allGatherBytes(const char *mine, int length, const int *lengths,
 
 int barrier() { return MPI_Barrier(MPI_COMM_WORLD); }
 
-int allGatherFloats(float *data, const int *counts, const int *offsets) {
+int allGatherElements(void *data, int elementBytes, const int *counts,
+                      const int *offsets) {
+  // Copied, not combined: any type of the element's size moves its bits.
+  MPI_Datatype type = elementBytes == 4   ? MPI_FLOAT
+                      : elementBytes == 2 ? MPI_UINT16_T
+                                          : MPI_BYTE;
   return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts,
-                        offsets, MPI_FLOAT, MPI_COMM_WORLD);
+                        offsets, type, MPI_COMM_WORLD);
+}
+
+int reduceScatterFloats(float *data, const int *counts, const int *offsets) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // In place, MPI leaves this rank's sum at the start of the buffer.
+  int code = MPI_Reduce_scatter(MPI_IN_PLACE, data, counts, MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+  if (code == MPI_SUCCESS && offsets[rank] != 0)
+    std::memmove(data + offsets[rank], data, sizeof(float) * counts[rank]);
+  return code;
 }
 
 int gatherFloats(const float *mine, float *all, const int *counts,
@@ -112,7 +128,9 @@ extern "C" int megaslideMpiOpen(int rank, int size, MegaSlideMpiApi *api,
   int length = 0;
   MPI_Get_processor_name(name, &length);
   std::snprintf(host, hostCapacity, "%s", name);
-  *api = {allReduceSum, allGatherLengths, allGatherBytes, barrier,
-          allGatherFloats, gatherFloats, finalize, errorText, abortJob};
+  *api = {allReduceSum, allGatherLengths,  allGatherBytes,
+          barrier,      allGatherElements, reduceScatterFloats,
+          gatherFloats, finalize,          errorText,
+          abortJob};
   return MPI_SUCCESS;
 }

@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/host/Files.h"
 #include "megaslide/runtime/host/Safetensors.h"
 #include "megaslide/runtime/host/Weights.h"
@@ -132,8 +133,10 @@ struct FileRecord {
   uint32_t crc = 0;
 };
 
-llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
-                                                     int64_t &step);
+/// The files a checkpoint's manifest lists, its step, and the number of
+/// ranks that wrote it (1: one process, state.safetensors).
+llvm::Expected<std::vector<FileRecord>>
+readManifest(StringRef stepDir, int64_t &step, int64_t *ranks = nullptr);
 
 /// Whether `path` is a checkpoint this code wrote: a real directory with a
 /// valid manifest. Only such directories are ever replaced or deleted.
@@ -192,7 +195,7 @@ uint64_t host::checkpointBytes(const HostState &state) {
   uint64_t bytes = 0;
   for (const HostTensor &t : state.tensors)
     if (t.param && isCheckpointParam(*t.param))
-      bytes += t.param->type.numElements() * sizeof(float);
+      bytes += t.held() * sizeof(float); // this rank's, in a job
   // Headers, trainer state and manifest: names and offsets per tensor.
   return bytes + 256 * state.tensors.size() + (1u << 20);
 }
@@ -239,59 +242,77 @@ host::listCheckpoints(StringRef dir) {
 
 namespace {
 
-/// Writes the files of a checkpoint into the (new, empty) directory `tmp`.
-Error writeCheckpointFiles(StringRef tmp, const HostState &state,
-                           StringRef trainerState) {
+/// "state-rank-00001-of-00004.safetensors": rank 1's file of a
+/// checkpoint of a job of 4 ranks.
+std::string shardFileName(int rank, int ranks) {
+  return llvm::formatv("state-rank-{0:d5}-of-{1:d5}.safetensors", rank, ranks)
+      .str();
+}
+
+/// Writes this process's state file of a checkpoint to `path`: every
+/// checkpoint tensor whole (one process), or in a job of several ranks
+/// this rank's shard of each sharded tensor (flat) and, in rank 0's file,
+/// the tensors every rank holds whole (docs/Distributed.md,
+/// "Checkpoints"). `record` gets the file's size and CRC-32C.
+Error writeStateFile(StringRef path, const HostState &state, int rank,
+                     std::map<std::string, std::string> metadata,
+                     FileRecord &record) {
   std::vector<StTensorToWrite> tensors;
   for (const HostTensor &t : state.tensors) {
     if (!t.param || !isCheckpointParam(*t.param))
       continue;
+    if (t.sharded ? t.held() == 0 : rank != 0)
+      continue; // nothing of it here (safetensors has no empty tensors)
+    std::vector<int64_t> shape =
+        t.sharded ? std::vector<int64_t>{t.held()} : t.param->type.shape;
     if (!t.bf16.empty()) { // a bf16 EMA: saved as it is kept
       if (std::optional<int64_t> bad =
               cpu::firstNonFiniteBf16(t.bf16.data(), t.bf16.size()))
         return error(llvm::formatv("cannot save checkpoint of step {0}: "
                                    "tensor '{1}' holds a non-finite value at "
                                    "element {2}",
-                                   state.step, t.param->name, *bad));
-      StTensorToWrite w{t.param->name, t.param->type.shape, nullptr,
-                        StDType::BF16, t.bf16.data()};
-      tensors.push_back(std::move(w));
+                                   state.step, t.param->name,
+                                   t.shardBegin + *bad));
+      tensors.push_back(
+          {t.param->name, shape, nullptr, StDType::BF16, t.bf16.data()});
       continue;
     }
-    if (static_cast<int64_t>(t.data.size()) != t.param->type.numElements())
+    if (static_cast<int64_t>(t.data.size()) != t.held())
       return error(llvm::formatv("cannot save checkpoint: tensor '{0}' holds "
                                  "{1} values, its type needs {2}",
-                                 t.param->name, t.data.size(),
-                                 t.param->type.numElements()));
+                                 t.param->name, t.data.size(), t.held()));
     // A checkpoint is what a run falls back to: it never holds NaN or Inf.
     if (std::optional<int64_t> bad =
             cpu::firstNonFinite(t.data.data(), t.data.size()))
       return error(llvm::formatv("cannot save checkpoint of step {0}: tensor "
                                  "'{1}' holds {2} at element {3}",
                                  state.step, t.param->name, t.data[*bad],
-                                 *bad));
-    tensors.push_back(
-        {t.param->name, t.param->type.shape, t.data.data(), StDType::F32});
+                                 t.shardBegin + *bad));
+    tensors.push_back({t.param->name, shape, t.data.data(), StDType::F32});
   }
-
-  std::vector<FileRecord> records;
   SafetensorsWriteOptions options;
-  options.metadata = {{"format", kFormat.str()},
-                      {"step", std::to_string(state.step)}};
+  options.metadata = std::move(metadata);
+  options.metadata["format"] = kFormat.str();
+  options.metadata["step"] = std::to_string(state.step);
   options.sync = true;
-  FileRecord stateRecord{kStateFile.str()};
-  options.crc32c = &stateRecord.crc;
-  std::string statePath = joinPath(tmp, kStateFile);
-  if (Error e = writeSafetensors(statePath, tensors, options))
+  options.crc32c = &record.crc;
+  if (Error e = writeSafetensors(path, tensors, options))
     return e;
-  if (std::error_code ec =
-          llvm::sys::fs::file_size(statePath, stateRecord.bytes))
-    return error("cannot stat '" + statePath + "': " + ec.message());
-  records.push_back(stateRecord);
+  if (std::error_code ec = llvm::sys::fs::file_size(path, record.bytes))
+    return error("cannot stat '" + path + "': " + ec.message());
+  return Error::success();
+}
 
+/// Writes trainer.json and, last, the manifest of `records` (and
+/// trainer.json) into `tmp`. A checkpoint of a job of several ranks is
+/// format version 2, which records them.
+Error writeTrainerAndManifest(StringRef tmp, int64_t step,
+                              StringRef trainerState,
+                              std::vector<FileRecord> records, int ranks) {
+  int64_t version = ranks > 1 ? kCheckpointFormatVersion : 1;
   llvm::json::Object trainer{{"format", kFormat},
-                             {"version", kCheckpointFormatVersion},
-                             {"step", state.step},
+                             {"version", version},
+                             {"step", step},
                              {"trainer_state", trainerState.str()}};
   std::string trainerText =
       llvm::formatv("{0:2}\n", llvm::json::Value(std::move(trainer))).str();
@@ -309,10 +330,12 @@ Error writeCheckpointFiles(StringRef tmp, const HostState &state,
                                        {"bytes", static_cast<int64_t>(r.bytes)},
                                        {"crc32c", hex32(r.crc)}});
   llvm::json::Object manifest{{"format", kManifestFormat},
-                              {"version", kCheckpointFormatVersion},
-                              {"step", state.step},
+                              {"version", version},
+                              {"step", step},
                               {"checksum", "crc32c"},
                               {"files", std::move(files)}};
+  if (ranks > 1)
+    manifest["ranks"] = ranks;
   std::string manifestText =
       llvm::formatv("{0:2}\n", llvm::json::Value(std::move(manifest))).str();
   // Written last: its presence marks the files complete.
@@ -321,11 +344,16 @@ Error writeCheckpointFiles(StringRef tmp, const HostState &state,
   return syncDirectory(tmp);
 }
 
-} // namespace
+/// Where a checkpoint of `state` is written: the temporary folder (created
+/// empty) and its final name.
+struct SaveTarget {
+  std::string name, tmp, final;
+};
 
-llvm::Expected<std::string>
-host::saveCheckpoint(StringRef dir, const HostState &state,
-                     StringRef trainerState, const CheckpointOptions &options) {
+/// The checks before a checkpoint of `state` is written into `dir`, and
+/// its temporary folder, named after process `pid`.
+llvm::Expected<SaveTarget> prepareSave(StringRef dir, const HostState &state,
+                                       StringRef trainerState, int pid) {
   if (state.step < 0)
     return error(
         llvm::formatv("cannot save a checkpoint of step {0}", state.step));
@@ -337,29 +365,35 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
                  "': " + ec.message());
 
   if (Error e = checkCheckpointSpace(dir, state))
-    return e;
+    return std::move(e);
 
-  std::string name = checkpointDirName(state.step);
-  int pid = ::getpid();
-  std::string tmp =
-      joinPath(dir, llvm::formatv(".tmp-{0}-{1}", name, pid).str());
-  std::string final = joinPath(dir, name);
+  SaveTarget target;
+  target.name = checkpointDirName(state.step);
+  target.tmp =
+      joinPath(dir, llvm::formatv(".tmp-{0}-{1}", target.name, pid).str());
+  target.final = joinPath(dir, target.name);
   // Replaced below only if it is a checkpoint of ours: a symlink or a
   // folder of the user's under that name is refused, never emptied.
-  if (typeOf(final) != llvm::sys::fs::file_type::file_not_found &&
-      !isOwnCheckpoint(final))
-    return error("cannot save checkpoint: '" + final +
+  if (typeOf(target.final) != llvm::sys::fs::file_type::file_not_found &&
+      !isOwnCheckpoint(target.final))
+    return error("cannot save checkpoint: '" + target.final +
                  "' exists and is not a checkpoint directory this program "
                  "wrote (a symlink or a folder of yours?); move it away");
-  llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+  llvm::sys::fs::remove_directories(target.tmp, /*IgnoreErrors=*/true);
   if (std::error_code ec = llvm::sys::fs::create_directory(
-          tmp, /*IgnoreExisting=*/false, llvm::sys::fs::all_all))
-    return error("cannot create '" + tmp + "': " + ec.message());
-  if (Error e = writeCheckpointFiles(tmp, state, trainerState)) {
-    llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
-    return e;
-  }
+          target.tmp, /*IgnoreExisting=*/false, llvm::sys::fs::all_all))
+    return error("cannot create '" + target.tmp + "': " + ec.message());
+  return target;
+}
 
+/// Puts the complete checkpoint in `target.tmp` in place under its final
+/// name, points `latest` at it and applies the retention.
+llvm::Expected<std::string> commitSave(StringRef dir, const SaveTarget &target,
+                                       int64_t step,
+                                       const CheckpointOptions &options) {
+  const std::string &name = target.name, &tmp = target.tmp,
+                    &final = target.final;
+  int pid = ::getpid();
   // A checkpoint of the same step (a rerun from an earlier one) is moved
   // aside, not deleted, until the new one is in place.
   std::string old;
@@ -379,14 +413,14 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
                  "': " + ec.message());
   }
   if (Error e = syncDirectory(dir))
-    return e;
+    return std::move(e);
   if (!old.empty())
     llvm::sys::fs::remove_directories(old, /*IgnoreErrors=*/true);
 
   std::string latestTmp =
       joinPath(dir, llvm::formatv(".latest.tmp-{0}", pid).str());
   if (Error e = writeFile(latestTmp, name + "\n", /*sync=*/true))
-    return e;
+    return std::move(e);
   std::string latest = joinPath(dir, kLatestFile);
   if (std::error_code ec = llvm::sys::fs::rename(latestTmp, latest)) {
     llvm::sys::fs::remove(latestTmp);
@@ -394,7 +428,7 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
                  "': " + ec.message());
   }
   if (Error e = syncDirectory(dir))
-    return e;
+    return std::move(e);
 
   // Retention, now that the new checkpoint is complete and named by
   // `latest`. Checkpoints of later steps (a run restarted from an earlier
@@ -403,11 +437,11 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
   std::vector<CheckpointInfo> doomed;
   std::vector<CheckpointInfo> older;
   for (const CheckpointInfo &c : stepDirs(dir, /*completeOnly=*/true)) {
-    if (c.step == state.step || !isOwnCheckpoint(c.path))
+    if (c.step == step || !isOwnCheckpoint(c.path))
       continue;
     if (options.replaceOthers)
       doomed.push_back(c);
-    else if (c.step < state.step)
+    else if (c.step < step)
       older.push_back(c);
   }
   if (options.keep > 0)
@@ -421,14 +455,124 @@ host::saveCheckpoint(StringRef dir, const HostState &state,
   return final;
 }
 
+/// One phase of a job's checkpoint: every rank's outcome (and `payload`)
+/// goes to every rank, so that all fail together, with the failing rank's
+/// message, or all go on. Untimed: a rank may wait for the others' writes.
+llvm::Expected<std::vector<std::string>>
+agree(dist::Collectives &job, Error mine, StringRef payload = "") {
+  std::string message =
+      mine ? "!" + llvm::toString(std::move(mine)) : "=" + payload.str();
+  llvm::Expected<std::vector<std::string>> all = job.untimedAllGather(message);
+  if (!all)
+    return all.takeError();
+  for (size_t r = 0; r < all->size(); ++r) {
+    StringRef m = (*all)[r];
+    if (m.starts_with("!"))
+      return error(
+          r == static_cast<size_t>(job.rank())
+              ? m.drop_front().str()
+              : llvm::formatv("rank {0}: {1}", r, m.drop_front()).str());
+  }
+  for (std::string &m : *all)
+    m.erase(0, 1);
+  return all;
+}
+
+/// A job's checkpoint: rank 0 prepares the folder, every rank writes its
+/// file, rank 0 writes the manifest after all of them and commits.
+llvm::Expected<std::string>
+saveJobCheckpoint(StringRef dir, const HostState &state, StringRef trainerState,
+                  const CheckpointOptions &options, dist::Collectives &job) {
+  bool root = job.rank() == 0;
+  int ranks = job.size();
+  llvm::Expected<SaveTarget> prepared =
+      root ? prepareSave(dir, state, trainerState, ::getpid())
+           : llvm::Expected<SaveTarget>(SaveTarget());
+  Error mine = prepared ? Error::success() : prepared.takeError();
+  llvm::Expected<std::vector<std::string>> folder =
+      agree(job, std::move(mine), prepared ? prepared->tmp : "");
+  if (!folder)
+    return folder.takeError();
+  std::string tmp = (*folder)[0];
+
+  FileRecord record{shardFileName(job.rank(), ranks)};
+  Error wrote = Error::success();
+  if (!root) // the folder is rank 0's; this rank's room is checked here
+    wrote = checkCheckpointSpace(dir, state);
+  if (!wrote)
+    wrote = writeStateFile(joinPath(tmp, record.name), state, job.rank(),
+                           {{"rank", std::to_string(job.rank())},
+                            {"ranks", std::to_string(ranks)}},
+                           record);
+  llvm::Expected<std::vector<std::string>> written =
+      agree(job, std::move(wrote),
+            llvm::formatv("{0} {1}", record.bytes, hex32(record.crc)).str());
+  if (!written) {
+    if (root)
+      llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+    return written.takeError();
+  }
+
+  llvm::Expected<std::string> committed = std::string();
+  if (root) {
+    std::vector<FileRecord> records;
+    for (int r = 0; r < ranks; ++r) {
+      FileRecord one{shardFileName(r, ranks)};
+      StringRef bytes, crc;
+      std::tie(bytes, crc) = StringRef((*written)[r]).split(' ');
+      bytes.getAsInteger(10, one.bytes);
+      crc.getAsInteger(16, one.crc);
+      records.push_back(std::move(one));
+    }
+    if (Error e = writeTrainerAndManifest(tmp, state.step, trainerState,
+                                          std::move(records), ranks)) {
+      llvm::sys::fs::remove_directories(tmp, /*IgnoreErrors=*/true);
+      committed = std::move(e);
+    } else {
+      committed = commitSave(dir, *prepared, state.step, options);
+    }
+  }
+  Error outcome = committed ? Error::success() : committed.takeError();
+  if (llvm::Expected<std::vector<std::string>> done =
+          agree(job, std::move(outcome));
+      !done)
+    return done.takeError();
+  return joinPath(dir, checkpointDirName(state.step));
+}
+
+} // namespace
+
+llvm::Expected<std::string>
+host::saveCheckpoint(StringRef dir, const HostState &state,
+                     StringRef trainerState, const CheckpointOptions &options,
+                     dist::Collectives *job) {
+  if (job && job->size() > 1)
+    return saveJobCheckpoint(dir, state, trainerState, options, *job);
+  llvm::Expected<SaveTarget> target =
+      prepareSave(dir, state, trainerState, ::getpid());
+  if (!target)
+    return target.takeError();
+  FileRecord stateRecord{kStateFile.str()};
+  Error written = writeStateFile(joinPath(target->tmp, kStateFile), state, 0,
+                                 {}, stateRecord);
+  if (!written)
+    written = writeTrainerAndManifest(target->tmp, state.step, trainerState,
+                                      {stateRecord}, 1);
+  if (written) {
+    llvm::sys::fs::remove_directories(target->tmp, /*IgnoreErrors=*/true);
+    return std::move(written);
+  }
+  return commitSave(dir, *target, state.step, options);
+}
+
 //===----------------------------------------------------------------------===//
 // Loading
 //===----------------------------------------------------------------------===//
 
 namespace {
 
-llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
-                                                     int64_t &step) {
+llvm::Expected<std::vector<FileRecord>>
+readManifest(StringRef stepDir, int64_t &step, int64_t *ranksOut) {
   std::string path = joinPath(stepDir, kManifestFile);
   if (!llvm::sys::fs::exists(path))
     return error("'" + stepDir +
@@ -480,10 +624,19 @@ llvm::Expected<std::vector<FileRecord>> readManifest(StringRef stepDir,
                  "' is not a file name in the checkpoint's folder");
     records.push_back({name->str(), static_cast<uint64_t>(*bytes), crcValue});
   }
-  for (StringRef required : {kStateFile, kTrainerFile})
+  // Version 2: a job's, one state file per rank.
+  int64_t ranks = *version >= 2 ? root->getInteger("ranks").value_or(0) : 1;
+  if (ranks < 1 || ranks > (1 << 20))
+    return bad("no valid 'ranks'");
+  std::vector<std::string> required{kTrainerFile.str()};
+  for (int64_t r = 0; r < ranks; ++r)
+    required.push_back(ranks == 1 ? kStateFile.str() : shardFileName(r, ranks));
+  for (StringRef name : required)
     if (llvm::none_of(records,
-                      [&](const FileRecord &r) { return r.name == required; }))
-      return bad("'" + required + "' is not listed");
+                      [&](const FileRecord &r) { return r.name == name; }))
+      return bad("'" + name + "' is not listed");
+  if (ranksOut)
+    *ranksOut = ranks;
   return records;
 }
 
@@ -538,11 +691,113 @@ readTrainerFile(StringRef stepDir, llvm::ArrayRef<FileRecord> records,
 
 } // namespace
 
+namespace {
+
+/// The elements of a tensor of `count` elements that file `r` of a
+/// checkpoint written by `ranks` ranks holds: its shard of a sharded
+/// tensor, or all of it (rank 0's file; one process's).
+dist::ShardRange heldInFile(const exec::Param &param, int64_t r,
+                            int64_t ranks) {
+  int64_t count = param.type.numElements();
+  return shardedRole(param.role, static_cast<int>(ranks))
+             ? dist::shardRange(count, static_cast<int>(r),
+                                static_cast<int>(ranks))
+             : dist::ShardRange{0, r == 0 ? count : 0};
+}
+
+/// Reads the state file `path` of a checkpoint (file `r` of `ranks`),
+/// checksumming every byte, into the elements of `state` it overlaps;
+/// `copied` counts each tensor's elements taken.
+Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
+                    int64_t ranks, HostState &state,
+                    llvm::StringMap<int64_t> &copied) {
+  llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::open(path);
+  if (!reader) {
+    // Say whether the bytes changed since saving or the save was wrong.
+    std::string why = llvm::toString(reader.takeError());
+    llvm::Expected<uint32_t> crc = crcOfFile(path);
+    if (crc && *crc != expectedCrc)
+      return error(why + " (its CRC-32C is " + hex32(*crc) +
+                   ", the manifest records " + hex32(expectedCrc) +
+                   ": the file is corrupt)");
+    if (!crc)
+      llvm::consumeError(crc.takeError());
+    return error(why);
+  }
+  const SafetensorsReader &file = **reader;
+  if (ranks == 1) { // one process's file: every tensor, whole
+    llvm::StringMap<FoundTensor> found;
+    for (const StTensorInfo &info : file.tensors())
+      found[info.name] = {&file, &info};
+    if (Error e = checkTensorSet(path, found, state, isCheckpointParam))
+      return e;
+  }
+  for (const StTensorInfo &info : file.tensors()) {
+    HostTensor *t = state.find(info.name);
+    if (!t || !t->param || !isCheckpointParam(*t->param))
+      return error("'" + path + "' holds tensor '" + info.name +
+                   "', which this run's state does not");
+    dist::ShardRange in = heldInFile(*t->param, r, ranks);
+    bool shard = shardedRole(t->param->role, static_cast<int>(ranks));
+    if (ranks > 1 &&
+        (info.numElements() != in.size() ||
+         (shard ? info.shape.size() != 1 : info.shape != t->param->type.shape)))
+      return error(llvm::formatv("'{0}': tensor '{1}' has {2} elements; this "
+                                 "file of a checkpoint of {3} ranks holds {4}",
+                                 path, info.name, info.numElements(), ranks,
+                                 in.size()));
+  }
+
+  // Read in file order, checksumming every byte on the way, so that the
+  // file is read once; each tensor's part this rank holds is kept.
+  uint32_t crc = 0;
+  auto onRaw = [&](llvm::ArrayRef<uint8_t> bytes) { crc = crc32c(crc, bytes); };
+  if (Error e = file.readRaw(0, file.dataStart(), onRaw))
+    return e;
+  uint64_t pos = file.dataStart();
+  std::vector<float> values;
+  for (const StTensorInfo &info : file.tensors()) {
+    uint64_t begin = file.dataStart() + info.begin;
+    if (begin > pos)
+      if (Error e = file.readRaw(pos, begin - pos, onRaw))
+        return e;
+    HostTensor &t = *state.find(info.name);
+    dist::ShardRange in = heldInFile(*t.param, r, ranks);
+    values.resize(static_cast<size_t>(info.numElements()));
+    if (Error e = file.readF32(info, values, onRaw))
+      return e;
+    int64_t lo = std::max(in.begin, t.heldBegin()),
+            hi = std::min(in.end, t.heldEnd());
+    if (t.param->type.dtype == exec::DType::BF16) {
+      // Widened exactly, then rounded back to the same bits.
+      t.bf16.resize(t.held());
+      for (int64_t k = lo; k < hi; ++k)
+        t.bf16[k - t.heldBegin()] = cpu::floatToBf16(values[k - in.begin]);
+    } else {
+      t.data.resize(t.held());
+      std::copy(values.begin() + (lo - in.begin),
+                values.begin() + (hi - in.begin),
+                t.data.begin() + (lo - t.heldBegin()));
+    }
+    copied[info.name] += std::max<int64_t>(hi - lo, 0);
+    pos = file.dataStart() + info.end;
+  }
+  if (file.fileSize() > pos)
+    if (Error e = file.readRaw(pos, file.fileSize() - pos, onRaw))
+      return e;
+  if (crc != expectedCrc)
+    return checksumError(path, crc, expectedCrc);
+  return Error::success();
+}
+
+} // namespace
+
 Error host::loadCheckpoint(StringRef stepDir, HostState &state,
                            std::string &trainerState) {
-  int64_t manifestStep = 0;
+  int64_t manifestStep = 0, ranks = 1;
   llvm::Expected<std::vector<FileRecord>> records =
-      readManifest(stepDir, manifestStep);
+      readManifest(stepDir, manifestStep, &ranks);
   if (!records)
     return records.takeError();
 
@@ -558,73 +813,40 @@ Error host::loadCheckpoint(StringRef stepDir, HostState &state,
                                  path, size, r.bytes,
                                  size < r.bytes ? "truncated" : "modified"));
   }
-
-  uint32_t expectedStateCrc = 0;
-  for (const FileRecord &r : *records)
-    if (r.name == kStateFile)
-      expectedStateCrc = r.crc;
   llvm::Expected<std::pair<int64_t, std::string>> trainer =
       readTrainerFile(stepDir, *records, manifestStep);
   if (!trainer)
     return trainer.takeError();
 
-  std::string statePath = joinPath(stepDir, kStateFile);
-  llvm::Expected<std::unique_ptr<SafetensorsReader>> reader =
-      SafetensorsReader::open(statePath);
-  if (!reader) {
-    // Say whether the bytes changed since saving or the save was wrong.
-    std::string why = llvm::toString(reader.takeError());
-    llvm::Expected<uint32_t> crc = crcOfFile(statePath);
-    if (crc && *crc != expectedStateCrc)
-      return error(why + " (its CRC-32C is " + hex32(*crc) +
-                   ", the manifest records " + hex32(expectedStateCrc) +
-                   ": the file is corrupt)");
-    if (!crc)
-      llvm::consumeError(crc.takeError());
-    return error(why);
-  }
-  const SafetensorsReader &file = **reader;
-  llvm::StringMap<FoundTensor> found;
-  for (const StTensorInfo &info : file.tensors())
-    found[info.name] = {&file, &info};
-  if (Error e = checkTensorSet(statePath, found, state, isCheckpointParam))
-    return e;
-
-  // Read in file order, checksumming every byte on the way, so that the
-  // file is read once.
-  uint32_t crc = 0;
-  auto onRaw = [&](llvm::ArrayRef<uint8_t> bytes) { crc = crc32c(crc, bytes); };
-  if (Error e = file.readRaw(0, file.dataStart(), onRaw))
-    return e;
-  uint64_t pos = file.dataStart();
-  for (const StTensorInfo &info : file.tensors()) {
-    uint64_t begin = file.dataStart() + info.begin;
-    if (begin > pos)
-      if (Error e = file.readRaw(pos, begin - pos, onRaw))
-        return e;
-    HostTensor &t = state.tensors[state.index.find(info.name)->second];
-    if (t.param->type.dtype == exec::DType::BF16) {
-      // Widened exactly, then rounded back to the same bits.
-      std::vector<float> wide(static_cast<size_t>(info.numElements()));
-      if (Error e = file.readF32(info, wide, onRaw))
-        return e;
-      t.bf16.resize(wide.size());
-      for (size_t k = 0; k < wide.size(); ++k)
-        t.bf16[k] = cpu::floatToBf16(wide[k]);
-    } else {
-      // Whole, a sharded tensor too: the trainer keeps its shard after.
-      t.data.resize(static_cast<size_t>(info.numElements()));
-      t.shardBegin = 0;
-      if (Error e = file.readF32(info, t.data, onRaw))
-        return e;
-    }
-    pos = file.dataStart() + info.end;
-  }
-  if (file.fileSize() > pos)
-    if (Error e = file.readRaw(pos, file.fileSize() - pos, onRaw))
+  // The files that hold some of this process's elements: a job's
+  // checkpoint resumes on any number of ranks (docs/Distributed.md,
+  // "Checkpoints").
+  llvm::StringMap<int64_t> copied;
+  for (int64_t r = 0; r < ranks; ++r) {
+    bool needed = false;
+    for (const HostTensor &t : state.tensors)
+      if (t.param && isCheckpointParam(*t.param)) {
+        dist::ShardRange in = heldInFile(*t.param, r, ranks);
+        needed |=
+            std::max(in.begin, t.heldBegin()) < std::min(in.end, t.heldEnd());
+      }
+    if (!needed)
+      continue;
+    std::string name = ranks == 1 ? kStateFile.str() : shardFileName(r, ranks);
+    auto record = llvm::find_if(
+        *records, [&](const FileRecord &f) { return f.name == name; });
+    if (Error e = readStateFile(joinPath(stepDir, name), record->crc, r, ranks,
+                                state, copied))
       return e;
-  if (crc != expectedStateCrc)
-    return checksumError(statePath, crc, expectedStateCrc);
+  }
+  for (const HostTensor &t : state.tensors)
+    if (t.param && isCheckpointParam(*t.param) &&
+        copied.lookup(t.param->name) != t.held())
+      return error(llvm::formatv("checkpoint '{0}' lacks {1} of the {2} "
+                                 "elements of '{3}' this process holds",
+                                 stepDir,
+                                 t.held() - copied.lookup(t.param->name),
+                                 t.held(), t.param->name));
 
   state.step = trainer->first;
   trainerState = std::move(trainer->second);

@@ -142,6 +142,15 @@ static DType emaDType(const HostOptimizer::Options &o) {
   return o.emaBf16 ? DType::BF16 : DType::F32;
 }
 
+/// The elements of a parameter of `count` this rank updates: its shard in
+/// a job of several ranks (host::shardedRole), all of them otherwise.
+static dist::ShardRange shardOf(int64_t count,
+                                const HostOptimizer::Options &o) {
+  return o.ranks() > 1
+             ? dist::shardRange(count, o.collectives->rank(), o.ranks())
+             : dist::ShardRange{0, count};
+}
+
 HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
                                                   const Options &o) {
   Footprint f;
@@ -153,7 +162,8 @@ HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
     f.retainedBytes += hold.retainedBytes;
     f.accumBytes += hold.accumCount * sizeof(float);
     if (o.hasEma())
-      f.emaBytes += g.numElements() * exec::dtypeBytes(emaDType(o));
+      f.emaBytes +=
+          shardOf(g.numElements(), o).size() * exec::dtypeBytes(emaDType(o));
   }
   return f;
 }
@@ -174,7 +184,7 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
         param.role = "ema";
         param.of = inst.param;
         param.type.dtype = emaDType(o);
-        s.addTensor(std::move(param));
+        s.addTensor(std::move(param), master); // sharded like its master
       }
   // Pointers into the state only now that no tensor is added.
   updates.clear();
@@ -190,10 +200,7 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
     const exec::TensorType &g = p.values[inst.operands[0]].type;
     u.dtype = g.dtype;
     u.count = g.numElements();
-    dist::ShardRange shard =
-        o.ranks() > 1 ? dist::shardRange(u.count, o.collectives->rank(),
-                                         o.ranks())
-                      : dist::ShardRange{0, u.count};
+    dist::ShardRange shard = shardOf(u.count, o);
     u.shardBegin = shard.begin;
     u.shardEnd = shard.end;
     GradientHold hold = gradientHold(g, o);
@@ -298,10 +305,12 @@ void HostOptimizer::updateEma(Update &u) {
   float *e = u.ema->data.data();
   uint16_t *e16 = u.ema->bf16.data();
   const float *p = u.tensors.master->data.data();
-  // Elementwise, so the result does not depend on the chunking.
-  int64_t threads = std::clamp<int64_t>(u.count >> 16, 1, cpu::cpuThreads());
+  // Elementwise, so the result does not depend on the chunking (or the
+  // shard: the master's and the EMA's are the same elements).
+  int64_t n = u.tensors.master->held();
+  int64_t threads = std::clamp<int64_t>(n >> 16, 1, cpu::cpuThreads());
   cpu::parallelChunks(
-      u.count, threads, cpu::kAdamWChunkAlign, [&](int64_t begin, int64_t end) {
+      n, threads, cpu::kAdamWChunkAlign, [&](int64_t begin, int64_t end) {
         if (e16)
           for (int64_t i = begin; i < end; ++i) {
             float v = cpu::bf16ToFloat(e16[i]);
@@ -322,7 +331,7 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
   int64_t K = options.gradAccum;
   // The job's micro-batches: the mean is over all of them.
   int64_t all = K * options.ranks();
-  double squared = 0;
+  std::vector<double> squares;
   for (Update &u : updates) {
     if (u.received != K) {
       dropRetained();
@@ -330,17 +339,27 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
           "the plan gave parameter '{0}' {1} gradients in {2} micro-batches",
           u.inst->param, u.received, K));
     }
+    // A job's ranks each sum their shard of the gradient over the ranks
+    // (the shard they update) and the norm over their shards.
     if (options.ranks() > 1)
-      if (llvm::Error e = options.collectives->allReduceSum(u.accum)) {
+      if (llvm::Error e = options.collectives->reduceScatterShards(u.accum)) {
         dropRetained();
         return std::move(e);
       }
     if (!u.accum.empty())
-      u.squaredNorm = cpu::squaredNorm(u.accum.data(), DType::F32, u.count) /
+      u.squaredNorm = cpu::squaredNorm(u.accum.data() + u.shardBegin,
+                                       DType::F32, u.shardEnd - u.shardBegin) /
                       double(all * all);
-    squared += u.squaredNorm;
+    squares.push_back(u.squaredNorm);
   }
   dropRetained();
+  if (options.ranks() > 1)
+    if (llvm::Error e = options.collectives->allReduceSum(
+            llvm::MutableArrayRef<double>(squares)))
+      return std::move(e);
+  double squared = 0;
+  for (double s : squares) // in plan order: the same bits on every rank
+    squared += s;
   return std::sqrt(squared);
 }
 
@@ -371,55 +390,22 @@ llvm::Error HostOptimizer::applySharded() {
     hyper.lr = pendingLr;
     hyper.gradScale = pendingScale;
     // Elementwise (cpu::adamwStep): a shard's values are those the whole
-    // update gives them.
-    HostTensor &master = *u.tensors.master;
+    // update gives them. The next fetch gathers the shards
+    // (host::gatherWhole).
     int64_t held = u.shardEnd - u.shardBegin;
-    if (static_cast<int64_t>(u.tensors.m->data.size()) != held ||
-        static_cast<int64_t>(u.tensors.v->data.size()) != held)
-      return llvm::createStringError(llvm::formatv(
-          "the moments of '{0}' hold {1} values, this rank's shard {2}",
-          u.inst->param, u.tensors.m->data.size(), held));
-    cpu::adamwStep(hyper, u.shardEnd - u.shardBegin,
-                   master.data.data() + u.shardBegin, u.tensors.m->data.data(),
-                   u.tensors.v->data.data(), u.accum.data() + u.shardBegin,
-                   nullptr);
-    if (llvm::Error e = options.collectives->allGatherShards(master.data))
-      return e;
+    for (const HostTensor *t : {u.tensors.master, u.tensors.m, u.tensors.v})
+      if (static_cast<int64_t>(t->data.size()) != held)
+        return llvm::createStringError(
+            llvm::formatv("'{0}' holds {1} values, this rank's shard {2}",
+                          t->param->name, t->data.size(), held));
+    cpu::adamwStep(hyper, held, u.tensors.master->data.data(),
+                   u.tensors.m->data.data(), u.tensors.v->data.data(),
+                   u.accum.data() + u.shardBegin, nullptr);
     u.pending = false;
     if (u.ema)
       updateEma(u);
   }
   return llvm::Error::success();
-}
-
-llvm::Error HostOptimizer::gatherMoments() {
-  if (!sharded())
-    return llvm::Error::success();
-  bool root = options.collectives->rank() == 0;
-  for (Update &u : updates)
-    for (HostTensor *t : {u.tensors.m, u.tensors.v}) {
-      std::vector<float> whole(root ? u.count : 0);
-      if (llvm::Error e = options.collectives->gatherShardsToRank0(
-              t->data, u.count, whole.data()))
-        return e;
-      if (root) {
-        t->data = std::move(whole);
-        t->shardBegin = 0;
-      }
-    }
-  return llvm::Error::success();
-}
-
-void HostOptimizer::keepShards() {
-  if (!sharded())
-    return;
-  for (Update &u : updates)
-    for (HostTensor *t : {u.tensors.m, u.tensors.v})
-      if (t->whole()) {
-        t->data = std::vector<float>(t->data.begin() + u.shardBegin,
-                                     t->data.begin() + u.shardEnd);
-        t->shardBegin = u.shardBegin;
-      }
 }
 
 void HostOptimizer::restore(int64_t emaUpdates,

@@ -2,6 +2,7 @@
 
 #include "megaslide/runtime/host/HostState.h"
 
+#include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/runtime/train/Random.h"
@@ -30,17 +31,42 @@ const HostTensor *HostState::find(llvm::StringRef name) const {
   return it == index.end() ? nullptr : &tensors[it->second];
 }
 
-HostTensor &HostState::addTensor(exec::Param param) {
+HostTensor &HostState::addTensor(exec::Param param, const HostTensor *like) {
   ownParams.push_back(std::move(param));
   const exec::Param &p = ownParams.back();
   index[p.name] = tensors.size();
-  HostTensor t{&p, {}, {}};
+  HostTensor t;
+  t.param = &p;
+  if (like) {
+    t.sharded = like->sharded;
+    t.shardBegin = like->shardBegin;
+    t.shardEnd = like->shardEnd;
+  }
   if (p.type.dtype == exec::DType::BF16)
-    t.bf16.assign(p.type.numElements(), 0);
+    t.bf16.assign(t.held(), 0);
   else
-    t.data.assign(p.type.numElements(), 0.0f);
+    t.data.assign(t.held(), 0.0f);
   tensors.push_back(std::move(t));
   return tensors.back();
+}
+
+void HostTensor::keep(llvm::ArrayRef<float> whole) {
+  data.assign(whole.begin() + heldBegin(), whole.begin() + heldEnd());
+}
+
+bool host::shardedRole(llvm::StringRef role, int ranks) {
+  return ranks > 1 && (role == "master" || role == "moment" || role == "ema");
+}
+
+llvm::Error host::gatherWhole(const HostTensor &t, exec::DType dtype, void *dst,
+                              dist::Collectives &job) {
+  size_t bytes = exec::dtypeBytes(dtype);
+  // Casting is elementwise: the shards cast are the whole cast, so the
+  // ranks move the fetch's dtype (half the bytes of fp32 for bf16).
+  cpu::narrow(t.data.data(), dtype, t.held(),
+              static_cast<uint8_t *>(dst) + t.shardBegin * bytes);
+  return job.allGatherShards(dst, t.param->type.numElements(),
+                             static_cast<int>(bytes));
 }
 
 HostTensor *HostState::expAvg(llvm::StringRef name) {
@@ -181,8 +207,8 @@ static bool inHostState(const exec::Param &p) {
 /// The elements of `p` rank `rank` of `ranks` holds.
 static dist::ShardRange heldRange(const exec::Param &p, int rank, int ranks) {
   int64_t count = p.type.numElements();
-  return p.role == "moment" && ranks > 1 ? dist::shardRange(count, rank, ranks)
-                                         : dist::ShardRange{0, count};
+  return shardedRole(p.role, ranks) ? dist::shardRange(count, rank, ranks)
+                                    : dist::ShardRange{0, count};
 }
 
 uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
@@ -203,13 +229,15 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
     HostTensor t;
     t.param = &p;
     dist::ShardRange held = heldRange(p, rank, ranks);
-    if (held.size() != p.type.numElements()) {
+    if ((t.sharded = shardedRole(p.role, ranks))) {
       t.shardBegin = held.begin;
-      t.data.assign(held.size(), 0.0f); // moments start at zero
-    } else {
-      t.data.assign(p.type.numElements(), 0.0f);
-      initTensor(p, seed, t.data);
+      t.shardEnd = held.end;
     }
+    // Drawn whole, one tensor at a time: a shard's values do not depend on
+    // the job's size.
+    std::vector<float> whole(p.type.numElements(), 0.0f);
+    initTensor(p, seed, whole);
+    t.keep(whole);
     state.index[p.name] = state.tensors.size();
     state.tensors.push_back(std::move(t));
   }

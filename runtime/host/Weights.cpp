@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/host/Weights.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/host/Files.h"
 #include "megaslide/runtime/support/AtomicFile.h"
@@ -210,28 +212,57 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
   // Shard as huggingface_hub does: in order, a new shard when the next
   // tensor would overflow the current one.
   std::vector<std::vector<StTensorToWrite>> shards(1);
+  std::vector<std::vector<const HostTensor *>> sources(1);
   std::vector<uint64_t> shardBytes(1, 0);
   uint64_t totalBytes = 0;
   for (const HostTensor &t : state.tensors) {
     if (!t.param || !isWeightParam(*t.param))
       continue;
     int64_t elements = t.param->type.numElements();
-    if (static_cast<int64_t>(t.data.size()) != elements)
+    if (static_cast<int64_t>(t.data.size()) != t.held())
       return error(llvm::formatv("cannot save weights: tensor '{0}' holds "
                                  "{1} values, its shape {2} needs {3}",
                                  t.param->name, t.data.size(),
-                                 shapeString(t.param->type.shape), elements));
+                                 shapeString(t.param->type.shape), t.held()));
     uint64_t bytes = static_cast<uint64_t>(elements) *
                      static_cast<uint64_t>(stDTypeBytes(options.dtype));
     if (!shards.back().empty() &&
         shardBytes.back() + bytes > options.maxShardBytes) {
       shards.emplace_back();
+      sources.emplace_back();
       shardBytes.push_back(0);
     }
     shards.back().push_back(
         {t.param->name, t.param->type.shape, t.data.data(), options.dtype});
+    sources.back().push_back(&t);
     shardBytes.back() += bytes;
     totalBytes += bytes;
+  }
+
+  // A job's sharded tensors are gathered to rank 0 one file at a time, as
+  // it writes them: no rank ever holds the whole model.
+  dist::Collectives *job = options.job;
+  std::vector<std::vector<float>> gathered;
+  auto gatherFile = [&](size_t i) -> Error {
+    gathered.clear();
+    bool root = job->rank() == 0;
+    for (size_t k = 0; k < shards[i].size(); ++k) {
+      const HostTensor &t = *sources[i][k];
+      if (!t.sharded)
+        continue;
+      gathered.emplace_back(root ? t.param->type.numElements() : 0);
+      if (Error e = job->gatherShardsToRank0(
+              t.data, t.param->type.numElements(), gathered.back().data()))
+        return e;
+      shards[i][k].data = gathered.back().data();
+    }
+    return Error::success();
+  };
+  if (job && job->rank() != 0) { // rank 0 writes
+    for (size_t i = 0; i < shards.size(); ++i)
+      if (Error e = gatherFile(i))
+        return e;
+    return Error::success();
   }
 
   std::vector<std::string> created;
@@ -299,8 +330,12 @@ Error host::saveWeights(const exec::ExecPlan &plan, const HostState &state,
     llvm::Expected<AtomicFile *> shard = openOutput(name);
     if (!shard)
       return fail(shard.takeError());
+    if (job)
+      if (Error e = gatherFile(i))
+        return fail(std::move(e));
     if (Error e = writeSafetensors(**shard, shards[i], writeOptions))
       return fail(std::move(e));
+    gathered.clear();
   }
   if (n > 1) {
     llvm::json::Object index{
@@ -539,14 +574,20 @@ Error host::loadWeights(StringRef path, HostState &state,
   for (const auto &file : files) {
     for (const StTensorInfo &info : file->tensors()) {
       HostTensor &t = state.tensors[state.index.find(info.name)->second];
-      t.data.resize(static_cast<size_t>(info.numElements()));
-      if (Error e = file->readF32(info, t.data))
+      // A rank of a job keeps its shard: one tensor whole at a time.
+      std::vector<float> whole;
+      std::vector<float> &values = t.sharded ? whole : t.data;
+      values.resize(static_cast<size_t>(info.numElements()));
+      if (Error e = file->readF32(info, values))
         return e;
       if (std::optional<int64_t> bad =
-              cpu::firstNonFinite(t.data.data(), t.data.size()))
+              cpu::firstNonFinite(values.data(), values.size()))
         return error(llvm::formatv("'{0}': tensor '{1}' holds {2} at element "
                                    "{3}; weights must be finite",
-                                   file->path(), info.name, t.data[*bad], *bad));
+                                   file->path(), info.name, values[*bad],
+                                   *bad));
+      if (t.sharded)
+        t.keep(whole);
     }
   }
   return Error::success();

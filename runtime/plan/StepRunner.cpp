@@ -142,13 +142,27 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
     if (!source)
       return instError(i, inst,
                        "host state has no parameter '" + inst.param + "'");
-    if (static_cast<int64_t>(source->data.size()) !=
-        plan.values[inst.results[0]].type.numElements())
+    const TensorType &type = plan.values[inst.results[0]].type;
+    if (source->param->type.numElements() != type.numElements() ||
+        static_cast<int64_t>(source->data.size()) != source->held())
       return instError(i, inst,
                        "host tensor '" + inst.param + "' has the wrong size");
-    FetchSource f{source->data.data(), nullptr};
+    FetchSource f{source->data.data(), nullptr, nullptr};
     if (options.beforeFetch)
       f.before = [&options, &inst] { options.beforeFetch(inst.param); };
+    if (source->sharded) {
+      // Every rank gathers each fetched master at the same point of the
+      // same plan: only where fetches run in program order on this thread.
+      if (!options.gatherFetch || !device.synchronous())
+        return instError(i, inst,
+                         llvm::Twine("the ") + device.name() +
+                             " backend cannot fetch '" + inst.param +
+                             "', which is sharded over the job's ranks");
+      f.master = nullptr;
+      f.gather = [&options, source, dtype = type.dtype](void *dst) {
+        return options.gatherFetch(*source, dtype, dst);
+      };
+    }
     setup.fetches.push_back(std::move(f));
   }
 

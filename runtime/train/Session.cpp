@@ -132,6 +132,46 @@ openTrainingData(const SessionOptions &options,
   return std::unique_ptr<DataSource>(std::move(*files));
 }
 
+/// The masters a plan fetches, in order, with the dtype of each fetch.
+static std::vector<std::pair<llvm::StringRef, exec::DType>>
+fetchesOf(const exec::ExecPlan &plan) {
+  std::vector<std::pair<llvm::StringRef, exec::DType>> fetches;
+  for (const exec::Instruction &inst : plan.instructions)
+    if (inst.op == exec::OpCode::Fetch)
+      fetches.push_back({inst.param, plan.values[inst.results[0]].type.dtype});
+  return fetches;
+}
+
+/// A job's ranks gather each fetched master together (host::gatherWhole),
+/// whichever bucket each one steps: every plan must fetch the same masters
+/// in the same order and dtypes.
+static llvm::Error
+checkSameFetches(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
+                 llvm::ArrayRef<std::string> names) {
+  auto first = fetchesOf(*plans[0]);
+  for (size_t b = 1; b < plans.size(); ++b)
+    if (fetchesOf(*plans[b]) != first)
+      return llvm::createStringError(llvm::formatv(
+          "the plans of buckets '{0}' and '{1}' fetch the weights in another "
+          "order; a job's ranks gather every fetched weight together, so "
+          "each bucket's plan must fetch alike (plan them with one "
+          "--activation-policy, not auto)",
+          names[0], names[b]));
+  return llvm::Error::success();
+}
+
+llvm::Error Session::gatherLikeAStep() {
+  for (auto [param, dtype] : fetchesOf(plan(0)))
+    if (const host::HostTensor *t = hostState.find(param); t && t->sharded) {
+      std::vector<uint8_t> scratch(t->param->type.numElements() *
+                                   exec::dtypeBytes(dtype));
+      if (llvm::Error e = host::gatherWhole(*t, dtype, scratch.data(),
+                                            *options.collectives))
+        return e;
+    }
+  return llvm::Error::success();
+}
+
 llvm::Expected<std::unique_ptr<Session>>
 Session::create(std::vector<BucketPlan> bucketPlans,
                 const SessionOptions &options) {
@@ -182,6 +222,9 @@ Session::create(std::vector<BucketPlan> bucketPlans,
         "this plan updates as gradients arrive (--update streaming); plan "
         "with --update deferred",
         options.collectives->size()));
+  if (options.collectives && options.collectives->size() > 1)
+    if (llvm::Error e = checkSameFetches(plans, names))
+      return std::move(e);
   if (options.recipe.gradAccum > 1 && !updates->deferred && updates->streaming)
     return llvm::createStringError(
         "--grad-accum needs the deferred update (the accumulated gradient "
@@ -446,5 +489,13 @@ Session::runStepOn(size_t bucket, const exec::StepInputs &inputs,
             .str());
   if (llvm::Error e = useBucket(bucket))
     return std::move(e);
-  return executor->step(inputs, hostState, options);
+  if (!optimizer.sharded())
+    return executor->step(inputs, hostState, options);
+  exec::StepOptions gathering = options;
+  gathering.gatherFetch =
+      [job = this->options.collectives](const host::HostTensor &t,
+                                        exec::DType dtype, void *dst) {
+        return host::gatherWhole(t, dtype, dst, *job);
+      };
+  return executor->step(inputs, hostState, gathering);
 }

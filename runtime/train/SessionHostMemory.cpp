@@ -30,15 +30,10 @@ static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
                                const DataSource &data, bool deferred) {
   HostMemoryNeed need;
   int ranks = options.collectives ? options.collectives->size() : 1;
-  need.parts.push_back({ranks > 1 ? "host state (fp32 masters; this rank's "
-                                    "shard of the AdamW moments)"
+  need.parts.push_back({ranks > 1 ? "host state (this rank's shard of the "
+                                    "fp32 masters and AdamW moments)"
                                   : "host state (fp32 masters, AdamW moments)",
                         host::stateBytes(plan, ranks)});
-  if (ranks > 1 && options.collectives->rank() == 0)
-    // Rank 0 gathers the moments whole to write a checkpoint.
-    need.parts.push_back({"the moments gathered for a checkpoint (rank 0)",
-                          host::stateBytes(plan) -
-                              host::stateBytes(plan, ranks)});
   uint64_t hostValues = 0;
   for (const exec::Value &v : plan.values)
     if (v.home != exec::Home::Device)
@@ -98,8 +93,7 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
                                    const exec::ExecPlan &plan,
                                    llvm::StringRef backend,
                                    dist::Collectives *job) {
-  // The ranks of a job on this node each hold the masters and their share
-  // of the moments, rank 0 the moments whole for a checkpoint
+  // The ranks of a job on this node each hold their shard of the state
   // (docs/Distributed.md, "Memory"): the node must hold all of theirs.
   uint64_t total = need.total(), ranksHere = 1;
   if (job && job->size() > 1) {
@@ -139,8 +133,8 @@ llvm::Error train::checkHostMemory(const HostMemoryNeed &need,
                formatBytes(bytes) + "  " + what;
   std::string perRank =
       ranksHere > 1 ? llvm::formatv(" ({0} ranks on this node, this one {1}: "
-                                    "the masters are on every rank, the "
-                                    "moments sharded)",
+                                    "the state is sharded, the buffers of "
+                                    "the step are every rank's)",
                                     ranksHere, formatBytes(need.total()))
                           .str()
                     : std::string();

@@ -182,7 +182,6 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   hostState.step = *step;
   hostState.incomplete = false;
   optimizer.restore(o->getInteger("ema_updates").value_or(0), previousNorm);
-  optimizer.keepShards(); // a checkpoint holds the moments whole
   // States saved before it was recorded: the optimizer steps (equal unless
   // a step was skipped).
   stepsRunSoFar = o->getInteger("steps_run").value_or(*step);

@@ -40,7 +40,7 @@ llvm::Expected<float> Session::validationLoss() {
   flushUpdates();
   // The same noise and timesteps at every call: drawn from one seed.
   Random rng(seed ^ hashName("validation"));
-  int64_t batches = 0;
+  int64_t batches = 0, mine = 0;
   double sum = 0;
   // A job's ranks share the batches (rank r those of index r mod N) and
   // jump over the others' draws: the same loss, N times sooner.
@@ -83,8 +83,14 @@ llvm::Expected<float> Session::validationLoss() {
       if (!one)
         return one.takeError();
       sum += one->loss;
+      ++mine;
     }
   }
+  // The ranks with one batch fewer join the others' last gathers.
+  if (sharded())
+    for (; mine < (batches + ranks - 1) / ranks; ++mine)
+      if (llvm::Error e = gatherLikeAStep())
+        return std::move(e);
   if (ranks > 1)
     if (llvm::Error e = job->allReduceSum(llvm::MutableArrayRef<double>(sum)))
       return std::move(e);

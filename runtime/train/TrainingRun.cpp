@@ -49,7 +49,7 @@ Expected<std::unique_ptr<TrainingRun>> TrainingRun::open(RunOptions o) {
     return createStringError(spell("resume") + " needs " +
                              spell("checkpoint-dir"));
   run->replaceOthers = opts.overwriteCheckpoints;
-  if (run->writesCheckpoints()) {
+  if (run->writesCheckpoints() && opts.ownsCheckpoints) {
     if (Error e = prepareOutputDirectory(opts.checkpointDir, &run->createdDirs))
       return createStringError(spell("checkpoint-dir") + ": " +
                                toString(std::move(e)));
@@ -193,7 +193,8 @@ Error TrainingRun::start() {
     return Error::success();
   if (!session)
     return createStringError("the training run has no session");
-  if (writesCheckpoints() && !isResumed && !options.refuseEarlierRunAtOpen)
+  if (writesCheckpoints() && options.ownsCheckpoints && !isResumed &&
+      !options.refuseEarlierRunAtOpen)
     if (Error e = refuseEarlierRun())
       return e;
   if (isResumed && !metricsCheckedForResume)
@@ -239,7 +240,8 @@ Error TrainingRun::checkpoint() {
   host::CheckpointOptions saveOptions;
   saveOptions.replaceOthers = replaceOthers;
   Expected<std::string> dir = host::saveCheckpoint(
-      options.checkpointDir, state, session->trainerState(), saveOptions);
+      options.checkpointDir, state, session->trainerState(), saveOptions,
+      session->sharded() ? session->job() : nullptr);
   if (!dir)
     return dir.takeError();
   replaceOthers = false;
@@ -418,12 +420,8 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
         skippedInARow, out.step,
         options.spell == cliSpelling ? "--lr" : "the learning rate"));
   if (out.checkpointDue) {
-    // Every rank of a job takes part in gathering the state; rank 0 writes.
-    if (Error e = s.gatherForCheckpoint())
-      return failAfterSaving(toString(std::move(e)));
-    Error saved = writesCheckpoints() ? checkpoint() : Error::success();
-    s.releaseCheckpointCopy();
-    if (saved)
+    // Every rank of a job writes its shards.
+    if (Error saved = writesCheckpoints() ? checkpoint() : Error::success())
       return failAfterSaving(toString(std::move(saved)));
     if (writesCheckpoints())
       if (Error e = writeReport())
@@ -485,6 +483,8 @@ Error train::saveSessionWeights(Session &s, StringRef dir,
   if (saveOptions.runPlans.empty())
     for (size_t b = 0; b < s.numBuckets(); ++b)
       saveOptions.runPlans.push_back(&s.plan(b));
+  if (s.sharded())
+    saveOptions.job = s.job();
   Error err = host::saveWeights(s.plan(), state, dir, saveOptions);
   if (ema)
     swapEma();

@@ -797,7 +797,8 @@ train::RunOptions runOptionsOf(const char *tool, int rank) {
   runOptions.checkpointDir = checkpointDir;
   // With --steps 0 a checkpoint folder is only read (e.g. to export
   // weights from a read-only archive): no lock, nothing written.
-  runOptions.writesCheckpoints = steps > 0 && rank == 0;
+  runOptions.writesCheckpoints = steps > 0;
+  runOptions.ownsCheckpoints = rank == 0; // the others write their shards
   runOptions.checkpointEvery = checkpointEvery;
   runOptions.resume = resume;
   runOptions.overwriteCheckpoints = overwriteCheckpoints;
@@ -825,17 +826,15 @@ train::RunOptions runOptionsOf(const char *tool, int rank) {
 int stopped(train::TrainingRun &run, train::Session &s, int64_t done, int argc,
             char **argv, const char *tool) {
   int sig = stopSignal;
-  // Every rank of a job takes part in gathering the state for rank 0's
-  // checkpoint.
-  bool saves = done > 0 && !checkpointDir.empty();
-  if (saves)
-    if (Error e = s.gatherForCheckpoint())
-      return fail(toString(std::move(e)));
-  llvm::scope_exit release([&] {
-    if (saves)
-      s.releaseCheckpointCopy();
-  });
-  if (!speaks) { // rank 0 saves and says how to continue
+  // Every rank of a job writes its shards of the checkpoint.
+  if (run.writesCheckpoints())
+    if (Error err = done ? run.checkpoint() : Error::success())
+      return fail(formatv("stopped by {0} after step {1}, but the "
+                          "checkpoint failed: {2}",
+                          sig == SIGINT ? "SIGINT" : "SIGTERM", s.state().step,
+                          toString(std::move(err)))
+                      .str());
+  if (!speaks) { // rank 0 says how to continue
     if (Error e = run.finish(/*whole=*/false))
       return fail(toString(std::move(e)));
     return 128 + sig;
@@ -843,12 +842,6 @@ int stopped(train::TrainingRun &run, train::Session &s, int64_t done, int argc,
   errs() << "\n";
   std::string note;
   if (run.writesCheckpoints()) {
-    if (Error err = done ? run.checkpoint() : Error::success())
-      return fail(formatv("stopped by {0} after step {1}, but the "
-                          "checkpoint failed: {2}",
-                          sig == SIGINT ? "SIGINT" : "SIGTERM", s.state().step,
-                          toString(std::move(err)))
-                      .str());
     note = (job && job->size() > 1
                 ? "to continue (with the launcher's own options too): "
                 : "to continue: ") +
@@ -925,9 +918,7 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
   Progress progress(s.state().step, s.state().step + steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   StringMap<std::vector<float>> gradients; // of the last step
-  bool checkpointed = false;               // the last step's, on rank 0
   auto onStep = [&](const train::RunStep &step) {
-    checkpointed = step.checkpointDue;
     if (comm.rank() != 0)
       return; // rank 0 speaks for the job: the ranks' steps are the same
     const exec::StepResult &result = step.report.result;
@@ -951,11 +942,6 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
   auto stopRequested = [&] {
     if (comm.size() == 1)
       return stopSignal != 0;
-    // Rank 0 may be writing the last step's checkpoint: wait for it
-    // without the watchdog's limit, however long a checkpoint takes.
-    if (checkpointed)
-      if (Error e = comm.untimedBarrier())
-        consumeError(std::move(e)); // the next collective says why
     double stops[2] = {stopSignal == SIGINT ? 1.0 : 0.0,
                        stopSignal == SIGTERM ? 1.0 : 0.0};
     if (Error e = comm.allReduceSum(MutableArrayRef<double>(stops)))
@@ -1067,8 +1053,8 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       return fail(toString(std::move(e)));
   CreatedFolders created;
   if (comm.rank() != 0)
-    saveWeights = savePlan = ""; // rank 0's
-  if (!saveWeights.empty())
+    savePlan = ""; // rank 0's; every rank sends its shards to --save-weights
+  if (!saveWeights.empty() && comm.rank() == 0)
     if (Error e = prepareOutputDirectory(saveWeights, &created.dirs))
       return fail("--save-weights: " + toString(std::move(e)));
   for (auto [flag, file] :

@@ -71,20 +71,33 @@ public:
   virtual llvm::Error allReduceSum(llvm::MutableArrayRef<float> data) = 0;
   virtual llvm::Error allReduceSum(llvm::MutableArrayRef<double> data) = 0;
   /// Every rank's `mine` (of any length), in rank order.
-  virtual llvm::Expected<std::vector<std::string>>
-  allGather(llvm::StringRef mine) = 0;
+  llvm::Expected<std::vector<std::string>> allGather(llvm::StringRef mine) {
+    return gatherStrings(mine, /*timed=*/true);
+  }
+  /// The same without the watchdog's limit: the ranks of a checkpoint wait
+  /// for each other's writes, however long they take.
+  llvm::Expected<std::vector<std::string>>
+  untimedAllGather(llvm::StringRef mine) {
+    return gatherStrings(mine, /*timed=*/false);
+  }
   virtual llvm::Error barrier() = 0;
-  /// In place: each rank's shardRange of `data` goes to every rank, which
+  /// In place: each rank's shardRange of a tensor of `count` elements of
+  /// `elementBytes` (1, 2 or 4) bytes at `data` goes to every rank, which
   /// then holds all of it.
-  virtual llvm::Error allGatherShards(llvm::MutableArrayRef<float> data) = 0;
+  virtual llvm::Error allGatherShards(void *data, int64_t count,
+                                      int elementBytes) = 0;
+  llvm::Error allGatherShards(llvm::MutableArrayRef<float> data) {
+    return allGatherShards(data.data(), data.size(), sizeof(float));
+  }
+  /// In place: this rank's shardRange of `data` becomes the sum over the
+  /// ranks of theirs; the rest of `data` is left undefined.
+  virtual llvm::Error
+  reduceScatterShards(llvm::MutableArrayRef<float> data) = 0;
   /// Each rank's shardRange of a tensor of `count` elements (`mine`, its
   /// shard's values) into `all` on rank 0, which has room for `count`;
   /// `all` is not read on the other ranks.
   virtual llvm::Error gatherShardsToRank0(llvm::ArrayRef<float> mine,
                                           int64_t count, float *all) = 0;
-  /// A barrier without the watchdog's limit: the other ranks wait while
-  /// rank 0 writes a checkpoint, for as long as that takes.
-  virtual llvm::Error untimedBarrier() { return barrier(); }
   /// Ends every rank of the job with exit code `code`: a rank that fails
   /// alone must not leave the others waiting in their next collective (or
   /// its own MPI_Finalize waiting for them). Returns only in a job of one.
@@ -102,6 +115,8 @@ public:
   llvm::Error checkSame(llvm::StringRef what, llvm::StringRef mine);
 
 protected:
+  virtual llvm::Expected<std::vector<std::string>>
+  gatherStrings(llvm::StringRef mine, bool timed) = 0;
   Collectives(World where, std::string host)
       : where(std::move(where)), hostName(std::move(host)) {}
   World where;

@@ -19,9 +19,14 @@ struct MegaSlideMpiApi {
   int (*allGatherBytes)(const char *mine, int length, const int *lengths,
                         char *out);
   int (*barrier)();
-  /// Floats, in place (MPI_Allgatherv): rank r's `counts[r]` at
-  /// `offsets[r]` of `data` go to every rank.
-  int (*allGatherFloats)(float *data, const int *counts, const int *offsets);
+  /// Elements of 1, 2 or 4 bytes, in place (MPI_Allgatherv): rank r's
+  /// `counts[r]` at `offsets[r]` of `data` go to every rank.
+  int (*allGatherElements)(void *data, int elementBytes, const int *counts,
+                           const int *offsets);
+  /// Floats, in place (MPI_Reduce_scatter): the sum over the ranks of
+  /// `counts[rank]` elements at `offsets[rank]` lands there on this rank.
+  int (*reduceScatterFloats)(float *data, const int *counts,
+                             const int *offsets);
   /// Floats to rank 0 (MPI_Gatherv): `mine` (count `counts[rank]`) lands
   /// at `offsets[rank]` of `all` on rank 0.
   int (*gatherFloats)(const float *mine, float *all, const int *counts,

@@ -29,10 +29,16 @@
 #include <string>
 #include <vector>
 
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
+
 namespace megaslide::host {
 
 /// Bump on any change a reader of the previous version would misread.
-inline constexpr int64_t kCheckpointFormatVersion = 1;
+/// Version 2: a job's checkpoint, one state file per rank (one process
+/// still writes version 1).
+inline constexpr int64_t kCheckpointFormatVersion = 2;
 
 struct CheckpointOptions {
   /// Checkpoints kept, the new one included; 0 keeps all. Older ones are
@@ -75,13 +81,20 @@ void removeStaleTemporaries(llvm::StringRef dir);
 /// checkpoints beyond `options.keep`; only checkpoints of earlier steps are
 /// deleted. A checkpoint of the same step is replaced. Returns the new
 /// step directory. On error nothing already in `dir` is changed.
-llvm::Expected<std::string>
-saveCheckpoint(llvm::StringRef dir, const HostState &state,
-               llvm::StringRef trainerState,
-               const CheckpointOptions &options = {});
+///
+/// In a job of several ranks (`job`), every rank calls it with its shards
+/// of the state: each writes its own state file
+/// (state-rank-R-of-N.safetensors) and rank 0, once every file is complete,
+/// the trainer state and the manifest, then commits as above; a failure of
+/// any rank is every rank's error (docs/Distributed.md, "Checkpoints").
+llvm::Expected<std::string> saveCheckpoint(
+    llvm::StringRef dir, const HostState &state, llvm::StringRef trainerState,
+    const CheckpointOptions &options = {}, dist::Collectives *job = nullptr);
 
 /// Loads the checkpoint in `stepDir` into `state` (whose plan decides the
-/// expected tensors) and sets `state.step` and `trainerState`. Sizes and
+/// expected tensors; of a sharded state, the elements this rank holds, from
+/// the files of whatever number of ranks wrote the checkpoint) and sets
+/// `state.step` and `trainerState`. Sizes and
 /// checksums are verified against the manifest; tensor names and shapes
 /// against the plan. On error `state.step` and `trainerState` are
 /// unchanged but tensor data may be partly overwritten.

@@ -159,16 +159,11 @@ public:
   /// the clipping factor.
   double decide(double norm, double lr);
   /// In a job of several ranks, after decide(): each rank updates its shard
-  /// of every parameter (its moments are the shard's) and the ranks
-  /// all-gather the updated masters, in plan order; then the EMA follows.
-  /// Nothing is left pending. A collective's failure is the error.
+  /// of every parameter's master, moments and EMA (host::shardedRole);
+  /// the next fetch gathers the masters' shards (host::gatherWhole).
+  /// Nothing is left pending.
   llvm::Error applySharded();
-  /// For a checkpoint in a job of several ranks: the moments' shards are
-  /// gathered, whole, on rank 0 (which writes it); keepShards() drops
-  /// them again. Every rank calls both.
-  llvm::Error gatherMoments();
-  void keepShards();
-  /// Whether the moments are sharded over a job's ranks.
+  /// Whether the state is sharded over a job's ranks.
   bool sharded() const { return options.ranks() > 1; }
 
   /// EMA updates so far (its warmup's k) and the previous step's norm:
@@ -192,7 +187,7 @@ private:
     double squaredNorm = 0;
     int64_t received = 0; ///< micro-batches retained this step
     bool pending = false; ///< decided, applied before the next fetch
-    /// The elements of the parameter this rank updates: its moments'.
+    /// The elements of the parameter this rank updates: its shard's.
     int64_t shardBegin = 0, shardEnd = 0;
   };
   void apply(Update &u);

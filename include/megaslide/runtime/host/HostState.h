@@ -13,11 +13,17 @@
 
 #include "megaslide/runtime/plan/ExecPlan.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Error.h"
 
 #include <cstdint>
 #include <deque>
 #include <vector>
+
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
 
 namespace megaslide::host {
 
@@ -28,14 +34,20 @@ struct HostTensor {
   /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
   /// --ema-dtype bf16); `data` is then empty.
   std::vector<uint16_t> bf16;
-  /// A rank's shard of a tensor sharded over a job's ranks (its AdamW
-  /// moments; docs/Distributed.md, "Memory"): `data` holds the elements
-  /// from this one on. 0 and the whole tensor otherwise.
-  int64_t shardBegin = 0;
-  bool whole() const {
-    return shardBegin == 0 &&
-           static_cast<int64_t>(data.size()) == param->type.numElements();
+  /// Whether the tensor is sharded over a job's ranks (the masters, AdamW
+  /// moments and EMA of a job of several; docs/Distributed.md, "Memory"):
+  /// `data` (or `bf16`) then holds this rank's elements [shardBegin,
+  /// shardEnd), which may be none. The same on every rank of a job.
+  bool sharded = false;
+  int64_t shardBegin = 0, shardEnd = 0;
+  /// The elements held, [heldBegin(), heldEnd()): all unless sharded.
+  int64_t heldBegin() const { return sharded ? shardBegin : 0; }
+  int64_t heldEnd() const {
+    return sharded ? shardEnd : param->type.numElements();
   }
+  int64_t held() const { return heldEnd() - heldBegin(); }
+  /// Keeps this tensor's elements of `whole`, the tensor's values.
+  void keep(llvm::ArrayRef<float> whole);
 };
 
 struct HostState {
@@ -60,9 +72,10 @@ struct HostState {
   HostTensor *expAvgSq(llvm::StringRef name);
   /// Bytes of all tensors.
   uint64_t bytes() const;
-  /// Adds a zero tensor described by `param` (e.g. an EMA, role "ema").
-  /// Invalidates pointers to tensors.
-  HostTensor &addTensor(exec::Param param);
+  /// Adds a zero tensor described by `param` (e.g. an EMA, role "ema"),
+  /// sharded like `like` (which must not be added to). Invalidates
+  /// pointers to tensors.
+  HostTensor &addTensor(exec::Param param, const HostTensor *like = nullptr);
 };
 
 /// What this machine says about its memory (docs/Runtime.md, "Host
@@ -92,16 +105,27 @@ llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
 /// moments and frozen buffers.
-/// With `ranks` > 1, a rank's: the moments are sharded, rank 0's shard the
-/// largest.
+/// With `ranks` > 1, a rank's: the masters and moments are sharded, rank
+/// 0's shard the largest.
 uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
+/// Whether a tensor of `role` is sharded over a job of `ranks` ranks: the
+/// trainable state (masters, moments, EMA); frozen buffers are whole on
+/// every rank.
+bool shardedRole(llvm::StringRef role, int ranks);
+/// The whole of sharded tensor `t` in `dtype` (F32, BF16 or F16) at `dst`,
+/// which has room for all of it: this rank's shard cast, then all-gathered
+/// from the job's ranks in that dtype (what a fetch of it reads). Every
+/// rank calls it for the same tensors in the same order.
+llvm::Error gatherWhole(const HostTensor &t, exec::DType dtype, void *dst,
+                        dist::Collectives &job);
 
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
 /// layers ~ N(0, 0.02), biases and moments zero, norm weights one,
 /// embedding tables ~ N(0, 0.02), the output projection zero as in DiT.
-/// With `ranks` > 1, rank `rank`'s: its shard of every AdamW moment
-/// (dist::shardRange), the masters and frozen buffers whole.
+/// With `ranks` > 1, rank `rank`'s: its shard (dist::shardRange) of every
+/// master and AdamW moment, the frozen buffers whole; a shard's values are
+/// those of the whole tensor's initialisation.
 HostState initHostState(const exec::ExecPlan &plan, uint64_t seed,
                         int rank = 0, int ranks = 1);
 

@@ -29,6 +29,10 @@
 #include <cstdint>
 #include <vector>
 
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
+
 namespace megaslide::host {
 
 inline constexpr llvm::StringLiteral kWeightsFile =
@@ -46,6 +50,10 @@ struct SaveWeightsOptions {
   /// Every plan the run trained with (one per bucket), for the record
   /// under kRunConfigKey; empty: the plan saved with.
   std::vector<const exec::ExecPlan *> runPlans;
+  /// In a job of several ranks, every rank calls saveWeights with its
+  /// shards: rank 0 writes the folder, gathering each file's tensors as it
+  /// writes it; the others only send theirs.
+  dist::Collectives *job = nullptr;
 };
 
 /// Whether `param` is one of the model weights (role master or frozen).

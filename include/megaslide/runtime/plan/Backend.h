@@ -119,6 +119,12 @@ struct StepOptions {
   /// thread that reads it, so that a pending deferred update lands first
   /// (host::HostOptimizer::applyPending).
   std::function<void(llvm::StringRef param)> beforeFetch;
+  /// Writes the whole of a master sharded over a job's ranks, in the
+  /// fetch's dtype, into its device buffer (host::gatherWhole); then
+  /// called, after beforeFetch, instead of a cast. A collective: a device
+  /// that fetches on the issuing thread, in plan order, only.
+  std::function<llvm::Error(const host::HostTensor &, DType, void *dst)>
+      gatherFetch;
   /// Called with the model's prediction, the `prediction` operand of the
   /// flow_matching_loss op ([B, C, T, H, W], widened to fp32), when the
   /// step computes it: the forward of Trainer.predict, checked against

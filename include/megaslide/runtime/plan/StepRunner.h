@@ -59,10 +59,12 @@ private:
 /// What the k-th fetch of a step casts: the fp32 master (as many elements
 /// as the fetch's result), and work to run right before the cast, on
 /// whatever thread casts (a deferred update of that master landing:
-/// StepOptions::beforeFetch).
+/// StepOptions::beforeFetch). A master sharded over a job's ranks has
+/// `gather` instead, which writes the fetch's result whole.
 struct FetchSource {
   const float *master = nullptr;
   std::function<void()> before;
+  std::function<llvm::Error(void *dst)> gather;
 };
 
 /// What the runner tells a device as a step begins.

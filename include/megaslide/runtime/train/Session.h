@@ -137,13 +137,11 @@ public:
   /// parameter's next fetch anyway): state() does it first, so whatever
   /// reads or saves the state sees every decided update.
   void flushUpdates();
-  /// In a job of several ranks the AdamW moments are sharded over the
-  /// ranks (docs/Distributed.md, "Memory"): every rank calls
-  /// gatherForCheckpoint() before rank 0 writes a checkpoint (rank 0 then
-  /// holds them whole) and releaseCheckpointCopy() after.
+  /// Whether the state is sharded over a job's ranks (docs/Distributed.md,
+  /// "Memory"): what saves or loads it is then a collective of the job.
   bool sharded() const { return optimizer.sharded(); }
-  llvm::Error gatherForCheckpoint() { return optimizer.gatherMoments(); }
-  void releaseCheckpointCopy() { optimizer.keepShards(); }
+  /// The job's collectives, if the run is a rank of one.
+  dist::Collectives *job() const { return options.collectives; }
   /// Whether the plan defers its updates to after the backward
   /// (docs/Training.md, "Deferred update").
   bool deferredUpdates() const { return deferred; }
@@ -186,6 +184,9 @@ private:
           SessionOptions options, std::unique_ptr<DataSource> data);
   /// Makes the backend of `bucket` the live one.
   llvm::Error useBucket(size_t bucket);
+  /// In a sharded job: the gathers of a step's fetches, results dropped,
+  /// for a rank with no batch where the others run one (validation).
+  llvm::Error gatherLikeAStep();
   llvm::Expected<exec::StepResult> runStepOn(size_t bucket,
                                              const exec::StepInputs &inputs,
                                              const exec::StepOptions &options);

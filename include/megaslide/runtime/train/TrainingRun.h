@@ -46,6 +46,10 @@ struct RunOptions {
   /// folder is only read (a resume that takes no step: no lock).
   std::string checkpointDir;
   bool writesCheckpoints = true;
+  /// This process locks the folder and keeps its `latest` and retention:
+  /// rank 0 of a job, whose other ranks write their shards into its
+  /// checkpoints (docs/Distributed.md, "Checkpoints").
+  bool ownsCheckpoints = true;
   /// Steps between checkpoints (0: only after the last step of train()).
   int64_t checkpointEvery = 0;
   /// Continue the newest checkpoint: its settings are read by open() for
