@@ -395,3 +395,114 @@ def test_buckets_and_the_runtime_only_executor(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert metrics(tmp_path / "exec.jsonl") == metrics(tmp_path / "run.jsonl")
+
+
+def test_checkpoints_reshard_over_any_number_of_ranks(tmp_path):
+    # One run of 8 steps at a global batch of 4 micro-batches, continued by
+    # jobs of 1 -> 4 -> 2 -> 1 ranks: each rank reads its shard of the state
+    # from the files of whatever job wrote the checkpoint, and the run is
+    # the uninterrupted one's.
+    mpirun()
+    run(*SMALL, "--steps", "8", "--grad-accum", "4", "--metrics",
+        tmp_path / "ref.jsonl", "--save-weights", tmp_path / "ref")
+    ck = ["--checkpoint-dir", tmp_path / "ck", "--metrics",
+          tmp_path / "m.jsonl"]
+    run(*SMALL, "--steps", "2", "--grad-accum", "4", *ck)
+    for ranks, accum in ((4, 1), (2, 2)):
+        run(*SMALL, "--steps", "2", "--grad-accum", accum, "--resume", *ck,
+            ranks=ranks)
+        step = tmp_path / "ck" / f"step-{2 + 2 * (4 // ranks):06d}"
+        assert sorted(p.name for p in step.iterdir()) == sorted(
+            ["manifest.json", "trainer.json"] +
+            [f"state-rank-{r:05d}-of-{ranks:05d}.safetensors"
+             for r in range(ranks)]), step
+        manifest = json.loads((step / "manifest.json").read_text())
+        assert (manifest["version"], manifest["ranks"]) == (2, ranks)
+    run(*SMALL, "--steps", "2", "--grad-accum", "4", "--resume", *ck,
+        "--save-weights", tmp_path / "end")
+    got, ref = metrics(tmp_path / "m.jsonl"), metrics(tmp_path / "ref.jsonl")
+    assert [m[0] for m in got] == list(range(1, 9))
+    np.testing.assert_allclose([m[1:3] for m in got], [m[1:3] for m in ref],
+                               rtol=RTOL)
+    a, b = tensors(tmp_path / "ref"), tensors(tmp_path / "end")
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=RTOL, atol=1e-7,
+                                   err_msg=key)
+
+
+def host_parts(out):
+    """The parts of a failed host-memory check: {what: bytes}."""
+    import re
+    units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    return {m[3]: float(m[1]) * units[m[2]] for m in re.finditer(
+        r"^\s+([\d.]+) (B|KB|MB|GB) \([^)]*\)  (.+)$", out, re.M)}
+
+
+def test_each_rank_holds_its_share_of_the_state(tmp_path):
+    # The check's accounting: masters, moments and EMA are 1/N per rank.
+    def parts(ranks):
+        cmd = [tool_path("megaslide-run"), *SMALL, "--steps", "1",
+               "--ema-decay", "0.9"]
+        if ranks > 1:
+            cmd = [mpirun(), "-np", str(ranks), *cmd]
+        result = subprocess.run(cmd, capture_output=True, text=True,
+                                env=dict(ENV, MEGASLIDE_HOST_MEMORY="1KB"),
+                                timeout=120)
+        return host_parts(result.stdout + result.stderr)
+    one, four = parts(1), parts(4)
+    state_one = one["host state (fp32 masters, AdamW moments)"]
+    state_four = four["host state (this rank's shard of the fp32 masters "
+                      "and AdamW moments)"]
+    ema_one, ema_four = one["EMA of the weights"], four["EMA of the weights"]
+    # Rank 0's shard is the largest: a quarter, rounded up to 16 elements
+    # per tensor (the sizes are printed to 3 digits).
+    assert 0.249 <= state_four / state_one < 0.27, (state_one, state_four)
+    assert 0.249 <= ema_four / ema_one < 0.27, (ema_one, ema_four)
+
+
+def test_a_rank_killed_while_checkpointing_leaves_no_partial_checkpoint(
+        tmp_path):
+    # A checkpoint every step, rank 1 killed at a random moment: every
+    # step folder is complete (its manifest lists files that all load),
+    # `latest` names one, and the run continues from it as the
+    # uninterrupted run does.
+    import random
+    rng = random.Random(28)
+    run(*SMALL, "--steps", "40", "--grad-accum", "2", "--metrics",
+        tmp_path / "ref.jsonl")
+    ref = metrics(tmp_path / "ref.jsonl")
+    killed = 0
+    for trial in range(3):
+        ck = tmp_path / f"ck{trial}"
+        launcher = subprocess.Popen(
+            [mpirun(), "-np", "2", tool_path("megaslide-run"), *SMALL,
+             "--steps", "40", "--checkpoint-dir", ck, "--checkpoint-every",
+             "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=ENV)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (ck / "latest").exists():
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 1.0))
+        ranks = subprocess.run(["pgrep", "-P", str(launcher.pid)],
+                               capture_output=True, text=True).stdout.split()
+        if len(ranks) == 2:
+            os.kill(int(ranks[-1]), signal.SIGKILL)
+        launcher.communicate(timeout=60)
+        killed += launcher.returncode != 0
+        steps = sorted(p for p in ck.iterdir() if p.name.startswith("step-"))
+        assert steps, list(ck.iterdir())
+        for step in steps:
+            manifest = json.loads((step / "manifest.json").read_text())
+            for f in manifest["files"]:
+                assert (step / f["name"]).stat().st_size == f["bytes"]
+        latest = (ck / "latest").read_text().strip()
+        assert (ck / latest / "manifest.json").exists()
+        done = int(latest.split("-")[1])
+        if done >= 40:
+            continue
+        # The one process continues the job (its global batch).
+        run(*SMALL, "--steps", "2", "--grad-accum", "2", "--resume",
+            "--checkpoint-dir", ck, "--metrics", tmp_path / f"r{trial}.jsonl")
+        assert metrics(tmp_path / f"r{trial}.jsonl") == \
+            ref[done:done + 2], (trial, done)
+    assert killed, "every job ended before its rank was killed"
