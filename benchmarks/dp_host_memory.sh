@@ -3,8 +3,8 @@
 # process with the same global batch (docs/Distributed.md, "Memory"): a
 # 27.7M-parameter Wan-style config (4 blocks, 8 heads of 64, FFN 4096;
 # 332 MB of host state, 221 MB of it AdamW moments) at 5x32x32 on the cpu
-# backend, 3 steps. Each rank holds the masters and 1/N of the moments, so
-# a rank should need about (N - 1)/N of 221 MB less than one process.
+# backend, 3 steps. Each rank holds 1/N of the masters and moments, so a
+# rank should need about (N - 1)/N of 332 MB less than one process.
 # Usage: benchmarks/dp_host_memory.sh [BUILD] (default build/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
