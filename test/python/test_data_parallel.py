@@ -506,3 +506,49 @@ def test_a_rank_killed_while_checkpointing_leaves_no_partial_checkpoint(
         assert metrics(tmp_path / f"r{trial}.jsonl") == \
             ref[done:done + 2], (trial, done)
     assert killed, "every job ended before its rank was killed"
+
+
+def test_a_bf16_ema_is_sharded_checkpointed_and_saved(tmp_path):
+    # The EMA kept in bf16 is sharded like its master: a 2-rank job's
+    # checkpoint continued in one process saves the uninterrupted run's EMA
+    # weights, bit for bit.
+    mpirun()
+    ema = ["--ema-decay", "0.9", "--ema-dtype", "bf16", "--save-ema"]
+    run(*SMALL, *ema, "--steps", "4", "--grad-accum", "2", "--save-weights",
+        tmp_path / "ref")
+    ck = ["--checkpoint-dir", tmp_path / "ck"]
+    run(*SMALL, "--ema-decay", "0.9", "--ema-dtype", "bf16", "--steps", "2",
+        *ck, ranks=2)
+    run(*SMALL, *ema, "--steps", "2", "--grad-accum", "2", "--resume", *ck,
+        "--save-weights", tmp_path / "end")
+    assert weights(tmp_path / "end") == weights(tmp_path / "ref")
+
+
+def mid_config(path):
+    config = json.loads((pathlib.Path(__file__).parents[2] / "configs" /
+                         "tiny.json").read_text())
+    config.update(name="mid", num_layers=4, num_attention_heads=8,
+                  attention_head_dim=64, ffn_dim=4096, text_dim=512)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_mid_config_job_is_one_process(tmp_path):
+    # A 27.7M-parameter config (benchmarks/dp_host_memory.sh's): 2 and 4
+    # ranks against one process at the same global batch of 4.
+    mpirun()
+    model = ["--model", mid_config(tmp_path / "mid.json"), *SMALL[2:]]
+    run(*model, "--steps", "3", "--grad-accum", "4", "--metrics",
+        tmp_path / "one.jsonl", "--save-weights", tmp_path / "one")
+    for ranks in (2, 4):
+        run(*model, "--steps", "3", "--grad-accum", 4 // ranks, "--metrics",
+            tmp_path / f"{ranks}.jsonl", "--save-weights",
+            tmp_path / f"w{ranks}", ranks=ranks)
+        job, one = metrics(tmp_path / f"{ranks}.jsonl"), \
+            metrics(tmp_path / "one.jsonl")
+        np.testing.assert_allclose([m[1:3] for m in job],
+                                   [m[1:3] for m in one], rtol=RTOL)
+        a, b = tensors(tmp_path / "one"), tensors(tmp_path / f"w{ranks}")
+        for key in a:
+            np.testing.assert_allclose(b[key], a[key], rtol=RTOL, atol=1e-7,
+                                       err_msg=key)
