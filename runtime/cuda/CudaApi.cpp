@@ -76,6 +76,11 @@ llvm::Error resolveAll(CublasLtApi &t, void *handle, const char *what) {
   return llvm::Error::success();
 }
 
+llvm::Error resolveAll(NcclApi &t, void *handle, const char *what) {
+  MEGASLIDE_NCCL_SYMBOLS(MEGASLIDE_RESOLVE)
+  return llvm::Error::success();
+}
+
 #undef MEGASLIDE_RESOLVE
 
 /// Opens the first of `names` that loads and resolves `table` from it;
@@ -166,6 +171,47 @@ llvm::Expected<const CublasLtApi *> loadCublasLt() {
     });
   });
   return loaded.get();
+}
+
+llvm::Expected<const NcclApi *> loadNccl() {
+  static const Loaded<NcclApi> loaded([](NcclApi &table) -> llvm::Error {
+    std::vector<std::string> names;
+    if (std::string lib = envOr("MEGASLIDE_NCCL_LIBRARY"); !lib.empty())
+      names = {lib};
+    else
+      names = cudaLibraryCandidates({"libnccl.so.2", "libnccl.so"});
+    if (llvm::Error e =
+            openTable(table, names, "NCCL", [](const std::string &tried) {
+              return "no NCCL: libnccl.so.2 not found; tried:" + tried +
+                     "\n(and found none in the CUDA toolkit's folders nor in "
+                     "a pip wheel's nvidia/*/lib)\ninstall the pinned "
+                     "nvidia-nccl-cu13 wheel (scripts/install-deps.sh), or "
+                     "point LD_LIBRARY_PATH or MEGASLIDE_NCCL_LIBRARY at it";
+            }))
+      return e;
+    // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.
+    int version = 0;
+    if (table.ncclGetVersion(&version) != ncclSuccess || version < 21800)
+      return llvm::createStringError(
+          llvm::formatv("{0} is NCCL {1}.{2}.{3}; the device collectives "
+                        "need 2.18 or later",
+                        table.library, version / 10000, version / 100 % 100,
+                        version % 100)
+              .str());
+    return llvm::Error::success();
+  });
+  return loaded.get();
+}
+
+llvm::Error checkNccl(const NcclApi &api, ncclResult_t result,
+                      llvm::StringRef what) {
+  if (result == ncclSuccess)
+    return llvm::Error::success();
+  const char *text = api.ncclGetErrorString(result);
+  return llvm::createStringError(llvm::formatv("{0}: NCCL error {1} ({2})",
+                                               what, result,
+                                               text ? text : "unknown")
+                                     .str());
 }
 
 /// Names of the results a driver may fail to name itself (the toolkit's

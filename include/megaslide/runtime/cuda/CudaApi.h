@@ -97,6 +97,26 @@ inline constexpr cublasLtMatmulPreferenceAttributes_t
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5;
 
 //===----------------------------------------------------------------------===//
+// ABI of NCCL (nccl.h, NCCL 2.18 and later)
+//===----------------------------------------------------------------------===//
+
+using ncclResult_t = int;
+using ncclComm_t = struct ncclComm *;
+using ncclDataType_t = int;
+using ncclRedOp_t = int;
+/// ncclUniqueId: opaque, NCCL_UNIQUE_ID_BYTES (128).
+struct ncclUniqueId {
+  char internal[128];
+};
+
+inline constexpr ncclResult_t ncclSuccess = 0;
+inline constexpr ncclResult_t ncclInProgress = 7;
+inline constexpr ncclDataType_t ncclFloat16 = 6;
+inline constexpr ncclDataType_t ncclFloat32 = 7;
+inline constexpr ncclDataType_t ncclBfloat16 = 9;
+inline constexpr ncclRedOp_t ncclSum = 0;
+
+//===----------------------------------------------------------------------===//
 // Symbol tables
 //===----------------------------------------------------------------------===//
 
@@ -172,6 +192,24 @@ inline constexpr cublasLtMatmulPreferenceAttributes_t
     cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,                    \
     const cublasLtMatmulAlgo_t *, void *, size_t, CUstream)
 
+// The NCCL entry points of the device collectives (docs/Distributed.md).
+#define MEGASLIDE_NCCL_SYMBOLS(X)                                              \
+  X(ncclGetVersion, ncclResult_t, int *)                                       \
+  X(ncclGetErrorString, const char *, ncclResult_t)                            \
+  X(ncclGetUniqueId, ncclResult_t, ncclUniqueId *)                             \
+  X(ncclCommInitRank, ncclResult_t, ncclComm_t *, int, ncclUniqueId, int)      \
+  X(ncclCommDestroy, ncclResult_t, ncclComm_t)                                 \
+  X(ncclCommAbort, ncclResult_t, ncclComm_t)                                   \
+  X(ncclCommGetAsyncError, ncclResult_t, ncclComm_t, ncclResult_t *)           \
+  X(ncclGroupStart, ncclResult_t)                                              \
+  X(ncclGroupEnd, ncclResult_t)                                                \
+  X(ncclBroadcast, ncclResult_t, const void *, void *, size_t, ncclDataType_t, \
+    int, ncclComm_t, CUstream)                                                 \
+  X(ncclReduce, ncclResult_t, const void *, void *, size_t, ncclDataType_t,    \
+    ncclRedOp_t, int, ncclComm_t, CUstream)                                    \
+  X(ncclAllReduce, ncclResult_t, const void *, void *, size_t, ncclDataType_t, \
+    ncclRedOp_t, ncclComm_t, CUstream)
+
 /// The driver's entry points. Members are null until loaded; a table handed
 /// out by loadCudaDriver has every member set. Tests may fill one by hand.
 struct CudaDriverApi {
@@ -200,6 +238,23 @@ llvm::Expected<const CudaDriverApi *> loadCudaDriver();
 llvm::Expected<std::unique_ptr<CudaDriverApi>>
 openCudaDriver(const std::string &path);
 
+/// NCCL's entry points.
+struct NcclApi {
+#define MEGASLIDE_DECLARE(name, ret, ...) ret (*name)(__VA_ARGS__) = nullptr;
+  MEGASLIDE_NCCL_SYMBOLS(MEGASLIDE_DECLARE)
+#undef MEGASLIDE_DECLARE
+  std::string library;
+};
+
+/// Loads NCCL once per process: $MEGASLIDE_NCCL_LIBRARY alone when set,
+/// else the cudaLibraryCandidates of libnccl.so.2 and libnccl.so (the
+/// pinned PyPI wheel nvidia-nccl-cu13 installs it in nvidia/nccl/lib).
+/// Versions before 2.18 are refused by name.
+llvm::Expected<const NcclApi *> loadNccl();
+/// "ncclSystemError (...)": NCCL's text for `result` in `what`'s error,
+/// or success.
+llvm::Error checkNccl(const NcclApi &api, ncclResult_t result,
+                      llvm::StringRef what);
 
 /// Loads cuBLASLt once per process: $MEGASLIDE_CUBLASLT_LIBRARY alone when
 /// set, else the cudaLibraryCandidates of libcublasLt.so.13, .so.12, .so.

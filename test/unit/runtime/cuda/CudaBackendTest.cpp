@@ -192,6 +192,63 @@ int main() {
   fs::remove_all(dir);
 }
 
+TEST(CudaApiTest, NcclResolvesEverySymbol) {
+  auto nccl = loadNccl();
+  if (!nccl)
+    GTEST_SKIP() << llvm::toString(nccl.takeError());
+#define MEGASLIDE_CHECK(name, ret, ...)                                        \
+  EXPECT_NE((*nccl)->name, nullptr) << #name;
+  MEGASLIDE_NCCL_SYMBOLS(MEGASLIDE_CHECK)
+#undef MEGASLIDE_CHECK
+  int version = 0;
+  ASSERT_EQ((*nccl)->ncclGetVersion(&version), ncclSuccess);
+  EXPECT_GE(version, 21800);
+  std::string msg = llvm::toString(checkNccl(**nccl, 2, "ncclCommInitRank"));
+  EXPECT_EQ(msg.find("ncclCommInitRank: NCCL error 2 ("), 0u) << msg;
+  EXPECT_FALSE(checkNccl(**nccl, ncclSuccess, "x"));
+}
+
+TEST(CudaApiTest, NcclAbiMatchesItsHeader) {
+  static_assert(sizeof(ncclUniqueId) == 128);
+  auto nccl = loadNccl();
+  if (!nccl)
+    GTEST_SKIP() << llvm::toString(nccl.takeError());
+  // The header beside the library that was loaded (.../lib/libnccl.so.2:
+  // .../include/nccl.h), as the wheel and the toolkit lay them out.
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void *>((*nccl)->ncclGetVersion), &info),
+            0);
+  fs::path include =
+      fs::path(info.dli_fname).parent_path().parent_path() / "include";
+  if (!fs::exists(include / "nccl.h"))
+    GTEST_SKIP() << "no nccl.h beside " << info.dli_fname;
+  fs::path dir = freshDir("megaslide-nccl-abi");
+  std::ofstream(dir / "abi.cpp") << R"(
+#include <nccl.h>
+#include <cstdio>
+int main() {
+  std::printf("%d %d %d %d %d %d %zu\n", (int)ncclSuccess, (int)ncclInProgress,
+    (int)ncclFloat16, (int)ncclFloat32, (int)ncclBfloat16, (int)ncclSum,
+    sizeof(ncclUniqueId));
+}
+)";
+  std::string cmd =
+      test::hostCompiler() + " -std=c++17 -I'" + include.string() +
+      "' -I/usr/local/cuda/include -o '" + (dir / "abi").string() + "' '" +
+      (dir / "abi.cpp").string() + "' > '" + (dir / "cc.log").string() +
+      "' 2>&1 && '" + (dir / "abi").string() + "' > '" +
+      (dir / "out.txt").string() + "'";
+  if (std::system(cmd.c_str()) != 0)
+    GTEST_SKIP() << "cannot build against nccl.h:\n"
+                 << readFile(dir / "cc.log");
+  EXPECT_EQ(readFile(dir / "out.txt"),
+            llvm::formatv("{0} {1} {2} {3} {4} {5} 128\n", ncclSuccess,
+                          ncclInProgress, ncclFloat16, ncclFloat32,
+                          ncclBfloat16, ncclSum)
+                .str());
+  fs::remove_all(dir);
+}
+
 //===----------------------------------------------------------------------===//
 // NVRTC: every dense kernel for sm_90a
 //===----------------------------------------------------------------------===//
