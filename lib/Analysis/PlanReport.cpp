@@ -45,6 +45,14 @@ std::vector<std::pair<std::string, uint64_t>> sorted(const Map &m) {
   return v;
 }
 
+/// The recipe's host buffers, which a job shards over its ranks as it
+/// does the parameters' state.
+bool isShardedResource(schedule::ResourceOp resource) {
+  return llvm::is_contained(
+      {kRetainedGradientsResource, kGradientAccumulatorResource, kEmaResource},
+      resource.getSymName());
+}
+
 /// Host side: totals by category, and each block's persistent state.
 void accountHost(ModuleOp module, PlanReport &r) {
   uint64_t params = 0;
@@ -63,7 +71,7 @@ void accountHost(ModuleOp module, PlanReport &r) {
   for (const auto &[name, bytes] : r.hostByCategory)
     r.hostTotal += bytes;
   uint64_t allowance = 0;
-  if (auto os = module.lookupSymbol<schedule::ResourceOp>("os_allowance"))
+  if (auto os = module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
     allowance = os.getSize();
   if (params)
     r.hostBytesPerParam = double(r.hostTotal - allowance) / double(params);
@@ -308,14 +316,104 @@ std::string megaslide::deferAdvice(uint64_t shortfall, const RecipeBytes &b,
 }
 
 std::vector<std::pair<std::string, uint64_t>>
-megaslide::hostMemoryByCategory(ModuleOp module) {
+megaslide::hostMemoryPerRank(ModuleOp module) {
+  int64_t ranks = jobSizeOf(module).ranks();
   std::map<std::string, uint64_t> byCategory;
   for (auto param : module.getOps<graph::ParamOp>())
-    byCategory[roleCategory(param.getRole())] += tensorBytes(param.getType());
-  for (auto resource : module.getOps<schedule::ResourceOp>())
-    if (resource.getResidency() != schedule::Residency::device)
-      byCategory[resource.getCategory().str()] += resource.getSize();
+    byCategory[roleCategory(param.getRole())] +=
+        shardBytes(param.getType(), ranks);
+  for (auto resource : module.getOps<schedule::ResourceOp>()) {
+    if (resource.getResidency() == schedule::Residency::device ||
+        resource.getSymName() == kOsAllowanceResource)
+      continue;
+    uint64_t bytes = resource.getSize();
+    if (isShardedResource(resource))
+      bytes = (bytes + ranks - 1) / ranks;
+    byCategory[resource.getCategory().str()] += bytes;
+  }
   return sorted(byCategory);
+}
+
+int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {
+  uint64_t sharded = 0, own = 0, allowance = 0;
+  for (auto param : module.getOps<graph::ParamOp>())
+    sharded += tensorBytes(param.getType());
+  for (auto resource : module.getOps<schedule::ResourceOp>()) {
+    if (resource.getResidency() == schedule::Residency::device)
+      continue;
+    if (resource.getSymName() == kOsAllowanceResource)
+      allowance += resource.getSize();
+    else if (isShardedResource(resource))
+      sharded += resource.getSize();
+    else
+      own += resource.getSize();
+  }
+  uint64_t fixed = jobSizeOf(module).gpusPerNode * own + allowance;
+  if (hostBudget <= fixed)
+    return 0;
+  uint64_t room = hostBudget - fixed;
+  return std::max<int64_t>(1, (sharded + room - 1) / room);
+}
+
+std::vector<std::pair<std::string, uint64_t>>
+megaslide::hostMemoryByCategory(ModuleOp module) {
+  int64_t gpusPerNode = jobSizeOf(module).gpusPerNode;
+  std::map<std::string, uint64_t> byCategory;
+  for (const auto &[name, bytes] : hostMemoryPerRank(module))
+    byCategory[name] += gpusPerNode * bytes;
+  if (auto os = module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
+    byCategory[os.getCategory().str()] += os.getSize();
+  return sorted(byCategory);
+}
+
+/// The figures of a job of several ranks (PlanReport::Job); the one-GPU
+/// comparison is planModel's.
+static void accountJob(ModuleOp module, const exec::ExecPlan &program,
+                       const HardwareModel &hw, PlanReport &r) {
+  PlanReport::Job &job = r.job;
+  JobSize size = jobSizeOf(module);
+  job.gpusPerNode = size.gpusPerNode;
+  job.nodes = size.nodes;
+  if (job.ranks() < 2)
+    return;
+  job.collectiveSeconds = r.busySeconds[static_cast<int>(exec::Stream::Comm)];
+  for (const exec::Instruction &inst : program.instructions)
+    if (sim::costKindOf(inst.op) == sim::CostKind::Collective)
+      job.collectiveBytes +=
+          (inst.cost.ranks - 1) * (inst.cost.bytes / inst.cost.ranks);
+  job.normAllReduceSeconds =
+      sim::allReduceScalarSeconds(job.ranks(), job.nodes, hw);
+  job.stepSeconds = r.recipe.optimizerStepSeconds + job.normAllReduceSeconds;
+  if (job.stepSeconds > 0)
+    job.samplesPerSecond =
+        double(job.ranks() * program.batch * r.recipe.gradAccum) /
+        job.stepSeconds;
+  for (const auto &[name, bytes] : hostMemoryPerRank(module))
+    job.hostPerRankBytes += bytes;
+  job.hostPerNodeBytes = r.hostTotal;
+  job.nodesToFitHost = nodesToFitHost(module, r.hostBudget);
+  if (r.hostTotal > r.hostBudget) {
+    if (job.nodesToFitHost > job.nodes)
+      job.advice.push_back(llvm::formatv(
+          "more nodes: --nodes {0} ({1} GPUs each) holds the sharded host "
+          "state in host-mem {2} per node",
+          job.nodesToFitHost, job.gpusPerNode, formatBytes(r.hostBudget)));
+    else if (!job.nodesToFitHost)
+      job.advice.push_back(
+          "more nodes cannot help: what every rank holds for itself (staging, "
+          "offloaded checkpoints, the batch) and the OS allowance alone "
+          "exceed host-mem; fewer --gpus-per-node, a smaller --os-allowance "
+          "or --activation-policy recompute");
+    if (auto os =
+            module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
+      job.advice.push_back(llvm::formatv(
+          "--os-allowance {0} is reserved per node; lower it only if the "
+          "node's OS and runtime need less",
+          formatBytes(os.getSize())));
+  }
+  if (static_cast<uint64_t>(r.devicePeak) > r.arenaBudget)
+    job.advice.push_back("every rank holds one GPU's step: more ranks do not "
+                         "shrink the device peak (see the device advice)");
 }
 
 llvm::Expected<PlanReport> megaslide::buildPlanReport(
@@ -466,6 +564,7 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
   r.d2hByKind = sorted(d2hKinds);
   if (llvm::Error err = planRecipe(module, program, hw, r))
     return std::move(err);
+  accountJob(module, program, hw, r);
 
   // Plots: live bytes over predicted time, and per-block busy intervals.
   size_t stride = std::max<size_t>(1, opAt.size() / 1500);

@@ -33,6 +33,8 @@ std::optional<Stream> streamFor(Operation *op) {
     return Stream::DeviceToHost;
   if (isa<schedule::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
     return Stream::Host;
+  if (isa<schedule::AllGatherOp, schedule::ReduceScatterOp>(op))
+    return Stream::Comm;
   if (isa<graph::GraphDialect>(op->getDialect()))
     return Stream::Compute;
   return std::nullopt;
@@ -86,8 +88,13 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (target->isBeforeInBlock(fetch))
         moves.push_back({fetch, target});
     }
-    for (auto [fetch, target] : moves)
+    // A fetch's all-gather (a job of several ranks) goes with it.
+    for (auto [fetch, target] : moves) {
       fetch->moveBefore(target);
+      for (Operation *user : fetch->getUsers())
+        if (isa<schedule::AllGatherOp>(user))
+          user->moveBefore(target);
+    }
     if (!emitRemarks)
       continue;
     // The first compute op after each transfer, in one backward walk.
@@ -108,9 +115,16 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (!reported.insert({layer, weights}).second)
         continue;
       Operation *op = nextCompute.lookup(fetch);
+      auto reads = [&](Value v) {
+        return llvm::is_contained(op->getOperands(), v) ||
+               llvm::any_of(v.getUsers(), [&](Operation *user) {
+                 return isa<schedule::AllGatherOp>(user) &&
+                        llvm::is_contained(op->getOperands(),
+                                           user->getResult(0));
+               });
+      };
       bool overlapped =
-          op && !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
-          getLayer(op) != layer;
+          op && !reads(fetch->getResult(0)) && getLayer(op) != layer;
       if (!overlapped)
         fetch->emitRemark()
             << (weights ? "weights" : "checkpoint reload") << " of block "
