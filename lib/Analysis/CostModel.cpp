@@ -99,9 +99,14 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
     break;
   }
   case sim::CostKind::HostAdamW: {
-    auto grad = cast<schedule::HostAdamWOp>(op).getGrad().getType();
-    in.otherFlops = sim::kHostAdamWFlopsPerParam *
-                    cast<RankedTensorType>(grad).getNumElements();
+    // In a job each rank updates its shard of the parameter.
+    Value grad = cast<schedule::HostAdamWOp>(op).getGrad();
+    int64_t params = cast<RankedTensorType>(grad.getType()).getNumElements();
+    if (auto out = grad.getDefiningOp<schedule::DeviceToHostOp>();
+        out && out.getRanks())
+      params = dist::shardRange(params, 0, static_cast<int>(*out.getRanks()))
+                   .size();
+    in.otherFlops = sim::kHostAdamWFlopsPerParam * params;
     break;
   }
   case sim::CostKind::Device:

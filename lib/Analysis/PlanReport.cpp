@@ -213,16 +213,17 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   }
   deferredFigures(program, deferredSim, recipe);
 
-  // Host passes the replay does not hold, per optimizer step.
+  // Host passes the replay does not hold, per optimizer step: a rank's
+  // over its shard, at its share of the host (`hw` is the rank's).
   double gradPerParam = params ? double(b.gradientBytes) / double(params) : 0;
   double accumulatorPerParam = schedule::kGradAccumBytesPerParam;
-  recipe.accumulateSeconds = double(recipe.gradAccum - 1) * double(params) *
+  double shard = double(params) / double(jobSizeOf(module).ranks());
+  recipe.accumulateSeconds = double(recipe.gradAccum - 1) * shard *
                              (gradPerParam + 2 * accumulatorPerParam) /
                              hw.hostMemoryBandwidth;
   double emaPerParam = schedule::bytesPerParam(ema);
   if (emaPerParam > 0)
-    recipe.emaSeconds =
-        double(params) * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
+    recipe.emaSeconds = shard * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
   recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
                                 recipe.accumulateSeconds + recipe.emaSeconds;
 
@@ -475,15 +476,17 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
 
   // The step time: the sim backend's replay of the exported program.
-  llvm::Expected<sim::StepTasks> tasks = sim::buildTasks(program, hw);
+  // A rank of a job shares its node's host with the node's other ranks.
+  HardwareModel rank = sim::rankShare(program, hw);
+  llvm::Expected<sim::StepTasks> tasks = sim::buildTasks(program, rank);
   if (!tasks)
     return tasks.takeError();
   sim::Timeline timeline = sim::perInstruction(
-      sim::replay(tasks->tasks, hw.hostMemoryBandwidth), *tasks);
+      sim::replay(tasks->tasks, rank.hostMemoryBandwidth), *tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
   r.issueWaits =
-      sim::issueWaits(*tasks, hw.hostMemoryBandwidth, timeline.makespan);
+      sim::issueWaits(*tasks, rank.hostMemoryBandwidth, timeline.makespan);
   r.gradientRingSlots = tasks->ringSlots;
   r.gradientRingSlotBytes = tasks->ringSlotBytes;
   r.gradientCopies = llvm::count_if(program.instructions, [](const auto &i) {
@@ -562,7 +565,7 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);
   r.d2hByKind = sorted(d2hKinds);
-  if (llvm::Error err = planRecipe(module, program, hw, r))
+  if (llvm::Error err = planRecipe(module, program, rank, r))
     return std::move(err);
   accountJob(module, program, hw, r);
 

@@ -209,7 +209,9 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
   // Pinned staging: weight shards in flight, sized by the largest block,
   // and the gradient ring (exec::layoutHostPool, the same rule): runs of
   // one layer's gradient copies, each run in one of `gradientBuffers`
-  // slots as large as the largest run.
+  // slots as large as the largest run. In a job of several ranks a copy
+  // stages only its rank's shard (transferBytes); layoutHostPool, which
+  // lays out one rank's plan, does not yet.
   DenseMap<int64_t, uint64_t> weights; // per (block, half)
   uint64_t largestWeights = 0, largestGrads = 0, run = 0;
   std::optional<std::optional<int64_t>> runLayer;
@@ -218,7 +220,7 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     if (auto fetch = dyn_cast<schedule::FetchOp>(op); fetch && layer) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
       largestWeights = std::max(largestWeights,
-                                weights[key] += tensorBytes(fetch.getType()));
+                                weights[key] += transferBytes(fetch));
     }
     auto out = dyn_cast<schedule::DeviceToHostOp>(op);
     if (!out || llvm::none_of(out->getUsers(), [](Operation *u) {
@@ -228,7 +230,7 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     if (runLayer != layer)
       run = 0;
     runLayer = layer;
-    run += alignTo(std::max<int64_t>(tensorBytes(out.getType()), 1),
+    run += alignTo(std::max<int64_t>(transferBytes(out), 1),
                    exec::kHostPoolAlign);
     largestGrads = std::max(largestGrads, run);
   }

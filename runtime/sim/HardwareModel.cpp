@@ -199,6 +199,18 @@ double sim::ringCollectiveSeconds(double bytes, int64_t ranks, int64_t nodes,
   return (n - 1) * (latency + bytes / (n * bandwidth));
 }
 
+HardwareModel sim::rankShare(const exec::ExecPlan &plan, HardwareModel hw) {
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (costKindOf(inst.op) != CostKind::Collective || inst.cost.nodes < 1)
+      continue;
+    double ranksPerNode = static_cast<double>(inst.cost.ranks / inst.cost.nodes);
+    hw.hostMemoryBandwidth /= ranksPerNode;
+    hw.hostAdamWParamsPerSecond /= ranksPerNode;
+    break;
+  }
+  return hw;
+}
+
 double sim::allReduceScalarSeconds(int64_t ranks, int64_t nodes,
                                    const HardwareModel &hw) {
   if (ranks < 2)
@@ -414,10 +426,14 @@ static bool retains(const exec::Instruction &inst) {
 
 double sim::retainedBytes(const exec::ExecPlan &plan,
                           const exec::Instruction &inst) {
-  return inst.operands.empty()
-             ? 0
-             : 2.0 * static_cast<double>(
-                         plan.values[inst.operands.front()].type.bytes());
+  // The parameters it updates (its rank's shard in a job), in the
+  // gradient's type.
+  if (inst.operands.empty())
+    return 0;
+  uint64_t params = inst.cost.otherFlops / kHostAdamWFlopsPerParam;
+  return 2.0 * static_cast<double>(
+                   params * exec::dtypeBytes(
+                                plan.values[inst.operands.front()].type.dtype));
 }
 
 double sim::hostMemoryBytes(const exec::ExecPlan &plan,

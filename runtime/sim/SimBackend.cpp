@@ -419,6 +419,8 @@ std::vector<exec::TraceSpan> sim::traceSpans(const exec::ExecPlan &plan,
 
 llvm::Expected<std::unique_ptr<SimBackend>>
 SimBackend::create(const exec::ExecPlan &plan, HardwareModel hw) {
+  // A rank of a job replays with its share of the node's host.
+  hw = rankShare(plan, std::move(hw));
   llvm::Expected<SimResult> sim = simulateStep(plan, hw);
   if (!sim)
     return sim.takeError();

@@ -85,6 +85,12 @@ llvm::json::Value toJson(const HardwareModel &hw, bool links = true);
 /// hierarchical algorithms can do better). 0 for one rank.
 double ringCollectiveSeconds(double bytes, int64_t ranks, int64_t nodes,
                              const HardwareModel &hw);
+/// What one rank of `plan`'s job has of `hw`: a node's host memory
+/// bandwidth and host AdamW throughput are shared by its ranks (the job's
+/// ranks / nodes, from its collectives), which all update and stage at
+/// once; `hw` itself for a one-GPU plan.
+HardwareModel rankShare(const exec::ExecPlan &plan, HardwareModel hw);
+
 /// Seconds of the all-reduce of a few scalars (the global gradient norm,
 /// the non-finite flag) over the job: 2 (ranks - 1) latencies.
 double allReduceScalarSeconds(int64_t ranks, int64_t nodes,
