@@ -175,7 +175,7 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   for (StringRef name :
        {kRetainedGradientsResource, kGradientAccumulatorResource, kEmaResource})
     if (auto resource = module.lookupSymbol<schedule::ResourceOp>(name))
-      declared += resource.getSize();
+      declared += nodeShare(module, resource.getSize());
   uint64_t others = r.hostTotal - declared;
   recipe.hostFreeBytes = r.hostBudget > others ? r.hostBudget - others : 0;
   uint64_t params = b.trainableParams;
@@ -201,9 +201,11 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
     m.hostOptimizerSeconds = sim.busy[static_cast<int>(exec::Stream::Host)];
     m.note = planned ? "this plan" : "replayed with the other mode's marks";
   };
-  fill(recipe.deferred, "deferred", b.deferredBytes() + b.emaBytes, deferredSim,
+  fill(recipe.deferred, "deferred",
+       nodeShare(module, b.deferredBytes() + b.emaBytes), deferredSim,
        deferred);
-  fill(recipe.streaming, "streaming", b.emaBytes, streamingSim, !deferred);
+  fill(recipe.streaming, "streaming", nodeShare(module, b.emaBytes),
+       streamingSim, !deferred);
   recipe.streaming.note +=
       "; clips with the previous step's global norm (an approximation) and "
       "stops at a non-finite gradient";
@@ -233,7 +235,7 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
 
   auto policy = schedule::symbolizeHostStatePolicy(r.hostStatePolicy)
                     .value_or(schedule::HostStatePolicy::master_moments);
-  uint64_t needs = b.deferredBytes() + b.emaBytes;
+  uint64_t needs = nodeShare(module, b.deferredBytes() + b.emaBytes);
   if (!recipe.chosenByAuto)
     recipe.reason = "--update " + recipe.update + " given";
   else if (deferred && recipe.gradAccum > 1)
@@ -330,9 +332,15 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
     uint64_t bytes = resource.getSize();
     if (isShardedResource(resource))
       bytes = (bytes + ranks - 1) / ranks;
+
     byCategory[resource.getCategory().str()] += bytes;
   }
   return sorted(byCategory);
+}
+
+uint64_t megaslide::nodeShare(ModuleOp module, uint64_t bytes) {
+  JobSize job = jobSizeOf(module);
+  return job.gpusPerNode * ((bytes + job.ranks() - 1) / job.ranks());
 }
 
 int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {

@@ -237,6 +237,11 @@ hostMemoryByCategory(mlir::ModuleOp module);
 std::vector<std::pair<std::string, uint64_t>>
 hostMemoryPerRank(mlir::ModuleOp module);
 
+/// What one node holds of host buffers of `bytes` that a job shards over
+/// its ranks (the recipe's): its gpus-per-node ranks' shares, 1/N each,
+/// rounded up; `bytes` for one GPU.
+uint64_t nodeShare(mlir::ModuleOp module, uint64_t bytes);
+
 /// The fewest nodes of the module's gpus-per-node whose `hostBudget` each
 /// holds the host state: what a node holds besides the sharded state
 /// (every rank's own buffers and the OS allowance) stays, the sharded
