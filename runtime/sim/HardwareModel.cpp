@@ -426,14 +426,15 @@ static bool retains(const exec::Instruction &inst) {
 
 double sim::retainedBytes(const exec::ExecPlan &plan,
                           const exec::Instruction &inst) {
-  // The parameters it updates (its rank's shard in a job), in the
-  // gradient's type.
+  // The gradient's elements it updates (its rank's shard in a job), in
+  // the gradient's type.
   if (inst.operands.empty())
     return 0;
-  uint64_t params = inst.cost.otherFlops / kHostAdamWFlopsPerParam;
-  return 2.0 * static_cast<double>(
-                   params * exec::dtypeBytes(
-                                plan.values[inst.operands.front()].type.dtype));
+  const exec::TensorType &grad = plan.values[inst.operands.front()].type;
+  int64_t params =
+      std::min(grad.numElements(), static_cast<int64_t>(inst.cost.otherFlops /
+                                                        kHostAdamWFlopsPerParam));
+  return 2.0 * static_cast<double>(params * exec::dtypeBytes(grad.dtype));
 }
 
 double sim::hostMemoryBytes(const exec::ExecPlan &plan,

@@ -213,7 +213,8 @@ double secondsFor(const exec::ExecPlan &plan, const exec::Instruction &inst,
 double hostMemoryBytes(const exec::ExecPlan &plan,
                        const exec::Instruction &inst);
 /// Host bytes a deferred host_adamw moves: its gradient read and the
-/// retained copy written.
+/// retained copy written (in a job, its rank's shard: the parameters its
+/// cost inputs count).
 double retainedBytes(const exec::ExecPlan &plan, const exec::Instruction &inst);
 
 } // namespace megaslide::sim
