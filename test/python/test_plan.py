@@ -333,3 +333,18 @@ def test_a_jobs_plan_replays_on_sim_and_is_refused_by_cpu():
                                          r"instruction #\d+ \('all_gather' "
                                          r"over 2 ranks\)"):
         megaslide.Trainer(*TINY, backend="cpu", gpus_per_node=2)
+
+
+def test_html_report_shows_a_job(megaslide_plan, tmp_path):
+    out = tmp_path / "job.html"
+    result = run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--gpus-per-node",
+                      "2", "--format", "html", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "<h2>Job: 2 ranks, 1 node(s) of 2 GPUs</h2>" in text
+    assert "Scaling efficiency" in text and ">comm<" in text
+    one = tmp_path / "one.html"
+    run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--format", "html", "-o",
+             str(one))
+    assert "<h2>Job" not in one.read_text() and ">comm<" not in \
+        one.read_text()
