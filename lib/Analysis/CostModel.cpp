@@ -104,8 +104,8 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
     int64_t params = cast<RankedTensorType>(grad.getType()).getNumElements();
     if (auto out = grad.getDefiningOp<schedule::DeviceToHostOp>();
         out && out.getRanks())
-      params = dist::shardRange(params, 0, static_cast<int>(*out.getRanks()))
-                   .size();
+      params =
+          dist::shardRange(params, 0, static_cast<int>(*out.getRanks())).size();
     in.otherFlops = sim::kHostAdamWFlopsPerParam * params;
     break;
   }

@@ -639,22 +639,21 @@ void renderJob(raw_ostream &os, const json::Object *job) {
                 formatSeconds(numberAt(job, "norm_allreduce_seconds")) + ")");
   renderRow(os, "Collectives per rank (comm stream)",
             formatSeconds(numberAt(job, "collective_seconds")) + ", " +
-                formatGB(numberAt(job, "collective_bytes_per_rank")) +
-                " sent");
-  renderRow(os, "Job samples/s",
-            llvm::formatv("{0:F4}", numberAt(job, "samples_per_second")
-                                        .value_or(0))
-                .str());
-  renderRow(os, "One GPU (same model and options, replayed)",
-            formatSeconds(numberAt(job, "one_gpu_step_seconds")) + ", " +
-                llvm::formatv("{0:F4} samples/s",
-                              numberAt(job, "one_gpu_samples_per_second")
-                                  .value_or(0))
-                    .str());
-  renderRow(os, "Scaling efficiency",
-            llvm::formatv("{0:P1}",
-                          numberAt(job, "scaling_efficiency").value_or(0))
-                .str());
+                formatGB(numberAt(job, "collective_bytes_per_rank")) + " sent");
+  renderRow(
+      os, "Job samples/s",
+      llvm::formatv("{0:F4}", numberAt(job, "samples_per_second").value_or(0))
+          .str());
+  renderRow(
+      os, "One GPU (same model and options, replayed)",
+      formatSeconds(numberAt(job, "one_gpu_step_seconds")) + ", " +
+          llvm::formatv("{0:F4} samples/s",
+                        numberAt(job, "one_gpu_samples_per_second").value_or(0))
+              .str());
+  renderRow(
+      os, "Scaling efficiency",
+      llvm::formatv("{0:P1}", numberAt(job, "scaling_efficiency").value_or(0))
+          .str());
   renderRow(os, "Host memory per rank",
             formatGB(numberAt(job, "host_bytes_per_rank")));
   renderRow(os, "Host memory per node",

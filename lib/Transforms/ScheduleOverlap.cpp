@@ -219,8 +219,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     std::optional<int64_t> layer = getLayer(&op);
     if (auto fetch = dyn_cast<schedule::FetchOp>(op); fetch && layer) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
-      largestWeights = std::max(largestWeights,
-                                weights[key] += transferBytes(fetch));
+      largestWeights =
+          std::max(largestWeights, weights[key] += transferBytes(fetch));
     }
     auto out = dyn_cast<schedule::DeviceToHostOp>(op);
     if (!out || llvm::none_of(out->getUsers(), [](Operation *u) {
@@ -230,8 +230,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     if (runLayer != layer)
       run = 0;
     runLayer = layer;
-    run += alignTo(std::max<int64_t>(transferBytes(out), 1),
-                   exec::kHostPoolAlign);
+    run +=
+        alignTo(std::max<int64_t>(transferBytes(out), 1), exec::kHostPoolAlign);
     largestGrads = std::max(largestGrads, run);
   }
   declareResource(module, "weight_staging", schedule::Residency::pinned,

@@ -203,7 +203,8 @@ HardwareModel sim::rankShare(const exec::ExecPlan &plan, HardwareModel hw) {
   for (const exec::Instruction &inst : plan.instructions) {
     if (costKindOf(inst.op) != CostKind::Collective || inst.cost.nodes < 1)
       continue;
-    double ranksPerNode = static_cast<double>(inst.cost.ranks / inst.cost.nodes);
+    double ranksPerNode =
+        static_cast<double>(inst.cost.ranks / inst.cost.nodes);
     hw.hostMemoryBandwidth /= ranksPerNode;
     hw.hostAdamWParamsPerSecond /= ranksPerNode;
     break;
@@ -431,9 +432,9 @@ double sim::retainedBytes(const exec::ExecPlan &plan,
   if (inst.operands.empty())
     return 0;
   const exec::TensorType &grad = plan.values[inst.operands.front()].type;
-  int64_t params =
-      std::min(grad.numElements(), static_cast<int64_t>(inst.cost.otherFlops /
-                                                        kHostAdamWFlopsPerParam));
+  int64_t params = std::min(
+      grad.numElements(),
+      static_cast<int64_t>(inst.cost.otherFlops / kHostAdamWFlopsPerParam));
   return 2.0 * static_cast<double>(params * exec::dtypeBytes(grad.dtype));
 }
 

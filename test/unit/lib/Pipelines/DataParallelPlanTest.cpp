@@ -48,8 +48,9 @@ TEST(DataParallelPlanTest, RingFormulasByHand) {
   in.bytes = 1000000000;
   in.ranks = 8;
   in.nodes = 1;
-  EXPECT_NEAR(sim::secondsFor(sim::CostKind::Collective, sim::KernelFamily::None,
-                              in, sim::HardwareModel{}),
+  EXPECT_NEAR(sim::secondsFor(sim::CostKind::Collective,
+                              sim::KernelFamily::None, in,
+                              sim::HardwareModel{}),
               1.9654444e-3, 1e-9);
 }
 
@@ -68,9 +69,8 @@ TEST(DataParallelPlanTest, LinksAreHardwareFields) {
             "bad.json: hardware field 'network_latency': expected a number in "
             "(0, 1] s, got 2");
   // A one-GPU report leaves them out; everything else writes them.
-  EXPECT_FALSE(sim::toJson(*hw, /*links=*/false)
-                   .getAsObject()
-                   ->get("nvlink_bandwidth"));
+  EXPECT_FALSE(
+      sim::toJson(*hw, /*links=*/false).getAsObject()->get("nvlink_bandwidth"));
   EXPECT_TRUE(sim::toJson(*hw).getAsObject()->get("nvlink_bandwidth"));
 }
 
@@ -81,8 +81,8 @@ struct Job {
     PlanOptions options;
     options.gpusPerNode = gpusPerNode;
     options.nodes = nodes;
-    planned = planModel(context, "tiny", {17, 64, 64, false},
-                        TrainingOptions{}, options);
+    planned = planModel(context, "tiny", {17, 64, 64, false}, TrainingOptions{},
+                        options);
   }
 };
 
