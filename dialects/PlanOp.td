@@ -22,7 +22,8 @@ class PlanOp<string kind> {
   // How the planner and the sim backend time the op (sim::CostKind, which
   // formula of sim::secondsFor): `Device` for a kernel (a roofline over its
   // FLOPs and bytes), `None` for an op that does no work, and the schedule
-  // ops their own (`Fetch`, `HostToDevice`, `DeviceToHost`, `HostAdamW`).
+  // ops their own (`Fetch`, `HostToDevice`, `DeviceToHost`, `HostAdamW`,
+  // `Collective`).
   string costKind = ?;
   // The kernels the cuda backend launches for the op (sim::KernelFamily),
   // which pick its efficiency in the hardware description

@@ -46,7 +46,8 @@ def Schedule_Residency : I32EnumAttr<"Residency", "where a buffer lives", [
 }
 
 // A stream of the step: an i32 holding an exec::Stream, the enum the
-// runtime defines (include/megaslide/runtime/plan/Stream.h: compute 0, h2d 1, d2h 2, host 3)
+// runtime defines (include/megaslide/runtime/plan/Stream.h: compute 0, h2d 1, d2h 2, host 3,
+// comm 4)
 // and the compiler shares rather than restates. `record` and `wait` print
 // it by name (custom<Stream>); the discardable `msched.stream` of every
 // scheduled op holds the same i32 (schedule::getStream).

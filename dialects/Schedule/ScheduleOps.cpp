@@ -133,6 +133,19 @@ HostAdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   return success();
 }
 
+/// A job of `ranks` ranks over `nodes` nodes has the same GPUs on each.
+template <typename Op> static LogicalResult verifyCollective(Op op) {
+  int64_t ranks = op.getRanks(), nodes = op.getNodes();
+  if (nodes > ranks || ranks % nodes != 0)
+    return op.emitOpError() << "has " << ranks << " ranks over " << nodes
+                            << " nodes; each node must run the same number "
+                               "of ranks";
+  return success();
+}
+
+LogicalResult AllGatherOp::verify() { return verifyCollective(*this); }
+LogicalResult ReduceScatterOp::verify() { return verifyCollective(*this); }
+
 LogicalResult JoinOp::verify() {
   if (getTimepoints().empty())
     return emitOpError() << "needs at least one timepoint";

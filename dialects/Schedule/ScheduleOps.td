@@ -99,8 +99,14 @@ def Schedule_FetchOp : Schedule_Op<"fetch", [
     or of its persistent bf16 copy): the fetch waits for that parameter's
     deferred update, which runs before it, so the step reads the updated
     weights.
+
+    `ranks` (set by `megaslide-insert-transfers` in a job of several
+    ranks): the host state is sharded over the ranks, so the fetch stages
+    and copies only this rank's shard (`dist::shardRange`) into its part of
+    the result; the `msched.all_gather` that follows fills the rest.
   }];
-  let arguments = (ins FlatSymbolRefAttr:$param, UnitAttr:$applies_update);
+  let arguments = (ins FlatSymbolRefAttr:$param, UnitAttr:$applies_update,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<2>]>>:$ranks);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$param attr-dict `:` type($result)";
 }
@@ -131,8 +137,13 @@ def Schedule_DeviceToHostOp : Schedule_Op<"d2h", [SameOperandsAndResultType]> {
     ```mlir
     %h = msched.d2h %g : tensor<64x64xbf16>
     ```
+
+    `ranks` (a gradient in a job of several ranks, after its
+    `msched.reduce_scatter`): only this rank's shard of the summed gradient
+    is copied, for the host optimizer's shard of the parameter.
   }];
-  let arguments = (ins AnyRankedTensor:$input);
+  let arguments = (ins AnyRankedTensor:$input,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<2>]>>:$ranks);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
@@ -168,6 +179,59 @@ def Schedule_HostAdamWOp : Schedule_Op<"host_adamw", [
                        UnitAttr:$deferred);
   let assemblyFormat = [{
     $param `,` $grad `,` $step attr-dict `:` type($grad) `,` type($step)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Device collectives
+//===----------------------------------------------------------------------===//
+
+class Schedule_CollectiveOp<string mnemonic, string what>
+    : Schedule_Op<mnemonic, [SameOperandsAndResultType]> {
+  let summary = what;
+  let costKind = "Collective";
+  let arguments = (ins AnyRankedTensor:$input,
+                       ConfinedAttr<I64Attr, [IntMinValue<2>]>:$ranks,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$nodes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$send_bytes);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Schedule_AllGatherOp : Schedule_CollectiveOp<"all_gather",
+    "gathers every rank's shard of a device tensor, in place"> {
+  let description = [{
+    In a job of `ranks` ranks over `nodes` nodes, each rank holds its shard
+    (`dist::shardRange`) of the tensor, written by a `msched.fetch` marked
+    with `ranks`; after the all-gather (NCCL, a ring) every rank holds all
+    of it. In place: the result is a view of the operand's device buffer,
+    as a reshape's is. `send_bytes` is what each rank sends over its links:
+    (ranks - 1) shards. Placed on the `comm` stream by
+    `megaslide-schedule-overlap`.
+
+    ```mlir
+    %w = msched.fetch @"blocks.0.attn1.to_q.weight" {ranks = 8 : i64} : tensor<64x64xbf16>
+    %all = msched.all_gather %w {ranks = 8 : i64, nodes = 1 : i64, send_bytes = 7168 : i64} : tensor<64x64xbf16>
+    ```
+  }];
+}
+
+def Schedule_ReduceScatterOp : Schedule_CollectiveOp<"reduce_scatter",
+    "sums a device tensor over the ranks, each rank keeping its shard, in place"> {
+  let description = [{
+    A gradient of a job of `ranks` ranks over `nodes` nodes: after the
+    reduce-scatter (NCCL, a ring) each rank's shard (`dist::shardRange`) of
+    the result holds the sum over the ranks, which the following
+    `msched.d2h` marked with `ranks` copies to the host optimizer of its
+    shard. In place: the result is a view of the operand's device buffer.
+    `send_bytes` is what each rank sends: (ranks - 1) shards. On the
+    `comm` stream.
+
+    ```mlir
+    %sum = msched.reduce_scatter %g {ranks = 8 : i64, nodes = 1 : i64, send_bytes = 7168 : i64} : tensor<64x64xbf16>
+    %h = msched.d2h %sum {ranks = 8 : i64} : tensor<64x64xbf16>
+    ```
   }];
 }
 

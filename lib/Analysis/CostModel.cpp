@@ -5,6 +5,9 @@
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Schedule/ScheduleOps.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
+
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 
 using namespace mlir;
@@ -16,6 +19,33 @@ uint64_t megaslide::tensorBytes(Type type) {
     return 0;
   unsigned bits = tensor.getElementType().getIntOrFloatBitWidth();
   return tensor.getNumElements() * ((bits + 7) / 8);
+}
+
+JobSize megaslide::jobSizeOf(ModuleOp module) {
+  JobSize job;
+  if (auto gpus = module->getAttrOfType<IntegerAttr>(kGpusPerNodeAttr))
+    job.gpusPerNode = gpus.getInt();
+  if (auto nodes = module->getAttrOfType<IntegerAttr>(kNodesAttr))
+    job.nodes = nodes.getInt();
+  return job;
+}
+
+uint64_t megaslide::shardBytes(Type type, int64_t ranks) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  uint64_t bytes = tensorBytes(type);
+  if (!tensor || ranks < 2 || !tensor.getNumElements())
+    return bytes;
+  int64_t elements = tensor.getNumElements();
+  return bytes / elements *
+         dist::shardRange(elements, 0, static_cast<int>(ranks)).size();
+}
+
+uint64_t megaslide::transferBytes(Operation *op) {
+  Type type = op->getResult(0).getType();
+  if (auto ranks = op->getAttrOfType<IntegerAttr>("ranks");
+      ranks && isa<schedule::FetchOp, schedule::DeviceToHostOp>(op))
+    return shardBytes(type, ranks.getInt());
+  return tensorBytes(type);
 }
 
 std::optional<exec::OpCode> megaslide::planOpOf(Operation *op) {
@@ -50,20 +80,33 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
     break;
   case sim::CostKind::Fetch: {
     auto fetch = cast<schedule::FetchOp>(op);
-    in.bytes = tensorBytes(fetch.getType());
+    in.bytes = transferBytes(fetch);
     auto source = symbols.lookupNearestSymbolFrom<graph::ParamOp>(
         fetch, fetch.getParamAttr());
-    in.sourceBytes = source ? tensorBytes(source.getType()) : in.bytes;
+    in.sourceBytes =
+        source ? shardBytes(source.getType(), fetch.getRanks().value_or(1))
+               : in.bytes;
     break;
   }
   case sim::CostKind::HostToDevice:
   case sim::CostKind::DeviceToHost:
-    in.bytes = sumBytes(op->getResults());
+    in.bytes = transferBytes(op);
     break;
+  case sim::CostKind::Collective: {
+    in.bytes = tensorBytes(op->getResult(0).getType());
+    in.ranks = op->getAttrOfType<IntegerAttr>("ranks").getInt();
+    in.nodes = op->getAttrOfType<IntegerAttr>("nodes").getInt();
+    break;
+  }
   case sim::CostKind::HostAdamW: {
-    auto grad = cast<schedule::HostAdamWOp>(op).getGrad().getType();
-    in.otherFlops = sim::kHostAdamWFlopsPerParam *
-                    cast<RankedTensorType>(grad).getNumElements();
+    // In a job each rank updates its shard of the parameter.
+    Value grad = cast<schedule::HostAdamWOp>(op).getGrad();
+    int64_t params = cast<RankedTensorType>(grad.getType()).getNumElements();
+    if (auto out = grad.getDefiningOp<schedule::DeviceToHostOp>();
+        out && out.getRanks())
+      params =
+          dist::shardRange(params, 0, static_cast<int>(*out.getRanks())).size();
+    in.otherFlops = sim::kHostAdamWFlopsPerParam * params;
     break;
   }
   case sim::CostKind::Device:

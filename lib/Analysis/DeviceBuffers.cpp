@@ -19,8 +19,20 @@ namespace {
 bool onDevice(Operation *op) {
   std::optional<exec::Stream> stream = schedule::getStream(op);
   return stream && (*stream == exec::Stream::Compute ||
-                    *stream == exec::Stream::HostToDevice);
+                    *stream == exec::Stream::HostToDevice ||
+                    *stream == exec::Stream::Comm);
 }
+
+} // namespace
+
+Value megaslide::viewedValue(Operation *op) {
+  if (isa<graph::ReshapeOp, schedule::AllGatherOp, schedule::ReduceScatterOp>(
+          op))
+    return op->getOperand(0);
+  return {};
+}
+
+namespace {
 
 llvm::StringRef categorize(Value v) {
   Operation *def = v.getDefiningOp();
@@ -30,11 +42,15 @@ llvm::StringRef categorize(Value v) {
     return isa<BlockArgument>(copy.getInput()) ? "data batch" : "checkpoints";
   if (def->hasAttr(schedule::kCheckpointAttrName))
     return "checkpoints";
-  for (Operation *user : v.getUsers())
+  for (Operation *user : v.getUsers()) {
+    // A job's gradient leaves through its reduce-scatter.
+    if (isa<schedule::ReduceScatterOp>(user))
+      return "gradients";
     if (isa<schedule::DeviceToHostOp>(user) &&
         llvm::any_of(user->getUsers(),
                      [](Operation *u) { return isa<schedule::HostAdamWOp>(u); }))
       return "gradients";
+  }
   return "activations";
 }
 
@@ -121,9 +137,10 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
     if (!isa<schedule::PackOp, schedule::BudgetCheckOp>(op))
       result.index[&op] = result.numSteps++;
 
-  // Reshapes are views: they share their input's buffer, whose value (the
-  // first of a chain of views, defined before all of them) names it.
-  DenseMap<Value, Value> viewed; // reshape result -> the buffer's value
+  // Reshapes and the in-place collectives are views: they share their
+  // input's buffer, whose value (the first of a chain of views, defined
+  // before all of them) names it.
+  DenseMap<Value, Value> viewed; // view -> the buffer's value
   SmallVector<Value> values;
   values.reserve(numOps);
   for (Operation &op : body) {
@@ -131,12 +148,11 @@ DeviceBuffers megaslide::collectDeviceBuffers(func::FuncOp step) {
       continue;
     for (Value r : op.getResults())
       values.push_back(r);
-    // A reshape of a device value is a view of it.
-    if (auto reshape = dyn_cast<graph::ReshapeOp>(op))
-      if (Operation *def = reshape.getInput().getDefiningOp();
-          def && onDevice(def)) {
-        Value base = viewed.lookup(reshape.getInput());
-        viewed[reshape.getResult()] = base ? base : reshape.getInput();
+    // A view of a device value.
+    if (Value input = viewedValue(&op))
+      if (Operation *def = input.getDefiningOp(); def && onDevice(def)) {
+        Value base = viewed.lookup(input);
+        viewed[op.getResult(0)] = base ? base : input;
       }
   }
   SmallVector<std::pair<Operation *, uint64_t>> workspaces;

@@ -45,6 +45,14 @@ std::vector<std::pair<std::string, uint64_t>> sorted(const Map &m) {
   return v;
 }
 
+/// The recipe's host buffers, which a job shards over its ranks as it
+/// does the parameters' state.
+bool isShardedResource(schedule::ResourceOp resource) {
+  return llvm::is_contained(
+      {kRetainedGradientsResource, kGradientAccumulatorResource, kEmaResource},
+      resource.getSymName());
+}
+
 /// Host side: totals by category, and each block's persistent state.
 void accountHost(ModuleOp module, PlanReport &r) {
   uint64_t params = 0;
@@ -63,7 +71,7 @@ void accountHost(ModuleOp module, PlanReport &r) {
   for (const auto &[name, bytes] : r.hostByCategory)
     r.hostTotal += bytes;
   uint64_t allowance = 0;
-  if (auto os = module.lookupSymbol<schedule::ResourceOp>("os_allowance"))
+  if (auto os = module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
     allowance = os.getSize();
   if (params)
     r.hostBytesPerParam = double(r.hostTotal - allowance) / double(params);
@@ -167,7 +175,7 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   for (StringRef name :
        {kRetainedGradientsResource, kGradientAccumulatorResource, kEmaResource})
     if (auto resource = module.lookupSymbol<schedule::ResourceOp>(name))
-      declared += resource.getSize();
+      declared += nodeShare(module, resource.getSize());
   uint64_t others = r.hostTotal - declared;
   recipe.hostFreeBytes = r.hostBudget > others ? r.hostBudget - others : 0;
   uint64_t params = b.trainableParams;
@@ -193,9 +201,11 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
     m.hostOptimizerSeconds = sim.busy[static_cast<int>(exec::Stream::Host)];
     m.note = planned ? "this plan" : "replayed with the other mode's marks";
   };
-  fill(recipe.deferred, "deferred", b.deferredBytes() + b.emaBytes, deferredSim,
+  fill(recipe.deferred, "deferred",
+       nodeShare(module, b.deferredBytes() + b.emaBytes), deferredSim,
        deferred);
-  fill(recipe.streaming, "streaming", b.emaBytes, streamingSim, !deferred);
+  fill(recipe.streaming, "streaming", nodeShare(module, b.emaBytes),
+       streamingSim, !deferred);
   recipe.streaming.note +=
       "; clips with the previous step's global norm (an approximation) and "
       "stops at a non-finite gradient";
@@ -205,16 +215,17 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   }
   deferredFigures(program, deferredSim, recipe);
 
-  // Host passes the replay does not hold, per optimizer step.
+  // Host passes the replay does not hold, per optimizer step: a rank's
+  // over its shard, at its share of the host (`hw` is the rank's).
   double gradPerParam = params ? double(b.gradientBytes) / double(params) : 0;
   double accumulatorPerParam = schedule::kGradAccumBytesPerParam;
-  recipe.accumulateSeconds = double(recipe.gradAccum - 1) * double(params) *
+  double shard = double(params) / double(jobSizeOf(module).ranks());
+  recipe.accumulateSeconds = double(recipe.gradAccum - 1) * shard *
                              (gradPerParam + 2 * accumulatorPerParam) /
                              hw.hostMemoryBandwidth;
   double emaPerParam = schedule::bytesPerParam(ema);
   if (emaPerParam > 0)
-    recipe.emaSeconds =
-        double(params) * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
+    recipe.emaSeconds = shard * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
   recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
                                 recipe.accumulateSeconds + recipe.emaSeconds;
 
@@ -224,7 +235,7 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
 
   auto policy = schedule::symbolizeHostStatePolicy(r.hostStatePolicy)
                     .value_or(schedule::HostStatePolicy::master_moments);
-  uint64_t needs = b.deferredBytes() + b.emaBytes;
+  uint64_t needs = nodeShare(module, b.deferredBytes() + b.emaBytes);
   if (!recipe.chosenByAuto)
     recipe.reason = "--update " + recipe.update + " given";
   else if (deferred && recipe.gradAccum > 1)
@@ -308,14 +319,110 @@ std::string megaslide::deferAdvice(uint64_t shortfall, const RecipeBytes &b,
 }
 
 std::vector<std::pair<std::string, uint64_t>>
-megaslide::hostMemoryByCategory(ModuleOp module) {
+megaslide::hostMemoryPerRank(ModuleOp module) {
+  int64_t ranks = jobSizeOf(module).ranks();
   std::map<std::string, uint64_t> byCategory;
   for (auto param : module.getOps<graph::ParamOp>())
-    byCategory[roleCategory(param.getRole())] += tensorBytes(param.getType());
-  for (auto resource : module.getOps<schedule::ResourceOp>())
-    if (resource.getResidency() != schedule::Residency::device)
-      byCategory[resource.getCategory().str()] += resource.getSize();
+    byCategory[roleCategory(param.getRole())] +=
+        shardBytes(param.getType(), ranks);
+  for (auto resource : module.getOps<schedule::ResourceOp>()) {
+    if (resource.getResidency() == schedule::Residency::device ||
+        resource.getSymName() == kOsAllowanceResource)
+      continue;
+    uint64_t bytes = resource.getSize();
+    if (isShardedResource(resource))
+      bytes = (bytes + ranks - 1) / ranks;
+
+    byCategory[resource.getCategory().str()] += bytes;
+  }
   return sorted(byCategory);
+}
+
+uint64_t megaslide::nodeShare(ModuleOp module, uint64_t bytes) {
+  JobSize job = jobSizeOf(module);
+  return job.gpusPerNode * ((bytes + job.ranks() - 1) / job.ranks());
+}
+
+int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {
+  uint64_t sharded = 0, own = 0, allowance = 0;
+  for (auto param : module.getOps<graph::ParamOp>())
+    sharded += tensorBytes(param.getType());
+  for (auto resource : module.getOps<schedule::ResourceOp>()) {
+    if (resource.getResidency() == schedule::Residency::device)
+      continue;
+    if (resource.getSymName() == kOsAllowanceResource)
+      allowance += resource.getSize();
+    else if (isShardedResource(resource))
+      sharded += resource.getSize();
+    else
+      own += resource.getSize();
+  }
+  uint64_t fixed = jobSizeOf(module).gpusPerNode * own + allowance;
+  if (hostBudget <= fixed)
+    return 0;
+  uint64_t room = hostBudget - fixed;
+  return std::max<int64_t>(1, (sharded + room - 1) / room);
+}
+
+std::vector<std::pair<std::string, uint64_t>>
+megaslide::hostMemoryByCategory(ModuleOp module) {
+  int64_t gpusPerNode = jobSizeOf(module).gpusPerNode;
+  std::map<std::string, uint64_t> byCategory;
+  for (const auto &[name, bytes] : hostMemoryPerRank(module))
+    byCategory[name] += gpusPerNode * bytes;
+  if (auto os = module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
+    byCategory[os.getCategory().str()] += os.getSize();
+  return sorted(byCategory);
+}
+
+/// The figures of a job of several ranks (PlanReport::Job); the one-GPU
+/// comparison is planModel's.
+static void accountJob(ModuleOp module, const exec::ExecPlan &program,
+                       const HardwareModel &hw, PlanReport &r) {
+  PlanReport::Job &job = r.job;
+  JobSize size = jobSizeOf(module);
+  job.gpusPerNode = size.gpusPerNode;
+  job.nodes = size.nodes;
+  if (job.ranks() < 2)
+    return;
+  job.collectiveSeconds = r.busySeconds[static_cast<int>(exec::Stream::Comm)];
+  for (const exec::Instruction &inst : program.instructions)
+    if (sim::costKindOf(inst.op) == sim::CostKind::Collective)
+      job.collectiveBytes +=
+          (inst.cost.ranks - 1) * (inst.cost.bytes / inst.cost.ranks);
+  job.normAllReduceSeconds =
+      sim::allReduceScalarSeconds(job.ranks(), job.nodes, hw);
+  job.stepSeconds = r.recipe.optimizerStepSeconds + job.normAllReduceSeconds;
+  if (job.stepSeconds > 0)
+    job.samplesPerSecond =
+        double(job.ranks() * program.batch * r.recipe.gradAccum) /
+        job.stepSeconds;
+  for (const auto &[name, bytes] : hostMemoryPerRank(module))
+    job.hostPerRankBytes += bytes;
+  job.hostPerNodeBytes = r.hostTotal;
+  job.nodesToFitHost = nodesToFitHost(module, r.hostBudget);
+  if (r.hostTotal > r.hostBudget) {
+    if (job.nodesToFitHost > job.nodes)
+      job.advice.push_back(llvm::formatv(
+          "more nodes: --nodes {0} ({1} GPUs each) holds the sharded host "
+          "state in host-mem {2} per node",
+          job.nodesToFitHost, job.gpusPerNode, formatBytes(r.hostBudget)));
+    else if (!job.nodesToFitHost)
+      job.advice.push_back(
+          "more nodes cannot help: what every rank holds for itself (staging, "
+          "offloaded checkpoints, the batch) and the OS allowance alone "
+          "exceed host-mem; fewer --gpus-per-node, a smaller --os-allowance "
+          "or --activation-policy recompute");
+    if (auto os =
+            module.lookupSymbol<schedule::ResourceOp>(kOsAllowanceResource))
+      job.advice.push_back(llvm::formatv(
+          "--os-allowance {0} is reserved per node; lower it only if the "
+          "node's OS and runtime need less",
+          formatBytes(os.getSize())));
+  }
+  if (static_cast<uint64_t>(r.devicePeak) > r.arenaBudget)
+    job.advice.push_back("every rank holds one GPU's step: more ranks do not "
+                         "shrink the device peak (see the device advice)");
 }
 
 llvm::Expected<PlanReport> megaslide::buildPlanReport(
@@ -377,15 +484,17 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
           std::max<uint64_t>(r.layers[*l].devicePeak, live[buffers.index[op]]);
 
   // The step time: the sim backend's replay of the exported program.
-  llvm::Expected<sim::StepTasks> tasks = sim::buildTasks(program, hw);
+  // A rank of a job shares its node's host with the node's other ranks.
+  HardwareModel rank = sim::rankShare(program, hw);
+  llvm::Expected<sim::StepTasks> tasks = sim::buildTasks(program, rank);
   if (!tasks)
     return tasks.takeError();
   sim::Timeline timeline = sim::perInstruction(
-      sim::replay(tasks->tasks, hw.hostMemoryBandwidth), *tasks);
+      sim::replay(tasks->tasks, rank.hostMemoryBandwidth), *tasks);
   r.predictedSeconds = timeline.makespan;
   r.lowerBoundSeconds = timeline.lowerBound();
   r.issueWaits =
-      sim::issueWaits(*tasks, hw.hostMemoryBandwidth, timeline.makespan);
+      sim::issueWaits(*tasks, rank.hostMemoryBandwidth, timeline.makespan);
   r.gradientRingSlots = tasks->ringSlots;
   r.gradientRingSlotBytes = tasks->ringSlotBytes;
   r.gradientCopies = llvm::count_if(program.instructions, [](const auto &i) {
@@ -464,8 +573,9 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
         r.layers[l.getInt()].checkpointBytes += b.slice.size;
   r.h2dByKind = sorted(h2dKinds);
   r.d2hByKind = sorted(d2hKinds);
-  if (llvm::Error err = planRecipe(module, program, hw, r))
+  if (llvm::Error err = planRecipe(module, program, rank, r))
     return std::move(err);
+  accountJob(module, program, hw, r);
 
   // Plots: live bytes over predicted time, and per-block busy intervals.
   size_t stride = std::max<size_t>(1, opAt.size() / 1500);

@@ -74,6 +74,35 @@ std::string render(Diagnostic &diag) {
   return text;
 }
 
+/// A job's scaling against one GPU: the same model and options planned
+/// for one rank, with the update mode the job chose (update=auto may choose
+/// otherwise for one rank's host), and replayed the same way.
+llvm::Error compareWithOneGpu(MLIRContext &context, llvm::StringRef model,
+                              const VideoShape &video,
+                              const TrainingOptions &training,
+                              const PlanOptions &options, PlanReport &report) {
+  PlanOptions one = options;
+  one.gpusPerNode = 1;
+  one.nodes = 1;
+  if (std::optional<schedule::UpdatePolicy> update =
+          schedule::symbolizeUpdatePolicy(report.recipe.update))
+    one.update = *update;
+  llvm::Expected<PlanResult> single =
+      planModel(context, model, video, training, one);
+  if (!single)
+    return single.takeError();
+  PlanReport::Job &job = report.job;
+  job.oneGpuStepSeconds = single->report.recipe.optimizerStepSeconds;
+  double samplesPerStep =
+      double(training.batch * single->report.recipe.gradAccum);
+  if (job.oneGpuStepSeconds > 0)
+    job.oneGpuSamplesPerSecond = samplesPerStep / job.oneGpuStepSeconds;
+  if (job.oneGpuSamplesPerSecond > 0)
+    job.scalingEfficiency = job.samplesPerSecond /
+                            (double(job.ranks()) * job.oneGpuSamplesPerSecond);
+  return llvm::Error::success();
+}
+
 } // namespace
 
 llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
@@ -153,6 +182,10 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
   if (!report)
     return report.takeError();
   result.report = std::move(*report);
+  if (result.report.job.ranks() > 1)
+    if (llvm::Error err = compareWithOneGpu(context, model, video, training,
+                                            options, result.report))
+      return std::move(err);
   // parseHardwareModel's ranges keep every figure finite; should one still
   // not be, refuse it by name rather than print "inf" into a JSON report.
   if (std::optional<std::string> bad = firstNonFinite(toJson(result)))

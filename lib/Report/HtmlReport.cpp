@@ -36,11 +36,13 @@ namespace {
 
 constexpr double kBytesPerGB = 1e9;
 
-/// Lanes of the stream plot, in the order of `step.busy_seconds`.
-constexpr std::array<StringRef, 4> kStreams = {"compute", "h2d", "d2h", "host"};
+/// Lanes of the stream plot, in the order of `step.busy_seconds`; the
+/// last, `comm`, only for a job of several ranks (its collectives).
+constexpr std::array<StringRef, 5> kStreams = {"compute", "h2d", "d2h", "host",
+                                               "comm"};
 /// Fills of the stream lanes; no red, which marks budgets.
-constexpr std::array<StringRef, 4> kStreamFills = {kPalette[0], kPalette[1],
-                                                   kPalette[2], kPalette[6]};
+constexpr std::array<StringRef, 5> kStreamFills = {
+    kPalette[0], kPalette[1], kPalette[2], kPalette[6], kPalette[4]};
 
 //===----------------------------------------------------------------------===//
 // Reading the plan
@@ -355,14 +357,17 @@ void renderStreamPlot(raw_ostream &os, const json::Object *plan) {
     tMax = std::max(tMax, numberAt(value.getAsObject(), "end").value_or(0));
 
   constexpr double laneHeight = 26, laneGap = 10;
-  double lanesHeight = kStreams.size() * (laneHeight + laneGap);
+  bool job = objectAt(plan, "job") != nullptr;
+  llvm::ArrayRef<StringRef> lanes =
+      llvm::ArrayRef(kStreams).drop_back(job ? 0 : 1);
+  double lanesHeight = lanes.size() * (laneHeight + laneGap);
   Frame f{80, 15, kWidth - 110, lanesHeight, {0, tMax}, {0, 1}};
   openSvg(os, lanesHeight + 70, title);
   drawXAxis(os, f, "time in the step (s)");
   auto laneTop = [&](size_t lane) {
     return f.top + laneGap / 2 + lane * (laneHeight + laneGap);
   };
-  for (auto [lane, name] : llvm::enumerate(kStreams)) {
+  for (auto [lane, name] : llvm::enumerate(lanes)) {
     os << llvm::format("<rect class=\"lane\" x=\"%.1f\" y=\"%.1f\" "
                        "width=\"%.1f\" height=\"%.1f\"/>\n",
                        f.left, laneTop(lane), f.width, laneHeight);
@@ -374,10 +379,10 @@ void renderStreamPlot(raw_ostream &os, const json::Object *plan) {
     std::optional<StringRef> stream = stringAt(interval, "stream");
     std::optional<double> start = numberAt(interval, "start");
     std::optional<double> end = numberAt(interval, "end");
-    const auto *lane = stream ? llvm::find(kStreams, *stream) : kStreams.end();
-    if (lane == kStreams.end() || !start || !end)
+    const auto *lane = stream ? llvm::find(lanes, *stream) : lanes.end();
+    if (lane == lanes.end() || !start || !end)
       continue;
-    size_t index = lane - kStreams.begin();
+    size_t index = lane - lanes.begin();
     std::string tooltip =
         llvm::formatv("{0}: {1} to {2}", escapedOr(stringAt(interval, "label")),
                       formatSeconds(start), formatSeconds(end))
@@ -621,6 +626,49 @@ void renderRecipe(raw_ostream &os, const json::Object *recipe) {
   }
 }
 
+/// The "Job" section of a job of several ranks: a rank's step and
+/// collectives, the job's throughput against one GPU, host memory per rank
+/// and per node, and what would make it fit.
+void renderJob(raw_ostream &os, const json::Object *job) {
+  os << "<h2>Job: " << formatCount(job, "ranks") << " ranks, "
+     << formatCount(job, "nodes") << " node(s) of "
+     << formatCount(job, "gpus_per_node") << " GPUs</h2>\n<table>\n";
+  renderRow(os, "Step per rank",
+            formatSeconds(numberAt(job, "step_seconds_per_rank")) +
+                " (norm all-reduce " +
+                formatSeconds(numberAt(job, "norm_allreduce_seconds")) + ")");
+  renderRow(os, "Collectives per rank (comm stream)",
+            formatSeconds(numberAt(job, "collective_seconds")) + ", " +
+                formatGB(numberAt(job, "collective_bytes_per_rank")) + " sent");
+  renderRow(
+      os, "Job samples/s",
+      llvm::formatv("{0:F4}", numberAt(job, "samples_per_second").value_or(0))
+          .str());
+  renderRow(
+      os, "One GPU (same model and options, replayed)",
+      formatSeconds(numberAt(job, "one_gpu_step_seconds")) + ", " +
+          llvm::formatv("{0:F4} samples/s",
+                        numberAt(job, "one_gpu_samples_per_second").value_or(0))
+              .str());
+  renderRow(
+      os, "Scaling efficiency",
+      llvm::formatv("{0:P1}", numberAt(job, "scaling_efficiency").value_or(0))
+          .str());
+  renderRow(os, "Host memory per rank",
+            formatGB(numberAt(job, "host_bytes_per_rank")));
+  renderRow(os, "Host memory per node",
+            formatGB(numberAt(job, "host_bytes_per_node")) + "; fits from " +
+                formatCount(job, "nodes_to_fit_host") + " node(s)");
+  os << "</table>\n";
+  if (const json::Array *advice = arrayAt(job, "advice");
+      advice && !advice->empty()) {
+    os << "<ul class=\"violations\">\n";
+    for (const json::Value &a : *advice)
+      os << "<li>to fit: " << escapedOr(a.getAsString()) << "</li>\n";
+    os << "</ul>\n";
+  }
+}
+
 } // namespace
 
 std::string megaslide::renderHtmlReport(const json::Value &plan) {
@@ -649,6 +697,8 @@ std::string megaslide::renderHtmlReport(const json::Value &plan) {
   renderHostMemoryPlot(os, root);
 
   renderRecipe(os, objectAt(root, "recipe"));
+  if (const json::Object *job = objectAt(root, "job"))
+    renderJob(os, job);
 
   os << "<h2>Per layer</h2>\n";
   renderPerLayerPlot(os, root);

@@ -58,6 +58,28 @@ llvm::json::Object recipeToJson(const PlanReport::Recipe &c) {
       {"advice", std::move(advice)}};
 }
 
+llvm::json::Object jobToJson(const PlanReport::Job &job) {
+  llvm::json::Array advice;
+  for (const std::string &a : job.advice)
+    advice.push_back(a);
+  return llvm::json::Object{
+      {"gpus_per_node", job.gpusPerNode},
+      {"nodes", job.nodes},
+      {"ranks", job.ranks()},
+      {"collective_seconds", job.collectiveSeconds},
+      {"collective_bytes_per_rank", job.collectiveBytes},
+      {"norm_allreduce_seconds", job.normAllReduceSeconds},
+      {"step_seconds_per_rank", job.stepSeconds},
+      {"samples_per_second", job.samplesPerSecond},
+      {"one_gpu_step_seconds", job.oneGpuStepSeconds},
+      {"one_gpu_samples_per_second", job.oneGpuSamplesPerSecond},
+      {"scaling_efficiency", job.scalingEfficiency},
+      {"host_bytes_per_rank", job.hostPerRankBytes},
+      {"host_bytes_per_node", job.hostPerNodeBytes},
+      {"nodes_to_fit_host", job.nodesToFitHost},
+      {"advice", std::move(advice)}};
+}
+
 } // namespace
 
 void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
@@ -93,7 +115,11 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
         {"label", iv.label}});
   llvm::json::Object busy;
   int boundBy = 0;
+  bool job = r.job.ranks() > 1;
   for (int s = 0; s < exec::kNumStreams; ++s) {
+    // A one-GPU plan has no collectives, and its report no comm stream.
+    if (s == static_cast<int>(exec::Stream::Comm) && !job)
+      continue;
     busy[exec::streamName(static_cast<exec::Stream>(s))] = r.busySeconds[s];
     if (r.busySeconds[s] > r.busySeconds[boundBy])
       boundBy = s;
@@ -104,7 +130,7 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
   out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
                                       {"gpu_reserve_bytes", r.gpuReserve},
                                       {"host_bytes", r.hostBudget}};
-  out["hardware"] = toJson(r.hardware);
+  out["hardware"] = toJson(r.hardware, /*links=*/job);
   out["policies"] = llvm::json::Object{{"host_state", r.hostStatePolicy},
                                        {"activation", std::move(activation)}};
   out["host"] =
@@ -156,4 +182,6 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
                                        {"streams", std::move(streams)}};
   if (!r.recipe.update.empty())
     out["recipe"] = recipeToJson(r.recipe);
+  if (job)
+    out["job"] = jobToJson(r.job);
 }

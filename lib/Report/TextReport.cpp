@@ -82,6 +82,41 @@ void printRecipe(const PlanReport &r, llvm::raw_ostream &os) {
     os << "  to fit: " << a << "\n";
 }
 
+void printJob(const PlanReport &r, llvm::raw_ostream &os) {
+  const PlanReport::Job &job = r.job;
+  os << llvm::formatv(
+      "\nJob: {0} ranks = {1} node(s) x {2} GPUs, data parallel\n", job.ranks(),
+      job.nodes, job.gpusPerNode);
+  os << llvm::formatv(
+      "  per rank: step {0:F3} s (optimizer step {1:F3} s + norm all-reduce "
+      "{2:F6} s); collectives {3:F3} s on the comm stream, {4} sent per "
+      "rank\n",
+      job.stepSeconds, r.recipe.optimizerStepSeconds, job.normAllReduceSeconds,
+      job.collectiveSeconds, formatBytes(job.collectiveBytes));
+  os << llvm::formatv("  job: {0:F4} samples/s ({1} x {2:F4} per rank)\n",
+                      job.samplesPerSecond, job.ranks(),
+                      job.samplesPerSecond / double(job.ranks()));
+  if (job.oneGpuStepSeconds > 0)
+    os << llvm::formatv(
+        "  one GPU (the same model and options, one rank, replayed): step "
+        "{0:F3} s, {1:F4} samples/s; scaling efficiency {2:P1}\n",
+        job.oneGpuStepSeconds, job.oneGpuSamplesPerSecond,
+        job.scalingEfficiency);
+  os << llvm::formatv(
+      "  host memory: {0} per rank, {1} per node of {2} "
+      "(host-mem){3}\n",
+      formatBytes(job.hostPerRankBytes), formatBytes(job.hostPerNodeBytes),
+      formatBytes(r.hostBudget),
+      job.nodesToFitHost ? llvm::formatv("; fits from {0} node(s) of {1} GPUs",
+                                         job.nodesToFitHost, job.gpusPerNode)
+                               .str()
+                         : std::string());
+  os << llvm::formatv("  device memory per rank: peak {0} of {1}\n",
+                      formatBytes(r.devicePeak), formatBytes(r.arenaBudget));
+  for (const std::string &a : job.advice)
+    os << "  to fit: " << a << "\n";
+}
+
 } // namespace
 
 void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
@@ -92,8 +127,15 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
     ++counts[p];
   for (const auto &[p, n] : counts)
     os << " " << p << " x" << n;
-  os << "\n\nHost memory: " << formatBytes(r.hostTotal) << " of "
-     << formatBytes(r.hostBudget)
+  const PlanReport::Job &job = r.job;
+  if (job.ranks() > 1)
+    os << llvm::formatv("\n  job: {0} ranks, {1} GPUs on each of {2} "
+                        "node(s); host state sharded over the ranks; every "
+                        "figure is one rank's but the host memory, one "
+                        "node's",
+                        job.ranks(), job.gpusPerNode, job.nodes);
+  os << "\n\nHost memory" << (job.ranks() > 1 ? " per node" : "") << ": "
+     << formatBytes(r.hostTotal) << " of " << formatBytes(r.hostBudget)
      << llvm::formatv(" ({0:F2} B per parameter besides the OS allowance)\n",
                       r.hostBytesPerParam);
   for (const auto &[name, bytes] : r.hostByCategory)
@@ -124,9 +166,13 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
           ? 100.0 * (r.predictedSeconds / r.lowerBoundSeconds - 1)
           : 0.0);
   os << llvm::formatv("  busy: compute {0:F3} s, h2d {1:F3} s, d2h {2:F3} s, "
-                      "host optimizer {3:F3} s\n",
+                      "host optimizer {3:F3} s",
                       r.busySeconds[0], r.busySeconds[1], r.busySeconds[2],
                       r.busySeconds[3]);
+  if (job.ranks() > 1)
+    os << llvm::formatv(", collectives {0:F3} s",
+                        r.busySeconds[static_cast<int>(exec::Stream::Comm)]);
+  os << "\n";
   if (r.gradientRingSlots > 0)
     os << llvm::formatv(
         "  gradient ring: {0} pinned buffers of {1}; {2} of {3} gradient "
@@ -177,6 +223,8 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
       100.0 * r.mfu(), r.peakFlops / 1e12);
   if (!r.recipe.update.empty())
     printRecipe(r, os);
+  if (job.ranks() > 1)
+    printJob(r, os);
   if (r.fits()) {
     os << "\nFITS.\n";
   } else {

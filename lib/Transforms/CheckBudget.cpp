@@ -128,6 +128,9 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
                                                    << formatBytes(hostTotal)
                                                    << " but the host budget is "
                                                    << formatBytes(host);
+      if (jobSizeOf(module).ranks() > 1)
+        diag << " (per node: " << jobSizeOf(module).gpusPerNode
+             << " ranks' shares and the OS allowance)";
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       // The training recipe's buffers (megaslide-defer-updates) are
@@ -148,6 +151,16 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       if (ema && emaPolicy && emaPolicy.getValue() == "f32")
         diag.attachNote() << "to fit: --ema-dtype bf16 frees "
                           << formatBytes(ema / 2) << " of the EMA";
+      // A job shards the state over its ranks: more nodes hold less each.
+      JobSize job = jobSizeOf(module);
+      if (job.ranks() > 1) {
+        int64_t nodes = nodesToFitHost(module, host);
+        if (nodes > job.nodes)
+          diag.attachNote()
+              << "to fit: --nodes " << nodes << " (of " << job.gpusPerNode
+              << " GPUs each) shards the host state so that "
+                 "each node's host-mem holds its share";
+      }
       auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
       schedule::HostStatePolicy smallest = schedule::HostStatePolicy::bf16_moments;
       if (policy && policy.getValue() == schedule::stringifyEnum(smallest))

@@ -118,7 +118,9 @@ struct DeferUpdatesPass
     for (const auto &entry : hostMemoryByCategory(module))
       used += entry.second;
     uint64_t free = host > used ? host - used : 0;
-    uint64_t deferredNeeds = bytes.deferredBytes() + bytes.emaBytes;
+    // A job shards them over its ranks: a node holds its ranks' shares.
+    uint64_t deferredNeeds =
+        nodeShare(module, bytes.deferredBytes() + bytes.emaBytes);
 
     schedule::UpdatePolicy mode = update;
     OpBuilder b(module.getContext());

@@ -3,6 +3,9 @@
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Transforms/Planning.h"
 
+#include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Pipelines/PipelineOptions.h"
+
 #include "mlir/IR/Builders.h"
 
 namespace megaslide {
@@ -63,7 +66,9 @@ LogicalResult fetchParameters(ModuleOp module, func::FuncOp step) {
       if (persistentCopies && param.getRole() == ParamRole::master &&
           mlir::getElementTypeOrSelf(type).isBF16())
         source += ".bf16";
-      auto fetch = schedule::FetchOp::create(b, load.getLoc(), type, source);
+      auto fetch = schedule::FetchOp::create(b, load.getLoc(), type, source,
+                                             /*applies_update=*/false,
+                                             /*ranks=*/nullptr);
       copyLayer(user, fetch);
       if (cast) {
         cast.replaceAllUsesWith(fetch.getResult());
@@ -100,7 +105,8 @@ LogicalResult moveOptimizerToHost(func::FuncOp step) {
       b.setInsertionPointAfter(anchor);
     else
       b.setInsertionPointToStart(&body);
-    auto out = schedule::DeviceToHostOp::create(b, adamw.getLoc(), grad);
+    auto out = schedule::DeviceToHostOp::create(b, adamw.getLoc(), grad,
+                                                /*ranks=*/nullptr);
     auto update = schedule::HostAdamWOp::create(
         b, adamw.getLoc(), master.getParamAttr(), out, adamw.getStep(),
         adamw.getLrAttr(), adamw.getBeta1Attr(), adamw.getBeta2Attr(),
@@ -126,9 +132,49 @@ LogicalResult moveOptimizerToHost(func::FuncOp step) {
   return success();
 }
 
+/// A job of several ranks shards every parameter's host state over them:
+/// each fetch copies only its rank's shard and the ranks all-gather the
+/// rest on the device; each gradient is reduce-scattered on the device and
+/// each rank copies only its shard of the sum to its host optimizer.
+void insertCollectives(ModuleOp module, func::FuncOp step, JobSize job) {
+  MLIRContext *context = module.getContext();
+  auto i64 = [&](int64_t v) {
+    return IntegerAttr::get(IntegerType::get(context, 64), v);
+  };
+  module->setAttr(kGpusPerNodeAttr, i64(job.gpusPerNode));
+  module->setAttr(kNodesAttr, i64(job.nodes));
+  int64_t ranks = job.ranks();
+  auto sendBytes = [&](Type type) {
+    return i64((ranks - 1) * static_cast<int64_t>(shardBytes(type, ranks)));
+  };
+  for (auto fetch :
+       llvm::make_early_inc_range(step.getOps<schedule::FetchOp>())) {
+    fetch.setRanksAttr(i64(ranks));
+    OpBuilder b(fetch->getBlock(), ++Block::iterator(fetch));
+    auto gather = schedule::AllGatherOp::create(
+        b, fetch.getLoc(), fetch.getType(), fetch, i64(ranks), i64(job.nodes),
+        sendBytes(fetch.getType()));
+    copyLayer(fetch, gather);
+    fetch.getResult().replaceAllUsesExcept(gather, gather);
+  }
+  for (auto update : step.getOps<schedule::HostAdamWOp>()) {
+    auto out = update.getGrad().getDefiningOp<schedule::DeviceToHostOp>();
+    if (!out || out.getRanks())
+      continue;
+    OpBuilder b(out);
+    Value grad = out.getInput();
+    auto sum = schedule::ReduceScatterOp::create(
+        b, out.getLoc(), grad.getType(), grad, i64(ranks), i64(job.nodes),
+        sendBytes(grad.getType()));
+    copyLayer(out, sum);
+    out.getInputMutable().assign(sum);
+    out.setRanksAttr(i64(ranks));
+  }
+}
+
 } // namespace
 
-LogicalResult megaslide::insertTransfers(ModuleOp module) {
+LogicalResult megaslide::insertTransfers(ModuleOp module, JobSize job) {
   FailureOr<func::FuncOp> step = getTrainStep(module);
   if (failed(step))
     return failure();
@@ -137,11 +183,14 @@ LogicalResult megaslide::insertTransfers(ModuleOp module) {
     return failure();
   if (failed(moveOptimizerToHost(*step)))
     return failure();
+  if (job.ranks() > 1)
+    insertCollectives(module, *step, job);
   // The loss is read on the host.
   auto ret = cast<func::ReturnOp>(step->getBody().front().getTerminator());
   OpBuilder b(ret);
   for (OpOperand &operand : ret->getOpOperands())
-    operand.set(schedule::DeviceToHostOp::create(b, ret.getLoc(), operand.get()));
+    operand.set(schedule::DeviceToHostOp::create(b, ret.getLoc(), operand.get(),
+                                                 /*ranks=*/nullptr));
   return success();
 }
 
@@ -149,8 +198,23 @@ namespace {
 
 struct InsertTransfersPass
     : megaslide::impl::InsertTransfersPassBase<InsertTransfersPass> {
+  InsertTransfersPass() = default;
+  InsertTransfersPass(const InsertTransfersPass &other)
+      : InsertTransfersPassBase(other) {}
+
+  PipelineOption<&PlanningOptions::gpusPerNode> gpusPerNode{*this};
+  PipelineOption<&PlanningOptions::nodes> nodes{*this};
+
   void runOnOperation() override {
-    if (failed(insertTransfers(getOperation())))
+    ModuleOp module = getOperation();
+    for (auto [name, value] : {std::pair{"gpus-per-node", int64_t(gpusPerNode)},
+                               std::pair{"nodes", int64_t(nodes)}})
+      if (value < 1) {
+        module.emitError() << "option '" << name << "' is " << value
+                           << "; it must be at least 1";
+        return signalPassFailure();
+      }
+    if (failed(insertTransfers(module, {gpusPerNode, nodes})))
       signalPassFailure();
   }
 };

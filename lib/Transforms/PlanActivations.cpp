@@ -118,7 +118,8 @@ uint64_t applyToBlock(func::FuncOp step, const BlockOps &block, int64_t layer,
       }
       OpBuilder after(lastForwardUse->getBlock(),
                       ++Block::iterator(lastForwardUse));
-      auto out = schedule::DeviceToHostOp::create(after, c.getLoc(), c);
+      auto out = schedule::DeviceToHostOp::create(after, c.getLoc(), c,
+                                                  /*ranks=*/nullptr);
       copiesOut.insert(out);
       auto back = schedule::HostToDeviceOp::create(b, c.getLoc(), out);
       for (Operation *op : {out.getOperation(), back.getOperation()})

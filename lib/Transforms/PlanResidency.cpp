@@ -10,6 +10,7 @@
 #include "megaslide/Transforms/Planning.h"
 
 #include "megaslide/Analysis/CostModel.h"
+#include "megaslide/Analysis/PlanReport.h"
 #include "megaslide/Pipelines/PipelineOptions.h"
 
 #include "mlir/IR/Builders.h"
@@ -129,7 +130,7 @@ struct PlanResidencyPass
       batchBytes += tensorBytes(t);
     declareResource(module, "data_batch", schedule::Residency::pinned, batchBytes,
                     "data batch");
-    declareResource(module, "os_allowance", schedule::Residency::host,
+    declareResource(module, kOsAllowanceResource, schedule::Residency::host,
                     osAllowance.bytes(), "OS and runtime allowance");
   }
 };

@@ -33,6 +33,8 @@ std::optional<Stream> streamFor(Operation *op) {
     return Stream::DeviceToHost;
   if (isa<schedule::HostAdamWOp>(op) || op->hasTrait<OpTrait::IsTerminator>())
     return Stream::Host;
+  if (isa<schedule::AllGatherOp, schedule::ReduceScatterOp>(op))
+    return Stream::Comm;
   if (isa<graph::GraphDialect>(op->getDialect()))
     return Stream::Compute;
   return std::nullopt;
@@ -86,8 +88,13 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (target->isBeforeInBlock(fetch))
         moves.push_back({fetch, target});
     }
-    for (auto [fetch, target] : moves)
+    // A fetch's all-gather (a job of several ranks) goes with it.
+    for (auto [fetch, target] : moves) {
       fetch->moveBefore(target);
+      for (Operation *user : fetch->getUsers())
+        if (isa<schedule::AllGatherOp>(user))
+          user->moveBefore(target);
+    }
     if (!emitRemarks)
       continue;
     // The first compute op after each transfer, in one backward walk.
@@ -108,9 +115,16 @@ void prefetch(func::FuncOp step, Operation *loss, int64_t distance,
       if (!reported.insert({layer, weights}).second)
         continue;
       Operation *op = nextCompute.lookup(fetch);
+      auto reads = [&](Value v) {
+        return llvm::is_contained(op->getOperands(), v) ||
+               llvm::any_of(v.getUsers(), [&](Operation *user) {
+                 return isa<schedule::AllGatherOp>(user) &&
+                        llvm::is_contained(op->getOperands(),
+                                           user->getResult(0));
+               });
+      };
       bool overlapped =
-          op && !llvm::is_contained(op->getOperands(), fetch->getResult(0)) &&
-          getLayer(op) != layer;
+          op && !reads(fetch->getResult(0)) && getLayer(op) != layer;
       if (!overlapped)
         fetch->emitRemark()
             << (weights ? "weights" : "checkpoint reload") << " of block "
@@ -195,7 +209,9 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
   // Pinned staging: weight shards in flight, sized by the largest block,
   // and the gradient ring (exec::layoutHostPool, the same rule): runs of
   // one layer's gradient copies, each run in one of `gradientBuffers`
-  // slots as large as the largest run.
+  // slots as large as the largest run. In a job of several ranks a copy
+  // stages only its rank's shard (transferBytes); layoutHostPool, which
+  // lays out one rank's plan, does not yet.
   DenseMap<int64_t, uint64_t> weights; // per (block, half)
   uint64_t largestWeights = 0, largestGrads = 0, run = 0;
   std::optional<std::optional<int64_t>> runLayer;
@@ -203,8 +219,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     std::optional<int64_t> layer = getLayer(&op);
     if (auto fetch = dyn_cast<schedule::FetchOp>(op); fetch && layer) {
       int64_t key = 2 * *layer + (loss && loss->isBeforeInBlock(&op));
-      largestWeights = std::max(largestWeights,
-                                weights[key] += tensorBytes(fetch.getType()));
+      largestWeights =
+          std::max(largestWeights, weights[key] += transferBytes(fetch));
     }
     auto out = dyn_cast<schedule::DeviceToHostOp>(op);
     if (!out || llvm::none_of(out->getUsers(), [](Operation *u) {
@@ -214,8 +230,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
     if (runLayer != layer)
       run = 0;
     runLayer = layer;
-    run += alignTo(std::max<int64_t>(tensorBytes(out.getType()), 1),
-                   exec::kHostPoolAlign);
+    run +=
+        alignTo(std::max<int64_t>(transferBytes(out), 1), exec::kHostPoolAlign);
     largestGrads = std::max(largestGrads, run);
   }
   declareResource(module, "weight_staging", schedule::Residency::pinned,

@@ -42,6 +42,27 @@ LogicalResult verifyStreams(func::FuncOp step) {
   return success();
 }
 
+/// A job's collectives run on the comm stream, and every fetch of its
+/// shard is all-gathered before anything reads it.
+LogicalResult verifyCollectives(func::FuncOp step) {
+  for (Operation &op : step.getBody().front()) {
+    if (isa<schedule::AllGatherOp, schedule::ReduceScatterOp>(op) &&
+        schedule::getStream(&op) != exec::Stream::Comm)
+      return op.emitOpError() << "is a collective off the comm stream";
+    auto fetch = dyn_cast<schedule::FetchOp>(op);
+    if (!fetch || !fetch.getRanks())
+      continue;
+    for (Operation *user : fetch->getUsers()) {
+      auto gather = dyn_cast<schedule::AllGatherOp>(user);
+      if (!gather || gather.getRanks() != *fetch.getRanks())
+        return user->emitOpError()
+               << "reads a fetched shard before its all_gather over "
+               << *fetch.getRanks() << " ranks";
+    }
+  }
+  return success();
+}
+
 LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
   auto arena = module.lookupSymbol<schedule::ResourceOp>("device_arena");
   if (!arena)
@@ -51,7 +72,8 @@ LogicalResult verifyMemory(ModuleOp module, func::FuncOp step) {
     std::optional<exec::Stream> stream = schedule::getStream(&op);
     if (!stream ||
         (*stream != exec::Stream::Compute &&
-         *stream != exec::Stream::HostToDevice) ||
+         *stream != exec::Stream::HostToDevice &&
+         *stream != exec::Stream::Comm) ||
         op.getNumResults() == 0)
       continue;
     auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(schedule::kOffsetsAttrName);
@@ -82,10 +104,12 @@ struct VerifySchedulePass
       ok = verifyTransfers(*step);
     else if (phase == "streams")
       ok = success(succeeded(verifyTransfers(*step)) &&
-                   succeeded(verifyStreams(*step)));
+                   succeeded(verifyStreams(*step)) &&
+                   succeeded(verifyCollectives(*step)));
     else if (phase == "memory")
       ok = success(succeeded(verifyTransfers(*step)) &&
                    succeeded(verifyStreams(*step)) &&
+                   succeeded(verifyCollectives(*step)) &&
                    succeeded(verifyMemory(module, *step)));
     else
       module.emitError() << "option 'phase': unknown phase '" << phase

@@ -139,6 +139,8 @@ CpuBackend::create(const exec::ExecPlan &plan) {
   // value is reported here instead of aborting or being ignored there.
   if (const char *error = cpuSettingsError())
     return llvm::createStringError(error);
+  if (llvm::Error err = exec::checkOneRank(plan, "cpu"))
+    return std::move(err);
   // The arena is host memory here: refuse what cannot be allocated rather
   // than abort inside the allocator.
   llvm::Expected<uint64_t> memory = host::usableHostMemoryBytes();

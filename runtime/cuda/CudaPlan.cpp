@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/plan/Backend.h"
 #include "megaslide/runtime/plan/Liveness.h"
+#include "megaslide/runtime/plan/StepRunner.h"
 #include "megaslide/runtime/support/Json.h"
 #include "megaslide/runtime/support/Packing.h"
 
@@ -212,6 +213,8 @@ int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override) {
 
 llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                                              const CudaOptions &options) {
+  if (llvm::Error err = exec::checkOneRank(plan, "cuda"))
+    return std::move(err);
   // cuBLASLt's fastest algorithms and the kernels' vector loads need
   // 256-byte aligned buffers (the plan's alignment is every device
   // offset's), and the fake device checks ordering in blocks of it.

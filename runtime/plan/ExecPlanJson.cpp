@@ -100,7 +100,8 @@ static bool fromJSON(const llvm::json::Value &v, CostInputs &c,
          o.mapOptional("attention_flops", c.attentionFlops) &&
          o.mapOptional("other_flops", c.otherFlops) &&
          o.mapOptional("bytes", c.bytes) &&
-         o.mapOptional("source_bytes", c.sourceBytes);
+         o.mapOptional("source_bytes", c.sourceBytes) &&
+         o.mapOptional("ranks", c.ranks) && o.mapOptional("nodes", c.nodes);
 }
 
 static bool fromJSON(const llvm::json::Value &v, Attr &a,
@@ -235,6 +236,10 @@ std::string exec::serialize(const ExecPlan &plan) {
       cost["bytes"] = c.bytes;
     if (c.sourceBytes)
       cost["source_bytes"] = c.sourceBytes;
+    if (c.ranks)
+      cost["ranks"] = c.ranks;
+    if (c.nodes)
+      cost["nodes"] = c.nodes;
     if (!cost.empty())
       o["cost"] = std::move(cost);
     instructions.push_back(std::move(o));

@@ -6,6 +6,7 @@
 #include "megaslide/runtime/cpu/WorkerPool.h"
 #include "megaslide/runtime/plan/Liveness.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <chrono>
@@ -68,6 +69,22 @@ struct StepRunner::Step {
   /// Set by the first update's host work only.
   std::atomic<bool> skipped = false;
 };
+
+llvm::Error exec::checkOneRank(const ExecPlan &plan, llvm::StringRef backend) {
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    if (inst.op != OpCode::AllGather && inst.op != OpCode::ReduceScatter)
+      continue;
+    return llvm::createStringError(
+        "the " + backend + " backend cannot run instruction #" +
+        llvm::Twine(i) + " ('" + opName(inst.op) + "' over " +
+        llvm::Twine(inst.cost.ranks) +
+        " ranks): the plan is for a job of several GPUs (megaslide-plan "
+        "--gpus-per-node, --nodes), whose device collectives no backend runs "
+        "yet; replay it with --backend sim. megaslide-run plans one rank's "
+        "step and takes the job from its launcher (docs/Distributed.md)");
+  }
+  return llvm::Error::success();
+}
 
 StepRunner::StepRunner(const ExecPlan &plan, Device &device)
     : plan(plan), device(device), guard(lossGuard(plan)) {

@@ -59,16 +59,27 @@ static bool checkType(Checker &c, const TensorType &t,
 static bool checkAttrs(Checker &c, const Instruction &inst,
                        const llvm::Twine &where) {
   enum class Kind { Number, Int, Ints, Unit };
-  static const llvm::StringMap<Kind> kinds = {
-      {"scale", Kind::Number},      {"lr", Kind::Number},
-      {"beta1", Kind::Number},      {"beta2", Kind::Number},
-      {"eps", Kind::Number},        {"weight_decay", Kind::Number},
-      {"theta", Kind::Number},      {"max_period", Kind::Number},
-      {"time_scale", Kind::Number}, {"radius", Kind::Int},
-      {"inverse", Kind::Int},       {"grid", Kind::Ints},
-      {"window", Kind::Ints},       {"tile", Kind::Ints},
-      {"patch", Kind::Ints},        {"dims", Kind::Ints},
-      {kDeferredAttr, Kind::Unit},  {kAppliesUpdateAttr, Kind::Unit}};
+  static const llvm::StringMap<Kind> kinds = {{"scale", Kind::Number},
+                                              {"lr", Kind::Number},
+                                              {"beta1", Kind::Number},
+                                              {"beta2", Kind::Number},
+                                              {"eps", Kind::Number},
+                                              {"weight_decay", Kind::Number},
+                                              {"theta", Kind::Number},
+                                              {"max_period", Kind::Number},
+                                              {"time_scale", Kind::Number},
+                                              {"radius", Kind::Int},
+                                              {"inverse", Kind::Int},
+                                              {"grid", Kind::Ints},
+                                              {"window", Kind::Ints},
+                                              {"tile", Kind::Ints},
+                                              {"patch", Kind::Ints},
+                                              {"dims", Kind::Ints},
+                                              {"ranks", Kind::Int},
+                                              {"nodes", Kind::Int},
+                                              {"send_bytes", Kind::Int},
+                                              {kDeferredAttr, Kind::Unit},
+                                              {kAppliesUpdateAttr, Kind::Unit}};
   for (const auto &[name, value] : inst.attrs) {
     auto it = kinds.find(name);
     if (it == kinds.end())
@@ -192,6 +203,25 @@ static bool checkScheduleOp(Checker &c, const ExecPlan &plan,
     }
     return true;
   }
+  case OpCode::AllGather:
+  case OpCode::ReduceScatter: {
+    if (!counts(1, 1))
+      return false;
+    const Value &result = plan.values[inst.results[0]];
+    if (home(inst.operands[0]) != Home::Device || !result.viewOf ||
+        *result.viewOf != inst.operands[0])
+      return c.fail(where + ": '" + opName(inst.op) +
+                    "' works in place: its result must be a view of its "
+                    "device operand");
+    const CostInputs &job = inst.cost;
+    if (job.ranks < 2 || job.nodes < 1 || job.ranks % job.nodes != 0)
+      return c.fail(where + ": '" + opName(inst.op) + "' over " +
+                    llvm::Twine(job.ranks) + " ranks on " +
+                    llvm::Twine(job.nodes) +
+                    " nodes; a collective needs at least 2 ranks, the same "
+                    "number on every node");
+    return true;
+  }
   case OpCode::Record:
   case OpCode::Wait:
     return counts(0, 0);
@@ -242,6 +272,8 @@ static bool checkDTypes(Checker &c, const ExecPlan &plan,
   case OpCode::Cast:
   case OpCode::Record:
   case OpCode::Wait:
+  case OpCode::AllGather:
+  case OpCode::ReduceScatter:
     return true;
   default:
     break;

@@ -38,6 +38,9 @@ struct Field {
   double HardwareModel::*member;
   const char *unit;
   Range range;
+  /// A link between the GPUs of a job: only a job of several ranks uses
+  /// it, and only its report echoes it.
+  bool link = false;
 };
 
 const Field kFields[] = {
@@ -67,6 +70,12 @@ const Field kFields[] = {
      kByteRate},
     {"host_adamw_params_per_second", &HardwareModel::hostAdamWParamsPerSecond,
      "params/s", kParamRate},
+    {"nvlink_bandwidth", &HardwareModel::nvlinkBandwidth, "B/s", kByteRate,
+     true},
+    {"nvlink_latency", &HardwareModel::nvlinkLatency, "s", kLatency, true},
+    {"network_bandwidth", &HardwareModel::networkBandwidth, "B/s", kByteRate,
+     true},
+    {"network_latency", &HardwareModel::networkLatency, "s", kLatency, true},
 };
 
 /// Fields of earlier descriptions and what replaced them: refused with a
@@ -167,11 +176,48 @@ llvm::Expected<HardwareModel> sim::loadHardwareModel(llvm::StringRef path) {
   return parseHardwareModel(*text, path);
 }
 
-llvm::json::Value sim::toJson(const HardwareModel &hw) {
+llvm::json::Value sim::toJson(const HardwareModel &hw, bool links) {
   llvm::json::Object obj{{"name", hw.name}};
   for (const Field &f : kFields)
-    obj[f.key] = hw.*(f.member);
+    if (links || !f.link)
+      obj[f.key] = hw.*(f.member);
   return obj;
+}
+
+double sim::ringCollectiveSeconds(double bytes, int64_t ranks, int64_t nodes,
+                                  const HardwareModel &hw) {
+  if (ranks < 2)
+    return 0;
+  // Within a node every hop is NVLink; across nodes the ring's slowest hop
+  // is the network share of a GPU, and each step waits on its latency.
+  bool oneNode = nodes <= 1;
+  double latency = oneNode ? hw.nvlinkLatency : hw.networkLatency;
+  double bandwidth = oneNode
+                         ? hw.nvlinkBandwidth
+                         : std::min(hw.nvlinkBandwidth, hw.networkBandwidth);
+  double n = static_cast<double>(ranks);
+  return (n - 1) * (latency + bytes / (n * bandwidth));
+}
+
+HardwareModel sim::rankShare(const exec::ExecPlan &plan, HardwareModel hw) {
+  for (const exec::Instruction &inst : plan.instructions) {
+    if (costKindOf(inst.op) != CostKind::Collective || inst.cost.nodes < 1)
+      continue;
+    double ranksPerNode =
+        static_cast<double>(inst.cost.ranks / inst.cost.nodes);
+    hw.hostMemoryBandwidth /= ranksPerNode;
+    hw.hostAdamWParamsPerSecond /= ranksPerNode;
+    break;
+  }
+  return hw;
+}
+
+double sim::allReduceScalarSeconds(int64_t ranks, int64_t nodes,
+                                   const HardwareModel &hw) {
+  if (ranks < 2)
+    return 0;
+  double latency = nodes <= 1 ? hw.nvlinkLatency : hw.networkLatency;
+  return 2 * static_cast<double>(ranks - 1) * latency;
 }
 
 CostKind sim::costKindOf(exec::OpCode op) {
@@ -340,6 +386,8 @@ double sim::secondsFor(CostKind kind, KernelFamily family,
     return hw.transferLatency + bytes / hw.h2dBandwidth;
   case CostKind::DeviceToHost:
     return hw.transferLatency + bytes / hw.d2hBandwidth;
+  case CostKind::Collective:
+    return ringCollectiveSeconds(bytes, in.ranks, in.nodes, hw);
   case CostKind::HostAdamW: {
     // Memory-bound on the host: never faster than its bytes allow.
     double params =
@@ -379,10 +427,15 @@ static bool retains(const exec::Instruction &inst) {
 
 double sim::retainedBytes(const exec::ExecPlan &plan,
                           const exec::Instruction &inst) {
-  return inst.operands.empty()
-             ? 0
-             : 2.0 * static_cast<double>(
-                         plan.values[inst.operands.front()].type.bytes());
+  // The gradient's elements it updates (its rank's shard in a job), in
+  // the gradient's type.
+  if (inst.operands.empty())
+    return 0;
+  const exec::TensorType &grad = plan.values[inst.operands.front()].type;
+  int64_t params = std::min(
+      grad.numElements(),
+      static_cast<int64_t>(inst.cost.otherFlops / kHostAdamWFlopsPerParam));
+  return 2.0 * static_cast<double>(params * exec::dtypeBytes(grad.dtype));
 }
 
 double sim::hostMemoryBytes(const exec::ExecPlan &plan,

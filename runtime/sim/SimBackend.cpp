@@ -222,13 +222,11 @@ llvm::Expected<Built> build(const exec::ExecPlan &plan, const HardwareModel &hw,
         task.deps.push_back(producer[o]);
     for (int64_t r : inst.results)
       producer[r] = i;
-    // Results occupy their arena bytes from the producer on; a reshape is a
-    // view and writes nothing.
-    if (inst.op == exec::OpCode::Reshape)
-      continue;
+    // Results occupy their arena bytes from the producer on; a view (a
+    // reshape, an in-place collective) takes none of its own.
     for (int64_t r : inst.results) {
       const exec::Value &v = plan.values[r];
-      if (v.home == exec::Home::Device && v.offset >= 0)
+      if (v.home == exec::Home::Device && v.offset >= 0 && !v.viewOf)
         task.writes.push_back({v.offset, v.type.bytes()});
     }
     for (const exec::Range &w : inst.workspace)
@@ -421,6 +419,8 @@ std::vector<exec::TraceSpan> sim::traceSpans(const exec::ExecPlan &plan,
 
 llvm::Expected<std::unique_ptr<SimBackend>>
 SimBackend::create(const exec::ExecPlan &plan, HardwareModel hw) {
+  // A rank of a job replays with its share of the node's host.
+  hw = rankShare(plan, std::move(hw));
   llvm::Expected<SimResult> sim = simulateStep(plan, hw);
   if (!sim)
     return sim.takeError();

@@ -43,13 +43,17 @@ ChromeTrace::ChromeTrace(llvm::raw_ostream &os, llvm::StringRef processName)
     : os(os) {
   os << "{\"traceEvents\":[\n";
   metadata("process_name", 0, llvm::json::Object{{"name", processName}});
-  for (int s = 0; s < exec::kNumStreams; ++s) {
-    auto stream = static_cast<exec::Stream>(s);
-    metadata("thread_name", tidOf(stream),
-             llvm::json::Object{{"name", exec::streamName(stream)}});
-    metadata("thread_sort_index", tidOf(stream),
-             llvm::json::Object{{"sort_index", s}});
-  }
+  // The comm stream is named by its first event: only a job's plan has one.
+  for (int s = 0; s < exec::kNumStreams; ++s)
+    if (static_cast<exec::Stream>(s) != exec::Stream::Comm)
+      nameThread(static_cast<exec::Stream>(s));
+}
+
+void ChromeTrace::nameThread(exec::Stream stream) {
+  metadata("thread_name", tidOf(stream),
+           llvm::json::Object{{"name", exec::streamName(stream)}});
+  metadata("thread_sort_index", tidOf(stream),
+           llvm::json::Object{{"sort_index", static_cast<int64_t>(stream)}});
 }
 
 ChromeTrace::ChromeTrace(std::unique_ptr<AtomicFile> file,
@@ -107,6 +111,10 @@ void ChromeTrace::complete(exec::Stream stream, llvm::StringRef name,
                            double start, double seconds,
                            llvm::ArrayRef<Arg> args) {
   assert(!finished && "event after finish()");
+  if (stream == exec::Stream::Comm && !commNamed) {
+    commNamed = true;
+    nameThread(stream);
+  }
   llvm::json::OStream j(next());
   j.object([&] {
     j.attribute("name", name);

@@ -273,3 +273,78 @@ def test_dsa_window_options_reach_the_rewrite():
     assert not any("kept global attention" in r for r in fitted["remarks"])
     with pytest.raises(TypeError, match="three ints"):
         megaslide.plan(*TINY, dsa_window=(2, 2))
+
+
+def test_a_jobs_report_gives_its_figures():
+    """A job of 2 x 2 ranks (docs/Distributed.md, "Planning a job"): the
+    report's `job` follows from its other figures and from the one-GPU
+    plan of the same options; a one-GPU report has no job, no comm stream
+    and no links."""
+    one = megaslide.plan(*TINY)
+    assert "job" not in one
+    assert "comm" not in one["step"]["busy_seconds"]
+    assert "nvlink_bandwidth" not in one["hardware"]
+    report = megaslide.plan(*TINY, gpus_per_node=2, nodes=2)
+    job = report["job"]
+    assert (job["gpus_per_node"], job["nodes"], job["ranks"]) == (2, 2, 4)
+    assert job["collective_seconds"] == report["step"]["busy_seconds"]["comm"]
+    assert job["collective_seconds"] > 0
+    assert report["hardware"]["network_bandwidth"] == 50e9
+    # 2 (N - 1) network latencies.
+    assert job["norm_allreduce_seconds"] == pytest.approx(2 * 3 * 6e-6)
+    assert job["step_seconds_per_rank"] == pytest.approx(
+        report["recipe"]["optimizer_step_seconds"] +
+        job["norm_allreduce_seconds"])
+    assert job["samples_per_second"] == pytest.approx(
+        4 / job["step_seconds_per_rank"])
+    assert job["one_gpu_step_seconds"] == \
+        one["recipe"]["optimizer_step_seconds"]
+    assert job["one_gpu_samples_per_second"] == pytest.approx(
+        1 / job["one_gpu_step_seconds"])
+    assert job["scaling_efficiency"] == pytest.approx(
+        job["samples_per_second"] / (4 * job["one_gpu_samples_per_second"]))
+    # A node: its two ranks' shares and the OS allowance once.
+    allowance = one["host"]["by_category"]["OS and runtime allowance"]
+    assert job["host_bytes_per_node"] == report["host"]["total_bytes"] == \
+        2 * job["host_bytes_per_rank"] + allowance
+    assert job["nodes_to_fit_host"] == 1 and job["advice"] == []
+    # Each rank copies about 1/4 of one GPU's weights.
+    weights = report["transfers"]["h2d_by_kind"]["weights"]
+    whole = one["transfers"]["h2d_by_kind"]["weights"]
+    assert whole / 4 <= weights < whole / 2
+
+
+@pytest.mark.parametrize("option", ["gpus_per_node", "nodes"])
+def test_a_job_of_no_ranks_is_refused_naming_the_option(option):
+    name = option.replace("_", "-")
+    with pytest.raises(ValueError, match=f"option '{name}' is 0; it must be "
+                                         "at least 1"):
+        megaslide.plan(*TINY, **{option: 0})
+
+
+def test_a_jobs_plan_replays_on_sim_and_is_refused_by_cpu():
+    """The sim backend replays a job's plan as the planner does (each rank
+    with its share of the node's host); the cpu backend refuses it naming
+    its first collective (exec::checkOneRank)."""
+    planned = megaslide.plan(*TINY, gpus_per_node=2)
+    trainer = megaslide.Trainer(*TINY, backend="sim", gpus_per_node=2)
+    assert trainer.step()["seconds"] == planned["step"]["predicted_seconds"]
+    with pytest.raises(ValueError, match=r"the cpu backend cannot run "
+                                         r"instruction #\d+ \('all_gather' "
+                                         r"over 2 ranks\)"):
+        megaslide.Trainer(*TINY, backend="cpu", gpus_per_node=2)
+
+
+def test_html_report_shows_a_job(megaslide_plan, tmp_path):
+    out = tmp_path / "job.html"
+    result = run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--gpus-per-node",
+                      "2", "--format", "html", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "<h2>Job: 2 ranks, 1 node(s) of 2 GPUs</h2>" in text
+    assert "Scaling efficiency" in text and ">comm<" in text
+    one = tmp_path / "one.html"
+    run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--format", "html", "-o",
+             str(one))
+    assert "<h2>Job" not in one.read_text() and ">comm<" not in \
+        one.read_text()

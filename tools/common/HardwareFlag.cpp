@@ -9,5 +9,5 @@ cl::OptionCategory megaslide::tools::hardwareCategory("Hardware options");
 cl::opt<std::string> megaslide::tools::hardwareFile(
     "hw", cl::cat(hardwareCategory),
     cl::desc("Hardware description (JSON; default: built-in H200 + 1.5 TB "
-             "host)"),
+             "host; configs/hardware/ holds others, docs/CostModel.md)"),
     cl::value_desc("FILE"));

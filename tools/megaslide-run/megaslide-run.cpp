@@ -118,6 +118,16 @@ int main(int argc, char **argv) {
     if (!read)
       return read.takeError();
     flags = std::move(*read);
+    // A rank plans its own step: the job's size is the launcher's.
+    for (auto [name, value] :
+         {std::pair{"gpus-per-node", flags.options.gpusPerNode},
+          std::pair{"nodes", flags.options.nodes}})
+      if (value != 1)
+        return createStringError(
+            "--" + std::string(name) + " " + std::to_string(value) +
+            ": megaslide-run takes its job's size from its launcher "
+            "(mpirun -np N, srun; docs/Distributed.md) and plans each rank's "
+            "step; --gpus-per-node and --nodes are for megaslide-plan");
     if (flags.model.empty() && !planGiven)
       return createStringError(
           "--model is required (a preset name or a .json config), unless "

@@ -14,6 +14,7 @@
 
 #include "megaslide/runtime/sim/HardwareModel.h"
 
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Operation.h"
 #include "mlir/IR/SymbolTable.h"
 
@@ -26,6 +27,25 @@ using sim::toJson;
 
 /// Bytes of a ranked tensor type.
 uint64_t tensorBytes(mlir::Type type);
+
+/// The job a step is planned for: `gpus-per-node` ranks on each of
+/// `nodes` nodes. megaslide-insert-transfers records a job of several
+/// ranks on the module (kGpusPerNodeAttr, kNodesAttr); a module without
+/// them is one GPU's.
+struct JobSize {
+  int64_t gpusPerNode = 1, nodes = 1;
+  int64_t ranks() const { return gpusPerNode * nodes; }
+};
+inline constexpr llvm::StringLiteral kGpusPerNodeAttr = "msched.gpus_per_node";
+inline constexpr llvm::StringLiteral kNodesAttr = "msched.nodes";
+JobSize jobSizeOf(mlir::ModuleOp module);
+
+/// Bytes of the largest rank's shard (rank 0's, dist::shardRange: balanced,
+/// 16-element aligned) of a tensor of `type` over `ranks` ranks.
+uint64_t shardBytes(mlir::Type type, int64_t ranks);
+/// Bytes a fetch, h2d or d2h copies: its rank's shard when it is marked
+/// with `ranks` (a job of several ranks), else its whole result.
+uint64_t transferBytes(mlir::Operation *op);
 
 /// The execution-plan op (include/megaslide/runtime/plan/Ops.def) of a `megaslide` or
 /// `msched` op, or nullopt for the ops a plan does not carry (params,
@@ -42,8 +62,9 @@ sim::CostKind costKindOf(mlir::Operation *op);
 /// records it: FLOPs by category (graph ops with FlopCountOpInterface;
 /// 14 per parameter for `msched.host_adamw`), bytes read and written
 /// through HBM (graph ops but reshape, a view), copied over PCIe (`fetch`,
-/// `h2d`, `d2h`: result bytes) and, for a fetch, the bytes of the
-/// persistent tensor read on the host. Zero for ops that do no work.
+/// `h2d`, `d2h`: transferBytes) and, for a fetch, the bytes of the
+/// persistent tensor (its shard) read on the host; a collective's whole
+/// tensor and its job. Zero for ops that do no work.
 /// `symbols` caches the lookups of fetched parameters across calls.
 exec::CostInputs costInputsOf(mlir::Operation *op,
                               mlir::SymbolTableCollection &symbols);

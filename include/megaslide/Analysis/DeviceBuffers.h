@@ -40,10 +40,15 @@ struct DeviceBuffers {
   int64_t numSteps = 0;
 };
 
-/// Device values are the tensors produced on the compute and h2d streams
-/// (`msched.stream`); attention ops add a workspace (workspaceBytes), live
-/// during the op.
+/// Device values are the tensors produced on the compute, h2d and comm
+/// streams (`msched.stream`); attention ops add a workspace
+/// (workspaceBytes), live during the op.
 DeviceBuffers collectDeviceBuffers(mlir::func::FuncOp step);
+
+/// The operand whose device buffer `op`'s result is a view of (reshape,
+/// and the in-place collectives all_gather and reduce_scatter); null for
+/// any other op.
+mlir::Value viewedValue(mlir::Operation *op);
 
 /// Bytes of scratch an attention op needs beside its results and operands.
 /// Global attention: the fp32 log-sum-exp per query and head (forward),

@@ -33,6 +33,9 @@ inline constexpr llvm::StringLiteral kRetainedGradientsResource =
 inline constexpr llvm::StringLiteral kGradientAccumulatorResource =
     "gradient_accumulator"; ///< grad-accum > 1, fp32
 inline constexpr llvm::StringLiteral kEmaResource = "ema_weights";
+/// The host memory the OS and the runtime keep (`os-allowance`), one per
+/// node.
+inline constexpr llvm::StringLiteral kOsAllowanceResource = "os_allowance";
 
 /// What the recipe's host buffers would take in a module after
 /// insert-transfers, whatever the update mode: bytes = trainable
@@ -161,6 +164,41 @@ struct PlanReport {
   };
   Recipe recipe;
 
+  /// A job of several ranks (megaslide-plan --gpus-per-node, --nodes;
+  /// docs/Distributed.md, "Planning a job"). Every other figure of the
+  /// report is one rank's, but the host memory, which is one node's
+  /// (hostMemoryByCategory).
+  struct Job {
+    int64_t gpusPerNode = 1, nodes = 1;
+    int64_t ranks() const { return gpusPerNode * nodes; }
+    /// The comm stream's busy time: the step's all-gathers and
+    /// reduce-scatters, ring-priced (sim::ringCollectiveSeconds).
+    double collectiveSeconds = 0;
+    uint64_t collectiveBytes = 0; ///< bytes each rank sends over its links
+    /// The all-reduce of the global gradient norm, once per optimizer step
+    /// (sim::allReduceScalarSeconds).
+    double normAllReduceSeconds = 0;
+    /// One rank's optimizer step: the recipe's optimizer step and the norm
+    /// all-reduce.
+    double stepSeconds = 0;
+    /// Samples of the whole job per second: ranks x batch x grad-accum per
+    /// step.
+    double samplesPerSecond = 0;
+    /// The same model and options planned for one GPU (one rank, the
+    /// job's update mode) and replayed the same way (planModel); 0 when
+    /// not planned.
+    double oneGpuStepSeconds = 0, oneGpuSamplesPerSecond = 0;
+    /// samplesPerSecond / (ranks x oneGpuSamplesPerSecond).
+    double scalingEfficiency = 0;
+    uint64_t hostPerRankBytes = 0; ///< without the node's OS allowance
+    uint64_t hostPerNodeBytes = 0; ///< hostTotal
+    /// The fewest nodes (with gpus-per-node each) whose host-mem holds the
+    /// sharded state; 0 when no number of nodes does.
+    int64_t nodesToFitHost = 0;
+    std::vector<std::string> advice; ///< what to change when it does not fit
+  };
+  Job job;
+
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;
   /// Busy intervals per stream, merged per block: (stream, start, end, label).
@@ -185,10 +223,30 @@ std::string deferAdvice(uint64_t shortfall, const RecipeBytes &bytes,
                         schedule::HostStatePolicy policy,
                         schedule::EmaPolicy ema);
 
-/// Host memory of a planned module by category, largest first: persistent
-/// state by role and every host or pinned `msched.resource`.
+/// Host memory of one node of a planned module by category, largest
+/// first: persistent state by role and every host or pinned
+/// `msched.resource`, for each of the node's ranks (hostMemoryPerRank),
+/// and the node's OS allowance once.
 std::vector<std::pair<std::string, uint64_t>>
 hostMemoryByCategory(mlir::ModuleOp module);
+/// Host memory of one rank by category, largest first, without the OS
+/// allowance: in a job of several ranks each parameter's state is its
+/// largest shard (dist::shardRange) and the recipe's buffers (retained
+/// gradients, accumulator, EMA) 1/N, rounded up; staging, offloaded
+/// checkpoints and the batch are every rank's own.
+std::vector<std::pair<std::string, uint64_t>>
+hostMemoryPerRank(mlir::ModuleOp module);
+
+/// What one node holds of host buffers of `bytes` that a job shards over
+/// its ranks (the recipe's): its gpus-per-node ranks' shares, 1/N each,
+/// rounded up; `bytes` for one GPU.
+uint64_t nodeShare(mlir::ModuleOp module, uint64_t bytes);
+
+/// The fewest nodes of the module's gpus-per-node whose `hostBudget` each
+/// holds the host state: what a node holds besides the sharded state
+/// (every rank's own buffers and the OS allowance) stays, the sharded
+/// state's per-node share falls as 1/nodes. 0 when even that does not fit.
+int64_t nodesToFitHost(mlir::ModuleOp module, uint64_t hostBudget);
 
 /// Builds the report of a planned module. `program` is the module's
 /// training step as exported for the runtime (exportProgram), `origins` the

@@ -83,6 +83,13 @@ def InsertTransfersPass : Pass<"megaslide-insert-transfers",
     overlapping the rest of backward. Offloaded checkpoints get a
     `msched.d2h` after their forward and a `msched.h2d` before the
     recomputation.
+
+    A job of several ranks (`gpus-per-node` x `nodes` > 1; the host state
+    sharded over them) copies 1/N: every fetch, marked `ranks`, copies its
+    rank's shard and is followed by a `msched.all_gather`; every gradient
+    is `msched.reduce_scatter`ed before its `msched.d2h`, marked `ranks`,
+    copies its rank's shard of the sum. The module records the job
+    (`msched.gpus_per_node`, `msched.nodes`).
   }];
   let dependentDialects = ["megaslide::schedule::ScheduleDialect"];
 }
@@ -91,8 +98,9 @@ def ScheduleOverlapPass : Pass<"megaslide-schedule-overlap", "mlir::ModuleOp"> {
   let summary = "Assigns streams, prefetches weight shards and adds events";
   let description = [{
     Compute runs on the compute stream, host-to-device copies on `h2d`,
-    device-to-host copies on `d2h`, the optimizer on `host`. Weight
-    fetches of block `i` are issued `prefetch-distance` blocks ahead
+    device-to-host copies on `d2h`, the optimizer on `host`, the device
+    collectives of a job of several ranks on `comm`. Weight
+    fetches of block `i` (with their all-gathers) are issued `prefetch-distance` blocks ahead
     (bounded by `buffers` - 1 shards in flight), so transfers hide behind
     compute; every cross-stream dependency becomes `msched.record` +
     `msched.wait`. A remark names each transfer that cannot be overlapped

@@ -10,6 +10,7 @@
 
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Schedule/ScheduleOps.h"
+#include "megaslide/Analysis/CostModel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -58,7 +59,9 @@ applyActivationPolicies(mlir::ModuleOp module,
 /// looks up the registered `megaslide-activation-trial-pipeline`.
 std::unique_ptr<mlir::Pass> createPlanActivationsPass(mlir::OpPassManager trials);
 
-mlir::LogicalResult insertTransfers(mlir::ModuleOp module);
+/// Explicit transfers (see InsertTransfersPass), with the collectives of
+/// `job` when it has several ranks.
+mlir::LogicalResult insertTransfers(mlir::ModuleOp module, JobSize job = {});
 
 /// Streams, prefetch, events and pinned staging (see ScheduleOverlapPass).
 mlir::LogicalResult scheduleOverlap(mlir::ModuleOp module,

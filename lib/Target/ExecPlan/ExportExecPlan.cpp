@@ -250,7 +250,8 @@ llvm::Error Exporter::exportOp(Operation *op) {
       home = exec::Home::Device;
       offset = offsets[i];
     } else if (inst.stream == exec::Stream::Compute ||
-               inst.stream == exec::Stream::HostToDevice) {
+               inst.stream == exec::Stream::HostToDevice ||
+               inst.stream == exec::Stream::Comm) {
       return errorAt(op, "a device result has no arena offset (run "
                          "megaslide-plan-memory first)");
     }
@@ -259,8 +260,9 @@ llvm::Error Exporter::exportOp(Operation *op) {
       return errorAt(op, llvm::toString(id.takeError()));
     inst.results.push_back(*id);
   }
-  // Reshapes reuse their operand's bytes (plan-memory gives them its offset).
-  if (isa<graph::ReshapeOp>(op))
+  // Views (reshapes, the in-place collectives) reuse their operand's bytes
+  // (plan-memory gives them its offset).
+  if (viewedValue(op))
     plan.values[inst.results[0]].viewOf = inst.operands[0];
 
   if (auto ws = op->getAttrOfType<DenseI64ArrayAttr>(schedule::kWorkspaceAttrName))

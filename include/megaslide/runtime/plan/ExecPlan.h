@@ -103,6 +103,8 @@ struct CostInputs {
   uint64_t matmulFlops = 0, attentionFlops = 0, otherFlops = 0;
   uint64_t bytes = 0;       ///< moved through HBM, PCIe or host memory
   uint64_t sourceBytes = 0; ///< fetch: bytes of the persistent source read
+  /// A collective: the job's ranks and nodes its ring spans (0 otherwise).
+  int64_t ranks = 0, nodes = 0;
 };
 
 struct Range {

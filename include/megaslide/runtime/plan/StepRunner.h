@@ -141,6 +141,13 @@ public:
   virtual void measureMemory(MemoryStats &stats) = 0;
 };
 
+/// The one refusal of a plan for a job of several ranks by the backends
+/// that run the StepRunner (cpu, cuda), naming its first collective: the
+/// cuda backend has no device collectives (NCCL) yet, and the cpu backend
+/// does a job's collectives on the host, planning one rank's step; only the
+/// sim backend replays such a plan.
+llvm::Error checkOneRank(const ExecPlan &plan, llvm::StringRef backend);
+
 /// Runs steps of one plan on one device: the semantics of
 /// exec::Backend::step (StepOptions, StepResult) for every device.
 class StepRunner {

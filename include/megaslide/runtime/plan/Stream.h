@@ -1,4 +1,4 @@
-//===- Stream.h - The four queues of a training step ------------*- C++ -*-===//
+//===- Stream.h - The five queues of a training step ------------*- C++ -*-===//
 //
 // The one definition of a step's streams, shared by the compiler and the
 // runtime: the schedule dialect stores it as an i32 (`msched.stream`, the
@@ -25,14 +25,17 @@ enum class Stream : uint8_t {
   Compute = 0,
   HostToDevice = 1,
   DeviceToHost = 2,
-  Host = 3
+  Host = 3,
+  /// The device collectives of a job of several ranks (all_gather,
+  /// reduce_scatter: NCCL); no single-rank plan has any.
+  Comm = 4
 };
-inline constexpr int kNumStreams = static_cast<int>(Stream::Host) + 1;
+inline constexpr int kNumStreams = static_cast<int>(Stream::Comm) + 1;
 
 /// The streams' names, in the enum's order: in the printed IR, the plan's
 /// JSON, traces and reports.
-inline constexpr const char *kStreamNames[] = {"compute", "h2d", "d2h",
-                                               "host"};
+inline constexpr const char *kStreamNames[] = {"compute", "h2d", "d2h", "host",
+                                               "comm"};
 static_assert(sizeof(kStreamNames) / sizeof(kStreamNames[0]) == kNumStreams,
               "a stream without its name");
 
@@ -47,7 +50,7 @@ constexpr const char *streamName(Stream stream) {
              : "?";
 }
 
-/// The copy streams and compute: what the GPU runs.
+/// The copy streams, compute and the collectives: what the GPU runs.
 constexpr bool isGpuStream(Stream s) { return s != Stream::Host; }
 
 /// The stream named `name` (streamName), if any.

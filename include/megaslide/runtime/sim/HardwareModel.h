@@ -52,6 +52,13 @@ struct HardwareModel {
   double launchLatency = 4e-6;            ///< s per kernel
   double hostMemoryBandwidth = 350e9;     ///< B/s, all sockets (staging casts)
   double hostAdamWParamsPerSecond = 12e9; ///< fused AdamW, params/s
+  /// The links of a job of several GPUs, per GPU and per direction
+  /// (docs/CostModel.md gives the sources): NVLink 4 within a node (18
+  /// links of 25 GB/s), one 400 Gb/s NIC per GPU between nodes.
+  double nvlinkBandwidth = 450e9; ///< B/s per direction per GPU
+  double nvlinkLatency = 3e-6;    ///< s per ring step (estimate)
+  double networkBandwidth = 50e9; ///< B/s per direction per GPU
+  double networkLatency = 6e-6;   ///< s per ring step (estimate)
 };
 
 /// Parses a hardware description; absent fields keep the built-in
@@ -64,8 +71,30 @@ struct HardwareModel {
 llvm::Expected<HardwareModel> parseHardwareModel(llvm::StringRef json,
                                                  llvm::StringRef source);
 llvm::Expected<HardwareModel> loadHardwareModel(llvm::StringRef path);
-/// Every field, in the order of the file format.
-llvm::json::Value toJson(const HardwareModel &hw);
+/// Every field, in the order of the file format; without `links` the
+/// fields of the links between GPUs are left out (a one-GPU plan's report,
+/// which does not use them).
+llvm::json::Value toJson(const HardwareModel &hw, bool links = true);
+
+/// Seconds of a ring all-gather or reduce-scatter of a tensor of `bytes`
+/// (the whole tensor) over `ranks` ranks on `nodes` nodes:
+///   (ranks - 1) * (latency + bytes / (ranks * bandwidth))
+/// with nvlink_latency and nvlink_bandwidth within one node, and over
+/// several nodes network_latency and min(nvlink_bandwidth,
+/// network_bandwidth) (the ring crosses the network; an estimate: NCCL's
+/// hierarchical algorithms can do better). 0 for one rank.
+double ringCollectiveSeconds(double bytes, int64_t ranks, int64_t nodes,
+                             const HardwareModel &hw);
+/// What one rank of `plan`'s job has of `hw`: a node's host memory
+/// bandwidth and host AdamW throughput are shared by its ranks (the job's
+/// ranks / nodes, from its collectives), which all update and stage at
+/// once; `hw` itself for a one-GPU plan.
+HardwareModel rankShare(const exec::ExecPlan &plan, HardwareModel hw);
+
+/// Seconds of the all-reduce of a few scalars (the global gradient norm,
+/// the non-finite flag) over the job: 2 (ranks - 1) latencies.
+double allReduceScalarSeconds(int64_t ranks, int64_t nodes,
+                              const HardwareModel &hw);
 
 /// Which formula times an instruction.
 enum class CostKind : uint8_t {
@@ -75,6 +104,7 @@ enum class CostKind : uint8_t {
   DeviceToHost, ///< PCIe copy to the host
   HostAdamW,    ///< host optimizer
   Device,       ///< a kernel: roofline of FLOPs and HBM bytes
+  Collective,   ///< a ring all-gather or reduce-scatter over the job's GPUs
 };
 
 /// The kind of an execution-plan op, as plan/Ops.def declares it: the
@@ -137,6 +167,7 @@ double hostMemoryBytes(CostKind kind, const exec::CostInputs &in);
 ///   HostAdamW    params / min(params_per_second, host_memory_bandwidth /
 ///                kHostAdamWBytesPerParam), params = otherFlops /
 ///                kHostAdamWFlopsPerParam
+///   Collective   ringCollectiveSeconds(bytes, ranks, nodes)
 ///   Device       launch_latency + max(matmul / (dense * gemm_eff) +
 ///                attention / (dense * family_eff) + other / vector,
 ///                bytes / (hbm * hbm_eff(family)))
@@ -182,7 +213,8 @@ double secondsFor(const exec::ExecPlan &plan, const exec::Instruction &inst,
 double hostMemoryBytes(const exec::ExecPlan &plan,
                        const exec::Instruction &inst);
 /// Host bytes a deferred host_adamw moves: its gradient read and the
-/// retained copy written.
+/// retained copy written (in a job, its rank's shard: the parameters its
+/// cost inputs count).
 double retainedBytes(const exec::ExecPlan &plan, const exec::Instruction &inst);
 
 } // namespace megaslide::sim

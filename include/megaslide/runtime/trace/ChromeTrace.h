@@ -85,12 +85,15 @@ private:
   /// Starts the next element of "traceEvents".
   llvm::raw_ostream &next();
   void metadata(llvm::StringRef name, int64_t tid, llvm::json::Value args);
+  /// The thread's name and sort index (its stream's).
+  void nameThread(exec::Stream stream);
 
   std::unique_ptr<AtomicFile> file; ///< when created from a path
   llvm::raw_ostream &os;
   llvm::json::Object otherData;
   size_t events = 0;
   bool finished = false;
+  bool commNamed = false; ///< the comm stream's thread is named
 };
 
 /// Checks that `text` is a trace as ChromeTrace writes it: a JSON object
