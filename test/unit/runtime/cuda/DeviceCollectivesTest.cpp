@@ -209,9 +209,10 @@ constexpr uint64_t kSeeds = 4;
 /// Every rank gathers every shard, and reduces its own, bit for bit.
 void expectExactCollectives(int ranks) {
   runRanks(ranks, [&](int rank, dist::Collectives &job) {
+    // The buffers outlive the collectives, whose destructor waits for them.
+    Buffers buf(1000 * 4);
     auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
     ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
-    Buffers buf(1000 * 4);
     for (DType type : kTypes)
       for (int64_t count : kCounts)
         for (uint64_t seed = 0; seed < kSeeds; ++seed) {
@@ -270,10 +271,10 @@ TEST(DeviceCollectivesTest, WorkTheEventsDoNotCoverIsAMissingWait) {
   constexpr int64_t count = 1000;
   std::vector<std::vector<std::string>> errors(4);
   runRanks(4, [&](int rank, dist::Collectives &job) {
+    // Streams: #1 `stream`, #2 the collectives', #3 `other`.
+    Buffers buf(count * 2);
     auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
     ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
-    // Streams: #1 the collectives', #2 `stream`, #3 `other`.
-    Buffers buf(count * 2);
     CUstream other = nullptr;
     ASSERT_EQ(buf.cu.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), 0);
     fake::beginStep(0);
@@ -307,7 +308,7 @@ TEST(DeviceCollectivesTest, WorkTheEventsDoNotCoverIsAMissingWait) {
     std::string unordered =
         "no event orders that write before it (a missing wait)";
     EXPECT_NE(all.find(llvm::formatv("a group of 4 ncclBroadcast (collective "
-                                     "#1 of rank {0}) on stream #1 (the "
+                                     "#1 of rank {0}) on stream #2 (the "
                                      "backend's own) reads {1} that "
                                      "cuMemcpyHtoDAsync on stream #3 (the "
                                      "backend's own) writes, and {2}",
@@ -317,7 +318,7 @@ TEST(DeviceCollectivesTest, WorkTheEventsDoNotCoverIsAMissingWait) {
     EXPECT_NE(all.find(llvm::formatv("cuMemcpyDtoHAsync on stream #3 (the "
                                      "backend's own) reads {0} that a group "
                                      "of 4 ncclReduce (collective #2 of rank "
-                                     "{1}) on stream #1 (the backend's own) "
+                                     "{1}) on stream #2 (the backend's own) "
                                      "writes, and {2}",
                                      bytes, rank, unordered)
                            .str()),
@@ -328,11 +329,11 @@ TEST(DeviceCollectivesTest, WorkTheEventsDoNotCoverIsAMissingWait) {
 TEST(DeviceCollectivesTest, RanksThatDisagreeOnACountAreNamed) {
   std::vector<std::vector<std::string>> errors(4);
   runRanks(4, [&](int rank, dist::Collectives &job) {
-    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
-    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
     // Rank 3 has one element more: its last shard is one longer.
     int64_t count = rank == 3 ? 1001 : 1000;
     Buffers buf(count * 2);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
     fake::beginStep(0);
     for (int64_t i = 0; i < count; ++i)
       fake::storeAs(buf.host, DType::BF16, i, 1.0f);
@@ -377,9 +378,9 @@ TEST(DeviceCollectivesTest, AnAbortingRankReleasesTheOthers) {
   std::vector<std::string> errors(2);
   auto start = std::chrono::steady_clock::now();
   runRanks(2, [&](int rank, dist::Collectives &job) {
+    Buffers buf(64 * 4);
     auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
     ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
-    Buffers buf(64 * 4);
     fake::beginStep(0);
     buf.toDevice(0, 64, DType::F32, buf.stream);
     if (rank == 1) {
