@@ -3,10 +3,11 @@
 // cuda::DeviceCollectives over 2 and 4 ranks run as threads, each with its
 // own fake device (FakeCuda.h) and the fake NCCL, set up through host
 // collectives between the threads: the all-gather and reduce-scatter of
-// unequal shards give the expected bytes on every rank under several
-// seeds; work the collective's events do not cover, ranks that disagree on
-// a collective, a rank that fails to set up and a rank that aborts are
-// reported. The real NCCL is only loaded here: there is no GPU.
+// unequal shards (bf16, f16, f32) give the expected bits on every rank
+// under four seeds; work the collective's events do not cover, ranks that
+// disagree on a collective, a rank that fails to set up and a rank that
+// aborts are reported. The real NCCL is only loaded here: without a GPU
+// it cannot make a communicator.
 //
 //===----------------------------------------------------------------------===//
 
@@ -203,7 +204,7 @@ std::string joined(const std::vector<std::string> &errors) {
 }
 
 constexpr int64_t kCounts[] = {1000, 100, 37};
-constexpr DType kTypes[] = {DType::BF16, DType::F32};
+constexpr DType kTypes[] = {DType::BF16, DType::F16, DType::F32};
 constexpr uint64_t kSeeds = 4;
 
 /// Every rank gathers every shard, and reduces its own, bit for bit.
