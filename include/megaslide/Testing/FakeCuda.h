@@ -131,11 +131,12 @@ struct Stats {
   std::map<std::string, int64_t> calls;
 };
 
-/// Makes fake device `index` (made at first use) the calling thread's, as
-/// cuCtxSetCurrent makes a context current (cuDevicePrimaryCtxRetain gives
-/// the current device's context, and cuCtxSetCurrent of it selects it
-/// again, so the backend's own threads follow). Every thread starts on
-/// device 0. The functions below and the calls that name no handle
+/// Makes fake device `index` (made, with those below it, at first use) the
+/// calling thread's, as cuCtxSetCurrent makes a context current. Device
+/// ordinal r is fake device r (cuDeviceGetCount counts those made), and
+/// cuCtxSetCurrent of its primary context selects it, so a backend made
+/// for ordinal r, and its own threads, use device r. Every thread starts
+/// on device 0. The functions below and the calls that name no handle
 /// (allocations, stream and event creation, cuMemGetInfo, the NULL stream,
 /// ncclCommInitRank) go to the current device; calls naming a stream, an
 /// event or memory go to its device, from any thread.

@@ -6,8 +6,8 @@
 // unequal shards (bf16, f16, f32) give the expected bits on every rank
 // under four seeds; work the collective's events do not cover, ranks that
 // disagree on a collective, a rank that fails to set up and a rank that
-// aborts are reported. The real NCCL is only loaded here: without a GPU
-// it cannot make a communicator.
+// aborts are reported; device ordinal r is rank r's fake device. The real
+// NCCL is only loaded here: without a GPU it cannot make a communicator.
 //
 //===----------------------------------------------------------------------===//
 
@@ -403,6 +403,26 @@ TEST(DeviceCollectivesTest, AnAbortingRankReleasesTheOthers) {
       std::chrono::steady_clock::now() - start);
   EXPECT_LT(waited.count(),
             std::chrono::milliseconds(fake::kNcclTimeout).count());
+}
+
+TEST(DeviceCollectivesTest, OrdinalRIsRankRsFakeDevice) {
+  runRanks(2, [&](int rank, dist::Collectives &) {
+    const CudaDriverApi &cu = fake::driver();
+    auto info = initCudaDevice(cu, rank);
+    ASSERT_TRUE(!!info) << llvm::toString(info.takeError());
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(cu.cuDevicePrimaryCtxRetain(&ctx, info->device), 0);
+    // A thread of the backend's, made current as the backend does.
+    std::thread([&] {
+      CUdeviceptr p = 0;
+      EXPECT_EQ(cu.cuCtxSetCurrent(ctx), 0);
+      EXPECT_EQ(cu.cuMemAlloc_v2(&p, 256), 0);
+      EXPECT_EQ(cu.cuMemFree_v2(p), 0);
+    }).join();
+    EXPECT_EQ(fake::stats().calls["cuMemAlloc_v2"], 1);
+    EXPECT_EQ(cu.cuDevicePrimaryCtxRelease_v2(info->device), 0);
+    EXPECT_TRUE(fake::endStep().empty());
+  });
 }
 
 TEST(DeviceCollectivesTest, RealNcclWithoutAGpuFailsToMakeTheCommunicator) {
