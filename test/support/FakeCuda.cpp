@@ -337,7 +337,8 @@ constexpr int64_t kNever = -1;    // block tag: nothing wrote it
 constexpr int64_t kHost = 0;      // block tag: written by the host
 constexpr uint8_t kPoison = 0xff; // NaN in bf16, f16 and f32
 constexpr size_t kMaxErrors = 20;
-constexpr CUresult kInvalidValue = 1, kInvalidHandle = 400, kNotReady = 600;
+constexpr CUresult kInvalidValue = 1, kInvalidDevice = 101,
+                   kInvalidHandle = 400, kNotReady = 600;
 
 void merge(VClock &into, const VClock &from) {
   for (int s = 0; s < kMaxStreams; ++s)
@@ -524,6 +525,13 @@ Device &deviceAt(int index) {
 }
 
 Device &dev() { return current ? *current : deviceAt(0); }
+
+/// The devices made so far (useDevice), at least 1: ordinal r is device r.
+int deviceCount() {
+  Registry &r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return std::max<int>(1, static_cast<int>(r.devices.size()));
+}
 
 /// The device of stream `s`: the current one for the NULL stream or a
 /// handle no device knows (which streamOf then refuses).
@@ -1263,12 +1271,14 @@ CudaDriverApi makeDriver() {
   };
   d.cuDeviceGetCount = [](int *n) {
     ENTER(dev(), "cuDeviceGetCount");
-    *n = 1;
+    *n = deviceCount();
     return CUresult(0);
   };
-  d.cuDeviceGet = [](CUdevice *device, int) {
+  d.cuDeviceGet = [](CUdevice *device, int ordinal) {
     ENTER(dev(), "cuDeviceGet");
-    *device = 0;
+    if (ordinal < 0 || ordinal >= deviceCount())
+      return kInvalidDevice;
+    *device = ordinal;
     return CUresult(0);
   };
   d.cuDeviceGetAttribute = [](int *v, int attr, CUdevice) {
@@ -1285,10 +1295,11 @@ CudaDriverApi makeDriver() {
     std::snprintf(s, n, "fake device");
     return CUresult(0);
   };
-  d.cuDevicePrimaryCtxRetain = [](CUcontext *c, CUdevice) {
+  d.cuDevicePrimaryCtxRetain = [](CUcontext *c, CUdevice device) {
     ENTER(dev(), "cuDevicePrimaryCtxRetain");
-    // The current fake device's context (useDevice).
-    *c = reinterpret_cast<CUcontext>(&dev());
+    if (device < 0 || device >= deviceCount())
+      return kInvalidDevice;
+    *c = reinterpret_cast<CUcontext>(&deviceAt(device));
     return CUresult(0);
   };
   d.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) {
