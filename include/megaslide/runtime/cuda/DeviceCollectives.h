@@ -12,12 +12,12 @@
 // ranks * largest shard would need room past the tensor's end in the arena
 // and a copy, so each collective is instead a group (ncclGroupStart/End)
 // of one ncclBroadcast or ncclReduce per rank, root r for shard r, with
-// its shard's count and offset, in place. The bytes per rank are those of
-// the ring all-gather and reduce-scatter: for a tensor of B bytes over N
-// ranks, each rank receives (N-1)/N * B and sends as much (NCCL runs
-// broadcast and reduce as rings: a rank receives every shard but its own
-// once and sends N-1 shards, its own and those it forwards or adds to);
-// what the group costs more is latency: N ring passes, not one.
+// its shard's count and offset, in place. The bytes per rank are the ring
+// all-gather's and reduce-scatter's: NCCL runs broadcast and reduce as
+// rings, each shard crossing every link of its ring but one, so for a
+// tensor of B bytes over N ranks each rank sends and receives B less one
+// shard, about (N-1)/N * B. What the group costs more is latency: N ring
+// passes instead of one.
 //
 //===----------------------------------------------------------------------===//
 
