@@ -1965,7 +1965,9 @@ void rendezvous(Clique &q, int rank, int64_t seq,
 /// like a copy, it reads the bytes it sends and writes those it receives.
 ncclResult_t issue(Comm &c, CUstream s, std::vector<NcclCall> calls) {
   Device &d = deviceOf(s);
-  int64_t seq = ++c.issued;
+  // A call refused below takes no number, as NCCL's refused calls match
+  // nothing.
+  int64_t seq = c.issued + 1;
   std::string label = calls[0].name();
   if (calls.size() > 1) {
     bool same = llvm::all_of(
@@ -2001,6 +2003,7 @@ ncclResult_t issue(Comm &c, CUstream s, std::vector<NcclCall> calls) {
       }
     }
   }
+  c.issued = seq;
   op.run = [clique = c.clique, rank = c.rank, seq, calls, &d, label] {
     rendezvous(*clique, rank, seq, calls, d, label);
   };

@@ -48,7 +48,8 @@
 // ordered and checked like a copy, that waits for the same collective of
 // every rank when it runs; the ranks must agree on it (op, count, element
 // type, root), and it moves or sums the bytes (sums in fp32 in rank
-// order, rounded to the element type).
+// order, rounded to the element type). Vector clocks are per device:
+// an event recorded or waited for on another device's stream is an error.
 //
 // The granularity is the plan's alignment (256 bytes): every buffer of the
 // arena and of the pinned pools starts on such a block, so a block belongs
