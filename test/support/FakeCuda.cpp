@@ -337,7 +337,8 @@ constexpr int64_t kNever = -1;    // block tag: nothing wrote it
 constexpr int64_t kHost = 0;      // block tag: written by the host
 constexpr uint8_t kPoison = 0xff; // NaN in bf16, f16 and f32
 constexpr size_t kMaxErrors = 20;
-constexpr CUresult kInvalidValue = 1, kInvalidHandle = 400, kNotReady = 600;
+constexpr CUresult kInvalidValue = 1, kInvalidDevice = 101,
+                   kInvalidHandle = 400, kNotReady = 600;
 
 void merge(VClock &into, const VClock &from) {
   for (int s = 0; s < kMaxStreams; ++s)
@@ -348,16 +349,20 @@ struct Alloc {
   uintptr_t base = 0;
   size_t size = 0;
   bool pinned = false, arena = false;
+  /// A device allocation checked as the arena is (a device set up without
+  /// a plan).
+  bool checked = false;
   int index = 0; ///< in allocation order, for messages
   /// Per block (tracked allocations only): the writer in issue order and
   /// the writer whose operation has run; per stream the last reader.
   std::vector<int64_t> writer, done;
   std::array<std::vector<int64_t>, kMaxStreams> lastRead;
 
-  bool tracked() const { return pinned || arena; }
+  bool tracked() const { return pinned || arena || checked; }
   std::string name() const {
-    return arena ? std::string("the arena")
-                 : llvm::formatv("pinned allocation #{0}", index).str();
+    return arena    ? std::string("the arena")
+           : pinned ? llvm::formatv("pinned allocation #{0}", index).str()
+                    : llvm::formatv("device allocation #{0}", index).str();
   }
 };
 
@@ -395,9 +400,15 @@ struct Op {
   /// its operation completes.
   std::vector<std::pair<void *, size_t>> poison;
   std::shared_ptr<Completion> completion; ///< Record: completes; Wait: awaits
+  /// A collective runs even when its inputs are not ready: the other ranks
+  /// wait for it.
+  bool mustRun = false;
 };
 
+struct Device;
+
 struct Stream {
+  Device *device = nullptr;
   int slot = 0;
   std::deque<Op> queue; ///< the front one runs; it leaves when done
   bool stop = false;
@@ -408,6 +419,7 @@ struct Stream {
 };
 
 struct Event {
+  Device *device = nullptr; ///< where it was made
   unsigned flags = 0;
   std::shared_ptr<Completion> latest; ///< the most recent record
   VClock clock{};                     ///< its stream's clock then
@@ -471,7 +483,8 @@ struct Device {
   std::vector<Candidate> candidates; ///< program order
   std::array<std::vector<size_t>, Candidate::NumKinds> byKind;
   std::array<size_t, Candidate::NumKinds> cursor{};
-  std::mutex kernelMu; ///< the dense kernels' host build has global state
+  /// setUp without a plan: every device allocation is checked.
+  bool checkAll = false;
 
   ~Device() {
     std::unique_lock<std::mutex> lock(mu);
@@ -486,10 +499,70 @@ struct Device {
   }
 };
 
-Device &dev() {
-  static Device d;
-  return d;
+/// The fake devices, and the device of each stream and allocation: a call
+/// that names one goes to its device from any host thread.
+struct Registry {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::map<CUstream, Device *> streams;
+  std::map<uintptr_t, Device *> allocs;
+};
+
+Registry &registry() {
+  static Registry r;
+  return r;
 }
+
+/// The calling thread's device (useDevice, cuCtxSetCurrent); null: 0.
+thread_local Device *current = nullptr;
+
+Device &deviceAt(int index) {
+  Registry &r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  while (r.devices.size() <= static_cast<size_t>(index))
+    r.devices.push_back(std::make_unique<Device>());
+  return *r.devices[index];
+}
+
+Device &dev() { return current ? *current : deviceAt(0); }
+
+/// The devices made so far (useDevice), at least 1: ordinal r is device r.
+int deviceCount() {
+  Registry &r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return std::max<int>(1, static_cast<int>(r.devices.size()));
+}
+
+/// The device of stream `s`: the current one for the NULL stream or a
+/// handle no device knows (which streamOf then refuses).
+Device &deviceOf(CUstream s) {
+  Registry &r = registry();
+  std::unique_lock<std::mutex> lock(r.mu);
+  auto it = r.streams.find(s);
+  if (it != r.streams.end())
+    return *it->second;
+  lock.unlock();
+  return dev();
+}
+
+/// The device of event `e` (the current one for none).
+Device &deviceOf(CUevent e) {
+  return e ? *reinterpret_cast<Event *>(e)->device : dev();
+}
+
+/// The device of the allocation at `p` (the current one for none).
+Device &deviceOfAlloc(const void *p) {
+  Registry &r = registry();
+  std::unique_lock<std::mutex> lock(r.mu);
+  auto it = r.allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it != r.allocs.end())
+    return *it->second;
+  lock.unlock();
+  return dev();
+}
+
+/// The dense kernels' host build has global state.
+std::mutex kernelMu;
 
 void error(Device &d, std::string msg) {
   if (d.errors.size() < kMaxErrors)
@@ -529,8 +602,7 @@ bool failsWhenBroken(llvm::StringRef call) {
 
 /// The fault check every entry point starts with: the injected result, the
 /// broken context's, or success.
-CUresult enter(const char *call) {
-  Device &d = dev();
+CUresult enter(Device &d, const char *call) {
   std::lock_guard<std::mutex> lock(d.mu);
   int64_t n = ++d.stats.calls[call];
   if (d.broken && failsWhenBroken(call))
@@ -546,8 +618,8 @@ CUresult enter(const char *call) {
   d.cv.notify_all();
   return f->result;
 }
-#define ENTER(name)                                                            \
-  if (CUresult r_ = enter(name))                                               \
+#define ENTER(device, name)                                                    \
+  if (CUresult r_ = enter(device, name))                                       \
   return r_
 
 int64_t micros(const Device &d) {
@@ -697,7 +769,7 @@ bool inputsReady(Device &d, const Op &op) {
 }
 
 void runStream(Stream *st) {
-  Device &d = dev();
+  Device &d = *st->device;
   std::unique_lock<std::mutex> lock(d.mu);
   for (;;) {
     d.cv.wait(lock, [&] { return st->stop || !st->queue.empty(); });
@@ -726,7 +798,7 @@ void runStream(Stream *st) {
         std::memset(p, kPoison, n);
       if (delay)
         std::this_thread::sleep_for(std::chrono::microseconds(delay));
-      if (ready)
+      if (ready || op.mustRun)
         op.run();
       lock.lock();
       for (const Access &a : op.writes)
@@ -740,9 +812,15 @@ void runStream(Stream *st) {
 
 Stream *newStream(Device &d, int slot) {
   auto st = std::make_unique<Stream>();
+  st->device = &d;
   st->slot = slot;
   st->rng.seed(slot);
   st->thread = std::thread(runStream, st.get());
+  {
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.streams[reinterpret_cast<CUstream>(st.get())] = &d;
+  }
   d.streams[slot] = std::move(st);
   return d.streams[slot].get();
 }
@@ -864,7 +942,7 @@ void applyExec(Device &d, const Candidate &c, Op &op) {
 
 /// Queues work on `s`: ordered and checked now, run by the stream later.
 CUresult enqueue(CUstream s, Op op, int64_t instruction, std::string call) {
-  Device &d = dev();
+  Device &d = deviceOf(s);
   std::lock_guard<std::mutex> lock(d.mu);
   Stream *st = streamOf(d, s);
   if (!st)
@@ -880,7 +958,7 @@ CUresult enqueue(CUstream s, Op op, int64_t instruction, std::string call) {
 CUresult enqueueTransfer(CUstream s, const char *call, Candidate::Kind kind,
                          uintptr_t dst, uintptr_t src, size_t n,
                          std::function<void()> run) {
-  Device &d = dev();
+  Device &d = deviceOf(s);
   Op op;
   op.run = std::move(run);
   int64_t instruction = -1;
@@ -930,10 +1008,9 @@ void *allocAligned(size_t n) {
   return p;
 }
 
-CUresult addAlloc(void *p, size_t n, bool pinned) {
+CUresult addAlloc(Device &d, void *p, size_t n, bool pinned) {
   if (!p)
     return 2; // CUDA_ERROR_OUT_OF_MEMORY
-  Device &d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   auto a = std::make_unique<Alloc>();
   a->base = reinterpret_cast<uintptr_t>(p);
@@ -946,21 +1023,31 @@ CUresult addAlloc(void *p, size_t n, bool pinned) {
     a->arena = true;
     d.arena = a.get();
   }
+  a->checked = !pinned && d.checkAll;
   if (a->tracked()) {
     size_t blocks = (n + d.block - 1) / d.block;
     a->writer.assign(blocks, pinned ? kHost : kNever);
     a->done = a->writer;
   }
+  {
+    Registry &r = registry();
+    std::lock_guard<std::mutex> registryLock(r.mu);
+    r.allocs[a->base] = &d;
+  }
   d.allocs[a->base] = std::move(a);
   return CUDA_SUCCESS;
 }
 
-CUresult freeAlloc(void *p, const char *call) {
-  Device &d = dev();
+CUresult freeAlloc(Device &d, void *p, const char *call) {
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == d.allocs.end())
     return kInvalidValue;
+  {
+    Registry &r = registry();
+    std::lock_guard<std::mutex> registryLock(r.mu);
+    r.allocs.erase(it->first);
+  }
   if (!idle(d))
     error(d, std::string(call) + " of " + it->second->name() +
                  " while streams still have work in flight");
@@ -1174,26 +1261,28 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuInit = [](unsigned) {
-    ENTER("cuInit");
+    ENTER(dev(), "cuInit");
     return CUresult(0);
   };
   d.cuDriverGetVersion = [](int *v) {
-    ENTER("cuDriverGetVersion");
+    ENTER(dev(), "cuDriverGetVersion");
     *v = 13000;
     return CUresult(0);
   };
   d.cuDeviceGetCount = [](int *n) {
-    ENTER("cuDeviceGetCount");
-    *n = 1;
+    ENTER(dev(), "cuDeviceGetCount");
+    *n = deviceCount();
     return CUresult(0);
   };
-  d.cuDeviceGet = [](CUdevice *dev, int) {
-    ENTER("cuDeviceGet");
-    *dev = 0;
+  d.cuDeviceGet = [](CUdevice *device, int ordinal) {
+    ENTER(dev(), "cuDeviceGet");
+    if (ordinal < 0 || ordinal >= deviceCount())
+      return kInvalidDevice;
+    *device = ordinal;
     return CUresult(0);
   };
   d.cuDeviceGetAttribute = [](int *v, int attr, CUdevice) {
-    ENTER("cuDeviceGetAttribute");
+    ENTER(dev(), "cuDeviceGetAttribute");
     // An H100/H200: sm_90, 132 SMs of 2048 threads.
     *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR         ? 9
          : attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR       ? 0
@@ -1202,51 +1291,61 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuDeviceGetName = [](char *s, int n, CUdevice) {
-    ENTER("cuDeviceGetName");
+    ENTER(dev(), "cuDeviceGetName");
     std::snprintf(s, n, "fake device");
     return CUresult(0);
   };
-  d.cuDevicePrimaryCtxRetain = [](CUcontext *c, CUdevice) {
-    ENTER("cuDevicePrimaryCtxRetain");
-    *c = reinterpret_cast<CUcontext>(uintptr_t(0x1000));
+  d.cuDevicePrimaryCtxRetain = [](CUcontext *c, CUdevice device) {
+    ENTER(dev(), "cuDevicePrimaryCtxRetain");
+    if (device < 0 || device >= deviceCount())
+      return kInvalidDevice;
+    *c = reinterpret_cast<CUcontext>(&deviceAt(device));
     return CUresult(0);
   };
   d.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) {
-    ENTER("cuDevicePrimaryCtxRelease_v2");
+    ENTER(dev(), "cuDevicePrimaryCtxRelease_v2");
     return CUresult(0);
   };
-  d.cuCtxSetCurrent = [](CUcontext) {
-    ENTER("cuCtxSetCurrent");
+  d.cuCtxSetCurrent = [](CUcontext c) {
+    ENTER(dev(), "cuCtxSetCurrent");
+    if (c)
+      current = reinterpret_cast<Device *>(c);
     return CUresult(0);
   };
   d.cuMemGetInfo_v2 = [](size_t *f, size_t *t) {
-    ENTER("cuMemGetInfo_v2");
+    Device &d = dev();
+    ENTER(d, "cuMemGetInfo_v2");
     *t = size_t(1) << 36;
-    *f = dev().options.freeBytes.value_or(*t);
+    *f = d.options.freeBytes.value_or(*t);
     return CUresult(0);
   };
   d.cuMemAlloc_v2 = [](CUdeviceptr *p, size_t n) {
-    ENTER("cuMemAlloc_v2");
+    Device &d = dev();
+    ENTER(d, "cuMemAlloc_v2");
     void *q = allocAligned(n);
     *p = reinterpret_cast<CUdeviceptr>(q);
-    return addAlloc(q, n, false);
+    return addAlloc(d, q, n, false);
   };
   d.cuMemFree_v2 = [](CUdeviceptr p) {
-    ENTER("cuMemFree_v2");
-    return freeAlloc(reinterpret_cast<void *>(p), "cuMemFree");
+    void *q = reinterpret_cast<void *>(p);
+    Device &d = deviceOfAlloc(q);
+    ENTER(d, "cuMemFree_v2");
+    return freeAlloc(d, q, "cuMemFree");
   };
   d.cuMemHostAlloc = [](void **p, size_t n, unsigned) {
-    ENTER("cuMemHostAlloc");
+    Device &d = dev();
+    ENTER(d, "cuMemHostAlloc");
     *p = allocAligned(n);
-    return addAlloc(*p, n, true);
+    return addAlloc(d, *p, n, true);
   };
   d.cuMemFreeHost = [](void *p) {
-    ENTER("cuMemFreeHost");
-    return freeAlloc(p, "cuMemFreeHost");
+    Device &d = deviceOfAlloc(p);
+    ENTER(d, "cuMemFreeHost");
+    return freeAlloc(d, p, "cuMemFreeHost");
   };
   d.cuMemcpyHtoDAsync_v2 = [](CUdeviceptr dst, const void *src, size_t n,
                               CUstream s) {
-    ENTER("cuMemcpyHtoDAsync_v2");
+    ENTER(deviceOf(s), "cuMemcpyHtoDAsync_v2");
     return enqueueTransfer(s, "cuMemcpyHtoDAsync", Candidate::H2D, dst,
                            reinterpret_cast<uintptr_t>(src), n, [=] {
                              std::memcpy(reinterpret_cast<void *>(dst), src, n);
@@ -1254,7 +1353,7 @@ CudaDriverApi makeDriver() {
   };
   d.cuMemcpyDtoHAsync_v2 = [](void *dst, CUdeviceptr src, size_t n,
                               CUstream s) {
-    ENTER("cuMemcpyDtoHAsync_v2");
+    ENTER(deviceOf(s), "cuMemcpyDtoHAsync_v2");
     return enqueueTransfer(
         s, "cuMemcpyDtoHAsync", Candidate::D2H,
         reinterpret_cast<uintptr_t>(dst), src, n,
@@ -1262,7 +1361,7 @@ CudaDriverApi makeDriver() {
   };
   d.cuMemcpyDtoDAsync_v2 = [](CUdeviceptr dst, CUdeviceptr src, size_t n,
                               CUstream s) {
-    ENTER("cuMemcpyDtoDAsync_v2");
+    ENTER(deviceOf(s), "cuMemcpyDtoDAsync_v2");
     return enqueueTransfer(
         s, "cuMemcpyDtoDAsync", Candidate::Copy, dst, src, n, [=] {
           std::memmove(reinterpret_cast<void *>(dst),
@@ -1271,14 +1370,14 @@ CudaDriverApi makeDriver() {
   };
   d.cuMemsetD8Async = [](CUdeviceptr dst, unsigned char v, size_t n,
                          CUstream s) {
-    ENTER("cuMemsetD8Async");
+    ENTER(deviceOf(s), "cuMemsetD8Async");
     return enqueueTransfer(
         s, "cuMemsetD8Async", Candidate::Memset, dst, 0, n,
         [=] { std::memset(reinterpret_cast<void *>(dst), v, n); });
   };
   d.cuStreamCreate = [](CUstream *s, unsigned flags) {
-    ENTER("cuStreamCreate");
     Device &d = dev();
+    ENTER(d, "cuStreamCreate");
     std::lock_guard<std::mutex> lock(d.mu);
     // The legacy NULL stream's implicit synchronisation with blocking
     // streams is not modelled: the backend makes non-blocking ones.
@@ -1294,8 +1393,8 @@ CudaDriverApi makeDriver() {
     return CUresult(2);
   };
   d.cuStreamDestroy_v2 = [](CUstream s) {
-    ENTER("cuStreamDestroy_v2");
-    Device &d = dev();
+    Device &d = deviceOf(s);
+    ENTER(d, "cuStreamDestroy_v2");
     std::unique_lock<std::mutex> lock(d.mu);
     Stream *st = s ? streamOf(d, s) : nullptr;
     if (!st)
@@ -1305,13 +1404,18 @@ CudaDriverApi makeDriver() {
     d.cv.notify_all();
     lock.unlock();
     st->thread.join();
+    {
+      Registry &r = registry();
+      std::lock_guard<std::mutex> registryLock(r.mu);
+      r.streams.erase(s);
+    }
     lock.lock();
     d.streams[st->slot].reset();
     return CUresult(0);
   };
   d.cuStreamSynchronize = [](CUstream s) {
-    ENTER("cuStreamSynchronize");
-    Device &d = dev();
+    Device &d = deviceOf(s);
+    ENTER(d, "cuStreamSynchronize");
     std::unique_lock<std::mutex> lock(d.mu);
     Stream *st = streamOf(d, s);
     if (!st)
@@ -1323,8 +1427,8 @@ CudaDriverApi makeDriver() {
     return d.broken;
   };
   d.cuStreamWaitEvent = [](CUstream s, CUevent e, unsigned flags) {
-    ENTER("cuStreamWaitEvent");
-    Device &d = dev();
+    Device &d = deviceOf(s);
+    ENTER(d, "cuStreamWaitEvent");
     std::lock_guard<std::mutex> lock(d.mu);
     Stream *st = streamOf(d, s);
     if (!st || !e)
@@ -1332,6 +1436,11 @@ CudaDriverApi makeDriver() {
     if (flags)
       return kInvalidValue;
     Event &ev = *reinterpret_cast<Event *>(e);
+    // Vector clocks are per device: waits across devices are not modelled.
+    if (ev.device != &d) {
+      error(d, "cuStreamWaitEvent: the event belongs to another device");
+      return kInvalidHandle;
+    }
     // The record current now; none: nothing to wait for.
     if (!ev.latest)
       return CUresult(0);
@@ -1344,28 +1453,34 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuEventCreate = [](CUevent *e, unsigned flags) {
-    ENTER("cuEventCreate");
+    Device &d = dev();
+    ENTER(d, "cuEventCreate");
     auto *ev = new Event;
+    ev->device = &d;
     ev->flags = flags;
     *e = reinterpret_cast<CUevent>(ev);
     return CUresult(0);
   };
   d.cuEventDestroy_v2 = [](CUevent e) {
-    ENTER("cuEventDestroy_v2");
-    Device &d = dev();
+    Device &d = deviceOf(e);
+    ENTER(d, "cuEventDestroy_v2");
     std::lock_guard<std::mutex> lock(d.mu);
     // Pending records and waits hold the completion, not the event.
     delete reinterpret_cast<Event *>(e);
     return CUresult(0);
   };
   d.cuEventRecord = [](CUevent e, CUstream s) {
-    ENTER("cuEventRecord");
-    Device &d = dev();
+    Device &d = deviceOf(s);
+    ENTER(d, "cuEventRecord");
     std::lock_guard<std::mutex> lock(d.mu);
     Stream *st = streamOf(d, s);
     if (!st || !e)
       return kInvalidHandle;
     Event &ev = *reinterpret_cast<Event *>(e);
+    if (ev.device != &d) {
+      error(d, "cuEventRecord: the event belongs to another device");
+      return kInvalidHandle;
+    }
     merge(st->clock, d.host);
     ev.latest = std::make_shared<Completion>();
     ev.clock = st->clock;
@@ -1377,8 +1492,8 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuEventSynchronize = [](CUevent e) {
-    ENTER("cuEventSynchronize");
-    Device &d = dev();
+    Device &d = deviceOf(e);
+    ENTER(d, "cuEventSynchronize");
     std::unique_lock<std::mutex> lock(d.mu);
     if (!e)
       return kInvalidHandle;
@@ -1394,8 +1509,8 @@ CudaDriverApi makeDriver() {
     return d.broken;
   };
   d.cuEventElapsedTime = [](float *ms, CUevent a, CUevent b) {
-    ENTER("cuEventElapsedTime");
-    Device &d = dev();
+    Device &d = deviceOf(a);
+    ENTER(d, "cuEventElapsedTime");
     std::lock_guard<std::mutex> lock(d.mu);
     const Event &x = *reinterpret_cast<Event *>(a),
                 &y = *reinterpret_cast<Event *>(b);
@@ -1407,7 +1522,7 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuModuleLoadData = [](CUmodule *m, const void *image) {
-    ENTER("cuModuleLoadData");
+    ENTER(dev(), "cuModuleLoadData");
     // A cubin is an ELF file.
     if (std::memcmp(image,
                     "\x7f"
@@ -1418,15 +1533,16 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuModuleUnload = [](CUmodule m) {
-    ENTER("cuModuleUnload");
+    ENTER(dev(), "cuModuleUnload");
     delete reinterpret_cast<char *>(m);
     return CUresult(0);
   };
   d.cuModuleGetFunction = [](CUfunction *f, CUmodule, const char *name) {
-    ENTER("cuModuleGetFunction");
+    ENTER(dev(), "cuModuleGetFunction");
     Function fn;
     fn.name = name;
-    fn.host = dev().kernels(name);
+    if (const KernelLookup &kernels = dev().kernels)
+      fn.host = kernels(name);
     fn.dsa = HostDsa::parse(name);
     if (!fn.host.entry && !fn.dsa)
       return CUresult(500); // CUDA_ERROR_NOT_FOUND
@@ -1447,13 +1563,13 @@ CudaDriverApi makeDriver() {
     return CUresult(0);
   };
   d.cuFuncSetAttribute = [](CUfunction, int, int) {
-    ENTER("cuFuncSetAttribute");
+    ENTER(dev(), "cuFuncSetAttribute");
     return CUresult(0);
   };
   d.cuLaunchKernel = [](CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                         unsigned bx, unsigned by, unsigned bz, unsigned smem,
                         CUstream s, void **params, void **extra) {
-    ENTER("cuLaunchKernel");
+    ENTER(deviceOf(s), "cuLaunchKernel");
     const Function &fn = *reinterpret_cast<Function *>(f);
     if (!gx || !gy || !gz || !bx || by != 1 || bz != 1 || extra)
       return kInvalidValue;
@@ -1473,11 +1589,11 @@ CudaDriverApi makeDriver() {
       } else if (fn.attention) {
         fn.attention->run(args.data());
       } else {
-        std::lock_guard<std::mutex> lock(dev().kernelMu);
+        std::lock_guard<std::mutex> lock(kernelMu);
         fn.host.entry(gx, gy, gz, args.data());
       }
     };
-    Device &d = dev();
+    Device &d = deviceOf(s);
     int64_t instruction = -1;
     {
       std::lock_guard<std::mutex> lock(d.mu);
@@ -1603,7 +1719,8 @@ CublasLtApi makeCublasLt() {
                         const void *C, cublasLtMatrixLayout_t cl, void *D,
                         cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *,
                         void *, size_t, CUstream s) {
-    if (enter("cublasLtMatmul"))
+    Device &dv = deviceOf(s);
+    if (enter(dv, "cublasLtMatmul"))
       return kInvalid;
     const Desc &d = *reinterpret_cast<const Desc *>(dd);
     const Layout &a = *reinterpret_cast<Layout *>(al),
@@ -1628,7 +1745,6 @@ CublasLtApi makeCublasLt() {
     if (g.hasBias && !d.bias)
       return kInvalid;
     const void *bias = d.bias;
-    Device &dv = dev();
     Op op;
     op.run = [=] { naiveGemm(g, A, B, D, bias); };
     int64_t instruction = -1;
@@ -1664,22 +1780,446 @@ CublasLtApi makeCublasLt() {
   return l;
 }
 
+//===----------------------------------------------------------------------===//
+// NCCL
+//===----------------------------------------------------------------------===//
+
+constexpr ncclResult_t kNcclSystemError = 2, kNcclInvalidArgument = 4,
+                       kNcclInvalidUsage = 5, kNcclRemoteError = 6;
+
+/// One collective call as a rank issues it.
+struct NcclCall {
+  enum Kind { Broadcast, Reduce, AllReduce } kind = Broadcast;
+  uintptr_t send = 0, recv = 0;
+  size_t count = 0;
+  DType type = DType::F32;
+  int root = 0; ///< Broadcast and Reduce
+
+  const char *name() const {
+    return kind == Broadcast ? "ncclBroadcast"
+           : kind == Reduce  ? "ncclReduce"
+                             : "ncclAllReduce";
+  }
+  std::string describe() const {
+    std::string what =
+        llvm::formatv("{0} of {1} {2}", name(), count, exec::dtypeName(type));
+    if (kind == Broadcast)
+      return what + " from root " + std::to_string(root);
+    if (kind == Reduce)
+      return what + " to root " + std::to_string(root);
+    return what;
+  }
+  /// Whether this rank (`rank`) reads its send bytes and writes its
+  /// receive bytes.
+  bool reads(int rank) const { return kind != Broadcast || rank == root; }
+  bool writes(int rank) const { return kind != Reduce || rank == root; }
+};
+
+std::optional<DType> dtypeOfNccl(ncclDataType_t t) {
+  if (t == ncclBfloat16)
+    return DType::BF16;
+  if (t == ncclFloat16)
+    return DType::F16;
+  if (t == ncclFloat32)
+    return DType::F32;
+  return std::nullopt;
+}
+
+/// One collective (a call, or a group's calls on one communicator) as the
+/// ranks' stream operations reach it.
+struct Collective {
+  std::vector<std::optional<std::vector<NcclCall>>> calls; ///< by rank
+  int arrived = 0, left = 0;
+  bool done = false;
+  std::string problem; ///< once done: why it moved nothing
+};
+
+/// What the ranks of one ncclUniqueId share.
+struct Clique {
+  int size = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> joined;                  ///< by rank
+  std::map<int64_t, Collective> collectives; ///< by sequence number
+  int aborted = -1; ///< the first rank that called ncclCommAbort
+};
+
+struct Comm {
+  std::shared_ptr<Clique> clique;
+  int rank = 0;
+  Device *device = nullptr;
+  int64_t issued = 0; ///< collectives issued: the next one's number - 1
+};
+
+/// The cliques still being joined, by id.
+struct Ids {
+  std::mutex mu;
+  int64_t made = 0;
+  std::map<std::string, std::shared_ptr<Clique>> joining;
+};
+
+Ids &ids() {
+  static Ids i;
+  return i;
+}
+
+/// Why the ranks' calls of `c` differ (naming two of them), or empty.
+std::string disagreement(const Collective &c) {
+  const std::vector<NcclCall> &first = *c.calls[0];
+  for (size_t r = 1; r < c.calls.size(); ++r) {
+    const std::vector<NcclCall> &other = *c.calls[r];
+    if (other.size() != first.size())
+      return llvm::formatv("rank 0 issued a group of {0} calls, rank {1} one "
+                           "of {2}",
+                           first.size(), r, other.size());
+    for (size_t j = 0; j < first.size(); ++j) {
+      const NcclCall &a = first[j], &b = other[j];
+      if (a.kind == b.kind && a.count == b.count && a.type == b.type &&
+          (a.kind == NcclCall::AllReduce || a.root == b.root))
+        continue;
+      std::string which =
+          first.size() > 1
+              ? llvm::formatv(" (call {0} of the group)", j + 1).str()
+              : "";
+      return llvm::formatv("rank 0 issued {0}, rank {1} {2}{3}", a.describe(),
+                           r, b.describe(), which);
+    }
+  }
+  return "";
+}
+
+/// Moves and sums the bytes of every rank's calls: sums in fp32 in rank
+/// order, rounded to the element type.
+void runCollective(const Collective &c) {
+  auto at = [](uintptr_t p) { return reinterpret_cast<void *>(p); };
+  for (size_t j = 0; j < c.calls[0]->size(); ++j) {
+    auto call = [&](size_t r) -> const NcclCall & { return (*c.calls[r])[j]; };
+    const NcclCall &first = call(0);
+    if (first.kind == NcclCall::Broadcast) {
+      uintptr_t src = call(first.root).send;
+      for (size_t r = 0; r < c.calls.size(); ++r)
+        if (call(r).recv != src)
+          std::memcpy(at(call(r).recv), at(src),
+                      first.count * exec::dtypeBytes(first.type));
+      continue;
+    }
+    for (size_t i = 0; i < first.count; ++i) {
+      float sum = 0;
+      for (size_t r = 0; r < c.calls.size(); ++r)
+        sum += loadAs(at(call(r).send), first.type, i);
+      for (size_t r = 0; r < c.calls.size(); ++r)
+        if (call(r).writes(static_cast<int>(r)))
+          storeAs(at(call(r).recv), first.type, i, sum);
+    }
+  }
+}
+
+/// A rank's operation of collective `seq` when its stream reaches it:
+/// waits for every rank's, then the last to arrive checks and runs it.
+void rendezvous(Clique &q, int rank, int64_t seq,
+                const std::vector<NcclCall> &calls, Device &d,
+                const std::string &label) {
+  std::string problem;
+  {
+    std::unique_lock<std::mutex> lock(q.mu);
+    Collective &c = q.collectives[seq];
+    if (c.calls.empty())
+      c.calls.resize(q.size);
+    c.calls[rank] = calls;
+    if (++c.arrived == q.size) {
+      c.problem = q.aborted >= 0 ? llvm::formatv("rank {0} aborted its "
+                                                 "communicator",
+                                                 q.aborted)
+                                       .str()
+                                 : disagreement(c);
+      if (c.problem.empty())
+        runCollective(c);
+      c.done = true;
+      q.cv.notify_all();
+    } else {
+      q.cv.wait_for(lock, kNcclTimeout,
+                    [&] { return c.done || q.aborted >= 0; });
+    }
+    if (c.done) {
+      problem = c.problem;
+      if (++c.left == q.size)
+        q.collectives.erase(seq);
+    } else if (q.aborted >= 0) {
+      problem = llvm::formatv("rank {0} aborted its communicator", q.aborted);
+    } else {
+      problem = llvm::formatv("no other rank issued it within {0} s (missing:",
+                              kNcclTimeout.count());
+      for (size_t r = 0; r < c.calls.size(); ++r)
+        if (!c.calls[r])
+          problem += " rank " + std::to_string(r);
+      problem += ")";
+    }
+  }
+  if (!problem.empty()) {
+    std::lock_guard<std::mutex> lock(d.mu);
+    error(d, label + ": " + problem);
+  }
+}
+
+/// Queues rank `c`'s next collective (`calls`) on `s`: ordered and checked
+/// like a copy, it reads the bytes it sends and writes those it receives.
+ncclResult_t issue(Comm &c, CUstream s, std::vector<NcclCall> calls) {
+  Device &d = deviceOf(s);
+  // A call refused below takes no number, as NCCL's refused calls match
+  // nothing.
+  int64_t seq = c.issued + 1;
+  std::string label = calls[0].name();
+  if (calls.size() > 1) {
+    bool same = llvm::all_of(
+        calls, [&](const NcclCall &x) { return x.kind == calls[0].kind; });
+    label = llvm::formatv("a group of {0} {1}", calls.size(),
+                          same ? label : "collective calls");
+  }
+  label += llvm::formatv(" (collective #{0} of rank {1})", seq, c.rank).str();
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (&d != c.device) {
+      error(d, label + ": the stream is not on the communicator's device");
+      return kNcclInvalidArgument;
+    }
+    for (const NcclCall &call : calls) {
+      size_t bytes = call.count * exec::dtypeBytes(call.type);
+      if (!bytes)
+        continue;
+      bool reads = call.reads(c.rank), writes = call.writes(c.rank);
+      if ((reads && !deviceRange(d, call.send, bytes, call.name())) ||
+          (writes && !deviceRange(d, call.recv, bytes, call.name())))
+        return kNcclInvalidArgument;
+      if (reads)
+        if (auto a = access(d, call.send, bytes))
+          op.reads.push_back(std::move(*a));
+      if (writes) {
+        if (auto a = access(d, call.recv, bytes))
+          op.writes.push_back(std::move(*a));
+        if (!reads || call.recv + bytes <= call.send ||
+            call.send + bytes <= call.recv)
+          op.poison.push_back({reinterpret_cast<void *>(call.recv), bytes});
+      }
+    }
+  }
+  c.issued = seq;
+  op.run = [clique = c.clique, rank = c.rank, seq, calls, &d, label] {
+    rendezvous(*clique, rank, seq, calls, d, label);
+  };
+  op.mustRun = true;
+  return enqueue(s, std::move(op), -1, label) ? kNcclInvalidArgument
+                                              : ncclSuccess;
+}
+
+/// The calls of the open group (ncclGroupStart) of this thread.
+struct Grouped {
+  Comm *comm;
+  CUstream stream;
+  NcclCall call;
+};
+thread_local int groupDepth = 0;
+thread_local std::vector<Grouped> grouped;
+
+ncclResult_t collective(NcclCall call, ncclDataType_t type, ncclRedOp_t op,
+                        ncclComm_t comm, CUstream s) {
+  std::optional<DType> t = dtypeOfNccl(type);
+  if (!comm || !t || op != ncclSum)
+    return kNcclInvalidArgument;
+  Comm &c = *reinterpret_cast<Comm *>(comm);
+  call.type = *t;
+  if (call.kind != NcclCall::AllReduce &&
+      (call.root < 0 || call.root >= c.clique->size))
+    return kNcclInvalidArgument;
+  if (groupDepth > 0) {
+    grouped.push_back({&c, s, call});
+    return ncclSuccess;
+  }
+  return issue(c, s, {call});
+}
+
+NcclApi makeNccl() {
+  NcclApi n;
+  n.library = "fake";
+  n.ncclGetVersion = [](int *v) {
+    *v = 22800;
+    return ncclSuccess;
+  };
+  n.ncclGetErrorString = [](ncclResult_t r) -> const char * {
+    switch (r) {
+    case ncclSuccess:
+      return "no error";
+    case kNcclSystemError:
+      return "unhandled system error";
+    case kNcclInvalidArgument:
+      return "invalid argument";
+    case kNcclInvalidUsage:
+      return "invalid usage";
+    case kNcclRemoteError:
+      return "remote process exited or there was a network error";
+    default:
+      return "fake NCCL error";
+    }
+  };
+  n.ncclGetUniqueId = [](ncclUniqueId *id) {
+    Ids &i = ids();
+    std::lock_guard<std::mutex> lock(i.mu);
+    *id = {};
+    std::snprintf(id->internal, sizeof(id->internal), "fake-nccl-%lld",
+                  static_cast<long long>(++i.made));
+    return ncclSuccess;
+  };
+  n.ncclCommInitRank = [](ncclComm_t *comm, int nranks, ncclUniqueId id,
+                          int rank) {
+    if (!comm || nranks < 1 || rank < 0 || rank >= nranks)
+      return kNcclInvalidArgument;
+    std::string key(id.internal, sizeof(id.internal));
+    std::shared_ptr<Clique> q;
+    {
+      Ids &i = ids();
+      std::lock_guard<std::mutex> lock(i.mu);
+      std::shared_ptr<Clique> &slot = i.joining[key];
+      if (!slot) {
+        slot = std::make_shared<Clique>();
+        slot->size = nranks;
+        slot->joined.assign(nranks, false);
+      }
+      q = slot;
+    }
+    std::unique_lock<std::mutex> lock(q->mu);
+    if (q->size != nranks || q->joined[rank])
+      return kNcclInvalidUsage;
+    q->joined[rank] = true;
+    q->cv.notify_all();
+    // As NCCL's: returns once every rank has joined.
+    if (!q->cv.wait_for(lock, kNcclTimeout, [&] {
+          return llvm::all_of(q->joined, [](bool j) { return j; });
+        }))
+      return kNcclSystemError;
+    lock.unlock();
+    {
+      Ids &i = ids();
+      std::lock_guard<std::mutex> idsLock(i.mu);
+      i.joining.erase(key);
+    }
+    *comm = reinterpret_cast<ncclComm_t>(new Comm{q, rank, &dev()});
+    return ncclSuccess;
+  };
+  n.ncclCommDestroy = [](ncclComm_t comm) {
+    // Queued operations hold the clique, not the communicator.
+    delete reinterpret_cast<Comm *>(comm);
+    return ncclSuccess;
+  };
+  n.ncclCommAbort = [](ncclComm_t comm) {
+    Comm *c = reinterpret_cast<Comm *>(comm);
+    {
+      std::lock_guard<std::mutex> lock(c->clique->mu);
+      if (c->clique->aborted < 0)
+        c->clique->aborted = c->rank;
+      c->clique->cv.notify_all();
+    }
+    delete c;
+    return ncclSuccess;
+  };
+  n.ncclCommGetAsyncError = [](ncclComm_t comm, ncclResult_t *r) {
+    Comm &c = *reinterpret_cast<Comm *>(comm);
+    std::lock_guard<std::mutex> lock(c.clique->mu);
+    *r = c.clique->aborted >= 0 ? kNcclRemoteError : ncclSuccess;
+    return ncclSuccess;
+  };
+  n.ncclGroupStart = [] {
+    ++groupDepth;
+    return ncclSuccess;
+  };
+  n.ncclGroupEnd = [] {
+    if (groupDepth == 0)
+      return kNcclInvalidUsage;
+    if (--groupDepth > 0)
+      return ncclSuccess;
+    std::vector<Grouped> calls = std::move(grouped);
+    grouped.clear();
+    // One collective per communicator, in the order of their first calls.
+    std::vector<Comm *> comms;
+    for (const Grouped &g : calls)
+      if (!llvm::is_contained(comms, g.comm))
+        comms.push_back(g.comm);
+    ncclResult_t result = ncclSuccess;
+    for (Comm *comm : comms) {
+      std::vector<NcclCall> mine;
+      CUstream stream = nullptr;
+      bool oneStream = true;
+      for (const Grouped &g : calls)
+        if (g.comm == comm) {
+          oneStream &= mine.empty() || g.stream == stream;
+          stream = g.stream;
+          mine.push_back(g.call);
+        }
+      ncclResult_t r =
+          oneStream ? issue(*comm, stream, std::move(mine)) : kNcclInvalidUsage;
+      if (result == ncclSuccess)
+        result = r;
+    }
+    return result;
+  };
+  n.ncclBroadcast = [](const void *send, void *recv, size_t count,
+                       ncclDataType_t type, int root, ncclComm_t comm,
+                       CUstream s) {
+    NcclCall call;
+    call.kind = NcclCall::Broadcast;
+    call.send = reinterpret_cast<uintptr_t>(send);
+    call.recv = reinterpret_cast<uintptr_t>(recv);
+    call.count = count;
+    call.root = root;
+    return collective(call, type, ncclSum, comm, s);
+  };
+  n.ncclReduce = [](const void *send, void *recv, size_t count,
+                    ncclDataType_t type, ncclRedOp_t op, int root,
+                    ncclComm_t comm, CUstream s) {
+    NcclCall call;
+    call.kind = NcclCall::Reduce;
+    call.send = reinterpret_cast<uintptr_t>(send);
+    call.recv = reinterpret_cast<uintptr_t>(recv);
+    call.count = count;
+    call.root = root;
+    return collective(call, type, op, comm, s);
+  };
+  n.ncclAllReduce = [](const void *send, void *recv, size_t count,
+                       ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                       CUstream s) {
+    NcclCall call;
+    call.kind = NcclCall::AllReduce;
+    call.send = reinterpret_cast<uintptr_t>(send);
+    call.recv = reinterpret_cast<uintptr_t>(recv);
+    call.count = count;
+    return collective(call, type, op, comm, s);
+  };
+  return n;
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
 // The interface
 //===----------------------------------------------------------------------===//
 
-void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
-           KernelLookup kernels, const Options &options) {
-  releasePinnedPools();
+namespace {
+
+/// The calling thread's device, prepared for setUp: the pinned blocks
+/// destroyed backends kept are freed first (which makes their context
+/// current), and everything from before forgotten.
+Device &resetDevice(const exec::ExecPlan *plan, KernelLookup kernels,
+                    const Options &options) {
   Device &d = dev();
+  releasePinnedPools();
+  current = &d;
   std::lock_guard<std::mutex> lock(d.mu);
-  d.plan = &plan;
+  d.plan = plan;
   d.kernels = std::move(kernels);
   d.options = options;
-  d.block = std::max<int64_t>(plan.alignment, 1);
+  d.block = plan ? std::max<int64_t>(plan->alignment, 1) : 256;
+  d.checkAll = !plan;
   d.arena = nullptr;
+  d.allocCount = 0;
   d.ops.assign(1, OpInfo{});
   d.host = VClock{};
   d.stepStart = 1;
@@ -1692,6 +2232,19 @@ void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
   for (auto &k : d.byKind)
     k.clear();
   d.cursor = {};
+  d.offsets.clear();
+  if (!d.allocs.empty() ||
+      llvm::any_of(d.streams, [](auto &s) { return s && s->slot > 0; }))
+    error(d, "setUp: a backend of an earlier setUp is still alive");
+  return d;
+}
+
+} // namespace
+
+void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
+           KernelLookup kernels, const Options &options) {
+  Device &d = resetDevice(&plan, std::move(kernels), options);
+  std::lock_guard<std::mutex> lock(d.mu);
   d.offsets.assign(plan.values.size(), -1);
   for (size_t id = 0; id < plan.values.size(); ++id) {
     int64_t v = static_cast<int64_t>(id);
@@ -1703,10 +2256,11 @@ void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
   }
   for (size_t i = 0; i < plan.instructions.size(); ++i)
     addCandidates(d, plan, prep, i);
-  if (!d.allocs.empty() ||
-      llvm::any_of(d.streams, [](auto &s) { return s && s->slot > 0; }))
-    error(d, "setUp: a backend of an earlier setUp is still alive");
 }
+
+void setUp(const Options &options) { resetDevice(nullptr, nullptr, options); }
+
+void useDevice(int index) { current = &deviceAt(index); }
 
 void beginStep(uint64_t seed) {
   Device &d = dev();
@@ -1753,6 +2307,11 @@ const CudaDriverApi &driver() {
 const CublasLtApi &cublasLt() {
   static const CublasLtApi l = makeCublasLt();
   return l;
+}
+
+const NcclApi &nccl() {
+  static const NcclApi n = makeNccl();
+  return n;
 }
 
 } // namespace megaslide::cuda::fake

@@ -42,6 +42,15 @@
 //    ranges inside their allocations;
 //  * host waits that would spin a core on a real GPU (stats()).
 //
+// Several fake devices can live in one process, one per rank of a job run
+// as threads (useDevice), and a fake NCCL (nccl()) runs the collectives
+// between them: each collective is an operation on its rank's stream,
+// ordered and checked like a copy, that waits for the same collective of
+// every rank when it runs; the ranks must agree on it (op, count, element
+// type, root), and it moves or sums the bytes (sums in fp32 in rank
+// order, rounded to the element type). Vector clocks are per device:
+// an event recorded or waited for on another device's stream is an error.
+//
 // The granularity is the plan's alignment (256 bytes): every buffer of the
 // arena and of the pinned pools starts on such a block, so a block belongs
 // to one buffer at a time. What a kernel reads and writes is known from
@@ -123,12 +132,27 @@ struct Stats {
   std::map<std::string, int64_t> calls;
 };
 
-/// Prepares the device for one backend running `plan` (prepared as
-/// `prep`): forgets errors, counts and faults, and frees the pinned blocks
-/// destroyed backends kept (cuda::releasePinnedPools). Every backend of an
-/// earlier setUp must be gone.
+/// Makes fake device `index` (made, with those below it, at first use) the
+/// calling thread's, as cuCtxSetCurrent makes a context current. Device
+/// ordinal r is fake device r (cuDeviceGetCount counts those made), and
+/// cuCtxSetCurrent of its primary context selects it, so a backend made
+/// for ordinal r, and its own threads, use device r. Every thread starts
+/// on device 0. The functions below and the calls that name no handle
+/// (allocations, stream and event creation, cuMemGetInfo, the NULL stream,
+/// ncclCommInitRank) go to the current device; calls naming a stream, an
+/// event or memory go to its device, from any thread.
+void useDevice(int index);
+
+/// Prepares the current device for one backend running `plan` (prepared
+/// as `prep`): forgets errors, counts and faults, and frees the pinned
+/// blocks destroyed backends kept (cuda::releasePinnedPools). Every
+/// backend of an earlier setUp must be gone.
 void setUp(const exec::ExecPlan &plan, const PreparedPlan &prep,
            KernelLookup kernels, const Options &options = {});
+/// The same for a test that drives the device without a plan: every device
+/// allocation is checked as the arena is ("device allocation #N"), and no
+/// launch or GEMM is expected.
+void setUp(const Options &options = {});
 /// Call before each step: seeds the delays and starts the step's checks.
 void beginStep(uint64_t seed);
 /// Call after each step (also a failed one): checks that no work is in
@@ -142,6 +166,17 @@ bool waitForFault(std::chrono::milliseconds timeout);
 /// The entry points. Valid between setUp and the next setUp.
 const CudaDriverApi &driver();
 const CublasLtApi &cublasLt();
+/// NCCL on the fake devices. A communicator belongs to the device current
+/// at ncclCommInitRank, which waits for every rank of the id. A group
+/// (ncclGroupStart/End) is one collective per communicator; its calls must
+/// use one stream. Collective calls: ncclBroadcast, ncclReduce and
+/// ncclAllReduce, ncclSum of ncclBfloat16, ncclFloat16 or ncclFloat32. A
+/// collective that waits kNcclTimeout for a rank that never issues it, one
+/// the ranks disagree on, or one whose communicator a rank aborted
+/// (ncclCommAbort) moves nothing and is an error on every device it ran
+/// on.
+const NcclApi &nccl();
+inline constexpr std::chrono::seconds kNcclTimeout{30};
 
 /// Element `i` of `p` in type `t`, as float (and back).
 float loadAs(const void *p, exec::DType t, int64_t i);

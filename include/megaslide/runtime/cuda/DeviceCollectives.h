@@ -1,0 +1,97 @@
+//===- DeviceCollectives.h - NCCL collectives of a job ----------*- C++ -*-===//
+//
+// The device side of a job's collectives (docs/Distributed.md): one NCCL
+// communicator per process, set up through the host collectives, and the
+// two collectives of the sharded step on device buffers: the fetch's
+// all-gather of a parameter's shards and the gradient's reduce-scatter
+// before its D2H.
+//
+// The shards are dist::shardRange's: balanced and 16-element aligned, so
+// not equal-sized (rank 0's is the largest), while ncclAllGather and
+// ncclReduceScatter need equal counts. Padding every tensor to
+// ranks * largest shard would need room past the tensor's end in the arena
+// and a copy, so each collective is instead a group (ncclGroupStart/End)
+// of one ncclBroadcast or ncclReduce per rank, root r for shard r, with
+// its shard's count and offset, in place. The bytes per rank are the ring
+// all-gather's and reduce-scatter's: NCCL runs broadcast and reduce as
+// rings, each shard crossing every link of its ring but one, so for a
+// tensor of B bytes over N ranks each rank sends and receives B less one
+// shard, about (N-1)/N * B. What the group costs more is latency: N ring
+// passes instead of one.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MEGASLIDE_RUNTIME_CUDA_DEVICECOLLECTIVES_H
+#define MEGASLIDE_RUNTIME_CUDA_DEVICECOLLECTIVES_H
+
+#include "megaslide/runtime/cuda/CudaApi.h"
+#include "megaslide/runtime/dist/Collectives.h"
+#include "megaslide/runtime/plan/ExecPlan.h"
+
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace megaslide::cuda {
+
+/// A job's NCCL communicator and the stream its collectives run on. Every
+/// rank calls the same collectives in the same order, from one host thread
+/// at a time, with the CUDA context the communicator was made in current.
+class DeviceCollectives {
+public:
+  /// Every rank of `job` together, with its device's context current: each
+  /// makes its communication stream and events, rank 0 NCCL's unique id,
+  /// which job.allGather gives every rank (a rank that failed so far sends
+  /// nothing, and every rank returns an error naming it), then
+  /// ncclCommInitRank(size, id, rank), which returns once all have joined.
+  static llvm::Expected<std::unique_ptr<DeviceCollectives>>
+  create(const CudaDriverApi &cu, const NcclApi &nccl, dist::Collectives &job);
+  /// Waits for the communication stream and destroys the communicator
+  /// (unless abort() freed it).
+  ~DeviceCollectives();
+  DeviceCollectives(const DeviceCollectives &) = delete;
+  DeviceCollectives &operator=(const DeviceCollectives &) = delete;
+
+  int rank() const { return myRank; }
+  int size() const { return ranks; }
+
+  /// In place on the `count` elements of `dtype` (bf16, f16 or f32) at
+  /// `data`: each rank's dist::shardRange goes to every rank. Ordered after
+  /// the work issued on `stream` so far and before what is issued on it
+  /// next, so an event the caller records on `stream` afterwards covers it.
+  llvm::Error allGatherShards(CUdeviceptr data, int64_t count,
+                              exec::DType dtype, CUstream stream);
+  /// In place, ordered the same way: this rank's shardRange of `data`
+  /// becomes the sum over the ranks of theirs; the rest of `data` is left
+  /// undefined.
+  llvm::Error reduceScatterShards(CUdeviceptr data, int64_t count,
+                                  exec::DType dtype, CUstream stream);
+
+  /// For a rank that fails: ncclCommAbort ends the communicator's
+  /// operations in flight here, so the process can exit; the other ranks'
+  /// collectives then fail or hang until their watchdog ends them.
+  void abort();
+
+private:
+  DeviceCollectives(const CudaDriverApi &cu, const NcclApi &nccl)
+      : cu(cu), nccl(nccl) {}
+  /// One group of a call per root (ncclBroadcast or ncclReduce), root r
+  /// on shard r, on the communication stream between an event recorded on
+  /// `stream` and `stream`'s wait for its end.
+  llvm::Error runGroup(bool reduce, CUdeviceptr data, int64_t count,
+                       exec::DType dtype, CUstream stream);
+
+  const CudaDriverApi &cu;
+  const NcclApi &nccl;
+  int myRank = 0, ranks = 1;
+  ncclComm_t comm = nullptr;
+  CUstream commStream = nullptr;
+  /// Recorded on the caller's stream before a collective and on the
+  /// communication stream after it.
+  CUevent before = nullptr, after = nullptr;
+};
+
+} // namespace megaslide::cuda
+
+#endif // MEGASLIDE_RUNTIME_CUDA_DEVICECOLLECTIVES_H

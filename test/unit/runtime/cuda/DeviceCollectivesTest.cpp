@@ -1,0 +1,446 @@
+//===- DeviceCollectivesTest.cpp - NCCL collectives on fake devices -------===//
+//
+// cuda::DeviceCollectives over 2 and 4 ranks run as threads, each with its
+// own fake device (FakeCuda.h) and the fake NCCL, set up through host
+// collectives between the threads: the all-gather and reduce-scatter of
+// unequal shards (bf16, f16, f32) give the expected bits on every rank
+// under four seeds; work the collective's events do not cover, ranks that
+// disagree on a collective, a rank that fails to set up and a rank that
+// aborts are reported; device ordinal r is rank r's fake device. The real
+// NCCL is only loaded here: without a GPU it cannot make a communicator.
+//
+//===----------------------------------------------------------------------===//
+
+#include "megaslide/runtime/cuda/DeviceCollectives.h"
+
+#include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/dist/Collectives.h"
+
+#include "megaslide/Testing/FakeCuda.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace megaslide;
+using namespace megaslide::cuda;
+using exec::DType;
+
+namespace {
+
+/// What the ranks' threads share: one allGather at a time.
+struct Hub {
+  explicit Hub(int size) : size(size), slots(size) {}
+  /// Every rank's `mine` in rank order, once all have called; an error
+  /// after a minute (a rank that never comes: the test fails, not hangs).
+  llvm::Expected<std::vector<std::string>> gather(int rank,
+                                                  llvm::StringRef mine) {
+    std::unique_lock<std::mutex> lock(mu);
+    int64_t round = rounds;
+    slots[rank] = mine.str();
+    if (++arrived == size) {
+      result = slots;
+      arrived = 0;
+      ++rounds;
+      cv.notify_all();
+    } else if (!cv.wait_for(lock, std::chrono::minutes(1),
+                            [&] { return rounds != round; })) {
+      return llvm::createStringError("rank " + std::to_string(rank) +
+                                     ": the other ranks never gathered");
+    }
+    // The next round cannot complete before this rank joins it.
+    return result;
+  }
+
+  const int size;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> slots, result;
+  int arrived = 0;
+  int64_t rounds = 0;
+};
+
+/// A rank's host collectives over the hub: allGather and barrier, which is
+/// all DeviceCollectives::create uses.
+class ThreadRank final : public dist::Collectives {
+public:
+  ThreadRank(Hub &hub, int rank)
+      : Collectives(dist::World{rank, hub.size, rank, hub.size, ""},
+                    "localhost"),
+        hub(hub) {}
+  llvm::Error allReduceSum(llvm::MutableArrayRef<float>) override {
+    return unused();
+  }
+  llvm::Error allReduceSum(llvm::MutableArrayRef<double>) override {
+    return unused();
+  }
+  llvm::Error barrier() override { return hub.gather(rank(), "").takeError(); }
+  llvm::Error allGatherShards(void *, int64_t, int) override {
+    return unused();
+  }
+  llvm::Error reduceScatterShards(llvm::MutableArrayRef<float>) override {
+    return unused();
+  }
+  llvm::Error gatherShardsToRank0(llvm::ArrayRef<float>, int64_t,
+                                  float *) override {
+    return unused();
+  }
+
+protected:
+  llvm::Expected<std::vector<std::string>> gatherStrings(llvm::StringRef mine,
+                                                         bool) override {
+    return hub.gather(rank(), mine);
+  }
+
+private:
+  static llvm::Error unused() {
+    return llvm::createStringError("not used by the device collectives");
+  }
+  Hub &hub;
+};
+
+/// Runs `body` on `ranks` threads, each on its own fake device (set up
+/// without a plan, with `options` for the rank) and with its host
+/// collectives.
+void runRanks(int ranks,
+              const std::function<void(int, dist::Collectives &)> &body,
+              const std::function<fake::Options(int)> &options = {}) {
+  Hub hub(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      fake::useDevice(r);
+      fake::setUp(options ? options(r) : fake::Options{});
+      ThreadRank job(hub, r);
+      body(r, job);
+    });
+  for (std::thread &t : threads)
+    t.join();
+}
+
+/// One rank's stream, device buffer and pinned buffer of `bytes`.
+struct Buffers {
+  explicit Buffers(size_t bytes) : bytes(bytes) {
+    EXPECT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), 0);
+    EXPECT_EQ(cu.cuMemAlloc_v2(&data, bytes), 0);
+    EXPECT_EQ(cu.cuMemHostAlloc(&host, bytes, 0), 0);
+  }
+  ~Buffers() {
+    cu.cuStreamSynchronize(stream);
+    cu.cuMemFreeHost(host);
+    cu.cuMemFree_v2(data);
+    cu.cuStreamDestroy_v2(stream);
+  }
+  uint8_t *hostBytes() const { return static_cast<uint8_t *>(host); }
+  /// [begin, end) elements of `type` between host and device on `s`.
+  void toDevice(int64_t begin, int64_t end, DType type, CUstream s) const {
+    int64_t b = exec::dtypeBytes(type);
+    if (end > begin) {
+      EXPECT_EQ(cu.cuMemcpyHtoDAsync_v2(data + begin * b,
+                                        hostBytes() + begin * b,
+                                        (end - begin) * b, s),
+                0);
+    }
+  }
+  void toHost(int64_t begin, int64_t end, DType type, CUstream s) const {
+    int64_t b = exec::dtypeBytes(type);
+    if (end > begin) {
+      EXPECT_EQ(cu.cuMemcpyDtoHAsync_v2(hostBytes() + begin * b,
+                                        data + begin * b, (end - begin) * b, s),
+                0);
+    }
+  }
+
+  const CudaDriverApi &cu = fake::driver();
+  size_t bytes;
+  CUstream stream = nullptr;
+  CUdeviceptr data = 0;
+  void *host = nullptr;
+};
+
+/// Rank `rank`'s input element `i` under `seed`, as stored in `type`.
+float inputOf(uint64_t seed, int rank, int64_t i, DType type) {
+  std::mt19937_64 rng(seed * 1000003 + rank * 7919 + i);
+  float v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+  uint32_t stored = 0;
+  fake::storeAs(&stored, type, 0, v);
+  return fake::loadAs(&stored, type, 0);
+}
+
+/// `v` rounded to `type`, as bits.
+uint32_t bitsOf(float v, DType type) {
+  uint32_t stored = 0;
+  fake::storeAs(&stored, type, 0, v);
+  return stored;
+}
+uint32_t bitsAt(const uint8_t *p, DType type, int64_t i) {
+  uint32_t stored = 0;
+  int64_t b = exec::dtypeBytes(type);
+  std::memcpy(&stored, p + i * b, b);
+  return stored;
+}
+
+/// The rank owning element `i` of `count` over `ranks`.
+int ownerOf(int64_t i, int64_t count, int ranks) {
+  for (int r = 0; r < ranks; ++r)
+    if (i < dist::shardRange(count, r, ranks).end)
+      return r;
+  return ranks;
+}
+
+std::string joined(const std::vector<std::string> &errors) {
+  return llvm::join(errors, "\n");
+}
+
+constexpr int64_t kCounts[] = {1000, 100, 37};
+constexpr DType kTypes[] = {DType::BF16, DType::F16, DType::F32};
+constexpr uint64_t kSeeds = 4;
+
+/// Every rank gathers every shard, and reduces its own, bit for bit.
+void expectExactCollectives(int ranks) {
+  runRanks(ranks, [&](int rank, dist::Collectives &job) {
+    // The buffers outlive the collectives, whose destructor waits for them.
+    Buffers buf(1000 * 4);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    for (DType type : kTypes)
+      for (int64_t count : kCounts)
+        for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+          SCOPED_TRACE(llvm::formatv("rank {0} of {1}, {2} x {3}, seed {4}",
+                                     rank, ranks, count, exec::dtypeName(type),
+                                     seed)
+                           .str());
+          fake::beginStep(seed);
+          dist::ShardRange mine = dist::shardRange(count, rank, ranks);
+          // All-gather: this rank's shard in, every shard out.
+          for (int64_t i = 0; i < count; ++i)
+            fake::storeAs(buf.host, type, i, inputOf(seed, rank, i, type));
+          buf.toDevice(mine.begin, mine.end, type, buf.stream);
+          ASSERT_FALSE(
+              (*dc)->allGatherShards(buf.data, count, type, buf.stream));
+          buf.toHost(0, count, type, buf.stream);
+          ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+          int wrong = 0;
+          for (int64_t i = 0; i < count; ++i) {
+            float want = inputOf(seed, ownerOf(i, count, ranks), i, type);
+            wrong += bitsAt(buf.hostBytes(), type, i) != bitsOf(want, type);
+          }
+          EXPECT_EQ(wrong, 0) << "elements wrong after the all-gather";
+          // Reduce-scatter: every element in, the sum of this rank's shard
+          // out (fp32 in rank order, rounded to the type).
+          for (int64_t i = 0; i < count; ++i)
+            fake::storeAs(buf.host, type, i, inputOf(seed, rank, i, type));
+          buf.toDevice(0, count, type, buf.stream);
+          ASSERT_FALSE(
+              (*dc)->reduceScatterShards(buf.data, count, type, buf.stream));
+          buf.toHost(0, count, type, buf.stream);
+          ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+          wrong = 0;
+          for (int64_t i = mine.begin; i < mine.end; ++i) {
+            float sum = 0;
+            for (int r = 0; r < ranks; ++r)
+              sum += inputOf(seed, r, i, type);
+            wrong += bitsAt(buf.hostBytes(), type, i) != bitsOf(sum, type);
+          }
+          EXPECT_EQ(wrong, 0) << "elements wrong after the reduce-scatter";
+          std::vector<std::string> errors = fake::endStep();
+          EXPECT_TRUE(errors.empty()) << joined(errors);
+        }
+  });
+}
+
+TEST(DeviceCollectivesTest, UnequalShardsOverTwoRanksAreExact) {
+  expectExactCollectives(2);
+}
+
+TEST(DeviceCollectivesTest, UnequalShardsOverFourRanksAreExact) {
+  expectExactCollectives(4);
+}
+
+TEST(DeviceCollectivesTest, WorkTheEventsDoNotCoverIsAMissingWait) {
+  constexpr int64_t count = 1000;
+  std::vector<std::vector<std::string>> errors(4);
+  runRanks(4, [&](int rank, dist::Collectives &job) {
+    // Streams: #1 `stream`, #2 the collectives', #3 `other`.
+    Buffers buf(count * 2);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    CUstream other = nullptr;
+    ASSERT_EQ(buf.cu.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), 0);
+    fake::beginStep(0);
+    for (int64_t i = 0; i < count; ++i)
+      fake::storeAs(buf.host, DType::BF16, i, 1.0f);
+    // The shard is copied on `other`, which `stream` does not wait for:
+    // the gather reads it unordered.
+    dist::ShardRange mine = dist::shardRange(count, rank, 4);
+    buf.toDevice(mine.begin, mine.end, DType::BF16, other);
+    EXPECT_FALSE(
+        (*dc)->allGatherShards(buf.data, count, DType::BF16, buf.stream));
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(other), 0);
+    // The reduced shard is read on `other`, which does not wait for the
+    // collective's event on `stream`.
+    buf.toDevice(0, count, DType::BF16, buf.stream);
+    EXPECT_FALSE(
+        (*dc)->reduceScatterShards(buf.data, count, DType::BF16, buf.stream));
+    buf.toHost(mine.begin, mine.end, DType::BF16, other);
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(other), 0);
+    errors[rank] = fake::endStep();
+    buf.cu.cuStreamDestroy_v2(other);
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string all = joined(errors[rank]);
+    SCOPED_TRACE("rank " + std::to_string(rank) + ":\n" + all);
+    dist::ShardRange mine = dist::shardRange(count, rank, 4);
+    std::string bytes = llvm::formatv("device allocation #0 bytes [{0}, {1})",
+                                      mine.begin * 2, mine.end * 2);
+    std::string unordered =
+        "no event orders that write before it (a missing wait)";
+    EXPECT_NE(all.find(llvm::formatv("a group of 4 ncclBroadcast (collective "
+                                     "#1 of rank {0}) on stream #2 (the "
+                                     "backend's own) reads {1} that "
+                                     "cuMemcpyHtoDAsync on stream #3 (the "
+                                     "backend's own) writes, and {2}",
+                                     rank, bytes, unordered)
+                           .str()),
+              std::string::npos);
+    EXPECT_NE(all.find(llvm::formatv("cuMemcpyDtoHAsync on stream #3 (the "
+                                     "backend's own) reads {0} that a group "
+                                     "of 4 ncclReduce (collective #2 of rank "
+                                     "{1}) on stream #2 (the backend's own) "
+                                     "writes, and {2}",
+                                     bytes, rank, unordered)
+                           .str()),
+              std::string::npos);
+  }
+}
+
+TEST(DeviceCollectivesTest, RanksThatDisagreeOnACountAreNamed) {
+  std::vector<std::vector<std::string>> errors(4);
+  runRanks(4, [&](int rank, dist::Collectives &job) {
+    // Rank 3 has one element more: its last shard is one longer.
+    int64_t count = rank == 3 ? 1001 : 1000;
+    Buffers buf(count * 2);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    fake::beginStep(0);
+    for (int64_t i = 0; i < count; ++i)
+      fake::storeAs(buf.host, DType::BF16, i, 1.0f);
+    buf.toDevice(0, count, DType::BF16, buf.stream);
+    EXPECT_FALSE(
+        (*dc)->allGatherShards(buf.data, count, DType::BF16, buf.stream));
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+    errors[rank] = fake::endStep();
+  });
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_EQ(joined(errors[rank]),
+              "a group of 4 ncclBroadcast (collective #1 of rank " +
+                  std::to_string(rank) +
+                  "): rank 0 issued ncclBroadcast of 232 bf16 from root 3, "
+                  "rank 3 ncclBroadcast of 233 bf16 from root 3 (call 4 of "
+                  "the group)");
+}
+
+TEST(DeviceCollectivesTest, ARankThatFailsToSetUpFailsEveryRank) {
+  std::vector<std::string> messages(2);
+  runRanks(
+      2,
+      [&](int rank, dist::Collectives &job) {
+        auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+        ASSERT_FALSE(!!dc);
+        messages[rank] = llvm::toString(dc.takeError());
+        fake::endStep();
+      },
+      [](int rank) {
+        fake::Options o;
+        if (rank == 1)
+          o.fault = fake::Fault{"cuStreamCreate"};
+        return o;
+      });
+  EXPECT_EQ(messages[0], "the NCCL communicator was not made: rank(s) 1 "
+                         "failed to set up (their own errors say why)");
+  EXPECT_EQ(messages[1].find("cuStreamCreate (the NCCL stream): "), 0u)
+      << messages[1];
+}
+
+TEST(DeviceCollectivesTest, AnAbortingRankReleasesTheOthers) {
+  std::vector<std::string> errors(2);
+  auto start = std::chrono::steady_clock::now();
+  runRanks(2, [&](int rank, dist::Collectives &job) {
+    Buffers buf(64 * 4);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    fake::beginStep(0);
+    buf.toDevice(0, 64, DType::F32, buf.stream);
+    if (rank == 1) {
+      (*dc)->abort();
+      std::string msg = llvm::toString(
+          (*dc)->allGatherShards(buf.data, 64, DType::F32, buf.stream));
+      EXPECT_EQ(msg, "ncclBroadcast: the NCCL communicator was aborted");
+    } else {
+      EXPECT_FALSE(
+          (*dc)->allGatherShards(buf.data, 64, DType::F32, buf.stream));
+    }
+    ASSERT_EQ(buf.cu.cuStreamSynchronize(buf.stream), 0);
+    errors[rank] = joined(fake::endStep());
+  });
+  EXPECT_EQ(errors[0], "a group of 2 ncclBroadcast (collective #1 of rank "
+                       "0): rank 1 aborted its communicator");
+  EXPECT_EQ(errors[1], "");
+  auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  EXPECT_LT(waited.count(),
+            std::chrono::milliseconds(fake::kNcclTimeout).count());
+}
+
+TEST(DeviceCollectivesTest, OrdinalRIsRankRsFakeDevice) {
+  runRanks(2, [&](int rank, dist::Collectives &) {
+    const CudaDriverApi &cu = fake::driver();
+    auto info = initCudaDevice(cu, rank);
+    ASSERT_TRUE(!!info) << llvm::toString(info.takeError());
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(cu.cuDevicePrimaryCtxRetain(&ctx, info->device), 0);
+    // A thread of the backend's, made current as the backend does.
+    std::thread([&] {
+      CUdeviceptr p = 0;
+      EXPECT_EQ(cu.cuCtxSetCurrent(ctx), 0);
+      EXPECT_EQ(cu.cuMemAlloc_v2(&p, 256), 0);
+      EXPECT_EQ(cu.cuMemFree_v2(p), 0);
+    }).join();
+    EXPECT_EQ(fake::stats().calls["cuMemAlloc_v2"], 1);
+    EXPECT_EQ(cu.cuDevicePrimaryCtxRelease_v2(info->device), 0);
+    EXPECT_TRUE(fake::endStep().empty());
+  });
+}
+
+TEST(DeviceCollectivesTest, RealNcclWithoutAGpuFailsToMakeTheCommunicator) {
+  auto nccl = loadNccl();
+  if (!nccl)
+    GTEST_SKIP() << llvm::toString(nccl.takeError());
+  if (cudaDeviceAvailable())
+    GTEST_SKIP() << "a CUDA device is present";
+  runRanks(1, [&](int, dist::Collectives &job) {
+    auto dc = DeviceCollectives::create(fake::driver(), **nccl, job);
+    ASSERT_FALSE(!!dc);
+    std::string msg = llvm::toString(dc.takeError());
+    EXPECT_NE(msg.find(": NCCL error "), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("ncclGetUniqueId") == 0 ||
+                msg.find("ncclCommInitRank") == 0)
+        << msg;
+    EXPECT_TRUE(fake::endStep().empty());
+  });
+}
+
+} // namespace
