@@ -107,11 +107,13 @@ void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
 
 } // namespace
 
-/// The host bytes the smallest host-state policy and a bf16 EMA would free.
+/// The host bytes the smallest host-state policy and a bf16 EMA would free
+/// on a node (its share of a job's sharded state).
 struct Savings {
   uint64_t byPolicy, byEma;
 };
-static Savings savings(const RecipeBytes &b, schedule::HostStatePolicy policy,
+static Savings savings(ModuleOp module, const RecipeBytes &b,
+                       schedule::HostStatePolicy policy,
                        schedule::EmaPolicy ema) {
   using schedule::bytesPerParam;
   auto smallest = schedule::HostStatePolicy::bf16_moments;
@@ -124,16 +126,17 @@ static Savings savings(const RecipeBytes &b, schedule::HostStatePolicy policy,
           ? (bytesPerParam(ema) - bytesPerParam(schedule::EmaPolicy::bf16)) *
                 b.trainableParams
           : 0;
-  return {byPolicy, byEma};
+  return {nodeShare(module, byPolicy), nodeShare(module, byEma)};
 }
 
 /// What would let the EMA alone (streaming updates) fit when `shortfall`
 /// more host bytes are needed.
-static std::string emaAdvice(uint64_t shortfall, const RecipeBytes &b,
+static std::string emaAdvice(ModuleOp module, uint64_t shortfall,
+                             const RecipeBytes &b,
                              schedule::HostStatePolicy policy,
                              schedule::EmaPolicy ema) {
   auto smallest = schedule::HostStatePolicy::bf16_moments;
-  auto [byPolicy, byEma] = savings(b, policy, ema);
+  auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string advice = "to keep the EMA even with streaming updates, " +
                        formatBytes(shortfall) + " more: ";
   if (byPolicy >= shortfall)
@@ -248,13 +251,14 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
                     formatBytes(recipe.hostFreeBytes) + " host-mem leaves";
   if (deferred && !recipe.deferred.hostFits)
     recipe.advice.push_back(
-        deferAdvice(needs - recipe.hostFreeBytes, b, policy, ema));
+        deferAdvice(module, needs - recipe.hostFreeBytes, b, policy, ema));
   if (!deferred && !recipe.deferred.hostFits && recipe.chosenByAuto)
     recipe.advice.push_back(
-        deferAdvice(needs - recipe.hostFreeBytes, b, policy, ema));
+        deferAdvice(module, needs - recipe.hostFreeBytes, b, policy, ema));
   if (!recipe.streaming.hostFits && b.emaBytes)
     recipe.advice.push_back(
-        emaAdvice(b.emaBytes - recipe.hostFreeBytes, b, policy, ema));
+        emaAdvice(module, nodeShare(module, b.emaBytes) - recipe.hostFreeBytes,
+                  b, policy, ema));
   return llvm::Error::success();
 }
 
@@ -293,11 +297,12 @@ std::string megaslide::explainDeferredBytes(const RecipeBytes &b) {
   return text;
 }
 
-std::string megaslide::deferAdvice(uint64_t shortfall, const RecipeBytes &b,
+std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
+                                   const RecipeBytes &b,
                                    schedule::HostStatePolicy policy,
                                    schedule::EmaPolicy ema) {
   auto smallest = schedule::HostStatePolicy::bf16_moments;
-  auto [byPolicy, byEma] = savings(b, policy, ema);
+  auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string policyFlag =
       ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();
   std::vector<std::string> enough;

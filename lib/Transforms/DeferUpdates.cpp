@@ -142,7 +142,7 @@ struct DeferUpdatesPass
             << explainDeferredBytes(bytes) << ") but " << formatBytes(free)
             << " of host-mem is free; "
             << deferAdvice(
-                   deferredNeeds - free, bytes,
+                   module, deferredNeeds - free, bytes,
                    p.value_or(schedule::HostStatePolicy::master_moments), ema);
       }
     }

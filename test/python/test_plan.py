@@ -7,6 +7,7 @@ module and shared."""
 
 import json
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -320,6 +321,21 @@ def test_a_job_of_no_ranks_is_refused_naming_the_option(option):
     with pytest.raises(ValueError, match=f"option '{name}' is 0; it must be "
                                          "at least 1"):
         megaslide.plan(*TINY, **{option: 0})
+
+
+def test_a_jobs_advice_frees_a_nodes_share(megaslide_plan):
+    """What a leaner host state frees is said per node: a node of 2 holds
+    half of the job's state, so bf16 moments free it half as much."""
+    def frees(*job):
+        out = run_plan(megaslide_plan, "--model", "megaslide-105b",
+                       "--frames", "81", "--height", "720", "--width", "1280",
+                       "--host-mem", "700GB", *job).stdout
+        found = re.search(r"bf16-moments \(frees ([\d.]+) GB", out)
+        assert found, out
+        return float(found[1])
+    one, two = frees("--gpus-per-node", "8"), \
+        frees("--gpus-per-node", "8", "--nodes", "2")
+    assert two == pytest.approx(one / 2, rel=1e-3), (one, two)
 
 
 def test_a_jobs_plan_replays_on_sim_and_is_refused_by_cpu():

@@ -217,9 +217,11 @@ RecipeBytes recipeBytes(mlir::ModuleOp module, int64_t gradAccum,
 /// deferred update and the EMA add.
 std::string explainDeferredBytes(const RecipeBytes &bytes);
 /// What would let the deferred update fit when `shortfall` more host
-/// bytes are needed: the policies that free enough (bf16 moments, a bf16
-/// EMA), else a larger host; then what streaming gives up.
-std::string deferAdvice(uint64_t shortfall, const RecipeBytes &bytes,
+/// bytes of a node of `module`'s job are needed: the policies that free
+/// enough there (bf16 moments, a bf16 EMA), else a larger host; then what
+/// streaming gives up.
+std::string deferAdvice(mlir::ModuleOp module, uint64_t shortfall,
+                        const RecipeBytes &bytes,
                         schedule::HostStatePolicy policy,
                         schedule::EmaPolicy ema);
 
