@@ -17,6 +17,7 @@ import os
 import pathlib
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -633,6 +634,10 @@ def test_trainer_ctrl_c_leaves_whole_steps():
         worker.start()
         while True:
             tr.step()
+            # The Trainer's lock is not fair: without a pause the main
+            # thread can take it back after every step for ever, and the
+            # worker never steps (seen once in a full suite run).
+            time.sleep(0.001)
     worker.join()
     alone = trained(tr.step_count, seed=7)
     assert_same_parameters(tr, alone)
