@@ -1079,7 +1079,7 @@ CHECKPOINT_CASES = [
     ("manifest of something else", ck_manifest(manifest_field("format", "x")),
      "not a MegaSlide checkpoint manifest"),
     ("manifest from the future", ck_manifest(manifest_field("version", 99)),
-     "unsupported version (this build reads up to 1)"),
+     "unsupported version (this build reads up to 2)"),
     ("manifest without files", ck_manifest(manifest_field("files", None)),
      "no 'files' array"),
     ("manifest with a bad checksum",
