@@ -15,9 +15,9 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -630,14 +630,17 @@ def test_trainer_ctrl_c_leaves_whole_steps():
         # thread take thousands of steps first (which the check replays).
         _thread.interrupt_main()
     worker = threading.Thread(target=work)
-    with pytest.raises(KeyboardInterrupt):
-        worker.start()
-        while True:
-            tr.step()
-            # The Trainer's lock is not fair: without a pause the main
-            # thread can take it back after every step for ever, and the
-            # worker never steps (seen once in a full suite run).
-            time.sleep(0.001)
+    # interrupt_main does nothing where SIGINT is ignored, as it is for a
+    # background job of a non-interactive shell (`./scripts/test.sh &`):
+    # the loop below would never end.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.start()
+            while True:
+                tr.step()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     worker.join()
     alone = trained(tr.step_count, seed=7)
     assert_same_parameters(tr, alone)
