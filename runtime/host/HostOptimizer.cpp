@@ -142,13 +142,12 @@ static DType emaDType(const HostOptimizer::Options &o) {
   return o.emaBf16 ? DType::BF16 : DType::F32;
 }
 
-/// The elements of a parameter of `count` this rank updates: its shard in
-/// a job of several ranks (host::shardedRole), all of them otherwise.
-static dist::ShardRange shardOf(int64_t count,
-                                const HostOptimizer::Options &o) {
+/// The elements of a parameter of `count` a rank holds of its sharded
+/// state (host::shardedRole): its shard in a job of several ranks.
+static int64_t heldCount(int64_t count, const HostOptimizer::Options &o) {
   return o.ranks() > 1
-             ? dist::shardRange(count, o.collectives->rank(), o.ranks())
-             : dist::ShardRange{0, count};
+             ? dist::shardRange(count, o.collectives->rank(), o.ranks()).size()
+             : count;
 }
 
 HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
@@ -163,7 +162,7 @@ HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
     f.accumBytes += hold.accumCount * sizeof(float);
     if (o.hasEma())
       f.emaBytes +=
-          shardOf(g.numElements(), o).size() * exec::dtypeBytes(emaDType(o));
+          heldCount(g.numElements(), o) * exec::dtypeBytes(emaDType(o));
   }
   return f;
 }
@@ -200,9 +199,6 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
     const exec::TensorType &g = p.values[inst.operands[0]].type;
     u.dtype = g.dtype;
     u.count = g.numElements();
-    dist::ShardRange shard = shardOf(u.count, o);
-    u.shardBegin = shard.begin;
-    u.shardEnd = shard.end;
     GradientHold hold = gradientHold(g, o);
     u.accum.resize(hold.accumCount);
     u.retained.resize(hold.retainedBytes);
@@ -347,8 +343,8 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
         return std::move(e);
       }
     if (!u.accum.empty())
-      u.squaredNorm = cpu::squaredNorm(u.accum.data() + u.shardBegin,
-                                       DType::F32, u.shardEnd - u.shardBegin) /
+      u.squaredNorm = cpu::squaredNorm(u.accum.data() + u.shardBegin(),
+                                       DType::F32, u.tensors.master->held()) /
                       double(all * all);
     squares.push_back(u.squaredNorm);
   }
@@ -392,7 +388,7 @@ llvm::Error HostOptimizer::applySharded() {
     // Elementwise (cpu::adamwStep): a shard's values are those the whole
     // update gives them. The next fetch gathers the shards
     // (host::gatherWhole).
-    int64_t held = u.shardEnd - u.shardBegin;
+    int64_t held = u.tensors.master->held();
     for (const HostTensor *t : {u.tensors.master, u.tensors.m, u.tensors.v})
       if (static_cast<int64_t>(t->data.size()) != held)
         return llvm::createStringError(
@@ -400,7 +396,7 @@ llvm::Error HostOptimizer::applySharded() {
                           t->param->name, t->data.size(), held));
     cpu::adamwStep(hyper, held, u.tensors.master->data.data(),
                    u.tensors.m->data.data(), u.tensors.v->data.data(),
-                   u.accum.data() + u.shardBegin, nullptr);
+                   u.accum.data() + u.shardBegin(), nullptr);
     u.pending = false;
     if (u.ema)
       updateEma(u);

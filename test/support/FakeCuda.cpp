@@ -1795,6 +1795,18 @@ struct NcclCall {
   DType type = DType::F32;
   int root = 0; ///< Broadcast and Reduce
 
+  /// A call of `kind` as NCCL's entry points take it.
+  static NcclCall of(Kind kind, const void *send, void *recv, size_t count,
+                     int root = 0) {
+    NcclCall call;
+    call.kind = kind;
+    call.send = reinterpret_cast<uintptr_t>(send);
+    call.recv = reinterpret_cast<uintptr_t>(recv);
+    call.count = count;
+    call.root = root;
+    return call;
+  }
+
   const char *name() const {
     return kind == Broadcast ? "ncclBroadcast"
            : kind == Reduce  ? "ncclReduce"
@@ -2164,34 +2176,21 @@ NcclApi makeNccl() {
   n.ncclBroadcast = [](const void *send, void *recv, size_t count,
                        ncclDataType_t type, int root, ncclComm_t comm,
                        CUstream s) {
-    NcclCall call;
-    call.kind = NcclCall::Broadcast;
-    call.send = reinterpret_cast<uintptr_t>(send);
-    call.recv = reinterpret_cast<uintptr_t>(recv);
-    call.count = count;
-    call.root = root;
-    return collective(call, type, ncclSum, comm, s);
+    return collective(
+        NcclCall::of(NcclCall::Broadcast, send, recv, count, root), type,
+        ncclSum, comm, s);
   };
   n.ncclReduce = [](const void *send, void *recv, size_t count,
                     ncclDataType_t type, ncclRedOp_t op, int root,
                     ncclComm_t comm, CUstream s) {
-    NcclCall call;
-    call.kind = NcclCall::Reduce;
-    call.send = reinterpret_cast<uintptr_t>(send);
-    call.recv = reinterpret_cast<uintptr_t>(recv);
-    call.count = count;
-    call.root = root;
-    return collective(call, type, op, comm, s);
+    return collective(NcclCall::of(NcclCall::Reduce, send, recv, count, root),
+                      type, op, comm, s);
   };
   n.ncclAllReduce = [](const void *send, void *recv, size_t count,
                        ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                        CUstream s) {
-    NcclCall call;
-    call.kind = NcclCall::AllReduce;
-    call.send = reinterpret_cast<uintptr_t>(send);
-    call.recv = reinterpret_cast<uintptr_t>(recv);
-    call.count = count;
-    return collective(call, type, op, comm, s);
+    return collective(NcclCall::of(NcclCall::AllReduce, send, recv, count),
+                      type, op, comm, s);
   };
   return n;
 }

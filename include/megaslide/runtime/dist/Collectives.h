@@ -86,9 +86,6 @@ public:
   /// then holds all of it.
   virtual llvm::Error allGatherShards(void *data, int64_t count,
                                       int elementBytes) = 0;
-  llvm::Error allGatherShards(llvm::MutableArrayRef<float> data) {
-    return allGatherShards(data.data(), data.size(), sizeof(float));
-  }
   /// In place: this rank's shardRange of `data` becomes the sum over the
   /// ranks of theirs; the rest of `data` is left undefined.
   virtual llvm::Error

@@ -187,8 +187,9 @@ private:
     double squaredNorm = 0;
     int64_t received = 0; ///< micro-batches retained this step
     bool pending = false; ///< decided, applied before the next fetch
-    /// The elements of the parameter this rank updates: its shard's.
-    int64_t shardBegin = 0, shardEnd = 0;
+    /// The first element of the parameter this rank updates: its
+    /// master's shard's.
+    int64_t shardBegin() const { return tensors.master->heldBegin(); }
   };
   void apply(Update &u);
   void updateEma(Update &u);
