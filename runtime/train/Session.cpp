@@ -465,7 +465,7 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     return llvm::Error::success();
   }
   report.clipped = optimizer.decide(*norm, report.lr) < 1.0;
-  // A job's ranks each update their shard, then share the masters.
+  // A job's ranks each update their shard; the next fetch gathers them.
   if (optimizer.sharded())
     return optimizer.applySharded();
   return llvm::Error::success();
