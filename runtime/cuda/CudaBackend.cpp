@@ -13,6 +13,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 namespace megaslide::cuda {
@@ -37,29 +39,32 @@ uint64_t slotOf(double f, bool isFloat) {
   return slot;
 }
 
-/// Pinned host memory kept from one backend to the next: a run over
-/// buckets destroys one bucket's backend before it creates the next
-/// (train::Session::useBucket), and pinning costs about as much as writing
-/// the bytes once. The blocks belong to the device's primary context,
-/// which the cache therefore retains while it holds any.
+/// Pinned host memory kept from one backend to the next, per device: a
+/// run over buckets destroys one bucket's backend before it creates the
+/// next (train::Session::useBucket), and pinning costs about as much as
+/// writing the bytes once. The blocks belong to their device's primary
+/// context, which the cache therefore retains while it holds any. Per
+/// device, so that the backends of ranks run as threads in one process
+/// (the tests' jobs) neither trade blocks nor switch each other's context.
 struct PinnedCache {
+  struct Kept {
+    CUcontext ctx = nullptr;
+    std::vector<std::pair<void *, size_t>> blocks;
+  };
   std::mutex mu;
-  const CudaDriverApi *cu = nullptr;
-  CUdevice device = 0;
-  CUcontext ctx = nullptr;
-  std::vector<std::pair<void *, size_t>> blocks;
+  std::map<std::pair<const CudaDriverApi *, CUdevice>, Kept> kept;
 
-  /// Frees the blocks and releases the context (under `mu`).
-  void clear() {
-    if (!cu)
+  /// Frees the blocks of `device` and releases its context (under `mu`),
+  /// with that context current as the caller's had it.
+  void clear(const CudaDriverApi &cu, CUdevice device) {
+    auto it = kept.find({&cu, device});
+    if (it == kept.end())
       return;
-    cu->cuCtxSetCurrent(ctx);
-    for (auto [p, bytes] : blocks)
-      cu->cuMemFreeHost(p);
-    cu->cuDevicePrimaryCtxRelease_v2(device);
-    cu = nullptr;
-    ctx = nullptr;
-    blocks.clear();
+    cu.cuCtxSetCurrent(it->second.ctx);
+    for (auto [p, bytes] : it->second.blocks)
+      cu.cuMemFreeHost(p);
+    cu.cuDevicePrimaryCtxRelease_v2(device);
+    kept.erase(it);
   }
 };
 
@@ -78,28 +83,27 @@ std::vector<std::pair<void *, size_t>> takePinnedBlocks(const CudaDriverApi &cu,
   PinnedCache &c = pinnedCache();
   std::lock_guard<std::mutex> lock(c.mu);
   std::vector<std::pair<void *, size_t>> blocks;
-  if (c.cu == &cu && c.device == device)
-    blocks.swap(c.blocks);
-  c.clear();
+  auto it = c.kept.find({&cu, device});
+  if (it != c.kept.end())
+    blocks.swap(it->second.blocks);
+  c.clear(cu, device);
   return blocks;
 }
 
-/// Keeps `blocks` for the next backend on this device.
+/// Keeps `blocks` for the next backend on this device (its context
+/// current).
 void keepPinnedBlocks(const CudaDriverApi &cu, CUdevice device,
                       std::vector<std::pair<void *, size_t>> blocks) {
   PinnedCache &c = pinnedCache();
   std::lock_guard<std::mutex> lock(c.mu);
-  c.clear();
+  c.clear(cu, device);
   CUcontext ctx = nullptr;
   if (cu.cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) {
     for (auto [p, bytes] : blocks)
       cu.cuMemFreeHost(p);
     return;
   }
-  c.cu = &cu;
-  c.device = device;
-  c.ctx = ctx;
-  c.blocks = std::move(blocks);
+  c.kept[{&cu, device}] = {ctx, std::move(blocks)};
 }
 
 /// MEGASLIDE_CUDA_SYNC: unset, empty or 0, or 1.
@@ -121,7 +125,10 @@ llvm::Expected<bool> syncSetting() {
 void releasePinnedPools() {
   PinnedCache &c = pinnedCache();
   std::lock_guard<std::mutex> lock(c.mu);
-  c.clear();
+  while (!c.kept.empty()) {
+    auto [cu, device] = c.kept.begin()->first;
+    c.clear(*cu, device);
+  }
 }
 
 CudaBackend::Impl::~Impl() {
@@ -140,10 +147,13 @@ CudaBackend::Impl::~Impl() {
     for (CUevent e : *events)
       if (e)
         cu->cuEventDestroy_v2(e);
-  for (CUevent e :
-       {baseEvent, lossEvent, idleEvents[0], idleEvents[1], idleEvents[2]})
+  for (CUevent e : idleEvents)
     if (e)
       cu->cuEventDestroy_v2(e);
+  for (CUevent e : {baseEvent, lossEvent})
+    if (e)
+      cu->cuEventDestroy_v2(e);
+  collectives.reset(); // its stream is idle: every step synchronises it
   if (elementwiseModule)
     cu->cuModuleUnload(elementwiseModule);
   for (CUmodule m : dsaModules)
@@ -172,7 +182,21 @@ llvm::Error CudaBackend::Impl::init() {
       return driver.takeError();
     cu = *driver;
   }
-  llvm::Expected<CudaDeviceInfo> device = initCudaDevice(*cu, options.device);
+  int ordinal = options.device;
+  if (ordinal < 0) {
+    // One GPU per rank of the node.
+    int count = 0, local = options.job ? options.job->world().localRank : 0;
+    if (cu->cuInit(0) == CUDA_SUCCESS &&
+        cu->cuDeviceGetCount(&count) == CUDA_SUCCESS && count > 0)
+      ordinal = count == 1 ? 0 : local;
+    if (count > 1 && local >= count)
+      return llvm::createStringError(llvm::formatv(
+          "this rank is local rank {0} of {1} on its node, which has {2} "
+          "CUDA devices: launch at most one rank per GPU (or give each rank "
+          "one: CUDA_VISIBLE_DEVICES, srun --gpus-per-task 1)",
+          local, options.job->world().localSize, count));
+  }
+  llvm::Expected<CudaDeviceInfo> device = initCudaDevice(*cu, ordinal);
   if (!device)
     return device.takeError();
   info = *device;
@@ -648,15 +672,69 @@ CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
   llvm::Expected<bool> sync = syncSetting();
   if (!sync)
     return sync.takeError();
+  // A job's plan runs on each rank of that job: what every rank knows
+  // alike is checked before any of them waits for the others.
+  int64_t ranks = plan.jobRanks();
+  int size = options.job ? options.job->size() : 1;
+  if (ranks != size)
+    return llvm::createStringError(llvm::formatv(
+        "the plan is for a job of {0} rank(s) and this process is {1}: "
+        "{2}",
+        ranks,
+        size > 1 ? llvm::formatv("rank {0} of a job of {1}",
+                                 options.job->rank(), size)
+                       .str()
+                 : std::string("not a rank of a job"),
+        size > 1 ? "plan the step for the job (megaslide-run does, with the "
+                   "launcher's world; a saved plan: megaslide-plan "
+                   "--gpus-per-node, --nodes)"
+                 : "launch one process per GPU (mpirun -np N, srun -n N; "
+                   "docs/Distributed.md)"));
   auto impl = std::make_unique<Impl>(plan, options);
   impl->syncEach = *sync;
   llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);
   if (!prep)
     return prep.takeError();
   impl->prep = std::move(*prep);
-  if (llvm::Error e = impl->init())
-    return std::move(e);
+  llvm::Error failed = impl->init();
+  if (ranks > 1) {
+    if (failed) {
+      // The others are making the communicator: they learn that this
+      // rank failed (DeviceCollectives::create), instead of waiting.
+      if (auto sent = options.job->allGather(""); !sent)
+        llvm::consumeError(sent.takeError());
+      return std::move(failed);
+    }
+    failed = impl->joinJob();
+  }
+  if (failed)
+    return std::move(failed);
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+llvm::Error CudaBackend::Impl::joinJob() {
+  jobRank = options.job->rank();
+  jobSize = options.job->size();
+  const NcclApi *nccl = options.nccl;
+  llvm::Error failed = llvm::Error::success();
+  if (!nccl) {
+    llvm::Expected<const NcclApi *> loaded = loadNccl();
+    if (loaded)
+      nccl = *loaded;
+    else
+      failed = loaded.takeError();
+  }
+  if (failed) {
+    if (auto sent = options.job->allGather(""); !sent)
+      llvm::consumeError(sent.takeError());
+    return failed;
+  }
+  llvm::Expected<std::unique_ptr<DeviceCollectives>> made =
+      DeviceCollectives::create(*cu, *nccl, *options.job);
+  if (!made)
+    return made.takeError();
+  collectives = std::move(*made);
+  return llvm::Error::success();
 }
 
 bool cudaDeviceAvailable(std::string *whyNot) {

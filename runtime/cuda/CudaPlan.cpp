@@ -213,8 +213,6 @@ int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override) {
 
 llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
                                              const CudaOptions &options) {
-  if (llvm::Error err = exec::checkOneRank(plan, "cuda"))
-    return std::move(err);
   // cuBLASLt's fastest algorithms and the kernels' vector loads need
   // 256-byte aligned buffers (the plan's alignment is every device
   // offset's), and the fake device checks ordering in blocks of it.
@@ -272,6 +270,9 @@ llvm::Expected<PreparedPlan> prepareCudaPlan(const exec::ExecPlan &plan,
         return instError(i, inst, "a device-to-host copy on the host stream");
       if (inst.op == OpCode::HostAdamW && inst.stream != Stream::Host)
         return instError(i, inst, "host_adamw must be on the host stream");
+      if ((inst.op == OpCode::AllGather || inst.op == OpCode::ReduceScatter) &&
+          !isGpuStream(inst.stream))
+        return instError(i, inst, "a collective on the host stream");
       continue;
     }
     if (!isGpuStream(inst.stream))

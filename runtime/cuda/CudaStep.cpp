@@ -12,8 +12,10 @@
 #include "megaslide/runtime/cuda/CudaBackendImpl.h"
 
 #include "llvm/ADT/Twine.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include <cstring>
+#include <tuple>
 
 namespace megaslide::cuda {
 
@@ -31,12 +33,28 @@ llvm::Error CudaBackend::Impl::beginStep(exec::StepSetup setup) {
   trace = setup.trace;
   status = setup.status;
   std::vector<WeightStager::Job> jobs;
+  fetchShards.clear();
   for (size_t k = 0; k < prep.fetches.size(); ++k) {
-    const exec::Value &v =
-        plan.values[plan.instructions[prep.fetches[k]].results[0]];
-    jobs.push_back({setup.fetches[k].master, v.type.numElements(), v.type.dtype,
-                    prep.fetchUpdate[k] >= 0,
-                    std::move(setup.fetches[k].before)});
+    const exec::Instruction &inst = plan.instructions[prep.fetches[k]];
+    const exec::Value &v = plan.values[inst.results[0]];
+    exec::FetchSource &f = setup.fetches[k];
+    // What the runner gives must be what this device copies: all of the
+    // master, or in a job's plan this rank's shard of it.
+    int64_t count = v.type.numElements();
+    dist::ShardRange want{0, count};
+    if (inst.hasAttr("ranks"))
+      want = dist::shardRange(count, jobRank, jobSize);
+    if (f.gather || f.begin != want.begin || f.count != want.size())
+      return instError(prep.fetches[k], inst,
+                       llvm::formatv("the host state holds elements [{0}, "
+                                     "{1}) of '{2}', and this device copies "
+                                     "[{3}, {4}) (rank {5} of {6})",
+                                     f.begin, f.begin + f.count, inst.param,
+                                     want.begin, want.end, jobRank, jobSize)
+                           .str());
+    fetchShards.push_back({want.begin, want.size()});
+    jobs.push_back({f.master, want.size(), v.type.dtype,
+                    prep.fetchUpdate[k] >= 0, std::move(f.before)});
   }
   if (auto e = syncStream(0, "step start", baseEvent))
     return e;
@@ -133,8 +151,12 @@ llvm::Error CudaBackend::Impl::fetch(size_t i, size_t k) {
   const exec::Value &v = plan.values[inst.results[0]];
   if (trace)
     cu->cuEventRecord(startEvents[i], stream);
-  if (auto e = check(cu->cuMemcpyHtoDAsync_v2(deviceAddress(inst.results[0]),
-                                              stage, v.type.bytes(), stream),
+  // The whole master, or this rank's shard at its place.
+  size_t bytes = exec::dtypeBytes(v.type.dtype);
+  auto [begin, count] = fetchShards[k];
+  if (auto e = check(cu->cuMemcpyHtoDAsync_v2(deviceAddress(inst.results[0]) +
+                                                  begin * bytes,
+                                              stage, count * bytes, stream),
                      "cuMemcpyHtoDAsync (fetch " + inst.param + ")"))
     return e;
   if (auto e = check(cu->cuEventRecord(copyEvents[k], stream), "cuEventRecord"))
@@ -148,7 +170,8 @@ llvm::Error CudaBackend::Impl::copy(size_t i) {
   CUstream stream = streamOf(inst.stream);
   if (auto e = startOnStream(i, stream))
     return e;
-  size_t bytes = plan.values[inst.results[0]].type.bytes();
+  const exec::TensorType &type = plan.values[inst.results[0]].type;
+  size_t bytes = type.bytes();
   if (inst.op == exec::OpCode::HostToDevice) {
     if (auto e = check(cu->cuMemcpyHtoDAsync_v2(deviceAddress(inst.results[0]),
                                                 hostAddress(inst.operands[0]),
@@ -156,12 +179,33 @@ llvm::Error CudaBackend::Impl::copy(size_t i) {
                        "cuMemcpyHtoDAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));
   } else {
-    if (auto e = check(cu->cuMemcpyDtoHAsync_v2(hostAddress(inst.results[0]),
-                                                deviceAddress(inst.operands[0]),
-                                                bytes, stream),
+    // A gradient's reduce-scattered shard: only it crosses PCIe.
+    size_t at = 0;
+    if (inst.hasAttr("ranks"))
+      std::tie(at, bytes) = shardBytes(type.numElements(), type.dtype);
+    if (auto e = check(cu->cuMemcpyDtoHAsync_v2(
+                           hostAddress(inst.results[0]) + at,
+                           deviceAddress(inst.operands[0]) + at, bytes, stream),
                        "cuMemcpyDtoHAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));
   }
+  return finishOnStream(i, stream);
+}
+
+llvm::Error CudaBackend::Impl::collective(size_t i) {
+  const exec::Instruction &inst = plan.instructions[i];
+  CUstream stream = streamOf(inst.stream);
+  if (auto e = startOnStream(i, stream))
+    return e;
+  const exec::TensorType &type = plan.values[inst.operands[0]].type;
+  CUdeviceptr data = deviceAddress(inst.operands[0]);
+  llvm::Error e = inst.op == exec::OpCode::AllGather
+                      ? collectives->allGatherShards(data, type.numElements(),
+                                                     type.dtype, stream)
+                      : collectives->reduceScatterShards(
+                            data, type.numElements(), type.dtype, stream);
+  if (e)
+    return instError(i, inst, llvm::toString(std::move(e)));
   return finishOnStream(i, stream);
 }
 
@@ -239,7 +283,7 @@ llvm::Error CudaBackend::Impl::endStep() {
   worker.drain();
   stager.finish();
   llvm::Error synced = llvm::Error::success();
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < kStreams; ++s) {
     llvm::Error e = syncStream(s, "the step failed on the GPU");
     if (!synced)
       synced = std::move(e);

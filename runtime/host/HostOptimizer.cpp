@@ -12,6 +12,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -127,11 +128,22 @@ struct GradientHold {
 };
 } // namespace
 
+/// The elements of a parameter of `count` a rank holds of its sharded
+/// state (host::shardedRole): its shard in a job of several ranks.
+static int64_t heldCount(int64_t count, const HostOptimizer::Options &o) {
+  return o.ranks() > 1
+             ? dist::shardRange(count, o.collectives->rank(), o.ranks()).size()
+             : count;
+}
+
 static GradientHold gradientHold(const exec::TensorType &g,
                                  const HostOptimizer::Options &o) {
   GradientHold hold;
-  // Summed in fp32 over micro-batches, and over a job's ranks.
-  if (o.gradAccum > 1 || o.ranks() > 1)
+  // Summed in fp32 over micro-batches, and over a job's ranks (by the
+  // host, or on the device before it arrives as this rank's shard).
+  if (o.ranks() > 1 && o.deviceReduces)
+    hold.accumCount = heldCount(g.numElements(), o);
+  else if (o.gradAccum > 1 || o.ranks() > 1)
     hold.accumCount = g.numElements();
   else if (o.deferred)
     hold.retainedBytes = g.bytes();
@@ -140,14 +152,6 @@ static GradientHold gradientHold(const exec::TensorType &g,
 
 static DType emaDType(const HostOptimizer::Options &o) {
   return o.emaBf16 ? DType::BF16 : DType::F32;
-}
-
-/// The elements of a parameter of `count` a rank holds of its sharded
-/// state (host::shardedRole): its shard in a job of several ranks.
-static int64_t heldCount(int64_t count, const HostOptimizer::Options &o) {
-  return o.ranks() > 1
-             ? dist::shardRange(count, o.collectives->rank(), o.ranks()).size()
-             : count;
 }
 
 HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
@@ -245,6 +249,10 @@ void HostOptimizer::retain(const exec::Instruction &inst,
   Update &u = updates[updateIndex.find(inst.param)->second];
   if (u.pending)
     apply(u); // a plan fetches a parameter before its gradient; be safe
+  // What the step runner gives is what prepare() sized: the whole
+  // gradient, or the rank's shard of the device's sum.
+  assert((u.accum.empty() || g.count == static_cast<int64_t>(u.accum.size())) &&
+         "a gradient of another size than the optimizer keeps");
   size_t bytes = g.count * exec::dtypeBytes(g.dtype);
   if (u.accum.empty()) {
     std::memcpy(u.retained.data(), g.data, bytes);
@@ -337,14 +345,14 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
     }
     // A job's ranks each sum their shard of the gradient over the ranks
     // (the shard they update) and the norm over their shards.
-    if (options.ranks() > 1)
+    if (options.ranks() > 1 && !options.deviceReduces)
       if (llvm::Error e = options.collectives->reduceScatterShards(u.accum)) {
         dropRetained();
         return std::move(e);
       }
     if (!u.accum.empty())
-      u.squaredNorm = cpu::squaredNorm(u.accum.data() + u.shardBegin(),
-                                       DType::F32, u.tensors.master->held()) /
+      u.squaredNorm = cpu::squaredNorm(u.shardSum(options), DType::F32,
+                                       u.tensors.master->held()) /
                       double(all * all);
     squares.push_back(u.squaredNorm);
   }
@@ -396,7 +404,7 @@ llvm::Error HostOptimizer::applySharded() {
                           t->param->name, t->data.size(), held));
     cpu::adamwStep(hyper, held, u.tensors.master->data.data(),
                    u.tensors.m->data.data(), u.tensors.v->data.data(),
-                   u.accum.data() + u.shardBegin(), nullptr);
+                   u.shardSum(options), nullptr);
     u.pending = false;
     if (u.ema)
       updateEma(u);

@@ -101,3 +101,10 @@ bool ExecPlan::defersUpdates() const {
       return inst.hasAttr(kDeferredAttr);
   return false;
 }
+
+int64_t ExecPlan::jobRanks() const {
+  for (const Instruction &inst : instructions)
+    if (inst.op == OpCode::AllGather || inst.op == OpCode::ReduceScatter)
+      return inst.cost.ranks;
+  return 1;
+}

@@ -70,6 +70,13 @@ struct StepRunner::Step {
   std::atomic<bool> skipped = false;
 };
 
+llvm::Error Device::collective(size_t) {
+  // Backends without device collectives refuse a job's plan when made
+  // (checkOneRank); this is the last line.
+  return llvm::createStringError(llvm::Twine("the ") + name() +
+                                 " backend has no device collectives");
+}
+
 llvm::Error exec::checkOneRank(const ExecPlan &plan, llvm::StringRef backend) {
   for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
     if (inst.op != OpCode::AllGather && inst.op != OpCode::ReduceScatter)
@@ -79,9 +86,10 @@ llvm::Error exec::checkOneRank(const ExecPlan &plan, llvm::StringRef backend) {
         llvm::Twine(i) + " ('" + opName(inst.op) + "' over " +
         llvm::Twine(inst.cost.ranks) +
         " ranks): the plan is for a job of several GPUs (megaslide-plan "
-        "--gpus-per-node, --nodes), whose device collectives no backend runs "
-        "yet; replay it with --backend sim. megaslide-run plans one rank's "
-        "step and takes the job from its launcher (docs/Distributed.md)");
+        "--gpus-per-node, --nodes), whose device collectives only the cuda "
+        "backend runs (one process per GPU under mpirun or srun); replay it "
+        "with --backend sim. A job on the cpu backend runs one rank's plan "
+        "and does its collectives on the host (docs/Distributed.md)");
   }
   return llvm::Error::success();
 }
@@ -98,9 +106,17 @@ StepRunner::StepRunner(const ExecPlan &plan, Device &device)
     if (last >= 0 && last < static_cast<int64_t>(n))
       releasedAfter[last].push_back(id);
   }
-  for (size_t i = 0; i < n; ++i)
-    if (plan.instructions[i].op == OpCode::Fetch)
+  std::vector<bool> shardCopy(plan.values.size());
+  shardGradient.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Instruction &inst = plan.instructions[i];
+    if (inst.op == OpCode::Fetch)
       fetches.push_back(i);
+    if (inst.op == OpCode::DeviceToHost && inst.hasAttr("ranks"))
+      shardCopy[inst.results[0]] = true;
+    if (inst.op == OpCode::HostAdamW)
+      shardGradient[i] = shardCopy[inst.operands[0]];
+  }
 }
 
 llvm::Error StepRunner::stageInputs(const StepInputs &inputs,
@@ -142,6 +158,11 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
         llvm::Twine("the ") + device.name() +
         " backend does not return the model's prediction; use the cpu "
         "backend (Trainer.predict)");
+  if (plan.jobRanks() > 1 && (options.applyUpdates || options.onGradient))
+    return llvm::createStringError(
+        "a job's plan gives each rank its shard of the gradients' sum over "
+        "the ranks: it needs the trainer's deferred update (no update in "
+        "the step, no onGradient)");
   size_t n = plan.instructions.size();
   Step step(state, options);
   if (llvm::Error e = stageInputs(inputs, step.optimizerStep))
@@ -164,10 +185,18 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
         static_cast<int64_t>(source->data.size()) != source->held())
       return instError(i, inst,
                        "host tensor '" + inst.param + "' has the wrong size");
-    FetchSource f{source->data.data(), nullptr, nullptr};
+    FetchSource f{source->data.data(), source->heldBegin(), source->held(),
+                  nullptr, nullptr};
     if (options.beforeFetch)
       f.before = [&options, &inst] { options.beforeFetch(inst.param); };
-    if (source->sharded) {
+    if (inst.hasAttr("ranks")) {
+      // A job's plan: the device copies the shard and all-gathers it.
+      if (!source->sharded)
+        return instError(i, inst,
+                         "the plan fetches a shard of '" + inst.param +
+                             "', which the host state holds whole: a job's "
+                             "plan runs on a rank of the job");
+    } else if (source->sharded) {
       // Every rank gathers each fetched master at the same point of the
       // same plan: only where fetches run in program order on this thread.
       if (!options.gatherFetch || !device.synchronous())
@@ -239,6 +268,9 @@ llvm::Error StepRunner::issue(Step &step, size_t i, size_t &fetchIndex) {
   case OpCode::HostToDevice:
   case OpCode::DeviceToHost:
     return device.copy(i);
+  case OpCode::AllGather:
+  case OpCode::ReduceScatter:
+    return device.collective(i);
   case OpCode::Record:
     return device.record(i);
   case OpCode::Wait:
@@ -301,6 +333,14 @@ void StepRunner::hostUpdate(Step &step, size_t i) {
   const Value &g = plan.values[inst.operands[0]];
   HostGradient gradient{device.hostData(inst.operands[0]), g.type.dtype,
                         g.type.numElements()};
+  if (shardGradient[i]) {
+    // The rank's shard, at its place in the whole (Device::copy): the
+    // elements of the master it holds.
+    const host::HostTensor &master = *tensors->master;
+    gradient.data = static_cast<const uint8_t *>(gradient.data) +
+                    master.heldBegin() * dtypeBytes(g.type.dtype);
+    gradient.count = master.held();
+  }
   if (options.onGradient) {
     std::vector<float> wide(gradient.count);
     cpu::widen(gradient.data, gradient.dtype, gradient.count, wide.data());

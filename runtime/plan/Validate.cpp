@@ -617,6 +617,31 @@ private:
 
 } // namespace
 
+/// A job's plan (ExecPlan::jobRanks): every collective, and every fetch and
+/// device-to-host copy that moves one rank's shard (`ranks`), is for the
+/// same number of ranks; the backends shard by it.
+static bool checkJob(Checker &c, const ExecPlan &plan) {
+  int64_t ranks = plan.jobRanks();
+  for (auto [i, inst] : llvm::enumerate(plan.instructions)) {
+    bool collective =
+        inst.op == OpCode::AllGather || inst.op == OpCode::ReduceScatter;
+    std::optional<int64_t> shard = inst.intAttr("ranks");
+    if (shard && !collective && inst.op != OpCode::Fetch &&
+        inst.op != OpCode::DeviceToHost)
+      return c.fail("instruction #" + std::to_string(i) + " ('" +
+                    opName(inst.op) +
+                    "'): attribute 'ranks' is for fetch, d2h and the "
+                    "collectives only");
+    int64_t of = collective ? inst.cost.ranks : shard.value_or(ranks);
+    if (of != ranks)
+      return c.fail("instruction #" + std::to_string(i) + " ('" +
+                    opName(inst.op) + "') is for " + std::to_string(of) +
+                    " ranks, the plan's first collective for " +
+                    std::to_string(ranks) + ": a plan is for one job");
+  }
+  return true;
+}
+
 /// Deferred updates (kDeferredAttr): all host_adamw or none, each
 /// deferred parameter applied by exactly one fetch, its first in the step,
 /// and no applies_update fetch without a deferred update; a version that
@@ -745,8 +770,8 @@ llvm::Error exec::validate(const ExecPlan &plan) {
   Checker c;
   if (checkVersion(c, plan) && checkPlanFields(c, plan) &&
       checkParams(c, plan) && checkValues(c, plan) &&
-      ProgramChecker(c, plan).run() && checkDeferredUpdates(c, plan) &&
-      checkArena(c, plan))
+      ProgramChecker(c, plan).run() && checkJob(c, plan) &&
+      checkDeferredUpdates(c, plan) && checkArena(c, plan))
     return llvm::Error::success();
   return llvm::createStringError("invalid execution plan: " + c.error);
 }

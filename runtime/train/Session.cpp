@@ -26,13 +26,14 @@ Session::Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
       shapesOf(std::move(shapes)), options(std::move(options)),
       seed(this->options.seed), data(std::move(data)) {}
 
-/// What the host optimizer does of the recipe.
 host::HostOptimizer::Options
-train::optimizerOptions(const Recipe &r, bool deferred,
-                        dist::Collectives *collectives) {
+train::optimizerOptions(const Recipe &r, const exec::ExecPlan &plan,
+                        bool deferred, dist::Collectives *collectives) {
   host::HostOptimizer::Options o;
   o.deferred = deferred;
   o.collectives = collectives;
+  // A job's plan reduce-scatters the gradients on the device.
+  o.deviceReduces = plan.jobRanks() > 1;
   o.gradAccum = r.gradAccum;
   o.maxGradNorm = r.maxGradNorm;
   o.emaDecay = r.emaDecay;
@@ -142,26 +143,58 @@ fetchesOf(const exec::ExecPlan &plan) {
   return fetches;
 }
 
-/// A job's ranks gather each fetched master together (host::gatherWhole),
-/// whichever bucket each one steps: every plan must fetch the same masters
-/// in the same order and dtypes.
+/// What a job's ranks do together in a step of `plan`, in order: gather
+/// each fetched master on the host (one rank's plan), or a job's plan's
+/// device collectives (op, elements, dtype).
+static std::vector<std::string> collectivesOf(const exec::ExecPlan &plan) {
+  std::vector<std::string> all;
+  if (plan.jobRanks() == 1) {
+    for (auto [param, dtype] : fetchesOf(plan))
+      all.push_back((param + " " + exec::dtypeName(dtype)).str());
+    return all;
+  }
+  for (const exec::Instruction &inst : plan.instructions)
+    if (inst.op == exec::OpCode::AllGather ||
+        inst.op == exec::OpCode::ReduceScatter) {
+      const exec::TensorType &t = plan.values[inst.operands[0]].type;
+      all.push_back(llvm::formatv("{0} {1} {2}", exec::opName(inst.op),
+                                  t.numElements(), exec::dtypeName(t.dtype)));
+    }
+  return all;
+}
+
+/// A job's ranks run their collectives together, whichever bucket each one
+/// steps (a validation batch): every plan must have the same ones in the
+/// same order.
 static llvm::Error
-checkSameFetches(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
-                 llvm::ArrayRef<std::string> names) {
-  auto first = fetchesOf(*plans[0]);
+checkSameCollectives(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
+                     llvm::ArrayRef<std::string> names) {
+  auto first = collectivesOf(*plans[0]);
   for (size_t b = 1; b < plans.size(); ++b)
-    if (fetchesOf(*plans[b]) != first)
+    if (collectivesOf(*plans[b]) != first)
       return llvm::createStringError(llvm::formatv(
-          "the plans of buckets '{0}' and '{1}' fetch the weights in another "
-          "order; a job's ranks gather every fetched weight together, so "
-          "each bucket's plan must fetch alike (plan them with one "
-          "--activation-policy, not auto)",
+          "the plans of buckets '{0}' and '{1}' fetch or reduce the weights "
+          "in another order; a job's ranks gather every fetched weight and "
+          "reduce every gradient together, so each bucket's plan must do so "
+          "alike (plan them with one --activation-policy, not auto)",
           names[0], names[b]));
   return llvm::Error::success();
 }
 
 llvm::Error Session::gatherLikeAStep() {
-  for (auto [param, dtype] : fetchesOf(plan(0)))
+  const exec::ExecPlan &p = plan(0);
+  if (p.jobRanks() > 1) {
+    // The collectives are the step's own: a step of bucket 0 on zeros,
+    // whose loss no one reads.
+    exec::StepInputs zeros;
+    for (int64_t id : p.inputs)
+      zeros[p.values[id].name].assign(p.values[id].type.numElements(), 0.0f);
+    zeros.erase("step");
+    exec::StepOptions gradientsOnly;
+    gradientsOnly.applyUpdates = false;
+    return runStepOn(0, zeros, gradientsOnly).takeError();
+  }
+  for (auto [param, dtype] : fetchesOf(p))
     if (const host::HostTensor *t = hostState.find(param); t && t->sharded) {
       std::vector<uint8_t> scratch(t->param->type.numElements() *
                                    exec::dtypeBytes(dtype));
@@ -223,7 +256,7 @@ Session::create(std::vector<BucketPlan> bucketPlans,
         "with --update deferred",
         options.collectives->size()));
   if (options.collectives && options.collectives->size() > 1)
-    if (llvm::Error e = checkSameFetches(plans, names))
+    if (llvm::Error e = checkSameCollectives(plans, names))
       return std::move(e);
   if (options.recipe.gradAccum > 1 && !updates->deferred && updates->streaming)
     return llvm::createStringError(
@@ -266,7 +299,7 @@ Session::create(std::vector<BucketPlan> bucketPlans,
         computeSettings(session->plans, session->names, options,
                         session->deferred, *session->data);
     session->optimizer.prepare(p, session->hostState,
-                               optimizerOptions(options.recipe,
+                               optimizerOptions(options.recipe, p,
                                                 session->deferred,
                                                 options.collectives));
   }

@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 
 using namespace megaslide;
@@ -34,7 +35,12 @@ train::createBackend(const exec::ExecPlan &plan,
     return std::unique_ptr<exec::Backend>(std::move(*backend));
   }
   if (options.backend == "cuda") {
-    auto backend = cuda::CudaBackend::create(plan);
+    cuda::CudaOptions cudaOptions = options.cuda;
+    if (dist::Collectives *job = options.collectives; job && job->size() > 1) {
+      cudaOptions.job = job;
+      cudaOptions.device = -1; // the rank's GPU
+    }
+    auto backend = cuda::CudaBackend::create(plan, cudaOptions);
     if (!backend)
       return backend.takeError();
     return std::unique_ptr<exec::Backend>(std::move(*backend));

@@ -64,7 +64,8 @@ static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
   need.parts.push_back(
       {"data (samples in memory, batches read ahead)", data.bytesHeld()});
   host::HostOptimizer::Footprint optimizer = host::HostOptimizer::footprint(
-      plan, optimizerOptions(options.recipe, deferred, options.collectives));
+      plan,
+      optimizerOptions(options.recipe, plan, deferred, options.collectives));
   need.parts.push_back(
       {"gradients kept for the deferred update", optimizer.retainedBytes});
   need.parts.push_back({"gradient accumulation (fp32)", optimizer.accumBytes});

@@ -11,6 +11,7 @@
 #define MEGASLIDE_RUNTIME_CUDA_CUDABACKENDIMPL_H
 
 #include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/DeviceCollectives.h"
 #include "megaslide/runtime/cuda/Gemm.h"
 #include "megaslide/runtime/cuda/HostWorker.h"
 #include "megaslide/runtime/cuda/Staging.h"
@@ -20,6 +21,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -70,9 +72,18 @@ struct CudaBackend::Impl final : exec::Device {
   std::vector<std::pair<void *, size_t>> pinnedBlocks;
   /// MEGASLIDE_CUDA_SYNC=1: synchronise after every device command.
   bool syncEach = false;
-  CUstream streams[3] = {nullptr, nullptr, nullptr};
+  /// compute, h2d, d2h and comm (streamIndex).
+  static constexpr int kStreams = 4;
+  CUstream streams[kStreams] = {};
   /// Recorded at the end of a stream's work to wait for it (syncStream).
-  CUevent idleEvents[3] = {nullptr, nullptr, nullptr};
+  CUevent idleEvents[kStreams] = {};
+  /// A job's plan (ExecPlan::jobRanks > 1): the NCCL communicator its
+  /// collectives run on, and this rank's place in the job.
+  std::unique_ptr<DeviceCollectives> collectives;
+  int jobRank = 0, jobSize = 1;
+  /// Per fetch: the first element and the count of what it copies (the
+  /// rank's shard in a job's plan; StepSetup::fetches).
+  std::vector<std::pair<int64_t, int64_t>> fetchShards;
   CUevent baseEvent = nullptr, lossEvent = nullptr;
   /// copyEvents[k]: recorded after the copy of the k-th fetch; its staged
   /// bytes are free once it completes.
@@ -103,6 +114,7 @@ struct CudaBackend::Impl final : exec::Device {
   void release(size_t, llvm::ArrayRef<int64_t>) override {}
   llvm::Error fetch(size_t i, size_t k) override;
   llvm::Error copy(size_t i) override;
+  llvm::Error collective(size_t i) override;
   llvm::Error launch(size_t i) override;
   llvm::Error record(size_t i) override;
   llvm::Error wait(size_t i) override;
@@ -130,6 +142,9 @@ struct CudaBackend::Impl final : exec::Device {
     return checkCu(*cu, r, what);
   }
   llvm::Error init();
+  /// A job's plan: the job must be this process's, and its NCCL
+  /// communicator is made now.
+  llvm::Error joinJob();
   llvm::Error allocatePinned();
   llvm::Error
   compileKernels(std::vector<std::map<std::string, CUfunction>> &dsaFns,
@@ -151,8 +166,17 @@ struct CudaBackend::Impl final : exec::Device {
         v.home == exec::Home::Input ? inputPool : hostPool);
     return base + prep.hostOffset[id];
   }
+  /// The GPU streams in the enum's order, comm last; the host stream's
+  /// copies of the loss go on d2h.
   static int streamIndex(exec::Stream s) {
-    return std::min(static_cast<int>(s), 2);
+    return s == exec::Stream::Comm ? 3 : std::min(static_cast<int>(s), 2);
+  }
+  /// The elements of a value of `count` that this rank's shard is
+  /// (dist::shardRange), in bytes of `dtype`: {offset, size}.
+  std::pair<size_t, size_t> shardBytes(int64_t count, exec::DType dtype) const {
+    dist::ShardRange r = dist::shardRange(count, jobRank, jobSize);
+    size_t b = exec::dtypeBytes(dtype);
+    return {r.begin * b, r.size() * b};
   }
   CUstream streamOf(exec::Stream s) const { return streams[streamIndex(s)]; }
   /// Records `event` on streams[s] and waits until the stream has run all

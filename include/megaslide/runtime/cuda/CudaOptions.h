@@ -9,10 +9,17 @@
 #include <cstdint>
 #include <string>
 
+namespace megaslide::dist {
+class Collectives;
+} // namespace megaslide::dist
+
 namespace megaslide::cuda {
 
 struct CudaOptions {
-  int device = 0; ///< CUDA device ordinal
+  /// CUDA device ordinal; -1: a job's rank's, its local rank among the
+  /// devices it sees, or device 0 where it sees one (a launcher that gives
+  /// each rank its own GPU, srun --gpus-per-task 1).
+  int device = 0;
   /// NVRTC target; empty: the device's own (sm_90a on H100/H200).
   std::string arch;
   /// Bytes of the pinned ring fetches are cast into; 0: two blocks' fetches
@@ -24,10 +31,16 @@ struct CudaOptions {
   /// sim prices the default.
   int64_t hostPoolNoReuseBytes = exec::kHostPoolNoReuseBytes;
   int64_t gemmWorkspaceBytes = int64_t(32) << 20;
-  /// Symbol tables to use instead of the loaded driver and cuBLASLt: tests
-  /// run the backend on a fake device (host memory, emulated kernels).
+  /// The job this process is a rank of (docs/Distributed.md): a plan for a
+  /// job of several ranks (ExecPlan::jobRanks) needs it, and its host
+  /// collectives set up the NCCL communicator.
+  dist::Collectives *job = nullptr;
+  /// Symbol tables to use instead of the loaded driver, cuBLASLt and NCCL:
+  /// tests run the backend on a fake device (host memory, emulated
+  /// kernels) and the fake NCCL.
   const CudaDriverApi *driver = nullptr;
   const CublasLtApi *cublasLt = nullptr;
+  const NcclApi *nccl = nullptr;
 };
 
 } // namespace megaslide::cuda

@@ -102,6 +102,11 @@ public:
     /// micro-batches of a step: the deferred update sums the retained
     /// gradients over them first, so every rank decides and updates alike.
     dist::Collectives *collectives = nullptr;
+    /// A job's gradients arrive summed over the ranks already, each rank
+    /// getting its shard (the cuda backend's reduce-scatter on the device,
+    /// ExecPlan::jobRanks > 1): kept and summed over micro-batches as
+    /// shards, without the host's reduce-scatter.
+    bool deviceReduces = false;
     bool hasEma() const { return emaDecay > 0; }
     int64_t ranks() const;
   };
@@ -183,13 +188,19 @@ private:
     exec::DType dtype = exec::DType::F32; ///< of the gradient
     int64_t count = 0;
     std::vector<uint8_t> retained; ///< one micro-batch: its bytes
-    std::vector<float> accum;      ///< several: their fp32 sum
+    /// Several (or a job's): their fp32 sum, of the whole parameter or,
+    /// when the device reduces, of this rank's shard.
+    std::vector<float> accum;
     double squaredNorm = 0;
     int64_t received = 0; ///< micro-batches retained this step
     bool pending = false; ///< decided, applied before the next fetch
     /// The first element of the parameter this rank updates: its
     /// master's shard's.
     int64_t shardBegin() const { return tensors.master->heldBegin(); }
+    /// This rank's shard of the gradients' sum (after retainedNorm()).
+    const float *shardSum(const Options &o) const {
+      return accum.data() + (o.deviceReduces ? 0 : shardBegin());
+    }
   };
   void apply(Update &u);
   void updateEma(Update &u);

@@ -186,6 +186,10 @@ struct ExecPlan {
   const Param *updatedParam(llvm::StringRef fetched) const;
   /// Whether the host_adamw instructions are deferred (kDeferredAttr).
   bool defersUpdates() const;
+  /// The ranks of the job the plan was compiled for (megaslide-plan
+  /// --gpus-per-node x --nodes): its collectives' (validate() holds every
+  /// collective and every `ranks` copy to one number); 1 without any.
+  int64_t jobRanks() const;
 };
 
 } // namespace megaslide::exec

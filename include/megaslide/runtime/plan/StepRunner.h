@@ -56,13 +56,17 @@ private:
   std::atomic<bool> failedFlag{false};
 };
 
-/// What the k-th fetch of a step casts: the fp32 master (as many elements
-/// as the fetch's result), and work to run right before the cast, on
-/// whatever thread casts (a deferred update of that master landing:
-/// StepOptions::beforeFetch). A master sharded over a job's ranks has
-/// `gather` instead, which writes the fetch's result whole.
+/// What the k-th fetch of a step casts: the fp32 master, and work to run
+/// right before the cast, on whatever thread casts (a deferred update of
+/// that master landing: StepOptions::beforeFetch). `master` holds the
+/// fetch result's elements [begin, begin + count): all of them, or in a
+/// job's plan (a fetch marked `ranks`) the rank's shard, which the
+/// fetch's all_gather completes on the device. A master sharded over a
+/// job's ranks fetched by a plan of one rank has `gather` instead, which
+/// writes the fetch's result whole on the host.
 struct FetchSource {
   const float *master = nullptr;
+  int64_t begin = 0, count = 0;
   std::function<void()> before;
   std::function<llvm::Error(void *dst)> gather;
 };
@@ -106,8 +110,14 @@ public:
   /// Fetch `i`, the k-th of the step: StepSetup::fetches[k] cast to the
   /// result's dtype and copied into it (after `before`).
   virtual llvm::Error fetch(size_t i, size_t k) = 0;
-  /// A host_to_device or device_to_host copy.
+  /// A host_to_device or device_to_host copy; a device_to_host marked
+  /// `ranks` copies the rank's shard (dist::shardRange) into the same
+  /// elements of its result.
   virtual llvm::Error copy(size_t i) = 0;
+  /// A job's collective (all_gather, reduce_scatter) in place on its
+  /// operand's bytes. Only a device with device collectives runs a job's
+  /// plan; the default is that refusal.
+  virtual llvm::Error collective(size_t i);
   /// A graph op: its kernels (nothing for a view).
   virtual llvm::Error launch(size_t i) = 0;
   /// A record of a plan event on the instruction's stream.
@@ -141,11 +151,9 @@ public:
   virtual void measureMemory(MemoryStats &stats) = 0;
 };
 
-/// The one refusal of a plan for a job of several ranks by the backends
-/// that run the StepRunner (cpu, cuda), naming its first collective: the
-/// cuda backend has no device collectives (NCCL) yet, and the cpu backend
-/// does a job's collectives on the host, planning one rank's step; only the
-/// sim backend replays such a plan.
+/// The refusal of a plan for a job of several ranks by a backend without
+/// device collectives (cpu: it does a job's collectives on the host, over
+/// one rank's plan), naming its first collective.
 llvm::Error checkOneRank(const ExecPlan &plan, llvm::StringRef backend);
 
 /// Runs steps of one plan on one device: the semantics of
@@ -171,6 +179,9 @@ private:
   LossGuard guard;
   /// Per instruction: the values whose last use it is.
   std::vector<std::vector<int64_t>> releasedAfter;
+  /// Per host_adamw: its gradient is the rank's shard of the sum over a
+  /// job's ranks (copied by a device_to_host marked `ranks`).
+  std::vector<bool> shardGradient;
   std::vector<size_t> fetches; ///< instruction indices, program order
   StepStatus status;
 };

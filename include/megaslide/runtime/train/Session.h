@@ -10,6 +10,7 @@
 #ifndef MEGASLIDE_RUNTIME_TRAIN_SESSION_H
 #define MEGASLIDE_RUNTIME_TRAIN_SESSION_H
 
+#include "megaslide/runtime/cuda/CudaOptions.h"
 #include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/host/HostState.h"
 #include "megaslide/runtime/plan/Backend.h"
@@ -39,6 +40,9 @@ struct SessionOptions {
   /// process. Each rank takes recipe.gradAccum micro-batches of every
   /// step, the job's gradient is their sum over the ranks.
   dist::Collectives *collectives = nullptr;
+  /// The cuda backend's options (tests: the fake device); a rank of a job
+  /// gets the job and its local rank's GPU.
+  cuda::CudaOptions cuda;
 };
 
 /// One shape of a bucketed run (docs/Runtime.md, "Buckets"): its name,
@@ -184,8 +188,10 @@ private:
           SessionOptions options, std::unique_ptr<DataSource> data);
   /// Makes the backend of `bucket` the live one.
   llvm::Error useBucket(size_t bucket);
-  /// In a sharded job: the gathers of a step's fetches, results dropped,
-  /// for a rank with no batch where the others run one (validation).
+  /// In a sharded job: what a step does together with the other ranks
+  /// (the gathers of its fetches; a job's plan: the whole step on zeros),
+  /// results dropped, for a rank with no batch where the others run one
+  /// (validation).
   llvm::Error gatherLikeAStep();
   llvm::Expected<exec::StepResult> runStepOn(size_t bucket,
                                              const exec::StepInputs &inputs,

@@ -24,8 +24,10 @@ namespace megaslide::train {
 llvm::Expected<std::unique_ptr<exec::Backend>>
 createBackend(const exec::ExecPlan &plan, const SessionOptions &options);
 
-/// What the host optimizer does of the recipe.
-host::HostOptimizer::Options optimizerOptions(const Recipe &r, bool deferred,
+/// What the host optimizer does of the recipe, over the steps of `plan`.
+host::HostOptimizer::Options optimizerOptions(const Recipe &r,
+                                              const exec::ExecPlan &plan,
+                                              bool deferred,
                                               dist::Collectives *collectives);
 
 /// The host memory a computing backend needs for a run over `plans`, one
