@@ -7,8 +7,10 @@
 #                 test_runtime_only.py);
 #   lib/          oneDNN (xz-compressed: 40 MB as is), its libgomp and
 #                 OpenCL loader, which device-check.sh unpacks;
-#   plans/        tiny, tiny-dsa (3D-DSA), and for the calibration, sized so
-#                 that filling their host memory fits the check:
+#   plans/        tiny, tiny-dsa (3D-DSA), tiny-f32-accum2 and tiny-f32-job2
+#                 (one process and a job of 2 ranks), and for the
+#                 calibration, sized so that filling their host memory
+#                 fits the check:
 #                 dit-xl-2-256 (DiT-XL/2 at 256x256, 10 GiB of host memory),
 #                 wan-1block (Wan 2.1 14B cut to 1 block at 81x480x832, 10
 #                 GiB) and 105b-1block (megaslide-105b cut to 1 block at
@@ -72,7 +74,9 @@ for name, base, layers in [("wan-1block", "wan2.1-t2v-14b", 1),
     c["name"], c["num_layers"] = name, layers
     json.dump(c, open(f"{out}/{name}.config.json", "w"), indent=2)
 EOF
-cp "$full/test/plans/tiny.json" "$full/test/plans/tiny-dsa.json" "$tmp/plans/"
+for plan in tiny tiny-dsa tiny-f32-accum2 tiny-f32-job2; do
+  cp "$full/test/plans/$plan.json" "$tmp/plans/"
+done
 # quiet CMD...: runs CMD, showing its output only when it fails.
 quiet() {
   "$@" >"$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }

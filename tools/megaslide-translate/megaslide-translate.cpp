@@ -1,10 +1,12 @@
-//===- megaslide-translate.cpp - MLIR -> CUDA C++ (and cubins) ------------===//
+//===- megaslide-translate.cpp - MLIR -> CUDA C++, execution plans --------===//
 //
 // Emits the 3D-DSA kernels of a module as CUDA C++, one source per distinct
 // configuration plus a manifest, and optionally compiles them with NVRTC
 // into cubins with a resource report (registers, shared memory, spills,
-// theoretical occupancy on H100/H200). Exit status: 0 success, 1 bad input,
-// unsupported configuration or compilation failure (log printed verbatim).
+// theoretical occupancy on H100/H200); or writes a planned module
+// (megaslide-plan --emit-plan-mlir) as an execution plan. Exit status: 0
+// success, 1 bad input, unsupported configuration or compilation failure
+// (log printed verbatim).
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,8 +14,10 @@
 #include "dialects/Schedule/ScheduleOps.h"
 #include "megaslide/Support/IrNesting.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
+#include "megaslide/Target/ExecPlan/ExportExecPlan.h"
 #include "megaslide/Version.h"
 #include "megaslide/runtime/cuda/Nvrtc.h"
+#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/support/AtomicFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -43,9 +47,14 @@ cl::opt<bool> emitDsaKernels(
     "emit-dsa-kernels", cl::cat(category),
     cl::desc("Emit one CUDA C++ source per distinct 3D-DSA configuration "
              "(forward, backward, offset estimation) and manifest.json"));
+cl::opt<bool> emitExecPlan(
+    "emit-exec-plan", cl::cat(category),
+    cl::desc("Write the planned module (megaslide-plan --emit-plan-mlir) as "
+             "an execution plan (JSON, docs/ExecutionPlan.md)"));
 cl::opt<std::string>
-    outputDir("o", cl::cat(category), cl::value_desc("DIR"),
-              cl::desc("Output directory (default: all sources to stdout)"));
+    outputPath("o", cl::cat(category), cl::value_desc("DIR|FILE"),
+               cl::desc("Output directory of --emit-dsa-kernels, file of "
+                        "--emit-exec-plan (default: stdout)"));
 cl::opt<bool> splitInputFile(
     "split-input-file", cl::cat(category),
     cl::desc("Process each '// -----' chunk of the input separately "
@@ -131,7 +140,7 @@ int processBuffer(std::unique_ptr<MemoryBuffer> buffer, raw_ostream &os) {
       mlir::parseSourceFile<mlir::ModuleOp>(sourceMgr, &context);
   if (!module)
     return 1;
-  if (mlir::failed(cuda::emitDsaKernels(*module, outputDir, os, emitted)))
+  if (mlir::failed(cuda::emitDsaKernels(*module, outputPath, os, emitted)))
     return 1;
   if (emitted.configs.empty())
     errs() << "megaslide-translate: note: no 3D-DSA ops in the module\n";
@@ -157,7 +166,7 @@ int processBuffer(std::unique_ptr<MemoryBuffer> buffer, raw_ostream &os) {
         errs() << "\n";
       return fail("NVRTC failed to compile " + name + ".cu for " + cubinArch);
     }
-    SmallString<256> base(outputDir);
+    SmallString<256> base(outputPath);
     sys::path::append(base, name);
     std::string report;
     raw_string_ostream rs(report);
@@ -173,6 +182,43 @@ int processBuffer(std::unique_ptr<MemoryBuffer> buffer, raw_ostream &os) {
   return 0;
 }
 
+/// Writes the planned module in `buffer` as an execution plan to -o, else
+/// to `os`. Returns 1 on failure, after the error has been printed.
+int exportPlan(std::unique_ptr<MemoryBuffer> buffer, raw_ostream &os) {
+  mlir::DialectRegistry registry;
+  registry.insert<graph::GraphDialect, schedule::ScheduleDialect,
+                  mlir::func::FuncDialect>();
+  mlir::MLIRContext context(registry);
+  context.printOpOnDiagnostic(false);
+  std::string input = buffer->getBufferIdentifier().str();
+  SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(buffer), SMLoc());
+  mlir::SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::parseSourceFile<mlir::ModuleOp>(sourceMgr, &context);
+  if (!module)
+    return 1;
+  // The model fields (model, model_config, grid, batch) are not in the
+  // module: the plan has the exporter's defaults (docs/ExecutionPlan.md).
+  Expected<exec::ExecPlan> plan = exportExecPlan(*module);
+  if (!plan) {
+    WithColor::error(errs(), "megaslide-translate")
+        << input << ": " << toString(plan.takeError()) << "\n";
+    return 1;
+  }
+  // The bytes megaslide-run --save-plan writes, to a file or to stdout.
+  if (outputPath.empty()) {
+    os << exec::serialize(*plan);
+    return 0;
+  }
+  if (Error err = exec::saveExecPlan(*plan, outputPath)) {
+    WithColor::error(errs(), "megaslide-translate")
+        << toString(std::move(err)) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -181,18 +227,29 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
       argc, argv,
-      "MegaSlide translation: 3D-DSA ops -> CUDA C++ kernels (and cubins)\n\n"
+      "MegaSlide translation: 3D-DSA ops -> CUDA C++ kernels (and cubins); "
+      "a planned module -> an execution plan\n\n"
       "  megaslide-translate --emit-dsa-kernels IN.mlir -o DIR [--cubin "
-      "sm_90a]\n");
+      "sm_90a]\n"
+      "  megaslide-translate --emit-exec-plan PLANNED.mlir -o PLAN.json\n\n"
+      "Exit status: 0 success, 1 bad input, unsupported configuration or "
+      "compilation failure.\n");
   auto fail = [](const Twine &message) {
     WithColor::error(errs(), "megaslide-translate") << message << "\n";
     return 1;
   };
-  if (!emitDsaKernels)
-    return fail("nothing to do: pass --emit-dsa-kernels");
-  if (!cubinArch.empty() && outputDir.empty())
+  if (emitDsaKernels == emitExecPlan)
+    return fail(emitDsaKernels ? "--emit-dsa-kernels and --emit-exec-plan "
+                                 "are exclusive: give one"
+                               : "nothing to do: pass --emit-dsa-kernels or "
+                                 "--emit-exec-plan");
+  if (emitExecPlan &&
+      (!cubinArch.empty() || splitInputFile || verifyDiagnostics))
+    return fail("--cubin, --split-input-file and --verify-diagnostics are "
+                "for --emit-dsa-kernels");
+  if (!cubinArch.empty() && outputPath.empty())
     return fail("--cubin needs an output directory (-o DIR)");
-  if ((splitInputFile || verifyDiagnostics) && !outputDir.empty())
+  if ((splitInputFile || verifyDiagnostics) && !outputPath.empty())
     return fail("--split-input-file and --verify-diagnostics write to "
                 "stdout: drop -o");
 
@@ -210,7 +267,8 @@ int main(int argc, char **argv) {
   // redirection is an error, not LLVM's fatal "IO failure on output stream".
   std::unique_ptr<AtomicFile> out = cantFail(AtomicFile::create("-"));
   int status =
-      !splitInputFile
+      emitExecPlan ? exportPlan(std::move(file), out->os())
+      : !splitInputFile
           ? processBuffer(std::move(file), out->os())
           : (mlir::failed(mlir::splitAndProcessBuffer(
                  std::move(file),

@@ -13,12 +13,10 @@
 #include "megaslide/Analysis/DeviceBuffers.h"
 #include "megaslide/Target/Cuda/DsaKernels.h"
 #include "megaslide/Transforms/Planning.h"
-#include "megaslide/runtime/plan/ExecPlanJson.h"
 #include "megaslide/runtime/plan/Validate.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
-#include "mlir/Tools/mlir-translate/Translation.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
@@ -389,24 +387,4 @@ llvm::Expected<exec::ExecPlan> megaslide::exportExecPlan(ModuleOp module) {
                                    "the exporter or the passes): " +
                                    llvm::toString(std::move(err)));
   return plan;
-}
-
-void megaslide::registerExportExecPlanTranslation() {
-  TranslateFromMLIRRegistration registration(
-      "emit-exec-plan",
-      "Write the scheduled training step as an execution plan (JSON)",
-      [](Operation *op, llvm::raw_ostream &os) -> LogicalResult {
-        auto module = dyn_cast<ModuleOp>(op);
-        if (!module)
-          return op->emitError("expected a module");
-        llvm::Expected<exec::ExecPlan> plan = exportExecPlan(module);
-        if (!plan)
-          return op->emitError(llvm::toString(plan.takeError()));
-        os << exec::serialize(*plan) << "\n";
-        return success();
-      },
-      [](DialectRegistry &registry) {
-        registry.insert<graph::GraphDialect, schedule::ScheduleDialect,
-                        func::FuncDialect>();
-      });
 }

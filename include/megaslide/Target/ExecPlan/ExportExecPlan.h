@@ -34,9 +34,6 @@ llvm::Expected<exec::ExecPlan>
 exportProgram(mlir::ModuleOp module,
               std::vector<mlir::Operation *> *origins = nullptr);
 
-/// Registers `megaslide-translate --emit-exec-plan`.
-void registerExportExecPlanTranslation();
-
 } // namespace megaslide
 
 #endif // MEGASLIDE_TARGET_EXECPLAN_EXPORTEXECPLAN_H

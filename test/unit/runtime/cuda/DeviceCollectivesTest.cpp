@@ -17,6 +17,7 @@
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/Testing/FakeCuda.h"
+#include "megaslide/Testing/ThreadCollectives.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -24,10 +25,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -39,94 +38,17 @@ using exec::DType;
 
 namespace {
 
-/// What the ranks' threads share: one allGather at a time.
-struct Hub {
-  explicit Hub(int size) : size(size), slots(size) {}
-  /// Every rank's `mine` in rank order, once all have called; an error
-  /// after a minute (a rank that never comes: the test fails, not hangs).
-  llvm::Expected<std::vector<std::string>> gather(int rank,
-                                                  llvm::StringRef mine) {
-    std::unique_lock<std::mutex> lock(mu);
-    int64_t round = rounds;
-    slots[rank] = mine.str();
-    if (++arrived == size) {
-      result = slots;
-      arrived = 0;
-      ++rounds;
-      cv.notify_all();
-    } else if (!cv.wait_for(lock, std::chrono::minutes(1),
-                            [&] { return rounds != round; })) {
-      return llvm::createStringError("rank " + std::to_string(rank) +
-                                     ": the other ranks never gathered");
-    }
-    // The next round cannot complete before this rank joins it.
-    return result;
-  }
-
-  const int size;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::string> slots, result;
-  int arrived = 0;
-  int64_t rounds = 0;
-};
-
-/// A rank's host collectives over the hub: allGather and barrier, which is
-/// all DeviceCollectives::create uses.
-class ThreadRank final : public dist::Collectives {
-public:
-  ThreadRank(Hub &hub, int rank)
-      : Collectives(dist::World{rank, hub.size, rank, hub.size, ""},
-                    "localhost"),
-        hub(hub) {}
-  llvm::Error allReduceSum(llvm::MutableArrayRef<float>) override {
-    return unused();
-  }
-  llvm::Error allReduceSum(llvm::MutableArrayRef<double>) override {
-    return unused();
-  }
-  llvm::Error barrier() override { return hub.gather(rank(), "").takeError(); }
-  llvm::Error allGatherShards(void *, int64_t, int) override {
-    return unused();
-  }
-  llvm::Error reduceScatterShards(llvm::MutableArrayRef<float>) override {
-    return unused();
-  }
-  llvm::Error gatherShardsToRank0(llvm::ArrayRef<float>, int64_t,
-                                  float *) override {
-    return unused();
-  }
-
-protected:
-  llvm::Expected<std::vector<std::string>> gatherStrings(llvm::StringRef mine,
-                                                         bool) override {
-    return hub.gather(rank(), mine);
-  }
-
-private:
-  static llvm::Error unused() {
-    return llvm::createStringError("not used by the device collectives");
-  }
-  Hub &hub;
-};
-
 /// Runs `body` on `ranks` threads, each on its own fake device (set up
 /// without a plan, with `options` for the rank) and with its host
 /// collectives.
 void runRanks(int ranks,
               const std::function<void(int, dist::Collectives &)> &body,
               const std::function<fake::Options(int)> &options = {}) {
-  Hub hub(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      fake::useDevice(r);
-      fake::setUp(options ? options(r) : fake::Options{});
-      ThreadRank job(hub, r);
-      body(r, job);
-    });
-  for (std::thread &t : threads)
-    t.join();
+  dist::test::runThreadRanks(ranks, [&](int rank, dist::Collectives &job) {
+    fake::useDevice(rank);
+    fake::setUp(options ? options(rank) : fake::Options{});
+    body(rank, job);
+  });
 }
 
 /// One rank's stream, device buffer and pinned buffer of `bytes`.
