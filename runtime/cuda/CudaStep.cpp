@@ -24,7 +24,14 @@ using exec::Home;
 llvm::Expected<exec::StepResult>
 CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                   const exec::StepOptions &options) {
-  return runner->run(inputs, state, options);
+  llvm::Expected<exec::StepResult> result = runner->run(inputs, state, options);
+  // A rank whose step failed has issued only some of the step's
+  // collectives: the others would wait for the rest for ever. Nothing of
+  // the step is in flight any more (Device::endStep), so the communicator
+  // can go: their collectives fail, and so do their steps.
+  if (!result && impl->collectives)
+    impl->collectives->abort();
+  return result;
 }
 
 llvm::Error CudaBackend::Impl::beginStep(exec::StepSetup setup) {

@@ -213,6 +213,8 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
   }
 
   status.reset();
+  if (options.onRunStart)
+    options.onRunStart();
   if (llvm::Error e = device.beginStep(std::move(setup)))
     return std::move(e);
   step.t0 = Clock::now();

@@ -5,6 +5,7 @@
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/GraphKernels.h"
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/cuda/Nvrtc.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
@@ -2311,6 +2312,36 @@ const CublasLtApi &cublasLt() {
 const NcclApi &nccl() {
   static const NcclApi n = makeNccl();
   return n;
+}
+
+CudaOptions backendOptions() {
+  CudaOptions options;
+  options.driver = &driver();
+  options.cublasLt = &cublasLt();
+  options.nccl = &nccl();
+  return options;
+}
+
+bool setUpReference(const exec::ExecPlan &plan, const PreparedPlan &prep,
+                    std::string &why, Options options) {
+  if (!nvrtcAvailable(&why))
+    return false;
+  options.referenceKernels = true;
+  std::map<std::string, size_t> params;
+  for (const KernelInstance &k : prep.kernels)
+    params[k.name()] = kernelParameterTypes(k).size();
+  setUp(
+      plan, prep,
+      [params](const std::string &name) {
+        auto it = params.find(name);
+        if (it == params.end())
+          return HostKernel{};
+        // Never called: referenceKernels runs the cpu kernel instead.
+        return HostKernel{[](unsigned, unsigned, unsigned, void **) {},
+                          it->second};
+      },
+      options);
+  return true;
 }
 
 } // namespace megaslide::cuda::fake

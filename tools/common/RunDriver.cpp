@@ -776,17 +776,33 @@ Error joinJob(dist::Collectives &comm, int argc, char **argv) {
   // The same flags may resolve differently per node (--backend auto).
   if (Error e = comm.checkSame("the backend", backendName))
     return e;
-  if (backendName == "cuda")
-    return createStringError(formatv(
-        "data parallelism ({0} ranks) runs on the cpu backend for now: the "
-        "cuda backend's collectives (NCCL) are not built yet; see "
-        "docs/Distributed.md",
-        comm.size()));
   if (!saveGradients.empty())
     return createStringError("--save-gradients writes one process's "
                              "gradients; in a job of several ranks they are "
                              "not the step's: run it in one process");
   return Error::success();
+}
+
+/// The job the plans are for: on the cuda backend, the launcher's, whose
+/// collectives run on the devices (NCCL), as many ranks on every node; the
+/// cpu backend plans one rank's step and does a job's collectives on the
+/// host.
+Expected<tools::JobShape> jobShapeOf(dist::Collectives &comm) {
+  tools::JobShape shape;
+  if (backendName != "cuda" || comm.size() == 1)
+    return shape;
+  const dist::World &w = comm.world();
+  if (Error e =
+          comm.checkSame("the ranks per node", std::to_string(w.localSize)))
+    return std::move(e);
+  if (w.localSize < 1 || comm.size() % w.localSize != 0)
+    return createStringError(formatv(
+        "{0} ranks with {1} on this node: the cuda backend plans a job of "
+        "as many ranks (GPUs) on every node",
+        comm.size(), w.localSize));
+  shape.gpusPerNode = w.localSize;
+  shape.nodes = comm.size() / w.localSize;
+  return shape;
 }
 
 /// What the run flags ask of the training loop (train::TrainingRun).
@@ -881,9 +897,9 @@ Error continueRun(const train::TrainingRun &run) {
 /// bucket); `exitCode` for a plan over its budgets.
 Expected<std::vector<train::BucketPlan>>
 loadPlans(const tools::RunTool &tool, const train::Settings *stored,
-          int &exitCode) {
+          const tools::JobShape &jobShape, int &exitCode) {
   if (planFile.empty())
-    return tool.compile(stored, dataDir, exitCode);
+    return tool.compile(stored, dataDir, jobShape, exitCode);
   Expected<exec::ExecPlan> loaded = exec::loadExecPlan(planFile);
   if (!loaded)
     return loaded.takeError();
@@ -1064,10 +1080,13 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
       if (Error e = checkOutputFile(file))
         return fail(flag + ": " + toString(std::move(e)));
 
+  Expected<tools::JobShape> jobShape = jobShapeOf(comm);
+  if (!jobShape)
+    return fail(toString(jobShape.takeError()));
   int exitCode = 1;
   auto compileStart = std::chrono::steady_clock::now();
   Expected<std::vector<train::BucketPlan>> plans =
-      loadPlans(tool, storedSettings, exitCode);
+      loadPlans(tool, storedSettings, *jobShape, exitCode);
   if (!plans)
     return fail(toString(plans.takeError()), exitCode);
   bool bucketed = !plans->front().name.empty();

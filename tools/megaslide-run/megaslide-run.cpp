@@ -145,10 +145,13 @@ int main(int argc, char **argv) {
   };
   tool.compile =
       [&](const train::Settings *stored, StringRef dataDir,
+          const tools::JobShape &job,
           int &exitCode) -> Expected<std::vector<train::BucketPlan>> {
     if (stored)
       if (Error e = adoptStoredSettings(*stored, flags))
         return std::move(e);
+    flags.options.gpusPerNode = job.gpusPerNode;
+    flags.options.nodes = job.nodes;
     // A prepared folder holds its bucket file: used unless the command
     // line gives the shapes.
     SmallString<256> found(dataDir);

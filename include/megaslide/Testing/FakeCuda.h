@@ -178,6 +178,15 @@ const CublasLtApi &cublasLt();
 const NcclApi &nccl();
 inline constexpr std::chrono::seconds kNcclTimeout{30};
 
+/// The cuda backend's options on the fake devices: the three tables above.
+CudaOptions backendOptions();
+/// setUp for `plan` with every dense kernel run as the cpu reference
+/// (Options::referenceKernels), so that no host build of them is needed;
+/// false with `why` where the backend cannot start (no NVRTC: it compiles
+/// its kernels first).
+bool setUpReference(const exec::ExecPlan &plan, const PreparedPlan &prep,
+                    std::string &why, Options options = {});
+
 /// Element `i` of `p` in type `t`, as float (and back).
 float loadAs(const void *p, exec::DType t, int64_t i);
 void storeAs(void *p, exec::DType t, int64_t i, float v);

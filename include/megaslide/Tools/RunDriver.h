@@ -24,6 +24,13 @@
 
 namespace megaslide::tools {
 
+/// The job a compiled plan is for (PipelineOptions' gpus-per-node and
+/// nodes): one rank's step, or on the cuda backend the launcher's job,
+/// whose device collectives the plan holds (docs/Distributed.md).
+struct JobShape {
+  int64_t gpusPerNode = 1, nodes = 1;
+};
+
 struct RunTool {
   const char *name;     ///< for messages: "megaslide-run"
   const char *overview; ///< --help text before the options
@@ -37,9 +44,11 @@ struct RunTool {
   /// checkpoint a --resume continues (null otherwise), which the compiled
   /// plan adopts unless its flags say otherwise; `dataDir` the run's
   /// --data (the checkpoint's where a resume takes it). Sets `exitCode`
-  /// for a plan over its budgets. Null: --plan is required.
+  /// for a plan over its budgets; `job` the job it is for. Null: --plan is
+  /// required.
   std::function<llvm::Expected<std::vector<train::BucketPlan>>(
-      const train::Settings *stored, llvm::StringRef dataDir, int &exitCode)>
+      const train::Settings *stored, llvm::StringRef dataDir,
+      const JobShape &job, int &exitCode)>
       compile;
 };
 

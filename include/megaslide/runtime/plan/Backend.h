@@ -107,6 +107,9 @@ struct StepOptions {
   /// Multiplies every gradient before its update (clipping by the
   /// previous step's norm).
   float gradScale = 1;
+  /// Called as each run of the plan (a micro-batch) begins, before
+  /// anything of it is issued: tests start a fake device's per-run checks.
+  std::function<void()> onRunStart;
   /// Called with each parameter's gradient (fp32) as it reaches the host.
   std::function<void(llvm::StringRef, llvm::ArrayRef<float>)> onGradient;
   /// The trainer's deferred update (docs/Training.md): receives each

@@ -159,38 +159,6 @@ TEST(CudaPlanGuardsTest, RefusesGraphOpsOffTheComputeStream) {
 // The backend on the fake device
 //===----------------------------------------------------------------------===//
 
-CudaOptions fakeOptions() {
-  CudaOptions options;
-  options.driver = &fake::driver();
-  options.cublasLt = &fake::cublasLt();
-  return options;
-}
-
-/// Prepares the fake device for `plan` with every dense kernel run as the
-/// cpu reference (so no host build of them is needed); false with `why`
-/// where the backend cannot start (no NVRTC: it compiles its kernels).
-bool setUpFake(const exec::ExecPlan &plan, const PreparedPlan &prep,
-               std::string &why, fake::Options options = {}) {
-  if (!nvrtcAvailable(&why))
-    return false;
-  options.referenceKernels = true;
-  std::map<std::string, size_t> params;
-  for (const KernelInstance &k : prep.kernels)
-    params[k.name()] = kernelParameterTypes(k).size();
-  fake::setUp(
-      plan, prep,
-      [params](const std::string &name) {
-        auto it = params.find(name);
-        if (it == params.end())
-          return fake::HostKernel{};
-        // Never called: referenceKernels runs the cpu kernel instead.
-        return fake::HostKernel{[](unsigned, unsigned, unsigned, void **) {},
-                                it->second};
-      },
-      options);
-  return true;
-}
-
 exec::StepInputs tinyInputs(const exec::ExecPlan &plan) {
   auto shapes = train::InputShapes::of(plan);
   return llvm::cantFail(
@@ -212,7 +180,7 @@ TEST(CudaBackendGuardsTest, DeviceMemoryGuardKeepsAMargin) {
   std::string why;
   const exec::ExecPlan *plan = savedTestPlan("tiny", why);
   ASSERT_TRUE(plan) << why;
-  CudaOptions options = fakeOptions();
+  CudaOptions options = fake::backendOptions();
   auto prep = prepareCudaPlan(*plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   int64_t needed = std::max<int64_t>(plan->arenaBytes, 256) +
@@ -221,7 +189,7 @@ TEST(CudaBackendGuardsTest, DeviceMemoryGuardKeepsAMargin) {
   int64_t margin = int64_t(132) * 2048 * 1024 + (int64_t(64) << 20);
   fake::Options tight;
   tight.freeBytes = needed + options.gemmWorkspaceBytes;
-  if (!setUpFake(*plan, *prep, why, tight))
+  if (!fake::setUpReference(*plan, *prep, why, tight))
     GTEST_SKIP() << why;
   {
     auto gpu = CudaBackend::create(*plan, options);
@@ -241,7 +209,7 @@ TEST(CudaBackendGuardsTest, DeviceMemoryGuardKeepsAMargin) {
   }
   fake::Options enough;
   enough.freeBytes = needed + margin;
-  ASSERT_TRUE(setUpFake(*plan, *prep, why, enough));
+  ASSERT_TRUE(fake::setUpReference(*plan, *prep, why, enough));
   auto gpu = CudaBackend::create(*plan, options);
   EXPECT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
 }
@@ -258,11 +226,11 @@ TEST(CudaBackendGuardsTest, DeviceGuardHoldsThePlanToItsBudget) {
   exec::ExecPlan plan = *saved;
   auto prep = prepareCudaPlan(plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
-  if (!setUpFake(plan, *prep, why))
+  if (!fake::setUpReference(plan, *prep, why))
     GTEST_SKIP() << why;
   plan.arenaBudgetBytes = plan.arenaBytes - 1;
   {
-    auto gpu = CudaBackend::create(plan, fakeOptions());
+    auto gpu = CudaBackend::create(plan, fake::backendOptions());
     ASSERT_FALSE(!!gpu);
     EXPECT_EQ(llvm::toString(gpu.takeError()),
               "the plan's device arena is " + std::to_string(plan.arenaBytes) +
@@ -273,8 +241,8 @@ TEST(CudaBackendGuardsTest, DeviceGuardHoldsThePlanToItsBudget) {
                   "--gpu-reserve); recompile the plan");
   }
   plan.arenaBudgetBytes = plan.arenaBytes;
-  ASSERT_TRUE(setUpFake(plan, *prep, why));
-  auto gpu = CudaBackend::create(plan, fakeOptions());
+  ASSERT_TRUE(fake::setUpReference(plan, *prep, why));
+  auto gpu = CudaBackend::create(plan, fake::backendOptions());
   EXPECT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
 }
 
@@ -286,10 +254,10 @@ TEST(CudaBackendGuardsTest, BadSyncSettingIsAnError) {
   ASSERT_TRUE(plan) << why;
   auto prep = prepareCudaPlan(*plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
-  if (!setUpFake(*plan, *prep, why))
+  if (!fake::setUpReference(*plan, *prep, why))
     GTEST_SKIP() << why;
   ScopedEnv sync("MEGASLIDE_CUDA_SYNC", "yes");
-  auto gpu = CudaBackend::create(*plan, fakeOptions());
+  auto gpu = CudaBackend::create(*plan, fake::backendOptions());
   ASSERT_FALSE(!!gpu);
   EXPECT_EQ(llvm::toString(gpu.takeError()),
             "MEGASLIDE_CUDA_SYNC must be 0 or 1 (1: synchronise after every "
@@ -329,9 +297,9 @@ TEST(CudaBackendGuardsTest, GpuFaultNamesTheKernelUnderSync) {
     fake::Options options;
     options.fault = fake::Fault{"cuLaunchKernel", kFaulty,
                                 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */, true};
-    if (!setUpFake(*plan, *prep, why, options))
+    if (!fake::setUpReference(*plan, *prep, why, options))
       GTEST_SKIP() << why;
-    auto gpu = CudaBackend::create(*plan, fakeOptions());
+    auto gpu = CudaBackend::create(*plan, fake::backendOptions());
     ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
     host::HostState state = host::initHostState(*plan, 3);
     fake::beginStep(0);
@@ -382,9 +350,9 @@ TEST(CudaBackendGuardsTest, FinalLossIsCopiedIntoPinnedMemory) {
   plan.outputs = {deviceLoss};
   auto prep = prepareCudaPlan(plan);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
-  if (!setUpFake(plan, *prep, why))
+  if (!fake::setUpReference(plan, *prep, why))
     GTEST_SKIP() << why;
-  auto gpu = CudaBackend::create(plan, fakeOptions());
+  auto gpu = CudaBackend::create(plan, fake::backendOptions());
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   host::HostState state = host::initHostState(plan, 3);
   fake::beginStep(0);
@@ -412,7 +380,7 @@ TEST(CudaBackendGuardsTest, PinnedPoolsAreKeptAcrossBucketSwitches) {
   // The fake device checks the candidates of one plan: the switches
   // create the backends alone (a step of B under A's setUp would not
   // match), then each plan steps once under its own.
-  if (!setUpFake(*a, *prepA, why))
+  if (!fake::setUpReference(*a, *prepA, why))
     GTEST_SKIP() << why;
   std::vector<int64_t> pins;
   std::vector<std::string> said;
@@ -420,7 +388,7 @@ TEST(CudaBackendGuardsTest, PinnedPoolsAreKeptAcrossBucketSwitches) {
     int64_t before = fake::stats().calls["cuMemHostAlloc"];
     testing::internal::CaptureStderr();
     {
-      auto gpu = CudaBackend::create(*plan, fakeOptions());
+      auto gpu = CudaBackend::create(*plan, fake::backendOptions());
       ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
     }
     said.push_back(testing::internal::GetCapturedStderr());
@@ -439,9 +407,9 @@ TEST(CudaBackendGuardsTest, PinnedPoolsAreKeptAcrossBucketSwitches) {
 
   // Kept blocks serve a step as pinned memory of its own would.
   for (auto [plan, prep] : {std::pair(a, &*prepA), std::pair(b, &*prepB)}) {
-    ASSERT_TRUE(setUpFake(*plan, *prep, why));
+    ASSERT_TRUE(fake::setUpReference(*plan, *prep, why));
     for (int k = 0; k < 2; ++k) {
-      auto gpu = CudaBackend::create(*plan, fakeOptions());
+      auto gpu = CudaBackend::create(*plan, fake::backendOptions());
       ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
       host::HostState state = host::initHostState(*plan, 3);
       fake::beginStep(k);

@@ -1456,13 +1456,6 @@ bool setUpFakeDevice(const exec::ExecPlan &plan, const PreparedPlan &prep,
   return true;
 }
 
-CudaOptions fakeDeviceOptions() {
-  CudaOptions options;
-  options.driver = &fake::driver();
-  options.cublasLt = &fake::cublasLt();
-  return options;
-}
-
 /// What the fake device found in the step that just ended: nothing.
 void expectNoFakeDeviceErrors(const std::string &context) {
   std::vector<std::string> errors = fake::endStep();
@@ -1473,7 +1466,7 @@ void expectNoFakeDeviceErrors(const std::string &context) {
 /// step s seeded with s.
 void runOnFakeDevice(const exec::ExecPlan &plan,
                      const std::function<exec::StepInputs(int)> &inputs,
-                     int steps, CudaOptions options = fakeDeviceOptions()) {
+                     int steps, CudaOptions options = fake::backendOptions()) {
   auto prep = prepareCudaPlan(plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   std::string why;
@@ -1556,7 +1549,7 @@ TEST(CpuBackendPrediction, IsWhatTheLossReads) {
 // rather than ignoring the request.
 TEST(CudaBackendFakeDeviceTest, RefusesToReturnThePrediction) {
   HandBuiltPlan h = handBuiltPlan();
-  CudaOptions options = fakeDeviceOptions();
+  CudaOptions options = fake::backendOptions();
   auto prep = prepareCudaPlan(h.plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
   std::string why;
@@ -1585,7 +1578,7 @@ TEST(CudaBackendFakeDeviceTest, RefusesToReturnThePrediction) {
 /// while it was in flight).
 TEST(CudaBackendFakeDeviceTest, StagingRingOfOneFetchWaitsForEachCopy) {
   HandBuiltPlan h = handBuiltPlan();
-  CudaOptions options = fakeDeviceOptions();
+  CudaOptions options = fake::backendOptions();
   options.stagingBytes = 1;
   auto prep = prepareCudaPlan(h.plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
@@ -1670,7 +1663,7 @@ TEST(CudaBackendFakeDeviceTest, FailingEventSynchronizeFailsTheStep) {
   // How many a step makes, after those of create().
   int64_t atCreate = 0, perStep = 0;
   {
-    auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+    auto gpu = CudaBackend::create(h.plan, fake::backendOptions());
     ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
     atCreate = fake::stats().calls["cuEventSynchronize"];
     host::HostState state = host::initHostState(h.plan, 3);
@@ -1684,7 +1677,7 @@ TEST(CudaBackendFakeDeviceTest, FailingEventSynchronizeFailsTheStep) {
     fake::Options options;
     options.fault = fake::Fault{"cuEventSynchronize", atCreate + n};
     ASSERT_TRUE(setUpFakeDevice(h.plan, *prep, why, options));
-    auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+    auto gpu = CudaBackend::create(h.plan, fake::backendOptions());
     ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
     host::HostState initial = host::initHostState(h.plan, 3), state = initial;
     fake::beginStep(n);
@@ -1716,7 +1709,7 @@ TEST(CudaBackendFakeDeviceTest, FailingMemGetInfoIsAnError) {
   options.fault = fake::Fault{"cuMemGetInfo_v2", 1};
   if (!setUpFakeDevice(h.plan, *prep, why, options))
     GTEST_SKIP() << why;
-  auto gpu = CudaBackend::create(h.plan, fakeDeviceOptions());
+  auto gpu = CudaBackend::create(h.plan, fake::backendOptions());
   ASSERT_FALSE(!!gpu);
   std::string msg = llvm::toString(gpu.takeError());
   EXPECT_EQ(msg.find("cuMemGetInfo: FAKE_ERROR"), 0u) << msg;
@@ -1773,7 +1766,7 @@ TEST_P(CudaBackendFakeDeviceTinyTest, EveryOrderingStepsLikeTheCpuBackend) {
   auto c = (*ref)->step(in, cpuState, co);
   ASSERT_TRUE(!!c) << llvm::toString(c.takeError());
 
-  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  auto gpu = CudaBackend::create(*plan, fake::backendOptions());
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   for (int seed = 0; seed < kFakeDeviceSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -1809,7 +1802,7 @@ TEST(CudaBackendFakeDeviceTest, GradientCopiesRunAheadOfTheHostOptimizer) {
   std::string why;
   const exec::ExecPlan *plan = savedTestPlan("tiny", why);
   ASSERT_TRUE(plan) << why;
-  CudaOptions options = fakeDeviceOptions();
+  CudaOptions options = fake::backendOptions();
   options.hostPoolNoReuseBytes = 0;
   auto prep = prepareCudaPlan(*plan, options);
   ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
@@ -1925,7 +1918,7 @@ TEST(CudaBackendFakeDeviceTest, DeletedWaitIsCaught) {
   auto shapes = train::InputShapes::of(plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
-  auto gpu = CudaBackend::create(plan, fakeDeviceOptions());
+  auto gpu = CudaBackend::create(plan, fake::backendOptions());
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   host::HostState state = host::initHostState(plan, 3);
   fake::beginStep(0);
@@ -1961,7 +1954,7 @@ TEST(CudaBackendFakeDeviceTest, IssueErrorCancelsQueuedUpdates) {
   auto shapes = train::InputShapes::of(*plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
-  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  auto gpu = CudaBackend::create(*plan, fake::backendOptions());
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   host::HostState initial = host::initHostState(*plan, 3), state = initial;
   exec::StepOptions go;
@@ -2004,7 +1997,7 @@ TEST(CudaBackendFakeDeviceTest,
   auto shapes = train::InputShapes::of(*plan);
   ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
   exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
-  auto gpu = CudaBackend::create(*plan, fakeDeviceOptions());
+  auto gpu = CudaBackend::create(*plan, fake::backendOptions());
   ASSERT_TRUE(!!gpu) << llvm::toString(gpu.takeError());
   host::HostState initial = host::initHostState(*plan, 3), state = initial;
 
