@@ -4,6 +4,7 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -28,7 +29,7 @@ static std::optional<ncclDataType_t> ncclTypeOf(exec::DType dtype) {
 llvm::Expected<std::unique_ptr<DeviceCollectives>>
 DeviceCollectives::create(const CudaDriverApi &cu, const NcclApi &nccl,
                           dist::Collectives &job) {
-  std::unique_ptr<DeviceCollectives> self(new DeviceCollectives(cu, nccl));
+  std::unique_ptr<DeviceCollectives> self(new DeviceCollectives(cu, nccl, job));
   self->myRank = job.rank();
   self->ranks = job.size();
   // What a rank does alone comes first: one that fails must not leave the
@@ -70,15 +71,86 @@ DeviceCollectives::create(const CudaDriverApi &cu, const NcclApi &nccl,
                       (*all)[0].size(), sizeof(id.internal))
             .str());
   std::memcpy(id.internal, (*all)[0].data(), sizeof(id.internal));
+  // Watched from here: ncclCommInitRank waits for every rank.
+  {
+    std::lock_guard<std::mutex> lock(self->stateMu);
+    self->markPending();
+  }
+  self->watchdog = std::thread([p = self.get()] { p->watch(); });
+  ncclComm_t comm = nullptr;
   if (llvm::Error e = checkNccl(
-          nccl,
-          nccl.ncclCommInitRank(&self->comm, self->ranks, id, self->myRank),
+          nccl, nccl.ncclCommInitRank(&comm, self->ranks, id, self->myRank),
           "ncclCommInitRank"))
     return std::move(e);
+  std::lock_guard<std::mutex> lock(self->stateMu);
+  self->comm = comm;
+  self->pendingSince = 0;
   return self;
 }
 
+void DeviceCollectives::markPending() {
+  ++issued;
+  if (!pendingSince)
+    pendingSince = std::chrono::steady_clock::now().time_since_epoch().count();
+}
+
+void DeviceCollectives::watch() {
+  std::unique_lock<std::mutex> lock(stateMu);
+  while (!stopping) {
+    wake.wait_for(lock, std::chrono::milliseconds(200));
+    if (stopping)
+      return;
+    std::string why;
+    ncclResult_t async = ncclSuccess;
+    if (comm && nccl.ncclCommGetAsyncError(comm, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress)
+      why = llvm::formatv("NCCL reports {0} ({1}): a rank died or its "
+                          "connection failed",
+                          nccl.ncclGetErrorString(async), async);
+    if (why.empty() && pendingSince) {
+      // `after` follows the last collective issued: when it is done, so
+      // are all of them (unless another was issued meanwhile).
+      int64_t seen = issued;
+      lock.unlock();
+      bool done = cu.cuEventQuery(after) == CUDA_SUCCESS;
+      lock.lock();
+      if (comm && done && issued == seen) {
+        pendingSince = 0;
+        continue;
+      }
+      double waited = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now().time_since_epoch() -
+                          std::chrono::steady_clock::duration(pendingSince))
+                          .count();
+      if (job.timeout() > 0 && waited >= job.timeout())
+        why = llvm::formatv(
+            "its device collectives have waited {0:F0} s for the other ranks "
+            "{1}(--collective-timeout {2}): a rank has hung or died",
+            waited, comm ? "" : "in ncclCommInitRank ",
+            llvm::format("%g", job.timeout()));
+    }
+    if (why.empty() || stopping)
+      continue;
+    lock.unlock();
+    job.endJob(llvm::formatv("megaslide: error: rank {0} on {1}: {2}; the job "
+                             "stops, and the last complete checkpoint resumes "
+                             "it\n",
+                             myRank, job.host(), why));
+    // Only where the ranks are not processes (tests): what waits for the
+    // collectives fails instead.
+    abort();
+    return;
+  }
+}
+
 DeviceCollectives::~DeviceCollectives() {
+  {
+    std::lock_guard<std::mutex> lock(stateMu);
+    stopping = true;
+  }
+  wake.notify_all();
+  if (watchdog.joinable())
+    watchdog.join();
   // Errors have nowhere to go here: a failed device is reported by the
   // step's own synchronisations.
   if (commStream)
@@ -93,9 +165,12 @@ DeviceCollectives::~DeviceCollectives() {
 }
 
 void DeviceCollectives::abort() {
+  std::lock_guard<std::mutex> issuing(issueMu);
+  std::lock_guard<std::mutex> lock(stateMu);
   if (comm)
     nccl.ncclCommAbort(comm);
   comm = nullptr;
+  pendingSince = 0;
 }
 
 llvm::Error DeviceCollectives::allGatherShards(CUdeviceptr data, int64_t count,
@@ -115,6 +190,8 @@ llvm::Error DeviceCollectives::runGroup(bool reduce, CUdeviceptr data,
                                         int64_t count, exec::DType dtype,
                                         CUstream stream) {
   const char *call = reduce ? "ncclReduce" : "ncclBroadcast";
+  // The communicator is only freed by abort(), which waits for this.
+  std::lock_guard<std::mutex> issuing(issueMu);
   if (!comm)
     return llvm::createStringError(
         llvm::formatv("{0}: the NCCL communicator was aborted", call).str());
@@ -160,6 +237,10 @@ llvm::Error DeviceCollectives::runGroup(bool reduce, CUdeviceptr data,
   if (llvm::Error e = checkCu(cu, cu.cuEventRecord(after, commStream),
                               "cuEventRecord (after a collective)"))
     return e;
+  {
+    std::lock_guard<std::mutex> lock(stateMu);
+    markPending();
+  }
   return checkCu(cu, cu.cuStreamWaitEvent(stream, after, 0),
                  "cuStreamWaitEvent (after a collective)");
 }

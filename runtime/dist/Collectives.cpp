@@ -29,6 +29,13 @@ using namespace megaslide::dist;
 
 Collectives::~Collectives() = default;
 
+void Collectives::endJob(const std::string &message) {
+  // From a watchdog thread, while others may be inside MPI or NCCL: write
+  // and leave, running nothing of the process's teardown.
+  (void)!::write(STDERR_FILENO, message.data(), message.size());
+  std::_Exit(5);
+}
+
 namespace {
 
 /// An environment variable as a non-negative int; none when unset.
@@ -96,9 +103,8 @@ public:
     api.finalize();
   }
 
-  void setTimeout(double seconds) override {
-    timeout = seconds;
-    if (!watchdog.joinable() && seconds > 0)
+  void timeoutChanged() override {
+    if (!watchdog.joinable() && timeout() > 0)
       watchdog = std::thread([this] { watch(); });
   }
 
@@ -217,18 +223,16 @@ private:
                           std::chrono::steady_clock::now().time_since_epoch() -
                           std::chrono::steady_clock::duration(started))
                           .count();
-      if (waited < timeout)
+      if (waited < timeout())
         continue;
-      std::string text =
+      endJob(
           formatv("megaslide: error: rank {0} on {1}: the job's {2} has "
                   "waited {3:F0} s for the other ranks (--collective-timeout "
-                  "{4}): a rank has hung or died; the job stops, and the last "
-                  "complete checkpoint resumes it\n",
+                  "{4}): a rank has hung or died; the job stops, and the "
+                  "last complete checkpoint resumes it\n",
                   rank(), host(), what.load(), waited,
-                  llvm::format("%g", timeout))
-              .str();
-      (void)!::write(STDERR_FILENO, text.data(), text.size());
-      std::_Exit(5);
+                  llvm::format("%g", timeout()))
+              .str());
     }
   }
 
@@ -241,7 +245,6 @@ private:
                                      rank(), host(), what, text));
   }
   MegaSlideMpiApi api;
-  double timeout = 0;
   std::atomic<int64_t> since{0}; ///< steady clock ticks; 0: none in flight
   std::atomic<const char *> what{""};
   std::mutex mu;

@@ -1509,6 +1509,19 @@ CudaDriverApi makeDriver() {
     merge(d.host, clock);
     return d.broken;
   };
+  d.cuEventQuery = [](CUevent e) {
+    Device &d = deviceOf(e);
+    ENTER(d, "cuEventQuery");
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!e)
+      return kInvalidHandle;
+    const Event &ev = *reinterpret_cast<Event *>(e);
+    if (d.broken)
+      return d.broken;
+    // Orders nothing: a watchdog's look must not hide a missing wait of
+    // the backend's (host threads count as one).
+    return !ev.latest || ev.latest->done ? CUresult(0) : kNotReady;
+  };
   d.cuEventElapsedTime = [](float *ms, CUevent a, CUevent b) {
     Device &d = deviceOf(a);
     ENTER(d, "cuEventElapsedTime");

@@ -187,8 +187,20 @@ void ThreadRank::abort(int code) {
       llvm::formatv("rank {0} aborted the job (exit code {1})", rank(), code));
 }
 
-void ThreadRank::setTimeout(double seconds) {
-  timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+void ThreadRank::endJob(const std::string &message) {
+  hub.fail(message);
+  std::lock_guard<std::mutex> lock(endedMu);
+  ended.push_back(message);
+}
+
+std::vector<std::string> ThreadRank::endings() const {
+  std::lock_guard<std::mutex> lock(endedMu);
+  return ended;
+}
+
+void ThreadRank::timeoutChanged() {
+  timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(Collectives::timeout() * 1000));
 }
 
 Expected<std::vector<std::string>>

@@ -50,10 +50,11 @@ private:
 /// Rank `rank` of the hub's job (its local rank too: one node, host
 /// "localhost"). Every virtual of dist::Collectives does what
 /// Collectives.h documents and MPI does (runtime/dist/MpiCollectives.cpp),
-/// but for the two that end processes: abort fails the hub's gathers
+/// but for those that end processes: abort fails the hub's gathers
 /// instead, so the other ranks' collectives return an error naming this
 /// rank, and returns; a collective past setTimeout returns an error
-/// instead of ending the process.
+/// instead of ending the process; endJob fails the hub too, keeps the
+/// message (endings()) and returns.
 class ThreadRank final : public Collectives {
 public:
   ThreadRank(ThreadHub &hub, int rank);
@@ -67,11 +68,14 @@ public:
   llvm::Error gatherShardsToRank0(llvm::ArrayRef<float> mine, int64_t count,
                                   float *all) override;
   void abort(int code) override;
-  void setTimeout(double seconds) override;
+  void endJob(const std::string &message) override;
+  /// The messages endJob was given, in order.
+  std::vector<std::string> endings() const;
 
 protected:
   llvm::Expected<std::vector<std::string>> gatherStrings(llvm::StringRef mine,
                                                          bool timed) override;
+  void timeoutChanged() override;
 
 private:
   /// Every rank's `payload` in rank order, once every rank has called the
@@ -82,6 +86,8 @@ private:
 
   ThreadHub &hub;
   std::chrono::milliseconds timeout{std::chrono::minutes(1)};
+  mutable std::mutex endedMu;
+  std::vector<std::string> ended;
 };
 
 /// Runs `body` on `ranks` threads, each with its rank of one job, and

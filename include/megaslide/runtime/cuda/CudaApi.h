@@ -154,6 +154,7 @@ inline constexpr ncclRedOp_t ncclSum = 0;
   X(cuEventDestroy_v2, CUresult, CUevent)                                      \
   X(cuEventRecord, CUresult, CUevent, CUstream)                                \
   X(cuEventSynchronize, CUresult, CUevent)                                     \
+  X(cuEventQuery, CUresult, CUevent)                                           \
   X(cuEventElapsedTime, CUresult, float *, CUevent, CUevent)                   \
   X(cuModuleLoadData, CUresult, CUmodule *, const void *)                      \
   X(cuModuleUnload, CUresult, CUmodule)                                        \

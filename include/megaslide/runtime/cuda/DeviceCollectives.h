@@ -30,8 +30,11 @@
 
 #include "llvm/Support/Error.h"
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 namespace megaslide::cuda {
 
@@ -74,8 +77,19 @@ public:
   void abort();
 
 private:
-  DeviceCollectives(const CudaDriverApi &cu, const NcclApi &nccl)
-      : cu(cu), nccl(nccl) {}
+  DeviceCollectives(const CudaDriverApi &cu, const NcclApi &nccl,
+                    dist::Collectives &job)
+      : cu(cu), nccl(nccl), job(job) {}
+  /// The watchdog (docs/Distributed.md, "Stopping and faults"): NCCL has
+  /// no timeout of its own, so a thread ends the job through job.endJob
+  /// when ncclCommGetAsyncError reports a failure (a peer's connection
+  /// lost), or when collectives have been pending for the job's timeout
+  /// without all of them completing (a rank hung, or died where NCCL does
+  /// not notice), ncclCommInitRank included.
+  void watch();
+  /// One more collective issued (under stateMu): pending from now unless
+  /// others are already.
+  void markPending();
   /// One group of a call per root (ncclBroadcast or ncclReduce), root r
   /// on shard r, on the communication stream between an event recorded on
   /// `stream` and `stream`'s wait for its end.
@@ -84,7 +98,19 @@ private:
 
   const CudaDriverApi &cu;
   const NcclApi &nccl;
+  dist::Collectives &job;
   int myRank = 0, ranks = 1;
+  /// Held while a collective is issued, and by abort(): never by the
+  /// watchdog, which a call blocked in NCCL must not stop.
+  std::mutex issueMu;
+  /// Guards `comm` (freed by abort()) and the fields below.
+  std::mutex stateMu;
+  std::condition_variable wake;
+  bool stopping = false;
+  /// Collectives issued; since when some (or the communicator's setup)
+  /// have been pending, in steady clock ticks (0: none).
+  int64_t issued = 0, pendingSince = 0;
+  std::thread watchdog;
   ncclComm_t comm = nullptr;
   CUstream commStream = nullptr;
   /// Recorded on the caller's stream before a collective and on the

@@ -101,10 +101,20 @@ public:
   virtual void abort(int code) {}
 
   /// A collective that waits longer than `seconds` for the other ranks (one
-  /// of them hung or died unnoticed) ends this process with exit code 5
-  /// and a message naming the rank, host and collective; the launcher then
-  /// ends the job (docs/Distributed.md, "Stopping and faults").
-  virtual void setTimeout(double seconds) {}
+  /// of them hung or died unnoticed) ends this process through endJob()
+  /// with a message naming the rank, host and collective; the launcher then
+  /// ends the job (docs/Distributed.md, "Stopping and faults"). The device
+  /// collectives' watchdog holds NCCL to the same limit
+  /// (cuda::DeviceCollectives). 0: no limit.
+  void setTimeout(double seconds) {
+    timeoutSeconds = seconds;
+    timeoutChanged();
+  }
+  double timeout() const { return timeoutSeconds; }
+  /// Ends this process because the job cannot go on (a collective past the
+  /// timeout, NCCL's report of a failed peer): `message` printed as is,
+  /// exit code 5. Returns only where the ranks are not processes (tests).
+  virtual void endJob(const std::string &message);
 
   /// Fails with `message` unless every rank's `mine` is the same: the
   /// error names the ranks and hosts that differ (ranks that disagree on
@@ -114,11 +124,14 @@ public:
 protected:
   virtual llvm::Expected<std::vector<std::string>>
   gatherStrings(llvm::StringRef mine, bool timed) = 0;
+  /// After setTimeout: an implementation's watchdog takes the new limit.
+  virtual void timeoutChanged() {}
   Collectives(World where, std::string host)
       : where(std::move(where)), hostName(std::move(host)) {}
   World where;
   std::string hostName;
   std::vector<std::string> hostNames; ///< hosts(), once gathered
+  double timeoutSeconds = 0;
 };
 
 /// The collectives of this process's job: of one rank without MPI, or

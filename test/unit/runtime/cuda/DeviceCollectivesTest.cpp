@@ -327,6 +327,69 @@ TEST(DeviceCollectivesTest, AnAbortingRankReleasesTheOthers) {
             std::chrono::milliseconds(fake::kNcclTimeout).count());
 }
 
+/// The watchdog: rank 1 never issues the collective rank 0 waits in, as
+/// if hung; past the job's timeout rank 0 ends the job (endJob, which
+/// exits a process and here fails the ranks' host collectives) naming
+/// itself and the limit, and its wait returns (the communicator aborted).
+TEST(DeviceCollectivesTest, ARankWaitingPastTheTimeoutEndsTheJob) {
+  std::vector<std::vector<std::string>> endings(2);
+  auto start = std::chrono::steady_clock::now();
+  runRanks(2, [&](int rank, dist::Collectives &job) {
+    job.setTimeout(0.5);
+    Buffers buf(64 * 4);
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    fake::beginStep(0);
+    buf.toDevice(0, 64, DType::F32, buf.stream);
+    if (rank == 0) {
+      EXPECT_FALSE(
+          (*dc)->allGatherShards(buf.data, 64, DType::F32, buf.stream));
+      buf.cu.cuStreamSynchronize(buf.stream);
+    } else {
+      // Hung: until the job ends.
+      llvm::consumeError(job.untimedAllGather("").takeError());
+    }
+    fake::endStep();
+    endings[rank] = static_cast<dist::test::ThreadRank &>(job).endings();
+  });
+  ASSERT_EQ(endings[0].size(), 1u);
+  EXPECT_NE(endings[0][0].find("megaslide: error: rank 0 on localhost: its "
+                               "device collectives have waited "),
+            std::string::npos)
+      << endings[0][0];
+  EXPECT_NE(endings[0][0].find("(--collective-timeout 0.5): a rank has hung "
+                               "or died"),
+            std::string::npos)
+      << endings[0][0];
+  EXPECT_TRUE(endings[1].empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, fake::kNcclTimeout);
+}
+
+/// A peer that aborts its communicator is what NCCL reports as a remote
+/// error (a peer's connection lost): the watchdog ends the job at once,
+/// with no timeout set.
+TEST(DeviceCollectivesTest, NcclsAsyncErrorEndsTheJob) {
+  std::vector<std::vector<std::string>> endings(2);
+  runRanks(2, [&](int rank, dist::Collectives &job) {
+    auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    if (rank == 1)
+      (*dc)->abort();
+    else
+      for (int i = 0; i < 100 && endings[0].empty(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        endings[0] = static_cast<dist::test::ThreadRank &>(job).endings();
+      }
+  });
+  ASSERT_EQ(endings[0].size(), 1u);
+  EXPECT_NE(endings[0][0].find("rank 0 on localhost: NCCL reports "),
+            std::string::npos)
+      << endings[0][0];
+  EXPECT_NE(endings[0][0].find("a rank died or its connection failed"),
+            std::string::npos)
+      << endings[0][0];
+}
+
 TEST(DeviceCollectivesTest, OrdinalRIsRankRsFakeDevice) {
   runRanks(2, [&](int rank, dist::Collectives &) {
     const CudaDriverApi &cu = fake::driver();
