@@ -1,12 +1,13 @@
 //===- CudaBackend.h - Runs execution plans on an NVIDIA GPU ----*- C++ -*-===//
 //
 // The cuda backend: one device arena (every device tensor at its planned
-// offset), one compute and two copy streams (h2d, d2h), one CUevent per plan
-// event, pinned host pools for weight staging, step inputs and host values
-// (gradients, offloaded checkpoints, the loss), cuBLASLt GEMMs (Gemm.h), the
-// dense kernels of ElementwiseKernels.h and the plan's generated 3D-DSA
-// modules, both compiled with NVRTC (on-disk cache), and the host AdamW on
-// a worker thread as gradients arrive (HostWorker.h).
+// offset), one compute and two copy streams (h2d, d2h) and, for a job's
+// plan, a stream for its NCCL collectives (DeviceCollectives.h), one
+// CUevent per plan event, pinned host pools for weight staging, step inputs and
+// host values (gradients, offloaded checkpoints, the loss), cuBLASLt GEMMs
+// (Gemm.h), the dense kernels of ElementwiseKernels.h and the plan's generated
+// 3D-DSA modules, both compiled with NVRTC (on-disk cache), and the host AdamW
+// on a worker thread as gradients arrive (HostWorker.h).
 //
 // Everything GPU-free (lowering, module matching, hazards, pool layout) is
 // in prepareCudaPlan (CudaPlan.h) so that it can be tested without a GPU.
