@@ -210,8 +210,8 @@ LogicalResult megaslide::scheduleOverlap(ModuleOp module,
   // and the gradient ring (exec::layoutHostPool, the same rule): runs of
   // one layer's gradient copies, each run in one of `gradientBuffers`
   // slots as large as the largest run. In a job of several ranks a copy
-  // stages only its rank's shard (transferBytes); layoutHostPool, which
-  // lays out one rank's plan, does not yet.
+  // stages only its rank's shard (transferBytes, rank 0's: the largest),
+  // as layoutHostPool lays it out (exec::hostValueBytes).
   DenseMap<int64_t, uint64_t> weights; // per (block, half)
   uint64_t largestWeights = 0, largestGrads = 0, run = 0;
   std::optional<std::optional<int64_t>> runLayer;

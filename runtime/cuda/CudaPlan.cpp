@@ -197,7 +197,7 @@ int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override) {
     const exec::Instruction &inst = plan.instructions[i];
     if (inst.op != OpCode::Fetch)
       continue;
-    int64_t bytes = aligned(plan.values[inst.results[0]].type.bytes());
+    int64_t bytes = aligned(exec::copiedBytes(plan, inst));
     largest = std::max(largest, bytes);
     int64_t block = bytes;
     if (inst.layer)

@@ -186,12 +186,13 @@ llvm::Error CudaBackend::Impl::copy(size_t i) {
                        "cuMemcpyHtoDAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));
   } else {
-    // A gradient's reduce-scattered shard: only it crosses PCIe.
+    // A gradient's reduce-scattered shard: only it crosses PCIe, to the
+    // start of its host value (exec::hostValueBytes).
     size_t at = 0;
     if (inst.hasAttr("ranks"))
       std::tie(at, bytes) = shardBytes(type.numElements(), type.dtype);
     if (auto e = check(cu->cuMemcpyDtoHAsync_v2(
-                           hostAddress(inst.results[0]) + at,
+                           hostAddress(inst.results[0]),
                            deviceAddress(inst.operands[0]) + at, bytes, stream),
                        "cuMemcpyDtoHAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));

@@ -139,11 +139,15 @@ static int64_t heldCount(int64_t count, const HostOptimizer::Options &o) {
 static GradientHold gradientHold(const exec::TensorType &g,
                                  const HostOptimizer::Options &o) {
   GradientHold hold;
-  // Summed in fp32 over micro-batches, and over a job's ranks (by the
-  // host, or on the device before it arrives as this rank's shard).
-  if (o.ranks() > 1 && o.deviceReduces)
-    hold.accumCount = heldCount(g.numElements(), o);
-  else if (o.gradAccum > 1 || o.ranks() > 1)
+  // Summed in fp32 over micro-batches, and over a job's ranks: by the
+  // host, or on the device before it arrives as this rank's shard.
+  if (o.ranks() > 1 && o.deviceReduces) {
+    int64_t held = heldCount(g.numElements(), o);
+    if (o.gradAccum > 1)
+      hold.accumCount = held;
+    else
+      hold.retainedBytes = held * exec::dtypeBytes(g.dtype);
+  } else if (o.gradAccum > 1 || o.ranks() > 1)
     hold.accumCount = g.numElements();
   else if (o.deferred)
     hold.retainedBytes = g.bytes();
@@ -251,9 +255,10 @@ void HostOptimizer::retain(const exec::Instruction &inst,
     apply(u); // a plan fetches a parameter before its gradient; be safe
   // What the step runner gives is what prepare() sized: the whole
   // gradient, or the rank's shard of the device's sum.
-  assert((u.accum.empty() || g.count == static_cast<int64_t>(u.accum.size())) &&
-         "a gradient of another size than the optimizer keeps");
   size_t bytes = g.count * exec::dtypeBytes(g.dtype);
+  assert((u.accum.empty() ? bytes == u.retained.size()
+                          : g.count == static_cast<int64_t>(u.accum.size())) &&
+         "a gradient of another size than the optimizer keeps");
   if (u.accum.empty()) {
     std::memcpy(u.retained.data(), g.data, bytes);
     u.squaredNorm = cpu::squaredNorm(g.data, g.dtype, g.count);
@@ -352,9 +357,8 @@ llvm::Expected<double> HostOptimizer::retainedNorm() {
       }
     if (!u.accum.empty())
       u.squaredNorm = cpu::squaredNorm(u.shardSum(options), DType::F32,
-                                       u.tensors.master->held()) /
-                      double(all * all);
-    squares.push_back(u.squaredNorm);
+                                       u.tensors.master->held());
+    squares.push_back(u.squaredNorm / double(all * all));
   }
   dropRetained();
   if (options.ranks() > 1)
@@ -402,9 +406,10 @@ llvm::Error HostOptimizer::applySharded() {
         return llvm::createStringError(
             llvm::formatv("'{0}' holds {1} values, this rank's shard {2}",
                           t->param->name, t->data.size(), held));
-    cpu::adamwStep(hyper, held, u.tensors.master->data.data(),
-                   u.tensors.m->data.data(), u.tensors.v->data.data(),
-                   u.shardSum(options), nullptr);
+    if (u.accum.empty()) // one micro-batch, summed on the device
+      adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, held});
+    else
+      adamwUpdate(hyper, u.tensors, {u.shardSum(options), DType::F32, held});
     u.pending = false;
     if (u.ema)
       updateEma(u);

@@ -2,6 +2,7 @@
 
 #include "megaslide/runtime/plan/HostPool.h"
 
+#include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/support/Packing.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -17,10 +18,10 @@ namespace {
 
 constexpr int kStreams = kNumStreams;
 
-/// Pinned bytes of a value: at least one, so every value has an address of
-/// its own.
-int64_t poolBytes(const Value &v) {
-  return alignTo(std::max<int64_t>(v.type.bytes(), 1), kHostPoolAlign);
+/// Pinned bytes of a value of `bytes` (hostValueBytes): at least one, so
+/// every value has an address of its own.
+int64_t poolBytes(int64_t bytes) {
+  return alignTo(std::max<int64_t>(bytes, 1), kHostPoolAlign);
 }
 
 /// For every byte, the last instruction of each stream that touched it.
@@ -76,21 +77,43 @@ int64_t deviceOffset(const ExecPlan &plan, int64_t id) {
   return -1;
 }
 
+int64_t copiedBytes(const ExecPlan &plan, const Instruction &inst) {
+  const TensorType &t = plan.values[inst.results[0]].type;
+  std::optional<int64_t> ranks = inst.intAttr("ranks");
+  if (!ranks)
+    return t.bytes();
+  return dist::shardRange(t.numElements(), 0, static_cast<int>(*ranks)).size() *
+         dtypeBytes(t.dtype);
+}
+
+std::vector<int64_t> hostValueBytes(const ExecPlan &plan) {
+  std::vector<int64_t> bytes(plan.values.size(), 0);
+  for (auto [id, v] : llvm::enumerate(plan.values))
+    if (v.home == Home::Host)
+      bytes[id] = v.type.bytes();
+  for (const Instruction &inst : plan.instructions)
+    if (inst.op == OpCode::DeviceToHost && inst.results.size() == 1)
+      bytes[inst.results[0]] = copiedBytes(plan, inst);
+  return bytes;
+}
+
 HostPoolLayout layoutHostPool(const ExecPlan &plan, const Liveness &live,
                               int64_t noReuseBytes) {
   HostPoolLayout layout;
+  std::vector<int64_t> valueBytes = hostValueBytes(plan);
+  auto poolBytesOf = [&](int64_t id) { return poolBytes(valueBytes[id]); };
   layout.offset.assign(plan.values.size(), -1);
   std::vector<int64_t> hostValues;
   int64_t total = 0;
   for (size_t id = 0; id < plan.values.size(); ++id)
     if (plan.values[id].home == Home::Host) {
       hostValues.push_back(id);
-      total += poolBytes(plan.values[id]);
+      total += poolBytesOf(id);
     }
   if (total <= noReuseBytes) {
     for (int64_t id : hostValues) {
       layout.offset[id] = layout.bytes;
-      layout.bytes += poolBytes(plan.values[id]);
+      layout.bytes += poolBytesOf(id);
     }
     return layout;
   }
@@ -122,7 +145,7 @@ HostPoolLayout layoutHostPool(const ExecPlan &plan, const Liveness &live,
   for (const std::vector<int64_t> &group : groups) {
     int64_t bytes = 0;
     for (int64_t id : group)
-      bytes += poolBytes(plan.values[id]);
+      bytes += poolBytesOf(id);
     layout.ringSlotBytes = std::max(layout.ringSlotBytes, bytes);
   }
   if (!groups.empty())
@@ -131,7 +154,7 @@ HostPoolLayout layoutHostPool(const ExecPlan &plan, const Liveness &live,
     int64_t at = static_cast<int64_t>(g) % slots * layout.ringSlotBytes;
     for (int64_t id : group) {
       layout.offset[id] = at;
-      at += poolBytes(plan.values[id]);
+      at += poolBytesOf(id);
     }
   }
   int64_t ring = layout.ringSlots * layout.ringSlotBytes;
@@ -146,7 +169,7 @@ HostPoolLayout layoutHostPool(const ExecPlan &plan, const Liveness &live,
     if (layout.offset[id] >= 0)
       continue;
     others.push_back(id);
-    slices.push_back({poolBytes(plan.values[id]), live.def[id],
+    slices.push_back({poolBytesOf(id), live.def[id],
                       isOutput[id]
                           ? static_cast<int64_t>(plan.instructions.size())
                           : live.end(id)});
@@ -165,6 +188,7 @@ crossStreamWaits(const ExecPlan &plan, const std::vector<int64_t> &hostOffset,
   std::vector<std::vector<Dependency>> waits(n);
   std::vector<int64_t> eventRecorder(std::max<int64_t>(plan.numEvents, 0), -1);
   HazardMap arena(plan.arenaBytes), pool(hostBytes);
+  std::vector<int64_t> valueBytes = hostValueBytes(plan);
   int64_t lastWaited[kStreams][kStreams];
   for (auto &row : lastWaited)
     std::fill(std::begin(row), std::end(row), -1);
@@ -181,7 +205,7 @@ crossStreamWaits(const ExecPlan &plan, const std::vector<int64_t> &hostOffset,
           arena.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
       } else if (v.home == Home::Host && hostOffset[id] >= 0) {
         int64_t off = hostOffset[id];
-        pool.touch(off, off + v.type.bytes(), inst.stream, i, write, deps);
+        pool.touch(off, off + valueBytes[id], inst.stream, i, write, deps);
       }
     };
     for (int64_t id : inst.operands)

@@ -335,14 +335,9 @@ void StepRunner::hostUpdate(Step &step, size_t i) {
   const Value &g = plan.values[inst.operands[0]];
   HostGradient gradient{device.hostData(inst.operands[0]), g.type.dtype,
                         g.type.numElements()};
-  if (shardGradient[i]) {
-    // The rank's shard, at its place in the whole (Device::copy): the
-    // elements of the master it holds.
-    const host::HostTensor &master = *tensors->master;
-    gradient.data = static_cast<const uint8_t *>(gradient.data) +
-                    master.heldBegin() * dtypeBytes(g.type.dtype);
-    gradient.count = master.held();
-  }
+  if (shardGradient[i])
+    // The rank's shard (Device::copy): the elements of the master it holds.
+    gradient.count = tensors->master->held();
   if (options.onGradient) {
     std::vector<float> wide(gradient.count);
     cpu::widen(gradient.data, gradient.dtype, gradient.count, wide.data());

@@ -7,6 +7,8 @@
 
 #include "megaslide/runtime/train/SessionParts.h"
 
+#include "megaslide/runtime/plan/HostPool.h"
+
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -34,10 +36,14 @@ static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
                                     "fp32 masters and AdamW moments)"
                                   : "host state (fp32 masters, AdamW moments)",
                         host::stateBytes(plan, ranks)});
+  // A job's gradient shards take a shard's bytes (exec::hostValueBytes).
   uint64_t hostValues = 0;
-  for (const exec::Value &v : plan.values)
-    if (v.home != exec::Home::Device)
+  std::vector<int64_t> valueBytes = exec::hostValueBytes(plan);
+  for (auto [id, v] : llvm::enumerate(plan.values))
+    if (v.home == exec::Home::Input)
       hostValues += v.type.bytes();
+    else
+      hostValues += valueBytes[id];
   need.parts.push_back(
       {"host buffers of the plan (step inputs, gradients, offloaded "
        "activations)",

@@ -122,7 +122,8 @@ void layoutHostPools(const exec::ExecPlan &plan, const exec::Liveness &live,
 /// The pinned ring the fetches of `plan` are cast into (cuda/Staging.h):
 /// room for the fetches of two blocks (a block: one layer's fetches before
 /// or after the loss, as the planner sizes its "pinned staging"), at least
-/// two of the largest fetch, each fetch rounded up to 4 KiB;
+/// two of the largest fetch, each fetch (its exec::copiedBytes: a job's
+/// shard) rounded up to 4 KiB;
 /// `override` > 0 replaces it, raised to the largest fetch.
 int64_t weightStagingBytes(const exec::ExecPlan &plan, int64_t override = 0);
 

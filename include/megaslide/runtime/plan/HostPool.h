@@ -36,9 +36,19 @@ struct HostPoolLayout {
   int64_t ringSlots = 0, ringSlotBytes = 0;
 };
 
-/// Lays out `plan`'s host values. A gradient is a device-to-host result
-/// read by a host_adamw; consecutive gradients of one layer (in program
-/// order) form a group, and group g takes ring slot g mod
+/// The bytes a fetch or device_to_host copy `inst` moves: its result's, or
+/// for one marked `ranks` (a job's) the largest rank's shard, rank 0's
+/// (dist::shardRange): what each rank stages in pinned memory for it.
+int64_t copiedBytes(const ExecPlan &plan, const Instruction &inst);
+
+/// Per value of `plan`: the pinned bytes of a host value (0 for others):
+/// its tensor's, or a device_to_host result's copiedBytes, since a rank's
+/// copy of its shard writes it from the value's start.
+std::vector<int64_t> hostValueBytes(const ExecPlan &plan);
+
+/// Lays out `plan`'s host values (hostValueBytes). A gradient is a
+/// device-to-host result read by a host_adamw; consecutive gradients of one
+/// layer (in program order) form a group, and group g takes ring slot g mod
 /// plan.gradientBuffers, each slot as large as the largest group: the
 /// copy of group g's gradients waits only for the host updates of group
 /// g - gradientBuffers, so the GPU may run that many groups ahead of the
@@ -58,9 +68,10 @@ struct Dependency {
 
 /// Per instruction, the write-after-read/write waits on other streams that
 /// reuse of arena bytes and of the pool's bytes (`hostOffset` per value,
-/// `hostBytes` in all) implies in program order; filtered: none implied
-/// by an earlier wait of the same stream or by the plan's own waits. The
-/// plan's events order producers before consumers; these are not in it.
+/// `hostBytes` in all, each value's hostValueBytes) implies in program order;
+/// filtered: none implied by an earlier wait of the same stream or by the
+/// plan's own waits. The plan's events order producers before consumers; these
+/// are not in it.
 std::vector<std::vector<Dependency>>
 crossStreamWaits(const ExecPlan &plan, const std::vector<int64_t> &hostOffset,
                  int64_t hostBytes);

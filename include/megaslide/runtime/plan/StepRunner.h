@@ -111,8 +111,8 @@ public:
   /// result's dtype and copied into it (after `before`).
   virtual llvm::Error fetch(size_t i, size_t k) = 0;
   /// A host_to_device or device_to_host copy; a device_to_host marked
-  /// `ranks` copies the rank's shard (dist::shardRange) into the same
-  /// elements of its result.
+  /// `ranks` copies the rank's shard (dist::shardRange) to the start of its
+  /// result (exec::hostValueBytes).
   virtual llvm::Error copy(size_t i) = 0;
   /// A job's collective (all_gather, reduce_scatter) in place on its
   /// operand's bytes. Only a device with device collectives runs a job's
