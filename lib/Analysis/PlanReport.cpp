@@ -245,6 +245,9 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
     recipe.reason = "update=auto: grad-accum " +
                     std::to_string(recipe.gradAccum) +
                     " needs the deferred update";
+  else if (int64_t ranks = jobSizeOf(module).ranks(); deferred && ranks > 1)
+    recipe.reason = "update=auto: a job of " + std::to_string(ranks) +
+                    " ranks needs the deferred update";
   else
     recipe.reason = "update=auto: deferring needs " + formatBytes(needs) +
                     (deferred ? ", within the " : ", more than the ") +
@@ -313,11 +316,16 @@ std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
   if (enough.empty() && byPolicy && byEma && byPolicy + byEma >= shortfall)
     enough.push_back(policyFlag + " with --ema-dtype bf16 (free " +
                      formatBytes(byPolicy + byEma) + ")");
-  std::string advice = "to defer, " + formatBytes(shortfall) + " more: ";
+  bool job = jobSizeOf(module).ranks() > 1; // a job has no streaming update
+  std::string advice =
+      (job ? "the job's deferred update needs " : "to defer, ") +
+      formatBytes(shortfall) + " more: ";
   if (enough.empty())
     advice += "a host with more memory (--host-mem)";
   for (auto [i, e] : llvm::enumerate(enough))
     advice += (i ? " or " : "") + e;
+  if (job)
+    return advice;
   return advice + "; --update streaming instead clips with the previous "
                   "step's global norm (an approximation) and stops at a "
                   "non-finite gradient rather than skipping the step";

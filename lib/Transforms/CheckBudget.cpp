@@ -142,7 +142,7 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       uint64_t retained = resourceBytes(kRetainedGradientsResource);
       uint64_t ema = resourceBytes(kEmaResource);
       auto emaPolicy = module->getAttrOfType<StringAttr>(kEmaAttr);
-      if (retained)
+      if (retained && jobSizeOf(module).ranks() == 1)
         diag.attachNote() << "to fit: --update streaming frees the "
                           << formatBytes(retained)
                           << " of retained gradients (it clips with the "

@@ -103,6 +103,16 @@ struct DeferUpdatesPass
                          << exec::kMaxGradAccum;
       return signalPassFailure();
     }
+    int64_t ranks = jobSizeOf(module).ranks();
+    if (ranks > 1 && update == schedule::UpdatePolicy::streaming) {
+      module.emitError()
+          << "a job of " << ranks
+          << " ranks sums every gradient over the ranks before one global "
+             "decision (skip, clipping) that every rank makes alike: that "
+             "needs the deferred update, but 'update' is 'streaming'; use "
+             "--update deferred (or auto)";
+      return signalPassFailure();
+    }
     if (microBatches > 1 && update == schedule::UpdatePolicy::streaming) {
       module.emitError()
           << "option 'grad-accum': " << microBatches
@@ -125,9 +135,9 @@ struct DeferUpdatesPass
     schedule::UpdatePolicy mode = update;
     OpBuilder b(module.getContext());
     if (mode == schedule::UpdatePolicy::automatic) {
-      // Accumulation has no streaming form: check-budget reports it when
-      // it does not fit.
-      bool defer = microBatches > 1 || deferredNeeds <= free;
+      // Accumulation and a job have no streaming form: check-budget
+      // reports it when it does not fit.
+      bool defer = microBatches > 1 || ranks > 1 || deferredNeeds <= free;
       mode = defer ? schedule::UpdatePolicy::deferred
                    : schedule::UpdatePolicy::streaming;
       module->setAttr(kUpdateAutoAttr, b.getUnitAttr());
