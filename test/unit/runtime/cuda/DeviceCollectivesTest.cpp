@@ -428,4 +428,57 @@ TEST(DeviceCollectivesTest, RealNcclWithoutAGpuFailsToMakeTheCommunicator) {
   });
 }
 
+/// On a GPU (the device check): the real NCCL in a job of one, its
+/// communicator made through the host collectives, both collectives run
+/// (for one rank they leave the buffer as it was), and the watchdog, on
+/// with a timeout, finds them complete rather than ending the job.
+TEST(DeviceCollectivesGpuTest, WorldOfOneOnTheRealNccl) {
+  std::string why;
+  if (!cudaDeviceAvailable(&why))
+    GTEST_SKIP() << why;
+  auto nccl = loadNccl();
+  ASSERT_TRUE(!!nccl) << "a GPU machine without NCCL: "
+                      << llvm::toString(nccl.takeError());
+  auto driver = loadCudaDriver();
+  ASSERT_TRUE(!!driver) << llvm::toString(driver.takeError());
+  const CudaDriverApi &cu = **driver;
+  auto info = initCudaDevice(cu, 0);
+  ASSERT_TRUE(!!info) << llvm::toString(info.takeError());
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(cu.cuDevicePrimaryCtxRetain(&ctx, info->device), 0);
+  ASSERT_EQ(cu.cuCtxSetCurrent(ctx), 0);
+  dist::test::runThreadRanks(1, [&](int, dist::Collectives &job) {
+    ASSERT_EQ(cu.cuCtxSetCurrent(ctx), 0);
+    job.setTimeout(30);
+    auto dc = DeviceCollectives::create(cu, **nccl, job);
+    ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    CUstream stream = nullptr;
+    ASSERT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), 0);
+    constexpr int64_t n = 1000;
+    std::vector<float> in(n), out(n, 0);
+    for (int64_t i = 0; i < n; ++i)
+      in[i] = 0.5f * static_cast<float>(i) - 7;
+    CUdeviceptr data = 0;
+    void *pinned = nullptr;
+    ASSERT_EQ(cu.cuMemAlloc_v2(&data, n * 4), 0);
+    ASSERT_EQ(cu.cuMemHostAlloc(&pinned, n * 4, 0), 0);
+    std::memcpy(pinned, in.data(), n * 4);
+    ASSERT_EQ(cu.cuMemcpyHtoDAsync_v2(data, pinned, n * 4, stream), 0);
+    EXPECT_FALSE((*dc)->allGatherShards(data, n, DType::F32, stream));
+    EXPECT_FALSE((*dc)->reduceScatterShards(data, n, DType::F32, stream));
+    ASSERT_EQ(cu.cuMemcpyDtoHAsync_v2(pinned, data, n * 4, stream), 0);
+    ASSERT_EQ(cu.cuStreamSynchronize(stream), 0);
+    std::memcpy(out.data(), pinned, n * 4);
+    EXPECT_EQ(out, in);
+    // Longer than the watchdog's poll: it sees the collectives done.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_TRUE(static_cast<dist::test::ThreadRank &>(job).endings().empty());
+    dc->reset();
+    cu.cuMemFreeHost(pinned);
+    cu.cuMemFree_v2(data);
+    cu.cuStreamDestroy_v2(stream);
+  });
+  cu.cuDevicePrimaryCtxRelease_v2(info->device);
+}
+
 } // namespace
