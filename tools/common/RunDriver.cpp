@@ -784,12 +784,12 @@ Error joinJob(dist::Collectives &comm, int argc, char **argv) {
 }
 
 /// The job the plans are for: on the cuda backend, the launcher's, whose
-/// collectives run on the devices (NCCL), as many ranks on every node; the
-/// cpu backend plans one rank's step and does a job's collectives on the
-/// host.
+/// collectives run on the devices (NCCL), as many ranks on every node, and
+/// so on the sim backend, which predicts the cuda backend's step; the cpu
+/// backend plans one rank's step and does a job's collectives on the host.
 Expected<tools::JobShape> jobShapeOf(dist::Collectives &comm) {
   tools::JobShape shape;
-  if (backendName != "cuda" || comm.size() == 1)
+  if (backendName == "cpu" || comm.size() == 1)
     return shape;
   const dist::World &w = comm.world();
   if (Error e =
@@ -797,9 +797,9 @@ Expected<tools::JobShape> jobShapeOf(dist::Collectives &comm) {
     return std::move(e);
   if (w.localSize < 1 || comm.size() % w.localSize != 0)
     return createStringError(formatv(
-        "{0} ranks with {1} on this node: the cuda backend plans a job of "
+        "{0} ranks with {1} on this node: the {2} backend plans a job of "
         "as many ranks (GPUs) on every node",
-        comm.size(), w.localSize));
+        comm.size(), w.localSize, backendName));
   shape.gpusPerNode = w.localSize;
   shape.nodes = comm.size() / w.localSize;
   return shape;
