@@ -153,6 +153,28 @@ def test_ranks_given_different_commands_refuse(tmp_path):
         in out, out
 
 
+def test_a_job_plans_its_collectives_on_sim_and_cuda_not_cpu(tmp_path):
+    # The sim and cuda backends plan the launcher's job (its collectives
+    # on the devices); the cpu backend one rank's step.
+    mpirun()
+    plans = {}
+    for backend in ("sim", "cpu"):
+        path = tmp_path / f"{backend}.json"
+        args = [a for a in SMALL if a not in ("--backend", "cpu")]
+        run(*args, "--backend", backend, "--steps", "0", "--save-plan", path,
+            ranks=2)
+        plans[backend] = json.loads(path.read_text())
+    ops = {b: [i["op"] for i in p["instructions"]] for b, p in plans.items()}
+    assert ops["sim"].count("all_gather") == ops["sim"].count("fetch") > 0
+    assert ops["sim"].count("reduce_scatter") > 0
+    assert "all_gather" not in ops["cpu"] and "reduce_scatter" not in ops["cpu"]
+    for inst in plans["sim"]["instructions"]:
+        if inst["op"] in ("all_gather", "reduce_scatter"):
+            assert inst["cost"]["ranks"] == 2 and inst["cost"]["nodes"] == 1
+    # The model's fields, which megaslide-translate cannot fill in.
+    assert plans["sim"]["model"] == "tiny" and plans["sim"]["grid"]
+
+
 def test_what_a_job_cannot_do_is_said(tmp_path):
     mpirun()
     # Each rank plans the job's step and fails alone, without a GPU, and
