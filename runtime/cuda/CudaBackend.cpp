@@ -183,6 +183,8 @@ llvm::Error CudaBackend::Impl::init() {
     cu = *driver;
   }
   int ordinal = options.device;
+  if (ordinal < 0 && !options.job)
+    ordinal = 0;
   if (ordinal < 0) {
     // One GPU per rank of the node.
     int count = 0, local = options.job ? options.job->world().localRank : 0;
@@ -662,6 +664,9 @@ CudaBackend::CudaBackend(std::unique_ptr<Impl> impl)
 CudaBackend::~CudaBackend() = default;
 
 const CudaDeviceInfo &CudaBackend::deviceInfo() const { return impl->info; }
+std::shared_ptr<DeviceCollectives> CudaBackend::deviceCollectives() const {
+  return impl->collectives;
+}
 const PreparedPlan &CudaBackend::prepared() const { return impl->prep; }
 
 llvm::Expected<std::unique_ptr<CudaBackend>>
@@ -670,8 +675,6 @@ CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
   if (const char *error = cpu::cpuSettingsError())
     return llvm::createStringError(error);
   llvm::Expected<bool> sync = syncSetting();
-  if (!sync)
-    return sync.takeError();
   // A job's plan runs on each rank of that job: what every rank knows
   // alike is checked before any of them waits for the others.
   int64_t ranks = plan.jobRanks();
@@ -691,18 +694,27 @@ CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
                  : "launch one process per GPU (mpirun -np N, srun -n N; "
                    "docs/Distributed.md)"));
   auto impl = std::make_unique<Impl>(plan, options);
-  impl->syncEach = *sync;
-  llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);
-  if (!prep)
-    return prep.takeError();
-  impl->prep = std::move(*prep);
-  llvm::Error failed = impl->init();
+  llvm::Error failed = llvm::Error::success();
+  if (sync)
+    impl->syncEach = *sync;
+  else
+    failed = sync.takeError();
+  if (!failed) {
+    llvm::Expected<PreparedPlan> prep = prepareCudaPlan(plan, options);
+    if (prep)
+      impl->prep = std::move(*prep);
+    else
+      failed = prep.takeError();
+  }
+  if (!failed)
+    failed = impl->init();
   if (ranks > 1) {
     if (failed) {
       // The others are making the communicator: they learn that this
       // rank failed (DeviceCollectives::create), instead of waiting.
-      if (auto sent = options.job->allGather(""); !sent)
-        llvm::consumeError(sent.takeError());
+      if (!options.collectives)
+        if (auto sent = options.job->allGather(""); !sent)
+          llvm::consumeError(sent.takeError());
       return std::move(failed);
     }
     failed = impl->joinJob();
@@ -715,6 +727,14 @@ CudaBackend::create(const exec::ExecPlan &plan, const CudaOptions &options) {
 llvm::Error CudaBackend::Impl::joinJob() {
   jobRank = options.job->rank();
   jobSize = options.job->size();
+  if ((collectives = options.collectives)) {
+    if (collectives->rank() != jobRank || collectives->size() != jobSize)
+      return llvm::createStringError(llvm::formatv(
+          "the device collectives given are rank {0} of {1}, this backend "
+          "rank {2} of {3}",
+          collectives->rank(), collectives->size(), jobRank, jobSize));
+    return llvm::Error::success();
+  }
   const NcclApi *nccl = options.nccl;
   llvm::Error failed = llvm::Error::success();
   if (!nccl) {
@@ -730,7 +750,7 @@ llvm::Error CudaBackend::Impl::joinJob() {
     return failed;
   }
   llvm::Expected<std::unique_ptr<DeviceCollectives>> made =
-      DeviceCollectives::create(*cu, *nccl, *options.job);
+      DeviceCollectives::create(*cu, *nccl, *options.job, info.device);
   if (!made)
     return made.takeError();
   collectives = std::move(*made);

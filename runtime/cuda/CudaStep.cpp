@@ -26,9 +26,11 @@ CudaBackend::step(const exec::StepInputs &inputs, host::HostState &state,
                   const exec::StepOptions &options) {
   llvm::Expected<exec::StepResult> result = runner->run(inputs, state, options);
   // A rank whose step failed has issued only some of the step's
-  // collectives: the others would wait for the rest for ever. Nothing of
-  // the step is in flight any more (Device::endStep), so the communicator
-  // can go: their collectives fail, and so do their steps.
+  // collectives (or none): the others would wait for the rest for ever.
+  // Nothing of the step is in flight any more (Device::endStep), so the
+  // communicator can go: their collectives fail, or hang until their
+  // watchdog ends the job; a job's rank does not step again after a
+  // failure.
   if (!result && impl->collectives)
     impl->collectives->abort();
   return result;
@@ -51,7 +53,10 @@ llvm::Error CudaBackend::Impl::beginStep(exec::StepSetup setup) {
     dist::ShardRange want{0, count};
     if (inst.hasAttr("ranks"))
       want = dist::shardRange(count, jobRank, jobSize);
-    if (f.gather || f.begin != want.begin || f.count != want.size())
+    // A tensor held whole (a frozen buffer) gives the shard of itself.
+    bool whole = f.begin == 0 && f.count == count;
+    if (f.gather ||
+        (!whole && (f.begin != want.begin || f.count != want.size())))
       return instError(prep.fetches[k], inst,
                        llvm::formatv("the host state holds elements [{0}, "
                                      "{1}) of '{2}', and this device copies "
@@ -60,8 +65,9 @@ llvm::Error CudaBackend::Impl::beginStep(exec::StepSetup setup) {
                                      want.begin, want.end, jobRank, jobSize)
                            .str());
     fetchShards.push_back({want.begin, want.size()});
-    jobs.push_back({f.master, want.size(), v.type.dtype,
-                    prep.fetchUpdate[k] >= 0, std::move(f.before)});
+    jobs.push_back({f.master + (whole ? want.begin : 0), want.size(),
+                    v.type.dtype, prep.fetchUpdate[k] >= 0,
+                    std::move(f.before)});
   }
   if (auto e = syncStream(0, "step start", baseEvent))
     return e;
@@ -298,6 +304,9 @@ llvm::Error CudaBackend::Impl::endStep() {
     else
       llvm::consumeError(std::move(e));
   }
+  // The comm stream waited for every collective: none is pending now.
+  if (collectives && !synced)
+    collectives->settled();
   return synced;
 }
 

@@ -28,8 +28,12 @@ static std::optional<ncclDataType_t> ncclTypeOf(exec::DType dtype) {
 
 llvm::Expected<std::unique_ptr<DeviceCollectives>>
 DeviceCollectives::create(const CudaDriverApi &cu, const NcclApi &nccl,
-                          dist::Collectives &job) {
+                          dist::Collectives &job,
+                          std::optional<CUdevice> device) {
   std::unique_ptr<DeviceCollectives> self(new DeviceCollectives(cu, nccl, job));
+  CUcontext ctx = nullptr;
+  if (device && cu.cuDevicePrimaryCtxRetain(&ctx, *device) == CUDA_SUCCESS)
+    self->device = device;
   self->myRank = job.rank();
   self->ranks = job.size();
   // What a rank does alone comes first: one that fails must not leave the
@@ -143,7 +147,7 @@ void DeviceCollectives::watch() {
   }
 }
 
-DeviceCollectives::~DeviceCollectives() {
+void DeviceCollectives::stopWatching() {
   {
     std::lock_guard<std::mutex> lock(stateMu);
     stopping = true;
@@ -151,6 +155,15 @@ DeviceCollectives::~DeviceCollectives() {
   wake.notify_all();
   if (watchdog.joinable())
     watchdog.join();
+}
+
+void DeviceCollectives::settled() {
+  std::lock_guard<std::mutex> lock(stateMu);
+  pendingSince = 0;
+}
+
+DeviceCollectives::~DeviceCollectives() {
+  stopWatching();
   // Errors have nowhere to go here: a failed device is reported by the
   // step's own synchronisations.
   if (commStream)
@@ -162,6 +175,8 @@ DeviceCollectives::~DeviceCollectives() {
       cu.cuEventDestroy_v2(event);
   if (commStream)
     cu.cuStreamDestroy_v2(commStream);
+  if (device)
+    cu.cuDevicePrimaryCtxRelease_v2(*device);
 }
 
 void DeviceCollectives::abort() {

@@ -95,7 +95,8 @@ llvm::Error exec::checkOneRank(const ExecPlan &plan, llvm::StringRef backend) {
 }
 
 StepRunner::StepRunner(const ExecPlan &plan, Device &device)
-    : plan(plan), device(device), guard(lossGuard(plan)) {
+    : plan(plan), device(device), guard(lossGuard(plan)),
+      jobRanks(plan.jobRanks()) {
   Liveness liveness = computeLiveness(plan);
   size_t n = plan.instructions.size();
   releasedAfter.resize(n);
@@ -158,7 +159,7 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
         llvm::Twine("the ") + device.name() +
         " backend does not return the model's prediction; use the cpu "
         "backend (Trainer.predict)");
-  if (plan.jobRanks() > 1 && (options.applyUpdates || options.onGradient))
+  if (jobRanks > 1 && (options.applyUpdates || options.onGradient))
     return llvm::createStringError(
         "a job's plan gives each rank its shard of the gradients' sum over "
         "the ranks: it needs the trainer's deferred update (no update in "
@@ -189,14 +190,9 @@ llvm::Expected<StepResult> StepRunner::run(const StepInputs &inputs,
                   nullptr, nullptr};
     if (options.beforeFetch)
       f.before = [&options, &inst] { options.beforeFetch(inst.param); };
-    if (inst.hasAttr("ranks")) {
-      // A job's plan: the device copies the shard and all-gathers it.
-      if (!source->sharded)
-        return instError(i, inst,
-                         "the plan fetches a shard of '" + inst.param +
-                             "', which the host state holds whole: a job's "
-                             "plan runs on a rank of the job");
-    } else if (source->sharded) {
+    // A job's plan fetches the rank's shard (of a tensor the host state
+    // holds whole, a frozen buffer, too) and all-gathers it on the device.
+    if (!inst.hasAttr("ranks") && source->sharded) {
       // Every rank gathers each fetched master at the same point of the
       // same plan: only where fetches run in program order on this thread.
       if (!options.gatherFetch || !device.synchronous())

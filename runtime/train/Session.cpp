@@ -286,6 +286,7 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (!backend)
     return backend.takeError();
   session->executor = std::move(*backend);
+  session->keepDeviceCollectives();
   // A rank of a job takes its own micro-batches of the job's sequence:
   // rank r those after r K others', whatever the job's size
   // (docs/Distributed.md, "Data").

@@ -4,6 +4,7 @@
 
 #include "megaslide/runtime/cpu/CpuBackend.h"
 #include "megaslide/runtime/cuda/CudaBackend.h"
+#include "megaslide/runtime/cuda/DeviceCollectives.h"
 #include "megaslide/runtime/dist/Collectives.h"
 #include "megaslide/runtime/sim/SimBackend.h"
 
@@ -14,6 +15,15 @@ Session::~Session() {
   // The cuda backend keeps its pinned pools for the next bucket's backend;
   // a finished session (a Python Trainer going away) gives them back.
   executor.reset();
+  if (std::shared_ptr<cuda::DeviceCollectives> &device =
+          options.cuda.collectives) {
+    // No rank destroys its communicator while another's watchdog may take
+    // that for a failed peer.
+    device->stopWatching();
+    if (options.collectives)
+      llvm::consumeError(options.collectives->barrier());
+    device.reset();
+  }
   cuda::releasePinnedPools();
 }
 
@@ -36,10 +46,8 @@ train::createBackend(const exec::ExecPlan &plan,
   }
   if (options.backend == "cuda") {
     cuda::CudaOptions cudaOptions = options.cuda;
-    if (dist::Collectives *job = options.collectives; job && job->size() > 1) {
-      cudaOptions.job = job;
-      cudaOptions.device = -1; // the rank's GPU
-    }
+    if (dist::Collectives *job = options.collectives; job && job->size() > 1)
+      cudaOptions.job = job; // and the rank's GPU
     auto backend = cuda::CudaBackend::create(plan, cudaOptions);
     if (!backend)
       return backend.takeError();
@@ -55,6 +63,14 @@ train::createBackend(const exec::ExecPlan &plan,
                                  "' (use cpu, cuda or sim)");
 }
 
+void Session::keepDeviceCollectives() {
+  // A job's NCCL communicator outlives the bucket's backend: the ranks
+  // switch buckets at different moments, and making it is a collective.
+  if (auto *cuda = dynamic_cast<cuda::CudaBackend *>(executor.get()))
+    if (!options.cuda.collectives)
+      options.cuda.collectives = cuda->deviceCollectives();
+}
+
 llvm::Error Session::useBucket(size_t bucket) {
   if (executor && live == bucket)
     return llvm::Error::success();
@@ -67,5 +83,6 @@ llvm::Error Session::useBucket(size_t bucket) {
     return backend.takeError();
   executor = std::move(*backend);
   live = bucket;
+  keepDeviceCollectives();
   return llvm::Error::success();
 }

@@ -364,3 +364,19 @@ def test_html_report_shows_a_job(megaslide_plan, tmp_path):
              str(one))
     assert "<h2>Job" not in one.read_text() and ">comm<" not in \
         one.read_text()
+
+
+def test_a_job_defers_its_updates(megaslide_plan):
+    # A job's gradient is the ranks' sum: update=auto defers, and a
+    # streaming job is refused (the runtime could not run it).
+    result = run_plan(megaslide_plan, *VIDEO_ARGS_TINY, "--gpus-per-node",
+                      "2", "--format", "json")
+    recipe = json.loads(result.stdout)["recipe"]
+    assert recipe["update"] == "deferred", recipe
+    assert "a job of 2 ranks needs the deferred update" in recipe["reason"]
+    refused = subprocess.run(
+        [megaslide_plan, *VIDEO_ARGS_TINY, "--gpus-per-node", "2",
+         "--update", "streaming"], capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert "a job of 2 ranks sums every gradient over the ranks" in \
+        refused.stderr, refused.stderr

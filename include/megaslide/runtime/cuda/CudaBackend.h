@@ -2,7 +2,8 @@
 //
 // The cuda backend: one device arena (every device tensor at its planned
 // offset), one compute and two copy streams (h2d, d2h) and, for a job's
-// plan, a stream for its NCCL collectives (DeviceCollectives.h), one
+// plan, a comm stream its NCCL collectives (DeviceCollectives.h, on a
+// stream of their own) are ordered on by events, one
 // CUevent per plan event, pinned host pools for weight staging, step inputs and
 // host values (gradients, offloaded checkpoints, the loss), cuBLASLt GEMMs
 // (Gemm.h), the dense kernels of ElementwiseKernels.h and the plan's generated
@@ -53,6 +54,9 @@ public:
 
   const CudaDeviceInfo &deviceInfo() const;
   const PreparedPlan &prepared() const;
+  /// A job's device collectives (null for a plan of one rank), for the
+  /// run's next backend (CudaOptions::collectives).
+  std::shared_ptr<DeviceCollectives> deviceCollectives() const;
 
   struct Impl;
 

@@ -79,7 +79,7 @@ struct CudaBackend::Impl final : exec::Device {
   CUevent idleEvents[kStreams] = {};
   /// A job's plan (ExecPlan::jobRanks > 1): the NCCL communicator its
   /// collectives run on, and this rank's place in the job.
-  std::unique_ptr<DeviceCollectives> collectives;
+  std::shared_ptr<DeviceCollectives> collectives;
   int jobRank = 0, jobSize = 1;
   /// Per fetch: the first element and the count of what it copies (the
   /// rank's shard in a job's plan; StepSetup::fetches).
@@ -142,8 +142,8 @@ struct CudaBackend::Impl final : exec::Device {
     return checkCu(*cu, r, what);
   }
   llvm::Error init();
-  /// A job's plan: the job must be this process's, and its NCCL
-  /// communicator is made now.
+  /// A job's plan: its NCCL communicator, made now (every rank together)
+  /// or an earlier backend's (CudaOptions::collectives).
   llvm::Error joinJob();
   llvm::Error allocatePinned();
   llvm::Error

@@ -7,6 +7,7 @@
 #include "megaslide/runtime/plan/HostPool.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace megaslide::dist {
@@ -15,11 +16,13 @@ class Collectives;
 
 namespace megaslide::cuda {
 
+class DeviceCollectives;
+
 struct CudaOptions {
-  /// CUDA device ordinal; -1: a job's rank's, its local rank among the
-  /// devices it sees, or device 0 where it sees one (a launcher that gives
-  /// each rank its own GPU, srun --gpus-per-task 1).
-  int device = 0;
+  /// CUDA device ordinal; -1: device 0, or a job's rank's: its local rank
+  /// among the devices it sees, or device 0 where it sees one (a launcher
+  /// that gives each rank its own GPU, srun --gpus-per-task 1).
+  int device = -1;
   /// NVRTC target; empty: the device's own (sm_90a on H100/H200).
   std::string arch;
   /// Bytes of the pinned ring fetches are cast into; 0: two blocks' fetches
@@ -35,6 +38,11 @@ struct CudaOptions {
   /// job of several ranks (ExecPlan::jobRanks) needs it, and its host
   /// collectives set up the NCCL communicator.
   dist::Collectives *job = nullptr;
+  /// The job's device collectives, made by an earlier backend of the run
+  /// (CudaBackend::deviceCollectives): reused, so that the ranks, which
+  /// switch buckets at different moments, make the NCCL communicator once
+  /// and together. Null: the backend makes them (a collective call).
+  std::shared_ptr<DeviceCollectives> collectives;
   /// Symbol tables to use instead of the loaded driver, cuBLASLt and NCCL:
   /// tests run the backend on a fake device (host memory, emulated
   /// kernels) and the fake NCCL.

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace megaslide::cuda {
@@ -48,8 +49,12 @@ public:
   /// which job.allGather gives every rank (a rank that failed so far sends
   /// nothing, and every rank returns an error naming it), then
   /// ncclCommInitRank(size, id, rank), which returns once all have joined.
+  /// With `device`, the communicator keeps that device's primary context
+  /// (current now) alive for as long as it lives, whatever backends come
+  /// and go in it (a run's buckets).
   static llvm::Expected<std::unique_ptr<DeviceCollectives>>
-  create(const CudaDriverApi &cu, const NcclApi &nccl, dist::Collectives &job);
+  create(const CudaDriverApi &cu, const NcclApi &nccl, dist::Collectives &job,
+         std::optional<CUdevice> device = std::nullopt);
   /// Waits for the communication stream and destroys the communicator
   /// (unless abort() freed it).
   ~DeviceCollectives();
@@ -75,6 +80,12 @@ public:
   /// operations in flight here, so the process can exit; the other ranks'
   /// collectives then fail or hang until their watchdog ends them.
   void abort();
+  /// The caller has synchronised with every collective issued so far (a
+  /// step's end): none is pending for the watchdog.
+  void settled();
+  /// Stops the watchdog: before the ranks destroy their communicators,
+  /// which a peer's NCCL may report as a failed connection.
+  void stopWatching();
 
 private:
   DeviceCollectives(const CudaDriverApi &cu, const NcclApi &nccl,
@@ -100,8 +111,10 @@ private:
   const NcclApi &nccl;
   dist::Collectives &job;
   int myRank = 0, ranks = 1;
-  /// Held while a collective is issued, and by abort(): never by the
-  /// watchdog, which a call blocked in NCCL must not stop.
+  /// Held while a collective is issued, and by abort(). The watchdog takes
+  /// it (through abort()) only after job.endJob returned, which ends the
+  /// process but where ranks are threads of a test, whose fake NCCL never
+  /// blocks in a call.
   std::mutex issueMu;
   /// Guards `comm` (freed by abort()) and the fields below.
   std::mutex stateMu;
@@ -112,6 +125,8 @@ private:
   int64_t issued = 0, pendingSince = 0;
   std::thread watchdog;
   ncclComm_t comm = nullptr;
+  /// The device whose primary context create() retained.
+  std::optional<CUdevice> device;
   CUstream commStream = nullptr;
   /// Recorded on the caller's stream before a collective and on the
   /// communication stream after it.

@@ -177,6 +177,7 @@ private:
   const ExecPlan &plan;
   Device &device;
   LossGuard guard;
+  int64_t jobRanks; ///< ExecPlan::jobRanks
   /// Per instruction: the values whose last use it is.
   std::vector<std::vector<int64_t>> releasedAfter;
   /// Per host_adamw: its gradient is the rank's shard of the sum over a

@@ -188,6 +188,9 @@ private:
           SessionOptions options, std::unique_ptr<DataSource> data);
   /// Makes the backend of `bucket` the live one.
   llvm::Error useBucket(size_t bucket);
+  /// Keeps the live cuda backend's device collectives of a job for the
+  /// run's next backends (cuda::CudaOptions::collectives).
+  void keepDeviceCollectives();
   /// In a sharded job: what a step does together with the other ranks
   /// (the gathers of its fetches; a job's plan: the whole step on zeros),
   /// results dropped, for a rank with no batch where the others run one

@@ -14,12 +14,16 @@
 
 #include "megaslide/runtime/cuda/CudaBackend.h"
 #include "megaslide/runtime/dist/Collectives.h"
+#include "megaslide/runtime/host/HostOptimizer.h"
+#include "megaslide/runtime/plan/Validate.h"
 #include "megaslide/runtime/train/Session.h"
+#include "megaslide/runtime/train/SyntheticData.h"
 
 #include "megaslide/Testing/FakeCuda.h"
 #include "megaslide/Testing/TestPlans.h"
 #include "megaslide/Testing/ThreadCollectives.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 
 #include <gtest/gtest.h>
@@ -176,6 +180,113 @@ TEST(CudaJobTest, TwoRanksStepAsOneProcessWithTwoMicroBatches) {
 // ((g0 + g1) + g2) + g3: the same within float rounding.
 TEST(CudaJobTest, TwoRanksOfTwoMicroBatchesStepAsOneProcessWithFour) {
   expectJobIsOneProcess(2, 1e-5);
+}
+
+/// exec::validate holds a plan to one job: a fetch marked for 3 ranks in
+/// the plan of a job of 2 is named.
+TEST(CudaJobTest, APlanIsForOneJob) {
+  std::string why;
+  const exec::ExecPlan *saved = savedTestPlan("tiny-f32-job2", why);
+  ASSERT_TRUE(saved) << why;
+  ASSERT_FALSE(exec::validate(*saved));
+  exec::ExecPlan plan = *saved;
+  auto fetch = llvm::find_if(plan.instructions, [](const exec::Instruction &i) {
+    return i.op == exec::OpCode::Fetch;
+  });
+  ASSERT_NE(fetch, plan.instructions.end());
+  fetch->attrs["ranks"] = int64_t(3);
+  std::string message = llvm::toString(exec::validate(plan));
+  EXPECT_NE(message.find("('fetch') is for 3 ranks, the plan's first "
+                         "collective for 2: a plan is for one job"),
+            std::string::npos)
+      << message;
+}
+
+/// What every rank knows alike is refused before any of them waits for
+/// the others: a job's plan outside its job, a plan of one rank on a rank
+/// of a job.
+TEST(CudaJobTest, APlanForAnotherJobIsRefusedAtOnce) {
+  std::string why;
+  const exec::ExecPlan *one = savedTestPlan("tiny-f32-accum2", why);
+  ASSERT_TRUE(one) << why;
+  const exec::ExecPlan *job = savedTestPlan("tiny-f32-job2", why);
+  ASSERT_TRUE(job) << why;
+  auto alone = CudaBackend::create(*job, fake::backendOptions());
+  ASSERT_FALSE(!!alone);
+  EXPECT_EQ(llvm::toString(alone.takeError()),
+            "the plan is for a job of 2 rank(s) and this process is not a "
+            "rank of a job: launch one process per GPU (mpirun -np N, srun "
+            "-n N; docs/Distributed.md)");
+  dist::test::runThreadRanks(3, [&](int rank, dist::Collectives &comm) {
+    CudaOptions options = fake::backendOptions();
+    options.job = &comm;
+    for (const exec::ExecPlan *plan : {one, job}) {
+      auto gpu = CudaBackend::create(*plan, options);
+      ASSERT_FALSE(!!gpu);
+      EXPECT_NE(llvm::toString(gpu.takeError())
+                    .find("rank(s) and this process is rank " +
+                          std::to_string(rank) +
+                          " of a job of 3: plan the "
+                          "step for the job"),
+                std::string::npos);
+    }
+  });
+}
+
+/// A run's backends (one per bucket) share the job's communicator: rank 0
+/// makes a second backend while rank 1 keeps its first, with no
+/// collective call (a new communicator would wait for rank 1 for ever),
+/// and the two step together.
+TEST(CudaJobTest, ALaterBackendReusesTheCommunicator) {
+  std::string why;
+  const exec::ExecPlan *job = savedTestPlan("tiny-f32-job2", why);
+  ASSERT_TRUE(job) << why;
+  auto shapes = train::InputShapes::of(*job);
+  ASSERT_TRUE(!!shapes) << llvm::toString(shapes.takeError());
+  exec::StepInputs in = llvm::cantFail(train::SyntheticData(*shapes, 5).next());
+  std::vector<std::string> errors(2);
+  dist::test::runThreadRanks(2, [&](int rank, dist::Collectives &comm) {
+    fake::useDevice(rank);
+    CudaOptions options = fake::backendOptions();
+    options.job = &comm;
+    auto prep = prepareCudaPlan(*job, options);
+    ASSERT_TRUE(!!prep) << llvm::toString(prep.takeError());
+    if (!fake::setUpReference(*job, *prep, why))
+      return;
+    auto first = CudaBackend::create(*job, options);
+    ASSERT_TRUE(!!first) << llvm::toString(first.takeError());
+    std::unique_ptr<CudaBackend> gpu = std::move(*first);
+    if (rank == 0) {
+      options.collectives = gpu->deviceCollectives();
+      ASSERT_TRUE(options.collectives);
+      gpu.reset();
+      auto second = CudaBackend::create(*job, options);
+      ASSERT_TRUE(!!second) << llvm::toString(second.takeError());
+      gpu = std::move(*second);
+      EXPECT_EQ(gpu->deviceCollectives(), options.collectives);
+    }
+    host::HostState state = host::initHostState(*job, 3, rank, 2);
+    host::HostOptimizer optimizer;
+    host::HostOptimizer::Options o;
+    o.deferred = true;
+    o.collectives = &comm;
+    o.deviceReduces = true;
+    optimizer.prepare(*job, state, o);
+    exec::StepOptions so;
+    so.applyUpdates = false;
+    so.retainGradient = [&](const exec::Instruction &inst,
+                            const exec::HostGradient &g) {
+      optimizer.retain(inst, g);
+    };
+    fake::beginStep(rank);
+    auto step = gpu->step(in, state, so);
+    errors[rank] = step ? llvm::join(fake::endStep(), "\n")
+                        : llvm::toString(step.takeError());
+  });
+  if (!why.empty())
+    GTEST_SKIP() << why;
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 } // namespace

@@ -335,10 +335,11 @@ TEST(DeviceCollectivesTest, ARankWaitingPastTheTimeoutEndsTheJob) {
   std::vector<std::vector<std::string>> endings(2);
   auto start = std::chrono::steady_clock::now();
   runRanks(2, [&](int rank, dist::Collectives &job) {
-    job.setTimeout(0.5);
     Buffers buf(64 * 4);
     auto dc = DeviceCollectives::create(fake::driver(), fake::nccl(), job);
     ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    // Once both have joined: the setup's own waits keep the default.
+    job.setTimeout(0.5);
     fake::beginStep(0);
     buf.toDevice(0, 64, DType::F32, buf.stream);
     if (rank == 0) {
@@ -449,9 +450,9 @@ TEST(DeviceCollectivesGpuTest, WorldOfOneOnTheRealNccl) {
   ASSERT_EQ(cu.cuCtxSetCurrent(ctx), 0);
   dist::test::runThreadRanks(1, [&](int, dist::Collectives &job) {
     ASSERT_EQ(cu.cuCtxSetCurrent(ctx), 0);
-    job.setTimeout(30);
     auto dc = DeviceCollectives::create(cu, **nccl, job);
     ASSERT_TRUE(!!dc) << llvm::toString(dc.takeError());
+    job.setTimeout(1); // after ncclCommInitRank, whose time is NCCL's
     CUstream stream = nullptr;
     ASSERT_EQ(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), 0);
     constexpr int64_t n = 1000;
@@ -470,8 +471,8 @@ TEST(DeviceCollectivesGpuTest, WorldOfOneOnTheRealNccl) {
     ASSERT_EQ(cu.cuStreamSynchronize(stream), 0);
     std::memcpy(out.data(), pinned, n * 4);
     EXPECT_EQ(out, in);
-    // Longer than the watchdog's poll: it sees the collectives done.
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Twice the timeout: the watchdog has seen the collectives done.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
     EXPECT_TRUE(static_cast<dist::test::ThreadRank &>(job).endings().empty());
     dc->reset();
     cu.cuMemFreeHost(pinned);
