@@ -45,6 +45,8 @@ def dit_reference_count(depth, dim, patch, in_ch, out_ch, classes, tokens):
      dit_reference_count(28, 1152, 2, 4, 8, 1000, 256)),
     ("wan2.1-t2v-14b", (81, 480, 832),
      wan_reference_count(40, 5120, 13824, 4096, 16)),
+    ("wan2.1-t2v-1.3b", (81, 480, 832),
+     wan_reference_count(30, 1536, 8960, 4096, 16)),
     ("megaslide-105b", (81, 720, 1280),
      wan_reference_count(52, 12288, 32768, 4096, 16)),
     ("tiny", (5, 32, 32), wan_reference_count(2, 64, 256, 32, 16, 32)),
@@ -60,6 +62,35 @@ def test_parameter_counts_match_reference_architectures(model, video, expected):
 def test_published_totals():
     assert megaslide.model_info("dit-xl-2", 1, 256, 256)["params"]["total"] == 675_129_632
     assert megaslide.model_info("wan2.1-t2v-14b", 81, 480, 832)["params"]["total"] == 14_288_491_584
+    assert megaslide.model_info("wan2.1-t2v-1.3b", 81, 480, 832)["params"]["total"] == 1_418_996_800
+
+
+WAN_PRESETS = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "megaslide-105b"]
+
+
+@pytest.mark.parametrize("preset", WAN_PRESETS)
+def test_wan_presets_declare_diffusers_parameters(preset, megaslide_plan,
+                                                  tmp_path):
+    # diffusers' own model, built on the meta device from the preset's
+    # config (keys it does not take are ignored), against the parameters
+    # the builder declares: every name with its shape.
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    import pathlib
+    import re
+    config = json.loads((pathlib.Path(__file__).parents[2] / "configs"
+                         / f"{preset}.json").read_text())
+    with torch.device("meta"):
+        model = diffusers.WanTransformer3DModel.from_config(config)
+    want = {n: list(t.shape) for n, t in model.state_dict().items()}
+    module = tmp_path / "step.mlir"
+    subprocess.run([megaslide_plan, "--model", preset, "--frames", "1",
+                    "--height", "32", "--width", "32", "--emit-mlir",
+                    module], check=True, capture_output=True)
+    got = {m[1]: [int(d) for d in m[2].split("x")] for m in re.finditer(
+        r"megaslide\.param (?:master|frozen) \S+ @([\w.]+) : "
+        r"tensor<([\dx]+)xf32>", module.read_text())}
+    assert got == want
 
 
 def test_105b_tokens_and_flops():
