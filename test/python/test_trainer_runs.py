@@ -204,6 +204,9 @@ def test_ctrl_c_in_train_saves_a_checkpoint(plan, tmp_path):
     # state checkpointed; resumed, it equals an uninterrupted run.
     script = textwrap.dedent(f"""
         import os, signal, sys, threading, time, megaslide
+        # Python's Ctrl-C handler even where SIGINT came ignored (a
+        # background job of a non-interactive shell).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         tr = megaslide.Trainer(plan_file={str(plan)!r}, **{PY_RECIPE!r},
                                checkpoint_dir={str(tmp_path / 'ck')!r},
                                metrics={str(tmp_path / 'm.jsonl')!r})
