@@ -15,7 +15,6 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cstring>
-#include <tuple>
 
 namespace megaslide::cuda {
 
@@ -50,9 +49,7 @@ llvm::Error CudaBackend::Impl::beginStep(exec::StepSetup setup) {
     // What the runner gives must be what this device copies: all of the
     // master, or in a job's plan this rank's shard of it.
     int64_t count = v.type.numElements();
-    dist::ShardRange want{0, count};
-    if (inst.hasAttr("ranks"))
-      want = dist::shardRange(count, jobRank, jobSize);
+    dist::ShardRange want = copiedRange(inst);
     // A tensor held whole (a frozen buffer) gives the shard of itself.
     bool whole = f.begin == 0 && f.count == count;
     if (f.gather ||
@@ -184,22 +181,21 @@ llvm::Error CudaBackend::Impl::copy(size_t i) {
   if (auto e = startOnStream(i, stream))
     return e;
   const exec::TensorType &type = plan.values[inst.results[0]].type;
-  size_t bytes = type.bytes();
   if (inst.op == exec::OpCode::HostToDevice) {
     if (auto e = check(cu->cuMemcpyHtoDAsync_v2(deviceAddress(inst.results[0]),
                                                 hostAddress(inst.operands[0]),
-                                                bytes, stream),
+                                                type.bytes(), stream),
                        "cuMemcpyHtoDAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));
   } else {
     // A gradient's reduce-scattered shard: only it crosses PCIe, to the
     // start of its host value (exec::hostValueBytes).
-    size_t at = 0;
-    if (inst.hasAttr("ranks"))
-      std::tie(at, bytes) = shardBytes(type.numElements(), type.dtype);
+    dist::ShardRange r = copiedRange(inst);
+    size_t element = exec::dtypeBytes(type.dtype);
     if (auto e = check(cu->cuMemcpyDtoHAsync_v2(
                            hostAddress(inst.results[0]),
-                           deviceAddress(inst.operands[0]) + at, bytes, stream),
+                           deviceAddress(inst.operands[0]) + r.begin * element,
+                           r.size() * element, stream),
                        "cuMemcpyDtoHAsync"))
       return instError(i, inst, llvm::toString(std::move(e)));
   }

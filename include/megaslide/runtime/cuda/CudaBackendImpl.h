@@ -171,12 +171,13 @@ struct CudaBackend::Impl final : exec::Device {
   static int streamIndex(exec::Stream s) {
     return s == exec::Stream::Comm ? 3 : std::min(static_cast<int>(s), 2);
   }
-  /// The elements of a value of `count` that this rank's shard is
-  /// (dist::shardRange), in bytes of `dtype`: {offset, size}.
-  std::pair<size_t, size_t> shardBytes(int64_t count, exec::DType dtype) const {
-    dist::ShardRange r = dist::shardRange(count, jobRank, jobSize);
-    size_t b = exec::dtypeBytes(dtype);
-    return {r.begin * b, r.size() * b};
+  /// The elements of its result a fetch or device_to_host `inst` copies:
+  /// all of them, or for one marked `ranks` this rank's shard
+  /// (dist::shardRange; exec::copiedBytes sizes the largest).
+  dist::ShardRange copiedRange(const exec::Instruction &inst) const {
+    int64_t count = plan.values[inst.results[0]].type.numElements();
+    return inst.hasAttr("ranks") ? dist::shardRange(count, jobRank, jobSize)
+                                 : dist::ShardRange{0, count};
   }
   CUstream streamOf(exec::Stream s) const { return streams[streamIndex(s)]; }
   /// Records `event` on streams[s] and waits until the stream has run all
