@@ -166,7 +166,8 @@ LogicalResult GateOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
 LogicalResult GeluOp::emitGradients(OpBuilder &b, ArrayRef<Value> dys,
                                     ArrayRef<bool> needed,
                                     SmallVectorImpl<Value> &out) {
-  Value dx = GeluGradOp::create(b, getLoc(), getInput(), dys[0]);
+  Value dx = GeluGradOp::create(b, getLoc(), getInput().getType(), getInput(),
+                                dys[0], getExact());
   assign(out, needed, {dx});
   return success();
 }

@@ -603,23 +603,31 @@ class Graph_UnaryGradOp<string mnemonic, string what>
   let assemblyFormat = "$input `,` $result_grad attr-dict `:` type($input_grad)";
 }
 
-def Graph_GeluOp : Graph_UnaryOp<"gelu", "GELU with the tanh approximation"> {
+def Graph_GeluOp : Graph_UnaryOp<"gelu", "GELU, tanh-approximated or exact"> {
   let description = [{
     `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's
-    `approximate="tanh"`, used by DiT and Wan 2.1.
+    `approximate="tanh"`, used by DiT and Wan 2.1's blocks; with `exact`,
+    `0.5 x (1 + erf(x / sqrt(2)))`, PyTorch's default, used by Wan's image
+    embedder.
 
     ```mlir
     %y = megaslide.gelu %x : tensor<1x32x256xbf16>
+    %e = megaslide.gelu %x {exact} : tensor<1x32x256xbf16>
     ```
   }];
+  let arguments = (ins Graph_FloatTensor:$input, UnitAttr:$exact);
 }
 
 def Graph_GeluGradOp : Graph_UnaryGradOp<"gelu_grad", "gradient of gelu"> {
   let description = [{
+    `exact` as on the `megaslide.gelu` it differentiates.
+
     ```mlir
     %dx = megaslide.gelu_grad %x, %dy : tensor<1x32x256xbf16>
     ```
   }];
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$result_grad,
+                       UnitAttr:$exact);
 }
 
 def Graph_SiluOp : Graph_UnaryOp<"silu", "SiLU: x * sigmoid(x)"> {

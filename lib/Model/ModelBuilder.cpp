@@ -83,7 +83,9 @@ private:
 
   // Layers with reference-implementation parameter names.
   Value linear(const Twine &name, Value x, int64_t out, bool bias = true);
-  Value layerNorm(Value x, const Twine &affineName = Twine());
+  /// `eps`: the config's unless given.
+  Value layerNorm(Value x, const Twine &affineName = Twine(),
+                  std::optional<double> eps = std::nullopt);
   Value rmsNorm(const Twine &name, Value x);
   Value reshape(Value x, ArrayRef<int64_t> shape) {
     return ReshapeOp::create(b, loc, act(shape), x);
@@ -109,6 +111,9 @@ private:
   }
   Value add(Value x, Value y) { return AddOp::create(b, loc, x, y); }
   Value gelu(Value x) { return GeluOp::create(b, loc, x); }
+  Value geluExact(Value x) {
+    return GeluOp::create(b, loc, x.getType(), x, /*exact=*/true);
+  }
   Value silu(Value x) { return SiluOp::create(b, loc, x); }
   Value timestepEmbedding(Value t) {
     return TimestepEmbeddingOp::create(b, loc, act({batch, config.freqDim}), t,
@@ -122,8 +127,13 @@ private:
   Value unpatchify(Value tokens);
 
   // Architectures: return the velocity prediction [B, Cout, T, H, W].
-  Value wanForward(Value xt, Value t, Value text);
-  Value wanAttention(const Twine &prefix, Value h, Value context);
+  /// `image`: the image embedder's tokens (Value() without image
+  /// conditioning); `imageCondition` the mask and conditioning latents.
+  Value wanForward(Value xt, Value t, Value text, Value image,
+                   Value imageCondition);
+  Value wanAttention(const Twine &prefix, Value h, Value context,
+                     Value image = Value());
+  Value imageEmbedder(Value image);
   Value ditForward(Value xt, Value t, Value labels);
 
   void emitOptimizer(ArrayRef<Value> grads, Value step);
@@ -173,7 +183,8 @@ Value TrainingStepBuilder::linear(const Twine &name, Value x, int64_t out,
   return LinearOp::create(b, loc, withLast(x, out), x, w, bv);
 }
 
-Value TrainingStepBuilder::layerNorm(Value x, const Twine &affineName) {
+Value TrainingStepBuilder::layerNorm(Value x, const Twine &affineName,
+                                     std::optional<double> eps) {
   SmallVector<Value> affine;
   if (!affineName.isTriviallyEmpty()) {
     int64_t d = shapeOf(x).back();
@@ -181,7 +192,7 @@ Value TrainingStepBuilder::layerNorm(Value x, const Twine &affineName) {
     affine.push_back(param(affineName + ".bias", {d}));
   }
   return LayerNormOp::create(b, loc, x.getType(), x, affine,
-                             b.getF64FloatAttr(config.eps));
+                             b.getF64FloatAttr(eps.value_or(config.eps)));
 }
 
 Value TrainingStepBuilder::rmsNorm(const Twine &name, Value x) {
@@ -202,7 +213,7 @@ Value TrainingStepBuilder::rope(Value x) {
 Value TrainingStepBuilder::patchEmbed(const Twine &prefix, Value xt,
                                       ArrayRef<int64_t> weightShape) {
   Value w = param(prefix + ".weight", weightShape);
-  SmallVector<int64_t> conv5d = {dim, config.inChannels, config.patch[0],
+  SmallVector<int64_t> conv5d = {dim, shapeOf(xt)[1], config.patch[0],
                                  config.patch[1], config.patch[2]};
   if (weightShape.size() != 5)
     w = reshape(w, conv5d);
@@ -219,7 +230,7 @@ Value TrainingStepBuilder::unpatchify(Value x) {
 }
 
 Value TrainingStepBuilder::wanAttention(const Twine &prefix, Value h,
-                                        Value context) {
+                                        Value context, Value image) {
   Value kv = context ? context : h;
   Value q = linear(prefix + ".to_q", h, dim);
   Value k = linear(prefix + ".to_k", kv, dim);
@@ -235,11 +246,54 @@ Value TrainingStepBuilder::wanAttention(const Twine &prefix, Value h,
     q = rope(q);
     k = rope(k);
   }
-  return linear(prefix + ".to_out.0", merge(attention(q, k, v)), dim);
+  Value o = attention(q, k, v);
+  if (image) {
+    // diffusers' WanAttnProcessor: the same queries attend to the image
+    // tokens through their own keys (always RMS-normed) and values; the
+    // two results are summed before the output projection.
+    Value ki = rmsNorm(prefix + ".norm_added_k",
+                       linear(prefix + ".add_k_proj", image, dim));
+    Value vi = linear(prefix + ".add_v_proj", image, dim);
+    o = add(o, attention(q, heads(ki), heads(vi)));
+  }
+  return linear(prefix + ".to_out.0", merge(o), dim);
 }
 
-Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
+Value TrainingStepBuilder::imageEmbedder(Value image) {
+  // diffusers' WanImageEmbedding: [position embedding], LayerNorm,
+  // FeedForward (Linear, exact GELU, Linear), LayerNorm; its
+  // FP32LayerNorms keep nn.LayerNorm's eps of 1e-5.
+  constexpr double kEps = 1e-5;
+  const char *p = "condition_embedder.image_embedder";
+  if (config.imagePosEmbed) {
+    Value pos = reshape(
+        param(Twine(p) + ".pos_embed", {1, config.imageLen, config.imageDim}),
+        {config.imageLen, config.imageDim});
+    image = BiasAddOp::create(b, loc, image.getType(), image, pos);
+  }
+  Value h = layerNorm(image, Twine(p) + ".norm1", kEps);
+  h = linear(Twine(p) + ".ff.net.0.proj", h, config.imageDim);
+  h = linear(Twine(p) + ".ff.net.2", geluExact(h), dim);
+  return layerNorm(h, Twine(p) + ".norm2", kEps);
+}
+
+Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text,
+                                      Value image, Value imageCondition) {
   // diffusers WanTransformer3DModel.
+  if (imageCondition) {
+    // torch.cat([latents, condition], dim=1): the channels of a sample are
+    // contiguous, so it is a concat of the last dimension of [B, C*T*H*W].
+    auto flat = [&](Value v) {
+      ArrayRef<int64_t> s = shapeOf(v);
+      return reshape(v, {batch, s[1] * s[2] * s[3] * s[4]});
+    };
+    SmallVector<int64_t> whole(shapeOf(xt));
+    whole[1] = config.inChannels;
+    Value both = ConcatOp::create(
+        b, loc, act({batch, whole[1] * whole[2] * whole[3] * whole[4]}),
+        ValueRange{flat(xt), flat(imageCondition)});
+    xt = reshape(both, whole);
+  }
   Value x = patchEmbed("patch_embedding", xt,
                        {dim, config.inChannels, config.patch[0],
                         config.patch[1], config.patch[2]});
@@ -253,6 +307,8 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
       "condition_embedder.text_embedder.linear_2",
       gelu(linear("condition_embedder.text_embedder.linear_1", text, dim)),
       dim);
+  if (image)
+    image = imageEmbedder(image);
 
   group = ParamGroup::blocks;
   for (int64_t i = 0; i < config.numLayers; ++i) {
@@ -267,7 +323,7 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text) {
     Value h = modulate(layerNorm(x), m[0], m[1]);
     x = add(x, gate(wanAttention(p + ".attn1", h, Value()), m[2]));
     h = config.crossAttnNorm ? layerNorm(x, p + ".norm2") : x;
-    x = add(x, wanAttention(p + ".attn2", h, context));
+    x = add(x, wanAttention(p + ".attn2", h, context, image));
     h = modulate(layerNorm(x), m[3], m[4]);
     Value ffn =
         linear(p + ".ffn.net.2",
@@ -369,7 +425,7 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   module->setSymNameAttr(StringAttr::get(&ctx, config.name));
 
   const auto &l = geometry.latent;
-  auto latents = act({batch, config.inChannels, l[0], l[1], l[2]});
+  auto latents = act({batch, config.latentChannels(), l[0], l[1], l[2]});
   auto timesteps = RankedTensorType::get({batch}, f32);
   Type condition =
       config.architecture == Architecture::Wan
@@ -377,24 +433,40 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
           : Type(RankedTensorType::get({batch}, IntegerType::get(&ctx, 64)));
   auto stepType = RankedTensorType::get({}, IntegerType::get(&ctx, 64));
   auto lossType = RankedTensorType::get({}, f32);
-  auto fnType = FunctionType::get(
-      &ctx, {latents, latents, timesteps, condition, stepType}, {lossType});
+  SmallVector<std::pair<StringRef, Type>> args = {{"latents", latents},
+                                                  {"noise", latents},
+                                                  {"timesteps", timesteps},
+                                                  {"condition", condition}};
+  // Image conditioning: the CLIP embeddings of the conditioning frames,
+  // and the mask and latents that go beside the noisy latents.
+  if (config.imageDim) {
+    args.push_back(
+        {"image_embeds", act({batch, config.imageLen, config.imageDim})});
+    args.push_back(
+        {"image_condition",
+         act({batch, config.imageConditionChannels(), l[0], l[1], l[2]})});
+  }
+  args.push_back({"step", stepType});
+  SmallVector<Type> argTypes;
+  for (auto &[name, type] : args)
+    argTypes.push_back(type);
+  auto fnType = FunctionType::get(&ctx, argTypes, {lossType});
 
   OpBuilder top(module->getBodyRegion());
   auto fn = func::FuncOp::create(top, loc, kTrainStepName, fnType);
-  static const char *argNames[] = {"latents", "noise", "timesteps", "condition",
-                                   "step"};
-  for (int i = 0; i < 5; ++i)
-    fn.setArgAttr(i, "megaslide.name", top.getStringAttr(argNames[i]));
+  for (auto [i, arg] : llvm::enumerate(args))
+    fn.setArgAttr(i, "megaslide.name", top.getStringAttr(arg.first));
   Block *body = fn.addEntryBlock();
   b.setInsertionPointToEnd(body);
   decl.setInsertionPoint(fn);
 
   Value x0 = body->getArgument(0), noise = body->getArgument(1);
   Value t = body->getArgument(2), cond = body->getArgument(3);
+  Value image = config.imageDim ? body->getArgument(4) : Value();
+  Value imageCondition = config.imageDim ? body->getArgument(5) : Value();
   Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
   Value prediction = config.architecture == Architecture::Wan
-                         ? wanForward(xt, t, cond)
+                         ? wanForward(xt, t, cond, image, imageCondition)
                          : ditForward(xt, t, cond);
   Value loss =
       FlowMatchingLossOp::create(b, loc, lossType, prediction, x0, noise);
@@ -406,7 +478,7 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   if (failed(grads))
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "internal error: backward pass failed");
-  emitOptimizer(*grads, body->getArgument(4));
+  emitOptimizer(*grads, body->getArguments().back());
   func::ReturnOp::create(b, loc, loss);
 
   std::string diagnostics;
@@ -466,6 +538,14 @@ megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
         "plans for",
         static_cast<long long>(*options.textLen),
         static_cast<long long>(kMaxModelWidth));
+  if (config.imageDim && options.textLen &&
+      *options.textLen != kImageModelTextLen)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "option 'text_len': %lld, but diffusers' Wan attention takes the last "
+        "%lld context tokens as the prompt of an image-conditioned model",
+        static_cast<long long>(*options.textLen),
+        static_cast<long long>(kImageModelTextLen));
   // As computeGeometry bounds the tokens of one sample: every activation's
   // byte count must stay far from overflowing int64, whatever the batch.
   int64_t textLen = options.textLen.value_or(config.textLen);

@@ -91,19 +91,14 @@ private:
         return e;
     return Error::success();
   }
-  Error mustBeNull(StringRef key, const llvm::json::Value &v,
-                   StringRef feature) {
-    if (v.kind() == llvm::json::Value::Null)
-      return Error::success();
-    return err.field(
-        key, llvm::formatv("{0} is not supported; set it to null", feature));
-  }
-
   Error validate(ModelConfig &c);
+  Error validateImageConditioning(ModelConfig &c);
 
   const ConfigError &err;
   // Values whose meaning depends on other keys, resolved after reading.
   std::optional<int64_t> hiddenSize, headDim, outChannels;
+  /// Image conditioning: null and absent keys stay unset.
+  std::optional<int64_t> imageDim, addedKvProjDim, posEmbedSeqLen, imageLen;
   std::optional<double> mlpRatio;
   std::optional<bool> learnSigma;
   std::optional<std::string> architecture, className;
@@ -252,15 +247,22 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
     c.classDropout = p > 0;
     return Error::success();
   };
-  handlers["image_dim"] = [&](const llvm::json::Value &v) -> Error {
-    return mustBeNull("image_dim", v, "image conditioning (I2V)");
-  };
-  handlers["added_kv_proj_dim"] = [&](const llvm::json::Value &v) -> Error {
-    return mustBeNull("added_kv_proj_dim", v, "image conditioning (I2V)");
-  };
-  handlers["pos_embed_seq_len"] = [&](const llvm::json::Value &v) -> Error {
-    return mustBeNull("pos_embed_seq_len", v, "a learned position embedding");
-  };
+  // diffusers writes null for a model without image conditioning.
+  for (const auto &field :
+       {std::pair<StringRef, std::optional<int64_t> *>{"image_dim", &imageDim},
+        {"added_kv_proj_dim", &addedKvProjDim},
+        {"pos_embed_seq_len", &posEmbedSeqLen}})
+    handlers[field.first] = [this, key = field.first, out = field.second](
+                                const llvm::json::Value &v) -> Error {
+      if (v.kind() == llvm::json::Value::Null)
+        return Error::success();
+      int64_t i = 0;
+      if (Error e = integer(key, v, i))
+        return e;
+      *out = i;
+      return Error::success();
+    };
+  optIntField("image_len", imageLen);
 
   for (const auto &[key, value] : obj) {
     auto it = handlers.find(key);
@@ -306,10 +308,11 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   // Keys of the other family would be silently ignored: refuse them.
   static const char *ditOnly[] = {"num_classes", "class_dropout_prob",
                                   "learn_sigma"};
-  static const char *wanOnly[] = {
-      "text_dim",          "text_len",   "qk_norm",
-      "cross_attn_norm",   "rope_theta", "rope_max_seq_len",
-      "added_kv_proj_dim", "image_dim",  "pos_embed_seq_len"};
+  static const char *wanOnly[] = {"text_dim",          "text_len",
+                                  "qk_norm",           "cross_attn_norm",
+                                  "rope_theta",        "rope_max_seq_len",
+                                  "added_kv_proj_dim", "image_dim",
+                                  "pos_embed_seq_len", "image_len"};
   for (const char *key :
        isDiT ? llvm::ArrayRef(wanOnly) : llvm::ArrayRef(ditOnly))
     if (obj.get(key))
@@ -406,7 +409,7 @@ Error ConfigReader::validate(ModelConfig &c) {
     return err.field("learn_sigma", "give either out_channels or learn_sigma");
   if (Error e = positive("out_channels", c.outChannels))
     return e;
-  if (c.outChannels < c.inChannels)
+  if (c.outChannels < c.inChannels && !imageDim)
     return err.field("out_channels",
                      llvm::formatv("{0} is fewer than in_channels {1}; the "
                                    "velocity needs one output per latent "
@@ -442,6 +445,8 @@ Error ConfigReader::validate(ModelConfig &c) {
       return e;
     if (Error e = positive("text_len", c.textLen))
       return e;
+    if (Error e = validateImageConditioning(c))
+      return e;
   } else {
     if (Error e = positive("num_classes", c.numClasses))
       return e;
@@ -449,6 +454,78 @@ Error ConfigReader::validate(ModelConfig &c) {
       return err.field("patch_size", "DiT patches images: use a temporal "
                                      "patch of 1");
   }
+  return Error::success();
+}
+
+Error ConfigReader::validateImageConditioning(ModelConfig &c) {
+  // diffusers' WanTransformer3DModel: image_dim builds the image embedder,
+  // added_kv_proj_dim the cross-attention's image keys and values, which
+  // read the embedder's output of the model's width.
+  if (!imageDim) {
+    for (auto [key, v] : {std::pair<StringRef, std::optional<int64_t> &>{
+                              "added_kv_proj_dim", addedKvProjDim},
+                          {"pos_embed_seq_len", posEmbedSeqLen},
+                          {"image_len", imageLen}})
+      if (v)
+        return err.field(key, "needs image conditioning: give image_dim (the "
+                              "image encoder's width, 1280 for Wan 2.1 I2V)");
+    return Error::success();
+  }
+  auto positive = [&](StringRef key, int64_t v) -> Error {
+    if (v > 0 && v <= kMaxWidth)
+      return Error::success();
+    return err.field(key, llvm::formatv("must be a positive integer of at most "
+                                        "{0}, got {1}",
+                                        kMaxWidth, v));
+  };
+  if (Error e = positive("image_dim", *imageDim))
+    return e;
+  if (!addedKvProjDim)
+    return err.field("added_kv_proj_dim",
+                     llvm::formatv("missing; image conditioning needs the "
+                                   "cross-attention's image keys and values: "
+                                   "set it to the model dim {0}",
+                                   c.dim()));
+  if (*addedKvProjDim != c.dim())
+    return err.field("added_kv_proj_dim",
+                     llvm::formatv("{0} differs from the model dim {1} "
+                                   "(heads x attention_head_dim), the width of "
+                                   "the image embedder's output it projects",
+                                   *addedKvProjDim, c.dim()));
+  if (posEmbedSeqLen) {
+    if (Error e = positive("pos_embed_seq_len", *posEmbedSeqLen))
+      return e;
+    if (imageLen && *imageLen != *posEmbedSeqLen)
+      return err.field("image_len",
+                       llvm::formatv("{0} differs from pos_embed_seq_len {1}, "
+                                     "the image tokens the position embedding "
+                                     "is added to",
+                                     *imageLen, *posEmbedSeqLen));
+  }
+  // CLIP ViT-H/14 at 224 px: 257 tokens per image; FLF2V's two images.
+  c.imageDim = *imageDim;
+  c.imageLen = imageLen ? *imageLen : posEmbedSeqLen.value_or(257);
+  c.imagePosEmbed = posEmbedSeqLen.has_value();
+  if (Error e = positive("image_len", c.imageLen))
+    return e;
+  // WanImageToVideoPipeline feeds the noisy latents, a mask of one channel
+  // per frame of a latent frame and the conditioning frames' latents.
+  int64_t expected = 2 * c.outChannels + c.vaeStride[0];
+  if (c.inChannels != expected)
+    return err.field(
+        "in_channels",
+        llvm::formatv("{0}, but image conditioning takes the latents "
+                      "(out_channels {1}), a mask of vae_stride[0] = {2} "
+                      "channels and the conditioning frames' latents ({1}): "
+                      "{3}",
+                      c.inChannels, c.outChannels, c.vaeStride[0], expected));
+  // WanAttnProcessor splits the context as [image tokens, 512 text tokens].
+  if (c.textLen != kImageModelTextLen)
+    return err.field("text_len",
+                     llvm::formatv("{0}, but diffusers' Wan attention takes "
+                                   "the last {1} context tokens as the prompt "
+                                   "of an image-conditioned model; use {1}",
+                                   c.textLen, kImageModelTextLen));
   return Error::success();
 }
 

@@ -358,7 +358,9 @@ class Trainer:
             _within_int64("max_shard_bytes", max_shard_bytes), ema)
 
     def input_shapes(self) -> Dict[str, Tuple[int, ...]]:
-        """Shapes of the step inputs: latents, noise, timesteps, condition."""
+        """Shapes of the step inputs: latents, noise, timesteps, condition,
+        and an image-conditioned model's image_embeds [B, L, image_dim] and
+        image_condition [B, mask and latent channels, T, H, W]."""
         return self._native.input_shapes()
 
     def parameters(self) -> Dict[str, np.ndarray]:
@@ -370,18 +372,22 @@ class Trainer:
         self._native.load_parameters(params)
 
     def gradients(self, latents: np.ndarray, noise: np.ndarray,
-                  timesteps: np.ndarray, condition: np.ndarray
+                  timesteps: np.ndarray, condition: np.ndarray,
+                  **image: np.ndarray
                   ) -> Tuple[float, Dict[str, np.ndarray]]:
         """Loss and every trainable parameter's gradient on one batch.
 
-        The state is not updated. Arrays are checked as for :meth:`step`.
+        The state is not updated. Arrays are checked as for :meth:`step`;
+        an image-conditioned model (Wan I2V, FLF2V) also takes
+        ``image_embeds`` and ``image_condition`` (input_shapes()).
         """
         return self._native.gradients(dict(latents=latents, noise=noise,
                                            timesteps=timesteps,
-                                           condition=condition))
+                                           condition=condition, **image))
 
     def predict(self, latents: np.ndarray, noise: np.ndarray,
-                timesteps: np.ndarray, condition: np.ndarray) -> np.ndarray:
+                timesteps: np.ndarray, condition: np.ndarray,
+                **image: np.ndarray) -> np.ndarray:
         """The model's velocity prediction at x_t = (1 - t) x0 + t noise
         (x0 the latents; model timestep 1000 t), float32 [B, C, T, H, W]:
         the forward of one step, read where the loss takes it.
@@ -389,21 +395,23 @@ class Trainer:
         The state is not updated (as :meth:`gradients`: the step runs
         without its update, so it costs a forward and a backward).
         Arrays are checked as for :meth:`step`;
-        ``timesteps`` is required. The cpu backend only (ValueError on
-        cuda and sim). The tests compare it with diffusers'
+        ``timesteps`` is required, and an image-conditioned model's
+        ``image_embeds`` and ``image_condition`` too. The cpu backend only
+        (ValueError on cuda and sim). The tests compare it with diffusers'
         WanTransformer3DModel on the same weights (docs/Dsa3d.md,
         "Sampling with diffusers").
         """
         return self._native.predict(dict(latents=latents, noise=noise,
                                          timesteps=timesteps,
-                                         condition=condition))
+                                         condition=condition, **image))
 
     def step(self, *, trace: Optional[Union[str, os.PathLike]] = None,
              **inputs: np.ndarray) -> Dict[str, Any]:
         """One optimizer step of the recipe (docs/Training.md).
 
         Without arrays it draws the next ``grad_accum`` batches; otherwise
-        give latents, noise, condition and optionally timesteps, each a
+        give latents, noise, condition (an image-conditioned model's
+        image_embeds and image_condition too) and optionally timesteps, each a
         numpy array of the shape input_shapes() gives with its first
         dimension times ``grad_accum`` (the micro-batches in order), of
         dtype float32 (an integer dtype for DiT's class-label condition):

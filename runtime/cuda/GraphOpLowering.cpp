@@ -799,6 +799,10 @@ llvm::Error Lowerer::lowerElementwise(size_t nOps) {
     types.push_back(ops[i].dtype);
   }
   types.push_back(res[0].dtype);
+  // gelu and gelu_grad {exact}: their erf kernels.
+  const char *kernel = exec::opName(inst.op);
+  if (inst.hasAttr(exec::kExactAttr))
+    kernel = inst.op == OpCode::Gelu ? "gelu_exact" : "gelu_exact_grad";
   // Beyond the 32-bit kernels' reach (the 105B FFN's GELU: 2.48e9
   // elements), one launch per slice: the ops are elementwise, so slices of
   // every buffer at the same element offset are independent. Slices of
@@ -811,7 +815,7 @@ llvm::Error Lowerer::lowerElementwise(size_t nOps) {
       args.push_back(B(op(i).plus(first * exec::dtypeBytes(ops[i].dtype))));
     args.push_back(B(rs(0).plus(first * exec::dtypeBytes(res[0].dtype))));
     args.push_back(U(count));
-    launch1d(exec::opName(inst.op), types, count, args);
+    launch1d(kernel, types, count, args);
   }
   return llvm::Error::success();
 }

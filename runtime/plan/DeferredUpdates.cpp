@@ -47,6 +47,5 @@ void exec::setDeferredUpdates(ExecPlan &plan, bool deferred) {
   for (auto [inst, marked] : llvm::zip_equal(fetches, applies))
     if (marked)
       inst->attrs.emplace(kAppliesUpdateAttr.str(), int64_t(1));
-  plan.version =
-      deferred ? kDeferredUpdateFormatVersion : kOldestPlanFormatVersion;
+  plan.version = plan.oldestVersion();
 }

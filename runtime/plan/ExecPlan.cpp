@@ -102,6 +102,19 @@ bool ExecPlan::defersUpdates() const {
   return false;
 }
 
+bool ExecPlan::hasExactGelu() const {
+  return llvm::any_of(instructions, [](const Instruction &inst) {
+    return inst.hasAttr(kExactAttr);
+  });
+}
+
+int64_t ExecPlan::oldestVersion() const {
+  if (hasExactGelu())
+    return kExactGeluFormatVersion;
+  return defersUpdates() ? kDeferredUpdateFormatVersion
+                         : kOldestPlanFormatVersion;
+}
+
 int64_t ExecPlan::jobRanks() const {
   for (const Instruction &inst : instructions)
     if (inst.op == OpCode::AllGather || inst.op == OpCode::ReduceScatter)

@@ -661,6 +661,15 @@ static bool checkDeferredUpdates(Checker &c, const ExecPlan &plan) {
     if (inst.hasAttr(kAppliesUpdateAttr) && inst.op != OpCode::Fetch)
       return c.fail(where(i) + ": attribute '" + kAppliesUpdateAttr +
                     "' is for fetch only");
+    if (inst.hasAttr(kExactAttr) && inst.op != OpCode::Gelu &&
+        inst.op != OpCode::GeluGrad)
+      return c.fail(where(i) + ": attribute '" + kExactAttr +
+                    "' is for gelu and gelu_grad only");
+    if (inst.hasAttr(kExactAttr) && plan.version < kExactGeluFormatVersion)
+      return c.fail(where(i) + " runs the exact GELU, which format version " +
+                    std::to_string(kExactGeluFormatVersion) +
+                    " introduced, but the plan says version " +
+                    std::to_string(plan.version));
     if (inst.op == OpCode::HostAdamW) {
       if (!firstUpdate)
         firstUpdate = i;

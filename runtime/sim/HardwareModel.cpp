@@ -305,14 +305,15 @@ namespace {
 // integer multiply-high issue at less than one per lane per clock, so
 // these are estimates of the issue work, within tens of percent.
 const KernelInstructions kKernelInstructions[] = {
-    {"cast", 12.125},     {"add", 16.375},
-    {"bias_add", 17.125}, {"gelu", 38},
-    {"gelu_grad", 48.25}, {"silu", 28.875},
-    {"silu_grad", 34.25}, {"modulate", 27.875},
-    {"gate", 17.625},     {"flow_interpolate", 18.625},
-    {"fm_loss_grad", 49}, {"copy2d", 13.375},
-    {"patch_gather", 62}, {"unpatchify", 59},
-    {"rope3d", 146},      {"embedding", 38},
+    {"cast", 12.125},       {"add", 16.375},
+    {"bias_add", 17.125},   {"gelu", 38},
+    {"gelu_grad", 48.25},   {"silu", 28.875},
+    {"silu_grad", 34.25},   {"modulate", 27.875},
+    {"gate", 17.625},       {"flow_interpolate", 18.625},
+    {"fm_loss_grad", 49},   {"copy2d", 13.375},
+    {"patch_gather", 62},   {"unpatchify", 59},
+    {"rope3d", 146},        {"embedding", 38},
+    {"gelu_exact", 43.375}, {"gelu_exact_grad", 64.625},
 };
 
 /// The kernel an elementwise op's elements run through, and how many of
@@ -356,9 +357,13 @@ double sim::elementwiseInstructions(const exec::ExecPlan &plan,
       kOpKernels, [&](const OpKernel &k) { return k.op == inst.op; });
   if (op == std::end(kOpKernels))
     return 0;
+  // gelu and gelu_grad {exact} run their erf kernels (GraphOpLowering).
+  llvm::StringRef kernel = op->kernel;
+  if (inst.hasAttr(exec::kExactAttr))
+    kernel = inst.op == exec::OpCode::Gelu ? "gelu_exact" : "gelu_exact_grad";
   const KernelInstructions *k =
       llvm::find_if(kKernelInstructions, [&](const KernelInstructions &k) {
-        return llvm::StringRef(k.kernel) == op->kernel;
+        return k.kernel == kernel;
       });
   int64_t elements = 0;
   for (const std::vector<int64_t> *ids : {&inst.operands, &inst.results})

@@ -51,12 +51,10 @@ llvm::Expected<float> Session::validationLoss() {
   for (size_t g = 0; g < buckets.size(); ++g) {
     const InputShapes &shapes = shapesOf[g];
     int64_t B = shapes.latents[0];
-    int64_t latent = 1, cond = 1;
+    int64_t latent = 1;
     for (size_t d = 1; d < shapes.latents.size(); ++d)
       latent *= shapes.latents[d];
-    if (!shapes.conditionIsLabel)
-      for (size_t d = 1; d < shapes.condition.size(); ++d)
-        cond *= shapes.condition[d];
+    std::vector<float> block(shapes.conditioningElements());
     for (size_t k = 0; k + B <= buckets[g].size(); k += B, ++batches) {
       if (batches % ranks != rank) {
         rng.state +=
@@ -65,13 +63,13 @@ llvm::Expected<float> Session::validationLoss() {
       }
       exec::StepInputs in;
       std::vector<float> &x0 = in["latents"], &noise = in["noise"],
-                         &t = in["timesteps"], &c = in["condition"];
+                         &t = in["timesteps"];
       x0.resize(B * latent);
-      c.resize(B * cond);
       for (int64_t b = 0; b < B; ++b) {
         if (llvm::Error e = valData->sample(
-                buckets[g][k + b], x0.data() + b * latent, c.data() + b * cond))
+                buckets[g][k + b], x0.data() + b * latent, block.data()))
           return std::move(e);
+        shapes.putConditioning(in, b, block.data());
         t.push_back(sampleSigma(options.recipe, rng));
       }
       noise.resize(B * latent);

@@ -38,13 +38,53 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
       s.condition = v.type.shape;
       s.conditionIsLabel =
           v.type.dtype == exec::DType::I64 || v.type.dtype == exec::DType::I32;
-    }
+    } else if (v.name != "noise" && v.name != "step")
+      s.extras.push_back({v.name, v.type.shape});
   }
   if (s.latents.size() != 5 || s.timesteps.size() != 1 || s.condition.empty())
     return llvm::createStringError(
         "the plan's step does not take latents [B, C, T, H, W], timesteps "
         "[B] and a condition; it cannot be fed flow-matching batches");
+  for (const auto &[name, shape] : s.extras)
+    if (shape.empty() || shape[0] != s.latents[0])
+      return llvm::createStringError(
+          "the plan's step input '" + name +
+          "' is not one tensor per sample of the batch; it cannot be fed "
+          "from samples");
   return s;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>>
+InputShapes::sampleTensors() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  tensors.push_back({"condition", conditionIsLabel ? std::vector<int64_t>{1}
+                                                   : std::vector<int64_t>(
+                                                         condition.begin() + 1,
+                                                         condition.end())});
+  for (const auto &[name, shape] : extras)
+    tensors.push_back(
+        {name, std::vector<int64_t>(shape.begin() + 1, shape.end())});
+  return tensors;
+}
+
+int64_t InputShapes::conditioningElements() const {
+  int64_t n = 0;
+  for (const auto &[name, shape] : sampleTensors())
+    n += product(shape);
+  return n;
+}
+
+void InputShapes::putConditioning(exec::StepInputs &inputs, int64_t b,
+                                  const float *block) const {
+  int64_t B = latents[0];
+  for (const auto &[name, shape] : sampleTensors()) {
+    int64_t n = product(shape);
+    std::vector<float> &batch = inputs[name];
+    if (b == 0)
+      batch.resize(B * n);
+    std::copy(block, block + n, batch.data() + b * n);
+    block += n;
+  }
 }
 
 SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
@@ -73,8 +113,8 @@ SyntheticData::SyntheticData(const InputShapes &shapes, uint64_t seed)
                                              speed * t + phase));
     }
     latents.push_back(std::move(x));
-    std::vector<float> cond(
-        shapes.conditionIsLabel ? 1 : product(shapes.condition, 1));
+    // The label, or text embeddings (and image conditioning) of normals.
+    std::vector<float> cond(shapes.conditioningElements());
     for (float &e : cond)
       e = shapes.conditionIsLabel ? static_cast<float>(k) : setup.normal();
     conditions.push_back(std::move(cond));
@@ -98,17 +138,10 @@ uint64_t SyntheticData::bytesKept() const {
 // Batches, made in order, optionally ahead
 //===----------------------------------------------------------------------===//
 
-static int64_t conditionElementsOf(const InputShapes &s) {
-  return s.conditionIsLabel ? 1 : product(s.condition, 1);
-}
-
 DataSource::DataSource(std::vector<InputShapes> shapesOf, uint64_t seed,
                        int readAhead)
     : shapes(shapesOf.front()), bucketShapes(std::move(shapesOf)),
-      consumedState(seed), readAhead(readAhead), producedState(seed) {
-  latentElements = product(shapes.latents, 1);
-  conditionElements = conditionElementsOf(shapes);
-}
+      consumedState(seed), readAhead(readAhead), producedState(seed) {}
 
 DataSource::~DataSource() {
   stopReadAhead();
@@ -145,21 +178,21 @@ DataSource::Made DataSource::make(uint64_t state) {
   Random rng(state);
   size_t bucket = drawBucket(rng);
   const InputShapes &s = bucketShapes[bucket];
-  int64_t latent = product(s.latents, 1), condition = conditionElementsOf(s);
+  int64_t latent = product(s.latents, 1);
   int64_t B = s.latents[0];
   exec::StepInputs in;
   std::vector<float> &x0 = in["latents"], &noise = in["noise"],
-                     &t = in["timesteps"], &cond = in["condition"];
+                     &t = in["timesteps"];
   x0.resize(B * latent);
-  cond.resize(B * condition);
+  std::vector<float> block(s.conditioningElements());
   for (int64_t b = 0; b < B; ++b) {
     size_t k =
         bucketSamples.size() > 1
             ? bucketSamples[bucket][rng.next() % bucketSamples[bucket].size()]
             : rng.next() % numSamples();
-    if (llvm::Error e =
-            readSample(k, x0.data() + b * latent, cond.data() + b * condition))
+    if (llvm::Error e = readSample(k, x0.data() + b * latent, block.data()))
       return {std::move(e), state};
+    s.putConditioning(in, b, block.data());
     t.push_back(static_cast<float>(rng.uniform()));
   }
   noise.resize(B * latent);
@@ -290,14 +323,14 @@ void DataSource::finishBatch(Made &m, int64_t &inStep) const {
 }
 
 uint64_t DataSource::bytesHeld() const {
-  // Each batch: latents, noise, condition and timesteps in fp32; the one
+  // Each batch: latents, noise, conditioning and timesteps in fp32; the one
   // handed out plus those made ahead.
   // Buckets: each as large as the largest bucket's.
   uint64_t batch = 0;
   for (const InputShapes &s : bucketShapes)
     batch = std::max<uint64_t>(
         batch, s.latents[0] *
-                   (2 * product(s.latents, 1) + conditionElementsOf(s) + 1) *
+                   (2 * product(s.latents, 1) + s.conditioningElements() + 1) *
                    sizeof(float));
   return bytesKept() + (readAhead + 1) * batch;
 }
@@ -440,25 +473,25 @@ std::string FileData::digest() const {
 llvm::Error FileData::checkHeader(const host::SafetensorsReader &reader,
                                   size_t bucket) const {
   const InputShapes &shapes = bucketShapes[bucket];
-  std::vector<int64_t> latentShape(shapes.latents.begin() + 1,
-                                   shapes.latents.end());
-  std::vector<int64_t> conditionShape =
-      shapes.conditionIsLabel
-          ? std::vector<int64_t>{1}
-          : std::vector<int64_t>(shapes.condition.begin() + 1,
-                                 shapes.condition.end());
-  for (auto [name, shape] :
-       {std::pair<llvm::StringRef, const std::vector<int64_t> *>{"latents",
-                                                                 &latentShape},
-        {"condition", &conditionShape}}) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+      {"latents",
+       std::vector<int64_t>(shapes.latents.begin() + 1, shapes.latents.end())}};
+  for (auto &tensor : shapes.sampleTensors())
+    tensors.push_back(std::move(tensor));
+  for (const auto &[name, shape] : tensors) {
     const host::StTensorInfo *t = reader.find(name);
     if (!t)
-      return llvm::createStringError("'" + reader.path() + "' has no tensor '" +
-                                     name + "'");
-    if (t->shape != *shape)
+      return llvm::createStringError(
+          "'" + reader.path() + "' has no tensor '" + name + "'" +
+          (name.rfind("image_", 0) == 0
+               ? "; an image-conditioned model needs each sample's "
+                 "image_embeds and image_condition (megaslide-prepare "
+                 "writes them for an image-to-video model)"
+               : ""));
+    if (t->shape != shape)
       return llvm::createStringError(
           "'" + reader.path() + "': tensor '" + name + "' has shape " +
-          shapeText(t->shape) + "; this plan needs " + shapeText(*shape));
+          shapeText(t->shape) + "; this plan needs " + shapeText(shape));
     if (t->dtype != host::StDType::F32 && t->dtype != host::StDType::BF16 &&
         t->dtype != host::StDType::F16)
       return llvm::createStringError(
@@ -476,9 +509,13 @@ llvm::Error FileData::readSample(size_t k, float *x, float *c) {
   const InputShapes &s = bucketShapes[fileBucket[k]];
   if (llvm::Error e = checkHeader(**reader, fileBucket[k]))
     return e;
-  for (auto [name, out, n] : {std::tuple<llvm::StringRef, float *, int64_t>{
-                                  "latents", x, product(s.latents, 1)},
-                              {"condition", c, conditionElementsOf(s)}}) {
+  std::vector<std::tuple<std::string, float *, int64_t>> tensors = {
+      {"latents", x, product(s.latents, 1)}};
+  for (const auto &[name, shape] : s.sampleTensors()) {
+    tensors.push_back({name, c, product(shape)});
+    c += product(shape);
+  }
+  for (const auto &[name, out, n] : tensors) {
     const host::StTensorInfo *t = (*reader)->find(name);
     if (llvm::Error e = (*reader)->readF32(*t, {out, static_cast<size_t>(n)}))
       return e;

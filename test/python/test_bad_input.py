@@ -298,9 +298,10 @@ CONFIG_CASES = [
      "config field 'eps': expected a number"),
     ("rope theta", tiny_with(rope_theta=1), "config field 'rope_theta': must "
      "exceed 1"),
-    ("image conditioning", tiny_with(image_dim=1280),
-     "config field 'image_dim': image conditioning (I2V) is not supported; "
-     "set it to null"),
+    ("image conditioning without its projections", tiny_with(image_dim=1280),
+     "config field 'added_kv_proj_dim': missing; image conditioning needs "
+     "the cross-attention's image keys and values: set it to the model dim "
+     "64"),
     ("DiT key in a Wan config", tiny_with(num_classes=10),
      "config field 'num_classes': only applies to DiT models"),
     ("unsupported class", tiny_with(_class_name="CogVideoXTransformer3DModel"),
@@ -618,7 +619,7 @@ PLAN_CASES = [
      '{plan}: not an execution plan (no "format": "megaslide-exec-plan")'),
     ("newer version", plan_edit(set_key("version", 4)),
      "{plan}: execution plan format version 4 is not supported (this runtime "
-     "reads 2 to 3; recompile the plan)"),
+     "reads 2 to 4; recompile the plan)"),
     ("version not an integer", plan_edit(set_key("version", "2")),
      "{plan}: expected integer at plan.version"),
     ("another release", plan_edit(set_key("runtime_version", "0.0.1")),

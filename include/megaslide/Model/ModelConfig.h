@@ -37,6 +37,9 @@ enum class Architecture {
 inline constexpr int64_t kMaxModelLayers = 1024;
 inline constexpr int64_t kMaxModelWidth = int64_t(1) << 17;
 inline constexpr int64_t kMaxPatchExtent = 64;
+/// Prompt tokens of an image-conditioned Wan model: diffusers'
+/// WanAttnProcessor takes the last 512 context tokens as the prompt's.
+inline constexpr int64_t kImageModelTextLen = 512;
 
 struct ModelConfig {
   std::string name;
@@ -58,6 +61,15 @@ struct ModelConfig {
   double ropeTheta = 10000.0;
   /// Pixels per latent element along (frames, height, width).
   std::array<int64_t, 3> vaeStride = {4, 8, 8};
+  /// Image conditioning (Wan 2.1 I2V and FLF2V; diffusers `image_dim`):
+  /// the width of the CLIP image embeddings, 0 for none; `imageLen` image
+  /// tokens per sample (MegaSlide key `image_len`; 257, or FLF2V's
+  /// `pos_embed_seq_len` of two images), with a learned position embedding
+  /// when `imagePosEmbed`. in_channels then holds the latents, the mask
+  /// and the conditioning frames' latents.
+  int64_t imageDim = 0;
+  int64_t imageLen = 0;
+  bool imagePosEmbed = false;
   /// DiT: class count; the label table has one more row when classifier-
   /// free guidance dropout is on (the "null" class).
   int64_t numClasses = 0;
@@ -73,6 +85,12 @@ struct ModelConfig {
 
   int64_t dim() const { return numHeads * headDim; }
   int64_t patchVolume() const { return patch[0] * patch[1] * patch[2]; }
+  /// Channels of the clean latents and noise (the velocity's).
+  int64_t latentChannels() const { return imageDim ? outChannels : inChannels; }
+  /// Channels of the mask and conditioning latents beside them.
+  int64_t imageConditionChannels() const {
+    return inChannels - latentChannels();
+  }
 };
 
 /// Parses a JSON model config; errors are one line naming the field and

@@ -350,10 +350,9 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   for (Operation &op : body)
     if (llvm::Error err = exportOp(&op))
       return std::move(err);
-  // The oldest version that describes the plan: readers of version 2 run
-  // every plan without deferred updates.
-  plan.version = plan.defersUpdates() ? exec::kDeferredUpdateFormatVersion
-                                      : exec::kOldestPlanFormatVersion;
+  // Readers of version 2 run every plan without deferred updates or the
+  // exact GELU.
+  plan.version = plan.oldestVersion();
   return std::move(plan);
 }
 

@@ -585,14 +585,35 @@ Error vectorised(const Instruction &inst, ArrayRef<OpTensor> operands,
   return Error::success();
 }
 
+// The exact (erf) GELU of Wan's image embedder: a few hundred tokens per
+// sample, so plain loops.
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
 Error gelu(const Instruction &inst, ArrayRef<OpTensor> operands,
            ArrayRef<OpTensor> results) {
-  return vectorised(inst, operands, results, vecKernels().gelu);
+  if (!inst.hasAttr(exec::kExactAttr))
+    return vectorised(inst, operands, results, vecKernels().gelu);
+  return vectorised(
+      inst, operands, results, [](const float *x, float *y, int64_t n) {
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+      });
 }
 
 Error geluGrad(const Instruction &inst, ArrayRef<OpTensor> operands,
                ArrayRef<OpTensor> results) {
-  return vectorised(inst, operands, results, vecKernels().geluGrad);
+  if (!inst.hasAttr(exec::kExactAttr))
+    return vectorised(inst, operands, results, vecKernels().geluGrad);
+  // d/dx x Phi(x) = Phi(x) + x phi(x).
+  return vectorised(inst, operands, results,
+                    [](const float *x, const float *dy, float *dx, int64_t n) {
+                      for (int64_t i = 0; i < n; ++i) {
+                        float cdf = 0.5f * (1.0f + std::erf(x[i] * kInvSqrt2));
+                        float pdf = kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]);
+                        dx[i] = dy[i] * (cdf + x[i] * pdf);
+                      }
+                    });
 }
 
 Error silu(const Instruction &inst, ArrayRef<OpTensor> operands,

@@ -289,6 +289,14 @@ __device__ __forceinline__ float msGeluGrad(float x) {
   return 0.5f * (1.0f + t) +
          0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * a * x * x);
 }
+/// The exact GELU (PyTorch's default) and its derivative Phi + x phi.
+__device__ __forceinline__ float msGeluExact(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+__device__ __forceinline__ float msGeluExactGrad(float x) {
+  return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+         x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
 __device__ __forceinline__ float msSigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }

@@ -31,12 +31,17 @@ namespace megaslide::exec {
 
 /// Bump on any change a reader of the previous version would misread.
 /// Version 3 added deferred updates (kDeferredAttr): a reader of version
-/// 2 would run their host_adamw as an update, at the wrong time. A plan
-/// without them is written as version 2, which such readers still run as
-/// before (the exporter writes the oldest version that describes a plan).
-inline constexpr int64_t kPlanFormatVersion = 3;
+/// 2 would run their host_adamw as an update, at the wrong time. Version 4
+/// added the exact GELU (kExactAttr on gelu and gelu_grad), which a reader
+/// of version 3 would run as the tanh form. A plan without them is written
+/// as version 2, which such readers still run as before (the exporter
+/// writes the oldest version that describes a plan: oldestVersion()).
+inline constexpr int64_t kPlanFormatVersion = 4;
 inline constexpr int64_t kOldestPlanFormatVersion = 2;
 inline constexpr int64_t kDeferredUpdateFormatVersion = 3;
+inline constexpr int64_t kExactGeluFormatVersion = 4;
+/// Unit attribute of gelu and gelu_grad: the erf form, not tanh's.
+inline constexpr llvm::StringLiteral kExactAttr = "exact";
 
 /// Unit attributes (integer 1) of a plan with deferred updates
 /// (docs/ExecutionPlan.md, "Deferred updates"). On host_adamw: retain
@@ -186,6 +191,10 @@ struct ExecPlan {
   const Param *updatedParam(llvm::StringRef fetched) const;
   /// Whether the host_adamw instructions are deferred (kDeferredAttr).
   bool defersUpdates() const;
+  /// Whether an instruction runs the exact GELU (kExactAttr).
+  bool hasExactGelu() const;
+  /// The oldest format version that describes the plan.
+  int64_t oldestVersion() const;
   /// The ranks of the job the plan was compiled for (megaslide-plan
   /// --gpus-per-node x --nodes): its collectives' (validate() holds every
   /// collective and every `ranks` copy to one number); 1 without any.

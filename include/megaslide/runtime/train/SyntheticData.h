@@ -29,8 +29,24 @@ namespace megaslide::train {
 struct InputShapes {
   std::vector<int64_t> latents, timesteps, condition;
   bool conditionIsLabel = false; ///< DiT: integer class labels
+  /// Further per-sample inputs [B, ...] in plan order, which every sample
+  /// holds under their names: an image-conditioned model's image_embeds
+  /// and image_condition (docs/Runtime.md, "Data files").
+  std::vector<std::pair<std::string, std::vector<int64_t>>> extras;
   /// Reads them from the plan's inputs; errors name what is missing.
   static llvm::Expected<InputShapes> of(const exec::ExecPlan &plan);
+
+  /// The per-sample tensors beside the latents, with one sample's shape:
+  /// the condition (a label: [1]), then the extras.
+  std::vector<std::pair<std::string, std::vector<int64_t>>>
+  sampleTensors() const;
+  /// Elements of one sample's conditioning block: its sampleTensors() one
+  /// after another (what a data source's readSample writes).
+  int64_t conditioningElements() const;
+  /// Puts the block of sample `b` of a batch into the batch's inputs,
+  /// sizing them at b = 0.
+  void putConditioning(exec::StepInputs &inputs, int64_t b,
+                       const float *block) const;
 };
 
 /// Where a run's batches come from. Every batch draws its samples, its
@@ -65,8 +81,9 @@ public:
 
   /// Sample `k` (of size()) directly, drawing nothing: validation reads
   /// its samples in order. Not to be mixed with next() on one source.
-  llvm::Error sample(size_t k, float *latents, float *condition) {
-    return readSample(k, latents, condition);
+  /// `conditioning`: InputShapes::conditioningElements() of them.
+  llvm::Error sample(size_t k, float *latents, float *conditioning) {
+    return readSample(k, latents, conditioning);
   }
   size_t size() const { return numSamples(); }
   /// The samples of each bucket (a source of one shape: one bucket, all
@@ -88,9 +105,10 @@ protected:
   /// `shapes`: per bucket (docs/Runtime.md, "Buckets"); one for a source
   /// of one shape. A derived source with several sets bucketSamples.
   DataSource(std::vector<InputShapes> shapes, uint64_t seed, int readAhead);
-  /// Writes the clean latents [C, T, H, W] and condition of sample `k`.
+  /// Writes the clean latents [C, T, H, W] and conditioning block (see
+  /// InputShapes::conditioningElements) of sample `k`.
   virtual llvm::Error readSample(size_t k, float *latents,
-                                 float *condition) = 0;
+                                 float *conditioning) = 0;
   virtual size_t numSamples() const = 0;
   /// Bytes of samples kept in memory.
   virtual uint64_t bytesKept() const { return 0; }
@@ -98,8 +116,7 @@ protected:
   /// the thread calls their readSample.
   void stopReadAhead();
 
-  InputShapes shapes;                                ///< of bucket 0
-  int64_t latentElements = 0, conditionElements = 0; ///< of bucket 0
+  InputShapes shapes; ///< of bucket 0
   std::vector<InputShapes> bucketShapes;
   std::vector<std::vector<size_t>> bucketSamples;
 
@@ -145,7 +162,8 @@ public:
   ~SyntheticData() override { stopReadAhead(); }
 
 private:
-  llvm::Error readSample(size_t k, float *latents, float *condition) override;
+  llvm::Error readSample(size_t k, float *latents,
+                         float *conditioning) override;
   size_t numSamples() const override { return latents.size(); }
   uint64_t bytesKept() const override;
   std::vector<std::vector<float>> latents, conditions;
@@ -154,9 +172,10 @@ private:
 /// Samples from files (docs/Runtime.md, "Data files"): every
 /// `*.safetensors` in a directory holds one sample, `latents` [C, T, H, W]
 /// and `condition` [L, D] (text embeddings; DiT: a one-element class
-/// label), in f32, bf16 or f16. Headers are checked when the directory is
-/// opened; tensors are read when a batch needs them (kReadAhead batches
-/// ahead), so a dataset of any size costs a few batches of memory, and
+/// label), and an image-conditioned model's `image_embeds` and
+/// `image_condition`, in f32, bf16 or f16. Headers are checked when the
+/// directory is opened; tensors are read when a batch needs them (kReadAhead
+/// batches ahead), so a dataset of any size costs a few batches of memory, and
 /// every value read is checked to be finite.
 class FileData : public DataSource {
 public:
@@ -177,7 +196,8 @@ private:
            std::vector<std::string> files)
       : DataSource(std::move(shapes), seed, kReadAhead),
         files(std::move(files)), fileBucket(this->files.size(), 0) {}
-  llvm::Error readSample(size_t k, float *latents, float *condition) override;
+  llvm::Error readSample(size_t k, float *latents,
+                         float *conditioning) override;
   size_t numSamples() const override { return files.size(); }
   llvm::Error checkHeader(const host::SafetensorsReader &reader,
                           size_t bucket) const;

@@ -51,10 +51,71 @@ TEST(ModelConfig, NonPositiveSizesNameTheField) {
       << e;
 }
 
-TEST(ModelConfig, ImageConditioningIsRejected) {
+/// kMinimalWan made image-conditioned (Wan 2.1 I2V's keys) with `extra`
+/// keys appended, which override earlier ones as JSON's last value wins.
+std::string imageConfig(llvm::StringRef extra) {
   std::string json = kMinimalWan;
-  json.insert(json.size() - 1, R"(, "image_dim": 1280)");
-  EXPECT_NE(errorOf(json).find("'image_dim'"), std::string::npos);
+  json.replace(json.find("\"in_channels\": 16"), 17, "\"in_channels\": 36");
+  json.insert(json.size() - 1, R"(, "image_dim": 1280,
+    "added_kv_proj_dim": 64, "out_channels": 16)");
+  if (!extra.empty())
+    json.insert(json.size() - 1, ", " + extra.str());
+  return json;
+}
+
+TEST(ModelConfig, ImageConditioningParsesAsDiffusersBuildsIt) {
+  llvm::Expected<ModelConfig> i2v = parseModelConfig(imageConfig(""), "t");
+  ASSERT_TRUE(static_cast<bool>(i2v)) << llvm::toString(i2v.takeError());
+  EXPECT_EQ(i2v->imageDim, 1280);
+  EXPECT_EQ(i2v->imageLen, 257); // one CLIP ViT-H/14 image
+  EXPECT_FALSE(i2v->imagePosEmbed);
+  EXPECT_EQ(i2v->latentChannels(), 16);
+  EXPECT_EQ(i2v->imageConditionChannels(), 20);
+  llvm::Expected<ModelConfig> flf2v =
+      parseModelConfig(imageConfig(R"("pos_embed_seq_len": 514)"), "t");
+  ASSERT_TRUE(static_cast<bool>(flf2v)) << llvm::toString(flf2v.takeError());
+  EXPECT_EQ(flf2v->imageLen, 514);
+  EXPECT_TRUE(flf2v->imagePosEmbed);
+  // diffusers' null for a text-to-video model.
+  std::string t2v = kMinimalWan;
+  t2v.insert(t2v.size() - 1, R"(, "image_dim": null,
+    "added_kv_proj_dim": null, "pos_embed_seq_len": null)");
+  llvm::Expected<ModelConfig> plain = parseModelConfig(t2v, "t");
+  ASSERT_TRUE(static_cast<bool>(plain)) << llvm::toString(plain.takeError());
+  EXPECT_EQ(plain->imageDim, 0);
+  EXPECT_EQ(plain->latentChannels(), 16);
+}
+
+TEST(ModelConfig, ImageConditioningErrorsNameTheField) {
+  struct Case {
+    std::string json;
+    const char *expected;
+  };
+  std::string noImage = kMinimalWan;
+  noImage.insert(noImage.size() - 1, R"(, "added_kv_proj_dim": 64)");
+  const Case cases[] = {
+      {noImage, "'added_kv_proj_dim': needs image conditioning: give "
+                "image_dim"},
+      {imageConfig(R"("added_kv_proj_dim": 32)"),
+       "'added_kv_proj_dim': 32 differs from the model dim 64"},
+      {imageConfig(R"("in_channels": 32)"),
+       "'in_channels': 32, but image conditioning takes the latents "
+       "(out_channels 16), a mask of vae_stride[0] = 4 channels and the "
+       "conditioning frames' latents (16): 36"},
+      {imageConfig(R"("text_len": 226)"),
+       "'text_len': 226, but diffusers' Wan attention takes the last 512 "
+       "context tokens"},
+      {imageConfig(R"("pos_embed_seq_len": 514, "image_len": 257)"),
+       "'image_len': 257 differs from pos_embed_seq_len 514"},
+      {imageConfig(R"("image_dim": 0)"),
+       "'image_dim': must be a positive integer"},
+      {imageConfig(R"("image_dim": "big")"), "'image_dim'"},
+  };
+  for (const Case &c : cases) {
+    std::string e = errorOf(c.json);
+    EXPECT_NE(e.find(c.expected), std::string::npos)
+        << "expected: " << c.expected << "\ngot: " << e;
+  }
 }
 
 TEST(ModelConfig, MalformedJsonIsOneClearError) {

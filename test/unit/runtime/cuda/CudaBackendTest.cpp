@@ -501,6 +501,11 @@ std::vector<OpCase> denseCases() {
     add(op, makeInst(op), {tt(bf, {300})}, {tt(bf, {300})});
   for (const char *op : {"gelu_grad", "silu_grad"})
     add(op, makeInst(op), {tt(bf, {300}), tt(bf, {300})}, {tt(bf, {300})});
+  // Wan's image embedder: the erf GELU (kernels gelu_exact[_grad]).
+  add("gelu exact", makeInst("gelu", {{"exact", int64_t(1)}}), {tt(f32, {300})},
+      {tt(f32, {300})});
+  add("gelu_grad exact", makeInst("gelu_grad", {{"exact", int64_t(1)}}),
+      {tt(f32, {300}), tt(f32, {300})}, {tt(f32, {300})});
   add("modulate", makeInst("modulate"),
       {tt(bf, {2, 6, 40}), tt(bf, {2, 40}), tt(bf, {2, 40})},
       {tt(bf, {2, 6, 40})});

@@ -392,12 +392,12 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 4; }),
-       "format version 4 is not supported (this runtime reads 2 to 3; "
+       viaJson([](llvm::json::Object &o) { o["version"] = 5; }),
+       "format version 5 is not supported (this runtime reads 2 to 4; "
        "recompile the plan)"},
       {"version before runtime_version",
        viaJson([](llvm::json::Object &o) { o["version"] = 1; }),
-       "format version 1 is not supported (this runtime reads 2 to 3; "
+       "format version 1 is not supported (this runtime reads 2 to 4; "
        "recompile the plan)"},
       {"version of the wrong type",
        viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
@@ -1209,6 +1209,26 @@ TEST(ExecPlanDeferredUpdates, MarkedPlanIsValidAndRoundTrips) {
     p.version = kOldestPlanFormatVersion;
     return serialize(p);
   }());
+}
+
+// Tests that the exact GELU's attribute makes a plan version 4, and that it
+// is refused on any op but gelu and gelu_grad and in an older plan.
+TEST(ExecPlanExactGelu, NeedsVersion4AndAGelu) {
+  ExecPlan plan = validPlan();
+  EXPECT_EQ(plan.oldestVersion(), kOldestPlanFormatVersion);
+  plan.instructions[kAdd].attrs[std::string(kExactAttr)] = int64_t(1);
+  EXPECT_TRUE(plan.hasExactGelu());
+  EXPECT_EQ(plan.oldestVersion(), kExactGeluFormatVersion);
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: instruction #4 ('add'): attribute "
+            "'exact' is for gelu and gelu_grad only");
+  plan.instructions[kAdd].op = OpCode::Gelu;
+  plan.instructions[kAdd].operands.resize(1);
+  plan.version = kDeferredUpdateFormatVersion;
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: instruction #4 ('gelu') runs the exact "
+            "GELU, which format version 4 introduced, but the plan says "
+            "version 3");
 }
 
 // Tests that a persistent bf16 copy's fetch applies its master's update.
