@@ -617,8 +617,8 @@ PLAN_CASES = [
      "}", "{plan}: not an execution plan"),
     ("a model config", lambda art: json.dumps(art.config),
      '{plan}: not an execution plan (no "format": "megaslide-exec-plan")'),
-    ("newer version", plan_edit(set_key("version", 4)),
-     "{plan}: execution plan format version 4 is not supported (this runtime "
+    ("newer version", plan_edit(set_key("version", 5)),
+     "{plan}: execution plan format version 5 is not supported (this runtime "
      "reads 2 to 4; recompile the plan)"),
     ("version not an integer", plan_edit(set_key("version", "2")),
      "{plan}: expected integer at plan.version"),
@@ -1283,6 +1283,7 @@ CLI_CASES = [
     # megaslide-plan
     ("plan: no model", "megaslide-plan", [*SMALL], 1,
      "--model is required: one of the presets dit-xl-2, megaslide-105b, tiny, "
+     "wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
      "wan2.1-t2v-1.3b, wan2.1-t2v-14b, or a path to a .json config"),
     ("plan: unknown flag", "megaslide-plan", ["--model", "tiny", "--nosuch"],
      1, "Unknown command line argument '--nosuch'"),
@@ -1296,7 +1297,8 @@ CLI_CASES = [
      "--frames, --height and --width are required"),
     ("plan: unknown preset", "megaslide-plan", ["--model", "tinny", *SMALL], 1,
      "unknown model preset 'tinny'; use one of dit-xl-2, megaslide-105b, "
-     "tiny, wan2.1-t2v-1.3b, wan2.1-t2v-14b, or a path to a .json config"),
+     "tiny, wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
+     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, or a path to a .json config"),
     ("plan: zero frames", "megaslide-plan",
      ["--model", "tiny", "--frames", "0", "--height", "32", "--width", "32"],
      1, "video field 'frames': must be positive, got 0"),

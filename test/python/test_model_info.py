@@ -28,6 +28,20 @@ def wan_reference_count(layers, dim, ffn, text_dim, channels, freq_dim=256,
     return patch_embedding + condition_embedder + layers * block + head
 
 
+def wan_image_extra_count(layers, dim, channels, image_dim, pos_len=0,
+                          mask_channels=4, patch=(1, 2, 2)):
+    """What image conditioning adds to WanTransformer3DModel: the image
+    embedder (LayerNorm, FeedForward, LayerNorm, FLF2V's position
+    embedding), per block add_k_proj, add_v_proj and norm_added_k, and the
+    patch embedding's mask and conditioning-latent input channels."""
+    patch_volume = patch[0] * patch[1] * patch[2]
+    embedder = (2 * image_dim + linear(image_dim, image_dim)
+                + linear(image_dim, dim) + 2 * dim + pos_len * image_dim)
+    block = 2 * linear(dim, dim) + dim
+    patch_embedding = (mask_channels + channels) * patch_volume * dim
+    return embedder + layers * block + patch_embedding
+
+
 def dit_reference_count(depth, dim, patch, in_ch, out_ch, classes, tokens):
     """Parameters of facebookresearch/DiT's DiT (all nn.Parameters)."""
     x_embedder = in_ch * patch * patch * dim + dim
@@ -50,6 +64,15 @@ def dit_reference_count(depth, dim, patch, in_ch, out_ch, classes, tokens):
     ("megaslide-105b", (81, 720, 1280),
      wan_reference_count(52, 12288, 32768, 4096, 16)),
     ("tiny", (5, 32, 32), wan_reference_count(2, 64, 256, 32, 16, 32)),
+    ("wan2.1-i2v-14b-480p", (81, 480, 832),
+     wan_reference_count(40, 5120, 13824, 4096, 16)
+     + wan_image_extra_count(40, 5120, 16, 1280)),
+    ("wan2.1-i2v-14b-720p", (81, 720, 1280),
+     wan_reference_count(40, 5120, 13824, 4096, 16)
+     + wan_image_extra_count(40, 5120, 16, 1280)),
+    ("wan2.1-flf2v-14b", (81, 720, 1280),
+     wan_reference_count(40, 5120, 13824, 4096, 16)
+     + wan_image_extra_count(40, 5120, 16, 1280, pos_len=514)),
 ])
 def test_parameter_counts_match_reference_architectures(model, video, expected):
     info = megaslide.model_info(model, *video)
@@ -63,9 +86,15 @@ def test_published_totals():
     assert megaslide.model_info("dit-xl-2", 1, 256, 256)["params"]["total"] == 675_129_632
     assert megaslide.model_info("wan2.1-t2v-14b", 81, 480, 832)["params"]["total"] == 14_288_491_584
     assert megaslide.model_info("wan2.1-t2v-1.3b", 81, 480, 832)["params"]["total"] == 1_418_996_800
+    # diffusers' models built from the official configs on the meta device.
+    for preset in ("wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p"):
+        assert megaslide.model_info(preset, 81, 480, 832)["params"]["total"] == 16_394_878_784
+    assert megaslide.model_info("wan2.1-flf2v-14b", 81, 720, 1280)["params"]["total"] == 16_395_536_704
 
 
-WAN_PRESETS = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "megaslide-105b"]
+WAN_PRESETS = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "megaslide-105b",
+               "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
+               "wan2.1-flf2v-14b"]
 
 
 @pytest.mark.parametrize("preset", WAN_PRESETS)
