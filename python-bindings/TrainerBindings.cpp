@@ -214,6 +214,10 @@ public:
         r.logitStd = py::cast<double>(value);
       } else if (k == "flow_shift") {
         r.flowShift = py::cast<double>(value);
+      } else if (k == "min_timestep") {
+        r.minTimestep = py::cast<double>(value);
+      } else if (k == "max_timestep") {
+        r.maxTimestep = py::cast<double>(value);
       } else {
         throw std::invalid_argument("unknown recipe option '" + k + "'");
       }

@@ -439,13 +439,13 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
                                                   {"condition", condition}};
   // Image conditioning: the CLIP embeddings of the conditioning frames,
   // and the mask and latents that go beside the noisy latents.
-  if (config.imageDim) {
+  if (config.imageDim)
     args.push_back(
         {"image_embeds", act({batch, config.imageLen, config.imageDim})});
+  if (config.imageConditionChannels())
     args.push_back(
         {"image_condition",
          act({batch, config.imageConditionChannels(), l[0], l[1], l[2]})});
-  }
   args.push_back({"step", stepType});
   SmallVector<Type> argTypes;
   for (auto &[name, type] : args)
@@ -462,8 +462,14 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
 
   Value x0 = body->getArgument(0), noise = body->getArgument(1);
   Value t = body->getArgument(2), cond = body->getArgument(3);
-  Value image = config.imageDim ? body->getArgument(4) : Value();
-  Value imageCondition = config.imageDim ? body->getArgument(5) : Value();
+  auto argNamed = [&](StringRef name) {
+    for (auto [i, arg] : llvm::enumerate(args))
+      if (arg.first == name)
+        return body->getArgument(i);
+    return BlockArgument();
+  };
+  Value image = argNamed("image_embeds");
+  Value imageCondition = argNamed("image_condition");
   Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
   Value prediction = config.architecture == Architecture::Wan
                          ? wanForward(xt, t, cond, image, imageCondition)

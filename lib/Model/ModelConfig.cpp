@@ -409,7 +409,9 @@ Error ConfigReader::validate(ModelConfig &c) {
     return err.field("learn_sigma", "give either out_channels or learn_sigma");
   if (Error e = positive("out_channels", c.outChannels))
     return e;
-  if (c.outChannels < c.inChannels && !imageDim)
+  // Wan: more input than output channels are image-conditioning latents
+  // (validateImageConditioning).
+  if (c.outChannels < c.inChannels && c.architecture == Architecture::DiT)
     return err.field("out_channels",
                      llvm::formatv("{0} is fewer than in_channels {1}; the "
                                    "velocity needs one output per latent "
@@ -458,6 +460,22 @@ Error ConfigReader::validate(ModelConfig &c) {
 }
 
 Error ConfigReader::validateImageConditioning(ModelConfig &c) {
+  // WanImageToVideoPipeline feeds the noisy latents, a mask of one channel
+  // per frame of a latent frame and the conditioning frames' latents (Wan
+  // 2.1 I2V and FLF2V, and Wan 2.2 I2V-A14B, which has no image_dim).
+  int64_t conditioned = 2 * c.outChannels + c.vaeStride[0];
+  auto checkChannels = [&]() -> Error {
+    if (c.inChannels == conditioned)
+      return Error::success();
+    return err.field(
+        "in_channels",
+        llvm::formatv("{0}, but image conditioning takes the latents "
+                      "(out_channels {1}), a mask of vae_stride[0] = {2} "
+                      "channels and the conditioning frames' latents ({1}): "
+                      "{3}",
+                      c.inChannels, c.outChannels, c.vaeStride[0],
+                      conditioned));
+  };
   // diffusers' WanTransformer3DModel: image_dim builds the image embedder,
   // added_kv_proj_dim the cross-attention's image keys and values, which
   // read the embedder's output of the model's width.
@@ -469,6 +487,14 @@ Error ConfigReader::validateImageConditioning(ModelConfig &c) {
       if (v)
         return err.field(key, "needs image conditioning: give image_dim (the "
                               "image encoder's width, 1280 for Wan 2.1 I2V)");
+    if (c.inChannels > c.outChannels && c.inChannels != conditioned)
+      return err.field(
+          "out_channels",
+          llvm::formatv("{0} is fewer than in_channels {1}; the velocity "
+                        "needs one output per latent channel, and image "
+                        "conditioning takes 2 x out_channels + vae_stride[0] "
+                        "= {2} input channels",
+                        c.outChannels, c.inChannels, conditioned));
     return Error::success();
   }
   auto positive = [&](StringRef key, int64_t v) -> Error {
@@ -508,17 +534,8 @@ Error ConfigReader::validateImageConditioning(ModelConfig &c) {
   c.imagePosEmbed = posEmbedSeqLen.has_value();
   if (Error e = positive("image_len", c.imageLen))
     return e;
-  // WanImageToVideoPipeline feeds the noisy latents, a mask of one channel
-  // per frame of a latent frame and the conditioning frames' latents.
-  int64_t expected = 2 * c.outChannels + c.vaeStride[0];
-  if (c.inChannels != expected)
-    return err.field(
-        "in_channels",
-        llvm::formatv("{0}, but image conditioning takes the latents "
-                      "(out_channels {1}), a mask of vae_stride[0] = {2} "
-                      "channels and the conditioning frames' latents ({1}): "
-                      "{3}",
-                      c.inChannels, c.outChannels, c.vaeStride[0], expected));
+  if (Error e = checkChannels())
+    return e;
   // WanAttnProcessor splits the context as [image tokens, 512 text tokens].
   if (c.textLen != kImageModelTextLen)
     return err.field("text_len",

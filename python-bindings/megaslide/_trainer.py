@@ -64,6 +64,7 @@ RECIPE_OPTIONS: Dict[str, type] = {
     "lr_decay_steps": int, "max_grad_norm": float, "grad_accum": int,
     "ema_decay": float, "ema_warmup": bool, "timestep_sampling": str,
     "logit_mean": float, "logit_std": float, "flow_shift": float,
+    "min_timestep": float, "max_timestep": float,
 }
 
 
@@ -105,15 +106,19 @@ def _recipe_options(options: Dict[str, Any]) -> Dict[str, Any]:
 
 def sample_sigmas(seed: int, step: int, count: int, *,
                   timestep_sampling: str = "uniform", logit_mean: float = 0.0,
-                  logit_std: float = 1.0,
-                  flow_shift: float = 1.0) -> np.ndarray:
+                  logit_std: float = 1.0, flow_shift: float = 1.0,
+                  min_timestep: float = 0.0,
+                  max_timestep: float = 1.0) -> np.ndarray:
     """The flow-matching times a Trainer (and megaslide-run) with this seed
     and sampling uses at optimizer step ``step`` (0-based), ``count`` of
-    them (micro-batch m, sample b at index m B + b): float32 in [0, 1], a
-    function of (seed, step) only (docs/Training.md, "Timesteps")."""
+    them (micro-batch m, sample b at index m B + b): float32 in [0, 1]
+    (in [min_timestep, max_timestep) with a range), a function of (seed,
+    step) only (docs/Training.md, "Timesteps")."""
     recipe = _recipe_options(dict(timestep_sampling=timestep_sampling,
                                   logit_mean=logit_mean, logit_std=logit_std,
-                                  flow_shift=flow_shift))
+                                  flow_shift=flow_shift,
+                                  min_timestep=min_timestep,
+                                  max_timestep=max_timestep))
     for name, value in (("seed", seed), ("step", step), ("count", count)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got "
@@ -141,7 +146,8 @@ class Trainer:
     The training recipe (docs/Training.md) takes megaslide-run's flags as
     keywords (RECIPE_OPTIONS): lr_schedule, warmup_steps, min_lr,
     lr_decay_steps, max_grad_norm, grad_accum, ema_decay, ema_warmup,
-    timestep_sampling, logit_mean, logit_std, flow_shift; ``val_data`` is
+    timestep_sampling, logit_mean, logit_std, flow_shift, min_timestep,
+    max_timestep; ``val_data`` is
     a folder of validation samples for :meth:`validation_loss`.
 
     A run's outputs are megaslide-run's (docs/Python.md, "Runs"), written by

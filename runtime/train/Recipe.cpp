@@ -112,6 +112,21 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
   if (!(std::isfinite(r.flowShift) && r.flowShift > 0))
     return fail(
         llvm::formatv("--flow-shift must be positive, got {0}", r.flowShift));
+  // The time t of x_t = (1 - t) x0 + t noise, where trainers such as
+  // musubi-tuner count timesteps 0..1000: say so for a value past 1.
+  for (auto [flag, v] :
+       {std::pair<const char *, double>{"--min-timestep", r.minTimestep},
+        {"--max-timestep", r.maxTimestep}})
+    if (!(v >= 0 && v <= 1))
+      return fail(llvm::formatv(
+          "{0} must be in [0, 1], got {1}: the flow-matching time t of x_t = "
+          "(1 - t) x0 + t noise (a timestep of 0..1000 divided by 1000)",
+          flag, llvm::format("%g", v)));
+  if (!(r.minTimestep < r.maxTimestep))
+    return fail(llvm::formatv("--min-timestep ({0}) must be below "
+                              "--max-timestep ({1})",
+                              llvm::format("%g", r.minTimestep),
+                              llvm::format("%g", r.maxTimestep)));
   return llvm::Error::success();
 }
 
@@ -136,7 +151,95 @@ double train::shiftSigma(double sigma, double shift) {
   return shift * sigma / (1.0 + (shift - 1.0) * sigma);
 }
 
+namespace {
+double unshiftSigma(double shifted, double shift) {
+  return shifted / (shift - (shift - 1.0) * shifted);
+}
+
+double normalCdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
+
+/// The standard normal's quantile: Acklam's rational approximation (1e-9
+/// relative), then Halley steps on erfc to double precision.
+double normalQuantile(double p) {
+  if (p <= 0)
+    return -INFINITY;
+  if (p >= 1)
+    return INFINITY;
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                             -2.759285104469687e+02, 1.383577518672690e+02,
+                             -3.066479806614716e+01, 2.506628277459239e+00};
+  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                             -1.556989798598866e+02, 6.680131188771972e+01,
+                             -1.328068155288572e+01};
+  static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                             -2.400758277161838e+00, -2.549732539343734e+00,
+                             4.374664141464968e+00,  2.938163982698783e+00};
+  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
+                             2.445134137142996e+00, 3.754408661907416e+00};
+  double z;
+  if (p < 0.02425 || p > 1 - 0.02425) {
+    double q = std::sqrt(-2 * std::log(p < 0.5 ? p : 1 - p));
+    z = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+        ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+    if (p > 0.5)
+      z = -z;
+  } else {
+    double q = p - 0.5, s = q * q;
+    z = (((((a[0] * s + a[1]) * s + a[2]) * s + a[3]) * s + a[4]) * s + a[5]) *
+        q / (((((b[0] * s + b[1]) * s + b[2]) * s + b[3]) * s + b[4]) * s + 1);
+  }
+  for (int i = 0; i < 2; ++i) {
+    double e = normalCdf(z) - p;
+    double u = e * std::sqrt(2 * M_PI) * std::exp(z * z / 2);
+    z -= u / (1 + z * u / 2);
+  }
+  return z;
+}
+
+/// sampleSigma within [minTimestep, maxTimestep): the draws' uniforms
+/// mapped into the range's share of the distribution's CDF (the same
+/// number of draws as without a range).
+float sampleSigmaInRange(const Recipe &r, Random &rng) {
+  // The range of the shifted time, in the unshifted time (shift is
+  // monotonic), then in the uniform or the normal the time is made of.
+  double lo = unshiftSigma(r.minTimestep, r.flowShift);
+  double hi = unshiftSigma(r.maxTimestep, r.flowShift);
+  double sigma;
+  if (r.timesteps == TimestepSampling::LogitNormal) {
+    auto cdf = [&](double s) {
+      if (s <= 0)
+        return 0.0;
+      if (s >= 1)
+        return 1.0;
+      return normalCdf((std::log(s / (1 - s)) - r.logitMean) / r.logitStd);
+    };
+    double pLo = cdf(lo), pHi = cdf(hi);
+    double p = pLo + rng.uniform() * (pHi - pLo);
+    (void)rng.uniform(); // normal()'s second draw
+    double z = r.logitMean + r.logitStd * normalQuantile(p);
+    sigma = 1.0 / (1.0 + std::exp(-z));
+  } else {
+    sigma = lo + rng.uniform() * (hi - lo);
+  }
+  if (r.flowShift != 1.0)
+    sigma = shiftSigma(sigma, r.flowShift);
+  // In float, within the range: a time rounded up to the boundary would
+  // belong to the other expert.
+  float f = static_cast<float>(sigma);
+  float fLo = static_cast<float>(r.minTimestep);
+  if (f < fLo)
+    f = fLo < r.minTimestep ? std::nextafter(fLo, 2.0f) : fLo;
+  if (static_cast<double>(f) >= r.maxTimestep)
+    f = std::nextafter(static_cast<float>(r.maxTimestep), -1.0f);
+  if (static_cast<double>(f) >= r.maxTimestep)
+    f = std::nextafter(f, -1.0f);
+  return f;
+}
+} // namespace
+
 float train::sampleSigma(const Recipe &r, Random &rng) {
+  if (r.hasTimestepRange())
+    return sampleSigmaInRange(r, rng);
   double sigma;
   if (r.timesteps == TimestepSampling::LogitNormal) {
     double z = r.logitMean + r.logitStd * double(rng.normal());

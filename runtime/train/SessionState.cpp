@@ -97,6 +97,9 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
     s.push_back({"logit_std", formatDouble(r.logitStd)});
   }
   s.push_back({"flow_shift", formatDouble(r.flowShift)});
+  // Always: a Wan 2.2 expert's checkpoint is not resumed as the other's.
+  s.push_back({"timestep_range", "[" + formatDouble(r.minTimestep) + ", " +
+                                     formatDouble(r.maxTimestep) + ")"});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
   // Hashed with the job's micro-batches: a rank's share is not the run's.

@@ -1284,7 +1284,8 @@ CLI_CASES = [
     ("plan: no model", "megaslide-plan", [*SMALL], 1,
      "--model is required: one of the presets dit-xl-2, megaslide-105b, tiny, "
      "wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
-     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, or a path to a .json config"),
+     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, or "
+     "a path to a .json config"),
     ("plan: unknown flag", "megaslide-plan", ["--model", "tiny", "--nosuch"],
      1, "Unknown command line argument '--nosuch'"),
     ("plan: integer flag not a number", "megaslide-plan",
@@ -1298,7 +1299,8 @@ CLI_CASES = [
     ("plan: unknown preset", "megaslide-plan", ["--model", "tinny", *SMALL], 1,
      "unknown model preset 'tinny'; use one of dit-xl-2, megaslide-105b, "
      "tiny, wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
-     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, or a path to a .json config"),
+     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, or "
+     "a path to a .json config"),
     ("plan: zero frames", "megaslide-plan",
      ["--model", "tiny", "--frames", "0", "--height", "32", "--width", "32"],
      1, "video field 'frames': must be positive, got 0"),

@@ -35,10 +35,12 @@ def wan_image_extra_count(layers, dim, channels, image_dim, pos_len=0,
     embedding), per block add_k_proj, add_v_proj and norm_added_k, and the
     patch embedding's mask and conditioning-latent input channels."""
     patch_volume = patch[0] * patch[1] * patch[2]
+    patch_embedding = (mask_channels + channels) * patch_volume * dim
+    if not image_dim:  # Wan 2.2 I2V: the conditioning latents only
+        return patch_embedding
     embedder = (2 * image_dim + linear(image_dim, image_dim)
                 + linear(image_dim, dim) + 2 * dim + pos_len * image_dim)
     block = 2 * linear(dim, dim) + dim
-    patch_embedding = (mask_channels + channels) * patch_volume * dim
     return embedder + layers * block + patch_embedding
 
 
@@ -73,6 +75,9 @@ def dit_reference_count(depth, dim, patch, in_ch, out_ch, classes, tokens):
     ("wan2.1-flf2v-14b", (81, 720, 1280),
      wan_reference_count(40, 5120, 13824, 4096, 16)
      + wan_image_extra_count(40, 5120, 16, 1280, pos_len=514)),
+    ("wan2.2-i2v-a14b", (81, 720, 1280),
+     wan_reference_count(40, 5120, 13824, 4096, 16)
+     + wan_image_extra_count(40, 5120, 16, 0)),
 ])
 def test_parameter_counts_match_reference_architectures(model, video, expected):
     info = megaslide.model_info(model, *video)
@@ -90,11 +95,13 @@ def test_published_totals():
     for preset in ("wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p"):
         assert megaslide.model_info(preset, 81, 480, 832)["params"]["total"] == 16_394_878_784
     assert megaslide.model_info("wan2.1-flf2v-14b", 81, 720, 1280)["params"]["total"] == 16_395_536_704
+    assert megaslide.model_info("wan2.2-t2v-a14b", 81, 720, 1280)["params"]["total"] == 14_288_491_584
+    assert megaslide.model_info("wan2.2-i2v-a14b", 81, 720, 1280)["params"]["total"] == 14_288_901_184
 
 
 WAN_PRESETS = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "megaslide-105b",
                "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
-               "wan2.1-flf2v-14b"]
+               "wan2.1-flf2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"]
 
 
 @pytest.mark.parametrize("preset", WAN_PRESETS)

@@ -1,7 +1,9 @@
 """Wan 2.1 image-to-video (I2V) and first-last-frame (FLF2V) models against
 diffusers' WanTransformer3DModel with ``image_dim``, ``added_kv_proj_dim``
-and (FLF2V) ``pos_embed_seq_len``: parameters name by name, the f32 loss,
-every gradient and the velocity, and weights both ways bit for bit.
+and (FLF2V) ``pos_embed_seq_len``, and Wan 2.2's I2V experts (the 36
+input channels without image embeddings): parameters name by name, the
+f32 loss, every gradient and the velocity, and weights both ways bit for
+bit.
 
 The models are tiny's blocks with image conditioning (configs built here,
 no downloads): CLIP-like image tokens of width 24, the 36-channel input of
@@ -48,10 +50,15 @@ IMAGE_SCALE = 0.01
 
 
 def tiny_image_config(kind):
-    """tiny.json with image conditioning: "i2v" or "flf2v"."""
+    """tiny.json with image conditioning: "i2v" or "flf2v" (Wan 2.1), or
+    "i2v-a14b" (Wan 2.2 I2V: the conditioning latents without CLIP image
+    embeddings, and any prompt length)."""
     root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
     with open(os.path.join(root, "tiny.json")) as f:
         config = json.load(f)
+    if kind == "i2v-a14b":
+        config.update(name="tiny-i2v-a14b", in_channels=36, out_channels=16)
+        return config
     config.update(name=f"tiny-{kind}", in_channels=36, out_channels=16,
                   image_dim=IMAGE_DIM, added_kv_proj_dim=64, text_len=512,
                   image_len=IMAGE_TOKENS)
@@ -97,7 +104,8 @@ def batch_of(shapes, seed, batch=2):
     t = (np.arange(batch) % 6 + 2) / 8  # 1000 t exact in float32
     normal = {name: rng.normal(size=shape).astype(np.float32)
               for name, shape in shapes.items() if name != "timesteps"}
-    normal["image_embeds"] *= np.float32(IMAGE_SCALE)
+    if "image_embeds" in normal:
+        normal["image_embeds"] *= np.float32(IMAGE_SCALE)
     return dict(normal, timesteps=t.astype(np.float32))
 
 
@@ -108,7 +116,7 @@ def velocity(model, batch, kind):
     as64 = {k: torch.from_numpy(v).double() for k, v in batch.items()}
     t = as64["timesteps"].reshape(-1, 1, 1, 1, 1)
     xt = (1 - t) * as64["latents"] + t * as64["noise"]
-    image = as64["image_embeds"]
+    image = as64.get("image_embeds")
     if kind == "flf2v":
         image = image.reshape(-1, image.shape[1] // 2, image.shape[2])
     return model(hidden_states=torch.cat([xt, as64["image_condition"]], 1),
@@ -117,7 +125,7 @@ def velocity(model, batch, kind):
                  encoder_hidden_states_image=image, return_dict=False)[0]
 
 
-@pytest.fixture(scope="module", params=["i2v", "flf2v"])
+@pytest.fixture(scope="module", params=["i2v", "flf2v", "i2v-a14b"])
 def case(request, tmp_path_factory):
     kind = request.param
     config = tiny_image_config(kind)
@@ -137,9 +145,13 @@ def case(request, tmp_path_factory):
 
 def test_inputs_are_the_pipelines(case):
     shapes = case["trainer"].input_shapes()
-    tokens = IMAGE_TOKENS * (2 if case["kind"] == "flf2v" else 1)
     assert shapes["latents"] == (2, 16, 3, 8, 8)
     assert shapes["image_condition"] == (2, 20, 3, 8, 8)
+    if case["kind"] == "i2v-a14b":
+        assert "image_embeds" not in shapes
+        assert shapes["condition"] == (2, 16, 32)
+        return
+    tokens = IMAGE_TOKENS * (2 if case["kind"] == "flf2v" else 1)
     assert shapes["image_embeds"] == (2, tokens, IMAGE_DIM)
     assert shapes["condition"] == (2, 512, 32)
 
@@ -192,6 +204,8 @@ def test_the_image_changes_the_velocity(case):
     batch = dict(case["batch"])
     base = case["trainer"].predict(**batch)
     for name in ("image_embeds", "image_condition"):
+        if name not in batch:
+            continue
         other = dict(batch, **{name: batch[name][::-1].copy()})
         moved = case["trainer"].predict(**other)
         assert np.abs(moved - base).max() > 1e-2 * np.abs(base).max(), name
@@ -206,7 +220,7 @@ def test_weights_round_trip_both_ways(case, tmp_path, dtype, shard):
     torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
     loaded = diffusers.WanTransformer3DModel.from_pretrained(
         str(out), torch_dtype=torch_dtype)
-    assert loaded.config.image_dim == IMAGE_DIM
+    assert loaded.config.image_dim == case["config"].get("image_dim")
     state = loaded.state_dict()
     for name, value in case["params"].items():
         expected = torch.from_numpy(value).to(torch_dtype)

@@ -49,6 +49,16 @@ cl::opt<double> flowShift(
     cl::desc("Shift s of the sampled time: s t / (1 + (s - 1) t), as Wan "
              "trains (diffusers' FlowMatchEulerDiscreteScheduler shift)"));
 
+cl::opt<double> minTimestep(
+    "min-timestep", cl::init(0.0), cl::cat(recipeCategory),
+    cl::desc("Sample times t in [--min-timestep, --max-timestep) only, the "
+             "distribution restricted to the range: one expert of Wan 2.2 "
+             "(high noise: --min-timestep 0.875; low: --max-timestep 0.875)"));
+cl::opt<double> maxTimestep("max-timestep", cl::init(1.0),
+                            cl::cat(recipeCategory),
+                            cl::desc("Upper end of the sampled times (see "
+                                     "--min-timestep)"));
+
 } // namespace
 
 Expected<train::Recipe> tools::readRecipeFlags(double lr) {
@@ -76,6 +86,8 @@ Expected<train::Recipe> tools::readRecipeFlags(double lr) {
   r.logitMean = logitMean;
   r.logitStd = logitStd;
   r.flowShift = flowShift;
+  r.minTimestep = minTimestep;
+  r.maxTimestep = maxTimestep;
   if (Error err = train::checkRecipe(r, lr))
     return std::move(err);
   return r;

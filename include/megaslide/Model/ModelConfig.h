@@ -12,6 +12,7 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -66,7 +67,8 @@ struct ModelConfig {
   /// tokens per sample (MegaSlide key `image_len`; 257, or FLF2V's
   /// `pos_embed_seq_len` of two images), with a learned position embedding
   /// when `imagePosEmbed`. in_channels then holds the latents, the mask
-  /// and the conditioning frames' latents.
+  /// and the conditioning frames' latents; so it does without image
+  /// embeddings in Wan 2.2 I2V-A14B (in_channels 36, image_dim null).
   int64_t imageDim = 0;
   int64_t imageLen = 0;
   bool imagePosEmbed = false;
@@ -85,9 +87,11 @@ struct ModelConfig {
 
   int64_t dim() const { return numHeads * headDim; }
   int64_t patchVolume() const { return patch[0] * patch[1] * patch[2]; }
-  /// Channels of the clean latents and noise (the velocity's).
-  int64_t latentChannels() const { return imageDim ? outChannels : inChannels; }
-  /// Channels of the mask and conditioning latents beside them.
+  /// Channels of the clean latents and noise (the velocity's): a Wan model
+  /// with more input channels takes image-conditioning latents beside
+  /// them, a DiT with more output channels predicts a variance too.
+  int64_t latentChannels() const { return std::min(inChannels, outChannels); }
+  /// Channels of the mask and conditioning latents beside them (Wan I2V).
   int64_t imageConditionChannels() const {
     return inChannels - latentChannels();
   }

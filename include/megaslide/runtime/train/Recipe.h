@@ -59,9 +59,14 @@ struct Recipe {
   double logitMean = 0, logitStd = 1; ///< of logit-normal sampling
   /// Flow shift s: sigma' = s sigma / (1 + (s - 1) sigma); 1 leaves it.
   double flowShift = 1;
+  /// Times are drawn from [minTimestep, maxTimestep) only, with the
+  /// distribution above restricted to that range (its density's shape
+  /// kept): one expert of Wan 2.2's pair (docs/Training.md, "Timesteps").
+  double minTimestep = 0, maxTimestep = 1;
 
   bool clips() const { return maxGradNorm > 0; }
   bool hasEma() const { return emaDecay > 0; }
+  bool hasTimestepRange() const { return minTimestep > 0 || maxTimestep < 1; }
 };
 
 /// Parses "constant", "warmup-constant", "warmup-cosine", "warmup-linear".
@@ -88,7 +93,9 @@ double scheduledLr(const Recipe &recipe, double lr, int64_t s);
 double shiftSigma(double sigma, double shift);
 /// One sample's flow-matching time sigma in [0, 1] drawn from `rng`:
 /// uniform consumes one uniform(), logit-normal one normal() (sigmoid of
-/// mean + std z); then the flow shift.
+/// mean + std z); then the flow shift. With a timestep range, the same
+/// draws go through the inverse of the distribution's CDF over the range,
+/// so sigma follows the distribution conditioned on the range.
 float sampleSigma(const Recipe &recipe, Random &rng);
 /// How many draws of the generator one sampleSigma takes (a jump over
 /// sigmas not sampled advances the state by as many).
