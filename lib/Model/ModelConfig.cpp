@@ -10,8 +10,10 @@
 #include "megaslide/runtime/support/ReadFile.h"
 
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
 
 #include <functional>
 
@@ -93,6 +95,7 @@ private:
   }
   Error validate(ModelConfig &c);
   Error validateImageConditioning(ModelConfig &c);
+  Error validateVaeStride(const ModelConfig &c);
 
   const ConfigError &err;
   // Values whose meaning depends on other keys, resolved after reading.
@@ -102,6 +105,7 @@ private:
   std::optional<double> mlpRatio;
   std::optional<bool> learnSigma;
   std::optional<std::string> architecture, className;
+  bool strideGiven = false;
 };
 
 Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
@@ -319,6 +323,7 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
       return err.field(key, llvm::formatv("only applies to {0} models; remove "
                                           "it or set \"architecture\"",
                                           isDiT ? "Wan" : "DiT"));
+  strideGiven = vaeStride.has_value();
   c.vaeStride = vaeStride ? *vaeStride
                           : (isDiT ? std::array<int64_t, 3>{1, 8, 8}
                                    : std::array<int64_t, 3>{4, 8, 8});
@@ -449,6 +454,8 @@ Error ConfigReader::validate(ModelConfig &c) {
       return e;
     if (Error e = validateImageConditioning(c))
       return e;
+    if (Error e = validateVaeStride(c))
+      return e;
   } else {
     if (Error e = positive("num_classes", c.numClasses))
       return e;
@@ -546,6 +553,36 @@ Error ConfigReader::validateImageConditioning(ModelConfig &c) {
   return Error::success();
 }
 
+Error ConfigReader::validateVaeStride(const ModelConfig &c) {
+  // The latents of Wan's two VAEs: Wan 2.1's 16 channels at 4x8x8 pixels,
+  // Wan 2.2's (TI2V-5B) 48 at 4x16x16. A transformer config does not say
+  // which it was trained on, so a stride that contradicts its channels
+  // (e.g. the 4x8x8 default for a 48-channel model) would plan a video 4x
+  // larger than the one the VAE makes.
+  struct WanVae {
+    int64_t channels;
+    std::array<int64_t, 3> stride;
+    const char *name;
+  };
+  static const WanVae kVaes[] = {{16, {4, 8, 8}, "Wan 2.1"},
+                                 {48, {4, 16, 16}, "Wan 2.2"}};
+  for (const WanVae &vae : kVaes) {
+    if (c.latentChannels() != vae.channels || c.vaeStride == vae.stride)
+      continue;
+    return err.field(
+        "vae_stride",
+        llvm::formatv("{0}x{1}x{2}{3}, but the {4} latent channels are the "
+                      "{5} VAE's, whose stride is {6}x{7}x{8}: set "
+                      "\"vae_stride\": [{6}, {7}, {8}], or give the pipeline "
+                      "folder, whose vae/config.json says it",
+                      c.vaeStride[0], c.vaeStride[1], c.vaeStride[2],
+                      strideGiven ? "" : " (the default, as the key is absent)",
+                      vae.channels, vae.name, vae.stride[0], vae.stride[1],
+                      vae.stride[2]));
+  }
+  return Error::success();
+}
+
 } // namespace
 
 Expected<ModelConfig> megaslide::parseModelConfig(StringRef json,
@@ -569,6 +606,86 @@ std::vector<std::string> megaslide::presetNames() {
   return names;
 }
 
+namespace {
+std::string joinPath(StringRef dir, StringRef name) {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, name);
+  return std::string(path);
+}
+
+/// A diffusers folder's model config: a pipeline's (model_index.json) its
+/// transformer's config.json with the stride of its VAE (vae/config.json's
+/// scale factors, as the pipelines read them, diffusers' defaults where
+/// absent), whose latent channels must be the transformer's; a
+/// transformer folder's its config.json.
+Expected<ModelConfig> loadModelFolder(StringRef dir) {
+  auto fail = [&](const llvm::Twine &what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "model folder '" + dir + "': " + what);
+  };
+  auto readObject = [&](const std::string &path,
+                        StringRef what) -> Expected<llvm::json::Object> {
+    Expected<std::string> text =
+        readBoundedFile(path, kMaxModelConfigBytes, what);
+    if (!text)
+      return text.takeError();
+    return parseJsonObject(*text, path, what);
+  };
+  bool pipeline = llvm::sys::fs::exists(joinPath(dir, "model_index.json"));
+  std::string transformer = dir.str();
+  if (pipeline) {
+    transformer = joinPath(dir, "transformer");
+    // Wan 2.2 A14B: two experts of one architecture.
+    if (!llvm::sys::fs::is_directory(transformer))
+      transformer = joinPath(dir, "transformer_2");
+  }
+  std::string configPath = joinPath(transformer, "config.json");
+  if (!llvm::sys::fs::exists(configPath))
+    return fail(pipeline ? "its pipeline has no transformer/config.json"
+                         : "it has neither model_index.json (a diffusers "
+                           "pipeline) nor config.json (a transformer)");
+  Expected<llvm::json::Object> config = readObject(configPath, "model config");
+  if (!config)
+    return config.takeError();
+  std::optional<int64_t> zDim;
+  if (pipeline) {
+    std::string vaePath = joinPath(joinPath(dir, "vae"), "config.json");
+    if (!llvm::sys::fs::exists(vaePath))
+      return fail("its pipeline has no vae/config.json, which gives the "
+                  "latents' stride");
+    Expected<llvm::json::Object> vae = readObject(vaePath, "VAE config");
+    if (!vae)
+      return vae.takeError();
+    // AutoencoderKLWan's defaults: Wan 2.1's VAE.
+    int64_t temporal = vae->getInteger("scale_factor_temporal").value_or(4);
+    int64_t spatial = vae->getInteger("scale_factor_spatial").value_or(8);
+    zDim = vae->getInteger("z_dim").value_or(16);
+    llvm::json::Value stride = llvm::json::Array{temporal, spatial, spatial};
+    if (const llvm::json::Value *given = config->get("vae_stride");
+        given && *given != stride)
+      return fail(llvm::formatv("{0} sets vae_stride {1}, but the VAE's "
+                                "scale factors are {2}x{3}x{3} ({4})",
+                                configPath, *given, temporal, spatial, vaePath)
+                      .str());
+    (*config)["vae_stride"] = std::move(stride);
+  }
+  std::string text =
+      llvm::formatv("{0:2}", llvm::json::Value(std::move(*config))).str();
+  Expected<ModelConfig> c = parseModelConfig(text, configPath);
+  if (!c)
+    return c.takeError();
+  if (c->name.empty())
+    c->name = dir.str();
+  if (zDim && *zDim != c->latentChannels())
+    return fail(llvm::formatv("the VAE makes latents of z_dim {0} channels, "
+                              "but the transformer's latents have {1} "
+                              "(out_channels)",
+                              *zDim, c->latentChannels())
+                    .str());
+  return c;
+}
+} // namespace
+
 Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
   for (const EmbeddedFile &p : kPresets)
     if (nameOrPath == p.name) {
@@ -577,6 +694,8 @@ Expected<ModelConfig> megaslide::loadModelConfig(StringRef nameOrPath) {
         c->name = p.name;
       return c;
     }
+  if (llvm::sys::fs::is_directory(nameOrPath))
+    return loadModelFolder(nameOrPath);
   if (!nameOrPath.ends_with(".json")) {
     std::string names;
     for (const EmbeddedFile &p : kPresets)

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import pathlib
 import shutil
 import stat
@@ -355,12 +356,15 @@ def test_config_python(art, tmp_path, name, content, message):
 
 def test_config_file_problems(tmp_path):
     (tmp_path / "dir.json").mkdir()
+    # A directory is a diffusers folder (docs/ModelConfig.md, "Model
+    # folders"), whatever its name.
     for path, message in [
             (tmp_path / "missing.json", "cannot read model config"),
-            (tmp_path / "dir.json", "cannot read model config")]:
+            (tmp_path / "dir.json", "it has neither model_index.json (a "
+             "diffusers pipeline) nor config.json (a transformer)")]:
         check_failure(run_tool("megaslide-plan", ["--model", path, *SMALL]), 1,
                       message)
-        with pytest.raises(ValueError, match="cannot read model config"):
+        with pytest.raises(ValueError, match=re.escape(message)):
             megaslide.model_info(os.fspath(path), 5, 32, 32)
 
 
@@ -1284,8 +1288,8 @@ CLI_CASES = [
     ("plan: no model", "megaslide-plan", [*SMALL], 1,
      "--model is required: one of the presets dit-xl-2, megaslide-105b, tiny, "
      "wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
-     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, or "
-     "a path to a .json config"),
+     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, "
+     "wan2.2-ti2v-5b, or a path to a .json config"),
     ("plan: unknown flag", "megaslide-plan", ["--model", "tiny", "--nosuch"],
      1, "Unknown command line argument '--nosuch'"),
     ("plan: integer flag not a number", "megaslide-plan",
@@ -1299,8 +1303,8 @@ CLI_CASES = [
     ("plan: unknown preset", "megaslide-plan", ["--model", "tinny", *SMALL], 1,
      "unknown model preset 'tinny'; use one of dit-xl-2, megaslide-105b, "
      "tiny, wan2.1-flf2v-14b, wan2.1-i2v-14b-480p, wan2.1-i2v-14b-720p, "
-     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, or "
-     "a path to a .json config"),
+     "wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-i2v-a14b, wan2.2-t2v-a14b, "
+     "wan2.2-ti2v-5b, or a path to a .json config"),
     ("plan: zero frames", "megaslide-plan",
      ["--model", "tiny", "--frames", "0", "--height", "32", "--width", "32"],
      1, "video field 'frames': must be positive, got 0"),

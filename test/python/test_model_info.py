@@ -78,6 +78,8 @@ def dit_reference_count(depth, dim, patch, in_ch, out_ch, classes, tokens):
     ("wan2.2-i2v-a14b", (81, 720, 1280),
      wan_reference_count(40, 5120, 13824, 4096, 16)
      + wan_image_extra_count(40, 5120, 16, 0)),
+    ("wan2.2-ti2v-5b", (121, 704, 1280),
+     wan_reference_count(30, 3072, 14336, 4096, 48)),
 ])
 def test_parameter_counts_match_reference_architectures(model, video, expected):
     info = megaslide.model_info(model, *video)
@@ -97,11 +99,13 @@ def test_published_totals():
     assert megaslide.model_info("wan2.1-flf2v-14b", 81, 720, 1280)["params"]["total"] == 16_395_536_704
     assert megaslide.model_info("wan2.2-t2v-a14b", 81, 720, 1280)["params"]["total"] == 14_288_491_584
     assert megaslide.model_info("wan2.2-i2v-a14b", 81, 720, 1280)["params"]["total"] == 14_288_901_184
+    assert megaslide.model_info("wan2.2-ti2v-5b", 121, 704, 1280)["params"]["total"] == 4_999_787_712
 
 
 WAN_PRESETS = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "megaslide-105b",
                "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
-               "wan2.1-flf2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"]
+               "wan2.1-flf2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b",
+               "wan2.2-ti2v-5b"]
 
 
 @pytest.mark.parametrize("preset", WAN_PRESETS)

@@ -133,11 +133,11 @@ TEST(ModelConfig, UnknownPresetListsThePresets) {
 
 TEST(ModelConfig, AllPresetsLoad) {
   std::vector<std::string> names = presetNames();
-  EXPECT_EQ(names,
-            (std::vector<std::string>{
-                "dit-xl-2", "megaslide-105b", "tiny", "wan2.1-flf2v-14b",
-                "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b",
-                "wan2.1-t2v-14b", "wan2.2-i2v-a14b", "wan2.2-t2v-a14b"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "dit-xl-2", "megaslide-105b", "tiny", "wan2.1-flf2v-14b",
+                       "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
+                       "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b",
+                       "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"}));
   for (const std::string &name : names) {
     llvm::Expected<ModelConfig> c = loadModelConfig(name);
     EXPECT_TRUE(static_cast<bool>(c))

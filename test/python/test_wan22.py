@@ -1,0 +1,172 @@
+"""Wan 2.2 TI2V-5B's model and how MegaSlide learns its VAE's stride.
+
+TI2V's transformer is Wan 2.1's block on the 48 latent channels of the Wan
+2.2 VAE, which compresses 4x16x16; its pipeline gives every token its own
+timestep (``expand_timesteps``). For text-to-video every token has the
+sample's time, so the compiled step (one time per sample) must equal
+diffusers' WanTransformer3DModel given the per-token timesteps
+WanPipeline builds: checked in f32 on a tiny TI2V-shaped config with the
+tolerances of test_wan_i2v.py (loss rtol 1e-5; gradients 1e-4 |r| + 1e-4
+max|r|; velocity 1e-5 max|r|).
+
+The stride comes from the pipeline folder's vae/config.json; a config
+whose channels contradict its stride, or a VAE whose z_dim is not the
+transformer's latent channels, is refused before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+import megaslide  # noqa: E402
+from conftest import tool_path  # noqa: E402
+from test_wan_i2v import (GRAD_ATOL_OF_MAX, GRAD_RTOL, LOSS_RTOL,  # noqa: E402
+                          VELOCITY_RTOL, diffusers_model, randomise)
+
+# 9 frames of 128 x 128 pixels: latents 3 x 8 x 8 at 4x16x16, 48 tokens.
+FRAMES, HEIGHT, WIDTH = 9, 128, 128
+
+
+def tiny_ti2v_config():
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+    with open(os.path.join(root, "tiny.json")) as f:
+        config = json.load(f)
+    config.update(name="tiny-ti2v", in_channels=48, out_channels=48,
+                  vae_stride=[4, 16, 16])
+    return config
+
+
+def write_pipeline(folder, transformer, z_dim=48, spatial=16):
+    """model_index.json, transformer/config.json and vae/config.json of a
+    WanPipeline folder: what the planner reads of one."""
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "vae").mkdir()
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": "WanPipeline", "expand_timesteps": True}))
+    (folder / "transformer" / "config.json").write_text(
+        json.dumps(transformer))
+    (folder / "vae" / "config.json").write_text(json.dumps(
+        {"_class_name": "AutoencoderKLWan", "z_dim": z_dim,
+         "scale_factor_temporal": 4, "scale_factor_spatial": spatial}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ti2v(tmp_path_factory):
+    config = tiny_ti2v_config()
+    path = tmp_path_factory.mktemp("ti2v") / "ti2v.json"
+    path.write_text(json.dumps(config))
+    trainer = megaslide.Trainer(str(path), FRAMES, HEIGHT, WIDTH,
+                                backend="cpu", precision="f32",
+                                attention="global", seed=0, batch=2)
+    params = randomise(trainer.parameters(), 5)
+    trainer.load_parameters(params)
+    rng = np.random.default_rng(3)
+    shapes = trainer.input_shapes()
+    batch = {name: rng.normal(size=shape).astype(np.float32)
+             for name, shape in shapes.items() if name != "timesteps"}
+    batch["timesteps"] = np.array([0.25, 0.625], np.float32)
+    model = diffusers_model(config)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    return dict(trainer=trainer, batch=batch, model=model, config=config)
+
+
+def expanded_velocity(model, batch):
+    """diffusers' forward as WanPipeline calls it with expand_timesteps:
+    one timestep per token ([B, tokens]), all the sample's for T2V."""
+    as64 = {k: torch.from_numpy(v).double() for k, v in batch.items()}
+    t = as64["timesteps"]
+    xt = (1 - t.reshape(-1, 1, 1, 1, 1)) * as64["latents"] + \
+        t.reshape(-1, 1, 1, 1, 1) * as64["noise"]
+    T, H, W = xt.shape[2:]
+    tokens = T * (H // 2) * (W // 2)
+    per_token = (1000 * t)[:, None].expand(-1, tokens)
+    return model(hidden_states=xt, timestep=per_token,
+                 encoder_hidden_states=as64["condition"],
+                 return_dict=False)[0]
+
+
+def test_ti2v_shapes(ti2v):
+    shapes = ti2v["trainer"].input_shapes()
+    assert shapes["latents"] == (2, 48, 3, 8, 8)
+    info = megaslide.model_info("wan2.2-ti2v-5b", 121, 704, 1280)
+    assert info["latent"]["shape"] == [31, 44, 80]
+    assert info["tokens"] == 27_280
+
+
+def test_ti2v_f32_step_equals_diffusers_with_per_token_timesteps(ti2v):
+    model, batch = ti2v["model"], ti2v["batch"]
+    model.zero_grad()
+    as64 = {k: torch.from_numpy(v).double() for k, v in batch.items()}
+    pred = expanded_velocity(model, batch)
+    loss = torch.mean((pred - (as64["noise"] - as64["latents"])) ** 2)
+    loss.backward()
+    got_loss, grads = ti2v["trainer"].gradients(**batch)
+    assert math.isclose(got_loss, loss.item(), rel_tol=LOSS_RTOL)
+    for name, p in model.named_parameters():
+        r = p.grad.numpy()
+        bound = GRAD_RTOL * np.abs(r) + GRAD_ATOL_OF_MAX * np.abs(r).max()
+        assert (np.abs(grads[name] - r) <= bound).all(), name
+    ref = pred.detach().numpy()
+    got = ti2v["trainer"].predict(**batch)
+    assert np.abs(got - ref).max() <= VELOCITY_RTOL * np.abs(ref).max()
+
+
+def test_pipeline_folder_gives_the_vae_stride(tmp_path):
+    config = tiny_ti2v_config()
+    del config["vae_stride"]
+    folder = write_pipeline(tmp_path / "pipe", config)
+    info = megaslide.model_info(str(folder), FRAMES, HEIGHT, WIDTH)
+    assert info["latent"]["vae_stride"] == [4, 16, 16]
+    assert info["latent"]["shape"] == [3, 8, 8]
+
+
+@pytest.mark.parametrize("edit,vae,message", [
+    # A TI2V transformer config alone: the default stride is Wan 2.1's.
+    (dict(vae_stride=None), None,
+     "config field 'vae_stride': 4x8x8 (the default, as the key is absent), "
+     "but the 48 latent channels are the Wan 2.2 VAE's, whose stride is "
+     "4x16x16"),
+    (dict(vae_stride=[4, 8, 8]), None,
+     "config field 'vae_stride': 4x8x8, but the 48 latent channels are the "
+     "Wan 2.2 VAE's"),
+    (dict(in_channels=16, out_channels=16), None,
+     "config field 'vae_stride': 4x16x16, but the 16 latent channels are "
+     "the Wan 2.1 VAE's, whose stride is 4x8x8"),
+    (dict(vae_stride=[4, 16, 16]), dict(spatial=8, z_dim=48),
+     "sets vae_stride [4,16,16], but the VAE's scale factors are 4x8x8"),
+    (dict(vae_stride=None), dict(z_dim=16),
+     "the VAE makes latents of z_dim 16 channels, but the transformer's "
+     "latents have 48 (out_channels)"),
+])
+def test_mismatched_stride_is_refused_before_any_work(tmp_path, edit, vae,
+                                                      message):
+    config = tiny_ti2v_config()
+    for key, value in edit.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    if vae is None:
+        model = tmp_path / "ti2v.json"
+        model.write_text(json.dumps(config))
+    else:
+        model = write_pipeline(tmp_path / "pipe", config, **vae)
+    r = subprocess.run([tool_path("megaslide-run"), "--model", str(model),
+                        "--backend", "cpu", "--frames", str(FRAMES),
+                        "--height", str(HEIGHT), "--width", str(WIDTH),
+                        "--steps", "1", "--no-progress", "--checkpoint-dir",
+                        str(tmp_path / "ck")], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    assert not (tmp_path / "ck").exists()
