@@ -33,8 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ._datafiles import (REQUIREMENTS, VAE_TEMPORAL, UsageError, auto_buckets,
                          bucket_name, check_shape, choose_bucket,
                          heavy_imports, latent_shape, open_regular,
-                         oserror_text,
-                         read_bucket_file,
+                         oserror_text, read_bucket_file,
                          read_safetensors_header, write_atomic,
                          write_json_atomic)
 

@@ -22,7 +22,6 @@ tolerance (1e-5 of max|output|, f32).
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import shutil
 
