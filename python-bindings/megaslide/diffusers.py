@@ -3,15 +3,18 @@
 A model fine-tuned with 3D Deformable Slide Attention (docs/Dsa3d.md) was
 trained with that attention in its self-attention layers; stock diffusers
 samples it with global attention instead. :func:`enable_dsa` switches a
-loaded ``WanPipeline`` (or a ``WanTransformer3DModel``) to
-:class:`Dsa3dAttnProcessor`, which runs those self-attentions as 3D-DSA
-with the run's window, tile and radius, read from the ``_megaslide`` key
-that ``megaslide-run --save-weights`` / ``Trainer.save_weights`` write into
-``config.json`` (docs/Runtime.md, "Weights").
+loaded ``WanPipeline`` or ``WanImageToVideoPipeline`` (or a
+``WanTransformer3DModel``) to :class:`Dsa3dAttnProcessor`, which runs those
+self-attentions as 3D-DSA with the run's window, tile and radius, read from
+the ``_megaslide`` key that ``megaslide-run --save-weights`` /
+``Trainer.save_weights`` write into ``config.json`` (docs/Runtime.md,
+"Weights").
 
 The processor mirrors diffusers 0.42.1's ``WanAttnProcessor`` (q/k/v
 projections, RMSNorm across heads, RoPE as diffusers applies it, the output
-projection) and replaces only the attention proper. As in training
+projection) and replaces only the attention proper; cross-attention (with
+an image-conditioned model's image keys and values, ``add_k_proj``) keeps
+diffusers' processor, as training keeps it global. As in training
 (``rewrite-attention-to-dsa``) the offsets are estimated at every call by
 block matching on the queries and keys after norm and RoPE. Backends:
 
@@ -336,7 +339,7 @@ class Dsa3dAttnProcessor:
     ``backend``: ``"auto"``, ``"flex"`` or ``"megaslide"`` (module
     docstring). A call whose grid is smaller than the window along an axis
     attends globally, as the planner keeps such attention global; so does a
-    cross-attention call (text keys form no grid).
+    cross-attention call (text and image keys form no grid).
     """
 
     def __init__(self, settings: Dsa3dSettings, backend: str = "auto",
@@ -375,7 +378,7 @@ class Dsa3dAttnProcessor:
         if not self.settings.uses_dsa(grid):
             return self._global(attn, hidden_states, None, None, rotary_emb)
 
-        # WanAttnProcessor up to the attention (self-attention, no I2V).
+        # WanAttnProcessor up to the attention (self-attention, no image keys).
         if getattr(attn, "fused_projections", False):
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
@@ -416,8 +419,9 @@ def _transformer_of(pipe_or_transformer):
     t = getattr(pipe_or_transformer, "transformer", None)
     if isinstance(t, WanTransformer3DModel):
         return t
-    raise TypeError(f"expected a WanPipeline or a WanTransformer3DModel, got "
-                    f"{type(pipe_or_transformer).__name__}")
+    raise TypeError(f"expected a Wan pipeline (WanPipeline, "
+                    f"WanImageToVideoPipeline) or a WanTransformer3DModel, "
+                    f"got {type(pipe_or_transformer).__name__}")
 
 
 def run_config(transformer) -> Optional[Dict[str, Any]]:
@@ -472,8 +476,10 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
                tile: Optional[Sequence[int]] = None,
                radius: Optional[int] = None,
                backend: str = "auto") -> Dsa3dSettings:
-    """Switches a loaded ``WanPipeline`` (or ``WanTransformer3DModel``) to
-    3D-DSA self-attention; returns the settings used.
+    """Switches a loaded ``WanPipeline`` or ``WanImageToVideoPipeline`` (or
+    ``WanTransformer3DModel``) to 3D-DSA self-attention (``attn1`` of every
+    block; ``attn2``, the cross-attention, is left as it is); returns the
+    settings used.
 
     ``window``, ``tile`` (t, y, x in tokens) and ``radius``: all three, or
     none to read them from the config.json's ``_megaslide`` key (written

@@ -1,5 +1,7 @@
 """megaslide-export: a fine-tuned transformer and its base pipeline -> a
-complete diffusers Wan pipeline folder (docs/Data.md "megaslide-export").
+complete diffusers Wan pipeline folder (docs/Data.md "megaslide-export"):
+a ``WanPipeline``, or for an image-conditioned transformer (Wan 2.1 I2V,
+FLF2V) a ``WanImageToVideoPipeline`` with the base's image encoder.
 
 ``OUT/model_index.json`` is the base's, byte for byte; every other
 component folder of the base is copied into OUT; and ``OUT/transformer/``
@@ -32,7 +34,10 @@ from ._datafiles import UsageError, heavy_imports
 TOOL = "megaslide-export"
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 INDEX = WEIGHTS + ".index.json"
-PIPELINES = ("WanPipeline",)
+PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
+#: The components an image-conditioned transformer samples with: the CLIP
+#: image encoder and its processor (WanImageToVideoPipeline.encode_image).
+IMAGE_COMPONENTS = ("image_encoder", "image_processor")
 #: The WanTransformer3DModel arguments that fix the weights' shapes and
 #: the forward's meaning; the others (rope_max_seq_len, ...) do not. One
 #: list with the runtime's weight loader (host::architectureKeys).
@@ -196,7 +201,7 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
     if cls not in PIPELINES:
         raise UsageError(f"--pipeline '{base}': model_index.json's "
                          f"_class_name is {cls!r}, not one of "
-                         f"{', '.join(PIPELINES)}; give a Wan text-to-video "
+                         f"{', '.join(PIPELINES)}; give a Wan "
                          f"pipeline folder")
     components = [k for k, v in index.items() if not k.startswith("_") and
                   isinstance(v, list) and len(v) == 2 and v[0] is not None]
@@ -232,6 +237,17 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
             f"transformer architecture ('{base}/transformer/config.json'):\n"
             + "\n".join("  " + d for d in diffs) +
             "\ngive the base pipeline the run was fine-tuned from")
+    if ours["image_dim"] is not None:
+        # Without them from_pretrained loads, and sampling fails.
+        lacking = [c for c in IMAGE_COMPONENTS if c not in components]
+        if cls != "WanImageToVideoPipeline" or lacking:
+            raise UsageError(
+                f"--pipeline '{base}': the transformer is image-conditioned "
+                f"(image_dim {ours['image_dim']}), but the base is a {cls}"
+                + (f" whose model_index.json lists no "
+                   f"{' and no '.join(lacking)}" if lacking else "") +
+                f"; give the WanImageToVideoPipeline folder (with its image "
+                f"encoder and image processor) the run was fine-tuned from")
     check_out(out)
 
     given = out  # messages name the folder as the user did

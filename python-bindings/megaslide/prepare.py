@@ -6,8 +6,12 @@ Each video (mp4/webm/mov, or a folder of frames) becomes one
 of its first F frames at the target fps (the posterior's mode, so the same
 video always gives the same latents), normalised as Wan's pipeline
 un-normalises them, and ``condition`` [L, D], the UMT5 embedding of its
-caption encoded as ``WanPipeline`` encodes prompts. torch, diffusers,
-transformers and PyAV are imported only when a run needs them
+caption encoded as ``WanPipeline`` encodes prompts. For an
+image-conditioned transformer (Wan 2.1 I2V, FLF2V: its config sets
+image_dim) it also holds ``image_embeds`` and ``image_condition``, what
+``WanImageToVideoPipeline`` builds from the sample's first frame (and last,
+FLF2V) by its own ``encode_image`` and ``prepare_latents``. torch,
+diffusers, transformers and PyAV are imported only when a run needs them
 (scripts/requirements-models.txt).
 """
 
@@ -26,10 +30,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._datafiles import (REQUIREMENTS, UsageError, auto_buckets, bucket_name,
-                         check_shape, choose_bucket, heavy_imports,
-                         latent_shape, open_regular, oserror_text,
-                         read_bucket_file,
+from ._datafiles import (REQUIREMENTS, VAE_TEMPORAL, UsageError, auto_buckets,
+                         bucket_name, check_shape, choose_bucket,
+                         heavy_imports, latent_shape, open_regular,
+                         oserror_text, read_bucket_file,
                          read_safetensors_header, write_atomic,
                          write_json_atomic)
 
@@ -45,6 +49,27 @@ WAN_TEXT_LEN = 512
 
 class SampleError(Exception):
     """A problem with one video: reported, and the others continue."""
+
+
+class ImageConditioning:
+    """An image-conditioned transformer's needs, from its config: the CLIP
+    width ``image_dim``, ``images`` conditioning frames per sample (1: the
+    first, I2V; 2: first and last, FLF2V, whose config sets
+    pos_embed_seq_len), and the MegaSlide key ``image_len`` when the config
+    records it. ``tokens`` (per image) is the image encoder's, filled by
+    check_image_encoder."""
+
+    def __init__(self, config: Dict[str, Any], path: str) -> None:
+        self.path = path
+        self.image_dim = config["image_dim"]
+        self.pos_embed_seq_len = config.get("pos_embed_seq_len")
+        self.images = 1 if self.pos_embed_seq_len is None else 2
+        self.image_len = config.get("image_len")
+        self.tokens = 0
+
+    def frames(self) -> str:
+        return "first frame" if self.images == 1 else \
+            "first and last frame"
 
 
 class Video:
@@ -255,9 +280,36 @@ def attach_captions(videos: List[Video], root: str,
     return []
 
 
-def resolve_models(args) -> Dict[str, str]:
-    """The VAE, text encoder and tokenizer folders, checked before any video
-    is read; UsageError naming the folder and the flag that fixes it."""
+def transformer_config(args) -> Dict[str, Any]:
+    """``--pipeline``'s transformer/config.json, {} when there is none (or
+    it is unreadable: the transformer is not prepare's to load)."""
+    if args.pipeline is None:
+        return {}
+    path = os.path.join(args.pipeline, "transformer", "config.json")
+    try:
+        with open_regular(path) as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def image_conditioning(args) -> Optional[ImageConditioning]:
+    """The pipeline transformer's image conditioning, None for a
+    text-to-video one (diffusers writes image_dim null there)."""
+    config = transformer_config(args)
+    if config.get("image_dim") is None:
+        return None
+    return ImageConditioning(config, os.path.join(
+        args.pipeline, "transformer", "config.json"))
+
+
+def resolve_models(args, image: Optional[ImageConditioning] = None
+                   ) -> Dict[str, str]:
+    """The VAE, text encoder and tokenizer folders (and, for an
+    image-conditioned transformer, the pipeline's image encoder and image
+    processor), checked before any video is read; UsageError naming the
+    folder and the flag that fixes it."""
     dirs: Dict[str, str] = {}
     if args.pipeline is not None:
         index = os.path.join(args.pipeline, "model_index.json")
@@ -288,20 +340,58 @@ def resolve_models(args) -> Dict[str, str]:
             raise UsageError(f"{where}; give {flag} DIR (a diffusers/"
                              f"transformers {key} folder)")
         dirs[key] = os.path.abspath(path)
+    if image is not None:
+        for key, marker in (("image_encoder", "config.json"),
+                            ("image_processor", "preprocessor_config.json")):
+            path = os.path.join(args.pipeline, key)
+            if not os.path.isfile(os.path.join(path, marker)):
+                raise UsageError(
+                    f"the pipeline folder '{args.pipeline}' has no {key}/ "
+                    f"(with {marker}), but its transformer is "
+                    f"image-conditioned (image_dim {image.image_dim} in "
+                    f"'{image.path}'): each sample needs the CLIP "
+                    f"embedding of its {image.frames()}; give the "
+                    f"WanImageToVideoPipeline folder the model comes from")
+            dirs[key] = os.path.abspath(path)
     return dirs
+
+
+def check_image_encoder(dirs: Dict[str, str],
+                        image: ImageConditioning) -> None:
+    """The image encoder's width against the transformer's image_dim, and
+    its tokens per image against what the transformer takes (FLF2V's
+    pos_embed_seq_len, MegaSlide's image_len): read from the configs, before
+    any model loads. Sets ``image.tokens``."""
+    from transformers import CLIPVisionConfig
+
+    folder = dirs["image_encoder"]
+    try:
+        config = CLIPVisionConfig.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read the image encoder's config in "
+                         f"'{folder}': {e}") from e
+    image.tokens = (config.image_size // config.patch_size) ** 2 + 1
+    problems = []
+    if config.hidden_size != image.image_dim:
+        problems.append(f"its hidden_size {config.hidden_size} is not the "
+                        f"transformer's image_dim {image.image_dim}")
+    total = image.tokens * image.images
+    for key, value in (("pos_embed_seq_len", image.pos_embed_seq_len),
+                       ("image_len", image.image_len)):
+        if value is not None and value != total:
+            problems.append(f"its {image.tokens} tokens per image x "
+                            f"{image.images} ({image.frames()}) = {total} "
+                            f"differ from the transformer's {key} {value}")
+    if problems:
+        raise UsageError(f"the image encoder '{folder}' does not fit the "
+                         f"transformer ('{image.path}'): "
+                         f"{'; '.join(problems)}")
 
 
 def model_text_len(args) -> Optional[int]:
     """The transformer's text length when its config records one (MegaSlide
     configs do as text_len; diffusers' Wan configs do not)."""
-    if args.pipeline is None:
-        return None
-    path = os.path.join(args.pipeline, "transformer", "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f).get("text_len")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = transformer_config(args).get("text_len")
     return value if isinstance(value, int) else None
 
 
@@ -454,10 +544,12 @@ def load_pixels(path: str, frames: int, height: int, width: int,
 # --- models ----------------------------------------------------------------
 
 class Models:
-    """The Wan VAE and text encoder, in f32 on one device."""
+    """The Wan VAE and text encoder (and for an image-conditioned model the
+    CLIP image encoder and its processor), in f32 on one device."""
 
     def __init__(self, dirs: Dict[str, str], device: str,
-                 progress: bool = True) -> None:
+                 progress: bool = True,
+                 image: Optional[ImageConditioning] = None) -> None:
         import diffusers
         import torch
         import transformers
@@ -485,6 +577,21 @@ class Models:
         self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(
             shape).to(self.device)
         self.text_dim = self.text_encoder.config.d_model
+        self.image = image
+        if image is not None:
+            from diffusers import WanImageToVideoPipeline
+            from transformers import CLIPImageProcessor, CLIPVisionModel
+
+            # The pipeline itself, without scheduler or transformer: its
+            # encode_image and prepare_latents are the definitions.
+            self.pipe = WanImageToVideoPipeline(
+                tokenizer=self.tokenizer, text_encoder=self.text_encoder,
+                vae=self.vae, scheduler=None,
+                image_processor=CLIPImageProcessor.from_pretrained(
+                    dirs["image_processor"]),
+                image_encoder=CLIPVisionModel.from_pretrained(
+                    dirs["image_encoder"], torch_dtype=torch.float32).to(
+                        self.device).eval())
 
     def encode_video(self, pixels):
         """Normalised latents [C, T, H, W] of pixels [1, 3, F, H, W]: the
@@ -493,6 +600,40 @@ class Models:
         with self.torch.no_grad():
             z = self.vae.encode(pixels.to(self.device)).latent_dist.mode()
             return ((z - self.mean) / self.std)[0]
+
+    def encode_images(self, pixels):
+        """``image_embeds`` [images x tokens, D] and ``image_condition``
+        [vae_stride[0] + C, T, H, W] of pixels [1, 3, F, H, W], as
+        WanImageToVideoPipeline.__call__ builds them from ``image`` (and
+        ``last_image``, FLF2V) at F x H x W: the conditioning frames are
+        the sample's first (and last) frame as 8-bit RGB images, what a
+        user passes; encode_image gives their CLIP hidden_states[-2] (FLF2V:
+        [2, tokens, D], which the transformer reads as one row of 2 x
+        tokens), and prepare_latents the mask and the normalised latents of
+        the video holding them, zeros elsewhere."""
+        import PIL.Image
+
+        torch = self.torch
+        _, _, frames, height, width = pixels.shape
+        picks = [0] if self.image.images == 1 else [0, frames - 1]
+        images = [PIL.Image.fromarray(
+            ((pixels[0, :, i] + 1) * 127.5).round().clamp(0, 255).to(
+                torch.uint8).permute(1, 2, 0).numpy()) for i in picks]
+        pipe = self.pipe
+        with torch.no_grad():
+            embeds = pipe.encode_image(
+                images[0] if len(images) == 1 else images, self.device)
+            conditioning = [pipe.video_processor.preprocess(
+                im, height=height, width=width).to(self.device,
+                                                   torch.float32)
+                for im in images]
+            lat = latent_shape(frames, height, width, self.channels)
+            _, condition = pipe.prepare_latents(
+                conditioning[0], 1, self.channels, height, width, frames,
+                torch.float32, self.device, None,
+                torch.zeros([1] + lat, device=self.device),
+                conditioning[1] if len(images) == 2 else None)
+        return embeds.reshape(-1, embeds.shape[-1]), condition[0]
 
     def encode_text(self, caption: str, text_len: int):
         """Condition [L, D] and the true token count, as WanPipeline's
@@ -532,7 +673,9 @@ def parse_args(argv: Optional[Sequence[str]]):
                    "to the input folder; default: <video stem>.txt beside "
                    "each video")
     p.add_argument("--pipeline", help="a diffusers Wan pipeline folder "
-                   "(model_index.json, vae/, text_encoder/, tokenizer/)")
+                   "(model_index.json, vae/, text_encoder/, tokenizer/; "
+                   "for an image-conditioned transformer also "
+                   "image_encoder/ and image_processor/)")
     p.add_argument("--vae", help="AutoencoderKLWan folder (overrides "
                    "--pipeline's)")
     p.add_argument("--text-encoder", dest="text_encoder",
@@ -628,7 +771,8 @@ def run(args) -> int:
                          f"'{args.input}'")
     assign_names(videos)
     missing_sources = attach_captions(videos, args.input, args.manifest)
-    dirs = resolve_models(args)
+    image = image_conditioning(args)
+    dirs = resolve_models(args, image)
     text_len = args.text_len
     model_len = model_text_len(args)
     if text_len is None:
@@ -656,6 +800,8 @@ def run(args) -> int:
     elif device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device; use "
                          "--device cpu or auto")
+    if image is not None:
+        check_image_encoder(dirs, image)
     check_writable(out)
 
     failures: List[Tuple[str, str]] = [
@@ -725,6 +871,15 @@ def run(args) -> int:
         "latents": "posterior mode, (z - latents_mean) / latents_std",
         "resize": "cover, bilinear antialiased, centre crop",
     }
+    if image is not None:
+        settings.update({
+            "image_encoder": dirs["image_encoder"],
+            "image_encoder_config": config_digest(dirs["image_encoder"]),
+            "image_processor": dirs["image_processor"],
+            "image_processor_config": config_digest(
+                dirs["image_processor"]),
+            "image_condition": f"WanImageToVideoPipeline, the "
+                               f"{image.frames()} as 8-bit RGB"})
     settings_text = json.dumps(settings, sort_keys=True)
 
     plan = []  # (video, bucket, caption used, dropped)
@@ -752,7 +907,8 @@ def run(args) -> int:
         # The text length is known only after tokenising: verify_sample
         # checks that it is a count within the condition's rows.
         expected = {k: meta[k] for k in meta if k != "megaslide.text_length"}
-        why = verify_sample(path, expected, bucket, text_len, args.dtype)
+        why = verify_sample(path, expected, bucket, text_len, args.dtype,
+                            image)
         if not why:
             skipped += 1
             continue
@@ -776,7 +932,7 @@ def run(args) -> int:
 
     prepared = 0
     if todo:
-        models = Models(dirs, device, args.progress)
+        models = Models(dirs, device, args.progress, image)
         from safetensors.torch import save
 
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -789,6 +945,10 @@ def run(args) -> int:
                                      args.fps)
                 latents = models.encode_video(pixels)
                 condition, length = models.encode_text(caption, text_len)
+                extra = {}
+                if image is not None:
+                    extra["image_embeds"], extra["image_condition"] = \
+                        models.encode_images(pixels)
             except SampleError as e:
                 failures.append((v.source, str(e)))
                 continue
@@ -797,8 +957,9 @@ def run(args) -> int:
                                  f"({type(e).__name__}: {e})"))
                 continue
             meta["megaslide.text_length"] = str(length)
-            tensors = {"latents": latents.to(dtype).cpu().contiguous(),
-                       "condition": condition.to(dtype).cpu().contiguous()}
+            tensors = {name: t.to(dtype).cpu().contiguous() for name, t in
+                       dict(latents=latents, condition=condition,
+                            **extra).items()}
             try:
                 # Through write_atomic: fsynced, renamed into place, and no
                 # temporary file left by a failure or Ctrl-C.
@@ -858,11 +1019,14 @@ def sample_metadata(v: Video, bucket: Dict[str, int], caption: str,
 
 
 def verify_sample(path: str, expected: Dict[str, str],
-                  bucket: Dict[str, int], text_len: int, dtype: str) -> str:
+                  bucket: Dict[str, int], text_len: int, dtype: str,
+                  image: Optional[ImageConditioning] = None) -> str:
     """'' if the sample at ``path`` is complete and was made with these
     settings at ``bucket``'s shapes, else why it must be redone. The
     channel counts come from the file (the VAE's z_dim and UMT5's d_model
-    are checked through the models' config digests in the settings)."""
+    are checked through the models' config digests in the settings); an
+    image-conditioned model's samples hold image_embeds and
+    image_condition too."""
     if not os.path.exists(path):
         return "missing"
     try:
@@ -877,8 +1041,16 @@ def verify_sample(path: str, expected: Dict[str, str],
     shapes = {"latents": latent_shape(bucket["frames"], bucket["height"],
                                       bucket["width"], channels),
               "condition": [text_len, dim]}
+    if image is not None:
+        shapes["image_embeds"] = [image.tokens * image.images,
+                                  image.image_dim]
+        shapes["image_condition"] = latent_shape(
+            bucket["frames"], bucket["height"], bucket["width"],
+            VAE_TEMPORAL + channels)
     stored = {"f32": "F32", "bf16": "BF16"}[dtype]
     for name, shape in shapes.items():
+        if name not in tensors:
+            return f"has no '{name}'"
         info = tensors[name]
         if info["shape"] != shape or info.get("dtype") != stored:
             return (f"'{name}' is {info.get('dtype')} {info['shape']}, "

@@ -3,8 +3,10 @@
 Every block of the page marked for doc-check (test/Docs/Inputs/check_doc.py
 says how) runs in a fresh folder holding what the page says is there:
 ``wan-tiny/``, a diffusers Wan pipeline of tiny random models
-(tiny_wan.py), and ``videos/``, four 16-frame clips with captions, two
-96 x 96 and two 96 x 128. The page's commands run the build's
+(tiny_wan.py), ``wan-i2v-tiny/``, a WanImageToVideoPipeline of the same
+with a tiny CLIP image encoder and an image-conditioned transformer
+(tiny_wan.image_config("i2v")), and ``videos/``, four 16-frame clips with
+captions, two 96 x 96 and two 96 x 128. The page's commands run the build's
 megaslide-plan and megaslide-run, and megaslide-prepare and
 megaslide-export as ``python -m`` of the package under test; what the
 page shows them printing must be what they print. The progress bars and
@@ -12,9 +14,10 @@ the warnings of diffusers and transformers are turned off by their own
 environment variables (TQDM_DISABLE, DIFFUSERS_VERBOSITY,
 TRANSFORMERS_VERBOSITY), since they go to the same output.
 
-Afterwards the files the walk leaves are checked: the run trained with
-3D-DSA and recorded it, the exported pipeline holds the run's weights,
-and sample.mp4 decodes to the frames the pipeline made.
+Afterwards the files the walk leaves are checked: the runs trained with
+3D-DSA and recorded it, the exported pipelines hold the runs' weights,
+and sample.mp4 and sample-i2v.mp4 decode to the frames the pipelines
+made.
 """
 
 import json
@@ -57,6 +60,12 @@ def _setup(work: pathlib.Path) -> None:
     megaslide.Trainer("tiny", 13, 96, 96, precision="f32").save_weights(
         str(base))
     tiny_wan.build_pipeline(work / "wan-tiny", base)
+    config = work.parent / "i2v.json"
+    config.write_text(json.dumps(tiny_wan.image_config("i2v")))
+    image_base = work.parent / "base-weights-i2v"
+    megaslide.Trainer(str(config), 13, 96, 96, precision="f32").save_weights(
+        str(image_base))
+    tiny_wan.build_pipeline(work / "wan-i2v-tiny", image_base)
     videos = work / "videos"
     videos.mkdir()
     for i, (name, height, width, caption) in enumerate(CLIPS):
@@ -92,20 +101,24 @@ def test_the_walk_runs_as_written(tmp_path):
     assert checked.returncode == 0, checked.stdout
     assert "run blocks" in checked.stdout.splitlines()[-1]
 
-    # The run trained with 3D-DSA and says so where enable_dsa reads it.
-    record = json.loads((work / "run/weights/config.json").read_text())
-    assert record["_megaslide"]["attention"] == "dsa"
-    assert record["_megaslide"]["dsa3d"]["window"] == [2, 3, 3]
-    # The exported transformer holds the run's weights.
-    from safetensors.numpy import load_file
-    ours = load_file(work / "run/weights/diffusion_pytorch_model.safetensors")
-    theirs = load_file(
-        work / "my-wan/transformer/diffusion_pytorch_model.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
-    # The video on disk is the one sampled: 13 frames of 96 x 96.
     import av
-    with av.open(str(work / "sample.mp4")) as container:
-        frames = [f.to_ndarray(format="rgb24")
-                  for f in container.decode(video=0)]
-    assert len(frames) == 13 and frames[0].shape == (96, 96, 3)
+    from safetensors.numpy import load_file
+    for run_dir, export_dir, sample in (("run", "my-wan", "sample.mp4"),
+                                        ("run-i2v", "my-wan-i2v",
+                                         "sample-i2v.mp4")):
+        # The run trained with 3D-DSA and says so where enable_dsa reads it.
+        record = json.loads((work / run_dir / "weights/config.json")
+                            .read_text())
+        assert record["_megaslide"]["attention"] == "dsa"
+        assert record["_megaslide"]["dsa3d"]["window"] == [2, 3, 3]
+        # The exported transformer holds the run's weights.
+        weights = "diffusion_pytorch_model.safetensors"
+        ours = load_file(work / run_dir / "weights" / weights)
+        theirs = load_file(work / export_dir / "transformer" / weights)
+        assert ours.keys() == theirs.keys()
+        assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+        # The video on disk is the one sampled: 13 frames of 96 x 96.
+        with av.open(str(work / sample)) as container:
+            frames = [f.to_ndarray(format="rgb24")
+                      for f in container.decode(video=0)]
+        assert len(frames) == 13 and frames[0].shape == (96, 96, 3)

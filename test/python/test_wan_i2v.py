@@ -5,7 +5,7 @@ input channels without image embeddings): parameters name by name, the
 f32 loss, every gradient and the velocity, and weights both ways bit for
 bit.
 
-The models are tiny's blocks with image conditioning (configs built here,
+The models are tiny's blocks with image conditioning (tiny_wan.image_config,
 no downloads): CLIP-like image tokens of width 24, the 36-channel input of
 WanImageToVideoPipeline (16 latent channels, a 4-channel mask, 16 channels
 of conditioning latents), and 512 prompt tokens, which diffusers' attention
@@ -39,34 +39,15 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
 import megaslide  # noqa: E402
+from tiny_wan import IMAGE_DIM, IMAGE_TOKENS  # noqa: E402
+from tiny_wan import image_config as tiny_image_config  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH = 9, 64, 64  # latents 3 x 8 x 8, 48 tokens
 LOSS_RTOL, GRAD_RTOL, GRAD_ATOL_OF_MAX, VELOCITY_RTOL = 1e-5, 1e-4, 1e-4, 1e-5
-IMAGE_DIM, IMAGE_TOKENS = 24, 5
 # Image tokens (and FLF2V's position embedding) of a small scale, so that
 # the image embedder's LayerNorm epsilon (nn.LayerNorm's 1e-5, not the
 # model's 1e-6) is resolved by the tolerances.
 IMAGE_SCALE = 0.01
-
-
-def tiny_image_config(kind):
-    """tiny.json with image conditioning: "i2v" or "flf2v" (Wan 2.1), or
-    "i2v-a14b" (Wan 2.2 I2V: the conditioning latents without CLIP image
-    embeddings, and any prompt length)."""
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
-    with open(os.path.join(root, "tiny.json")) as f:
-        config = json.load(f)
-    if kind == "i2v-a14b":
-        config.update(name="tiny-i2v-a14b", in_channels=36, out_channels=16)
-        return config
-    config.update(name=f"tiny-{kind}", in_channels=36, out_channels=16,
-                  image_dim=IMAGE_DIM, added_kv_proj_dim=64, text_len=512,
-                  image_len=IMAGE_TOKENS)
-    if kind == "flf2v":
-        # Two images' tokens, as diffusers views [2B, L, D] as [B, 2L, D].
-        config.update(pos_embed_seq_len=2 * IMAGE_TOKENS,
-                      image_len=2 * IMAGE_TOKENS)
-    return config
 
 
 def diffusers_model(config, dtype=torch.float64):

@@ -1,9 +1,13 @@
 """A tiny diffusers Wan pipeline folder and synthetic videos, built offline
-for the data tests (test_prepare.py): a randomly initialised
-AutoencoderKLWan (z_dim 16, megaslide's tiny in_channels), a UMT5 encoder
-with d_model 32 (tiny's text_dim), a word-level tokenizer trained here and
-saved as a transformers fast tokenizer, UniPC as WanPipeline uses, and the
-transformer that megaslide.Trainer("tiny").save_weights writes."""
+for the data tests (test_prepare.py, test_prepare_i2v.py): a randomly
+initialised AutoencoderKLWan (z_dim 16, megaslide's tiny in_channels), a
+UMT5 encoder with d_model 32 (tiny's text_dim), a word-level tokenizer
+trained here and saved as a transformers fast tokenizer, UniPC as
+WanPipeline uses, and the transformer that megaslide.Trainer(...)
+.save_weights writes. An image-conditioned transformer (image_dim set,
+image_config) makes it a WanImageToVideoPipeline with a CLIPVisionModel of
+width image_dim giving the config's image tokens per image and its
+CLIPImageProcessor."""
 
 from __future__ import annotations
 
@@ -20,6 +24,33 @@ WORDS = ("a red cat and blue dog play in the green garden under sun moon "
          "river car drives fast slow bird flies over house tree").split()
 TEXT_LEN = 16  # configs/tiny.json text_len
 TEXT_DIM = 32  # configs/tiny.json text_dim
+IMAGE_DIM, IMAGE_TOKENS = 24, 5  # a CLIP of width 24, 2 x 2 patches + class
+CLIP_SIZE = 32  # CLIP's input: 32 x 32 pixels, patches of 16
+
+
+def image_config(kind: str) -> dict:
+    """configs/tiny.json with Wan 2.1's image conditioning, "i2v" or
+    "flf2v": CLIP-like image tokens of width IMAGE_DIM, the 36-channel
+    input of WanImageToVideoPipeline (16 latent channels, a 4-channel mask,
+    16 channels of conditioning latents), and 512 prompt tokens, which
+    diffusers' attention processor requires of an image-conditioned model
+    (it takes the last 512 context tokens as the prompt's); or "i2v-a14b",
+    Wan 2.2 I2V's: the conditioning latents without CLIP embeddings, any
+    prompt length."""
+    import json
+    root = pathlib.Path(__file__).resolve().parents[2] / "configs"
+    config = json.loads((root / "tiny.json").read_text())
+    if kind == "i2v-a14b":
+        config.update(name="tiny-i2v-a14b", in_channels=36, out_channels=16)
+        return config
+    config.update(name=f"tiny-{kind}", in_channels=36, out_channels=16,
+                  image_dim=IMAGE_DIM, added_kv_proj_dim=64, text_len=512,
+                  image_len=IMAGE_TOKENS)
+    if kind == "flf2v":
+        # Two images' tokens, as diffusers views [2B, L, D] as [B, 2L, D].
+        config.update(pos_embed_seq_len=2 * IMAGE_TOKENS,
+                      image_len=2 * IMAGE_TOKENS)
+    return config
 
 
 def build_tokenizer(folder: pathlib.Path):
@@ -41,14 +72,41 @@ def build_tokenizer(folder: pathlib.Path):
     return fast
 
 
+def build_image_encoder(width: int, tokens: int):
+    """A CLIPVisionModel of hidden size ``width`` whose hidden states hold
+    ``tokens`` tokens per image (a square of patches and the class token),
+    and the CLIPImageProcessor that feeds it (CLIP's defaults: bicubic
+    resize of the shortest edge, centre crop, OpenAI's mean and std)."""
+    import math
+
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig,
+                              CLIPVisionModel)
+    side = math.isqrt(tokens - 1)
+    assert side * side == tokens - 1, f"{tokens} tokens: not n^2 + 1"
+    encoder = CLIPVisionModel(CLIPVisionConfig(
+        hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+        num_attention_heads=4, image_size=CLIP_SIZE,
+        patch_size=CLIP_SIZE // side, projection_dim=width))
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": CLIP_SIZE},
+        crop_size={"height": CLIP_SIZE, "width": CLIP_SIZE})
+    return encoder, processor
+
+
 def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
                    seed: int = 0) -> pathlib.Path:
     """Writes a WanPipeline folder (model_index.json, vae/, text_encoder/,
     tokenizer/, scheduler/, transformer/) at ``folder``; the transformer is
-    the one in ``weights_dir`` (a megaslide save_weights folder)."""
+    the one in ``weights_dir`` (a megaslide save_weights folder). An
+    image-conditioned transformer makes it a WanImageToVideoPipeline, with
+    image_encoder/ and image_processor/ too."""
+    import json
+    import shutil
+
     import torch
     from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler,
-                           WanPipeline, WanTransformer3DModel)
+                           WanImageToVideoPipeline, WanPipeline,
+                           WanTransformer3DModel)
     from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
@@ -65,11 +123,26 @@ def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction",
                                         use_flow_sigmas=True, flow_shift=3.0)
     transformer = WanTransformer3DModel.from_pretrained(weights_dir)
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder,
-                       vae=vae, scheduler=scheduler, transformer=transformer)
+    parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                 scheduler=scheduler, transformer=transformer)
+    config = transformer.config
+    if config.image_dim is None:
+        pipe = WanPipeline(**parts)
+    else:
+        images = 2 if config.pos_embed_seq_len is not None else 1
+        saved = json.loads((pathlib.Path(weights_dir) /
+                            "config.json").read_text())
+        tokens = saved.get("image_len", images * IMAGE_TOKENS) // images
+        encoder, processor = build_image_encoder(config.image_dim, tokens)
+        pipe = WanImageToVideoPipeline(**parts, image_encoder=encoder,
+                                       image_processor=processor)
     pipe.save_pretrained(folder)
-    import shutil
     shutil.rmtree(folder / "_tokenizer_src")
+    if config.image_dim is not None:
+        # megaslide's config.json, which records image_len: the tiny
+        # CLIP's tokens are not the default of Wan's (257).
+        shutil.copyfile(pathlib.Path(weights_dir) / "config.json",
+                        folder / "transformer" / "config.json")
     return folder
 
 
