@@ -221,15 +221,23 @@ LogicalResult SplitOp::verify() {
   if (getResults().empty())
     return emitOpError() << "needs at least one result";
   auto in = tensorType(getInput());
-  int64_t n = getResults().size();
-  if (in.getRank() == 0 || in.getShape().back() % n != 0)
-    return emitOpError() << "last dimension of " << shapeString(in.getShape())
-                         << " is not divisible into " << n << " chunks";
-  SmallVector<int64_t> chunk =
-      withLast(in.getShape(), in.getShape().back() / n);
-  for (Value r : getResults())
-    if (failed(expectShape(*this, "result", r, chunk)))
-      return failure();
+  if (in.getRank() == 0)
+    return emitOpError() << "input must have rank >= 1";
+  int64_t width = 0;
+  for (Value r : getResults()) {
+    ArrayRef<int64_t> s = tensorType(r).getShape();
+    if (s.size() != size_t(in.getRank()) ||
+        s.drop_back() != in.getShape().drop_back() || s.back() <= 0)
+      return emitOpError() << "result " << shapeString(s)
+                           << " is not a piece of the last dimension of "
+                           << shapeString(in.getShape());
+    width += s.back();
+  }
+  if (width != in.getShape().back())
+    return emitOpError() << "results are " << width
+                         << " wide together, but the input's last dimension "
+                            "is "
+                         << in.getShape().back();
   return expectSameElementType(*this);
 }
 

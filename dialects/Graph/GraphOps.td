@@ -176,13 +176,15 @@ def Graph_ReshapeOp : Graph_Op<"reshape", [Pure, Graph_Differentiable]> {
 }
 
 def Graph_SplitOp : Graph_Op<"split", [Pure, Graph_Differentiable]> {
-  let summary = "splits the last dimension into equal chunks";
+  let summary = "splits the last dimension into consecutive pieces";
   let description = [{
-    Like `torch.chunk(x, n, dim=-1)`: result `i` holds columns
-    `[i*c, (i+1)*c)` of the last dimension, `c = size / n`.
+    Like `torch.split(x, sizes, dim=-1)`: the results' last dimensions
+    are the pieces' widths, in order, and sum to the input's (equal widths
+    are `torch.chunk(x, n, dim=-1)`).
 
     ```mlir
     %s:2 = megaslide.split %x : tensor<1x128xbf16> -> tensor<1x64xbf16>, tensor<1x64xbf16>
+    %u:2 = megaslide.split %x : tensor<1x128xbf16> -> tensor<1x32xbf16>, tensor<1x96xbf16>
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$input);
@@ -289,7 +291,9 @@ def Graph_UnpatchifyOp : Graph_Op<"unpatchify", [Pure, Graph_Differentiable]> {
 def Graph_PatchifyOp : Graph_Op<"patchify", [Pure, Graph_BackwardOp]> {
   let summary = "cuts latents into per-token patches (inverse of unpatchify)";
   let description = [{
-    The exact inverse of `megaslide.unpatchify`, used for its gradient.
+    The exact inverse of `megaslide.unpatchify`, used for its gradient, and
+    in the forward to take latents apart by token (Wan 2.2 TI2V's clean
+    first frame) where nothing is differentiated.
 
     ```mlir
     %t = megaslide.patchify %y {patch = array<i64: 1, 2, 2>}

@@ -57,6 +57,8 @@ public:
     dim = config.dim();
     tokens = geometry.tokens();
     textLen = options.textLen.value_or(config.textLen);
+    if (config.firstFrameConditioning)
+      cleanTokens = geometry.grid[1] * geometry.grid[2];
     tagger.layer = &layer;
     b.setListener(&tagger);
   }
@@ -116,15 +118,37 @@ private:
   }
   Value silu(Value x) { return SiluOp::create(b, loc, x); }
   Value timestepEmbedding(Value t) {
-    return TimestepEmbeddingOp::create(b, loc, act({batch, config.freqDim}), t,
-                                       b.getF64FloatAttr(10000.0),
-                                       b.getF64FloatAttr(1000.0));
+    return TimestepEmbeddingOp::create(
+        b, loc, act({shapeOf(t)[0], config.freqDim}), t,
+        b.getF64FloatAttr(10000.0), b.getF64FloatAttr(1000.0));
+  }
+
+  // Wan 2.2 TI2V image-to-video (config.firstFrameConditioning): the
+  // tokens of the first latent frame, the first cleanTokens of a sample
+  // (patch_size[0] is 1), have time 0; the rest the sample's time.
+  /// [B, N, W] -> the first cleanTokens tokens and the others.
+  std::pair<Value, Value> splitTokens(Value x);
+  Value joinTokens(Value head, Value tail);
+  /// Rows [2B, W] -> the first B and the last B.
+  std::pair<Value, Value> splitRows(Value x);
+  /// fn on the clean tokens with the clean modulation, on the others with
+  /// the sample's; fn alone without clean tokens.
+  Value byToken(Value x, llvm::function_ref<Value(Value, bool)> fn);
+  Value patchify(Value latents) {
+    int64_t width = config.patchVolume() * shapeOf(latents)[1];
+    return PatchifyOp::create(b, loc, act({batch, tokens, width}), latents,
+                              b.getDenseI64ArrayAttr(config.patch));
+  }
+  /// Latents [B, C, T, H, W] without their first frame.
+  Value laterFrames(Value latents) {
+    return unpatchify(splitTokens(patchify(latents)).second, /*later=*/true);
   }
 
   /// Patch-embeds `xt` with a conv weight of diffusers shape `weightShape`.
   Value patchEmbed(const Twine &prefix, Value xt,
                    ArrayRef<int64_t> weightShape);
-  Value unpatchify(Value tokens);
+  /// `later`: the tokens of the frames after the first only.
+  Value unpatchify(Value tokens, bool later = false);
 
   // Architectures: return the velocity prediction [B, Cout, T, H, W].
   /// `image`: the image embedder's tokens (Value() without image
@@ -148,6 +172,7 @@ private:
   Type f32;
   Type compute; ///< activations, working copies and gradients
   int64_t batch, dim, tokens, textLen;
+  int64_t cleanTokens = 0; ///< see splitTokens
 
   ParamGroup group = ParamGroup::embeddings;
   std::optional<int64_t> layer;
@@ -221,12 +246,53 @@ Value TrainingStepBuilder::patchEmbed(const Twine &prefix, Value xt,
   return PatchEmbedOp::create(b, loc, act({batch, tokens, dim}), xt, w, bias);
 }
 
-Value TrainingStepBuilder::unpatchify(Value x) {
-  const auto &l = geometry.latent;
-  return UnpatchifyOp::create(
-      b, loc, act({batch, config.outChannels, l[0], l[1], l[2]}), x,
-      b.getDenseI64ArrayAttr(geometry.grid),
-      b.getDenseI64ArrayAttr(config.patch));
+Value TrainingStepBuilder::unpatchify(Value x, bool later) {
+  std::array<int64_t, 3> l = geometry.latent, grid = geometry.grid;
+  if (later) {
+    l[0] -= 1; // a temporal patch of 1: one token frame per latent frame
+    grid[0] -= 1;
+  }
+  int64_t channels = shapeOf(x).back() / config.patchVolume();
+  return UnpatchifyOp::create(b, loc, act({batch, channels, l[0], l[1], l[2]}),
+                              x, b.getDenseI64ArrayAttr(grid),
+                              b.getDenseI64ArrayAttr(config.patch));
+}
+
+std::pair<Value, Value> TrainingStepBuilder::splitTokens(Value x) {
+  int64_t n = shapeOf(x)[1], width = shapeOf(x)[2];
+  Value flat = reshape(x, {batch, n * width});
+  auto parts =
+      SplitOp::create(b, loc,
+                      TypeRange{act({batch, cleanTokens * width}),
+                                act({batch, (n - cleanTokens) * width})},
+                      flat);
+  return {reshape(parts.getResult(0), {batch, cleanTokens, width}),
+          reshape(parts.getResult(1), {batch, n - cleanTokens, width})};
+}
+
+Value TrainingStepBuilder::joinTokens(Value head, Value tail) {
+  int64_t width = shapeOf(head)[2];
+  int64_t n = shapeOf(head)[1] + shapeOf(tail)[1];
+  Value flat = ConcatOp::create(
+      b, loc, act({batch, n * width}),
+      ValueRange{reshape(head, {batch, shapeOf(head)[1] * width}),
+                 reshape(tail, {batch, shapeOf(tail)[1] * width})});
+  return reshape(flat, {batch, n, width});
+}
+
+std::pair<Value, Value> TrainingStepBuilder::splitRows(Value x) {
+  int64_t width = shapeOf(x)[1];
+  SmallVector<Value> halves = split(reshape(x, {1, 2 * batch * width}), 2);
+  return {reshape(halves[0], {batch, width}),
+          reshape(halves[1], {batch, width})};
+}
+
+Value TrainingStepBuilder::byToken(Value x,
+                                   llvm::function_ref<Value(Value, bool)> fn) {
+  if (!cleanTokens)
+    return fn(x, false);
+  auto [head, tail] = splitTokens(x);
+  return joinTokens(fn(head, true), fn(tail, false));
 }
 
 Value TrainingStepBuilder::wanAttention(const Twine &prefix, Value h,
@@ -297,12 +363,22 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text,
   Value x = patchEmbed("patch_embedding", xt,
                        {dim, config.inChannels, config.patch[0],
                         config.patch[1], config.patch[2]});
+  // With clean tokens, the embedding of time 0 too, rows after the batch's
+  // (one pass through the time embedder's layers).
+  if (cleanTokens)
+    t = ConcatOp::create(b, loc, RankedTensorType::get({2 * batch}, f32),
+                         ValueRange{t, ZerosOp::create(b, loc, t.getType())});
   Value temb = linear("condition_embedder.time_embedder.linear_2",
                       silu(linear("condition_embedder.time_embedder.linear_1",
                                   timestepEmbedding(t), dim)),
                       dim);
   Value timestepProj =
       linear("condition_embedder.time_proj", silu(temb), 6 * dim);
+  Value temb0, timestepProj0; // of time 0
+  if (cleanTokens) {
+    std::tie(temb, temb0) = splitRows(temb);
+    std::tie(timestepProj, timestepProj0) = splitRows(timestepProj);
+  }
   Value context = linear(
       "condition_embedder.text_embedder.linear_2",
       gelu(linear("condition_embedder.text_embedder.linear_1", text, dim)),
@@ -316,30 +392,56 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text,
     std::string p = "blocks." + std::to_string(i);
     Value table =
         reshape(param(p + ".scale_shift_table", {1, 6, dim}), {6 * dim});
-    Value modulation =
-        BiasAddOp::create(b, loc, timestepProj.getType(), timestepProj, table);
-    SmallVector<Value> m = split(modulation, 6);
+    auto modulationOf = [&](Value proj) {
+      return split(BiasAddOp::create(b, loc, proj.getType(), proj, table), 6);
+    };
     // m: shift, scale, gate (self-attention); shift, scale, gate (FFN).
-    Value h = modulate(layerNorm(x), m[0], m[1]);
-    x = add(x, gate(wanAttention(p + ".attn1", h, Value()), m[2]));
+    SmallVector<Value> m = modulationOf(timestepProj);
+    SmallVector<Value> m0 = cleanTokens ? modulationOf(timestepProj0) : m;
+    auto modulated = [&](Value v, int shift, int scale) {
+      return byToken(v, [&](Value part, bool clean) {
+        const SmallVector<Value> &mm = clean ? m0 : m;
+        return modulate(part, mm[shift], mm[scale]);
+      });
+    };
+    auto gated = [&](Value v, int g) {
+      return byToken(v, [&](Value part, bool clean) {
+        return gate(part, (clean ? m0 : m)[g]);
+      });
+    };
+    Value h = modulated(layerNorm(x), 0, 1);
+    x = add(x, gated(wanAttention(p + ".attn1", h, Value()), 2));
     h = config.crossAttnNorm ? layerNorm(x, p + ".norm2") : x;
     x = add(x, wanAttention(p + ".attn2", h, context, image));
-    h = modulate(layerNorm(x), m[3], m[4]);
+    h = modulated(layerNorm(x), 3, 4);
     Value ffn =
         linear(p + ".ffn.net.2",
                gelu(linear(p + ".ffn.net.0.proj", h, config.ffnDim)), dim);
-    x = add(x, gate(ffn, m[5]));
+    x = add(x, gated(ffn, 5));
   }
   layer.reset();
 
   group = ParamGroup::head;
   SmallVector<Value> rows =
       split(reshape(param("scale_shift_table", {1, 2, dim}), {2 * dim}), 2);
-  Value shift = BiasAddOp::create(b, loc, temb.getType(), temb, rows[0]);
-  Value scale = BiasAddOp::create(b, loc, temb.getType(), temb, rows[1]);
-  Value h = modulate(layerNorm(x), shift, scale);
-  return unpatchify(
-      linear("proj_out", h, config.patchVolume() * config.outChannels));
+  auto shiftScale = [&](Value e) {
+    // In this order: a pair's arguments are evaluated in any order.
+    Value shift = BiasAddOp::create(b, loc, e.getType(), e, rows[0]);
+    Value scale = BiasAddOp::create(b, loc, e.getType(), e, rows[1]);
+    return std::make_pair(shift, scale);
+  };
+  auto [shift, scale] = shiftScale(temb);
+  auto [shift0, scale0] =
+      cleanTokens ? shiftScale(temb0) : std::make_pair(shift, scale);
+  Value h = byToken(layerNorm(x), [&](Value part, bool clean) {
+    return clean ? modulate(part, shift0, scale0)
+                 : modulate(part, shift, scale);
+  });
+  Value out = linear("proj_out", h, config.patchVolume() * config.outChannels);
+  // The clean frame's prediction is not trained: the loss reads the rest.
+  if (cleanTokens)
+    return unpatchify(splitTokens(out).second, /*later=*/true);
+  return unpatchify(out);
 }
 
 Value TrainingStepBuilder::ditForward(Value xt, Value t, Value labels) {
@@ -471,11 +573,22 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   Value image = argNamed("image_embeds");
   Value imageCondition = argNamed("image_condition");
   Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
+  if (cleanTokens) {
+    // WanImageToVideoPipeline with expand_timesteps: the first latent
+    // frame is the clean image's, the others are noised.
+    Value clean = splitTokens(patchify(x0)).first;
+    xt = unpatchify(joinTokens(clean, splitTokens(patchify(xt)).second));
+  }
   Value prediction = config.architecture == Architecture::Wan
                          ? wanForward(xt, t, cond, image, imageCondition)
                          : ditForward(xt, t, cond);
-  Value loss =
-      FlowMatchingLossOp::create(b, loc, lossType, prediction, x0, noise);
+  Value target0 = x0, targetNoise = noise;
+  if (cleanTokens) {
+    target0 = laterFrames(x0);
+    targetNoise = laterFrames(noise);
+  }
+  Value loss = FlowMatchingLossOp::create(b, loc, lossType, prediction, target0,
+                                          targetNoise);
 
   SmallVector<Value> working;
   for (const Trainable &tr : trainables)
@@ -552,6 +665,12 @@ megaslide::buildTrainingStep(MLIRContext &context, const ModelConfig &config,
         "%lld context tokens as the prompt of an image-conditioned model",
         static_cast<long long>(*options.textLen),
         static_cast<long long>(kImageModelTextLen));
+  if (config.firstFrameConditioning && geometry.grid[0] < 2)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "%s conditions on its first latent frame, so the video needs at "
+        "least 2 latent frames (5 frames at a temporal stride of 4)",
+        config.name.c_str());
   // As computeGeometry bounds the tokens of one sample: every activation's
   // byte count must stay far from overflowing int64, whatever the batch.
   int64_t textLen = options.textLen.value_or(config.textLen);

@@ -211,6 +211,10 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
     return err.field("qk_norm", "only \"rms_norm_across_heads\", true, false "
                                 "or null are supported");
   };
+  handlers["first_frame_conditioning"] =
+      [&](const llvm::json::Value &v) -> Error {
+    return boolean("first_frame_conditioning", v, c.firstFrameConditioning);
+  };
   handlers["cross_attn_norm"] = [&](const llvm::json::Value &v) -> Error {
     return boolean("cross_attn_norm", v, c.crossAttnNorm);
   };
@@ -312,11 +316,17 @@ Expected<ModelConfig> ConfigReader::read(const llvm::json::Object &obj) {
   // Keys of the other family would be silently ignored: refuse them.
   static const char *ditOnly[] = {"num_classes", "class_dropout_prob",
                                   "learn_sigma"};
-  static const char *wanOnly[] = {"text_dim",          "text_len",
-                                  "qk_norm",           "cross_attn_norm",
-                                  "rope_theta",        "rope_max_seq_len",
-                                  "added_kv_proj_dim", "image_dim",
-                                  "pos_embed_seq_len", "image_len"};
+  static const char *wanOnly[] = {"text_dim",
+                                  "text_len",
+                                  "qk_norm",
+                                  "cross_attn_norm",
+                                  "rope_theta",
+                                  "rope_max_seq_len",
+                                  "added_kv_proj_dim",
+                                  "image_dim",
+                                  "pos_embed_seq_len",
+                                  "image_len",
+                                  "first_frame_conditioning"};
   for (const char *key :
        isDiT ? llvm::ArrayRef(wanOnly) : llvm::ArrayRef(ditOnly))
     if (obj.get(key))
@@ -456,6 +466,18 @@ Error ConfigReader::validate(ModelConfig &c) {
       return e;
     if (Error e = validateVaeStride(c))
       return e;
+    if (c.firstFrameConditioning && c.imageConditionChannels())
+      return err.field("first_frame_conditioning",
+                       "a model with image-conditioning input channels takes "
+                       "its image through them (Wan 2.1 I2V, Wan 2.2 "
+                       "I2V-A14B); the clean first frame is Wan 2.2 TI2V's "
+                       "way, for in_channels = out_channels");
+    if (c.firstFrameConditioning && c.patch[0] != 1)
+      return err.field("first_frame_conditioning",
+                       llvm::formatv("needs a temporal patch of 1, so that "
+                                     "the first latent frame is whole tokens; "
+                                     "patch_size is {0}x{1}x{2}",
+                                     c.patch[0], c.patch[1], c.patch[2]));
   } else {
     if (Error e = positive("num_classes", c.numClasses))
       return e;

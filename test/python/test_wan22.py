@@ -170,3 +170,75 @@ def test_mismatched_stride_is_refused_before_any_work(tmp_path, edit, vae,
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
     assert not (tmp_path / "ck").exists()
+
+
+# ---------------------------------------------------------------------------
+# TI2V image-to-video: the clean first frame
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ti2v_i2v(tmp_path_factory):
+    config = dict(tiny_ti2v_config(), name="tiny-ti2v-i2v",
+                  first_frame_conditioning=True)
+    path = tmp_path_factory.mktemp("ti2v_i2v") / "ti2v_i2v.json"
+    path.write_text(json.dumps(config))
+    trainer = megaslide.Trainer(str(path), FRAMES, HEIGHT, WIDTH,
+                                backend="cpu", precision="f32",
+                                attention="global", seed=0, batch=2)
+    params = randomise(trainer.parameters(), 6)
+    trainer.load_parameters(params)
+    rng = np.random.default_rng(4)
+    batch = {name: rng.normal(size=shape).astype(np.float32)
+             for name, shape in trainer.input_shapes().items()
+             if name != "timesteps"}
+    batch["timesteps"] = np.array([0.375, 0.75], np.float32)
+    model = diffusers_model(config)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    return dict(trainer=trainer, batch=batch, model=model)
+
+
+def first_frame_velocity(model, batch):
+    """WanImageToVideoPipeline with expand_timesteps: the first latent
+    frame is the clean image's (here the sample's own first frame), its
+    tokens at timestep 0, the others at 1000 t."""
+    as64 = {k: torch.from_numpy(v).double() for k, v in batch.items()}
+    t = as64["timesteps"]
+    x0, noise = as64["latents"], as64["noise"]
+    xt = (1 - t.reshape(-1, 1, 1, 1, 1)) * x0 + t.reshape(-1, 1, 1, 1, 1) * noise
+    mask = torch.ones_like(x0[:1, :1])
+    mask[:, :, 0] = 0
+    xt = (1 - mask) * x0 + mask * xt
+    per_token = (mask[0, 0][:, ::2, ::2].flatten()[None] * 1000 * t[:, None])
+    return model(hidden_states=xt, timestep=per_token,
+                 encoder_hidden_states=as64["condition"],
+                 return_dict=False)[0]
+
+
+def test_first_frame_conditioning_equals_diffusers(ti2v_i2v):
+    model, batch = ti2v_i2v["model"], ti2v_i2v["batch"]
+    model.zero_grad()
+    as64 = {k: torch.from_numpy(v).double() for k, v in batch.items()}
+    pred = first_frame_velocity(model, batch)[:, :, 1:]
+    target = (as64["noise"] - as64["latents"])[:, :, 1:]
+    loss = torch.mean((pred - target) ** 2)  # the clean frame is not trained
+    loss.backward()
+    got_loss, grads = ti2v_i2v["trainer"].gradients(**batch)
+    assert math.isclose(got_loss, loss.item(), rel_tol=LOSS_RTOL), (
+        got_loss, loss.item())
+    for name, p in model.named_parameters():
+        r = p.grad.numpy()
+        bound = GRAD_RTOL * np.abs(r) + GRAD_ATOL_OF_MAX * np.abs(r).max()
+        assert (np.abs(grads[name] - r) <= bound).all(), name
+    ref = pred.detach().numpy()
+    got = ti2v_i2v["trainer"].predict(**batch)
+    assert got.shape == ref.shape == (2, 48, 2, 8, 8)
+    assert np.abs(got - ref).max() <= VELOCITY_RTOL * np.abs(ref).max()
+
+
+def test_first_frame_needs_a_frame_after_it(tmp_path):
+    config = dict(tiny_ti2v_config(), first_frame_conditioning=True)
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="conditions on its first latent "
+                       "frame, so the video needs at least 2 latent frames"):
+        megaslide.model_info(str(path), 1, HEIGHT, WIDTH)

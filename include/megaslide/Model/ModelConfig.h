@@ -72,6 +72,10 @@ struct ModelConfig {
   int64_t imageDim = 0;
   int64_t imageLen = 0;
   bool imagePosEmbed = false;
+  /// Wan 2.2 TI2V image-to-video (MegaSlide key `first_frame_conditioning`):
+  /// the first latent frame is the clean image, its tokens at time 0 (the
+  /// pipeline's expand_timesteps) and outside the loss.
+  bool firstFrameConditioning = false;
   /// DiT: class count; the label table has one more row when classifier-
   /// free guidance dropout is on (the "null" class).
   int64_t numClasses = 0;

@@ -743,7 +743,8 @@ Error reshape(const Instruction &inst, ArrayRef<OpTensor> operands,
   return opError(inst, "input has no data");
 }
 
-/// Like torch.chunk(x, n, dim=-1): result i holds columns [i c, (i+1) c).
+/// Like torch.split(x, widths, dim=-1): the results' last dimensions are
+/// consecutive pieces of the input's.
 Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
             ArrayRef<OpTensor> results) {
   if (Error e = checkArity(inst, operands, results, 1, Count::atLeast(1)))
@@ -751,21 +752,33 @@ Error split(const Instruction &inst, ArrayRef<OpTensor> operands,
   const OpTensor &x = operands[0];
   if (Error e = checkFloat(inst, x, "input"))
     return e;
-  int64_t n = results.size();
-  if (x.type.shape.empty() || x.type.shape.back() % n != 0)
-    return opError(inst, "last dimension of " + shapeString(x.type.shape) +
-                             " is not divisible into " + Twine(n) + " chunks");
-  int64_t width = x.type.shape.back(), chunk = width / n;
-  std::vector<int64_t> chunkShape = withLast(x.type.shape, chunk);
-  for (const OpTensor &r : results)
-    if (Error e = checkFloatShape(inst, r, "result", chunkShape))
+  if (x.type.shape.empty())
+    return opError(inst, "input must have rank >= 1");
+  int64_t width = x.type.shape.back(), total = 0;
+  for (const OpTensor &r : results) {
+    ArrayRef<int64_t> s = r.type.shape;
+    if (s.empty() || s.back() <= 0)
+      return opError(inst, "result " + shapeString(s) + " is not a piece of " +
+                               shapeString(x.type.shape));
+    if (Error e = checkFloatShape(inst, r, "result",
+                                  withLast(x.type.shape, s.back())))
       return e;
+    total += s.back();
+  }
+  if (total != width)
+    return opError(inst, "results are " + Twine(total) +
+                             " wide together, but the input's last "
+                             "dimension is " +
+                             Twine(width));
   int64_t rows = product(ArrayRef<int64_t>(x.type.shape).drop_back());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(x.f32 + r * width + i * chunk,
-                x.f32 + r * width + (i + 1) * chunk,
-                results[i].f32 + r * chunk);
+  int64_t column = 0;
+  for (const OpTensor &r : results) {
+    int64_t w = r.type.shape.back();
+    for (int64_t row = 0; row < rows; ++row)
+      std::copy(x.f32 + row * width + column, x.f32 + row * width + column + w,
+                r.f32 + row * w);
+    column += w;
+  }
   return Error::success();
 }
 

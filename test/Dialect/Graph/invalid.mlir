@@ -228,11 +228,11 @@ func.func @split_none(%x: tensor<1x4xbf16>) {
 
 // -----
 
-// Tests that split divides the last dimension evenly.
+// Tests that split's pieces cover the last dimension exactly.
 
-func.func @split_uneven(%x: tensor<1x5xbf16>) {
-  // expected-error @below {{last dimension of [1, 5] is not divisible into 2 chunks}}
-  %s:2 = megaslide.split %x : tensor<1x5xbf16> -> tensor<1x2xbf16>, tensor<1x3xbf16>
+func.func @split_short(%x: tensor<1x5xbf16>) {
+  // expected-error @below {{results are 4 wide together, but the input's last dimension is 5}}
+  %s:2 = megaslide.split %x : tensor<1x5xbf16> -> tensor<1x2xbf16>, tensor<1x2xbf16>
   return
 }
 
@@ -241,17 +241,17 @@ func.func @split_uneven(%x: tensor<1x5xbf16>) {
 // Tests that split needs a last dimension.
 
 func.func @split_scalar(%x: tensor<bf16>) {
-  // expected-error @below {{last dimension of [] is not divisible into 1 chunks}}
+  // expected-error @below {{input must have rank >= 1}}
   %s = megaslide.split %x : tensor<bf16> -> tensor<bf16>
   return
 }
 
 // -----
 
-// Tests that every split result is one chunk of the input.
+// Tests that every split result is a piece of the input's last dimension.
 
 func.func @split_shape(%x: tensor<1x4xbf16>) {
-  // expected-error @below {{'result' has shape [2, 2] but expected [1, 2]}}
+  // expected-error @below {{result [2, 2] is not a piece of the last dimension of [1, 4]}}
   %s:2 = megaslide.split %x : tensor<1x4xbf16> -> tensor<1x2xbf16>, tensor<2x2xbf16>
   return
 }

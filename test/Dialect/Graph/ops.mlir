@@ -90,6 +90,9 @@ func.func @structural(%x: tensor<1x128xf32>) -> tensor<1x128xbf16> {
   %y = megaslide.concat %s#1, %z, %s#0 : tensor<1x64xbf16>, tensor<1x32xbf16>, tensor<1x64xbf16> -> tensor<1x160xbf16>
   // CHECK: %{{.*}}:2 = megaslide.split %[[R]] : tensor<2x4x16xbf16> -> tensor<2x4x8xbf16>, tensor<2x4x8xbf16>
   %s2:2 = megaslide.split %r : tensor<2x4x16xbf16> -> tensor<2x4x8xbf16>, tensor<2x4x8xbf16>
+  // Pieces of unequal widths.
+  // CHECK: %{{.*}}:2 = megaslide.split %[[R]] : tensor<2x4x16xbf16> -> tensor<2x4x3xbf16>, tensor<2x4x13xbf16>
+  %s3:2 = megaslide.split %r : tensor<2x4x16xbf16> -> tensor<2x4x3xbf16>, tensor<2x4x13xbf16>
   // A split into one chunk has a single, unpacked result.
   // CHECK: %[[S1:.*]] = megaslide.split %[[C]] : tensor<1x128xbf16> -> tensor<1x128xbf16>
   %s1 = megaslide.split %c : tensor<1x128xbf16> -> tensor<1x128xbf16>

@@ -533,6 +533,8 @@ std::vector<OpCase> denseCases() {
       {tt(bf, {2, 90, 64}), tt(f32, {64})});
   add("split", makeInst("split"), {tt(bf, {2, 3, 48})},
       {tt(bf, {2, 3, 24}), tt(bf, {2, 3, 24})});
+  add("split unequal", makeInst("split"), {tt(bf, {2, 3, 48})},
+      {tt(bf, {2, 3, 7}), tt(bf, {2, 3, 41})});
   add("concat", makeInst("concat"), {tt(bf, {2, 3, 16}), tt(bf, {2, 3, 32})},
       {tt(bf, {2, 3, 48})});
   add("reshape", makeInst("reshape"), {tt(bf, {2, 3, 48})}, {tt(bf, {6, 48})});

@@ -880,6 +880,22 @@ TEST(CpuDenseStructural, SplitThenConcatRoundTrips) {
   }
 }
 
+TEST(CpuDenseStructural, SplitIntoUnequalWidthsUndoesConcat) {
+  std::mt19937 rng(54);
+  Tensor x = randomTensor({3, 8}, rng);
+  Tensor a = output({3, 2}), b = output({3, 5}), c = output({3, 1});
+  ASSERT_EQ(run(makeInst("split"), {&x}, {&a, &b, &c}), "");
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(a[r * 2 + 1], x[r * 8 + 1]);
+    for (int64_t j = 0; j < 5; ++j)
+      EXPECT_EQ(b[r * 5 + j], x[r * 8 + 2 + j]);
+    EXPECT_EQ(c[r], x[r * 8 + 7]);
+  }
+  Tensor y = output({3, 8});
+  ASSERT_EQ(run(makeInst("concat"), {&a, &b, &c}, {&y}), "");
+  EXPECT_EQ(y.values(), x.values());
+}
+
 TEST(CpuDenseStructural, ConcatOfUnequalWidths) {
   std::mt19937 rng(53);
   Tensor a = randomTensor({3, 2}, rng), b = randomTensor({3, 5}, rng),
@@ -980,7 +996,8 @@ TEST(CpuDenseErrors, OperandFormsAndShapes) {
 
   Tensor p0 = output({2, 3, 1}), p1 = output({2, 3, 1}), p2 = output({2, 3, 1});
   expectError(run(makeInst("split"), {&x}, {&p0, &p1, &p2}), "split",
-              "not divisible into 3 chunks");
+              "results are 3 wide together, but the input's last dimension "
+              "is 4");
   Tensor c1({2, 4}), c2({3, 4}), cy = output({2, 8});
   expectError(run(makeInst("concat"), {&c1, &c2}, {&cy}), "concat",
               "differ outside the last dimension");
