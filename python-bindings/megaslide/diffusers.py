@@ -412,13 +412,17 @@ class Dsa3dAttnProcessor:
 # Switching a pipeline
 # ---------------------------------------------------------------------------
 
-def _transformer_of(pipe_or_transformer):
+def _transformers_of(pipe_or_transformer):
+    """The pipeline's Wan transformers: ``transformer`` and, in Wan 2.2
+    A14B's pipelines, the low-noise expert ``transformer_2``."""
     from diffusers import WanTransformer3DModel
     if isinstance(pipe_or_transformer, WanTransformer3DModel):
-        return pipe_or_transformer
-    t = getattr(pipe_or_transformer, "transformer", None)
-    if isinstance(t, WanTransformer3DModel):
-        return t
+        return [pipe_or_transformer]
+    found = [getattr(pipe_or_transformer, name, None)
+             for name in ("transformer", "transformer_2")]
+    found = [t for t in found if isinstance(t, WanTransformer3DModel)]
+    if found:
+        return found
     raise TypeError(f"expected a Wan pipeline (WanPipeline, "
                     f"WanImageToVideoPipeline) or a WanTransformer3DModel, "
                     f"got {type(pipe_or_transformer).__name__}")
@@ -479,7 +483,9 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
     """Switches a loaded ``WanPipeline`` or ``WanImageToVideoPipeline`` (or
     ``WanTransformer3DModel``) to 3D-DSA self-attention (``attn1`` of every
     block; ``attn2``, the cross-attention, is left as it is); returns the
-    settings used.
+    settings used (of ``transformer``). A Wan 2.2 A14B pipeline's two
+    experts, ``transformer`` and ``transformer_2``, each get the settings
+    of their own config.json's record (or the arguments).
 
     ``window``, ``tile`` (t, y, x in tokens) and ``radius``: all three, or
     none to read them from the config.json's ``_megaslide`` key (written
@@ -490,35 +496,48 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
     attention (the planner's rule). ``backend``: "auto", "flex" or
     "megaslide" (module docstring). :func:`disable_dsa` undoes it.
     """
-    transformer = _transformer_of(pipe_or_transformer)
     given = [x is not None for x in (window, tile, radius)]
     if any(given) and not all(given):
         raise ValueError("give window, tile and radius together, or none of "
                          "them to read the run's from config.json")
-    if all(given):
-        settings = Dsa3dSettings(window, tile,  # type: ignore[arg-type]
-                                 radius)
-    else:
-        record = run_config(transformer)
-        folder = transformer.config.get("_name_or_path", "the model")
-        where = f"{folder}/config.json" if folder else "config.json"
-        if record is None:
-            raise ValueError(
-                f"{where} has no '{RUN_CONFIG_KEY}' key (megaslide's "
-                f"save_weights writes it): pass window, tile and radius to "
-                f"enable_dsa, e.g. enable_dsa(pipe, window=(9, 15, 24), "
-                f"tile=(3, 5, 8), radius=4)")
-        settings = _settings_from_record(record, where)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got "
                          f"{backend!r}")
-    blocks = len(transformer.blocks)
-    if settings.layers is not None and (
-            not settings.layers or max(settings.layers) >= blocks):
-        raise ValueError(f"3D-DSA layers {list(settings.layers)} do not name "
-                         f"blocks of this transformer (it has {blocks}): the "
-                         f"record is of another model, or pass window, tile "
-                         f"and radius to use 3D-DSA in every block")
+    transformers = _transformers_of(pipe_or_transformer)
+    # Every expert's settings first: a bad record changes nothing.
+    chosen = []
+    for transformer in transformers:
+        if all(given):
+            settings = Dsa3dSettings(window, tile,  # type: ignore[arg-type]
+                                     radius)
+        else:
+            record = run_config(transformer)
+            folder = transformer.config.get("_name_or_path", "the model")
+            where = f"{folder}/config.json" if folder else "config.json"
+            if record is None:
+                raise ValueError(
+                    f"{where} has no '{RUN_CONFIG_KEY}' key (megaslide's "
+                    f"save_weights writes it): pass window, tile and radius "
+                    f"to enable_dsa, e.g. enable_dsa(pipe, window=(9, 15, "
+                    f"24), tile=(3, 5, 8), radius=4)")
+            settings = _settings_from_record(record, where)
+        blocks = len(transformer.blocks)
+        if settings.layers is not None and (
+                not settings.layers or max(settings.layers) >= blocks):
+            raise ValueError(f"3D-DSA layers {list(settings.layers)} do not "
+                             f"name blocks of this transformer (it has "
+                             f"{blocks}): the record is of another model, or "
+                             f"pass window, tile and radius to use 3D-DSA in "
+                             f"every block")
+        chosen.append(settings)
+    for transformer, settings in zip(transformers, chosen):
+        _install(transformer, settings, backend)
+    return chosen[0]
+
+
+def _install(transformer, settings: Dsa3dSettings, backend: str) -> None:
+    """Puts the 3D-DSA processor on the transformer's attn1 where
+    ``settings`` says."""
     disable_dsa(transformer)
     state = _GridState()
     patch = tuple(transformer.config.patch_size)
@@ -533,7 +552,6 @@ def enable_dsa(pipe_or_transformer, *, window: Optional[Sequence[int]] = None,
         if settings.layers is None or i in settings.layers:
             block.attn1.set_processor(
                 Dsa3dAttnProcessor(settings, backend, state))
-    return settings
 
 
 def disable_dsa(pipe_or_transformer) -> None:
@@ -541,14 +559,14 @@ def disable_dsa(pipe_or_transformer) -> None:
     a :class:`Dsa3dAttnProcessor`; nothing to do otherwise."""
     from diffusers.models.transformers.transformer_wan import \
         WanAttnProcessor
-    transformer = _transformer_of(pipe_or_transformer)
-    hook = getattr(transformer, "_megaslide_dsa_hook", None)
-    if hook is not None:
-        hook.remove()
-        transformer._megaslide_dsa_hook = None
-    for block in transformer.blocks:
-        if isinstance(block.attn1.processor, Dsa3dAttnProcessor):
-            block.attn1.set_processor(WanAttnProcessor())
+    for transformer in _transformers_of(pipe_or_transformer):
+        hook = getattr(transformer, "_megaslide_dsa_hook", None)
+        if hook is not None:
+            hook.remove()
+            transformer._megaslide_dsa_hook = None
+        for block in transformer.blocks:
+            if isinstance(block.attn1.processor, Dsa3dAttnProcessor):
+                block.attn1.set_processor(WanAttnProcessor())
 
 
 def save_video(frames: Any, path: Any, fps: float = 16) -> None:

@@ -34,6 +34,9 @@ from ._datafiles import UsageError, heavy_imports
 TOOL = "megaslide-export"
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 INDEX = WEIGHTS + ".index.json"
+#: Wan 2.2 A14B's two experts: transformer runs at t >= boundary_ratio,
+#: transformer_2 below.
+EXPERTS = ("transformer", "transformer_2")
 PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
 #: The components an image-conditioned transformer samples with: the CLIP
 #: image encoder and its processor (WanImageToVideoPipeline.encode_image).
@@ -194,7 +197,57 @@ def remove_stale_temporaries(out: str) -> List[str]:
     return notes
 
 
-def export(base: str, weights: str, out: str, copy: bool) -> str:
+def check_expert(base: str, cls: str, components: List[str], component: str,
+                 weights: str) -> None:
+    """UsageError unless ``weights`` is a transformer of the architecture of
+    the base's ``component``, in a pipeline that can run it."""
+    flag = "--weights" if component == "transformer" else "--weights-2"
+    run_config = _read_json(os.path.join(weights, "config.json"), flag)
+    base_config = _read_json(os.path.join(base, component, "config.json"),
+                             "--pipeline")
+    ours, theirs = architecture(run_config), architecture(base_config)
+    diffs = [f"{k}: {ours[k]!r} in the weights, {theirs[k]!r} in the base"
+             for k in ARCHITECTURE if ours[k] != theirs[k]]
+    if diffs:
+        raise UsageError(
+            f"the weights '{weights}' are not of the base pipeline's "
+            f"{component} architecture ('{base}/{component}/config.json'):\n"
+            + "\n".join("  " + d for d in diffs) +
+            "\ngive the base pipeline the run was fine-tuned from")
+    if ours["image_dim"] is not None:
+        # Without them from_pretrained loads, and sampling fails.
+        lacking = [c for c in IMAGE_COMPONENTS if c not in components]
+        if cls != "WanImageToVideoPipeline" or lacking:
+            raise UsageError(
+                f"--pipeline '{base}': the transformer is image-conditioned "
+                f"(image_dim {ours['image_dim']}), but the base is a {cls}"
+                + (f" whose model_index.json lists no "
+                   f"{' and no '.join(lacking)}" if lacking else "") +
+                f"; give the WanImageToVideoPipeline folder (with its image "
+                f"encoder and image processor) the run was fine-tuned from")
+
+
+def expert_weights(weights: Optional[str],
+                   weights_2: Optional[str]) -> Dict[str, str]:
+    """The pipeline component each given transformer folder becomes:
+    ``transformer`` (Wan 2.2's high-noise expert) and ``transformer_2``
+    (its low-noise one); a folder holding both as subfolders (a two-expert
+    run's --save-weights) gives both."""
+    if weights is None and weights_2 is None:
+        raise UsageError("give --weights (the transformer) or --weights-2 "
+                         "(a Wan 2.2 pipeline's transformer_2), or both")
+    if (weights is not None and weights_2 is None and
+            not os.path.isfile(os.path.join(weights, "config.json")) and
+            os.path.isdir(os.path.join(weights, "transformer"))):
+        both = {c: os.path.join(weights, c) for c in EXPERTS
+                if os.path.isdir(os.path.join(weights, c))}
+        return both
+    given = {"transformer": weights, "transformer_2": weights_2}
+    return {c: w for c, w in given.items() if w is not None}
+
+
+def export(base: str, weights: Optional[str], out: str, copy: bool,
+           weights_2: Optional[str] = None) -> str:
     """Builds the pipeline folder; returns what it did, one line."""
     index = _read_json(os.path.join(base, "model_index.json"), "--pipeline")
     cls = index.get("_class_name")
@@ -212,42 +265,25 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
                              f"the component {c!r}, which is not a folder "
                              f"name in the pipeline folder; fix "
                              f"model_index.json")
-    if "transformer" not in components:
-        raise UsageError(f"--pipeline '{base}': model_index.json lists no "
-                         f"transformer; give a pipeline folder that has one "
-                         f"(its config is what the weights are checked "
-                         f"against)")
+    experts = expert_weights(weights, weights_2)
+    for c in experts:
+        if c not in components:
+            raise UsageError(
+                f"--pipeline '{base}': model_index.json lists no {c}; "
+                + ("give a pipeline folder that has one (its config is what "
+                   "the weights are checked against)" if c == "transformer"
+                   else "it is not a two-expert (Wan 2.2 A14B) pipeline, so "
+                   "there is no low-noise expert to replace"))
     missing = [c for c in components if not os.path.isdir(
         os.path.join(base, c))]
     if missing:
         raise UsageError(f"--pipeline '{base}': model_index.json lists "
                          f"{', '.join(missing)} but the folder has no "
                          f"{', '.join(m + '/' for m in missing)}")
-    files = weight_files(weights)
-    run_config = _read_json(os.path.join(weights, "config.json"), "--weights")
-    base_config = _read_json(os.path.join(base, "transformer", "config.json"),
-                             "--pipeline")
+    files = {c: weight_files(w) for c, w in experts.items()}
     heavy_imports(TOOL)
-    ours, theirs = architecture(run_config), architecture(base_config)
-    diffs = [f"{k}: {ours[k]!r} in the weights, {theirs[k]!r} in the base"
-             for k in ARCHITECTURE if ours[k] != theirs[k]]
-    if diffs:
-        raise UsageError(
-            f"the weights '{weights}' are not of the base pipeline's "
-            f"transformer architecture ('{base}/transformer/config.json'):\n"
-            + "\n".join("  " + d for d in diffs) +
-            "\ngive the base pipeline the run was fine-tuned from")
-    if ours["image_dim"] is not None:
-        # Without them from_pretrained loads, and sampling fails.
-        lacking = [c for c in IMAGE_COMPONENTS if c not in components]
-        if cls != "WanImageToVideoPipeline" or lacking:
-            raise UsageError(
-                f"--pipeline '{base}': the transformer is image-conditioned "
-                f"(image_dim {ours['image_dim']}), but the base is a {cls}"
-                + (f" whose model_index.json lists no "
-                   f"{' and no '.join(lacking)}" if lacking else "") +
-                f"; give the WanImageToVideoPipeline folder (with its image "
-                f"encoder and image processor) the run was fine-tuned from")
+    for c, w in experts.items():
+        check_expert(base, cls, components, c, w)
     check_out(out)
 
     given = out  # messages name the folder as the user did
@@ -266,29 +302,31 @@ def export(base: str, weights: str, out: str, copy: bool) -> str:
         shutil.copy2(os.path.join(base, "model_index.json"),
                      os.path.join(tmp, "model_index.json"))
         for c in components:
-            if c == "transformer":
+            if c in experts:
                 continue
             # Links inside (a Hugging Face cache's blobs) are followed:
             # OUT holds files of its own.
             shutil.copytree(os.path.join(base, c), os.path.join(tmp, c),
                             copy_function=put)
-        transformer = os.path.join(tmp, "transformer")
-        os.mkdir(transformer)
-        shutil.copyfile(os.path.join(weights, "config.json"),
-                        os.path.join(transformer, "config.json"))
-        for f in files:
-            put(os.path.join(weights, f), os.path.join(transformer, f))
+        for c, w in experts.items():
+            folder = os.path.join(tmp, c)
+            os.mkdir(folder)
+            shutil.copyfile(os.path.join(w, "config.json"),
+                            os.path.join(folder, "config.json"))
+            for f in files[c]:
+                put(os.path.join(w, f), os.path.join(folder, f))
         check_out(out)  # still free: nothing else wrote there meanwhile
         # rename(2) replaces an empty folder and refuses a full one.
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    others = [c for c in components if c != "transformer"]
+    others = [c for c in components if c not in experts]
+    written = ", ".join(f"{c} from '{w}' ({len(files[c])} weight file(s))"
+                        for c, w in experts.items())
     return "".join(n + "\n" for n in notes) + (
-            f"{TOOL}: wrote '{given}': transformer from '{weights}' "
-            f"({len(files)} weight file(s)), {', '.join(others)} copied from "
-            f"'{base}'")
+            f"{TOOL}: wrote '{given}': {written}, {', '.join(others)} copied "
+            f"from '{base}'")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -300,8 +338,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "(docs/Data.md).")
     p.add_argument("--pipeline", required=True,
                    help="the base diffusers Wan pipeline folder")
-    p.add_argument("--weights", required=True, help="the transformer folder "
-                   "megaslide-run --save-weights wrote")
+    p.add_argument("--weights", help="the transformer folder megaslide-run "
+                   "--save-weights wrote (Wan 2.2 A14B: the high-noise "
+                   "expert; a two-expert run's folder gives both)")
+    p.add_argument("--weights-2", dest="weights_2",
+                   help="Wan 2.2 A14B: the low-noise expert's folder, the "
+                   "pipeline's transformer_2 (the expert not given is the "
+                   "base's)")
     p.add_argument("-o", "--output", required=True,
                    help="the new pipeline folder (must not exist, or be "
                    "empty)")
@@ -310,7 +353,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "either way OUT shares nothing writable with the base")
     args = p.parse_args(argv)
     try:
-        print(export(args.pipeline, args.weights, args.output, args.copy))
+        print(export(args.pipeline, args.weights, args.output, args.copy,
+                     args.weights_2))
     except UsageError as e:
         print(f"{TOOL}: error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@ says how) runs in a fresh folder holding what the page says is there:
 ``wan-tiny/``, a diffusers Wan pipeline of tiny random models
 (tiny_wan.py), ``wan-i2v-tiny/``, a WanImageToVideoPipeline of the same
 with a tiny CLIP image encoder and an image-conditioned transformer
-(tiny_wan.image_config("i2v")), and ``videos/``, four 16-frame clips with
+(tiny_wan.image_config("i2v")), ``wan22-tiny/``, a Wan 2.2 A14B-shaped
+WanPipeline whose two experts (transformer, transformer_2, boundary_ratio
+0.875) are tiny's, and ``videos/``, four 16-frame clips with
 captions, two 96 x 96 and two 96 x 128. The page's commands run the build's
 megaslide-plan and megaslide-run, and megaslide-prepare and
 megaslide-export as ``python -m`` of the package under test; what the
@@ -60,6 +62,9 @@ def _setup(work: pathlib.Path) -> None:
     megaslide.Trainer("tiny", 13, 96, 96, precision="f32").save_weights(
         str(base))
     tiny_wan.build_pipeline(work / "wan-tiny", base)
+    # Wan 2.2 A14B's shape: the same tiny transformer as both experts.
+    tiny_wan.build_pipeline(work / "wan22-tiny", base, weights_dir_2=base,
+                            boundary_ratio=0.875)
     config = work.parent / "i2v.json"
     config.write_text(json.dumps(tiny_wan.image_config("i2v")))
     image_base = work.parent / "base-weights-i2v"

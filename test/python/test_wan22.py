@@ -20,6 +20,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -242,3 +243,122 @@ def test_first_frame_needs_a_frame_after_it(tmp_path):
     with pytest.raises(ValueError, match="conditions on its first latent "
                        "frame, so the video needs at least 2 latent frames"):
         megaslide.model_info(str(path), 1, HEIGHT, WIDTH)
+
+
+# ---------------------------------------------------------------------------
+# Wan 2.2 A14B's two experts: export, 3D-DSA, sampling
+# ---------------------------------------------------------------------------
+
+A14B_BOUNDARY = 0.875
+EXPORT = [sys.executable, "-m", "megaslide.export"]
+A14B_VIDEO = (13, 96, 96)  # token grid (4, 6, 6): 3D-DSA applies
+
+
+@pytest.fixture(scope="module")
+def experts(tmp_path_factory):
+    """Two tiny experts (random weights of their own, 3D-DSA), a base
+    WanPipeline with transformer_2 and boundary_ratio, and the export of the
+    two into it."""
+    import tiny_wan
+    from test_diffusers_dsa import RADIUS, TILE, WINDOW
+    from test_diffusers_dsa import randomise as randomise_tiny
+    root = tmp_path_factory.mktemp("experts")
+    out = {}
+    for i, name in enumerate(("high", "low")):
+        tr = megaslide.Trainer("tiny", *A14B_VIDEO, backend="cpu",
+                               precision="f32", attention="dsa", seed=i,
+                               dsa_window=WINDOW, dsa_tile=TILE,
+                               dsa_radius=RADIUS,
+                               min_timestep=A14B_BOUNDARY if i == 0 else 0.0,
+                               max_timestep=1.0 if i == 0 else A14B_BOUNDARY)
+        tr.load_parameters(randomise_tiny(tr.parameters(), 10 + i))
+        tr.save_weights(str(root / name))
+        out[name] = tr
+    base = tiny_wan.build_pipeline(root / "base", root / "high",
+                                   weights_dir_2=root / "high",
+                                   boundary_ratio=A14B_BOUNDARY)
+    r = subprocess.run([*EXPORT, "--pipeline",
+                        str(base), "--weights", str(root / "high"),
+                        "--weights-2", str(root / "low"), "-o",
+                        str(root / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return dict(out, root=root, base=base, pipeline=root / "out",
+                message=r.stdout)
+
+
+def test_export_writes_both_experts(experts):
+    pipe = diffusers.WanPipeline.from_pretrained(
+        str(experts["pipeline"]), torch_dtype=torch.float32)
+    assert pipe.config.boundary_ratio == A14B_BOUNDARY
+    for module, name in ((pipe.transformer, "high"),
+                         (pipe.transformer_2, "low")):
+        state = module.state_dict()
+        for key, value in experts[name].parameters().items():
+            assert np.array_equal(state[key].numpy(), value), (name, key)
+    assert "transformer from" in experts["message"]
+    assert "transformer_2 from" in experts["message"]
+
+
+def test_one_expert_exported_keeps_the_bases_other(experts, tmp_path):
+    r = subprocess.run([*EXPORT, "--pipeline",
+                        str(experts["base"]), "--weights-2",
+                        str(experts["root"] / "low"), "-o",
+                        str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pipe = diffusers.WanPipeline.from_pretrained(str(tmp_path / "out"))
+    high = experts["high"].parameters()
+    assert np.array_equal(pipe.transformer.state_dict()[
+        "proj_out.weight"].numpy(), high["proj_out.weight"])
+
+
+def test_second_expert_needs_a_two_expert_base(experts, tmp_path):
+    import tiny_wan
+    base = tiny_wan.build_pipeline(tmp_path / "t2v", experts["root"] / "high")
+    r = subprocess.run([*EXPORT, "--pipeline",
+                        str(base), "--weights-2",
+                        str(experts["root"] / "low"), "-o",
+                        str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert ("model_index.json lists no transformer_2; it is not a "
+            "two-expert (Wan 2.2 A14B) pipeline") in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_sampling_routes_each_step_to_its_expert_with_dsa(experts):
+    # The exported pipeline with 3D-DSA on both experts: every transformer
+    # call at timestep >= boundary_ratio * 1000 goes to the high-noise
+    # expert, the others to transformer_2, and each call's velocity is its
+    # expert's megaslide forward (Trainer.predict at x_t, given as latents
+    # = noise = x_t) within test_diffusers_dsa.py's bound.
+    import megaslide.diffusers as msd
+    from test_diffusers_dsa import RTOL
+    pipe = diffusers.WanPipeline.from_pretrained(
+        str(experts["pipeline"]), torch_dtype=torch.float32)
+    settings = msd.enable_dsa(pipe)
+    assert settings.window == (2, 3, 3)
+    calls = []
+    for module, name in ((pipe.transformer, "high"),
+                         (pipe.transformer_2, "low")):
+        assert all(type(b.attn1.processor).__name__ == "Dsa3dAttnProcessor"
+                   for b in module.blocks), name
+
+        def hook(mod, args, kwargs, output, name=name):
+            calls.append((name, kwargs["hidden_states"].clone(),
+                          kwargs["timestep"].clone(),
+                          kwargs["encoder_hidden_states"].clone(),
+                          output[0].clone()))
+        module.register_forward_hook(hook, with_kwargs=True)
+    frames, height, width = A14B_VIDEO
+    pipe("a red cat", num_frames=frames, height=height, width=width,
+         num_inference_steps=4, guidance_scale=1.0, guidance_scale_2=1.0,
+         max_sequence_length=16,  # the tiny model's text_len
+         output_type="latent", generator=torch.Generator().manual_seed(0))
+    assert {c[0] for c in calls} == {"high", "low"}
+    for name, x, t, text, v in calls:
+        assert (t.item() >= A14B_BOUNDARY * 1000) == (name == "high"), (
+            name, t.item())
+        xn = x.numpy()
+        got = experts[name].predict(xn, xn, (t.numpy() / 1000).astype(
+            np.float32), text.numpy())
+        ref = v.numpy()
+        assert np.abs(got - ref).max() <= RTOL * np.abs(ref).max(), name

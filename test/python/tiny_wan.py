@@ -94,12 +94,14 @@ def build_image_encoder(width: int, tokens: int):
 
 
 def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
-                   seed: int = 0) -> pathlib.Path:
+                   seed: int = 0, weights_dir_2: pathlib.Path = None,
+                   boundary_ratio: float = None) -> pathlib.Path:
     """Writes a WanPipeline folder (model_index.json, vae/, text_encoder/,
     tokenizer/, scheduler/, transformer/) at ``folder``; the transformer is
     the one in ``weights_dir`` (a megaslide save_weights folder). An
     image-conditioned transformer makes it a WanImageToVideoPipeline, with
-    image_encoder/ and image_processor/ too."""
+    image_encoder/ and image_processor/ too. ``weights_dir_2`` and
+    ``boundary_ratio``: Wan 2.2 A14B's second expert, transformer_2."""
     import json
     import shutil
 
@@ -125,6 +127,9 @@ def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
     transformer = WanTransformer3DModel.from_pretrained(weights_dir)
     parts = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                  scheduler=scheduler, transformer=transformer)
+    if weights_dir_2 is not None:
+        parts.update(transformer_2=WanTransformer3DModel.from_pretrained(
+            weights_dir_2), boundary_ratio=boundary_ratio)
     config = transformer.config
     if config.image_dim is None:
         pipe = WanPipeline(**parts)
