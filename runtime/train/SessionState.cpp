@@ -33,6 +33,18 @@ static std::string formatDouble(double v) {
   return llvm::formatv("{0}", llvm::format("%.17g", v)).str();
 }
 
+/// `v` as the user gave it (0.9, not 0.90000000000000002), yet exact: the
+/// shortest of 15 to 17 digits that reads back as `v`.
+static std::string formatShortest(double v) {
+  for (int digits : {15, 16}) {
+    std::string text = llvm::formatv("{0}", llvm::format("%.*g", digits, v));
+    double back;
+    if (!llvm::StringRef(text).getAsDouble(back) && back == v)
+      return text;
+  }
+  return formatDouble(v);
+}
+
 Settings
 train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
                        llvm::ArrayRef<std::string> names,
@@ -104,7 +116,7 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   // Always: a run of one model does not resume two experts, or another
   // boundary's.
   s.push_back({"experts", r.twoExperts()
-                              ? "2, boundary " + formatDouble(r.boundary)
+                              ? "2, boundary " + formatShortest(r.boundary)
                               : "1"});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
