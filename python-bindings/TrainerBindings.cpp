@@ -513,6 +513,8 @@ public:
     out["planned_live_bytes"] = result.memory.plannedLiveBytes;
     out["measured_live_bytes"] = result.memory.measuredLiveBytes;
     out["val_loss"] = taken.valLoss ? py::cast(*taken.valLoss) : py::none();
+    if (report.expert) // Wan 2.2's two experts: which one stepped
+      out["expert"] = train::expertName(*report.expert).str();
     return out;
   }
 

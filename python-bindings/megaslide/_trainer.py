@@ -433,7 +433,8 @@ class Trainer:
         (measured; on sim the predicted step time), step and the planned
         and measured device peaks (planned_peak_bytes, measured_peak_bytes,
         planned_live_bytes, measured_live_bytes), and val_loss where the
-        step validated (``val_every``), else None. The step is logged to
+        step validated (``val_every``), else None; with ``boundary``,
+        expert ("high" or "low": the one that stepped). The step is logged to
         ``metrics`` and checkpointed on ``checkpoint_every`` as in
         :meth:`train`.
 

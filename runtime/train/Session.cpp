@@ -241,6 +241,12 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (!data)
     return data.takeError();
   std::unique_ptr<DataSource> valData;
+  if (!options.valDataDir.empty() && options.recipe.twoExperts())
+    return llvm::createStringError(
+        "--val-data with --boundary: validating two experts (each sample "
+        "on the expert of its time) is not built; validate each expert's "
+        "saved weights in a run of its own with its --min-timestep or "
+        "--max-timestep");
   if (!options.valDataDir.empty()) {
     llvm::Expected<std::unique_ptr<DataSource>> files =
         openValidationData(options, shapesOf, names);
