@@ -218,6 +218,8 @@ public:
         r.minTimestep = py::cast<double>(value);
       } else if (k == "max_timestep") {
         r.maxTimestep = py::cast<double>(value);
+      } else if (k == "boundary") {
+        r.boundary = py::cast<double>(value);
       } else {
         throw std::invalid_argument("unknown recipe option '" + k + "'");
       }
@@ -488,7 +490,7 @@ public:
         writer->complete(span);
       writer->setOtherData("backend", session->backend().name());
       writer->setOtherData("model", session->plan().model);
-      writer->setOtherData("step", session->state().step);
+      writer->setOtherData("step", session->step());
       writer->setOtherData("step_seconds", result.seconds);
       if (llvm::Error err = writer->finish())
         raise(std::move(err));
@@ -504,13 +506,15 @@ public:
     out["clipped"] = report.clipped;
     out["micro_batches"] = report.microBatches;
     out["seconds"] = result.seconds;
-    out["step"] = session->state().step;
+    out["step"] = session->step();
     out["skipped"] = result.skipped;
     out["planned_peak_bytes"] = result.memory.plannedArenaBytes;
     out["measured_peak_bytes"] = result.memory.measuredArenaBytes;
     out["planned_live_bytes"] = result.memory.plannedLiveBytes;
     out["measured_live_bytes"] = result.memory.measuredLiveBytes;
     out["val_loss"] = taken.valLoss ? py::cast(*taken.valLoss) : py::none();
+    if (report.expert) // Wan 2.2's two experts: which one stepped
+      out["expert"] = train::expertName(*report.expert).str();
     return out;
   }
 
@@ -569,7 +573,7 @@ public:
     bool losses = session->backend().computesLoss();
     py::dict out;
     out["steps"] = done;
-    out["step"] = session->state().step;
+    out["step"] = session->step();
     out["skipped"] = skipped;
     out["first_loss"] = losses && firstLoss ? py::cast(*firstLoss) : py::none();
     out["last_loss"] = losses && lastLoss ? py::cast(*lastLoss) : py::none();
@@ -584,7 +588,7 @@ public:
     py::gil_scoped_release release;
     if (llvm::Error e = run->resume())
       raise(std::move(e));
-    return session->state().step;
+    return session->step();
   }
 
   void checkpoint() {
@@ -665,8 +669,7 @@ public:
     CallGuard lock = guard("load_weights");
     requireState("load_weights");
     py::gil_scoped_release release;
-    if (llvm::Error err =
-            host::loadWeights(path, session->state(), &session->plan()))
+    if (llvm::Error err = train::loadSessionWeights(*session, path))
       raise(std::move(err));
   }
 
@@ -703,7 +706,7 @@ public:
   bool computesLoss() const { return session->backend().computesLoss(); }
   int64_t stepCount() const {
     CallGuard lock = guard("step_count");
-    return session->state().step;
+    return session->step();
   }
   std::string backendName() const { return session->backend().name(); }
 

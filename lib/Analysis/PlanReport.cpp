@@ -53,6 +53,12 @@ bool isShardedResource(schedule::ResourceOp resource) {
       resource.getSymName());
 }
 
+/// The experts of a two-expert run besides the plan's own model.
+int64_t otherExperts(ModuleOp module) {
+  auto experts = module->getAttrOfType<IntegerAttr>(kExpertsAttr);
+  return experts ? experts.getInt() - 1 : 0;
+}
+
 /// Host side: totals by category, and each block's persistent state.
 void accountHost(ModuleOp module, PlanReport &r) {
   uint64_t params = 0;
@@ -335,9 +341,14 @@ std::vector<std::pair<std::string, uint64_t>>
 megaslide::hostMemoryPerRank(ModuleOp module) {
   int64_t ranks = jobSizeOf(module).ranks();
   std::map<std::string, uint64_t> byCategory;
-  for (auto param : module.getOps<graph::ParamOp>())
-    byCategory[roleCategory(param.getRole())] +=
-        shardBytes(param.getType(), ranks);
+  // What each expert of a two-expert run holds for itself: every
+  // parameter's state and the EMA (kExpertsAttr).
+  uint64_t perExpert = 0;
+  for (auto param : module.getOps<graph::ParamOp>()) {
+    uint64_t bytes = shardBytes(param.getType(), ranks);
+    byCategory[roleCategory(param.getRole())] += bytes;
+    perExpert += bytes;
+  }
   for (auto resource : module.getOps<schedule::ResourceOp>()) {
     if (resource.getResidency() == schedule::Residency::device ||
         resource.getSymName() == kOsAllowanceResource)
@@ -345,9 +356,13 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
     uint64_t bytes = resource.getSize();
     if (isShardedResource(resource))
       bytes = (bytes + ranks - 1) / ranks;
+    if (resource.getSymName() == kEmaResource)
+      perExpert += bytes;
 
     byCategory[resource.getCategory().str()] += bytes;
   }
+  if (int64_t others = otherExperts(module))
+    byCategory["second expert's state"] += others * perExpert;
   return sorted(byCategory);
 }
 
@@ -357,19 +372,22 @@ uint64_t megaslide::nodeShare(ModuleOp module, uint64_t bytes) {
 }
 
 int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {
-  uint64_t sharded = 0, own = 0, allowance = 0;
+  uint64_t sharded = 0, own = 0, allowance = 0, perExpert = 0;
   for (auto param : module.getOps<graph::ParamOp>())
-    sharded += tensorBytes(param.getType());
+    perExpert += tensorBytes(param.getType());
   for (auto resource : module.getOps<schedule::ResourceOp>()) {
     if (resource.getResidency() == schedule::Residency::device)
       continue;
     if (resource.getSymName() == kOsAllowanceResource)
       allowance += resource.getSize();
+    else if (resource.getSymName() == kEmaResource)
+      perExpert += resource.getSize();
     else if (isShardedResource(resource))
       sharded += resource.getSize();
     else
       own += resource.getSize();
   }
+  sharded += (1 + otherExperts(module)) * perExpert;
   uint64_t fixed = jobSizeOf(module).gpusPerNode * own + allowance;
   if (hostBudget <= fixed)
     return 0;

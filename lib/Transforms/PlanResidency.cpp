@@ -91,6 +91,7 @@ struct PlanResidencyPass
 
   PipelineOption<&PlanningOptions::hostStatePolicy> hostStatePolicy{*this};
   PipelineOption<&PlanningOptions::osAllowance> osAllowance{*this};
+  PipelineOption<&PlanningOptions::experts> experts{*this};
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -119,7 +120,15 @@ struct PlanResidencyPass
     case schedule::HostStatePolicy::master_moments:
       break;
     }
+    if (experts < 1 || experts > 2) {
+      module.emitError() << "option 'experts' must be 1 or 2 (Wan 2.2's two "
+                            "experts), got "
+                         << experts;
+      return signalPassFailure();
+    }
     OpBuilder b(module.getContext());
+    if (experts > 1)
+      module->setAttr(kExpertsAttr, b.getI64IntegerAttr(experts));
     module->setAttr(kHostStatePolicyAttr,
                     b.getStringAttr(schedule::stringifyEnum(hostStatePolicy)));
 

@@ -64,7 +64,7 @@ RECIPE_OPTIONS: Dict[str, type] = {
     "lr_decay_steps": int, "max_grad_norm": float, "grad_accum": int,
     "ema_decay": float, "ema_warmup": bool, "timestep_sampling": str,
     "logit_mean": float, "logit_std": float, "flow_shift": float,
-    "min_timestep": float, "max_timestep": float,
+    "min_timestep": float, "max_timestep": float, "boundary": float,
 }
 
 
@@ -147,7 +147,7 @@ class Trainer:
     keywords (RECIPE_OPTIONS): lr_schedule, warmup_steps, min_lr,
     lr_decay_steps, max_grad_norm, grad_accum, ema_decay, ema_warmup,
     timestep_sampling, logit_mean, logit_std, flow_shift, min_timestep,
-    max_timestep; ``val_data`` is
+    max_timestep, boundary (Wan 2.2's two experts in one run); ``val_data`` is
     a folder of validation samples for :meth:`validation_loss`.
 
     A run's outputs are megaslide-run's (docs/Python.md, "Runs"), written by
@@ -433,7 +433,8 @@ class Trainer:
         (measured; on sim the predicted step time), step and the planned
         and measured device peaks (planned_peak_bytes, measured_peak_bytes,
         planned_live_bytes, measured_live_bytes), and val_loss where the
-        step validated (``val_every``), else None. The step is logged to
+        step validated (``val_every``), else None; with ``boundary``,
+        expert ("high" or "low": the one that stepped). The step is logged to
         ``metrics`` and checkpointed on ``checkpoint_every`` as in
         :meth:`train`.
 

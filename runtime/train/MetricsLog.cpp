@@ -77,6 +77,8 @@ std::string train::metricsLine(const MetricsRecord &r) {
         for (const std::string &name : r.buckets)
           j.value(name);
       });
+    if (!r.expert.empty())
+      j.attribute("expert", r.expert);
   });
   return line;
 }

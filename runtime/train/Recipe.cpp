@@ -127,6 +127,16 @@ llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
                               "--max-timestep ({1})",
                               llvm::format("%g", r.minTimestep),
                               llvm::format("%g", r.maxTimestep)));
+  if (!(r.boundary >= 0 && r.boundary < 1))
+    return fail(llvm::formatv(
+        "--boundary must be in (0, 1), got {0}: the flow-matching time "
+        "where the high-noise expert hands over to the low-noise one "
+        "(diffusers' boundary_ratio)",
+        llvm::format("%g", r.boundary)));
+  if (r.twoExperts() && r.hasTimestepRange())
+    return fail("--boundary trains both experts, each on its side of the "
+                "boundary: give it or --min-timestep/--max-timestep (one "
+                "expert), not both");
   return llvm::Error::success();
 }
 
@@ -275,6 +285,24 @@ std::vector<float> train::SigmaStream::next(int64_t count) {
 
 void train::SigmaStream::skip(int64_t count) {
   rng.state += count * sigmaDraws(recipe) * Random::kGamma;
+}
+
+llvm::StringRef train::expertName(int64_t expert) {
+  return expert == 0 ? "high" : "low";
+}
+
+Recipe train::expertRecipe(const Recipe &recipe, int64_t expert) {
+  Recipe r = recipe;
+  r.boundary = 0;
+  (expert == 0 ? r.minTimestep : r.maxTimestep) = recipe.boundary;
+  return r;
+}
+
+int64_t train::stepExpert(const Recipe &recipe, uint64_t seed, int64_t step) {
+  Recipe whole = recipe;
+  whole.boundary = 0;
+  SigmaStream choice(whole, seed ^ hashName("expert"), step);
+  return choice.next(1)[0] >= recipe.boundary ? 0 : 1;
 }
 
 std::vector<float> train::sampleSigmas(const Recipe &r, uint64_t seed,

@@ -24,7 +24,9 @@ Session::Session(std::vector<std::unique_ptr<exec::ExecPlan>> plans,
                  std::unique_ptr<DataSource> data)
     : plans(std::move(plans)), names(std::move(names)),
       shapesOf(std::move(shapes)), options(std::move(options)),
-      seed(this->options.seed), data(std::move(data)) {}
+      seed(this->options.seed), data(std::move(data)) {
+  experts.resize(this->options.recipe.numExperts());
+}
 
 host::HostOptimizer::Options
 train::optimizerOptions(const Recipe &r, const exec::ExecPlan &plan,
@@ -195,7 +197,8 @@ llvm::Error Session::gatherLikeAStep() {
     return runStepOn(0, zeros, gradientsOnly).takeError();
   }
   for (auto [param, dtype] : fetchesOf(p))
-    if (const host::HostTensor *t = hostState.find(param); t && t->sharded) {
+    if (const host::HostTensor *t = current().state.find(param);
+        t && t->sharded) {
       std::vector<uint8_t> scratch(t->param->type.numElements() *
                                    exec::dtypeBytes(dtype));
       if (llvm::Error e = host::gatherWhole(*t, dtype, scratch.data(),
@@ -238,6 +241,12 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   if (!data)
     return data.takeError();
   std::unique_ptr<DataSource> valData;
+  if (!options.valDataDir.empty() && options.recipe.twoExperts())
+    return llvm::createStringError(
+        "--val-data with --boundary: validating two experts (each sample "
+        "on the expert of its time) is not built; validate each expert's "
+        "saved weights in a run of its own with its --min-timestep or "
+        "--max-timestep");
   if (!options.valDataDir.empty()) {
     llvm::Expected<std::unique_ptr<DataSource>> files =
         openValidationData(options, shapesOf, names);
@@ -294,15 +303,18 @@ Session::create(std::vector<BucketPlan> bucketPlans,
     session->data->setShare(c->rank(), c->size(), options.recipe.gradAccum);
   if (session->executor->computesLoss()) {
     dist::Collectives *job = options.collectives;
-    session->hostState = host::initHostState(
-        p, options.seed, job ? job->rank() : 0, job ? job->size() : 1);
+    // Both experts start from the same weights (those of --seed) until
+    // weights are loaded into each.
+    for (Expert &e : session->experts) {
+      e.state = host::initHostState(p, options.seed, job ? job->rank() : 0,
+                                    job ? job->size() : 1);
+      e.optimizer.prepare(p, e.state,
+                          optimizerOptions(options.recipe, p, session->deferred,
+                                           options.collectives));
+    }
     session->runSettings =
         computeSettings(session->plans, session->names, options,
                         session->deferred, *session->data);
-    session->optimizer.prepare(p, session->hostState,
-                               optimizerOptions(options.recipe, p,
-                                                session->deferred,
-                                                options.collectives));
   }
   return session;
 }
@@ -316,18 +328,73 @@ std::vector<size_t> Session::bucketSamples() const {
 
 host::HostTensor *Session::ema(llvm::StringRef name) {
   flushUpdates();
-  return hostState.find((name + ".ema").str());
+  return current().state.find((name + ".ema").str());
 }
 
-void Session::flushUpdates() { optimizer.flush(); }
+void Session::flushUpdates() { current().optimizer.flush(); }
 
+int64_t Session::step() const {
+  int64_t sum = 0;
+  for (const Expert &e : experts)
+    sum += e.state.step;
+  return sum;
+}
+
+host::HostState &Session::expertState(int64_t e) {
+  flushUpdates();
+  return experts[e].state;
+}
+
+void Session::useExpert(size_t e) {
+  // The pending updates read the plan's buffers the other expert's step
+  // would overwrite: applied first.
+  if (e != liveExpert)
+    flushUpdates();
+  liveExpert = e;
+}
+
+llvm::Error Session::withCheckpointState(
+    llvm::function_ref<llvm::Error(host::HostState &)> fn) {
+  flushUpdates();
+  if (experts.size() == 1)
+    return fn(current().state);
+  host::HostState both;
+  both.step = step();
+  for (size_t e = 0; e < experts.size(); ++e)
+    for (host::HostTensor &t : experts[e].state.tensors) {
+      const exec::Param *param = t.param;
+      if (e > 0) {
+        exec::Param renamed = *t.param;
+        renamed.name = (kSecondExpertPrefix + renamed.name).str();
+        if (!renamed.of.empty())
+          renamed.of = (kSecondExpertPrefix + renamed.of).str();
+        param = &both.ownParams.emplace_back(std::move(renamed));
+      }
+      host::HostTensor &moved = both.tensors.emplace_back();
+      moved.param = param;
+      moved.data = std::move(t.data);
+      moved.bf16 = std::move(t.bf16);
+      moved.sharded = t.sharded;
+      moved.shardBegin = t.shardBegin;
+      moved.shardEnd = t.shardEnd;
+      both.index[param->name] = both.tensors.size() - 1;
+    }
+  llvm::Error err = fn(both);
+  size_t k = 0;
+  for (Expert &e : experts)
+    for (host::HostTensor &t : e.state.tensors) {
+      t.data = std::move(both.tensors[k].data);
+      t.bf16 = std::move(both.tensors[k++].bf16);
+    }
+  return err;
+}
 llvm::Expected<StepReport>
 Session::trainStep(const exec::StepOptions &options) {
-  if (hostState.incomplete)
+  if (llvm::any_of(experts, [](const Expert &e) { return e.state.incomplete; }))
     return runStep({}, {}).takeError(); // the error below, before drawing data
   uint64_t before = data->state();
   if (dist::Collectives *c = this->options.collectives;
-      c && c->size() > 1 && fault::hangs(c->rank(), hostState.step + 1))
+      c && c->size() > 1 && fault::hangs(c->rank(), step() + 1))
     for (;;)
       ::pause(); // a test's hung rank: only SIGKILL ends it
   llvm::Expected<StepReport> report = optimizerStep(
@@ -369,9 +436,19 @@ llvm::Expected<StepReport>
 Session::optimizerStep(MicroBatches nextBatch, const exec::StepOptions &given) {
   const Recipe &r = options.recipe;
   int64_t B = shapesOf[0].latents[0]; // every bucket's batch
+  // Of two experts, the one this step trains (a function of (seed, step),
+  // so a resumed run picks as the uninterrupted one), its times drawn
+  // within its range.
+  int64_t globalStep = step();
+  Recipe times = r;
+  if (r.twoExperts()) {
+    int64_t e = stepExpert(r, seed, globalStep);
+    useExpert(e);
+    times = expertRecipe(r, e);
+  }
   // Micro-batch k with its timesteps (samples k B .. k B + B - 1 of the
   // step's sigmas, sampleSigmas), drawn in order, one at a time.
-  SigmaStream sigmas(r, seed, hostState.step);
+  SigmaStream sigmas(times, seed, globalStep);
   if (dist::Collectives *job = options.collectives; job && job->size() > 1)
     // The micro-batches of the ranks before this one.
     sigmas.skip(job->rank() * r.gradAccum * B);
@@ -391,7 +468,9 @@ Session::optimizerStep(MicroBatches nextBatch, const exec::StepOptions &given) {
 
   StepReport report;
   report.microBatches = r.gradAccum;
-  report.lr = scheduledLr(r, baseLr, hostState.step);
+  report.lr = scheduledLr(r, baseLr, globalStep);
+  if (r.twoExperts())
+    report.expert = liveExpert;
   exec::StepOptions options = given;
   options.lr = report.lr;
   // Timing only, or gradients only: no optimizer decisions.
@@ -429,7 +508,7 @@ llvm::Error Session::streamingStep(MicroBatches draw, exec::StepOptions options,
                                    StepReport &report) {
   // The backend updates as gradients land, clipped with the previous
   // step's norm (docs/Training.md, "Streaming update").
-  double factor = optimizer.beginStreamingStep();
+  double factor = current().optimizer.beginStreamingStep();
   options.gradScale = static_cast<float>(factor);
   report.clipped = factor < 1.0;
   size_t bucket;
@@ -441,7 +520,8 @@ llvm::Error Session::streamingStep(MicroBatches draw, exec::StepOptions options,
     return one.takeError();
   report.result = std::move(*one);
   if (!report.result.skipped)
-    report.gradNorm = optimizer.endStreamingStep(report.result.gradSquaredNorm);
+    report.gradNorm =
+        current().optimizer.endStreamingStep(report.result.gradSquaredNorm);
   return llvm::Error::success();
 }
 
@@ -453,10 +533,10 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
   options.applyUpdates = false;
   options.retainGradient = [this](const exec::Instruction &inst,
                                   const exec::HostGradient &g) {
-    optimizer.retain(inst, g);
+    current().optimizer.retain(inst, g);
   };
   options.beforeFetch = [this](llvm::StringRef param) {
-    optimizer.applyPending(param);
+    current().optimizer.applyPending(param);
   };
   int64_t K = report.microBatches;
   double lossSum = 0;
@@ -464,12 +544,12 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     size_t bucket;
     llvm::Expected<exec::StepInputs> batch = draw(k, bucket);
     if (!batch) {
-      optimizer.dropRetained();
+      current().optimizer.dropRetained();
       return batch.takeError();
     }
     llvm::Expected<exec::StepResult> one = runStepOn(bucket, *batch, options);
     if (!one) {
-      optimizer.dropRetained();
+      current().optimizer.dropRetained();
       return one.takeError();
     }
     double seconds = report.result.seconds + one->seconds;
@@ -484,12 +564,12 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     ranks = job->size();
     if (llvm::Error e =
             job->allReduceSum(llvm::MutableArrayRef<double>(lossSum))) {
-      optimizer.dropRetained();
+      current().optimizer.dropRetained();
       return e;
     }
   }
   report.result.loss = static_cast<float>(lossSum / double(K * ranks));
-  llvm::Expected<double> norm = optimizer.retainedNorm();
+  llvm::Expected<double> norm = current().optimizer.retainedNorm();
   if (!norm)
     return norm.takeError();
   report.gradNorm = *norm;
@@ -498,10 +578,10 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     report.result.skipped = true;
     return llvm::Error::success();
   }
-  report.clipped = optimizer.decide(*norm, report.lr) < 1.0;
+  report.clipped = current().optimizer.decide(*norm, report.lr) < 1.0;
   // A job's ranks each update their shard; the next fetch gathers them.
-  if (optimizer.sharded())
-    return optimizer.applySharded();
+  if (current().optimizer.sharded())
+    return current().optimizer.applySharded();
   return llvm::Error::success();
 }
 
@@ -514,22 +594,22 @@ Session::runStep(const exec::StepInputs &inputs,
 llvm::Expected<exec::StepResult>
 Session::runStepOn(size_t bucket, const exec::StepInputs &inputs,
                    const exec::StepOptions &options) {
-  if (hostState.incomplete)
+  if (llvm::any_of(experts, [](const Expert &e) { return e.state.incomplete; }))
     return llvm::createStringError(
         llvm::formatv("the host state is incomplete: step {0} stopped "
                       "part-way with some parameters updated; load a "
                       "checkpoint before stepping again",
-                      hostState.step + 1)
+                      step() + 1)
             .str());
   if (llvm::Error e = useBucket(bucket))
     return std::move(e);
-  if (!optimizer.sharded())
-    return executor->step(inputs, hostState, options);
+  if (!current().optimizer.sharded())
+    return executor->step(inputs, current().state, options);
   exec::StepOptions gathering = options;
   gathering.gatherFetch =
       [job = this->options.collectives](const host::HostTensor &t,
                                         exec::DType dtype, void *dst) {
         return host::gatherWhole(t, dtype, dst, *job);
       };
-  return executor->step(inputs, hostState, gathering);
+  return executor->step(inputs, current().state, gathering);
 }

@@ -93,6 +93,21 @@ train::hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
         need.parts[i].second =
             std::max(need.parts[i].second, one.parts[i].second);
   }
+  if (options.recipe.twoExperts()) {
+    // Wan 2.2's other expert: a state and an EMA of its own; the step's
+    // buffers are the one backend's, shared.
+    const exec::ExecPlan &plan = *plans.front();
+    int ranks = options.collectives ? options.collectives->size() : 1;
+    need.parts.push_back({"the second expert's host state (fp32 masters, "
+                          "AdamW moments)",
+                          host::stateBytes(plan, ranks)});
+    need.parts.push_back(
+        {"the second expert's EMA",
+         host::HostOptimizer::footprint(
+             plan, optimizerOptions(options.recipe, plan, deferred,
+                                    options.collectives))
+             .emaBytes});
+  }
   return need;
 }
 

@@ -25,11 +25,24 @@ using namespace megaslide;
 using namespace megaslide::train;
 
 /// Version of trainerState()'s JSON: 2 adds the settings, 3 the EMA's
-/// update count and the previous step's gradient norm.
-static constexpr int64_t kTrainerStateVersion = 3;
+/// update count and the previous step's gradient norm, 4 the two experts'
+/// optimizer records ("experts", only of a two-expert run).
+static constexpr int64_t kTrainerStateVersion = 4;
 
 static std::string formatDouble(double v) {
   return llvm::formatv("{0}", llvm::format("%.17g", v)).str();
+}
+
+/// `v` as the user gave it (0.9, not 0.90000000000000002), yet exact: the
+/// shortest of 15 to 17 digits that reads back as `v`.
+static std::string formatShortest(double v) {
+  for (int digits : {15, 16}) {
+    std::string text = llvm::formatv("{0}", llvm::format("%.*g", digits, v));
+    double back;
+    if (!llvm::StringRef(text).getAsDouble(back) && back == v)
+      return text;
+  }
+  return formatDouble(v);
 }
 
 Settings
@@ -100,6 +113,11 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   // Always: a Wan 2.2 expert's checkpoint is not resumed as the other's.
   s.push_back({"timestep_range", "[" + formatDouble(r.minTimestep) + ", " +
                                      formatDouble(r.maxTimestep) + ")"});
+  // Always: a run of one model does not resume two experts, or another
+  // boundary's.
+  s.push_back({"experts", r.twoExperts()
+                              ? "2, boundary " + formatShortest(r.boundary)
+                              : "1"});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
   // Hashed with the job's micro-batches: a rank's share is not the run's.
@@ -132,15 +150,28 @@ std::string Session::trainerState() const {
   llvm::json::Object settings;
   for (const auto &[name, value] : runSettings)
     settings[name] = value;
-  llvm::json::Object o{{"version", kTrainerStateVersion},
-                       {"seed", std::to_string(seed)},
-                       {"data_state", std::to_string(data->state())},
-                       {"step", hostState.step},
-                       {"ema_updates", optimizer.emaUpdates()},
-                       {"steps_run", stepsRunSoFar},
-                       {"settings", std::move(settings)}};
-  if (std::optional<double> norm = optimizer.previousNorm())
-    o["previous_grad_norm"] = formatDouble(*norm);
+  // What the optimizer keeps besides the tensors, of each expert.
+  auto optimizerRecord = [](const Expert &e) {
+    llvm::json::Object o{{"step", e.state.step},
+                         {"ema_updates", e.optimizer.emaUpdates()}};
+    if (std::optional<double> norm = e.optimizer.previousNorm())
+      o["previous_grad_norm"] = formatDouble(*norm);
+    return o;
+  };
+  llvm::json::Object o = experts.size() > 1 ? llvm::json::Object()
+                                            : optimizerRecord(experts.front());
+  o["version"] = experts.size() > 1 ? kTrainerStateVersion : 3;
+  o["seed"] = std::to_string(seed);
+  o["data_state"] = std::to_string(data->state());
+  o["steps_run"] = stepsRunSoFar;
+  o["settings"] = std::move(settings);
+  if (experts.size() > 1) {
+    o["step"] = step();
+    llvm::json::Array each;
+    for (const Expert &e : experts)
+      each.push_back(optimizerRecord(e));
+    o["experts"] = std::move(each);
+  }
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(o));
@@ -172,19 +203,46 @@ llvm::Error Session::restoreTrainerState(llvm::StringRef json) {
   if (!dataState || dataState->getAsInteger(10, parsed) || !step || *step < 0)
     return llvm::createStringError(
         "trainer state lacks a valid 'data_state' or 'step'");
-  std::optional<double> previousNorm;
-  if (std::optional<llvm::StringRef> norm =
-          o->getString("previous_grad_norm")) {
-    double v;
-    if (norm->getAsDouble(v))
-      return llvm::createStringError(
-          "trainer state has a malformed 'previous_grad_norm'");
-    previousNorm = v;
+  // The optimizer records: the state's own, or each expert's.
+  std::vector<const llvm::json::Object *> records{o};
+  if (experts.size() > 1) {
+    const llvm::json::Array *each = o->getArray("experts");
+    if (!each || each->size() != experts.size())
+      return llvm::createStringError(llvm::formatv(
+          "trainer state lacks the {0} experts' records", experts.size()));
+    records.clear();
+    for (const llvm::json::Value &v : *each)
+      records.push_back(v.getAsObject());
   }
+  std::vector<std::optional<double>> previousNorms;
+  int64_t sum = 0;
+  for (const llvm::json::Object *record : records) {
+    std::optional<int64_t> own =
+        record ? record->getInteger("step") : std::nullopt;
+    if (!own || *own < 0)
+      return llvm::createStringError("trainer state lacks a valid 'step'");
+    sum += *own;
+    std::optional<double> &previousNorm = previousNorms.emplace_back();
+    if (std::optional<llvm::StringRef> norm =
+            record->getString("previous_grad_norm")) {
+      double v;
+      if (norm->getAsDouble(v))
+        return llvm::createStringError(
+            "trainer state has a malformed 'previous_grad_norm'");
+      previousNorm = v;
+    }
+  }
+  if (sum != *step)
+    return llvm::createStringError(llvm::formatv(
+        "trainer state's experts took {0} steps, its 'step' says {1}", sum,
+        *step));
   data->setState(parsed);
-  hostState.step = *step;
-  hostState.incomplete = false;
-  optimizer.restore(o->getInteger("ema_updates").value_or(0), previousNorm);
+  for (size_t e = 0; e < experts.size(); ++e) {
+    experts[e].state.step = *records[e]->getInteger("step");
+    experts[e].state.incomplete = false;
+    experts[e].optimizer.restore(
+        records[e]->getInteger("ema_updates").value_or(0), previousNorms[e]);
+  }
   // States saved before it was recorded: the optimizer steps (equal unless
   // a step was skipped).
   stepsRunSoFar = o->getInteger("steps_run").value_or(*step);

@@ -12,6 +12,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 #include <cmath>
 
@@ -164,7 +165,9 @@ Error TrainingRun::resume() {
   if (Error e = checkResumeSettings(*stored, session->settings(), advice))
     return mismatch(std::move(e));
   std::string trainerState;
-  if (Error e = host::loadLatestCheckpoint(dir, session->state(), trainerState))
+  if (Error e = session->withCheckpointState([&](host::HostState &state) {
+        return host::loadLatestCheckpoint(dir, state, trainerState);
+      }))
     return e;
   if (Error e = session->restoreTrainerState(trainerState))
     return e;
@@ -180,8 +183,7 @@ Error TrainingRun::resume() {
   isResumed = true;
   if (options.note) {
     options.note(
-        formatv("resumed at step {0} from {1}", session->state().step, dir)
-            .str());
+        formatv("resumed at step {0} from {1}", session->step(), dir).str());
     if (!horizon.empty())
       options.note(horizon);
   }
@@ -202,14 +204,14 @@ Error TrainingRun::start() {
                                   !options.reportPath.empty(), options.spell))
       return e;
   if (writesCheckpoints())
-    if (Error e =
-            host::checkCheckpointSpace(options.checkpointDir, session->state()))
+    if (Error e = session->withCheckpointState([&](host::HostState &state) {
+          return host::checkCheckpointSpace(options.checkpointDir, state);
+        }))
       return e;
   if (!options.metricsPath.empty() || !options.reportPath.empty()) {
     Expected<std::unique_ptr<MetricsLog>> opened = MetricsLog::open(
         options.metricsPath,
-        isResumed ? std::optional<int64_t>(session->state().step)
-                  : std::nullopt,
+        isResumed ? std::optional<int64_t>(session->step()) : std::nullopt,
         !options.reportPath.empty());
     if (!opened)
       return opened.takeError();
@@ -226,7 +228,7 @@ Error TrainingRun::start() {
       return created.takeError();
     trace = std::move(*created);
   }
-  first = session->state().step;
+  first = session->step();
   started = true;
   return Error::success();
 }
@@ -234,20 +236,27 @@ Error TrainingRun::start() {
 Error TrainingRun::checkpoint() {
   if (Error e = start())
     return e;
-  host::HostState &state = session->state();
-  if (state.step == lastCheckpoint)
+  int64_t step = session->step();
+  if (step == lastCheckpoint)
     return Error::success();
   host::CheckpointOptions saveOptions;
   saveOptions.replaceOthers = replaceOthers;
-  Expected<std::string> dir = host::saveCheckpoint(
-      options.checkpointDir, state, session->trainerState(), saveOptions,
-      session->sharded() ? session->job() : nullptr);
-  if (!dir)
-    return dir.takeError();
+  std::string dir;
+  if (Error e =
+          session->withCheckpointState([&](host::HostState &state) -> Error {
+            Expected<std::string> saved = host::saveCheckpoint(
+                options.checkpointDir, state, session->trainerState(),
+                saveOptions, session->sharded() ? session->job() : nullptr);
+            if (!saved)
+              return saved.takeError();
+            dir = std::move(*saved);
+            return Error::success();
+          }))
+    return e;
   replaceOthers = false;
-  lastCheckpoint = state.step;
+  lastCheckpoint = step;
   if (options.note)
-    options.note("checkpoint: " + *dir);
+    options.note("checkpoint: " + dir);
   return Error::success();
 }
 
@@ -294,22 +303,24 @@ Error TrainingRun::finish(bool whole) {
 Error TrainingRun::failAfterSaving(const Twine &message) {
   std::string text = message.str();
   if (session && started) {
-    host::HostState &state = session->state();
-    if (session->sharded() && writesCheckpoints() &&
-        state.step != lastCheckpoint && state.step > 0) {
+    int64_t step = session->step();
+    bool incomplete = false;
+    for (int64_t e = 0; e < session->numExperts(); ++e)
+      incomplete |= session->expertState(e).incomplete;
+    if (session->sharded() && writesCheckpoints() && step != lastCheckpoint &&
+        step > 0) {
       // The other ranks hold the moments' other shards and are not here.
       text += "\nthe state is sharded over the job's ranks and not saved "
               "now; the last checkpoint resumes the run";
     } else if (writesCheckpoints() && session->backend().computesLoss() &&
-               !state.incomplete && state.step != lastCheckpoint &&
-               state.step > 0) {
+               !incomplete && step != lastCheckpoint && step > 0) {
       if (Error e = checkpoint())
         text += "\n(the state could not be saved either: " +
                 toString(std::move(e)) + ")";
       else
         text += formatv("\nthe state after step {0} is saved; fix the cause "
                         "and continue with {1}",
-                        state.step, options.spell("resume"))
+                        step, options.spell("resume"))
                     .str();
     }
   }
@@ -331,7 +342,7 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
   bool computesLoss = s.backend().computesLoss();
   RunStep out;
   // sim keeps no state: its steps are counted here.
-  out.step = computesLoss ? s.state().step + 1 : first + sums.ran + 1;
+  out.step = computesLoss ? s.step() + 1 : first + sums.ran + 1;
   exec::StepOptions opts = stepOptions;
   opts.trace |= trace != nullptr;
   Expected<StepReport> report =
@@ -407,6 +418,8 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
     if (s.bucketed())
       for (size_t b : out.report.buckets)
         record.buckets.push_back(s.bucketName(b));
+    if (out.report.expert)
+      record.expert = expertName(*out.report.expert).str();
     if (Error e = metrics->write(record))
       return failAfterSaving(toString(std::move(e)));
   }
@@ -449,13 +462,9 @@ Expected<int64_t> TrainingRun::train(int64_t steps, const Hooks &hooks) {
   return done;
 }
 
-Error train::saveSessionWeights(Session &s, StringRef dir,
-                                host::SaveWeightsOptions saveOptions,
-                                bool ema) {
-  if (ema && !s.recipe().hasEma())
-    return createStringError("the run keeps no EMA of the weights to write "
-                             "(give an EMA decay)");
-  host::HostState &state = s.state();
+/// Writes `state`, one model's or one expert's, as saveSessionWeights.
+static Error saveStateWeights(Session &s, host::HostState &state, StringRef dir,
+                              host::SaveWeightsOptions saveOptions, bool ema) {
   // The EMA stands in for the masters while they are written (a bf16 EMA
   // widened, exactly, for the time).
   std::vector<std::vector<float>> kept;
@@ -489,4 +498,36 @@ Error train::saveSessionWeights(Session &s, StringRef dir,
   if (ema)
     swapEma();
   return err;
+}
+
+/// Where a pipeline folder keeps expert `e` (diffusers' WanPipeline).
+static std::string expertFolder(StringRef dir, int64_t e) {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, e == 0 ? "transformer" : "transformer_2");
+  return std::string(path);
+}
+
+Error train::saveSessionWeights(Session &s, StringRef dir,
+                                host::SaveWeightsOptions saveOptions,
+                                bool ema) {
+  if (ema && !s.recipe().hasEma())
+    return createStringError("the run keeps no EMA of the weights to write "
+                             "(give an EMA decay)");
+  if (s.numExperts() == 1)
+    return saveStateWeights(s, s.state(), dir, saveOptions, ema);
+  for (int64_t e = 0; e < s.numExperts(); ++e)
+    if (Error err = saveStateWeights(s, s.expertState(e), expertFolder(dir, e),
+                                     saveOptions, ema))
+      return err;
+  return Error::success();
+}
+
+Error train::loadSessionWeights(Session &s, StringRef path) {
+  if (s.numExperts() == 1)
+    return host::loadWeights(path, s.state(), &s.plan());
+  for (int64_t e = 0; e < s.numExperts(); ++e)
+    if (Error err = host::loadWeights(expertFolder(path, e), s.expertState(e),
+                                      &s.plan()))
+      return err;
+  return Error::success();
 }

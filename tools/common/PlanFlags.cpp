@@ -193,6 +193,8 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   // halves it.
   if (f.recipe.hasEma() && o.ema == schedule::EmaPolicy::none)
     o.ema = schedule::EmaPolicy::f32;
+  // Wan 2.2's two experts: the planner counts both host states.
+  o.experts = f.recipe.numExperts();
   f.recipe.gradAccum = o.gradAccum;
   f.recipe.emaBf16 = o.ema == schedule::EmaPolicy::bf16;
   o.hardwarePath = tools::hardwareFile;

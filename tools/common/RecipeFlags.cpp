@@ -58,6 +58,12 @@ cl::opt<double> maxTimestep("max-timestep", cl::init(1.0),
                             cl::cat(recipeCategory),
                             cl::desc("Upper end of the sampled times (see "
                                      "--min-timestep)"));
+cl::opt<double> boundary(
+    "boundary", cl::init(0.0), cl::cat(recipeCategory),
+    cl::desc("Train both experts of Wan 2.2 in one run: each step's drawn "
+             "time picks the high-noise expert (t >= B, diffusers' "
+             "transformer) or the low-noise one (transformer_2); B is the "
+             "pipeline's boundary_ratio (T2V 0.875, I2V 0.9)"));
 
 } // namespace
 
@@ -88,6 +94,7 @@ Expected<train::Recipe> tools::readRecipeFlags(double lr) {
   r.flowShift = flowShift;
   r.minTimestep = minTimestep;
   r.maxTimestep = maxTimestep;
+  r.boundary = boundary;
   if (Error err = train::checkRecipe(r, lr))
     return std::move(err);
   return r;

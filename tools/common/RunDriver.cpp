@@ -87,7 +87,9 @@ cl::opt<std::string> metricsFile(
 cl::opt<std::string> weightsPath(
     "weights", cl::cat(runCategory),
     cl::desc("Load diffusers-format transformer weights (a directory with "
-             "config.json and safetensors shards, or one .safetensors file)"),
+             "config.json and safetensors shards, or one .safetensors file; "
+             "with --boundary a pipeline folder's transformer and "
+             "transformer_2)"),
     cl::value_desc("PATH"));
 cl::opt<std::string>
     initWeights("init", cl::cat(runCategory),
@@ -97,7 +99,8 @@ cl::opt<std::string>
                 cl::value_desc("random"));
 cl::opt<std::string> saveWeights(
     "save-weights", cl::cat(runCategory),
-    cl::desc("Write the trained weights in diffusers format at the end"),
+    cl::desc("Write the trained weights in diffusers format at the end "
+             "(with --boundary: DIR/transformer and DIR/transformer_2)"),
     cl::value_desc("DIR"));
 cl::opt<std::string> dataDir(
     "data", cl::cat(runCategory),
@@ -552,7 +555,7 @@ void printBanner(train::Session &s, StringRef tool, StringRef backendWhy,
     // Where the weights and the samples come from, and every recipe value
     // the run trains with, once: nothing silent.
     outs() << "initial weights: "
-           << (resume ? "checkpoint step " + std::to_string(s.state().step)
+           << (resume ? "checkpoint step " + std::to_string(s.step())
                : !weightsPath.empty()
                    ? weightsPath.getValue()
                    : "random (seed " + std::to_string(seed) + ")")
@@ -847,7 +850,7 @@ int stopped(train::TrainingRun &run, train::Session &s, int64_t done, int argc,
     if (Error err = done ? run.checkpoint() : Error::success())
       return fail(formatv("stopped by {0} after step {1}, but the "
                           "checkpoint failed: {2}",
-                          sig == SIGINT ? "SIGINT" : "SIGTERM", s.state().step,
+                          sig == SIGINT ? "SIGINT" : "SIGTERM", s.step(),
                           toString(std::move(err)))
                       .str());
   if (!speaks) { // rank 0 says how to continue
@@ -912,7 +915,7 @@ loadPlans(const tools::RunTool &tool, const train::Settings *stored,
 /// train at --min-lr unnoticed (a resume beyond the first run's --steps).
 void warnPastHorizon(train::Session &s) {
   const train::Recipe &r = s.recipe();
-  int64_t first = s.state().step, last = first + steps;
+  int64_t first = s.step(), last = first + steps;
   bool decays = r.lrSchedule == train::LrSchedule::WarmupCosine ||
                 r.lrSchedule == train::LrSchedule::WarmupLinear;
   if (speaks && s.backend().computesLoss() && decays && last > r.decaySteps)
@@ -931,7 +934,7 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
                  const char *tool) {
   const exec::ExecPlan &p = s.plan();
   bool computesLoss = s.backend().computesLoss();
-  Progress progress(s.state().step, s.state().step + steps,
+  Progress progress(s.step(), s.step() + steps,
                     !noProgress && sys::Process::StandardErrIsDisplayed());
   StringMap<std::vector<float>> gradients; // of the last step
   auto onStep = [&](const train::RunStep &step) {
@@ -1125,7 +1128,7 @@ int tools::runMain(int argc, char **argv, const RunTool &tool) {
   run.attach(s);
   const exec::ExecPlan &p = s.plan();
   if (!weightsPath.empty())
-    if (Error err = host::loadWeights(weightsPath, s.state(), &p))
+    if (Error err = train::loadSessionWeights(s, weightsPath))
       return fail(toString(std::move(err)));
   if (resume)
     if (Error err = run.resume())

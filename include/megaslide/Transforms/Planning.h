@@ -45,6 +45,9 @@ inline constexpr llvm::StringLiteral kUpdateAttr = "msched.update";
 inline constexpr llvm::StringLiteral kUpdateAutoAttr = "msched.update_auto";
 inline constexpr llvm::StringLiteral kGradAccumAttr = "msched.grad_accum";
 inline constexpr llvm::StringLiteral kEmaAttr = "msched.ema";
+/// The models trained over the plan in one run when more than one (Wan
+/// 2.2's two experts): each holds a host state and an EMA of its own.
+inline constexpr llvm::StringLiteral kExpertsAttr = "msched.experts";
 
 using schedule::ActivationPolicy;
 

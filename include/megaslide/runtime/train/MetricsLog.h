@@ -43,6 +43,8 @@ struct MetricsRecord {
   std::optional<int64_t> lrDecaySteps;
   /// The bucket of each micro-batch (a bucketed run): one name, or a list.
   std::vector<std::string> buckets;
+  /// The expert that stepped (Wan 2.2's two experts): "high" or "low".
+  std::string expert;
 };
 
 /// The record as one line of JSON (no newline).

@@ -63,11 +63,30 @@ struct Recipe {
   /// distribution above restricted to that range (its density's shape
   /// kept): one expert of Wan 2.2's pair (docs/Training.md, "Timesteps").
   double minTimestep = 0, maxTimestep = 1;
+  /// Wan 2.2's two experts in one run (docs/Training.md, "Two experts in
+  /// one run"): the high-noise expert (0, diffusers' `transformer`) takes
+  /// the times in [boundary, 1), the low-noise one (1, `transformer_2`)
+  /// those in [0, boundary); 0: one model.
+  double boundary = 0;
 
   bool clips() const { return maxGradNorm > 0; }
   bool hasEma() const { return emaDecay > 0; }
   bool hasTimestepRange() const { return minTimestep > 0 || maxTimestep < 1; }
+  bool twoExperts() const { return boundary > 0; }
+  int64_t numExperts() const { return twoExperts() ? 2 : 1; }
 };
+
+/// "high" (expert 0) or "low" (expert 1): what the metrics call them.
+llvm::StringRef expertName(int64_t expert);
+/// The recipe expert `expert` of a two-expert recipe draws its times
+/// with: the timestep range its side of the boundary.
+Recipe expertRecipe(const Recipe &recipe, int64_t expert);
+/// The expert optimizer step `step` (0-based, the run's) of a two-expert
+/// recipe trains: the side of the boundary on which one time drawn from
+/// the whole distribution falls (a stream of its own, a function of
+/// (seed, step) only). Each expert thus gets the distribution's mass on
+/// its side as its share of the steps.
+int64_t stepExpert(const Recipe &recipe, uint64_t seed, int64_t step);
 
 /// Parses "constant", "warmup-constant", "warmup-cosine", "warmup-linear".
 std::optional<LrSchedule> parseLrSchedule(llvm::StringRef name);

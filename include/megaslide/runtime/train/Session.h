@@ -17,6 +17,7 @@
 #include "megaslide/runtime/train/Recipe.h"
 #include "megaslide/runtime/train/SyntheticData.h"
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -69,6 +70,9 @@ struct StepReport {
   int64_t microBatches = 1;
   /// The bucket (Session::bucketName) of each micro-batch.
   std::vector<size_t> buckets;
+  /// The expert that stepped (a two-expert run, Recipe::boundary): 0 high
+  /// noise, 1 low; unset for one model.
+  std::optional<int64_t> expert;
 };
 
 /// What changes the numbers a run computes, by name, as text: seed, data,
@@ -126,6 +130,11 @@ public:
   /// checkpoints follow, so a resumed run validates and saves where an
   /// uninterrupted one does.
   int64_t stepsRun() const { return stepsRunSoFar; }
+  /// Completed optimizer steps of the run: the state's, or of two experts
+  /// the sum of theirs (each expert's own count drives its AdamW bias
+  /// correction; the lr schedule, the times drawn and checkpoint names
+  /// follow this one).
+  int64_t step() const;
   /// One backend step on `inputs` with the given options, outside the
   /// recipe (no data drawn, no optimizer decisions: gradient inspection).
   /// Refused while the host state is incomplete (a step failed part-way).
@@ -143,7 +152,7 @@ public:
   void flushUpdates();
   /// Whether the state is sharded over a job's ranks (docs/Distributed.md,
   /// "Memory"): what saves or loads it is then a collective of the job.
-  bool sharded() const { return optimizer.sharded(); }
+  bool sharded() const { return current().optimizer.sharded(); }
   /// The job's collectives, if the run is a rank of one.
   dist::Collectives *job() const { return options.collectives; }
   /// Whether the plan defers its updates to after the backward
@@ -171,10 +180,26 @@ public:
   bool bucketed() const { return !names.front().empty(); }
   /// Training samples per bucket (empty for synthetic data).
   std::vector<size_t> bucketSamples() const;
+  /// The state of the expert stepped last (the only one of a run of one
+  /// model).
   host::HostState &state() {
     flushUpdates();
-    return hostState;
+    return current().state;
   }
+  /// 1, or 2 for Wan 2.2's two experts (Recipe::boundary).
+  int64_t numExperts() const { return static_cast<int64_t>(experts.size()); }
+  /// Expert `e`'s state (0: high noise, diffusers' `transformer`; 1: low
+  /// noise, `transformer_2`), its pending updates applied.
+  host::HostState &expertState(int64_t e);
+  /// Calls `fn` with the state a checkpoint holds: of one model the state
+  /// itself; of two experts one state holding both, the low-noise
+  /// expert's tensors named kSecondExpertPrefix + name, its step the
+  /// run's (step()). Its tensors' values are the experts' own (moved in
+  /// and back, never copied): what `fn` loads lands in the experts.
+  llvm::Error
+  withCheckpointState(llvm::function_ref<llvm::Error(host::HostState &)> fn);
+  /// Where a two-expert checkpoint keeps the low-noise expert's tensors.
+  static constexpr llvm::StringLiteral kSecondExpertPrefix = "transformer_2.";
   /// The backend of the bucket stepped last.
   exec::Backend &backend() { return *executor; }
   const InputShapes &inputShapes() const { return shapesOf[0]; }
@@ -223,7 +248,17 @@ private:
   size_t live = 0; ///< the bucket whose backend `executor` is
   SessionOptions options;
   uint64_t seed;
-  host::HostState hostState;
+  /// One model's state and optimizer, or one of Wan 2.2's experts'.
+  struct Expert {
+    host::HostState state;
+    host::HostOptimizer optimizer;
+  };
+  std::deque<Expert> experts; ///< stable addresses (the optimizers')
+  size_t liveExpert = 0;      ///< the one stepped last
+  Expert &current() { return experts[liveExpert]; }
+  const Expert &current() const { return experts[liveExpert]; }
+  /// Makes `e` the live expert, applying the other's pending updates.
+  void useExpert(size_t e);
   std::unique_ptr<DataSource> data, valData;
   std::unique_ptr<exec::Backend> executor;
   Settings runSettings;
@@ -232,7 +267,6 @@ private:
   // The optimizer side of the recipe.
   bool deferred = false;
   double baseLr = 0;
-  host::HostOptimizer optimizer;
   int64_t stepsRunSoFar = 0; ///< stepsRun()
 };
 

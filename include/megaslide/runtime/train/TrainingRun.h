@@ -177,8 +177,14 @@ private:
 
 /// Writes the session's weights as a diffusers transformer folder; `ema`:
 /// the EMA of the weights stands in for them (a bf16 EMA widened, exactly).
+/// Of Wan 2.2's two experts, a pipeline's two: `dir`/transformer (high
+/// noise) and `dir`/transformer_2 (low noise), each written atomically.
 llvm::Error saveSessionWeights(Session &session, llvm::StringRef dir,
                                host::SaveWeightsOptions options, bool ema);
+/// Loads the session's weights (host::loadWeights, checked against its
+/// plan): one model's from `path`; two experts' from a pipeline folder's
+/// transformer and transformer_2.
+llvm::Error loadSessionWeights(Session &session, llvm::StringRef path);
 
 } // namespace megaslide::train
 
