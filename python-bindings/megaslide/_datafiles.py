@@ -11,17 +11,27 @@ import os
 import stat
 import struct
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 #: The pip requirement file that brings torch, diffusers, transformers and
 #: PyAV (relative to the repository root).
 REQUIREMENTS = "scripts/requirements-models.txt"
 
-#: Wan's VAE divides frames by 4 (after the first) and height/width by 8;
-#: the transformer's 2x2 patches make 16 the spatial step of a bucket.
-VAE_TEMPORAL = 4
-VAE_SPATIAL = 8
-SPATIAL_STEP = 16
+class Stride(NamedTuple):
+    """Pixels per latent element of a VAE (frames after the first, height
+    and width) and the transformer's spatial patch: a bucket's height and
+    width are multiples of spatial * patch, its frames 1 + k temporal."""
+    temporal: int = 4
+    spatial: int = 8
+    patch: int = 2
+
+    @property
+    def step(self) -> int:
+        return self.spatial * self.patch
+
+
+#: Wan 2.1's VAE (and Wan 2.2 A14B's) with 2x2 patches: buckets of 16 px.
+WAN21 = Stride()
 
 #: Largest safetensors header read when verifying a sample (its JSON only).
 MAX_HEADER_BYTES = 1 << 24
@@ -131,26 +141,30 @@ def bucket_name(frames: int, height: int, width: int) -> str:
     return f"{frames}x{height}x{width}"
 
 
-def latent_shape(frames: int, height: int, width: int,
-                 channels: int) -> List[int]:
+def latent_shape(frames: int, height: int, width: int, channels: int,
+                 stride: Stride = WAN21) -> List[int]:
     """The VAE latent shape [C, T, H, W] of a bucket's pixel shape."""
-    return [channels, (frames - 1) // VAE_TEMPORAL + 1,
-            height // VAE_SPATIAL, width // VAE_SPATIAL]
+    return [channels, (frames - 1) // stride.temporal + 1,
+            height // stride.spatial, width // stride.spatial]
 
 
-def check_shape(what: str, frames: int, height: int, width: int) -> None:
-    """Raises UsageError unless the shape is one Wan's VAE and 2x2 patches
-    take: frames 4k+1, height and width positive multiples of 16."""
-    if frames < 1 or (frames - 1) % VAE_TEMPORAL:
-        raise UsageError(f"{what}: frames must be 4k+1 (1, 5, 9, 13, 17, "
+def check_shape(what: str, frames: int, height: int, width: int,
+                stride: Stride = WAN21) -> None:
+    """Raises UsageError unless the shape is one the VAE and the patches
+    take: frames 4k+1, height and width positive multiples of the step
+    (16 for Wan 2.1's VAE, 32 for Wan 2.2's 16x one)."""
+    if frames < 1 or (frames - 1) % stride.temporal:
+        raise UsageError(f"{what}: frames must be {stride.temporal}k+1 (1, "
+                         f"{1 + stride.temporal}, {1 + 2 * stride.temporal}, "
                          f"...), got {frames}")
     for axis, value in (("height", height), ("width", width)):
-        if value < SPATIAL_STEP or value % SPATIAL_STEP:
+        if value < stride.step or value % stride.step:
             raise UsageError(f"{what}: {axis} must be a positive multiple of "
-                             f"{SPATIAL_STEP}, got {value}")
+                             f"{stride.step}, got {value}")
 
 
-def read_bucket_file(path: str) -> List[Dict[str, int]]:
+def read_bucket_file(path: str,
+                     stride: Stride = WAN21) -> List[Dict[str, int]]:
     """The buckets of a bucket file ({"buckets": [{"frames", "height",
     "width", "samples"?}, ...]}), checked; UsageError naming the file."""
     try:
@@ -184,7 +198,7 @@ def read_bucket_file(path: str) -> List[Dict[str, int]]:
                 raise UsageError(f"{where}: '{key}' must be an integer, got "
                                  f"{v!r}")
             values.append(v)
-        check_shape(where, *values)
+        check_shape(where, *values, stride=stride)
         name = bucket_name(*values)
         if name in seen:
             raise UsageError(f"{where}: bucket {name} is given twice")
@@ -217,12 +231,14 @@ def choose_bucket(buckets: List[Dict[str, int]], width: int, height: int,
 
 
 def auto_buckets(videos: List[Tuple[int, int, int]], count: int, frames: int,
-                 height: int, width: int) -> List[Dict[str, int]]:
+                 height: int, width: int,
+                 stride: Stride = WAN21) -> List[Dict[str, int]]:
     """At most ``count`` buckets chosen from ``videos`` ((width, height,
     available frames) each), as docs/Data.md "Buckets" describes.
 
-    Candidate shapes: for every height h that is a multiple of 16, the
-    width w, a multiple of 16, that makes h*w nearest to height*width
+    Candidate shapes: for every height h that is a multiple of the step
+    (16 with Wan 2.1's VAE), the width w, a multiple of the step, that
+    makes h*w nearest to height*width
     (aspect ratios 1:4 to 4:1). Candidate durations: 4k+1 up to
     ``frames``. Each video votes for its nearest candidate shape (log
     aspect) and the longest candidate duration it has frames for; the
@@ -230,21 +246,21 @@ def auto_buckets(videos: List[Tuple[int, int, int]], count: int, frames: int,
     then smaller height first)."""
     area = height * width
     shapes = []
-    h = SPATIAL_STEP
+    step = stride.step
+    h = step
     while True:
-        w = max(SPATIAL_STEP,
-                int(round(area / h / SPATIAL_STEP)) * SPATIAL_STEP)
+        w = max(step, int(round(area / h / step)) * step)
         if w * 4 < h:
             break
         if h * 4 >= w:
             shapes.append((h, w))
-        h += SPATIAL_STEP
+        h += step
     votes: Dict[Tuple[int, int, int], int] = {}
     for vw, vh, available in videos:
         if available < 1:
             continue
-        duration = min(frames, (available - 1) // VAE_TEMPORAL *
-                       VAE_TEMPORAL + 1)
+        duration = min(frames, (available - 1) // stride.temporal *
+                       stride.temporal + 1)
         aspect = log_aspect(vw, vh)
         sh, sw = min(shapes, key=lambda s: (
             round(abs(log_aspect(s[1], s[0]) - aspect), 9),

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._datafiles import (REQUIREMENTS, VAE_TEMPORAL, UsageError, auto_buckets,
+from ._datafiles import (REQUIREMENTS, WAN21, Stride, UsageError, auto_buckets,
                          bucket_name, check_shape, choose_bucket,
                          heavy_imports, latent_shape, open_regular,
                          oserror_text, read_bucket_file,
@@ -292,6 +292,22 @@ def transformer_config(args) -> Dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def pipeline_stride(args, dirs: Dict[str, str]) -> Stride:
+    """The VAE's stride (its config's scale factors, as the pipelines read
+    them, AutoencoderKLWan's defaults where absent: Wan 2.1's 4 and 8; Wan
+    2.2's TI2V VAE has 16) and the transformer's spatial patch."""
+    try:
+        with open_regular(os.path.join(dirs["vae"], "config.json")) as f:
+            vae = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read '{dirs['vae']}/config.json': "
+                         f"{e}") from e
+    patch = transformer_config(args).get("patch_size", [1, 2, 2])
+    return Stride(vae.get("scale_factor_temporal") or WAN21.temporal,
+                  vae.get("scale_factor_spatial") or WAN21.spatial,
+                  patch[1] if isinstance(patch, list) else patch)
 
 
 def image_conditioning(args) -> Optional[ImageConditioning]:
@@ -571,6 +587,8 @@ class Models:
         self.tokenizer = AutoTokenizer.from_pretrained(dirs["tokenizer"])
         cfg = self.vae.config
         self.channels = cfg.z_dim
+        self.stride = Stride(cfg.scale_factor_temporal,
+                             cfg.scale_factor_spatial)
         shape = (1, cfg.z_dim, 1, 1, 1)
         self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(
             shape).to(self.device)
@@ -627,7 +645,8 @@ class Models:
                 im, height=height, width=width).to(self.device,
                                                    torch.float32)
                 for im in images]
-            lat = latent_shape(frames, height, width, self.channels)
+            lat = latent_shape(frames, height, width, self.channels,
+                               self.stride)
             _, condition = pipe.prepare_latents(
                 conditioning[0], 1, self.channels, height, width, frames,
                 torch.float32, self.device, None,
@@ -685,9 +704,11 @@ def parse_args(argv: Optional[Sequence[str]]):
     p.add_argument("--frames", type=int, default=17,
                    help="frames per sample, 4k+1 (default 17)")
     p.add_argument("--height", type=int, default=128,
-                   help="pixel height, a multiple of 16 (default 128)")
+                   help="pixel height, a multiple of the VAE stride x the "
+                   "patch: 16 with Wan 2.1's VAE, 32 with Wan 2.2's "
+                   "(default 128)")
     p.add_argument("--width", type=int, default=128,
-                   help="pixel width, a multiple of 16 (default 128)")
+                   help="pixel width, as --height (default 128)")
     p.add_argument("--fps", type=float, default=16.0,
                    help="frames are sampled at this rate (default 16, Wan's)")
     p.add_argument("--text-len", dest="text_len", type=int,
@@ -715,8 +736,6 @@ def parse_args(argv: Optional[Sequence[str]]):
 def check_args(args) -> None:
     if not os.path.isdir(args.input):
         raise UsageError(f"input '{args.input}' is not a folder")
-    check_shape("--frames/--height/--width", args.frames, args.height,
-                args.width)
     if not args.fps > 0 or not math.isfinite(args.fps):
         raise UsageError(f"--fps must be a positive number, got {args.fps}")
     if not 0.0 <= args.caption_dropout <= 1.0:
@@ -773,6 +792,9 @@ def run(args) -> int:
     missing_sources = attach_captions(videos, args.input, args.manifest)
     image = image_conditioning(args)
     dirs = resolve_models(args, image)
+    stride = pipeline_stride(args, dirs)
+    check_shape("--frames/--height/--width", args.frames, args.height,
+                args.width, stride)
     text_len = args.text_len
     model_len = model_text_len(args)
     if text_len is None:
@@ -783,7 +805,7 @@ def run(args) -> int:
                          f"('{args.pipeline}/transformer/config.json'); "
                          f"omit --text-len or give {model_len}")
     if args.buckets is not None:
-        buckets = read_bucket_file(args.buckets)
+        buckets = read_bucket_file(args.buckets, stride)
     else:
         buckets = None
     # Checked before any model loads: torch and friends, and the output.
@@ -851,7 +873,8 @@ def run(args) -> int:
         if args.auto_buckets is not None:
             buckets = auto_buckets([(v.width, v.height, v.available)
                                     for v in usable], args.auto_buckets,
-                                   args.frames, args.height, args.width)
+                                   args.frames, args.height, args.width,
+                                   stride)
             if not buckets:
                 buckets = [{"frames": args.frames, "height": args.height,
                             "width": args.width}]
@@ -907,7 +930,8 @@ def run(args) -> int:
         # The text length is known only after tokenising: verify_sample
         # checks that it is a count within the condition's rows.
         expected = {k: meta[k] for k in meta if k != "megaslide.text_length"}
-        why = verify_sample(path, expected, bucket, text_len, args.dtype,
+        why = verify_sample(path, expected, bucket, text_len, stride,
+                            args.dtype,
                             image)
         if not why:
             skipped += 1
@@ -1019,7 +1043,8 @@ def sample_metadata(v: Video, bucket: Dict[str, int], caption: str,
 
 
 def verify_sample(path: str, expected: Dict[str, str],
-                  bucket: Dict[str, int], text_len: int, dtype: str,
+                  bucket: Dict[str, int], text_len: int, stride: Stride,
+                  dtype: str,
                   image: Optional[ImageConditioning] = None) -> str:
     """'' if the sample at ``path`` is complete and was made with these
     settings at ``bucket``'s shapes, else why it must be redone. The
@@ -1039,14 +1064,14 @@ def verify_sample(path: str, expected: Dict[str, str],
     except (KeyError, IndexError):
         return "has no latents [C, T, H, W] and condition [L, D]"
     shapes = {"latents": latent_shape(bucket["frames"], bucket["height"],
-                                      bucket["width"], channels),
+                                      bucket["width"], channels, stride),
               "condition": [text_len, dim]}
     if image is not None:
         shapes["image_embeds"] = [image.tokens * image.images,
                                   image.image_dim]
         shapes["image_condition"] = latent_shape(
             bucket["frames"], bucket["height"], bucket["width"],
-            VAE_TEMPORAL + channels)
+            stride.temporal + channels, stride)
     stored = {"f32": "F32", "bf16": "BF16"}[dtype]
     for name, shape in shapes.items():
         if name not in tensors:

@@ -18,8 +18,8 @@ TRANSFORMERS_VERBOSITY), since they go to the same output.
 
 Afterwards the files the walk leaves are checked: the runs trained with
 3D-DSA and recorded it, the exported pipelines hold the runs' weights,
-and sample.mp4 and sample-i2v.mp4 decode to the frames the pipelines
-made.
+sample.mp4 and sample-i2v.mp4 decode to the frames the pipelines made,
+and the Wan 2.2 export holds each expert's run.
 """
 
 import json
@@ -127,3 +127,16 @@ def test_the_walk_runs_as_written(tmp_path):
             frames = [f.to_ndarray(format="rgb24")
                       for f in container.decode(video=0)]
         assert len(frames) == 13 and frames[0].shape == (96, 96, 3)
+    # Wan 2.2: each expert's run is its pipeline component, and the two
+    # runs trained apart (their weights differ).
+    weights = "diffusion_pytorch_model.safetensors"
+    experts = {}
+    for run_dir, component in (("run22/high", "transformer"),
+                               ("run22/low", "transformer_2")):
+        ours = load_file(work / run_dir / weights)
+        theirs = load_file(work / "my-wan22" / component / weights)
+        assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+        experts[component] = ours
+    assert not np.array_equal(experts["transformer"]["proj_out.weight"],
+                              experts["transformer_2"]["proj_out.weight"])
+    assert (work / "sample22.mp4").stat().st_size > 0

@@ -362,3 +362,60 @@ def test_sampling_routes_each_step_to_its_expert_with_dsa(experts):
             np.float32), text.numpy())
         ref = v.numpy()
         assert np.abs(got - ref).max() <= RTOL * np.abs(ref).max(), name
+
+
+# ---------------------------------------------------------------------------
+# TI2V: data from the Wan 2.2 VAE, and sampling its pipeline with 3D-DSA
+# ---------------------------------------------------------------------------
+
+TI2V_VIDEO = (13, 64, 64)  # latents 4 x 4 x 4 at 4x16x16
+
+
+def test_ti2v_prepare_and_sample(ti2v, tmp_path, capsys):
+    # megaslide-prepare with a TI2V pipeline: its VAE's stride (16) and 48
+    # channels, latents bit-equal to the VAE's own; a height that the 16x
+    # VAE and 2x2 patches do not take is refused; the exported pipeline
+    # (expand_timesteps) samples with 3D-DSA on the trained model.
+    import tiny_wan
+    from diffusers import AutoencoderKLWan, WanPipeline
+    from megaslide import export, prepare
+    weights = tmp_path / "weights"
+    ti2v["trainer"].save_weights(str(weights))
+    base = tiny_wan.build_pipeline(tmp_path / "ti2v", weights, ti2v=True)
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    tiny_wan.write_video(videos / "a.mp4", tiny_wan.moving_pattern(16, 64, 64))
+    (videos / "a.txt").write_text("a red cat\n")
+    frames, height, width = TI2V_VIDEO
+    size = ["--frames", frames, "--height", height, "--width", width]
+    code = prepare.main([str(videos), "-o", str(tmp_path / "bad"),
+                         "--pipeline", str(base), "--frames", "13",
+                         "--height", "48", "--width", "64", "--no-progress"])
+    assert code == 2
+    assert "height must be a positive multiple of 32, got 48" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    code = prepare.main([str(videos), "-o", str(tmp_path / "data"),
+                         "--pipeline", str(base), *map(str, size),
+                         "--no-progress"])
+    assert code == 0, capsys.readouterr()
+    from safetensors.torch import load_file
+    tensors = load_file(str(tmp_path / "data" / "a.safetensors"))
+    vae = AutoencoderKLWan.from_pretrained(base / "vae")
+    pixels = prepare.load_pixels(str(videos / "a.mp4"), *TI2V_VIDEO)
+    with torch.no_grad():
+        z = vae.encode(pixels).latent_dist.mode()
+    assert tensors["latents"].shape == (48, 4, 4, 4)
+    assert torch.equal(tensors["latents"], z[0])  # mean 0, std 1
+
+    out = tmp_path / "pipe"
+    assert export.main(["--pipeline", str(base), "--weights", str(weights),
+                        "-o", str(out)]) == 0
+    import megaslide.diffusers as msd
+    pipe = WanPipeline.from_pretrained(str(out), torch_dtype=torch.float32)
+    assert pipe.config.expand_timesteps
+    msd.enable_dsa(pipe, window=(2, 1, 1), tile=(1, 1, 1), radius=1)
+    video = pipe("a red cat", num_frames=frames, height=height, width=width,
+                 num_inference_steps=2, max_sequence_length=16,
+                 output_type="np").frames[0]
+    assert video.shape == (frames, height, width, 3)

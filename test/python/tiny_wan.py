@@ -95,13 +95,16 @@ def build_image_encoder(width: int, tokens: int):
 
 def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
                    seed: int = 0, weights_dir_2: pathlib.Path = None,
-                   boundary_ratio: float = None) -> pathlib.Path:
+                   boundary_ratio: float = None,
+                   ti2v: bool = False) -> pathlib.Path:
     """Writes a WanPipeline folder (model_index.json, vae/, text_encoder/,
     tokenizer/, scheduler/, transformer/) at ``folder``; the transformer is
     the one in ``weights_dir`` (a megaslide save_weights folder). An
     image-conditioned transformer makes it a WanImageToVideoPipeline, with
     image_encoder/ and image_processor/ too. ``weights_dir_2`` and
-    ``boundary_ratio``: Wan 2.2 A14B's second expert, transformer_2."""
+    ``boundary_ratio``: Wan 2.2 A14B's second expert, transformer_2.
+    ``ti2v``: Wan 2.2 TI2V-5B's layout, the Wan 2.2 VAE (48 latent
+    channels, 4x16x16, patchified input) and expand_timesteps."""
     import json
     import shutil
 
@@ -112,9 +115,17 @@ def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
     from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1],
-                           num_res_blocks=1,
-                           temperal_downsample=[False, True, True])
+    if ti2v:
+        vae = AutoencoderKLWan(
+            base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1, temperal_downsample=[False, True, True],
+            is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+            scale_factor_temporal=4, scale_factor_spatial=16,
+            latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    else:
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1],
+                               num_res_blocks=1,
+                               temperal_downsample=[False, True, True])
     build_tokenizer(folder / "_tokenizer_src")
     tokenizer = AutoTokenizer.from_pretrained(folder / "_tokenizer_src")
     text_encoder = UMT5EncoderModel(UMT5Config(
@@ -131,7 +142,9 @@ def build_pipeline(folder: pathlib.Path, weights_dir: pathlib.Path,
         parts.update(transformer_2=WanTransformer3DModel.from_pretrained(
             weights_dir_2), boundary_ratio=boundary_ratio)
     config = transformer.config
-    if config.image_dim is None:
+    if ti2v:
+        pipe = WanPipeline(**parts, expand_timesteps=True)
+    elif config.image_dim is None:
         pipe = WanPipeline(**parts)
     else:
         images = 2 if config.pos_embed_seq_len is not None else 1
