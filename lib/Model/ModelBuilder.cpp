@@ -446,11 +446,18 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
         {"image_condition",
          act({batch, config.imageConditionChannels(), l[0], l[1], l[2]})});
   }
+  // A weighted loss: one weight per sample (docs/Training.md, "Loss
+  // weighting"), and the unweighted loss returned after the loss.
+  if (options.weightedLoss)
+    args.push_back({exec::kLossWeightsInput, timesteps});
   args.push_back({"step", stepType});
   SmallVector<Type> argTypes;
   for (auto &[name, type] : args)
     argTypes.push_back(type);
-  auto fnType = FunctionType::get(&ctx, argTypes, {lossType});
+  SmallVector<Type> results = {lossType};
+  if (options.weightedLoss)
+    results.push_back(lossType);
+  auto fnType = FunctionType::get(&ctx, argTypes, results);
 
   OpBuilder top(module->getBodyRegion());
   auto fn = func::FuncOp::create(top, loc, kTrainStepName, fnType);
@@ -464,12 +471,17 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   Value t = body->getArgument(2), cond = body->getArgument(3);
   Value image = config.imageDim ? body->getArgument(4) : Value();
   Value imageCondition = config.imageDim ? body->getArgument(5) : Value();
+  Value weights = options.weightedLoss
+                      ? body->getArgument(body->getNumArguments() - 2)
+                      : Value();
   Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
   Value prediction = config.architecture == Architecture::Wan
                          ? wanForward(xt, t, cond, image, imageCondition)
                          : ditForward(xt, t, cond);
-  Value loss =
-      FlowMatchingLossOp::create(b, loc, lossType, prediction, x0, noise);
+  auto lossOp =
+      FlowMatchingLossOp::create(b, loc, lossType, weights ? lossType : Type(),
+                                 prediction, x0, noise, weights);
+  Value loss = lossOp.getLoss();
 
   SmallVector<Value> working;
   for (const Trainable &tr : trainables)
@@ -479,7 +491,10 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "internal error: backward pass failed");
   emitOptimizer(*grads, body->getArguments().back());
-  func::ReturnOp::create(b, loc, loss);
+  SmallVector<Value> returned = {loss};
+  if (Value unweighted = lossOp.getUnweightedLoss())
+    returned.push_back(unweighted);
+  func::ReturnOp::create(b, loc, returned);
 
   std::string diagnostics;
   {

@@ -92,11 +92,12 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
     s.push_back({"ema_dtype", r.emaBf16 ? "bf16" : "f32"});
   }
   s.push_back({"timestep_sampling", timestepSamplingName(r.timesteps).str()});
-  if (r.timesteps == TimestepSampling::LogitNormal) {
+  if (r.usesLogitNormal()) {
     s.push_back({"logit_mean", formatDouble(r.logitMean)});
     s.push_back({"logit_std", formatDouble(r.logitStd)});
   }
   s.push_back({"flow_shift", formatDouble(r.flowShift)});
+  s.push_back({"weighting_scheme", lossWeightingName(r.weighting).str()});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
   // Hashed with the job's micro-batches: a rank's share is not the run's.

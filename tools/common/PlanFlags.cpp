@@ -194,6 +194,7 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   if (f.recipe.hasEma() && o.ema == schedule::EmaPolicy::none)
     o.ema = schedule::EmaPolicy::f32;
   f.recipe.gradAccum = o.gradAccum;
+  f.training.weightedLoss = f.recipe.weightsLoss();
   f.recipe.emaBf16 = o.ema == schedule::EmaPolicy::bf16;
   o.hardwarePath = tools::hardwareFile;
   o.precision = precision;
