@@ -192,6 +192,14 @@ public:
                                       "logit-normal, got '" +
                                       name + "'");
         r.timesteps = *v;
+      } else if (k == "weighting_scheme") {
+        std::string name = py::cast<std::string>(value);
+        std::optional<train::LossWeighting> v = train::parseLossWeighting(name);
+        if (!v)
+          throw std::invalid_argument("weighting_scheme must be " +
+                                      train::lossWeightingNames() + ", got '" +
+                                      name + "'");
+        r.weighting = *v;
       } else if (k == "warmup_steps") {
         r.warmupSteps = py::cast<int64_t>(value);
       } else if (k == "lr_decay_steps") {
@@ -249,11 +257,18 @@ public:
           "backend='cpu' or 'cuda'");
   }
 
+  /// Whether the caller gives step input `name`: not the optimizer step
+  /// and not a weighted loss's weights, which the session derives (from
+  /// HostState::step and the timesteps).
+  static bool given(llvm::StringRef name) {
+    return name != "step" && name != exec::kLossWeightsInput;
+  }
+
   py::dict inputShapes() const {
     py::dict shapes;
     for (int64_t id : session->plan().inputs) {
       const exec::Value &v = session->plan().values[id];
-      if (v.name != "step")
+      if (given(v.name))
         shapes[py::str(v.name)] = py::tuple(py::cast(v.type.shape));
     }
     return shapes;
@@ -296,7 +311,8 @@ public:
     }
   }
 
-  /// The step inputs of `arrays`, checked: exactly the plan's inputs, each
+  /// The step inputs of `arrays`, checked: exactly the plan's inputs a
+  /// caller gives (given()), each
   /// a numpy array of the plan's shape and of dtype float32 (an integer
   /// dtype for an integer input, e.g. DiT's class labels), nothing cast
   /// silently; timesteps in [0, 1], the flow-matching time of
@@ -307,11 +323,11 @@ public:
     const exec::ExecPlan &plan = session->plan();
     std::string names;
     for (int64_t id : plan.inputs)
-      if (plan.values[id].name != "step")
+      if (given(plan.values[id].name))
         names += (names.empty() ? "" : ", ") + plan.values[id].name;
     for (const auto &item : arrays) {
       std::string key = py::str(item.first);
-      if (key == "step" || llvm::none_of(plan.inputs, [&](int64_t id) {
+      if (!given(key) || llvm::none_of(plan.inputs, [&](int64_t id) {
             return plan.values[id].name == key;
           }))
         throw py::type_error(std::string(method) +
@@ -321,7 +337,7 @@ public:
     exec::StepInputs inputs;
     for (int64_t id : plan.inputs) {
       const exec::Value &v = plan.values[id];
-      if (v.name == "step")
+      if (!given(v.name))
         continue;
       if (!arrays.contains(v.name)) {
         if (v.name == "timesteps" && std::string(method) == "step")
@@ -500,6 +516,8 @@ public:
       out["loss"] = result.loss;
     else
       out["loss"] = py::none();
+    out["unweighted_loss"] =
+        result.unweightedLoss ? py::cast(*result.unweightedLoss) : py::none();
     out["grad_norm"] =
         report.gradNorm ? py::cast(*report.gradNorm) : py::none();
     out["lr"] = report.lr;
@@ -765,4 +783,18 @@ void defineTrainer(py::module_ &m) {
         return a;
       },
       py::arg("seed"), py::arg("step"), py::arg("count"), py::arg("recipe"));
+  m.def(
+      "loss_weights",
+      [](const FloatArray &sigmas, const py::dict &recipe) {
+        train::Recipe r = Trainer::recipeOf(recipe);
+        if (llvm::Error e = train::checkRecipe(r, INFINITY))
+          raise(std::move(e));
+        std::vector<float> weights = train::lossWeights(
+            r, llvm::ArrayRef<float>(sigmas.data(), sigmas.size()));
+        FloatArray a(
+            std::vector<py::ssize_t>{static_cast<py::ssize_t>(weights.size())});
+        std::copy(weights.begin(), weights.end(), a.mutable_data());
+        return a;
+      },
+      py::arg("sigmas"), py::arg("recipe"));
 }

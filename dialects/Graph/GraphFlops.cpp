@@ -49,7 +49,8 @@ namespace per_element {
 constexpr uint64_t adamw = 14, rope = 3, modulate = 3, modulateGrad = 5,
                    gate = 1, gateGrad = 4, gelu = 9, geluGrad = 15, silu = 4,
                    siluGrad = 6, layerNorm = 7, layerNormGrad = 11, rmsNorm = 4,
-                   rmsNormGrad = 8, affine = 2, flow = 3;
+                   rmsNormGrad = 8, affine = 2, flow = 3, weightedLoss = 2,
+                   weightedLossGrad = 1;
 } // namespace per_element
 
 /// Score and value products of attention with `keys` keys per query.
@@ -205,9 +206,14 @@ FlopCount FlowInterpolateOp::getFlopCount() {
 }
 
 FlopCount FlowMatchingLossOp::getFlopCount() {
-  return elementwise(per_element::flow * numel(getLatents()));
+  // Weighted: the weight's product and the unweighted sum too.
+  return elementwise(
+      (per_element::flow + (getWeights() ? per_element::weightedLoss : 0)) *
+      numel(getLatents()));
 }
 
 FlopCount FlowMatchingLossGradOp::getFlopCount() {
-  return elementwise(per_element::flow * numel(getLatents()));
+  return elementwise(
+      (per_element::flow + (getWeights() ? per_element::weightedLossGrad : 0)) *
+      numel(getLatents()));
 }

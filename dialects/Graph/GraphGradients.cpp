@@ -247,11 +247,18 @@ LogicalResult FlowMatchingLossOp::emitGradients(OpBuilder &b,
   // The loss is the root of the backward pass: its upstream gradient is 1.
   if (dys[0])
     return emitOpError() << "must be the root of differentiation";
-  if (needed[1] || needed[2])
-    return noGradientFor(*this, needed[1] ? "latents" : "noise");
-  Value dp =
-      FlowMatchingLossGradOp::create(b, getLoc(), getPrediction().getType(),
-                                     getPrediction(), getLatents(), getNoise());
-  assign(out, needed, {dp, Value(), Value()});
+  // The unweighted loss is reported, not differentiated.
+  if (dys.size() > 1 && dys[1])
+    return emitOpError() << "cannot differentiate the unweighted loss";
+  static constexpr StringLiteral kData[] = {"latents", "noise", "weights"};
+  for (size_t i = 1; i < needed.size(); ++i)
+    if (needed[i])
+      return noGradientFor(*this, kData[i - 1]);
+  Value dp = FlowMatchingLossGradOp::create(
+      b, getLoc(), getPrediction().getType(), getPrediction(), getLatents(),
+      getNoise(), getWeights());
+  SmallVector<Value> grads(needed.size());
+  grads[0] = dp;
+  assign(out, needed, grads);
   return success();
 }

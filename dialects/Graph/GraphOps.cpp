@@ -745,12 +745,16 @@ LogicalResult FlowInterpolateOp::verify() {
   return expectSameElementType(*this, {getLatents(), getNoise(), getResult()});
 }
 
-/// The prediction matches the latents except for possibly more channels.
+/// The prediction matches the latents except for possibly more channels;
+/// the optional weights are one per sample.
 static LogicalResult verifyPrediction(Operation *op, Value pred, Value latents,
-                                      Value noise) {
+                                      Value noise, Value weights) {
   ArrayRef<int64_t> x = tensorType(latents).getShape();
   ArrayRef<int64_t> p = tensorType(pred).getShape();
   if (failed(expectShape(op, "noise", noise, x)))
+    return failure();
+  if (weights && !x.empty() &&
+      failed(expectShape(op, "weights", weights, {x[0]})))
     return failure();
   bool ok = x.size() >= 2 && p.size() == x.size() && p[0] == x[0] &&
             p[1] >= x[1] && p.drop_front(2) == x.drop_front(2);
@@ -758,19 +762,31 @@ static LogicalResult verifyPrediction(Operation *op, Value pred, Value latents,
     return op->emitOpError()
            << "prediction " << shapeString(p) << " must match the latents "
            << shapeString(x) << " except for extra channels";
-  // The loss itself is an fp32 scalar.
+  // The loss itself and the weights are fp32.
   return expectSameElementType(op, {pred, latents, noise});
 }
 
+void FlowMatchingLossOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  if (Value unweighted = getUnweightedLoss()) {
+    setNameFn(getLoss(), "loss");
+    setNameFn(unweighted, "unweighted_loss");
+  }
+}
+
 LogicalResult FlowMatchingLossOp::verify() {
-  return verifyPrediction(*this, getPrediction(), getLatents(), getNoise());
+  if (!getWeights() != !getUnweightedLoss())
+    return emitOpError() << "returns the unweighted loss exactly when it "
+                            "has weights";
+  return verifyPrediction(*this, getPrediction(), getLatents(), getNoise(),
+                          getWeights());
 }
 
 LogicalResult FlowMatchingLossGradOp::verify() {
   if (failed(expectShape(*this, "prediction_grad", getPredictionGrad(),
                          tensorType(getPrediction()).getShape())))
     return failure();
-  return verifyPrediction(*this, getPrediction(), getLatents(), getNoise());
+  return verifyPrediction(*this, getPrediction(), getLatents(), getNoise(),
+                          getWeights());
 }
 
 #define GET_OP_CLASSES

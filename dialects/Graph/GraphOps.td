@@ -12,6 +12,7 @@
 include "dialects/Graph/GraphDialect.td"
 include "dialects/Graph/GraphInterfaces.td"
 include "mlir/IR/EnumAttr.td"
+include "mlir/IR/OpAsmInterface.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
@@ -897,8 +898,11 @@ def Graph_FlowInterpolateOp : Graph_Op<"flow_interpolate", [Pure, Graph_Flops]> 
   let hasVerifier = 1;
 }
 
+// Results named only when there are two: an unweighted loss prints as
+// the single-result op it was before weights.
 def Graph_FlowMatchingLossOp : Graph_Op<"flow_matching_loss", [Pure,
-    Graph_Differentiable, Graph_Flops]> {
+    Graph_Differentiable, Graph_Flops,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
   let summary = "velocity MSE: mean((pred - (noise - x0))^2)";
   let description = [{
     The prediction may carry more channels than the latents (DiT's learned
@@ -909,12 +913,24 @@ def Graph_FlowMatchingLossOp : Graph_Op<"flow_matching_loss", [Pure,
     %loss = megaslide.flow_matching_loss %pred, %x0, %noise
         : (tensor<1x16x2x8x8xbf16>, tensor<1x16x2x8x8xbf16>, tensor<1x16x2x8x8xbf16>) -> tensor<f32>
     ```
+
+    With per-sample `weights` [B] (fp32) the loss is the mean over the
+    samples of `weights[b]` times the sample's mean squared error
+    (diffusers' weighted flow-matching loss); a second result is the
+    unweighted loss, reported and not differentiated.
+
+    ```mlir
+    %loss, %unweighted = megaslide.flow_matching_loss %pred, %x0, %noise weights %w
+        : (tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> (tensor<f32>, tensor<f32>)
+    ```
   }];
   let arguments = (ins Graph_FloatTensor:$prediction, Graph_FloatTensor:$latents,
-                       Graph_FloatTensor:$noise);
-  let results = (outs Graph_ScalarF32:$loss);
+                       Graph_FloatTensor:$noise,
+                       Optional<RankedTensorOf<[F32]>>:$weights);
+  let results = (outs Graph_ScalarF32:$loss,
+                      Optional<Graph_ScalarF32>:$unweighted_loss);
   let assemblyFormat = [{
-    $prediction `,` $latents `,` $noise attr-dict `:` functional-type(operands, results)
+    $prediction `,` $latents `,` $noise (`weights` $weights^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }
@@ -923,8 +939,9 @@ def Graph_FlowMatchingLossGradOp : Graph_Op<"flow_matching_loss_grad", [Pure,
     Graph_BackwardOp, Graph_Flops]> {
   let summary = "gradient of flow_matching_loss with respect to the prediction";
   let description = [{
-    `2 (pred - (noise - x0)) / numel(x0)` on the first C channels, zero on
-    the rest; the upstream gradient of the loss is 1.
+    `2 w[b] (pred - (noise - x0)) / numel(x0)` on the first C channels, zero
+    on the rest, with w the optional per-sample `weights` (1 without); the
+    upstream gradient of the loss is 1.
 
     ```mlir
     %dp = megaslide.flow_matching_loss_grad %pred, %x0, %noise
@@ -932,10 +949,11 @@ def Graph_FlowMatchingLossGradOp : Graph_Op<"flow_matching_loss_grad", [Pure,
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$prediction, Graph_FloatTensor:$latents,
-                       Graph_FloatTensor:$noise);
+                       Graph_FloatTensor:$noise,
+                       Optional<RankedTensorOf<[F32]>>:$weights);
   let results = (outs Graph_FloatTensor:$prediction_grad);
   let assemblyFormat = [{
-    $prediction `,` $latents `,` $noise attr-dict `:` functional-type(operands, results)
+    $prediction `,` $latents `,` $noise (`weights` $weights^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -149,7 +149,8 @@ const OtherOption kOtherPlanOptions[] = {
 } // namespace
 
 /// Reads the plan options object; unknown keys are errors naming the key.
-/// `training` receives the training keys (lr, weight_decay) when given.
+/// `training` receives the training keys (lr, weight_decay, weighted_loss)
+/// when given.
 static llvm::Expected<PlanOptions>
 parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
   PlanOptions options;
@@ -188,6 +189,13 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
     }
     if (known)
       continue;
+    if (training && key == "weighted_loss") {
+      std::optional<bool> flag = value.getAsBoolean();
+      if (!flag)
+        return planOptionError(key, "expected a bool");
+      training->weightedLoss = *flag;
+      continue;
+    }
     double *real = nullptr;
     if (training)
       real = llvm::StringSwitch<double *>(key)

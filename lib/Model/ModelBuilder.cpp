@@ -548,11 +548,18 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
     args.push_back(
         {"image_condition",
          act({batch, config.imageConditionChannels(), l[0], l[1], l[2]})});
+  // A weighted loss: one weight per sample (docs/Training.md, "Loss
+  // weighting"), and the unweighted loss returned after the loss.
+  if (options.weightedLoss)
+    args.push_back({exec::kLossWeightsInput, timesteps});
   args.push_back({"step", stepType});
   SmallVector<Type> argTypes;
   for (auto &[name, type] : args)
     argTypes.push_back(type);
-  auto fnType = FunctionType::get(&ctx, argTypes, {lossType});
+  SmallVector<Type> results = {lossType};
+  if (options.weightedLoss)
+    results.push_back(lossType);
+  auto fnType = FunctionType::get(&ctx, argTypes, results);
 
   OpBuilder top(module->getBodyRegion());
   auto fn = func::FuncOp::create(top, loc, kTrainStepName, fnType);
@@ -572,6 +579,7 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
   };
   Value image = argNamed("image_embeds");
   Value imageCondition = argNamed("image_condition");
+  Value weights = argNamed(exec::kLossWeightsInput);
   Value xt = FlowInterpolateOp::create(b, loc, latents, x0, noise, t);
   if (cleanTokens) {
     // WanImageToVideoPipeline with expand_timesteps: the first latent
@@ -587,8 +595,11 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
     target0 = laterFrames(x0);
     targetNoise = laterFrames(noise);
   }
-  Value loss = FlowMatchingLossOp::create(b, loc, lossType, prediction, target0,
-                                          targetNoise);
+  auto lossOp = FlowMatchingLossOp::create(b, loc, lossType,
+                                           weights ? lossType : Type(),
+                                           prediction, target0, targetNoise,
+                                           weights);
+  Value loss = lossOp.getLoss();
 
   SmallVector<Value> working;
   for (const Trainable &tr : trainables)
@@ -598,7 +609,10 @@ llvm::Expected<OwningOpRef<ModuleOp>> TrainingStepBuilder::build() {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "internal error: backward pass failed");
   emitOptimizer(*grads, body->getArguments().back());
-  func::ReturnOp::create(b, loc, loss);
+  SmallVector<Value> returned = {loss};
+  if (Value unweighted = lossOp.getUnweightedLoss())
+    returned.push_back(unweighted);
+  func::ReturnOp::create(b, loc, returned);
 
   std::string diagnostics;
   {

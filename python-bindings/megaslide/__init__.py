@@ -21,7 +21,8 @@ from ._cuda import (Availability, CompiledKernels, DsaKernelSource,
 from ._dsa3d import dsa3d, dsa3d_backward, dsa3d_offsets
 from ._plan import (PLAN_OPTIONS, DeviceBuffer, MemoryPlan, memory_plan,
                     model_info, plan)
-from ._trainer import RECIPE_OPTIONS, Trainer, exec_plan, sample_sigmas
+from ._trainer import (RECIPE_OPTIONS, Trainer, exec_plan, loss_weights,
+                       sample_sigmas)
 
 __version__: str = _megaslide.__version__
 
@@ -32,7 +33,7 @@ __all__ = ["model_info", "plan", "dsa3d", "dsa3d_backward", "dsa3d_offsets",
            "PIPELINES", "DeviceBuffer", "MemoryPlan", "memory_plan",
            "DsaKernelSource", "KernelResources", "CompiledKernels",
            "Availability", "emit_dsa_kernels", "plan_dsa_kernels",
-           "compile_dsa_kernels", "nvrtc_status", "backends"]
+           "compile_dsa_kernels", "nvrtc_status", "backends", "loss_weights"]
 
 # The public classes and functions are megaslide.X wherever they are
 # defined: in reprs, tracebacks, pickles and help().

@@ -28,6 +28,7 @@ def exec_plan(
     latent: bool = False,
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
+    weighted_loss: bool = False,
     **options: Any,
 ) -> str:
     """The execution plan of a training step as JSON text.
@@ -35,8 +36,10 @@ def exec_plan(
     This is what ``megaslide-run --save-plan`` writes (docs/ExecutionPlan.md).
     Options are those of :func:`plan`; ``lr`` overrides the config's
     learning rate, ``weight_decay`` is AdamW's decoupled weight decay
-    (default 0, as ``--weight-decay``). Raises ValueError for bad input or
-    a plan over budget.
+    (default 0, as ``--weight-decay``). ``weighted_loss``: the loss takes
+    per-sample weights, as a run with a ``weighting_scheme`` needs (a
+    :class:`Trainer` with one compiles so). Raises ValueError for bad
+    input or a plan over budget.
     """
     args = _common_args(model, frames, height, width, batch, text_len, latent)
     # JSON cannot carry nan or inf to the C API, which checks the range
@@ -51,9 +54,13 @@ def exec_plan(
             not math.isfinite(weight_decay) or weight_decay < 0):
         raise ValueError(f"weight_decay must be a non-negative number, got "
                          f"{weight_decay!r}")
+    if not isinstance(weighted_loss, bool):
+        raise TypeError(f"weighted_loss must be a bool, got "
+                        f"{weighted_loss!r}")
     payload = _options_payload(
         "exec_plan", options, lr=None if lr is None else float(lr),
-        weight_decay=None if weight_decay is None else float(weight_decay))
+        weight_decay=None if weight_decay is None else float(weight_decay),
+        weighted_loss=weighted_loss or None)
     return _megaslide.exec_plan_json(*args, payload)
 
 
@@ -65,6 +72,7 @@ RECIPE_OPTIONS: Dict[str, type] = {
     "ema_decay": float, "ema_warmup": bool, "timestep_sampling": str,
     "logit_mean": float, "logit_std": float, "flow_shift": float,
     "min_timestep": float, "max_timestep": float, "boundary": float,
+    "weighting_scheme": str,
 }
 
 
@@ -128,6 +136,19 @@ def sample_sigmas(seed: int, step: int, count: int, *,
                                     _within_int64("count", count), recipe)
 
 
+def loss_weights(sigmas: np.ndarray, *, weighting_scheme: str = "none",
+                 logit_mean: float = 0.0,
+                 logit_std: float = 1.0) -> np.ndarray:
+    """The loss weights a Trainer (and megaslide-run) with this
+    weighting_scheme gives samples at the flow-matching times ``sigmas``:
+    float32, the shape of ``sigmas`` (docs/Training.md, "Loss
+    weighting")."""
+    recipe = _recipe_options(dict(weighting_scheme=weighting_scheme,
+                                  logit_mean=logit_mean, logit_std=logit_std))
+    array = np.asarray(sigmas, dtype=np.float32)
+    return _megaslide.loss_weights(array.ravel(), recipe).reshape(array.shape)
+
+
 class Trainer:
     """A training run on the cpu, cuda or sim backend, numpy arrays in and out.
 
@@ -147,8 +168,9 @@ class Trainer:
     keywords (RECIPE_OPTIONS): lr_schedule, warmup_steps, min_lr,
     lr_decay_steps, max_grad_norm, grad_accum, ema_decay, ema_warmup,
     timestep_sampling, logit_mean, logit_std, flow_shift, min_timestep,
-    max_timestep, boundary (Wan 2.2's two experts in one run); ``val_data`` is
-    a folder of validation samples for :meth:`validation_loss`.
+    max_timestep, boundary (Wan 2.2's two experts in one run),
+    weighting_scheme; ``val_data`` is a folder of validation samples for
+    :meth:`validation_loss`.
 
     A run's outputs are megaslide-run's (docs/Python.md, "Runs"), written by
     the same library (runtime/train/TrainingRun), so the files are the same
@@ -192,6 +214,8 @@ class Trainer:
                  val_every: int = 0, max_nonfinite_steps: int = 3,
                  **plan_options: Any) -> None:
         recipe = _recipe_options(plan_options)
+        # A bad recipe value is refused before a plan is compiled for it.
+        _megaslide.loss_weights(np.zeros(0, np.float32), recipe)
         val = "" if val_data is None else _check_path("val_data", val_data)
         run: Dict[str, Any] = {}
         for name, path in (("checkpoint_dir", checkpoint_dir),
@@ -248,7 +272,10 @@ class Trainer:
                 raise ValueError("give a model, plan_json or plan_file")
             if hw is not None:
                 plan_options["hw"] = hardware
-            plan_json = exec_plan(model, frames, height, width, **plan_options)
+            plan_json = exec_plan(
+                model, frames, height, width,
+                weighted_loss=recipe.get("weighting_scheme", "none") != "none",
+                **plan_options)
             source = f"<{model}>"
         else:
             source = "<plan_json>"
@@ -385,7 +412,9 @@ class Trainer:
 
         The state is not updated. Arrays are checked as for :meth:`step`;
         an image-conditioned model (Wan I2V, FLF2V) also takes
-        ``image_embeds`` and ``image_condition`` (input_shapes()).
+        ``image_embeds`` and ``image_condition`` (input_shapes()). With a
+        ``weighting_scheme`` the loss and gradients are those of the loss
+        weighted by the timesteps (:func:`loss_weights`).
         """
         return self._native.gradients(dict(latents=latents, noise=noise,
                                            timesteps=timesteps,
@@ -427,7 +456,9 @@ class Trainer:
         otherwise, NaN included); left out, they are the recipe's
         (:func:`sample_sigmas` of this seed and step_count).
 
-        Returns loss (the mean over micro-batches; None on sim), grad_norm
+        Returns loss (the mean over micro-batches; None on sim),
+        unweighted_loss (with a ``weighting_scheme``, the loss without the
+        weights, also such a mean; else None), grad_norm
         (the global L2 norm of the averaged gradient before clipping; None
         on sim), lr (the step's), clipped, skipped, micro_batches, seconds
         (measured; on sim the predicted step time), step and the planned

@@ -636,8 +636,13 @@ llvm::Error Lowerer::lowerPatchEmbed(bool grad) {
 }
 
 llvm::Error Lowerer::lowerFlowLoss(bool grad) {
-  if (auto e = arity(3, 3, 1, 1))
+  // A weighted loss (fourth operand, fp32 [B]) also returns the unweighted
+  // loss; its kernels are the _w variants.
+  if (auto e = arity(3, 4, 1, grad ? 1 : 2))
     return e;
+  bool weighted = ops.size() == 4;
+  if (!grad && res.size() != (weighted ? 2u : 1u))
+    return fail("returns the unweighted loss exactly when it has weights");
   const TensorType &pred = ops[0], &x0 = ops[1], &noise = ops[2];
   if (x0.shape.size() < 2 || pred.shape.size() != x0.shape.size() ||
       noise.numElements() != x0.numElements() || pred.shape[0] != x0.shape[0] ||
@@ -647,23 +652,42 @@ llvm::Error Lowerer::lowerFlowLoss(bool grad) {
   int64_t n = x0.numElements(), S = n / (Bn * C);
   if (pred.numElements() != Bn * Cp * S)
     return fail("prediction and latents differ beyond the channels");
+  if (weighted &&
+      (ops[3].dtype != exec::DType::F32 || ops[3].numElements() != Bn))
+    return fail("weights must be fp32, one per sample");
   if (grad) {
     int64_t np = pred.numElements();
-    launch1d("fm_loss_grad", {pred.dtype, x0.dtype, noise.dtype, res[0].dtype},
-             np,
-             {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), U(np), Q(S), Q(Cp), U(C),
-              F(2.0 / double(n))});
+    if (weighted)
+      launch1d("fm_loss_grad_w",
+               {pred.dtype, x0.dtype, noise.dtype, res[0].dtype}, np,
+               {B(op(0)), B(op(1)), B(op(2)), B(op(3)), B(rs(0)), U(np), Q(S),
+                Q(Cp), U(C), F(2.0 / double(n))});
+    else
+      launch1d("fm_loss_grad",
+               {pred.dtype, x0.dtype, noise.dtype, res[0].dtype}, np,
+               {B(op(0)), B(op(1)), B(op(2)), B(rs(0)), U(np), Q(S), Q(Cp),
+                U(C), F(2.0 / double(n))});
     return llvm::Error::success();
   }
   uint32_t blocks = static_cast<uint32_t>(std::clamp<int64_t>(
       llvm::divideCeilSigned(n, int64_t{kElementwiseBlockThreads}), 1, 1024));
-  BufferRef partial = BufferRef::scratch(scratch(int64_t(blocks) * 4));
+  BufferRef partial =
+      BufferRef::scratch(scratch(int64_t(blocks) * 4 * (weighted ? 2 : 1)));
   fits(pred.numElements());
   fits(n);
-  launch("fm_loss_partial", {pred.dtype, x0.dtype, noise.dtype}, {blocks, 1, 1},
-         {B(op(0)), B(op(1)), B(op(2)), B(partial), U(n), Q(C * S), U(Cp * S)});
-  launch("sum_finalize", {res[0].dtype}, {1, 1, 1},
-         {B(partial), B(rs(0)), I(blocks), F(1.0 / double(n))});
+  if (weighted)
+    launch("fm_loss_partial_w", {pred.dtype, x0.dtype, noise.dtype},
+           {blocks, 1, 1},
+           {B(op(0)), B(op(1)), B(op(2)), B(op(3)), B(partial), U(n), Q(C * S),
+            U(Cp * S)});
+  else
+    launch(
+        "fm_loss_partial", {pred.dtype, x0.dtype, noise.dtype}, {blocks, 1, 1},
+        {B(op(0)), B(op(1)), B(op(2)), B(partial), U(n), Q(C * S), U(Cp * S)});
+  for (size_t r = 0; r < res.size(); ++r)
+    launch("sum_finalize", {res[r].dtype}, {1, 1, 1},
+           {B(partial.plus(int64_t(blocks) * 4 * r)), B(rs(r)), I(blocks),
+            F(1.0 / double(n))});
   return llvm::Error::success();
 }
 

@@ -108,7 +108,17 @@ bool ExecPlan::hasExactGelu() const {
   });
 }
 
+bool ExecPlan::hasWeightedLoss() const {
+  return llvm::any_of(instructions, [](const Instruction &inst) {
+    return (inst.op == OpCode::FlowMatchingLoss ||
+            inst.op == OpCode::FlowMatchingLossGrad) &&
+           inst.operands.size() == 4;
+  });
+}
+
 int64_t ExecPlan::oldestVersion() const {
+  if (hasWeightedLoss())
+    return kWeightedLossFormatVersion;
   if (hasExactGelu())
     return kExactGeluFormatVersion;
   return defersUpdates() ? kDeferredUpdateFormatVersion

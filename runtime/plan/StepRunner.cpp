@@ -364,6 +364,14 @@ llvm::Expected<StepResult> StepRunner::finish(Step &step) {
   if (llvm::Error e = device.readValue(plan.outputs[0], bytes.data()))
     return std::move(e);
   cpu::widen(bytes.data(), lossType.dtype, 1, &result.loss);
+  if (plan.outputs.size() > 1) {
+    const TensorType &type = plan.values[plan.outputs[1]].type;
+    std::vector<uint8_t> unweighted(type.bytes());
+    if (llvm::Error e = device.readValue(plan.outputs[1], unweighted.data()))
+      return std::move(e);
+    cpu::widen(unweighted.data(), type.dtype, 1,
+               &result.unweightedLoss.emplace());
+  }
 
   // The commit: a skipped step leaves the state as it was.
   bool finite = std::isfinite(result.loss);

@@ -239,8 +239,9 @@ static bool isFloatType(DType d) {
 /// The typing rule of the ops: a graph op other than cast computes in one
 /// floating-point type, so its floating operands and results share it
 /// (the plan's precision); the exceptions are the fp32 timesteps that
-/// timestep_embedding and flow_interpolate read, the fp32 loss of
-/// flow_matching_loss and the fp32 log-sum-exp dsa3d writes and
+/// timestep_embedding and flow_interpolate read, the fp32 losses of
+/// flow_matching_loss, the fp32 per-sample weights of a weighted loss and
+/// its gradient (kLossWeightsInput) and the fp32 log-sum-exp dsa3d writes and
 /// dsa3d_grad reads. Copies keep the type; fetch and host_adamw convert
 /// between the fp32 master and a floating type. Backends widen and narrow
 /// by each value's own type, so a plan edited against this rule would run
@@ -285,7 +286,9 @@ static bool checkDTypes(Checker &c, const ExecPlan &plan,
     case OpCode::FlowInterpolate:
       return !isResult && index == 2;
     case OpCode::FlowMatchingLoss:
-      return isResult && index == 0;
+      return isResult || index == 3;
+    case OpCode::FlowMatchingLossGrad:
+      return !isResult && index == 3;
     case OpCode::Dsa3d: // the fp32 log-sum-exp (docs/Dsa3dKernels.md)
       return isResult && index == 1;
     case OpCode::Dsa3dGrad:
@@ -668,6 +671,15 @@ static bool checkDeferredUpdates(Checker &c, const ExecPlan &plan) {
     if (inst.hasAttr(kExactAttr) && plan.version < kExactGeluFormatVersion)
       return c.fail(where(i) + " runs the exact GELU, which format version " +
                     std::to_string(kExactGeluFormatVersion) +
+                    " introduced, but the plan says version " +
+                    std::to_string(plan.version));
+    if ((inst.op == OpCode::FlowMatchingLoss ||
+         inst.op == OpCode::FlowMatchingLossGrad) &&
+        inst.operands.size() == 4 && plan.version < kWeightedLossFormatVersion)
+      return c.fail(where(i) +
+                    " weights the loss per sample, which format "
+                    "version " +
+                    std::to_string(kWeightedLossFormatVersion) +
                     " introduced, but the plan says version " +
                     std::to_string(plan.version));
     if (inst.op == OpCode::HostAdamW) {

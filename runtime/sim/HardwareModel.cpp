@@ -314,6 +314,7 @@ const KernelInstructions kKernelInstructions[] = {
     {"patch_gather", 62},   {"unpatchify", 59},
     {"rope3d", 146},        {"embedding", 38},
     {"gelu_exact", 43.375}, {"gelu_exact_grad", 64.625},
+    {"fm_loss_grad_w", 53},
 };
 
 /// The kernel an elementwise op's elements run through, and how many of
@@ -361,6 +362,10 @@ double sim::elementwiseInstructions(const exec::ExecPlan &plan,
   llvm::StringRef kernel = op->kernel;
   if (inst.hasAttr(exec::kExactAttr))
     kernel = inst.op == exec::OpCode::Gelu ? "gelu_exact" : "gelu_exact_grad";
+  // A weighted loss's gradient (its per-sample weights) runs its own.
+  if (inst.op == exec::OpCode::FlowMatchingLossGrad &&
+      inst.operands.size() == 4)
+    kernel = "fm_loss_grad_w";
   const KernelInstructions *k =
       llvm::find_if(kKernelInstructions, [&](const KernelInstructions &k) {
         return k.kernel == kernel;

@@ -54,6 +54,8 @@ std::string train::metricsLine(const MetricsRecord &r) {
   j.object([&] {
     j.attribute("step", r.step);
     number("loss", r.loss, "%.9g");
+    if (r.unweightedLoss)
+      number("unweighted_loss", r.unweightedLoss, "%.9g");
     number("lr", r.lr, "%.9g");
     number("grad_norm", r.gradNorm, "%.9g");
     j.attribute("clipped", r.clipped);

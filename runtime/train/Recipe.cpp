@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 using namespace megaslide;
 using namespace megaslide::train;
@@ -28,6 +29,11 @@ constexpr Named kSchedules[] = {
 constexpr Named kSamplings[] = {
     {"uniform", int(TimestepSampling::Uniform)},
     {"logit-normal", int(TimestepSampling::LogitNormal)}};
+constexpr Named kWeightings[] = {
+    {"none", int(LossWeighting::None)},
+    {"sigma_sqrt", int(LossWeighting::SigmaSqrt)},
+    {"cosmap", int(LossWeighting::CosMap)},
+    {"logit-normal", int(LossWeighting::LogitNormal)}};
 
 template <size_t N>
 std::optional<int> lookup(const Named (&table)[N], llvm::StringRef name) {
@@ -60,6 +66,25 @@ train::parseTimestepSampling(llvm::StringRef name) {
 }
 llvm::StringRef train::timestepSamplingName(TimestepSampling sampling) {
   return nameOf(kSamplings, int(sampling));
+}
+
+std::optional<LossWeighting> train::parseLossWeighting(llvm::StringRef name) {
+  if (std::optional<int> v = lookup(kWeightings, name))
+    return LossWeighting(*v);
+  return std::nullopt;
+}
+llvm::StringRef train::lossWeightingName(LossWeighting weighting) {
+  return nameOf(kWeightings, int(weighting));
+}
+std::string train::lossWeightingNames() {
+  std::string names;
+  size_t n = std::size(kWeightings);
+  for (size_t i = 0; i < n; ++i)
+    names += std::string(i == 0       ? ""
+                         : i + 1 == n ? " or "
+                                      : ", ") +
+             kWeightings[i].name;
+  return names;
 }
 
 llvm::Error train::checkRecipe(const Recipe &r, double baseLr) {
@@ -265,6 +290,37 @@ float train::sampleSigma(const Recipe &r, Random &rng) {
 int64_t train::sigmaDraws(const Recipe &r) {
   // Random::normal takes two uniforms, Random::uniform one.
   return r.timesteps == TimestepSampling::LogitNormal ? 2 : 1;
+}
+
+float train::lossWeight(const Recipe &r, float sigma) {
+  double s = sigma;
+  switch (r.weighting) {
+  case LossWeighting::None:
+    return 1.0f;
+  case LossWeighting::SigmaSqrt:
+    return static_cast<float>(1.0 / (s * s));
+  case LossWeighting::CosMap:
+    return static_cast<float>(2.0 / (M_PI * (1.0 - 2.0 * s + 2.0 * s * s)));
+  case LossWeighting::LogitNormal: {
+    // The density vanishes at both ends (its limit; the formula is 0/0).
+    if (!(s > 0.0 && s < 1.0))
+      return 0.0f;
+    double z = (std::log(s / (1.0 - s)) - r.logitMean) / r.logitStd;
+    return static_cast<float>(
+        std::exp(-0.5 * z * z) /
+        (r.logitStd * std::sqrt(2.0 * M_PI) * s * (1.0 - s)));
+  }
+  }
+  return 1.0f;
+}
+
+std::vector<float> train::lossWeights(const Recipe &r,
+                                      llvm::ArrayRef<float> sigmas) {
+  std::vector<float> weights;
+  weights.reserve(sigmas.size());
+  for (float sigma : sigmas)
+    weights.push_back(lossWeight(r, sigma));
+  return weights;
 }
 
 static uint64_t sigmaSeed(uint64_t seed, int64_t step) {

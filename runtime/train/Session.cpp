@@ -114,6 +114,13 @@ planUpdates(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   return u;
 }
 
+/// Whether `plan` takes per-sample loss weights (exec::kLossWeightsInput).
+static bool takesLossWeights(const exec::ExecPlan &plan) {
+  return llvm::any_of(plan.inputs, [&](int64_t id) {
+    return plan.values[id].name == exec::kLossWeightsInput;
+  });
+}
+
 /// The training data: options.dataDir's samples, else synthetic ones.
 static llvm::Expected<std::unique_ptr<DataSource>>
 openTrainingData(const SessionOptions &options,
@@ -194,7 +201,7 @@ llvm::Error Session::gatherLikeAStep() {
     zeros.erase("step");
     exec::StepOptions gradientsOnly;
     gradientsOnly.applyUpdates = false;
-    return runStepOn(0, zeros, gradientsOnly).takeError();
+    return runStepOn(0, std::move(zeros), gradientsOnly).takeError();
   }
   for (auto [param, dtype] : fetchesOf(p))
     if (const host::HostTensor *t = current().state.find(param);
@@ -256,6 +263,20 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   }
   if (llvm::Error e = checkRecipe(options.recipe, updates->baseLr))
     return std::move(e);
+  for (size_t b = 0; b < plans.size(); ++b)
+    if (takesLossWeights(*plans[b]) != options.recipe.weightsLoss())
+      return llvm::createStringError(
+          options.recipe.weightsLoss()
+              ? "--weighting-scheme " +
+                    lossWeightingName(options.recipe.weighting).str() +
+                    " weights the loss per sample, but the plan" +
+                    (plans.size() > 1 ? " of " + bucket(b) : "") +
+                    " was compiled without loss weights: compile it with "
+                    "the scheme (megaslide-run --save-plan)"
+              : "the plan" + (plans.size() > 1 ? " of " + bucket(b) : "") +
+                    " weights the loss per sample (it was compiled with a "
+                    "--weighting-scheme), and this run's is none: give the "
+                    "scheme it was compiled for");
   if (options.collectives && options.collectives->size() > 1 &&
       !updates->deferred && updates->streaming)
     return llvm::createStringError(llvm::formatv(
@@ -492,14 +513,20 @@ llvm::Error Session::stepWithoutUpdate(MicroBatches draw,
     llvm::Expected<exec::StepInputs> batch = draw(k, bucket);
     if (!batch)
       return batch.takeError();
-    llvm::Expected<exec::StepResult> one = runStepOn(bucket, *batch, options);
+    llvm::Expected<exec::StepResult> one =
+        runStepOn(bucket, std::move(*batch), options);
     if (!one)
       return one.takeError();
     double seconds = report.result.seconds + one->seconds;
     float loss = report.result.loss + one->loss / K;
+    std::optional<float> unweighted;
+    if (one->unweightedLoss)
+      unweighted =
+          report.result.unweightedLoss.value_or(0) + *one->unweightedLoss / K;
     report.result = std::move(*one);
     report.result.seconds = seconds;
     report.result.loss = loss;
+    report.result.unweightedLoss = unweighted;
   }
   return llvm::Error::success();
 }
@@ -515,7 +542,8 @@ llvm::Error Session::streamingStep(MicroBatches draw, exec::StepOptions options,
   llvm::Expected<exec::StepInputs> batch = draw(0, bucket);
   if (!batch)
     return batch.takeError();
-  llvm::Expected<exec::StepResult> one = runStepOn(bucket, *batch, options);
+  llvm::Expected<exec::StepResult> one =
+      runStepOn(bucket, std::move(*batch), options);
   if (!one)
     return one.takeError();
   report.result = std::move(*one);
@@ -539,7 +567,8 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
     current().optimizer.applyPending(param);
   };
   int64_t K = report.microBatches;
-  double lossSum = 0;
+  // The loss, then a weighted loss's unweighted one.
+  std::vector<double> lossSums(1);
   for (int64_t k = 0; k < K; ++k) {
     size_t bucket;
     llvm::Expected<exec::StepInputs> batch = draw(k, bucket);
@@ -547,13 +576,18 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
       current().optimizer.dropRetained();
       return batch.takeError();
     }
-    llvm::Expected<exec::StepResult> one = runStepOn(bucket, *batch, options);
+    llvm::Expected<exec::StepResult> one =
+        runStepOn(bucket, std::move(*batch), options);
     if (!one) {
       current().optimizer.dropRetained();
       return one.takeError();
     }
     double seconds = report.result.seconds + one->seconds;
-    lossSum += one->loss;
+    lossSums[0] += one->loss;
+    if (one->unweightedLoss) {
+      lossSums.resize(2);
+      lossSums[1] += *one->unweightedLoss;
+    }
     report.result = std::move(*one);
     report.result.seconds = seconds;
   }
@@ -562,13 +596,15 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
   if (dist::Collectives *job = this->options.collectives;
       job && job->size() > 1) {
     ranks = job->size();
-    if (llvm::Error e =
-            job->allReduceSum(llvm::MutableArrayRef<double>(lossSum))) {
+    if (llvm::Error e = job->allReduceSum(lossSums)) {
       current().optimizer.dropRetained();
       return e;
     }
   }
-  report.result.loss = static_cast<float>(lossSum / double(K * ranks));
+  report.result.loss = static_cast<float>(lossSums[0] / double(K * ranks));
+  if (lossSums.size() > 1)
+    report.result.unweightedLoss =
+        static_cast<float>(lossSums[1] / double(K * ranks));
   llvm::Expected<double> norm = current().optimizer.retainedNorm();
   if (!norm)
     return norm.takeError();
@@ -592,7 +628,7 @@ Session::runStep(const exec::StepInputs &inputs,
 }
 
 llvm::Expected<exec::StepResult>
-Session::runStepOn(size_t bucket, const exec::StepInputs &inputs,
+Session::runStepOn(size_t bucket, exec::StepInputs inputs,
                    const exec::StepOptions &options) {
   if (llvm::any_of(experts, [](const Expert &e) { return e.state.incomplete; }))
     return llvm::createStringError(
@@ -603,6 +639,13 @@ Session::runStepOn(size_t bucket, const exec::StepInputs &inputs,
             .str());
   if (llvm::Error e = useBucket(bucket))
     return std::move(e);
+  // A weighted loss's weights follow the timesteps the step runs at,
+  // whoever gave them (the recipe, the caller, validation).
+  if (auto t = inputs.find("timesteps");
+      t != inputs.end() && takesLossWeights(plan(bucket))) {
+    std::vector<float> weights = lossWeights(this->options.recipe, t->second);
+    inputs[std::string(exec::kLossWeightsInput)] = std::move(weights);
+  }
   if (!current().optimizer.sharded())
     return executor->step(inputs, current().state, options);
   exec::StepOptions gathering = options;

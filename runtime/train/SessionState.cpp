@@ -105,7 +105,7 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
     s.push_back({"ema_dtype", r.emaBf16 ? "bf16" : "f32"});
   }
   s.push_back({"timestep_sampling", timestepSamplingName(r.timesteps).str()});
-  if (r.timesteps == TimestepSampling::LogitNormal) {
+  if (r.usesLogitNormal()) {
     s.push_back({"logit_mean", formatDouble(r.logitMean)});
     s.push_back({"logit_std", formatDouble(r.logitStd)});
   }
@@ -118,6 +118,7 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   s.push_back({"experts", r.twoExperts()
                               ? "2, boundary " + formatShortest(r.boundary)
                               : "1"});
+  s.push_back({"weighting_scheme", lossWeightingName(r.weighting).str()});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
   // Hashed with the job's micro-batches: a rank's share is not the run's.

@@ -77,10 +77,12 @@ llvm::Expected<float> Session::validationLoss() {
         n = rng.normal();
       exec::StepOptions gradientsOnly;
       gradientsOnly.applyUpdates = false;
-      llvm::Expected<exec::StepResult> one = runStepOn(g, in, gradientsOnly);
+      llvm::Expected<exec::StepResult> one =
+          runStepOn(g, std::move(in), gradientsOnly);
       if (!one)
         return one.takeError();
-      sum += one->loss;
+      // Unweighted, whatever the weighting: comparable across schemes.
+      sum += one->unweightedLoss.value_or(one->loss);
       ++mine;
     }
   }

@@ -38,7 +38,8 @@ llvm::Expected<InputShapes> InputShapes::of(const exec::ExecPlan &plan) {
       s.condition = v.type.shape;
       s.conditionIsLabel =
           v.type.dtype == exec::DType::I64 || v.type.dtype == exec::DType::I32;
-    } else if (v.name != "noise" && v.name != "step")
+    } else if (v.name != "noise" && v.name != "step" &&
+               v.name != exec::kLossWeightsInput) // the session's
       s.extras.push_back({v.name, v.type.shape});
   }
   if (s.latents.size() != 5 || s.timesteps.size() != 1 || s.condition.empty())

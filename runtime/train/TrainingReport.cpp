@@ -52,6 +52,7 @@ constexpr size_t kPlotColumns = 2000;
 // (skipped steps, non-finite values, clipping) and nothing else.
 constexpr StringRef kLossColor = kPalette[0];
 constexpr StringRef kValColor = kPalette[1];
+constexpr StringRef kUnweightedColor = kPalette[2];
 constexpr StringRef kLrColor = kPalette[2];
 constexpr StringRef kGradColor = kPalette[6];
 constexpr StringRef kTimeColor = kPalette[4];
@@ -69,6 +70,7 @@ struct StepRecord {
   int64_t step = 0;
   unsigned line = 0;
   std::optional<double> loss, valLoss, lr, gradNorm, seconds;
+  std::optional<double> unweightedLoss; ///< a weighted loss's, if any
   std::optional<double> samplesPerSecond, tokensPerSecond;
   std::optional<double> hostRssBytes, devicePeakBytes;
   std::optional<int64_t> microBatches;
@@ -232,6 +234,12 @@ llvm::Expected<StepRecord> readStep(const json::Object &o, unsigned line,
       return value.takeError();
     *slot = *value;
   }
+  // Only a weighted run's lines have it: not missing from the others.
+  llvm::Expected<std::optional<double>> unweighted =
+      numberField(o, "unweighted_loss", line);
+  if (!unweighted)
+    return unweighted.takeError();
+  r.unweightedLoss = *unweighted;
   if (const json::Value *micro = o.get("micro_batches");
       micro && micro->kind() != json::Value::Null) {
     r.microBatches = micro->getAsInteger();
@@ -729,6 +737,12 @@ void renderLossPlot(raw_ostream &os, const Metrics &m,
                   nonFinite.end());
   if (plot.series[1].points.empty())
     plot.series.pop_back();
+  // A weighted run's (--weighting-scheme): what the weights leave out.
+  std::vector<Point> unweighted =
+      pointsOf(m, [](const StepRecord &r) { return r.unweightedLoss; });
+  if (!unweighted.empty())
+    plot.series.push_back({"unweighted train loss", "unweighted_loss",
+                           kUnweightedColor, std::move(unweighted)});
   plot.marks.push_back({"skipped step", "triangle", skipped,
                         "skipped (no update: its loss or gradients were not "
                         "finite)"});

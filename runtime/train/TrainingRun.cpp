@@ -391,8 +391,10 @@ TrainingRun::step(const exec::StepOptions &stepOptions, bool last,
     const exec::ExecPlan &p = s.plan();
     MetricsRecord record;
     record.step = out.step;
-    if (computesLoss)
+    if (computesLoss) {
       record.loss = result.loss;
+      record.unweightedLoss = result.unweightedLoss;
+    }
     record.lr = out.report.lr;
     record.gradNorm = out.report.gradNorm;
     record.clipped = out.report.clipped;

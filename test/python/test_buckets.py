@@ -123,6 +123,13 @@ def test_each_bucket_compiles_once_and_both_are_drawn(tmp_path, data):
     for shape in (SMALL, LARGE):
         assert f"bucket {name(shape)}: loaded from the plan cache" in again.out
     assert "compiled in" not in again.out
+    # A weighted loss is another plan (docs/Training.md, "Loss weighting").
+    weighted = run("--model", "tiny", "--data", data, "--steps", 1,
+                   "--plan-cache", cache / "plans", "--weighting-scheme",
+                   "cosmap")
+    for shape in (SMALL, LARGE):
+        assert f"bucket {name(shape)}: compiled in" in weighted.out, \
+            weighted.out
 
 
 def test_corrupt_cache_entry_is_compiled_again(tmp_path, data):

@@ -356,6 +356,19 @@ def test_file_data_logit_normal_times_and_shared_validation(tmp_path):
                                rtol=1e-6)
 
 
+def test_a_weighted_loss_is_the_one_process_too(tmp_path):
+    # Each rank weighs its micro-batches by their own times
+    # (--weighting-scheme); the job's loss and unweighted loss are the one
+    # process's.
+    mpirun()
+    common = [*SMALL, "--weighting-scheme", "sigma_sqrt", "--steps", 3]
+    one, two = one_and_two_ranks(common, tmp_path)
+    assert metrics(tmp_path / "two.jsonl") == metrics(tmp_path / "one.jsonl")
+    assert [l["unweighted_loss"] for l in two] == \
+        [l["unweighted_loss"] for l in one]
+    assert all(l["unweighted_loss"] != l["loss"] for l in one), one
+
+
 def test_one_ranks_failure_ends_the_job_at_once(tmp_path):
     # Rank 0 alone finds the checkpoint folder of an earlier run: the job
     # ends with its message, not after the others time out waiting for it.

@@ -192,7 +192,11 @@ def test_host_memory_parts_show_their_size():
     ("--learning_rate", "MegaSlide's equivalent is --lr"),
     ("--network_dim", "not supported: LoRA is not supported"),
     ("--num_processes", "not supported: one process per GPU"),
-    ("--max_grad_norm", "MegaSlide spells it --max-grad-norm")])
+    ("--max_grad_norm", "MegaSlide spells it --max-grad-norm"),
+    # diffusers' logit_normal samples the times; MegaSlide's weighs.
+    ("--weighting_scheme=logit_normal", "MegaSlide's equivalent is "
+     "--weighting-scheme sigma_sqrt or cosmap (diffusers' logit_normal is "
+     "--timestep-sampling logit-normal)")])
 def test_ecosystem_flags_are_answered(flag, answer):
     result = run(*SMALL, "--steps", 1, flag, "1e-4", check=False)
     assert result.returncode == 1, result.out

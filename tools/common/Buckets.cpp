@@ -143,13 +143,16 @@ Expected<std::string> tools::planCacheKey(const PlanFlags &flags,
   text("config", config->sourceJson);
   text("video", bucket.name());
   const TrainingOptions &t = flags.training;
+  // A weighted loss is named only when there is one: the keys of the
+  // other plans stay those entries were stored under.
   text("training",
        formatv("batch={0} compute={1} text_len={2} lr={3} beta1={4} "
-               "beta2={5} eps={6} weight_decay={7}",
+               "beta2={5} eps={6} weight_decay={7}{8}",
                t.batch, computeTypeName(t.computeType),
                t.textLen ? std::to_string(*t.textLen) : std::string("config"),
                exact(t.learningRate), exact(t.beta1), exact(t.beta2),
-               exact(t.adamEps), exact(t.weightDecay))
+               exact(t.adamEps), exact(t.weightDecay),
+               t.weightedLoss ? " weighted_loss" : "")
            .str());
   forEachOption(flags.options, [&](const OptionInfo &info, const auto &value) {
     using T = std::decay_t<decltype(value)>;

@@ -57,7 +57,12 @@ const tools::EcosystemFlag kTable[] = {
      "one JSON line per step; --report draws an HTML page"},
     {"log-with", "musubi-tuner", "metrics",
      "one JSON line per step; --report draws an HTML page"},
-    {"weighting-scheme", "diffusers", "timestep-sampling", "logit-normal"},
+    // diffusers' --weighting_scheme picks the sampling too: its
+    // logit_normal samples, MegaSlide's --weighting-scheme logit-normal
+    // weighs.
+    {"weighting-scheme", "diffusers", "weighting-scheme",
+     "sigma_sqrt or cosmap (diffusers' logit_normal is --timestep-sampling "
+     "logit-normal)"},
     {"discrete-flow-shift", "musubi-tuner", "flow-shift", ""},
     {"resolution", "diffusers", "height", "and --width"},
     {"num-frames", "diffusers", "frames", ""},

@@ -196,6 +196,7 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   // Wan 2.2's two experts: the planner counts both host states.
   o.experts = f.recipe.numExperts();
   f.recipe.gradAccum = o.gradAccum;
+  f.training.weightedLoss = f.recipe.weightsLoss();
   f.recipe.emaBf16 = o.ema == schedule::EmaPolicy::bf16;
   o.hardwarePath = tools::hardwareFile;
   o.precision = precision;

@@ -40,14 +40,20 @@ cl::opt<std::string>
                      cl::cat(recipeCategory),
                      cl::desc("Flow-matching time: uniform | logit-normal"));
 cl::opt<double> logitMean("logit-mean", cl::init(0.0), cl::cat(recipeCategory),
-                          cl::desc("Mean of logit-normal sampling"));
+                          cl::desc("Mean of logit-normal sampling and "
+                                   "weighting"));
 cl::opt<double> logitStd("logit-std", cl::init(1.0), cl::cat(recipeCategory),
                          cl::desc("Standard deviation of logit-normal "
-                                  "sampling"));
+                                  "sampling and weighting"));
 cl::opt<double> flowShift(
     "flow-shift", cl::init(1.0), cl::cat(recipeCategory),
     cl::desc("Shift s of the sampled time: s t / (1 + (s - 1) t), as Wan "
              "trains (diffusers' FlowMatchEulerDiscreteScheduler shift)"));
+cl::opt<std::string> weightingScheme(
+    "weighting-scheme", cl::init("none"), cl::cat(recipeCategory),
+    cl::desc("Weight each sample's loss by its time t: none | sigma_sqrt "
+             "| cosmap (diffusers' compute_loss_weighting_for_sd3) | "
+             "logit-normal (the density with --logit-mean, --logit-std)"));
 
 cl::opt<double> minTimestep(
     "min-timestep", cl::init(0.0), cl::cat(recipeCategory),
@@ -83,6 +89,13 @@ Expected<train::Recipe> tools::readRecipeFlags(double lr) {
                              timestepSampling +
                              "'; use uniform or logit-normal");
   r.timesteps = *sampling;
+  std::optional<train::LossWeighting> weighting =
+      train::parseLossWeighting(weightingScheme);
+  if (!weighting)
+    return createStringError("--weighting-scheme: unknown scheme '" +
+                             weightingScheme + "'; use " +
+                             train::lossWeightingNames());
+  r.weighting = *weighting;
   r.warmupSteps = warmupSteps;
   r.minLr = minLr;
   r.decaySteps = lrDecaySteps;

@@ -215,12 +215,14 @@ public:
   /// the count).
   Progress(int64_t first, int64_t total, bool bar)
       : first(first), total(total), bar(bar) {}
-  void update(int64_t step, float loss, double elapsed, double samplesPerSec,
-              bool computesLoss) {
+  void update(int64_t step, float loss, std::optional<float> unweighted,
+              double elapsed, double samplesPerSec, bool computesLoss) {
     int64_t ran = step - first;
     double eta = ran ? elapsed / ran * (total - step) : 0;
     std::string lossText =
         computesLoss ? formatv("loss {0:F5}", loss).str() : "loss n/a (sim)";
+    if (computesLoss && unweighted)
+      lossText += formatv(" (unweighted {0:F5})", *unweighted).str();
     std::string stats = formatv(
         "step {0}/{1}  {2}  {3:F2} samples/s  elapsed {4}  eta {5}", step,
         total, lossText, samplesPerSec, formatClock(elapsed), formatClock(eta));
@@ -953,7 +955,8 @@ int trainAndSave(train::TrainingRun &run, train::Session &s,
       errs() << formatv("\nstep {0}: validation loss {1:F5}\n", step.step,
                         *step.valLoss);
     double elapsed = run.totals().seconds;
-    progress.update(run.firstStep() + step.ran, result.loss, elapsed,
+    progress.update(run.firstStep() + step.ran, result.loss,
+                    result.unweightedLoss, elapsed,
                     step.ran * p.batch / std::max(elapsed, 1e-9), computesLoss);
   };
   train::TrainingRun::Hooks hooks;

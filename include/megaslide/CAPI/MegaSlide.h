@@ -42,7 +42,8 @@ int megaslidePlanJson(const char *model, int64_t frames, int64_t height,
 
 /// Compiles a training step into an execution plan (docs/ExecutionPlan.md),
 /// as megaslide-run does: `options_json` takes the plan options above plus
-/// `lr` and `weight_decay`. Returns 0 with `*json` set to the plan, 1 with
+/// `lr`, `weight_decay` and `weighted_loss` (a bool: the loss takes
+/// per-sample weights). Returns 0 with `*json` set to the plan, 1 with
 /// `*error` set for bad input, 3 with `*error` set when the plan does not
 /// fit its budgets.
 int megaslideExecPlanJson(const char *model, int64_t frames, int64_t height,

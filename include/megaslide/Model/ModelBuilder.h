@@ -38,6 +38,9 @@ struct TrainingOptions {
   double beta2 = exec::kDefaultBeta2;
   double adamEps = exec::kDefaultEps;
   double weightDecay = exec::kDefaultWeightDecay;
+  /// The loss weights each sample: the step takes exec::kLossWeightsInput
+  /// [B] (fp32) and returns the unweighted loss after the loss.
+  bool weightedLoss = false;
 };
 
 /// Name of the training-step function in built modules.

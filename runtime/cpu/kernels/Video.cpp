@@ -909,19 +909,29 @@ Error flowInterpolate(const exec::Instruction &inst,
   return Error::success();
 }
 
-/// Prediction [B, Cp, ...] against latents and noise [B, C, ...], Cp >= C.
+/// Prediction [B, Cp, ...] against latents and noise [B, C, ...], Cp >= C,
+/// and the optional per-sample weights [B] (1 without).
 struct LossShape {
   int64_t batch = 0, predChannels = 0, channels = 0, inner = 0;
+  const float *weights = nullptr;
   int64_t count() const { return batch * channels * inner; }
+  double weight(int64_t b) const { return weights ? weights[b] : 1.0; }
 };
 
-/// Checks the arity and operands (prediction, latents, noise) of the loss
-/// and its gradient.
+/// Checks the arity and operands (prediction, latents, noise and optional
+/// weights) of the loss (with `results` results: 2 when weighted) and its
+/// gradient (1).
 Expected<LossShape> checkLoss(const exec::Instruction &inst,
                               ArrayRef<OpTensor> operands,
-                              ArrayRef<OpTensor> results) {
-  if (Error e = checkArity(inst, operands, results, 3, 1))
+                              ArrayRef<OpTensor> results, bool grad) {
+  if (Error e = checkArity(inst, operands, results, Count(3, 4),
+                           grad ? Count(1) : Count(1, 2)))
     return std::move(e);
+  bool weighted = operands.size() == 4;
+  if (!grad && results.size() != (weighted ? 2u : 1u))
+    return opError(inst, weighted ? "with weights returns the loss and the "
+                                    "unweighted loss"
+                                  : "without weights returns the loss only");
   const OpTensor &pred = operands[0], &x0 = operands[1];
   if (Error e = checkFloat(inst, pred, "prediction"))
     return std::move(e);
@@ -937,7 +947,10 @@ Expected<LossShape> checkLoss(const exec::Instruction &inst,
     return opError(inst, "prediction " + shapeString(p) +
                              " must match the latents " + shapeString(x) +
                              " except for extra channels");
-  LossShape l{x[0], p[1], x[1], 1};
+  if (weighted)
+    if (Error e = checkFloatShape(inst, operands[3], "weights", {x[0]}))
+      return std::move(e);
+  LossShape l{x[0], p[1], x[1], 1, weighted ? operands[3].f32 : nullptr};
   for (size_t i = 2; i < x.size(); ++i)
     l.inner *= x[i];
   // The mean over no elements is undefined.
@@ -946,8 +959,9 @@ Expected<LossShape> checkLoss(const exec::Instruction &inst,
   return l;
 }
 
-/// Calls fn(prediction index, residual) for the compared elements: the
-/// residual pred - (noise - x0), in double, of the loss and its gradient.
+/// Calls fn(sample, prediction index, residual) for the compared elements:
+/// the residual pred - (noise - x0), in double, of the loss and its
+/// gradient.
 template <typename Fn>
 void forEachResidual(const LossShape &l, ArrayRef<OpTensor> operands, Fn fn) {
   const float *pred = operands[0].f32, *x0 = operands[1].f32,
@@ -957,7 +971,7 @@ void forEachResidual(const LossShape &l, ArrayRef<OpTensor> operands, Fn fn) {
       int64_t p = (b * l.predChannels + c) * l.inner;
       int64_t x = (b * l.channels + c) * l.inner;
       for (int64_t i = 0; i < l.inner; ++i)
-        fn(p + i,
+        fn(b, p + i,
            double(pred[p + i]) - (double(noise[x + i]) - double(x0[x + i])));
     }
 }
@@ -965,24 +979,35 @@ void forEachResidual(const LossShape &l, ArrayRef<OpTensor> operands, Fn fn) {
 Error flowMatchingLoss(const exec::Instruction &inst,
                        ArrayRef<OpTensor> operands,
                        ArrayRef<OpTensor> results) {
-  Expected<LossShape> l = checkLoss(inst, operands, results);
+  Expected<LossShape> l = checkLoss(inst, operands, results, /*grad=*/false);
   if (!l)
     return l.takeError();
-  if (Error e = checkFloat(inst, results[0], "loss"))
-    return e;
-  if (results[0].type.numElements() != 1)
-    return opError(inst, "'loss' must be a scalar, got " +
-                             shapeString(results[0].type.shape));
-  double sum = 0;
-  forEachResidual(*l, operands, [&](int64_t, double r) { sum += r * r; });
-  results[0].f32[0] = static_cast<float>(sum / static_cast<double>(l->count()));
+  for (auto [i, result] : llvm::enumerate(results)) {
+    llvm::StringRef name = i == 0 ? "loss" : "unweighted_loss";
+    if (Error e = checkFloat(inst, result, name))
+      return e;
+    if (result.type.numElements() != 1)
+      return opError(inst, "'" + name + "' must be a scalar, got " +
+                               shapeString(result.type.shape));
+  }
+  // The mean over samples of w_b times the sample's mean: the elements'
+  // sum of w_b r^2 over the count, as every sample has as many.
+  double sum = 0, unweighted = 0;
+  forEachResidual(*l, operands, [&](int64_t b, int64_t, double r) {
+    sum += l->weight(b) * r * r;
+    unweighted += r * r;
+  });
+  double count = static_cast<double>(l->count());
+  results[0].f32[0] = static_cast<float>(sum / count);
+  if (results.size() == 2)
+    results[1].f32[0] = static_cast<float>(unweighted / count);
   return Error::success();
 }
 
 Error flowMatchingLossGrad(const exec::Instruction &inst,
                            ArrayRef<OpTensor> operands,
                            ArrayRef<OpTensor> results) {
-  Expected<LossShape> l = checkLoss(inst, operands, results);
+  Expected<LossShape> l = checkLoss(inst, operands, results, /*grad=*/true);
   if (!l)
     return l.takeError();
   if (Error e = checkFloatShape(inst, results[0], "prediction_grad",
@@ -992,8 +1017,8 @@ Error flowMatchingLossGrad(const exec::Instruction &inst,
   // Extra (learned-sigma) channels are not in the loss.
   std::fill_n(grad, results[0].type.numElements(), 0.0f);
   double factor = 2.0 / static_cast<double>(l->count());
-  forEachResidual(*l, operands, [&](int64_t p, double r) {
-    grad[p] = static_cast<float>(factor * r);
+  forEachResidual(*l, operands, [&](int64_t b, int64_t p, double r) {
+    grad[p] = static_cast<float>(factor * l->weight(b) * r);
   });
   return Error::success();
 }

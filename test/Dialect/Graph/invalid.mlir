@@ -1375,6 +1375,49 @@ func.func @loss_grad_shape(%p: tensor<1x32x2x8x8xbf16>, %x: tensor<1x16x2x8x8xbf
 
 // -----
 
+// Tests that loss weights are one per sample.
+
+func.func @loss_weights_shape(%x: tensor<2x16x2x8x8xbf16>, %w: tensor<3xf32>) {
+  // expected-error @below {{'weights' has shape [3] but expected [2]}}
+  %l, %u = megaslide.flow_matching_loss %x, %x, %x weights %w
+      : (tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<3xf32>) -> (tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+// Tests that a weighted loss returns the unweighted loss too, and only a
+// weighted one does.
+
+func.func @loss_weights_results(%x: tensor<2x16x2x8x8xbf16>, %w: tensor<2xf32>) {
+  // expected-error @below {{returns the unweighted loss exactly when it has weights}}
+  %l = megaslide.flow_matching_loss %x, %x, %x weights %w
+      : (tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @loss_unweighted_results(%x: tensor<2x16x2x8x8xbf16>) {
+  // expected-error @below {{returns the unweighted loss exactly when it has weights}}
+  %l, %u = megaslide.flow_matching_loss %x, %x, %x
+      : (tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>) -> (tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+// Tests that the weights of the loss's gradient are fp32.
+
+func.func @loss_grad_weights_type(%x: tensor<2x16x2x8x8xbf16>, %w: tensor<2xbf16>) {
+  // expected-error @below {{operand #3 must be ranked tensor of 32-bit float values}}
+  %dp = megaslide.flow_matching_loss_grad %x, %x, %x weights %w
+      : (tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xbf16>) -> tensor<2x16x2x8x8xbf16>
+  return
+}
+
+// -----
+
 // Tests that an explicit softmax scale must be positive.
 func.func @attention_negative_scale(%q: tensor<1x8x2x4xbf16>) -> tensor<1x8x2x4xbf16> {
   // expected-error @+1 {{scale must be positive and finite, got -1}}

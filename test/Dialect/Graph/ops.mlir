@@ -342,3 +342,22 @@ func.func @flow_matching(%x0: tensor<1x16x2x8x8xbf16>, %noise: tensor<1x16x2x8x8
   // CHECK: return %[[L]] : tensor<f32>
   return %loss : tensor<f32>
 }
+
+// -----
+
+// Tests that the weighted loss round-trips: per-sample weights, and the
+// unweighted loss as a second result (its results named only then).
+
+// CHECK-LABEL: func.func @weighted_flow_matching(
+// CHECK-SAME:      %[[X0:[a-z0-9_]+]]: tensor<2x16x2x8x8xbf16>, %[[N:[a-z0-9_]+]]: tensor<2x16x2x8x8xbf16>, %[[W:[a-z0-9_]+]]: tensor<2xf32>, %[[P:[a-z0-9_]+]]: tensor<2x32x2x8x8xbf16>)
+func.func @weighted_flow_matching(%x0: tensor<2x16x2x8x8xbf16>, %noise: tensor<2x16x2x8x8xbf16>, %w: tensor<2xf32>,
+                                  %pred: tensor<2x32x2x8x8xbf16>) -> (tensor<f32>, tensor<f32>) {
+  // CHECK: %loss, %unweighted_loss = megaslide.flow_matching_loss %[[P]], %[[X0]], %[[N]] weights %[[W]] : (tensor<2x32x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> (tensor<f32>, tensor<f32>)
+  %loss, %plain = megaslide.flow_matching_loss %pred, %x0, %noise weights %w
+      : (tensor<2x32x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> (tensor<f32>, tensor<f32>)
+  // CHECK: megaslide.flow_matching_loss_grad %[[P]], %[[X0]], %[[N]] weights %[[W]] : (tensor<2x32x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> tensor<2x32x2x8x8xbf16>
+  %dp = megaslide.flow_matching_loss_grad %pred, %x0, %noise weights %w
+      : (tensor<2x32x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2x16x2x8x8xbf16>, tensor<2xf32>) -> tensor<2x32x2x8x8xbf16>
+  // CHECK: return %loss, %unweighted_loss : tensor<f32>, tensor<f32>
+  return %loss, %plain : tensor<f32>, tensor<f32>
+}

@@ -81,6 +81,8 @@ struct MemoryStats {
 
 struct StepResult {
   float loss = 0;
+  /// A weighted loss's unweighted one (the plan's second output).
+  std::optional<float> unweightedLoss;
   /// The squared global L2 norm of the gradients the step updated with
   /// (before StepOptions::gradScale), summed per gradient in double and
   /// over gradients in plan order; NaN or infinite when one is not finite.

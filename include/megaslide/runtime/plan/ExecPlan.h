@@ -33,15 +33,22 @@ namespace megaslide::exec {
 /// Version 3 added deferred updates (kDeferredAttr): a reader of version
 /// 2 would run their host_adamw as an update, at the wrong time. Version 4
 /// added the exact GELU (kExactAttr on gelu and gelu_grad), which a reader
-/// of version 3 would run as the tanh form. A plan without them is written
+/// of version 3 would run as the tanh form. Version 5 added the weighted
+/// loss (kLossWeightsInput), which a reader of version 4 would reject
+/// operand by operand or train unweighted. A plan without them is written
 /// as version 2, which such readers still run as before (the exporter
 /// writes the oldest version that describes a plan: oldestVersion()).
-inline constexpr int64_t kPlanFormatVersion = 4;
+inline constexpr int64_t kPlanFormatVersion = 5;
 inline constexpr int64_t kOldestPlanFormatVersion = 2;
 inline constexpr int64_t kDeferredUpdateFormatVersion = 3;
 inline constexpr int64_t kExactGeluFormatVersion = 4;
+inline constexpr int64_t kWeightedLossFormatVersion = 5;
 /// Unit attribute of gelu and gelu_grad: the erf form, not tanh's.
 inline constexpr llvm::StringLiteral kExactAttr = "exact";
+/// The step input of a weighted loss: one fp32 weight per sample, the
+/// fourth operand of flow_matching_loss and flow_matching_loss_grad; the
+/// loss then also returns the unweighted loss, the plan's second output.
+inline constexpr llvm::StringLiteral kLossWeightsInput = "loss_weights";
 
 /// Unit attributes (integer 1) of a plan with deferred updates
 /// (docs/ExecutionPlan.md, "Deferred updates"). On host_adamw: retain
@@ -179,7 +186,8 @@ struct ExecPlan {
   std::vector<Param> params;
   std::vector<Value> values;
   std::vector<int64_t> inputs;  ///< value ids, in argument order
-  std::vector<int64_t> outputs; ///< value ids returned (the loss)
+  /// Value ids returned: the loss, then a weighted loss's unweighted one.
+  std::vector<int64_t> outputs;
   int64_t numEvents = 0;
   std::vector<Instruction> instructions;
   std::vector<KernelModule> kernelModules;
@@ -193,6 +201,8 @@ struct ExecPlan {
   bool defersUpdates() const;
   /// Whether an instruction runs the exact GELU (kExactAttr).
   bool hasExactGelu() const;
+  /// Whether the loss is weighted per sample (kLossWeightsInput).
+  bool hasWeightedLoss() const;
   /// The oldest format version that describes the plan.
   int64_t oldestVersion() const;
   /// The ranks of the job the plan was compiled for (megaslide-plan

@@ -32,6 +32,9 @@ std::string pythonSpelling(llvm::StringRef name);
 struct MetricsRecord {
   int64_t step = 0;
   std::optional<double> loss, lr, gradNorm;
+  /// A weighted loss's unweighted one (--weighting-scheme); written only
+  /// then.
+  std::optional<double> unweightedLoss;
   bool clipped = false, skipped = false;
   int64_t microBatches = 1;
   double seconds = 0;

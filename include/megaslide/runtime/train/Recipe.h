@@ -3,13 +3,14 @@
 // What a run does besides the AdamW step itself (docs/Training.md): the
 // learning-rate schedule, global-norm gradient clipping, gradient
 // accumulation, an EMA of the weights, how flow-matching timesteps are
-// sampled, and validation. The definitions follow the field's libraries
-// so results can be compared with them: schedules as transformers'
-// get_*_schedule_with_warmup, the timestep shift as diffusers'
-// FlowMatchEulerDiscreteScheduler; clipping (torch.nn.utils.clip_grad_norm_)
-// and the EMA (diffusers' EMAModel) are the host optimizer's
-// (host/HostOptimizer.h). No MLIR: the runtime-only build and the Python
-// module use it.
+// sampled and each sample's loss weighted, and validation. The definitions
+// follow the field's libraries so results can be compared with them:
+// schedules as transformers' get_*_schedule_with_warmup, the timestep
+// shift as diffusers' FlowMatchEulerDiscreteScheduler, the loss weights as
+// diffusers' compute_loss_weighting_for_sd3; clipping
+// (torch.nn.utils.clip_grad_norm_) and the EMA (diffusers' EMAModel) are
+// the host optimizer's (host/HostOptimizer.h). No MLIR: the runtime-only
+// build and the Python module use it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +19,7 @@
 
 #include "megaslide/runtime/train/Random.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -31,6 +33,11 @@ namespace megaslide::train {
 
 enum class LrSchedule { Constant, WarmupConstant, WarmupCosine, WarmupLinear };
 enum class TimestepSampling { Uniform, LogitNormal };
+/// How each sample's loss is weighted by its time sigma (docs/Training.md,
+/// "Loss weighting"): sigma_sqrt and cosmap as diffusers'
+/// compute_loss_weighting_for_sd3, logit-normal the density of the
+/// logit-normal distribution (SD3's weighting).
+enum class LossWeighting { None, SigmaSqrt, CosMap, LogitNormal };
 
 struct Recipe {
   /// lr at optimizer step s (0-based: the first update is s = 0) is the
@@ -68,12 +75,21 @@ struct Recipe {
   /// the times in [boundary, 1), the low-noise one (1, `transformer_2`)
   /// those in [0, boundary); 0: one model.
   double boundary = 0;
+  /// Per-sample loss weights; the plan of any other than None takes them
+  /// as its step input exec::kLossWeightsInput.
+  LossWeighting weighting = LossWeighting::None;
 
   bool clips() const { return maxGradNorm > 0; }
   bool hasEma() const { return emaDecay > 0; }
   bool hasTimestepRange() const { return minTimestep > 0 || maxTimestep < 1; }
   bool twoExperts() const { return boundary > 0; }
   int64_t numExperts() const { return twoExperts() ? 2 : 1; }
+  bool weightsLoss() const { return weighting != LossWeighting::None; }
+  /// Whether --logit-mean and --logit-std matter (sampling or weighting).
+  bool usesLogitNormal() const {
+    return timesteps == TimestepSampling::LogitNormal ||
+           weighting == LossWeighting::LogitNormal;
+  }
 };
 
 /// "high" (expert 0) or "low" (expert 1): what the metrics call them.
@@ -93,6 +109,12 @@ std::optional<LrSchedule> parseLrSchedule(llvm::StringRef name);
 llvm::StringRef lrScheduleName(LrSchedule schedule);
 std::optional<TimestepSampling> parseTimestepSampling(llvm::StringRef name);
 llvm::StringRef timestepSamplingName(TimestepSampling sampling);
+/// Parses "none", "sigma_sqrt", "cosmap", "logit-normal".
+std::optional<LossWeighting> parseLossWeighting(llvm::StringRef name);
+llvm::StringRef lossWeightingName(LossWeighting weighting);
+/// The names parseLossWeighting takes, for messages: "none, sigma_sqrt,
+/// cosmap or logit-normal".
+std::string lossWeightingNames();
 
 /// An error naming the flag of the first value out of range (baseLr: the
 /// plan's lr, which minLr must not exceed).
@@ -125,6 +147,18 @@ int64_t sigmaDraws(const Recipe &recipe);
 /// reproduced without replaying the run.
 std::vector<float> sampleSigmas(const Recipe &recipe, uint64_t seed,
                                 int64_t step, int64_t count);
+/// The loss weight of a sample at time sigma, computed in double and
+/// rounded to fp32:
+///   none          1
+///   sigma_sqrt    sigma^-2 (infinite at sigma = 0)
+///   cosmap        2 / (pi (1 - 2 sigma + 2 sigma^2))
+///   logit-normal  exp(-(logit(sigma) - m)^2 / (2 s^2))
+///                 / (s sqrt(2 pi) sigma (1 - sigma)), 0 at sigma 0 and 1
+/// with m = logitMean, s = logitStd.
+float lossWeight(const Recipe &recipe, float sigma);
+/// lossWeight of each of `sigmas`.
+std::vector<float> lossWeights(const Recipe &recipe,
+                               llvm::ArrayRef<float> sigmas);
 /// sampleSigmas drawn in pieces: next(n) gives the following n sigmas of
 /// step `step`, so the micro-batches of a step need not be drawn at once.
 class SigmaStream {

@@ -58,7 +58,8 @@ struct BucketPlan {
 
 /// One optimizer step of the recipe (docs/Training.md).
 struct StepReport {
-  /// loss: the mean over the micro-batches; seconds: all of them; skipped:
+  /// loss (and a weighted loss's unweightedLoss): the mean over the
+  /// micro-batches; seconds: all of them; skipped:
   /// no update (a non-finite loss or, deferred, gradient); memory and
   /// spans: the last micro-batch's.
   exec::StepResult result;
@@ -142,7 +143,8 @@ public:
                                            const exec::StepOptions &options);
   /// The mean loss over the validation samples, each with the noise and
   /// timestep drawn for it once (the same at every call); no update, and
-  /// neither the training data nor the optimizer state moves.
+  /// neither the training data nor the optimizer state moves. Unweighted
+  /// under any --weighting-scheme.
   llvm::Expected<float> validationLoss();
   bool hasValidation() const { return static_cast<bool>(valData); }
 
@@ -221,8 +223,10 @@ private:
   /// results dropped, for a rank with no batch where the others run one
   /// (validation).
   llvm::Error gatherLikeAStep();
+  /// Adds a weighted loss's weights (exec::kLossWeightsInput) from the
+  /// inputs' timesteps.
   llvm::Expected<exec::StepResult> runStepOn(size_t bucket,
-                                             const exec::StepInputs &inputs,
+                                             exec::StepInputs inputs,
                                              const exec::StepOptions &options);
   /// Micro-batch k of the step (and its bucket), made when the step gets
   /// to it: recipe.gradAccum of them are never held at once.

@@ -604,10 +604,20 @@ std::vector<OpCase> denseCases() {
       {tt(bf, {2, 4, 2, 2, 2}), tt(bf, {2, 3, 2, 2, 2}),
        tt(bf, {2, 3, 2, 2, 2})},
       {tt(bf, {2, 4, 2, 2, 2})});
+  // Weighted (per-sample fp32 weights): the loss and the unweighted one.
+  add("flow_matching_loss weighted", makeInst("flow_matching_loss"),
+      {tt(bf, {2, 4, 2, 4, 4}), tt(bf, {2, 3, 2, 4, 4}),
+       tt(bf, {2, 3, 2, 4, 4}), tt(f32, {2})},
+      {tt(f32, {}), tt(f32, {})});
+  add("flow_matching_loss_grad weighted", makeInst("flow_matching_loss_grad"),
+      {tt(bf, {2, 4, 2, 2, 2}), tt(bf, {2, 3, 2, 2, 2}),
+       tt(bf, {2, 3, 2, 2, 2}), tt(f32, {2})},
+      {tt(bf, {2, 4, 2, 2, 2})});
   return c;
 }
 
-/// Random operands: normal floats, ids in range, timesteps in [0, 1].
+/// Random operands: normal floats, ids in range, timesteps in [0, 1], loss
+/// weights in [0.5, 4) (far from 1, so an ignored weight shows).
 void fillOperands(const OpCase &c, std::mt19937 &rng,
                   std::vector<Buffer> &operands) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -621,6 +631,10 @@ void fillOperands(const OpCase &c, std::mt19937 &rng,
       else if (c.inst.op == exec::OpCode::TimestepEmbedding ||
                (c.inst.op == exec::OpCode::FlowInterpolate && i == 2))
         v = unit(rng);
+      else if ((c.inst.op == exec::OpCode::FlowMatchingLoss ||
+                c.inst.op == exec::OpCode::FlowMatchingLossGrad) &&
+               i == 3)
+        v = 0.5f + 3.5f * unit(rng);
       storeAs(b.bytes.data(), b.type.dtype, e, v);
     }
     operands.push_back(std::move(b));

@@ -392,12 +392,12 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 5; }),
-       "format version 5 is not supported (this runtime reads 2 to 4; "
+       viaJson([](llvm::json::Object &o) { o["version"] = 6; }),
+       "format version 6 is not supported (this runtime reads 2 to 5; "
        "recompile the plan)"},
       {"version before runtime_version",
        viaJson([](llvm::json::Object &o) { o["version"] = 1; }),
-       "format version 1 is not supported (this runtime reads 2 to 4; "
+       "format version 1 is not supported (this runtime reads 2 to 5; "
        "recompile the plan)"},
       {"version of the wrong type",
        viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
@@ -1229,6 +1229,28 @@ TEST(ExecPlanExactGelu, NeedsVersion4AndAGelu) {
             "invalid execution plan: instruction #4 ('gelu') runs the exact "
             "GELU, which format version 4 introduced, but the plan says "
             "version 3");
+}
+
+// Tests that a weighted loss (the fourth operand of the loss's ops) makes a
+// plan version 5, and that an older plan with one is refused.
+TEST(ExecPlanWeightedLoss, NeedsVersion5) {
+  ExecPlan plan = validPlan();
+  Instruction &loss = plan.instructions[kAdd];
+  loss.op = OpCode::FlowMatchingLossGrad;
+  loss.attrs.clear();
+  loss.operands = {kX, kW, kW};
+  EXPECT_FALSE(plan.hasWeightedLoss());
+  EXPECT_EQ(plan.oldestVersion(), kOldestPlanFormatVersion);
+  loss.operands.push_back(kW);
+  EXPECT_TRUE(plan.hasWeightedLoss());
+  EXPECT_EQ(plan.oldestVersion(), kWeightedLossFormatVersion);
+  plan.version = kWeightedLossFormatVersion;
+  EXPECT_EQ(validationError(plan), "");
+  plan.version = kExactGeluFormatVersion;
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: instruction #4 "
+            "('flow_matching_loss_grad') weights the loss per sample, which "
+            "format version 5 introduced, but the plan says version 4");
 }
 
 // Tests that a persistent bf16 copy's fetch applies its master's update.

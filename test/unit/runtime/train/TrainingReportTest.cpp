@@ -136,6 +136,28 @@ TEST(TrainingReportTest, PlotsEveryCurveWithOnePointPerStep) {
   EXPECT_EQ(html.find("Not in this file"), std::string::npos);
 }
 
+// Tests that a weighted run's unweighted loss (--weighting-scheme) is
+// drawn beside its loss, and that other runs neither draw nor miss it.
+TEST(TrainingReportTest, AWeightedRunDrawsItsUnweightedLoss) {
+  std::string weighted, plain;
+  for (int step = 1; step <= 4; ++step) {
+    weighted += fullLine(step, 2.0 / step, false, step == 3,
+                         step == 3 ? ", \"unweighted_loss\": null"
+                                   : ", \"unweighted_loss\": 0.5");
+    plain += fullLine(step, 2.0 / step);
+  }
+  std::string loss = plotOf(page(weighted), "loss");
+  EXPECT_EQ(pointsOf(loss, "loss"), 3);
+  EXPECT_EQ(pointsOf(loss, "unweighted_loss"), 3);
+  EXPECT_NE(loss.find("unweighted train loss"), std::string::npos);
+  std::string html = page(plain);
+  EXPECT_EQ(pointsOf(plotOf(html, "loss"), "unweighted_loss"), -1);
+  EXPECT_EQ(html.find("unweighted"), std::string::npos);
+  EXPECT_NE(error("{\"step\": 1, \"unweighted_loss\": \"low\"}\n")
+                .find("\"unweighted_loss\" must be a number or null"),
+            std::string::npos);
+}
+
 TEST(TrainingReportTest, OldFilesPlotWhatTheyHave) {
   // What megaslide-run wrote before issue 15: step, loss, seconds.
   std::string html = page("{\"step\": 1, \"loss\": 0.9, \"seconds\": 1.5}\n"

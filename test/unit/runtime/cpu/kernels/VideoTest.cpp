@@ -511,12 +511,15 @@ std::vector<int32_t> blockMatchRef(const DsaGeometry &g,
 }
 
 /// mean((pred[:, :C] - (noise - x0))^2) for pred [B, Cp, S...].
+/// The mean over samples of w[b] times the sample's mean squared residual
+/// (diffusers' weighted loss); w empty: 1 each.
 double flowLossRef(const std::vector<double> &pred, int64_t predChannels,
                    const std::vector<double> &x0,
                    const std::vector<double> &noise, int64_t B, int64_t C,
-                   int64_t inner) {
-  double s = 0;
-  for (int64_t b = 0; b < B; ++b)
+                   int64_t inner, const std::vector<double> &w = {}) {
+  double mean = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    double s = 0;
     for (int64_t c = 0; c < C; ++c)
       for (int64_t i = 0; i < inner; ++i) {
         int64_t x = (b * C + c) * inner + i;
@@ -524,7 +527,9 @@ double flowLossRef(const std::vector<double> &pred, int64_t predChannels,
             pred[(b * predChannels + c) * inner + i] - (noise[x] - x0[x]);
         s += r * r;
       }
-  return s / double(B * C * inner);
+    mean += (w.empty() ? 1.0 : w[b]) * s / double(C * inner) / double(B);
+  }
+  return mean;
 }
 
 std::vector<int64_t> vec(Triple t) { return {t[0], t[1], t[2]}; }
@@ -1027,6 +1032,50 @@ TEST(CpuVideoKernels, FlowMatchingLossAndGradMatchNaive) {
   }
 }
 
+// Tests that per-sample weights scale each sample's term of the loss and
+// its gradient (against the naive weighted mean and a numeric gradient),
+// that the second result is the unweighted loss, and that weights of 1
+// give the unweighted op's loss and gradient bit for bit.
+TEST(CpuVideoKernels, WeightedFlowMatchingLossMatchesNaive) {
+  std::mt19937 rng(28);
+  const int64_t B = 3, C = 3, Cp = 5, inner = 2 * 3 * 4;
+  Shape xs = {B, C, 2, 3, 4}, ps = {B, Cp, 2, 3, 4};
+  Buf pred = Buf::floats(ps, randomFloats(numel(ps), rng));
+  Buf x0 = Buf::floats(xs, randomFloats(numel(xs), rng));
+  Buf noise = Buf::floats(xs, randomFloats(numel(xs), rng));
+  Buf w = Buf::floats({B}, {0.25f, 3.0f, 1.5f});
+  Buf loss = Buf::floats({}), unweighted = Buf::floats({});
+  RUN_OK(inst("flow_matching_loss"), {&pred, &x0, &noise, &w},
+         {&loss, &unweighted});
+  std::vector<double> pd = toDouble(pred.f), xd = toDouble(x0.f),
+                      nd = toDouble(noise.f), wd = toDouble(w.f);
+  expectForward(loss.f, {flowLossRef(pd, Cp, xd, nd, B, C, inner, wd)},
+                "weighted flow_matching_loss");
+  expectForward(unweighted.f, {flowLossRef(pd, Cp, xd, nd, B, C, inner)},
+                "unweighted_loss");
+
+  Buf grad = Buf::floats(ps);
+  RUN_OK(inst("flow_matching_loss_grad"), {&pred, &x0, &noise, &w}, {&grad});
+  expectGradient(
+      grad.f,
+      numericGradient(
+          pd, [&] { return flowLossRef(pd, Cp, xd, nd, B, C, inner, wd); }),
+      "weighted flow_matching_loss_grad");
+
+  Buf ones = Buf::floats({B}, std::vector<float>(B, 1.0f));
+  Buf plain = Buf::floats({}), again = Buf::floats({});
+  Buf plainGrad = Buf::floats(ps), onesGrad = Buf::floats(ps);
+  RUN_OK(inst("flow_matching_loss"), {&pred, &x0, &noise}, {&plain});
+  RUN_OK(inst("flow_matching_loss"), {&pred, &x0, &noise, &ones},
+         {&loss, &again});
+  EXPECT_EQ(loss.f, plain.f);
+  EXPECT_EQ(again.f, plain.f);
+  RUN_OK(inst("flow_matching_loss_grad"), {&pred, &x0, &noise}, {&plainGrad});
+  RUN_OK(inst("flow_matching_loss_grad"), {&pred, &x0, &noise, &ones},
+         {&onesGrad});
+  EXPECT_EQ(onesGrad.f, plainGrad.f);
+}
+
 //===----------------------------------------------------------------------===//
 // Errors and edge cases
 //===----------------------------------------------------------------------===//
@@ -1068,6 +1117,7 @@ TEST(CpuVideoKernels, RejectsUnusableInstructionsWithoutCrashing) {
   Buf x0 = Buf::floats({1, 2, 2}, std::vector<float>(4, 1.0f));
   Buf pred = Buf::floats({1, 1, 2}, std::vector<float>(2, 1.0f));
   Buf scalar = Buf::floats({});
+  Buf one = Buf::floats({1}, {2.0f});
 
   Attrs noWindow = g.attrs();
   noWindow.erase("window");
@@ -1133,6 +1183,19 @@ TEST(CpuVideoKernels, RejectsUnusableInstructionsWithoutCrashing) {
       {inst("flow_interpolate"), {&x0, &x0, &t}, {&x0}, "timesteps"},
       {inst("flow_matching_loss"), {&pred, &x0, &x0}, {&scalar}, "extra"},
       {inst("flow_matching_loss"), {&x0, &x0, &x0}, {&x0}, "scalar"},
+      {inst("flow_matching_loss"),
+       {&x0, &x0, &x0, &t},
+       {&scalar, &scalar},
+       "'weights' has shape [2]"},
+      {inst("flow_matching_loss"),
+       {&x0, &x0, &x0, &one},
+       {&scalar},
+       "with weights returns the loss and the unweighted loss"},
+      {inst("flow_matching_loss"),
+       {&x0, &x0, &x0},
+       {&scalar, &scalar},
+       "without weights returns the loss only"},
+      {inst("flow_matching_loss_grad"), {&x0, &x0, &x0, &t}, {&x0}, "weights"},
   };
   for (Case &c : cases) {
     std::string message = errorOf(c.in, c.operands, c.results);
