@@ -430,9 +430,11 @@ Value TrainingStepBuilder::wanForward(Value xt, Value t, Value text,
     Value scale = BiasAddOp::create(b, loc, e.getType(), e, rows[1]);
     return std::make_pair(shift, scale);
   };
-  auto [shift, scale] = shiftScale(temb);
-  auto [shift0, scale0] =
-      cleanTokens ? shiftScale(temb0) : std::make_pair(shift, scale);
+  // Not structured bindings: C++17 lambdas cannot capture them.
+  std::pair<Value, Value> ss = shiftScale(temb);
+  std::pair<Value, Value> ss0 = cleanTokens ? shiftScale(temb0) : ss;
+  Value shift = ss.first, scale = ss.second;
+  Value shift0 = ss0.first, scale0 = ss0.second;
   Value h = byToken(layerNorm(x), [&](Value part, bool clean) {
     return clean ? modulate(part, shift0, scale0)
                  : modulate(part, shift, scale);

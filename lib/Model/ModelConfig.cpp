@@ -697,7 +697,7 @@ Expected<ModelConfig> loadModelFolder(StringRef dir) {
   if (!c)
     return c.takeError();
   if (c->name.empty())
-    c->name = dir.str();
+    c->name = dir.rtrim('/').str();
   if (zDim && *zDim != c->latentChannels())
     return fail(llvm::formatv("the VAE makes latents of z_dim {0} channels, "
                               "but the transformer's latents have {1} "
