@@ -44,6 +44,7 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
 import megaslide  # noqa: E402
+from tiny_wan import randomise  # noqa: E402
 import megaslide.diffusers as msd  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH = 13, 96, 96
@@ -52,24 +53,6 @@ WINDOW, TILE, RADIUS = (2, 3, 3), (1, 2, 2), 2
 RTOL = 1e-5
 SEED = 3
 
-
-def randomise(params, seed):
-    """test_parity.py's rule over the Trainer's own names and shapes."""
-    rng = np.random.default_rng(seed)
-    dim = params["scale_shift_table"].shape[-1]
-    out = {}
-    for name, value in sorted(params.items()):
-        shape = value.shape
-        if name.endswith("scale_shift_table"):
-            x = rng.normal(0, 1 / math.sqrt(dim), shape)
-        elif "norm" in name and name.endswith(".weight"):
-            x = 1 + rng.normal(0, 0.1, shape)
-        elif name.endswith(".bias"):
-            x = rng.normal(0, 0.1, shape)
-        else:
-            x = rng.normal(0, 1 / math.sqrt(math.prod(shape[1:])), shape)
-        out[name] = x.astype(np.float32)
-    return out
 
 
 def make_trainer(attention, frames=FRAMES, height=HEIGHT, width=WIDTH,

@@ -35,11 +35,11 @@ for module in ("torch", "diffusers", "transformers", "av", "accelerate",
 
 import tiny_wan  # noqa: E402
 import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 
 import megaslide  # noqa: E402
 import megaslide.diffusers as msd  # noqa: E402
 from megaslide import export, prepare  # noqa: E402
+from test_prepare import load, run_prepare  # noqa: E402
 
 KINDS = ("i2v", "flf2v")
 SIZE = ["--frames", "9", "--height", "32", "--width", "32"]
@@ -75,15 +75,6 @@ def dataset(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
-def run_prepare(capsys, *args):
-    code = prepare.main([*map(str, args), "--no-progress"])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
-
-
-def load(path):
-    with safe_open(str(path), "pt") as f:
-        return ({k: f.get_tensor(k) for k in f.keys()}, f.metadata())
 
 
 def rgb8(pixels, index):

@@ -37,6 +37,7 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers.training_utils import compute_loss_weighting_for_sd3  # noqa
 
 import megaslide  # noqa: E402
+from tiny_wan import randomise  # noqa: E402
 from conftest import tool_path  # noqa: E402
 
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -70,24 +71,6 @@ def reference_weights(scheme, sigmas):
 def tiny_config():
     return json.loads((SOURCE_ROOT / "configs" / "tiny.json").read_text())
 
-
-def randomise(params, seed):
-    """test_parity.py's rule: every tensor random and non-trivial."""
-    rng = np.random.default_rng(seed)
-    dim = params["scale_shift_table"].shape[-1]
-    out = {}
-    for name, value in sorted(params.items()):
-        shape = value.shape
-        if name.endswith("scale_shift_table"):
-            x = rng.normal(0, 1 / math.sqrt(dim), shape)
-        elif "norm" in name and name.endswith(".weight"):
-            x = 1 + rng.normal(0, 0.1, shape)
-        elif name.endswith(".bias"):
-            x = rng.normal(0, 0.1, shape)
-        else:
-            x = rng.normal(0, 1 / math.sqrt(math.prod(shape[1:])), shape)
-        out[name] = x.astype(np.float32)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -261,7 +261,7 @@ def experts(tmp_path_factory):
     two into it."""
     import tiny_wan
     from test_diffusers_dsa import RADIUS, TILE, WINDOW
-    from test_diffusers_dsa import randomise as randomise_tiny
+    from tiny_wan import randomise as randomise_tiny
     root = tmp_path_factory.mktemp("experts")
     out = {}
     for i, name in enumerate(("high", "low")):

@@ -41,6 +41,7 @@ diffusers = pytest.importorskip("diffusers")
 import megaslide  # noqa: E402
 from tiny_wan import IMAGE_DIM, IMAGE_TOKENS  # noqa: E402
 from tiny_wan import image_config as tiny_image_config  # noqa: E402
+from tiny_wan import randomise as randomise_tiny  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH = 9, 64, 64  # latents 3 x 8 x 8, 48 tokens
 LOSS_RTOL, GRAD_RTOL, GRAD_ATOL_OF_MAX, VELOCITY_RTOL = 1e-5, 1e-4, 1e-4, 1e-5
@@ -48,6 +49,12 @@ LOSS_RTOL, GRAD_RTOL, GRAD_ATOL_OF_MAX, VELOCITY_RTOL = 1e-5, 1e-4, 1e-4, 1e-5
 # the image embedder's LayerNorm epsilon (nn.LayerNorm's 1e-5, not the
 # model's 1e-6) is resolved by the tolerances.
 IMAGE_SCALE = 0.01
+
+
+def randomise(params, seed):
+    """tiny_wan.randomise, FLF2V's position embedding at the image tokens'
+    scale."""
+    return randomise_tiny(params, seed, small={"pos_embed": IMAGE_SCALE})
 
 
 def diffusers_model(config, dtype=torch.float64):
@@ -58,26 +65,6 @@ def diffusers_model(config, dtype=torch.float64):
         **{k: v for k, v in config.items() if k in keys and k != "self"})
     return model.to(dtype)
 
-
-def randomise(params, seed):
-    """test_parity.py's rule: every tensor random and non-trivial."""
-    rng = np.random.default_rng(seed)
-    dim = params["scale_shift_table"].shape[-1]
-    out = {}
-    for name, value in sorted(params.items()):
-        shape = value.shape
-        if name.endswith("scale_shift_table"):
-            x = rng.normal(0, 1 / math.sqrt(dim), shape)
-        elif "norm" in name and name.endswith(".weight"):
-            x = 1 + rng.normal(0, 0.1, shape)
-        elif name.endswith("pos_embed"):
-            x = rng.normal(0, IMAGE_SCALE, shape)
-        elif name.endswith(".bias"):
-            x = rng.normal(0, 0.1, shape)
-        else:
-            x = rng.normal(0, 1 / math.sqrt(math.prod(shape[1:])), shape)
-        out[name] = x.astype(np.float32)
-    return out
 
 
 def batch_of(shapes, seed, batch=2):

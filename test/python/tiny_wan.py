@@ -53,6 +53,34 @@ def image_config(kind: str) -> dict:
     return config
 
 
+def randomise(params: dict, seed: int, small: dict = None) -> dict:
+    """test_parity.py's rule over a Trainer's own names and shapes: every
+    tensor random and non-trivial (diffusers' zero-initialised proj_out is
+    random here, norm gains are 1 + noise), float32. ``small`` maps a name
+    suffix to the standard deviation of those tensors (image tests draw
+    FLF2V's pos_embed at the image tokens' scale)."""
+    import math
+    rng = np.random.default_rng(seed)
+    dim = params["scale_shift_table"].shape[-1]
+    out = {}
+    for name, value in sorted(params.items()):
+        shape = value.shape
+        std = next((v for k, v in (small or {}).items() if name.endswith(k)),
+                   None)
+        if name.endswith("scale_shift_table"):
+            x = rng.normal(0, 1 / math.sqrt(dim), shape)
+        elif "norm" in name and name.endswith(".weight"):
+            x = 1 + rng.normal(0, 0.1, shape)
+        elif std is not None:
+            x = rng.normal(0, std, shape)
+        elif name.endswith(".bias"):
+            x = rng.normal(0, 0.1, shape)
+        else:
+            x = rng.normal(0, 1 / math.sqrt(math.prod(shape[1:])), shape)
+        out[name] = x.astype(np.float32)
+    return out
+
+
 def build_tokenizer(folder: pathlib.Path):
     """A word-level tokenizer with T5's special tokens (pad 0, eos 1, unk
     2) that appends </s> as T5 does; AutoTokenizer loads it offline."""
