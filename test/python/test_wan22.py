@@ -419,3 +419,48 @@ def test_ti2v_prepare_and_sample(ti2v, tmp_path, capsys):
                  num_inference_steps=2, max_sequence_length=16,
                  output_type="np").frames[0]
     assert video.shape == (frames, height, width, 3)
+
+
+def test_ti2v_image_to_video_pipeline_samples_as_megaslide(ti2v_i2v,
+                                                           tmp_path):
+    # The first-frame-conditioned TI2V model, saved and put in a TI2V
+    # pipeline folder, loads as WanImageToVideoPipeline (expand_timesteps:
+    # the image's latents in the first frame, its tokens at timestep 0);
+    # sampling an image, each transformer call's velocity of the later
+    # frames is megaslide's forward at that input (Trainer.predict, x_t
+    # given as latents = noise; the model attends globally, as trained).
+    import PIL.Image
+    import tiny_wan
+    trainer = ti2v_i2v["trainer"]
+    weights = tmp_path / "weights"
+    trainer.save_weights(str(weights))
+    folder = tiny_wan.build_pipeline(tmp_path / "ti2v", weights, ti2v=True)
+    pipe = diffusers.WanImageToVideoPipeline.from_pretrained(
+        str(folder), torch_dtype=torch.float32)
+    assert pipe.config.expand_timesteps
+    calls = []
+
+    def hook(module, args, kwargs, output):
+        calls.append((kwargs["hidden_states"].clone(),
+                      kwargs["timestep"].clone(),
+                      kwargs["encoder_hidden_states"].clone(),
+                      output[0].clone()))
+    pipe.transformer.register_forward_hook(hook, with_kwargs=True)
+    image = PIL.Image.fromarray(tiny_wan.moving_pattern(1, HEIGHT, WIDTH)[0])
+    pipe(image=image, prompt="a red cat", num_frames=FRAMES, height=HEIGHT,
+         width=WIDTH, num_inference_steps=2, guidance_scale=1.0,
+         max_sequence_length=16, output_type="latent",
+         generator=torch.Generator().manual_seed(0))
+    assert len(calls) == 2
+    from test_diffusers_dsa import RTOL
+    for x, t, text, v in calls:
+        tokens = t.reshape(-1)
+        first = (HEIGHT // 32) * (WIDTH // 32)
+        assert (tokens[:first] == 0).all() and (tokens[first:] > 0).all()
+        # One-sample plan of batch 2: the call's sample twice.
+        xn = np.repeat(x.numpy(), 2, axis=0)
+        got = trainer.predict(
+            xn, xn, np.full(2, tokens[-1].item() / 1000, np.float32),
+            np.repeat(text.numpy(), 2, axis=0))[0]
+        ref = v.numpy()[0, :, 1:]
+        assert np.abs(got - ref).max() <= RTOL * np.abs(ref).max()
