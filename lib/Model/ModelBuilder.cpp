@@ -1,9 +1,10 @@
 //===- ModelBuilder.cpp - Training-step IR from a model config ------------===//
 //
-// Emits the forward of DiT / Wan 2.1 blocks with the exact parameter names
-// and shapes of their reference implementations (diffusers' Wan 2.1
-// transformer, facebookresearch/DiT), then differentiates it and appends an
-// AdamW update per parameter.
+// Emits the forward of DiT / Wan blocks with the exact parameter names and
+// shapes of their reference implementations (diffusers'
+// WanTransformer3DModel: Wan 2.1 T2V, I2V and FLF2V, Wan 2.2 A14B and
+// TI2V; facebookresearch/DiT), then differentiates it and appends an AdamW
+// update per parameter.
 //
 // Precision: persistent state is fp32 (master, moments); compute runs on
 // working copies cast from the masters, bf16 by default (so gradients are

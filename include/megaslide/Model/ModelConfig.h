@@ -1,7 +1,8 @@
 //===- ModelConfig.h - DiT model configuration ------------------*- C++ -*-===//
 //
 // The architecture of a video (or image) Diffusion Transformer, parsed from
-// JSON (docs/ModelConfig.md). Diffusers' Wan 2.1 `config.json` keys are
+// JSON or a diffusers folder (docs/ModelConfig.md). Diffusers' Wan
+// `config.json` keys (Wan 2.1 and 2.2, image conditioning included) are
 // accepted as they are.
 //
 //===----------------------------------------------------------------------===//
@@ -22,8 +23,9 @@ namespace megaslide {
 
 /// The two block families the builder knows.
 enum class Architecture {
-  /// Wan 2.1: text cross-attention, shared time projection plus a learned
-  /// per-block modulation table, QK-norm, 3D RoPE.
+  /// Wan (2.1, 2.2): text cross-attention, shared time projection plus a
+  /// learned per-block modulation table, QK-norm, 3D RoPE; optionally image
+  /// conditioning.
   Wan,
   /// DiT (Peebles & Xie): class-conditional adaLN-Zero blocks, fixed
   /// sin-cos position embedding, fused qkv.
