@@ -565,7 +565,9 @@ class Models:
 
     def __init__(self, dirs: Dict[str, str], device: str,
                  progress: bool = True,
-                 image: Optional[ImageConditioning] = None) -> None:
+                 image: Optional[ImageConditioning] = None,
+                 stride: Stride = WAN21) -> None:
+        """``stride``: the VAE's, as pipeline_stride read it."""
         import diffusers
         import torch
         import transformers
@@ -587,8 +589,7 @@ class Models:
         self.tokenizer = AutoTokenizer.from_pretrained(dirs["tokenizer"])
         cfg = self.vae.config
         self.channels = cfg.z_dim
-        self.stride = Stride(cfg.scale_factor_temporal,
-                             cfg.scale_factor_spatial)
+        self.stride = stride
         shape = (1, cfg.z_dim, 1, 1, 1)
         self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(
             shape).to(self.device)
@@ -956,7 +957,7 @@ def run(args) -> int:
 
     prepared = 0
     if todo:
-        models = Models(dirs, device, args.progress, image)
+        models = Models(dirs, device, args.progress, image, stride)
         from safetensors.torch import save
 
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
