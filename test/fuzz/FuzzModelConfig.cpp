@@ -28,15 +28,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const ModelConfig &c = *parsed;
   // What ConfigReader::validate guarantees (docs/ModelConfig.md).
   bool ok = c.numLayers > 0 && c.numHeads > 0 && c.headDim > 0 &&
-            c.ffnDim > 0 && c.inChannels > 0 && c.outChannels >= c.inChannels &&
+            c.ffnDim > 0 && c.inChannels > 0 && c.outChannels > 0 &&
             c.freqDim > 0 && c.freqDim % 2 == 0 && c.eps > 0 &&
             c.ropeTheta > 1 && c.dim() > 0 && c.dim() / c.numHeads == c.headDim;
   for (int i = 0; i < 3; ++i)
     ok = ok && c.patch[i] > 0 && c.vaeStride[i] > 0;
-  if (c.architecture == Architecture::Wan)
+  if (c.architecture == Architecture::Wan) {
     ok = ok && c.textDim > 0 && c.textLen > 0 && c.headDim % 2 == 0;
-  else
-    ok = ok && c.numClasses > 0 && c.patch[0] == 1;
+    // More inputs than outputs are image conditioning: the latents, a mask
+    // of vae_stride[0] channels and the conditioning frames' latents.
+    if (c.inChannels > c.outChannels)
+      ok = ok && c.inChannels == 2 * c.outChannels + c.vaeStride[0] &&
+           c.imageConditionChannels() == c.outChannels + c.vaeStride[0] &&
+           !c.firstFrameConditioning;
+    if (c.imageDim > 0)
+      ok = ok && c.inChannels > c.outChannels && c.imageLen > 0 &&
+           c.textLen == kImageModelTextLen;
+    else
+      ok = ok && c.imageLen == 0 && !c.imagePosEmbed;
+  } else {
+    ok = ok && c.numClasses > 0 && c.patch[0] == 1 &&
+         c.outChannels >= c.inChannels;
+  }
   if (!ok)
     abort();
 
