@@ -270,6 +270,9 @@ std::string exec::serialize(const ExecPlan &plan) {
               {"kernel_modules", std::move(kernels)}};
   if (plan.arenaBudgetBytes)
     root["arena_budget_bytes"] = *plan.arenaBudgetBytes;
+  if (!plan.tierRoles.empty())
+    root["host_tier"] = Object{{"roles", plan.tierRoles},
+                               {"window_bytes", plan.tierWindowBytes}};
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(root));
@@ -339,6 +342,14 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         o.map("kernel_modules", plan.kernelModules)))
     return llvm::createStringError(llvm::Twine(source) + ": " +
                                    llvm::toString(rootPath.getError()));
+  if (const llvm::json::Value *tier = root->get("host_tier")) {
+    llvm::json::Path planPath(rootPath);
+    llvm::json::ObjectMapper t(*tier, planPath.field("host_tier"));
+    if (!(t && t.map("roles", plan.tierRoles) &&
+          t.map("window_bytes", plan.tierWindowBytes)))
+      return llvm::createStringError(llvm::Twine(source) + ": " +
+                                     llvm::toString(rootPath.getError()));
+  }
   if (llvm::Error err = validate(plan))
     return llvm::createStringError(llvm::Twine(source) + ": " +
                                    llvm::toString(std::move(err)));

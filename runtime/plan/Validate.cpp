@@ -364,6 +364,19 @@ static bool checkPlanFields(Checker &c, const ExecPlan &plan) {
   if (plan.emaDtype != "none" && plan.emaDtype != "f32" &&
       plan.emaDtype != "bf16")
     return c.fail("ema_dtype '" + plan.emaDtype + "' is not none, f32 or bf16");
+  if (!plan.tierRoles.empty() && plan.version < kNvmeTierFormatVersion)
+    return c.fail("host_tier, which format version " +
+                  llvm::Twine(kNvmeTierFormatVersion) +
+                  " introduced, but the plan says version " +
+                  llvm::Twine(plan.version));
+  for (const std::string &role : plan.tierRoles)
+    if (!llvm::is_contained(kTierRoles, llvm::StringRef(role)))
+      return c.fail("host_tier role '" + role +
+                    "' is not one the NVMe tier holds (moment, ema)");
+  if (!plan.tierRoles.empty() &&
+      (plan.tierWindowBytes <= 0 || plan.tierWindowBytes > kMaxTensorBytes))
+    return c.fail("host_tier window_bytes " +
+                  llvm::Twine(plan.tierWindowBytes) + " is out of range");
   if (plan.gradientBuffers < 1 || plan.gradientBuffers > 64)
     return c.fail("gradient_buffers " + llvm::Twine(plan.gradientBuffers) +
                   " is not in [1, 64]");

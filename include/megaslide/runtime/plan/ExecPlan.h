@@ -35,14 +35,23 @@ namespace megaslide::exec {
 /// added the exact GELU (kExactAttr on gelu and gelu_grad), which a reader
 /// of version 3 would run as the tanh form. Version 5 added the weighted
 /// loss (kLossWeightsInput), which a reader of version 4 would reject
-/// operand by operand or train unweighted. A plan without them is written
+/// operand by operand or train unweighted. Version 6 added the NVMe tier
+/// (`host_tier`), which a reader of version 5 would ignore and so hold the
+/// tier's state in RAM the plan did not count. A plan without them is written
 /// as version 2, which such readers still run as before (the exporter
 /// writes the oldest version that describes a plan: oldestVersion()).
-inline constexpr int64_t kPlanFormatVersion = 5;
+inline constexpr int64_t kPlanFormatVersion = 6;
 inline constexpr int64_t kOldestPlanFormatVersion = 2;
 inline constexpr int64_t kDeferredUpdateFormatVersion = 3;
 inline constexpr int64_t kExactGeluFormatVersion = 4;
 inline constexpr int64_t kWeightedLossFormatVersion = 5;
+inline constexpr int64_t kNvmeTierFormatVersion = 6;
+
+/// The roles of persistent tensors the NVMe tier can hold (the runtime's
+/// host::NvmeTier streams them through the host optimizer's updates): the
+/// AdamW moments and the EMA, each read and written once per optimizer
+/// step. The masters stay in RAM: every fetch reads them.
+inline constexpr const char *kTierRoles[] = {"moment", "ema"};
 /// Unit attribute of gelu and gelu_grad: the erf form, not tanh's.
 inline constexpr llvm::StringLiteral kExactAttr = "exact";
 /// The step input of a weighted loss: one fp32 weight per sample, the
@@ -182,6 +191,12 @@ struct ExecPlan {
   /// or "bf16"), whose host bytes the plan counts.
   int64_t gradAccum = 1;
   std::string emaDtype = "none";
+  /// The NVMe tier (docs/Runtime.md, "NVMe tier"): the roles of the
+  /// persistent tensors the host keeps in files on NVMe instead of RAM
+  /// (kTierRoles), and the RAM window they stream through, which the
+  /// plan counts as host memory. No roles: everything in RAM.
+  std::vector<std::string> tierRoles;
+  int64_t tierWindowBytes = 0;
 
   std::vector<Param> params;
   std::vector<Value> values;

@@ -392,12 +392,12 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 6; }),
-       "format version 6 is not supported (this runtime reads 2 to 5; "
+       viaJson([](llvm::json::Object &o) { o["version"] = 7; }),
+       "format version 7 is not supported (this runtime reads 2 to 6; "
        "recompile the plan)"},
       {"version before runtime_version",
        viaJson([](llvm::json::Object &o) { o["version"] = 1; }),
-       "format version 1 is not supported (this runtime reads 2 to 5; "
+       "format version 1 is not supported (this runtime reads 2 to 6; "
        "recompile the plan)"},
       {"version of the wrong type",
        viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
@@ -1251,6 +1251,36 @@ TEST(ExecPlanWeightedLoss, NeedsVersion5) {
             "invalid execution plan: instruction #4 "
             "('flow_matching_loss_grad') weights the loss per sample, which "
             "format version 5 introduced, but the plan says version 4");
+}
+
+// Tests that an NVMe tier makes a plan version 6, round-trips through the
+// file, and that an older plan with one, an unknown role or no window is
+// refused.
+TEST(ExecPlanNvmeTier, NeedsVersion6) {
+  ExecPlan plan = validPlan();
+  EXPECT_EQ(plan.oldestVersion(), kOldestPlanFormatVersion);
+  plan.tierRoles = {"moment", "ema"};
+  plan.tierWindowBytes = 1 << 20;
+  EXPECT_EQ(plan.oldestVersion(), kNvmeTierFormatVersion);
+  plan.version = kNvmeTierFormatVersion;
+  EXPECT_EQ(validationError(plan), "");
+  llvm::Expected<ExecPlan> back = parseExecPlan(serialize(plan), "tier.json");
+  ASSERT_TRUE(static_cast<bool>(back)) << llvm::toString(back.takeError());
+  EXPECT_EQ(back->tierRoles, plan.tierRoles);
+  EXPECT_EQ(back->tierWindowBytes, plan.tierWindowBytes);
+  plan.version = kWeightedLossFormatVersion;
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: host_tier, which format version 6 "
+            "introduced, but the plan says version 5");
+  plan.version = kNvmeTierFormatVersion;
+  plan.tierRoles = {"master"};
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: host_tier role 'master' is not one the "
+            "NVMe tier holds (moment, ema)");
+  plan.tierRoles = {"moment"};
+  plan.tierWindowBytes = 0;
+  EXPECT_EQ(validationError(plan), "invalid execution plan: host_tier "
+                                   "window_bytes 0 is out of range");
 }
 
 // Tests that a persistent bf16 copy's fetch applies its master's update.
