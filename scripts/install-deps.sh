@@ -19,6 +19,8 @@ APT_PACKAGES=(
   # Data parallelism (docs/Distributed.md): Open MPI's mpirun and headers
   # for the MPI plugin (runtime/dist/MpiCollectives.cpp).
   libopenmpi-dev openmpi-bin
+  # The NVMe tier's asynchronous I/O (runtime/host/NvmeTier.cpp): io_uring.
+  liburing-dev
   # The training report rendered by a real browser, headless
   # (test/python/test_training_report.py): 122 MB to fetch, 414 MB
   # installed, about a minute (docs/Testing.md).
