@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/host/Checkpoint.h"
 
+#include "megaslide/runtime/host/NvmeTier.h"
+
 #include "megaslide/runtime/cpu/Finite.h"
 #include "megaslide/runtime/cpu/HalfFloat.h"
 #include "megaslide/runtime/dist/Collectives.h"
@@ -265,6 +267,29 @@ Error writeStateFile(StringRef path, const HostState &state, int rank,
       continue; // nothing of it here (safetensors has no empty tensors)
     std::vector<int64_t> shape =
         t.sharded ? std::vector<int64_t>{t.held()} : t.param->type.shape;
+    if (t.tier) { // read from the NVMe tier a chunk at a time
+      bool bf16 = t.param->type.dtype == exec::DType::BF16;
+      StTensorToWrite out{t.param->name, shape, nullptr,
+                          bf16 ? StDType::BF16 : StDType::F32};
+      int64_t step = state.step;
+      out.source = [&t, bf16, step](int64_t begin, int64_t end,
+                                    float *dst) -> Error {
+        std::vector<uint16_t> narrow(bf16 ? end - begin : 0);
+        void *into = bf16 ? static_cast<void *>(narrow.data()) : dst;
+        if (Error e = t.tier->read(t.tierId, begin, end, into))
+          return e;
+        for (size_t k = 0; k < narrow.size(); ++k)
+          dst[k] = cpu::bf16ToFloat(narrow[k]);
+        if (std::optional<int64_t> bad = cpu::firstNonFinite(dst, end - begin))
+          return error(llvm::formatv("cannot save checkpoint of step {0}: "
+                                     "tensor '{1}' holds {2} at element {3}",
+                                     step, t.param->name, dst[*bad],
+                                     t.shardBegin + begin + *bad));
+        return Error::success();
+      };
+      tensors.push_back(std::move(out));
+      continue;
+    }
     if (!t.bf16.empty()) { // a bf16 EMA: saved as it is kept
       if (std::optional<int64_t> bad =
               cpu::firstNonFiniteBf16(t.bf16.data(), t.bf16.size()))
@@ -769,7 +794,23 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
       return e;
     int64_t lo = std::max(in.begin, t.heldBegin()),
             hi = std::min(in.end, t.heldEnd());
-    if (t.param->type.dtype == exec::DType::BF16) {
+    if (t.tier) {
+      if (lo < hi) {
+        const float *from = values.data() + (lo - in.begin);
+        int64_t at = lo - t.heldBegin();
+        if (t.param->type.dtype == exec::DType::BF16) {
+          std::vector<uint16_t> narrow(hi - lo);
+          for (int64_t k = 0; k < hi - lo; ++k)
+            narrow[k] = cpu::floatToBf16(from[k]);
+          if (Error e =
+                  t.tier->write(t.tierId, at, at + (hi - lo), narrow.data()))
+            return e;
+        } else if (Error e =
+                       t.tier->write(t.tierId, at, at + (hi - lo), from)) {
+          return e;
+        }
+      }
+    } else if (t.param->type.dtype == exec::DType::BF16) {
       // Widened exactly, then rounded back to the same bits.
       t.bf16.resize(t.held());
       for (int64_t k = lo; k < hi; ++k)

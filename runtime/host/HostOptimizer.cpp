@@ -2,6 +2,8 @@
 
 #include "megaslide/runtime/host/HostOptimizer.h"
 
+#include "megaslide/runtime/host/NvmeTier.h"
+
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/runtime/cpu/Convert.h"
@@ -9,6 +11,7 @@
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/support/FaultInjection.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -57,21 +60,56 @@ llvm::Expected<AdamWTensors> host::adamwTensors(HostState &state,
   return t;
 }
 
-void host::adamwUpdate(const cpu::AdamWHyper &hyper, const AdamWTensors &t,
-                       const HostGradient &g) {
-  float *p = t.master->data.data(), *m = t.m->data.data(),
-        *v = t.v->data.data();
-  if (g.dtype == DType::BF16) {
-    cpu::adamwStep(hyper, g.count, p, m, v,
-                   static_cast<const uint16_t *>(g.data), nullptr);
-  } else if (g.dtype == DType::F32) {
-    cpu::adamwStep(hyper, g.count, p, m, v, static_cast<const float *>(g.data),
+/// AdamW over `n` elements with the gradient in its dtype (bf16 and f32
+/// read as they are, f16 widened first: the same values).
+static void adamwElements(const cpu::AdamWHyper &hyper, int64_t n, float *p,
+                          float *m, float *v, const void *g, DType dtype) {
+  if (dtype == DType::BF16) {
+    cpu::adamwStep(hyper, n, p, m, v, static_cast<const uint16_t *>(g),
                    nullptr);
+  } else if (dtype == DType::F32) {
+    cpu::adamwStep(hyper, n, p, m, v, static_cast<const float *>(g), nullptr);
   } else {
-    std::vector<float> wide(g.count);
-    cpu::widen(g.data, g.dtype, g.count, wide.data());
-    cpu::adamwStep(hyper, g.count, p, m, v, wide.data(), nullptr);
+    std::vector<float> wide(n);
+    cpu::widen(g, dtype, n, wide.data());
+    cpu::adamwStep(hyper, n, p, m, v, wide.data(), nullptr);
   }
+}
+
+llvm::Error host::adamwUpdate(const cpu::AdamWHyper &hyper,
+                              const AdamWTensors &t, const HostGradient &g) {
+  float *p = t.master->data.data();
+  if (!t.m->tier) {
+    adamwElements(hyper, g.count, p, t.m->data.data(), t.v->data.data(), g.data,
+                  g.dtype);
+    return llvm::Error::success();
+  }
+  // Moments in the NVMe tier: chunk by chunk as they arrive; AdamW is
+  // elementwise, so the result is that of one pass.
+  NvmeTier &tier = *t.m->tier;
+  size_t gBytes = exec::dtypeBytes(g.dtype);
+  for (int64_t c = 0, begin = 0; begin < g.count; ++c) {
+    int64_t n = std::min(kTierChunkElements, g.count - begin);
+    llvm::Expected<uint8_t *> m = tier.acquire(t.m->tierId, c);
+    if (!m)
+      return m.takeError();
+    llvm::Expected<uint8_t *> v = tier.acquire(t.v->tierId, c);
+    if (!v) {
+      llvm::consumeError(tier.release(t.m->tierId, c, false));
+      return v.takeError();
+    }
+    adamwElements(hyper, n, p + begin, reinterpret_cast<float *>(*m),
+                  reinterpret_cast<float *>(*v),
+                  static_cast<const uint8_t *>(g.data) + begin * gBytes,
+                  g.dtype);
+    llvm::Error released = tier.release(t.m->tierId, c, /*dirty=*/true);
+    if (llvm::Error e = tier.release(t.v->tierId, c, /*dirty=*/true))
+      return llvm::joinErrors(std::move(released), std::move(e));
+    if (released)
+      return released;
+    begin += n;
+  }
+  return llvm::Error::success();
 }
 
 /// The index of the first NaN or infinity of `g`, if any.
@@ -106,7 +144,8 @@ llvm::Expected<double> host::streamingUpdate(HostState &state,
   cpu::AdamWHyper hyper = adamwHyperOf(inst, s.step);
   hyper.lr = s.lr.value_or(hyper.lr);
   hyper.gradScale = s.gradScale;
-  adamwUpdate(hyper, t, g);
+  if (llvm::Error e = adamwUpdate(hyper, t, g))
+    return std::move(e);
   return squared;
 }
 
@@ -298,11 +337,16 @@ void HostOptimizer::apply(Update &u) {
   cpu::AdamWHyper hyper = adamwHyperOf(*u.inst, pendingStep);
   hyper.lr = pendingLr;
   hyper.gradScale = pendingScale;
-  if (!u.accum.empty())
-    adamwUpdate(hyper, u.tensors, {u.accum.data(), DType::F32, u.count});
-  else
-    adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, u.count});
+  llvm::Error e =
+      u.accum.empty()
+          ? adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, u.count})
+          : adamwUpdate(hyper, u.tensors,
+                        {u.accum.data(), DType::F32, u.count});
   u.pending = false;
+  if (e) {
+    fail(std::move(e));
+    return;
+  }
   if (u.ema)
     updateEma(u);
 }
@@ -402,19 +446,75 @@ llvm::Error HostOptimizer::applySharded() {
     // (host::gatherWhole).
     int64_t held = u.tensors.master->held();
     for (const HostTensor *t : {u.tensors.master, u.tensors.m, u.tensors.v})
-      if (static_cast<int64_t>(t->data.size()) != held)
+      if (!t->tier && static_cast<int64_t>(t->data.size()) != held)
         return llvm::createStringError(
             llvm::formatv("'{0}' holds {1} values, this rank's shard {2}",
                           t->param->name, t->data.size(), held));
-    if (u.accum.empty()) // one micro-batch, summed on the device
-      adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, held});
-    else
-      adamwUpdate(hyper, u.tensors, {u.shardSum(options), DType::F32, held});
+    llvm::Error e =
+        u.accum.empty() // one micro-batch, summed on the device
+            ? adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, held})
+            : adamwUpdate(hyper, u.tensors,
+                          {u.shardSum(options), DType::F32, held});
     u.pending = false;
+    if (e) {
+      fail(std::move(e));
+      return failed();
+    }
     if (u.ema)
       updateEma(u);
   }
   return llvm::Error::success();
+}
+
+llvm::Error HostOptimizer::useTier(const NvmeTierOptions &tierOptions) {
+  if (llvm::Error e = attachTier(*state, *plan, tierOptions))
+    return e;
+  NvmeTier *tier = state->tier.get();
+  if (!tier)
+    return llvm::Error::success();
+  // The order updates visit the moments, every step alike: a deferred
+  // update lands before its parameter's first fetch (then any left at the
+  // flush), a streaming one as its gradient arrives, in program order.
+  std::vector<const Update *> visits;
+  llvm::DenseSet<const Update *> seen;
+  auto visit = [&](llvm::StringRef param) {
+    auto it = updateIndex.find(param);
+    if (it != updateIndex.end() && seen.insert(&updates[it->second]).second)
+      visits.push_back(&updates[it->second]);
+  };
+  for (const exec::Instruction &inst : plan->instructions)
+    if (options.deferred && inst.op == exec::OpCode::Fetch) {
+      if (const exec::Param *master = plan->updatedParam(inst.param))
+        visit(master->name);
+    } else if (!options.deferred && inst.op == exec::OpCode::HostAdamW) {
+      visit(inst.param);
+    }
+  for (const Update &u : updates)
+    visit(u.inst->param);
+  std::vector<std::pair<NvmeTier::TensorId, int64_t>> order;
+  for (const Update *u : visits)
+    if (u->tensors.m->tier)
+      for (int64_t c = 0; c < tier->chunks(u->tensors.m->tierId); ++c) {
+        order.push_back({u->tensors.m->tierId, c});
+        order.push_back({u->tensors.v->tierId, c});
+      }
+  tier->setVisitOrder(std::move(order));
+  return llvm::Error::success();
+}
+
+void HostOptimizer::fail(llvm::Error e) {
+  // Some elements of the update landed: the state is neither step's.
+  state->incomplete = true;
+  std::string text = llvm::toString(std::move(e));
+  if (failure.empty())
+    failure = text;
+}
+
+llvm::Error HostOptimizer::failed() const {
+  if (failure.empty())
+    return llvm::Error::success();
+  return llvm::createStringError("the host optimizer's update failed: " +
+                                 failure);
 }
 
 void HostOptimizer::restore(int64_t emaUpdates,

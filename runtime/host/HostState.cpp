@@ -2,7 +2,10 @@
 
 #include "megaslide/runtime/host/HostState.h"
 
+#include "megaslide/runtime/host/NvmeTier.h"
+
 #include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/cpu/HalfFloat.h"
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/runtime/train/Random.h"
@@ -172,6 +175,65 @@ llvm::Expected<uint64_t> host::usableHostMemoryBytes() {
   return usableHostMemoryBytes(readHostMemory());
 }
 
+bool host::tieredRole(const exec::ExecPlan &plan, llvm::StringRef role) {
+  return llvm::is_contained(plan.tierRoles, role);
+}
+
+llvm::Expected<std::vector<float>> host::heldValues(const HostTensor &t) {
+  std::vector<float> values(t.held());
+  if (t.tier) {
+    if (t.param->type.dtype != exec::DType::BF16) {
+      if (llvm::Error e = t.tier->read(t.tierId, 0, t.held(), values.data()))
+        return std::move(e);
+      return values;
+    }
+    std::vector<uint16_t> bf16(t.held());
+    if (llvm::Error e = t.tier->read(t.tierId, 0, t.held(), bf16.data()))
+      return std::move(e);
+    for (size_t i = 0; i < bf16.size(); ++i)
+      values[i] = cpu::bf16ToFloat(bf16[i]);
+    return values;
+  }
+  if (!t.bf16.empty()) {
+    for (size_t i = 0; i < t.bf16.size(); ++i)
+      values[i] = cpu::bf16ToFloat(t.bf16[i]);
+    return values;
+  }
+  return t.data;
+}
+
+llvm::Error host::attachTier(HostState &state, const exec::ExecPlan &plan,
+                             const NvmeTierOptions &options) {
+  if (plan.tierRoles.empty())
+    return llvm::Error::success();
+  std::vector<NvmeTier::TensorSpec> specs;
+  std::vector<HostTensor *> tiered;
+  for (HostTensor &t : state.tensors)
+    if (tieredRole(plan, t.param->role) && t.held() > 0) {
+      bool bf16 = t.param->type.dtype == exec::DType::BF16;
+      specs.push_back({t.param->name, t.held(), bf16 ? 2 : 4});
+      tiered.push_back(&t);
+    }
+  llvm::Expected<std::unique_ptr<NvmeTier>> tier =
+      NvmeTier::create(options, specs);
+  if (!tier)
+    return tier.takeError();
+  state.tier = std::move(*tier);
+  for (auto [id, t] : llvm::enumerate(tiered)) {
+    const void *values = t->bf16.empty()
+                             ? static_cast<const void *>(t->data.data())
+                             : t->bf16.data();
+    if (!t->data.empty() || !t->bf16.empty())
+      if (llvm::Error e = state.tier->write(int64_t(id), 0, t->held(), values))
+        return e;
+    t->tier = state.tier.get();
+    t->tierId = int64_t(id);
+    t->data = {};
+    t->bf16 = {};
+  }
+  return state.tier->drain();
+}
+
 uint64_t HostState::bytes() const {
   uint64_t total = 0;
   for (const HostTensor &t : tensors)
@@ -214,7 +276,7 @@ static dist::ShardRange heldRange(const exec::Param &p, int rank, int ranks) {
 uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
   uint64_t bytes = 0;
   for (const exec::Param &p : plan.params)
-    if (inHostState(p))
+    if (inHostState(p) && !tieredRole(plan, p.role))
       bytes += heldRange(p, 0, ranks).size() * sizeof(float);
   return bytes;
 }
@@ -234,10 +296,12 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
       t.shardEnd = held.end;
     }
     // Drawn whole, one tensor at a time: a shard's values do not depend on
-    // the job's size.
-    std::vector<float> whole(p.type.numElements(), 0.0f);
-    initTensor(p, seed, whole);
-    t.keep(whole);
+    // the job's size. The tier's zeros are its files'.
+    if (!(p.role == "moment" && tieredRole(plan, p.role))) {
+      std::vector<float> whole(p.type.numElements(), 0.0f);
+      initTensor(p, seed, whole);
+      t.keep(whole);
+    }
     state.index[p.name] = state.tensors.size();
     state.tensors.push_back(std::move(t));
   }

@@ -581,7 +581,8 @@ safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
     int64_t bytes;
     if (!checkedMul(elements, stDTypeBytes(t.dtype), bytes))
       return bad("invalid shape " + shapeString(t.shape));
-    if (elements && !t.data && !(t.bf16 && t.dtype == StDType::BF16))
+    if (elements && !t.data && !t.source &&
+        !(t.bf16 && t.dtype == StDType::BF16))
       return bad("no data");
     sizes.push_back(static_cast<uint64_t>(bytes));
   }
@@ -643,8 +644,30 @@ Error writeSafetensorsData(AtomicFile &out, StringRef header,
   if (Error e = put(header.data(), header.size()))
     return e;
   std::vector<uint16_t> buf;
+  std::vector<float> produced;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const StTensorToWrite &t = tensors[i];
+    if (t.source) { // produced in chunks, then written in its dtype
+      int64_t elements = int64_t(sizes[i]) / stDTypeBytes(t.dtype);
+      produced.resize(std::min<size_t>(elements, kChunkBytes / sizeof(float)));
+      for (int64_t done = 0; done < elements;) {
+        int64_t n = std::min<int64_t>(elements - done, produced.size());
+        if (Error e = t.source(done, done + n, produced.data()))
+          return e;
+        if (t.dtype == StDType::F32) {
+          if (Error e = put(produced.data(), n * sizeof(float)))
+            return e;
+        } else {
+          buf.resize(n);
+          for (int64_t k = 0; k < n; ++k)
+            buf[k] = cpu::floatToBf16(produced[k]);
+          if (Error e = put(buf.data(), n * sizeof(uint16_t)))
+            return e;
+        }
+        done += n;
+      }
+      continue;
+    }
     // Values stored as they are written go out in chunks, as they are.
     if (const void *raw = t.dtype == StDType::F32
                               ? static_cast<const void *>(t.data)

@@ -9,8 +9,10 @@
 #include "megaslide/runtime/train/SessionParts.h"
 
 #include "megaslide/runtime/dist/Collectives.h"
+#include "megaslide/runtime/host/NvmeTier.h"
 #include "megaslide/runtime/support/FaultInjection.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <unistd.h>
@@ -302,6 +304,20 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   session->deferred = updates->deferred;
   session->baseLr = updates->baseLr;
   const exec::ExecPlan &p = session->plan();
+  // One host state serves every bucket: its plans keep the same roles on
+  // NVMe, and the tier needs its drives.
+  for (const std::unique_ptr<exec::ExecPlan> &other : session->plans)
+    if (other->tierRoles != p.tierRoles ||
+        other->tierWindowBytes != p.tierWindowBytes)
+      return llvm::createStringError(
+          "the bucket plans keep different host state on NVMe "
+          "(host_tier); compile them with the same --host-mem and --nvme");
+  if (!p.tierRoles.empty() && options.nvmeDirs.empty() &&
+      options.backend != "sim")
+    return llvm::createStringError(
+        "the plan keeps the " + llvm::join(p.tierRoles, " and ") +
+        " tensors on NVMe (host_tier): give their drives' directories with "
+        "--nvme DIR[,DIR...]");
   // Only backends that compute hold the model state (sim needs none): the
   // 105B state is 1.27 TB, so check that everything fits, summed, before
   // the backend or the state touches a byte.
@@ -332,6 +348,12 @@ Session::create(std::vector<BucketPlan> bucketPlans,
       e.optimizer.prepare(p, e.state,
                           optimizerOptions(options.recipe, p, session->deferred,
                                            options.collectives));
+      host::NvmeTierOptions tier;
+      tier.dirs = options.nvmeDirs;
+      tier.windowBytes = static_cast<uint64_t>(p.tierWindowBytes);
+      tier.force = options.nvmeForce;
+      if (llvm::Error err = e.optimizer.useTier(tier))
+        return std::move(err);
     }
     session->runSettings =
         computeSettings(session->plans, session->names, options,
@@ -353,6 +375,13 @@ host::HostTensor *Session::ema(llvm::StringRef name) {
 }
 
 void Session::flushUpdates() { current().optimizer.flush(); }
+
+llvm::Error Session::updatesFailed() const {
+  for (const Expert &e : experts)
+    if (llvm::Error failed = e.optimizer.failed())
+      return failed;
+  return llvm::Error::success();
+}
 
 int64_t Session::step() const {
   int64_t sum = 0;
@@ -377,6 +406,8 @@ void Session::useExpert(size_t e) {
 llvm::Error Session::withCheckpointState(
     llvm::function_ref<llvm::Error(host::HostState &)> fn) {
   flushUpdates();
+  if (llvm::Error e = updatesFailed())
+    return e;
   if (experts.size() == 1)
     return fn(current().state);
   host::HostState both;
@@ -550,7 +581,7 @@ llvm::Error Session::streamingStep(MicroBatches draw, exec::StepOptions options,
   if (!report.result.skipped)
     report.gradNorm =
         current().optimizer.endStreamingStep(report.result.gradSquaredNorm);
-  return llvm::Error::success();
+  return current().optimizer.failed();
 }
 
 llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
@@ -582,6 +613,9 @@ llvm::Error Session::deferredStep(MicroBatches draw, exec::StepOptions options,
       current().optimizer.dropRetained();
       return one.takeError();
     }
+    // The previous step's updates, applied before this one's fetches.
+    if (llvm::Error e = current().optimizer.failed())
+      return e;
     double seconds = report.result.seconds + one->seconds;
     lossSums[0] += one->loss;
     if (one->unweightedLoss) {

@@ -36,6 +36,10 @@ static HostMemoryNeed planNeed(const exec::ExecPlan &plan,
                                     "fp32 masters and AdamW moments)"
                                   : "host state (fp32 masters, AdamW moments)",
                         host::stateBytes(plan, ranks)});
+  if (!plan.tierRoles.empty())
+    need.parts.push_back({"NVMe tier window (the tier's state streams "
+                          "through it)",
+                          static_cast<uint64_t>(plan.tierWindowBytes)});
   // A job's gradient shards take a shard's bytes (exec::hostValueBytes).
   uint64_t hostValues = 0;
   std::vector<int64_t> valueBytes = exec::hostValueBytes(plan);
@@ -101,6 +105,9 @@ train::hostMemoryNeed(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
     need.parts.push_back({"the second expert's host state (fp32 masters, "
                           "AdamW moments)",
                           host::stateBytes(plan, ranks)});
+    if (!plan.tierRoles.empty())
+      need.parts.push_back({"the second expert's NVMe tier window",
+                            static_cast<uint64_t>(plan.tierWindowBytes)});
     need.parts.push_back(
         {"the second expert's EMA",
          host::HostOptimizer::footprint(

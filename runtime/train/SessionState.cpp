@@ -121,12 +121,19 @@ train::computeSettings(llvm::ArrayRef<std::unique_ptr<exec::ExecPlan>> plans,
   s.push_back({"weighting_scheme", lossWeightingName(r.weighting).str()});
   // Buckets: every bucket's plan, so that a resume with another set of
   // buckets (or another plan for one) is refused.
-  // Hashed with the job's micro-batches: a rank's share is not the run's.
+  // Hashed with the job's micro-batches (a rank's share is not the run's)
+  // and without the NVMe tier, which moves state and changes no number: a
+  // run resumes with or without it.
   auto serializeForJob = [&](const exec::ExecPlan &p) {
-    if (p.gradAccum == jobAccum)
+    if (p.gradAccum == jobAccum && p.tierRoles.empty())
       return exec::serialize(p);
     exec::ExecPlan job = p;
     job.gradAccum = jobAccum;
+    if (!job.tierRoles.empty()) {
+      job.tierRoles.clear();
+      job.tierWindowBytes = 0;
+      job.version = job.oldestVersion();
+    }
     return exec::serialize(job);
   };
   std::string text = serializeForJob(plan);

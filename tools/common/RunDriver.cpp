@@ -146,6 +146,18 @@ cl::opt<std::string> valData(
              "and timestep drawn once, the loss over all of them goes into "
              "the metrics every --val-every steps and at the end"),
     cl::value_desc("DIR"));
+cl::list<std::string> nvmeDirs(
+    "nvme", cl::CommaSeparated, cl::cat(runCategory),
+    cl::desc("Directories, one per NVMe drive, for the host state the plan "
+             "keeps out of RAM (its host_tier: AdamW moments when --host-mem "
+             "cannot hold them); megaslide-run plans with that many drives "
+             "(docs/Runtime.md, \"NVMe tier\")"),
+    cl::value_desc("DIR[,DIR...]"));
+cl::opt<bool> nvmeForce(
+    "nvme-force", cl::cat(runCategory),
+    cl::desc("Use --nvme directories on tmpfs or a file system without "
+             "O_DIRECT (refused otherwise: the tier would take RAM or the "
+             "page cache); for tests"));
 cl::opt<int64_t> valEvery("val-every", cl::init(0), cl::cat(runCategory),
                           cl::desc("Optimizer steps between validations (0: "
                                    "only at the end)"));
@@ -695,6 +707,8 @@ sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
   sessionOptions.dataDir = dataDir;
   sessionOptions.valDataDir = valData;
   sessionOptions.recipe = recipe;
+  sessionOptions.nvmeDirs.assign(nvmeDirs.begin(), nvmeDirs.end());
+  sessionOptions.nvmeForce = nvmeForce;
   train::Recipe &r = sessionOptions.recipe;
   // What the plan was compiled for, from its header: a saved plan runs
   // in megaslide-exec exactly as in the megaslide-run that compiled it.

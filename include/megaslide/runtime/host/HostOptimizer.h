@@ -64,9 +64,10 @@ llvm::Expected<AdamWTensors> adamwTensors(HostState &state,
                                           llvm::StringRef param);
 
 /// One AdamW update of `t` with gradient `g` in its planned dtype (bf16
-/// and f32 read as they are, f16 widened first: the same values).
-void adamwUpdate(const cpu::AdamWHyper &hyper, const AdamWTensors &t,
-                 const HostGradient &g);
+/// and f32 read as they are, f16 widened first: the same values); moments
+/// in the NVMe tier stream through it. An error only from the tier.
+llvm::Error adamwUpdate(const cpu::AdamWHyper &hyper, const AdamWTensors &t,
+                        const HostGradient &g);
 
 /// What a streaming update uses besides the host_adamw's attributes
 /// (exec::StepOptions).
@@ -129,6 +130,10 @@ public:
   /// the same parameters as `plan`.
   void prepare(const exec::ExecPlan &plan, HostState &state,
                const Options &options);
+  /// After prepare(): moves the tensors of the plan's tier roles into an
+  /// NVMe tier on `tierOptions`' drives (host::attachTier) and tells it
+  /// the order the updates visit them; nothing for a plan without.
+  llvm::Error useTier(const NvmeTierOptions &tierOptions);
 
   /// Streaming: the gradient scale of the next step, clipping by the
   /// previous step's norm (the first step is not clipped); the EMA starts
@@ -177,6 +182,10 @@ public:
   std::optional<double> previousNorm() const { return lastNorm; }
   /// Restores them from a checkpoint, which holds no pending update.
   void restore(int64_t emaUpdates, std::optional<double> previousNorm);
+  /// An error once an update failed (only the NVMe tier's I/O can fail
+  /// one: retained updates apply inside callbacks that cannot return it):
+  /// the state is then incomplete for good.
+  llvm::Error failed() const;
 
 private:
   /// One trainable parameter's update: a host_adamw of the plan, and what
@@ -203,11 +212,13 @@ private:
     }
   };
   void apply(Update &u);
+  void fail(llvm::Error e);
   void updateEma(Update &u);
   void startEma();
 
   const exec::ExecPlan *plan = nullptr;
   HostState *state = nullptr;
+  std::string failure; ///< the first failed update's error
   Options options;
   std::vector<Update> updates;         ///< one per host_adamw, plan order
   llvm::StringMap<size_t> updateIndex; ///< by parameter name

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 namespace megaslide::dist {
@@ -26,6 +27,9 @@ class Collectives;
 } // namespace megaslide::dist
 
 namespace megaslide::host {
+
+class NvmeTier;
+struct NvmeTierOptions;
 
 /// One persistent tensor, always fp32 on the host.
 struct HostTensor {
@@ -48,7 +52,15 @@ struct HostTensor {
   int64_t held() const { return heldEnd() - heldBegin(); }
   /// Keeps this tensor's elements of `whole`, the tensor's values.
   void keep(llvm::ArrayRef<float> whole);
+  /// Held in the NVMe tier (attachTier) as its tensor `tierId`: `data`
+  /// and `bf16` are then empty, and the held elements are read and written
+  /// through the tier.
+  NvmeTier *tier = nullptr;
+  int64_t tierId = -1;
 };
+
+/// The held elements of `t` as fp32, from RAM or the NVMe tier.
+llvm::Expected<std::vector<float>> heldValues(const HostTensor &t);
 
 struct HostState {
   /// Tensors in the plan's parameter order, then those the trainer adds
@@ -57,6 +69,9 @@ struct HostState {
   llvm::StringMap<size_t> index;
   /// The parameters of added tensors (stable addresses).
   std::deque<exec::Param> ownParams;
+  /// The NVMe tier of the tensors of the plan's tier roles
+  /// (ExecPlan::tierRoles), if any; they point at it.
+  std::shared_ptr<NvmeTier> tier;
   /// Completed optimizer steps (the next step passes step + 1 to AdamW).
   int64_t step = 0;
   /// Set by a backend before it applies a step's first update and cleared
@@ -70,7 +85,7 @@ struct HostState {
   /// The moments of trainable parameter `name` (role moment, `of` name).
   HostTensor *expAvg(llvm::StringRef name);
   HostTensor *expAvgSq(llvm::StringRef name);
-  /// Bytes of all tensors.
+  /// Bytes of all tensors in RAM.
   uint64_t bytes() const;
   /// Adds a zero tensor described by `param` (e.g. an EMA, role "ema"),
   /// sharded like `like` (which must not be added to). Invalidates
@@ -104,10 +119,12 @@ llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
 llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
-/// moments and frozen buffers.
+/// moments and frozen buffers, but those of the NVMe tier's roles.
 /// With `ranks` > 1, a rank's: the masters and moments are sharded, rank
 /// 0's shard the largest.
 uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
+/// Whether `plan` keeps tensors of `role` in the NVMe tier.
+bool tieredRole(const exec::ExecPlan &plan, llvm::StringRef role);
 /// Whether a tensor of `role` is sharded over a job of `ranks` ranks: the
 /// trainable state (masters, moments, EMA); frozen buffers are whole on
 /// every rank.
@@ -125,9 +142,17 @@ llvm::Error gatherWhole(const HostTensor &t, exec::DType dtype, void *dst,
 /// embedding tables ~ N(0, 0.02), the output projection zero as in DiT.
 /// With `ranks` > 1, rank `rank`'s: its shard (dist::shardRange) of every
 /// master and AdamW moment, the frozen buffers whole; a shard's values are
-/// those of the whole tensor's initialisation.
+/// those of the whole tensor's initialisation. Tensors of the NVMe tier's
+/// roles (zeros) are not allocated: attachTier holds them.
 HostState initHostState(const exec::ExecPlan &plan, uint64_t seed,
                         int rank = 0, int ranks = 1);
+
+/// Moves the tensors of `plan`'s tier roles (ExecPlan::tierRoles) into a
+/// new NVMe tier on `options`' drives: their values are written there (a
+/// tensor without values, as initHostState leaves them, is zeros) and
+/// their RAM freed. Nothing to do for a plan without tier roles.
+llvm::Error attachTier(HostState &state, const exec::ExecPlan &plan,
+                       const NvmeTierOptions &options);
 
 } // namespace megaslide::host
 

@@ -47,15 +47,18 @@ inline constexpr uint64_t kMinTierWindowBytes = uint64_t(64) << 20;
 /// buffered I/O where O_DIRECT is refused).
 llvm::Error checkTierDirectory(llvm::StringRef dir, bool force);
 
+/// Where a tier lives and how much RAM it streams through.
+struct NvmeTierOptions {
+  std::vector<std::string> dirs; ///< one per drive
+  uint64_t windowBytes = kDefaultTierWindowBytes;
+  bool force = false; ///< checkTierDirectory's
+  /// Requests in flight per drive.
+  unsigned queueDepth = 32;
+};
+
 class NvmeTier {
 public:
-  struct Options {
-    std::vector<std::string> dirs; ///< one per drive
-    uint64_t windowBytes = kDefaultTierWindowBytes;
-    bool force = false; ///< checkTierDirectory's
-    /// Requests in flight per drive.
-    unsigned queueDepth = 32;
-  };
+  using Options = NvmeTierOptions;
   /// A tensor the tier holds: its elements and their size in bytes.
   struct TensorSpec {
     std::string name;

@@ -26,6 +26,7 @@
 #include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -152,6 +153,9 @@ struct StTensorToWrite {
   /// Instead of `data`: values already in bf16 (dtype BF16), written as
   /// they are.
   const uint16_t *bf16 = nullptr;
+  /// Instead of either: fp32 values produced a range of elements at a time
+  /// (a tensor in the NVMe tier), in `dtype`; an error stops the write.
+  std::function<llvm::Error(int64_t begin, int64_t end, float *dst)> source;
 };
 
 struct SafetensorsWriteOptions {

@@ -44,6 +44,11 @@ struct SessionOptions {
   /// The cuda backend's options (tests: the fake device); a rank of a job
   /// gets the job and its local rank's GPU.
   cuda::CudaOptions cuda;
+  /// The NVMe tier's directories, one per drive (megaslide-run --nvme),
+  /// for a plan that keeps state there (ExecPlan::tierRoles; its window
+  /// is the plan's), and whether to take ones checkTierDirectory refuses.
+  std::vector<std::string> nvmeDirs;
+  bool nvmeForce = false;
 };
 
 /// One shape of a bucketed run (docs/Runtime.md, "Buckets"): its name,
@@ -152,6 +157,8 @@ public:
   /// parameter's next fetch anyway): state() does it first, so whatever
   /// reads or saves the state sees every decided update.
   void flushUpdates();
+  /// The first failed update of any expert's optimizer, if one failed.
+  llvm::Error updatesFailed() const;
   /// Whether the state is sharded over a job's ranks (docs/Distributed.md,
   /// "Memory"): what saves or loads it is then a collective of the job.
   bool sharded() const { return current().optimizer.sharded(); }
