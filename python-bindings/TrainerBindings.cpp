@@ -676,11 +676,10 @@ public:
       if (t.param->role != "ema")
         continue;
       FloatArray a(t.param->type.shape);
-      if (t.bf16.empty())
-        std::copy(t.data.begin(), t.data.end(), a.mutable_data());
-      else
-        cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
-                   a.mutable_data());
+      llvm::Expected<std::vector<float>> values = host::heldValues(t);
+      if (!values)
+        raise(values.takeError());
+      std::copy(values->begin(), values->end(), a.mutable_data());
       out[py::str(t.param->of)] = a;
     }
     return out;

@@ -207,7 +207,7 @@ HostOptimizer::Footprint HostOptimizer::footprint(const exec::ExecPlan &plan,
     GradientHold hold = gradientHold(g, o);
     f.retainedBytes += hold.retainedBytes;
     f.accumBytes += hold.accumCount * sizeof(float);
-    if (o.hasEma())
+    if (o.hasEma() && !tieredRole(plan, "ema")) // else the tier's
       f.emaBytes +=
           heldCount(g.numElements(), o) * exec::dtypeBytes(emaDType(o));
   }
@@ -230,7 +230,8 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
         param.role = "ema";
         param.of = inst.param;
         param.type.dtype = emaDType(o);
-        s.addTensor(std::move(param), master); // sharded like its master
+        // Sharded like its master; in the NVMe tier, allocated there.
+        s.addTensor(std::move(param), master, !tieredRole(p, "ema"));
       }
   // Pointers into the state only now that no tensor is added.
   updates.clear();
@@ -255,19 +256,29 @@ void HostOptimizer::prepare(const exec::ExecPlan &p, HostState &s,
 }
 
 /// The EMA starts as a copy of the weights (rounded, for a bf16 EMA).
-static void copyToEma(const HostTensor &master, HostTensor &ema) {
-  if (ema.bf16.empty()) {
-    ema.data = master.data;
-    return;
+static llvm::Error copyToEma(const HostTensor &master, HostTensor &ema) {
+  bool bf16 = ema.param->type.dtype == DType::BF16;
+  if (ema.tier) {
+    if (!bf16)
+      return ema.tier->write(ema.tierId, 0, ema.held(), master.data.data());
+    std::vector<uint16_t> rounded(master.data.size());
+    cpu::narrow(master.data.data(), DType::BF16, master.data.size(),
+                rounded.data());
+    return ema.tier->write(ema.tierId, 0, ema.held(), rounded.data());
   }
-  cpu::narrow(master.data.data(), DType::BF16, master.data.size(),
-              ema.bf16.data());
+  if (!bf16)
+    ema.data = master.data;
+  else
+    cpu::narrow(master.data.data(), DType::BF16, master.data.size(),
+                ema.bf16.data());
+  return llvm::Error::success();
 }
 
 void HostOptimizer::startEma() {
   if (options.hasEma() && emaCount == 0 && !options.emaWarmup)
     for (Update &u : updates)
-      copyToEma(*u.tensors.master, *u.ema);
+      if (llvm::Error e = copyToEma(*u.tensors.master, *u.ema))
+        fail(std::move(e));
 }
 
 double HostOptimizer::beginStreamingStep() {
@@ -351,16 +362,13 @@ void HostOptimizer::apply(Update &u) {
     updateEma(u);
 }
 
-void HostOptimizer::updateEma(Update &u) {
-  // diffusers' EMAModel: ema -= (1 - decay) (ema - param), in fp32.
-  // A bf16 EMA computes in fp32 and rounds to nearest even once.
-  float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
-  float *e = u.ema->data.data();
-  uint16_t *e16 = u.ema->bf16.data();
-  const float *p = u.tensors.master->data.data();
-  // Elementwise, so the result does not depend on the chunking (or the
-  // shard: the master's and the EMA's are the same elements).
-  int64_t n = u.tensors.master->held();
+/// diffusers' EMAModel over n elements: ema -= (1 - decay) (ema - param),
+/// in fp32; a bf16 EMA (e16) computes in fp32 and rounds to nearest even
+/// once. Elementwise, so the result depends on neither the threads' nor
+/// the tier's chunks (nor the shard: the master's and the EMA's are the
+/// same elements).
+static void emaElements(float oneMinus, int64_t n, float *e, uint16_t *e16,
+                        const float *p) {
   int64_t threads = std::clamp<int64_t>(n >> 16, 1, cpu::cpuThreads());
   cpu::parallelChunks(
       n, threads, cpu::kAdamWChunkAlign, [&](int64_t begin, int64_t end) {
@@ -373,6 +381,31 @@ void HostOptimizer::updateEma(Update &u) {
           for (int64_t i = begin; i < end; ++i)
             e[i] -= oneMinus * (e[i] - p[i]);
       });
+}
+
+void HostOptimizer::updateEma(Update &u) {
+  float oneMinus = static_cast<float>(1.0 - pendingEmaDecay);
+  const float *p = u.tensors.master->data.data();
+  int64_t n = u.tensors.master->held();
+  HostTensor &ema = *u.ema;
+  if (!ema.tier) {
+    emaElements(oneMinus, n, ema.data.empty() ? nullptr : ema.data.data(),
+                ema.bf16.empty() ? nullptr : ema.bf16.data(), p);
+    return;
+  }
+  bool bf16 = ema.param->type.dtype == DType::BF16;
+  for (int64_t c = 0, begin = 0; begin < n; ++c) {
+    int64_t count = std::min(kTierChunkElements, n - begin);
+    llvm::Expected<uint8_t *> chunk = ema.tier->acquire(ema.tierId, c);
+    if (!chunk)
+      return fail(chunk.takeError());
+    emaElements(
+        oneMinus, count, bf16 ? nullptr : reinterpret_cast<float *>(*chunk),
+        bf16 ? reinterpret_cast<uint16_t *>(*chunk) : nullptr, p + begin);
+    if (llvm::Error e = ema.tier->release(ema.tierId, c, /*dirty=*/true))
+      return fail(std::move(e));
+    begin += count;
+  }
 }
 
 void HostOptimizer::dropRetained() {
@@ -491,13 +524,26 @@ llvm::Error HostOptimizer::useTier(const NvmeTierOptions &tierOptions) {
     }
   for (const Update &u : updates)
     visit(u.inst->param);
+  // A deferred update visits its EMA right after its moments, a streaming
+  // one every EMA after the step.
   std::vector<std::pair<NvmeTier::TensorId, int64_t>> order;
-  for (const Update *u : visits)
+  auto visitEma = [&](const Update *u) {
+    if (u->ema && u->ema->tier)
+      for (int64_t c = 0; c < tier->chunks(u->ema->tierId); ++c)
+        order.push_back({u->ema->tierId, c});
+  };
+  for (const Update *u : visits) {
     if (u->tensors.m->tier)
       for (int64_t c = 0; c < tier->chunks(u->tensors.m->tierId); ++c) {
         order.push_back({u->tensors.m->tierId, c});
         order.push_back({u->tensors.v->tierId, c});
       }
+    if (options.deferred)
+      visitEma(u);
+  }
+  if (!options.deferred)
+    for (const Update &u : updates)
+      visitEma(&u);
   tier->setVisitOrder(std::move(order));
   return llvm::Error::success();
 }

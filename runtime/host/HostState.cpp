@@ -34,7 +34,8 @@ const HostTensor *HostState::find(llvm::StringRef name) const {
   return it == index.end() ? nullptr : &tensors[it->second];
 }
 
-HostTensor &HostState::addTensor(exec::Param param, const HostTensor *like) {
+HostTensor &HostState::addTensor(exec::Param param, const HostTensor *like,
+                                 bool allocate) {
   ownParams.push_back(std::move(param));
   const exec::Param &p = ownParams.back();
   index[p.name] = tensors.size();
@@ -45,9 +46,9 @@ HostTensor &HostState::addTensor(exec::Param param, const HostTensor *like) {
     t.shardBegin = like->shardBegin;
     t.shardEnd = like->shardEnd;
   }
-  if (p.type.dtype == exec::DType::BF16)
+  if (allocate && p.type.dtype == exec::DType::BF16)
     t.bf16.assign(t.held(), 0);
-  else
+  else if (allocate)
     t.data.assign(t.held(), 0.0f);
   tensors.push_back(std::move(t));
   return tensors.back();

@@ -468,26 +468,28 @@ Expected<int64_t> TrainingRun::train(int64_t steps, const Hooks &hooks) {
 static Error saveStateWeights(Session &s, host::HostState &state, StringRef dir,
                               host::SaveWeightsOptions saveOptions, bool ema) {
   // The EMA stands in for the masters while they are written (a bf16 EMA
-  // widened, exactly, for the time).
+  // widened, exactly, for the time; one in the NVMe tier read from it,
+  // all of them before any master moves).
   std::vector<std::vector<float>> kept;
-  auto swapEma = [&, restoring = false]() mutable {
+  if (ema)
+    for (host::HostTensor &t : state.tensors)
+      if (t.param->role == "ema" && (!t.bf16.empty() || t.tier)) {
+        Expected<std::vector<float>> values = host::heldValues(t);
+        if (!values)
+          return values.takeError();
+        kept.push_back(std::move(*values));
+      }
+  auto swapEma = [&] {
     size_t k = 0;
     for (host::HostTensor &t : state.tensors) {
       if (t.param->role != "ema")
         continue;
       std::vector<float> &master = state.find(t.param->of)->data;
-      if (t.bf16.empty()) {
+      if (t.bf16.empty() && !t.tier)
         std::swap(t.data, master);
-      } else if (restoring) {
-        master = std::move(kept[k++]);
-      } else {
-        kept.push_back(std::move(master));
-        master.resize(t.bf16.size());
-        cpu::widen(t.bf16.data(), exec::DType::BF16, t.bf16.size(),
-                   master.data());
-      }
+      else
+        std::swap(kept[k++], master);
     }
-    restoring = true;
   };
   if (ema)
     swapEma();

@@ -88,9 +88,11 @@ struct HostState {
   /// Bytes of all tensors in RAM.
   uint64_t bytes() const;
   /// Adds a zero tensor described by `param` (e.g. an EMA, role "ema"),
-  /// sharded like `like` (which must not be added to). Invalidates
-  /// pointers to tensors.
-  HostTensor &addTensor(exec::Param param, const HostTensor *like = nullptr);
+  /// sharded like `like` (which must not be added to); without
+  /// `allocate`, its values are left for the NVMe tier (attachTier).
+  /// Invalidates pointers to tensors.
+  HostTensor &addTensor(exec::Param param, const HostTensor *like = nullptr,
+                        bool allocate = true);
 };
 
 /// What this machine says about its memory (docs/Runtime.md, "Host
