@@ -4,8 +4,9 @@
 // against what the drive gives anything: the same bytes read, written, and
 // read-modified-written (the optimizer's visit: each chunk read, changed,
 // written back) through the tier, and as raw O_DIRECT requests of the
-// tier's chunk size kept in flight at the tier's queue depth through
-// io_uring, with no window, cache or bookkeeping. Rounds alternate raw and
+// tier's chunk size through io_uring, as many in flight as the tier reads
+// ahead (tierReadAheadBytes of its window), with no window, cache or
+// bookkeeping. Rounds alternate raw and
 // tier so that both see the same machine; each figure is the median over
 // the rounds, and the ratio tier / raw is per round, then the median.
 //
@@ -42,7 +43,6 @@ using namespace megaslide::host;
 namespace {
 
 constexpr uint64_t kChunk = uint64_t(kTierChunkElements) * 4;
-constexpr unsigned kDepth = 32;
 
 [[noreturn]] void die(const std::string &message) {
   std::fprintf(stderr, "megaslide-tier-bench: %s\n", message.c_str());
@@ -61,16 +61,16 @@ double now() {
 }
 
 /// Raw O_DIRECT requests of kChunk bytes over files (one per dir, chunks
-/// round-robin as the tier stripes them), kDepth in flight per file.
+/// round-robin as the tier stripes them), `slots` in flight in all.
 /// mode 0 reads, 1 writes, 2 reads then writes each chunk.
-double raw(const std::vector<std::string> &dirs, uint64_t bytes, int mode) {
+double raw(const std::vector<std::string> &dirs, uint64_t bytes, size_t slots,
+           int mode) {
   struct File {
     int fd;
     io_uring ring;
     unsigned inFlight = 0;
   };
   std::vector<File> files(dirs.size());
-  size_t slots = kDepth * dirs.size();
   void *mem = mmap(nullptr, slots * kChunk, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED)
@@ -83,7 +83,7 @@ double raw(const std::vector<std::string> &dirs, uint64_t bytes, int mode) {
         open(dirs[i].c_str(), O_RDWR | O_DIRECT | O_TMPFILE | O_CLOEXEC, 0600);
     if (files[i].fd < 0 || posix_fallocate(files[i].fd, 0, off_t(perFile)))
       die("cannot create a file in " + dirs[i]);
-    if (io_uring_queue_init(kDepth * 2, &files[i].ring, 0) < 0)
+    if (io_uring_queue_init(unsigned(slots), &files[i].ring, 0) < 0)
       die("io_uring_queue_init");
   }
   // Writes the data first so reads are of written blocks, as the tier's.
@@ -162,7 +162,6 @@ double tier(const std::vector<std::string> &dirs, uint64_t bytes,
   NvmeTier::Options options;
   options.dirs = dirs;
   options.windowBytes = window;
-  options.queueDepth = kDepth;
   int64_t elements = int64_t(bytes / 4);
   auto created = NvmeTier::create(options, {{"x", elements, 4}});
   if (!created)
@@ -240,7 +239,8 @@ int main(int argc, char **argv) {
   for (int mode = 0; mode < 3; ++mode) {
     std::vector<double> r, t, ratio;
     for (int k = 0; k < rounds; ++k) {
-      r.push_back(raw(dirs, bytes, mode));
+      r.push_back(
+          raw(dirs, bytes, tierReadAheadBytes(windowMib << 20) / kChunk, mode));
       t.push_back(tier(dirs, bytes, windowMib << 20, mode));
       ratio.push_back(t.back() / r.back());
     }

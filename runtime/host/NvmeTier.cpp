@@ -363,7 +363,8 @@ public:
   Error readAhead() {
     if (order.empty())
       return Error::success();
-    size_t limit = std::min(order.size(), slots.size() * 3 / 4);
+    size_t limit = std::min<size_t>(
+        order.size(), tierReadAheadBytes(windowSize) / kSlotBytes);
     for (size_t i = 0; i < limit; ++i) {
       auto [t, c] = order[(cursor + i) % order.size()];
       if (resident.count(key(t, c)))
@@ -504,7 +505,10 @@ NvmeTier::create(const Options &options, llvm::ArrayRef<TensorSpec> specs) {
     if (err)
       return errnoError(
           d.dir, "cannot allocate the tier's " + formatBytes(d.bytes), err);
-    int r = io_uring_queue_init(options.queueDepth, &d.ring, 0);
+    // Room for every slot's request: the window bounds what is in flight.
+    unsigned entries = unsigned(std::min<uint64_t>(
+        std::max<uint64_t>(options.windowBytes / kSlotBytes, 16), 4096));
+    int r = io_uring_queue_init(entries, &d.ring, 0);
     if (r < 0)
       return errnoError(d.dir, "io_uring_queue_init", -r);
     d.ringReady = true;

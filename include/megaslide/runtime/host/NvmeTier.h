@@ -52,9 +52,15 @@ struct NvmeTierOptions {
   std::vector<std::string> dirs; ///< one per drive
   uint64_t windowBytes = kDefaultTierWindowBytes;
   bool force = false; ///< checkTierDirectory's
-  /// Requests in flight per drive.
-  unsigned queueDepth = 32;
 };
+
+/// The reads the tier keeps in flight ahead of the optimizer: three
+/// quarters of the window's slots (the rest is for the chunk in use and
+/// the writes behind it).
+inline constexpr uint64_t tierReadAheadBytes(uint64_t windowBytes) {
+  return windowBytes / (uint64_t(kTierChunkElements) * 4) * 3 / 4 *
+         (uint64_t(kTierChunkElements) * 4);
+}
 
 class NvmeTier {
 public:

@@ -1,0 +1,200 @@
+"""The NVMe tier in runs (docs/Runtime.md, "NVMe tier").
+
+A plan that keeps the AdamW moments and the EMA on NVMe (`host_tier`) must
+train exactly as one that keeps them in RAM: the same losses, checkpoints
+and weights bit for bit, in the deferred and the streaming update, with
+accumulation, clipping and either EMA dtype; a run killed (-9) at random
+points, its tier's writes included, and resumed equals the uninterrupted
+RAM run; and the refusals say why before anything is written.
+"""
+
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import tool_path
+
+STEPS = 8
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+def plans(tmp_path, flags):
+    """The tiny model's plan for `flags`, and the same plan keeping the
+    moments and the EMA in the tier."""
+    ram = tmp_path / "ram.json"
+    r = run([tool_path("megaslide-run"), "--model", "tiny", "--steps", "1",
+             "--no-progress", *flags, "--save-plan", str(ram)],
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(ram.read_text())
+    plan["version"] = 6
+    plan["host_tier"] = {"roles": ["moment", "ema"],
+                         "window_bytes": 64 << 20}
+    tier = tmp_path / "tier.json"
+    tier.write_text(json.dumps(plan))
+    return ram, tier
+
+
+def execute(plan, folder, flags, tier=None, steps=STEPS, extra=()):
+    args = [tool_path("megaslide-exec"), "--plan", str(plan), "--no-progress",
+            "--steps", str(steps), *flags,
+            "--checkpoint-dir", str(folder / "ck"), "--checkpoint-every", "2",
+            "--metrics", str(folder / "metrics.jsonl"), *extra]
+    if tier:
+        args += ["--nvme", str(tier)]
+    return args
+
+
+def losses(folder):
+    return [json.loads(line)["loss"]
+            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_files(folder):
+    ck = folder / "ck"
+    last = ck / (ck / "latest").read_text().strip()
+    return {p.name: p.read_bytes() for p in sorted(last.iterdir())}
+
+
+RECIPES = {
+    "deferred-ema-f32": ["--ema-decay", "0.9"],
+    "streaming-ema-bf16-clip": ["--update", "streaming", "--ema-decay", "0.9",
+                                "--ema-dtype", "bf16", "--max-grad-norm",
+                                "0.5"],
+    "accum-2-clip": ["--grad-accum", "2", "--max-grad-norm", "1"],
+}
+# What megaslide-exec must be told again (the plan carries the rest).
+RUN_ONLY = {"--max-grad-norm", "--ema-decay"}
+
+
+def exec_flags(flags):
+    out = []
+    for i, f in enumerate(flags):
+        if f in RUN_ONLY:
+            out += [f, flags[i + 1]]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_the_tier_trains_bit_for_bit_as_ram(tmp_path, name):
+    flags = RECIPES[name]
+    ram, tier = plans(tmp_path, flags)
+    extra = ["--save-weights"]
+    for kind, plan in (("ram", ram), ("tier", tier)):
+        folder = tmp_path / kind
+        folder.mkdir()
+        drive = None
+        if kind == "tier":
+            drive = tmp_path / "nvme"
+            drive.mkdir()
+        r = run(execute(plan, folder, exec_flags(flags), drive,
+                        extra=[*extra, str(folder / "weights"),
+                               *(["--save-ema"] if "--ema-decay" in flags
+                                 else [])]))
+        assert r.returncode == 0, r.stderr
+    assert losses(tmp_path / "ram") == losses(tmp_path / "tier")
+    a, b = final_files(tmp_path / "ram"), final_files(tmp_path / "tier")
+    assert a.keys() == b.keys()
+    assert a["state.safetensors"] == b["state.safetensors"]
+    w = "diffusion_pytorch_model.safetensors"
+    assert ((tmp_path / "ram" / "weights" / w).read_bytes()
+            == (tmp_path / "tier" / "weights" / w).read_bytes())
+    # The tier's files went with the process.
+    assert list((tmp_path / "nvme").iterdir()) == []
+
+
+def test_killed_and_resumed_on_the_tier_equals_ram(tmp_path):
+    """kill -9 at random moments of a tier run (its writes behind
+    included), then --resume on the tier until done: the uninterrupted
+    RAM run's losses and final checkpoint, bit for bit."""
+    flags = RECIPES["deferred-ema-f32"]
+    ram, tier = plans(tmp_path, flags)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    r = run(execute(ram, reference, exec_flags(flags), steps=12))
+    assert r.returncode == 0, r.stderr
+    drive = tmp_path / "nvme"
+    drive.mkdir()
+    folder = tmp_path / "killed"
+    folder.mkdir()
+    rng = random.Random(3)
+    kills = 0
+    for attempt in range(40):
+        resume = ["--resume"] if (folder / "ck" / "latest").exists() else []
+        steps = 12
+        if resume:
+            done = json.loads(json.loads(
+                ((folder / "ck") / (folder / "ck" / "latest").read_text()
+                 .strip() / "trainer.json").read_text())["trainer_state"])
+            steps = 12 - done["step"]
+            if steps == 0:
+                break
+        args = execute(tier, folder, exec_flags(flags), drive, steps=steps,
+                       extra=resume)
+        # Each attempt's metrics go to a file of its own, then are joined
+        # by step: the killed attempt's lines past its checkpoint repeat.
+        args[args.index("--metrics") + 1] = str(folder / f"m{attempt}.jsonl")
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        if kills < 3:
+            time.sleep(rng.uniform(0.05, 0.6))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills += 1
+        _, err = p.communicate()
+        assert p.returncode in (0, -signal.SIGKILL), err
+    assert kills >= 1
+    by_step = {}
+    for path in sorted(folder.glob("m*.jsonl"),
+                       key=lambda p: int(p.stem[1:])):
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step[record["step"]] = record["loss"]
+    assert [by_step[s] for s in sorted(by_step)] == losses(reference)
+    a, b = final_files(reference), final_files(folder)
+    assert a["state.safetensors"] == b["state.safetensors"]
+    assert a["trainer.json"] == b["trainer.json"]
+    assert list(drive.iterdir()) == []
+
+
+def test_refusals_before_anything_is_written(tmp_path):
+    _, tier = plans(tmp_path, [])
+    folder = tmp_path / "run"
+    folder.mkdir()
+    r = run(execute(tier, folder, []))
+    assert r.returncode == 1
+    assert ("the plan keeps the moment and ema tensors on NVMe (host_tier): "
+            "give their drives' directories with --nvme DIR[,DIR...]"
+            in r.stderr)
+    assert not (folder / "ck").exists()
+    if pathlib.Path("/dev/shm").is_dir():
+        r = run(execute(tier, folder, [], pathlib.Path("/dev/shm")))
+        assert r.returncode == 1
+        assert "/dev/shm is in RAM (tmpfs)" in r.stderr, r.stderr
+        assert "--nvme-force" in r.stderr
+        assert not (folder / "ck").exists()
+    drive = tmp_path / "nvme"
+    drive.mkdir()
+    # A drive without room for the tier (the test-only write limit stands
+    # for a full disk): refused before the first step.
+    r = run(execute(tier, folder, [], drive),
+            env=dict(os.environ, MEGASLIDE_FAULT_WRITE_LIMIT="100000"))
+    assert r.returncode == 1
+    assert "for its share of the tier, 100.00 KB" in r.stderr, r.stderr
+    assert not (folder / "ck").exists()
+    assert list(drive.iterdir()) == []
+    r = run(execute(tier, folder, [], drive / "missing"))
+    assert r.returncode == 1
+    assert "cannot use it as an NVMe tier: No such file or directory" \
+        in r.stderr, r.stderr
