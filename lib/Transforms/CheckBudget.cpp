@@ -202,8 +202,9 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
                           << " drives) cannot make up the difference: "
                              "even with every tierable role on it the host "
                              "plan exceeds host-mem";
-      // What would fit is planned again with each change (planModel's
-      // report, "To fit"): no change is suggested here unchecked.
+      // No change is suggested unchecked: planModel plans each again.
+      diag.attachNote() << "megaslide-plan's report lists what would fit, "
+                           "each change planned again (\"To fit\")";
       fits = false;
     }
     if (!fits)
