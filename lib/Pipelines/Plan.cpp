@@ -114,12 +114,14 @@ llvm::Expected<PlanResult> planOnce(MLIRContext &context, llvm::StringRef model,
 /// Whether the report's host plan exceeds its host-mem.
 bool hostOver(const PlanReport &r) { return r.hostTotal > r.hostBudget; }
 
-/// "12.3GB": a size the flags read back, rounded up to whole GB (or down,
-/// for a budget that must not exceed what was computed).
-std::string flagGB(uint64_t bytes, bool up) {
-  uint64_t gb =
-      up ? (bytes + 999'999'999) / 1'000'000'000 : bytes / 1'000'000'000;
-  return std::to_string(std::max<uint64_t>(gb, 1)) + "GB";
+/// "123GB" (or "12MB" below 10 GB): a size the flags read back, rounded
+/// up (a budget that must hold `bytes`) or down (an allowance that must not
+/// exceed them).
+std::string flagSize(uint64_t bytes, bool up) {
+  bool gb = bytes >= 10'000'000'000;
+  uint64_t unit = gb ? 1'000'000'000 : 1'000'000;
+  uint64_t n = up ? (bytes + unit - 1) / unit : bytes / unit;
+  return std::to_string(std::max<uint64_t>(n, 1)) + (gb ? "GB" : "MB");
 }
 
 /// When the plan's host memory exceeds host-mem: every change that might
@@ -176,13 +178,23 @@ llvm::Error addFitOptions(MLIRContext &context, llvm::StringRef model,
   {
     uint64_t floor = osAllowanceFor(0);
     uint64_t target =
-        allowance > shortfall ? std::max(allowance - shortfall, floor) : floor;
+        allowance <= floor
+            ? allowance
+            : std::max(allowance > shortfall ? allowance - shortfall : 0,
+                       floor);
     PlanOptions changed = options;
-    changed.osAllowance = cantFail(AutoByteSize::parse(flagGB(target, false)));
-    if (auto r = replan("--os-allowance " + changed.osAllowance.text(),
-                        "reserve " + formatBytes(changed.osAllowance.bytes()) +
-                            " for the OS and the runtime instead of " +
-                            formatBytes(allowance),
+    changed.osAllowance = cantFail(AutoByteSize::parse(
+        target == allowance ? std::to_string(allowance)
+                            : flagSize(target, false)));
+    std::string what =
+        target < allowance
+            ? "reserve " + formatBytes(changed.osAllowance.bytes()) +
+                  " for the OS and the runtime instead of " +
+                  formatBytes(allowance)
+            : "the OS and runtime allowance is " + formatBytes(allowance) +
+                  " already, at most the " + formatBytes(floor) +
+                  " auto keeps at least";
+    if (auto r = replan("--os-allowance " + changed.osAllowance.text(), what,
                         changed, "only if they need no more");
         !r)
       return r.takeError();
@@ -261,17 +273,25 @@ llvm::Error addFitOptions(MLIRContext &context, llvm::StringRef model,
   if (int64_t nodes = nodesToFitHost(module, report.hostBudget);
       nodes > report.job.nodes) {
     PlanOptions changed = options;
+    // A job needs the deferred update (docs/Distributed.md).
+    std::string update;
+    if (options.update == schedule::UpdatePolicy::streaming) {
+      changed.update = schedule::UpdatePolicy::automatic;
+      update = " --update auto";
+    }
     for (int64_t more = 0; more < 4; ++more) {
       changed.nodes = nodes + more;
       llvm::Expected<PlanResult> again =
           planOnce(context, model, video, training, changed, false);
-      if (!again)
-        return again.takeError();
+      if (!again) {
+        llvm::consumeError(again.takeError());
+        break;
+      }
       if (!hostOver(again->report))
         break;
     }
     if (auto r = replan(
-            "--nodes " + std::to_string(changed.nodes),
+            "--nodes " + std::to_string(changed.nodes) + update,
             llvm::formatv("shard the host state over {0} nodes of {1} GPU(s)",
                           changed.nodes, report.job.gpusPerNode)
                 .str(),
@@ -285,11 +305,13 @@ llvm::Error addFitOptions(MLIRContext &context, llvm::StringRef model,
     PlanOptions changed = options;
     uint64_t need = report.hostTotal;
     for (int tries = 0; tries < 3; ++tries) {
-      changed.hostMemory = cantFail(ByteBudget::parse(flagGB(need, true)));
+      changed.hostMemory = cantFail(ByteBudget::parse(flagSize(need, true)));
       llvm::Expected<PlanResult> again =
           planOnce(context, model, video, training, changed, false);
-      if (!again)
-        return again.takeError();
+      if (!again) {
+        llvm::consumeError(again.takeError());
+        break;
+      }
       if (!hostOver(again->report))
         break;
       need = again->report.hostTotal;
