@@ -235,6 +235,20 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   double emaPerParam = schedule::bytesPerParam(ema);
   if (emaPerParam > 0)
     recipe.emaSeconds = shard * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
+  // A tiered EMA of streaming updates is read and written in that pass,
+  // through the window, which the drives bound (the deferred update moves
+  // it with each AdamW, in the replay).
+  if (std::optional<HostTier> tier = hostTierOf(module);
+      tier && !deferred && llvm::is_contained(tier->roles, "ema")) {
+    double bytes = double(tierRoleBytesPerRank(module, "ema"));
+    double drives = double(std::max<int64_t>(1, hw.nvmeDrives));
+    double io = bytes / (drives * hw.nvmeReadBandwidth) +
+                bytes / (drives * hw.nvmeWriteBandwidth);
+    r.tier.bytesPerStep += uint64_t(bytes);
+    r.tier.ioSeconds += io;
+    r.tier.stepGrowthSeconds += std::max(0.0, io - recipe.emaSeconds);
+    recipe.emaSeconds = std::max(recipe.emaSeconds, io);
+  }
   recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
                                 recipe.accumulateSeconds + recipe.emaSeconds;
 

@@ -114,11 +114,11 @@ llvm::Expected<PlanResult> planOnce(MLIRContext &context, llvm::StringRef model,
 /// Whether the report's host plan exceeds its host-mem.
 bool hostOver(const PlanReport &r) { return r.hostTotal > r.hostBudget; }
 
-/// "123GB" (or "12MB" below 10 GB): a size the flags read back, rounded
+/// "123GB" (or "12MB" below 1 GB): a size the flags read back, rounded
 /// up (a budget that must hold `bytes`) or down (an allowance that must not
 /// exceed them).
 std::string flagSize(uint64_t bytes, bool up) {
-  bool gb = bytes >= 10'000'000'000;
+  bool gb = bytes >= 1'000'000'000;
   uint64_t unit = gb ? 1'000'000'000 : 1'000'000;
   uint64_t n = up ? (bytes + unit - 1) / unit : bytes / unit;
   return std::to_string(std::max<uint64_t>(n, 1)) + (gb ? "GB" : "MB");

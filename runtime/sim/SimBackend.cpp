@@ -183,13 +183,18 @@ void insertDeferredUpdates(const exec::ExecPlan &plan, const HardwareModel &hw,
 /// with its own and those in between. Reads and writes share one I/O lane
 /// at drives x the drives' sequential rates (a drive reads or writes, not
 /// both at full rate); a plan replayed without a drive count is priced at
-/// one. The EMA's tiered bytes move with its parameter's update.
+/// one. With deferred updates the EMA's tiered bytes move with its
+/// parameter's update; the streaming update's EMA pass is the report's.
 void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
                   StepTasks &step) {
   if (plan.tierRoles.empty())
     return;
   bool moments = llvm::is_contained(plan.tierRoles, "moment");
   bool ema = llvm::is_contained(plan.tierRoles, "ema");
+  // The streaming update's EMA is one pass after the step
+  // (HostOptimizer::endStreamingStep), outside the replay; the deferred
+  // one updates each parameter's EMA with its AdamW.
+  bool deferred = plan.defersUpdates();
   int64_t ranks = std::max<int64_t>(1, plan.jobRanks());
   int64_t emaBytes = plan.emaDtype == "f32"    ? 4
                      : plan.emaDtype == "bf16" ? 2
@@ -198,7 +203,7 @@ void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
   for (const exec::Param &p : plan.params) {
     if (moments && p.role == "moment")
       bytesOf[p.of] += (p.type.bytes() + ranks - 1) / ranks;
-    if (ema && p.role == "master")
+    if (ema && deferred && p.role == "master")
       bytesOf[p.name] += (p.type.numElements() * emaBytes + ranks - 1) / ranks;
   }
   // The updates in task order: (task, bytes).
