@@ -261,6 +261,8 @@ void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
   size_t next = 0; // the next update in task order
   for (size_t i = 0; i < n; ++i) {
     Task task = std::move(step.tasks[i]);
+    // Deps and releases name this or earlier tasks, mapped by now.
+    newIndex[i] = tasks.size();
     for (int64_t &dep : task.deps)
       dep = newIndex[dep];
     for (int64_t &blocker : task.issueAfter)
@@ -271,7 +273,6 @@ void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
     bool isUpdate = next < k && updates[next].first == int64_t(i);
     if (isUpdate)
       task.deps.push_back(readIndex[next]);
-    newIndex[i] = tasks.size();
     tasks.push_back(std::move(task));
     if (isUpdate) {
       writeIndex[next] = tasks.size();

@@ -427,6 +427,45 @@ TEST(SimBackend, DeferredUpdateRunsBeforeTheFetchThatAppliesIt) {
   EXPECT_TRUE(streaming.updates.empty());
 }
 
+// Tests the NVMe tier's I/O lane: w1's moments (2 x 1000 B) are read
+// before its host_adamw and written after it, at 2 drives x 100 B/s read
+// (10 s) and 2 x 50 B/s write (20 s). The read starts with the step (the
+// window holds them), so the update waits until 10 instead of starting at
+// 8, and the write runs 20..40: the tier adds 22 s to the 18 s step.
+TEST(SimBackend, TieredStateIsReadBeforeItsUpdateAndWrittenAfter) {
+  Block block;
+  exec::ExecPlan &plan = block.b.plan;
+  exec::Param master;
+  master.name = "w1";
+  master.role = "master";
+  master.type.shape = {250};
+  plan.params.push_back(master);
+  for (const char *name : {"w1.exp_avg", "w1.exp_avg_sq"}) {
+    exec::Param m = master;
+    m.name = name;
+    m.role = "moment";
+    m.of = "w1";
+    plan.params.push_back(m);
+  }
+  plan.tierRoles = {"moment"};
+  plan.tierWindowBytes = 4000;
+  HardwareModel hw = roundHardware();
+  hw.nvmeDrives = 2;
+  hw.nvmeReadBandwidth = 100;
+  hw.nvmeWriteBandwidth = 50;
+
+  StepTasks step = llvm::cantFail(buildTasks(plan, hw));
+  EXPECT_EQ(step.tierBytes, 2000u);
+  SimResult r = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(r.start[13], 10);
+  EXPECT_DOUBLE_EQ(r.end[13], 20);
+  EXPECT_DOUBLE_EQ(r.makespan, 40);
+  EXPECT_DOUBLE_EQ(r.ioBusy, 30);
+  EXPECT_DOUBLE_EQ(r.tierGrowth, 22);
+  EXPECT_EQ(r.tierBytes, 2000u);
+  EXPECT_DOUBLE_EQ(withoutTierIo(step, hw.hostMemoryBandwidth), 18);
+}
+
 TEST(SimBackend, TasksFollowThePlannersRules) {
   Block block;
   std::vector<Task> tasks =
