@@ -183,9 +183,9 @@ llvm::Error addFitOptions(MLIRContext &context, llvm::StringRef model,
             : std::max(allowance > shortfall ? allowance - shortfall : 0,
                        floor);
     PlanOptions changed = options;
-    changed.osAllowance = cantFail(AutoByteSize::parse(
-        target == allowance ? std::to_string(allowance)
-                            : flagSize(target, false)));
+    changed.osAllowance = cantFail(
+        AutoByteSize::parse(target == allowance ? std::to_string(allowance)
+                                                : flagSize(target, false)));
     std::string what =
         target < allowance
             ? "reserve " + formatBytes(changed.osAllowance.bytes()) +

@@ -535,8 +535,7 @@ void renderSummary(raw_ostream &os, const json::Object *plan) {
     renderRow(os, "NVMe tier (estimate)",
               formatGB(numberAt(tier, "bytes_read_per_step")) +
                   " read and written per step on " +
-                  formatCount(tier, "drives") +
-                  " drive(s), I/O busy " +
+                  formatCount(tier, "drives") + " drive(s), I/O busy " +
                   formatSeconds(numberAt(tier, "io_busy_seconds")) +
                   ", adding " +
                   formatSeconds(numberAt(tier, "step_growth_seconds")) +
