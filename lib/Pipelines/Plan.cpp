@@ -342,6 +342,11 @@ llvm::Expected<PlanResult> megaslide::planModel(MLIRContext &context,
   if (llvm::Error err =
           addFitOptions(context, model, video, training, options, *result))
     return std::move(err);
+  // The job's estimate of the nodes that would do is replaced by the
+  // --nodes that was planned again.
+  llvm::erase_if(result->report.job.advice, [](const std::string &a) {
+    return llvm::StringRef(a).starts_with("more nodes: ");
+  });
   return result;
 }
 
