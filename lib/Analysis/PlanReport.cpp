@@ -113,6 +113,15 @@ void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
 
 } // namespace
 
+/// The host-state policy with the fewest bytes per parameter, of every
+/// policy the schedule dialect declares.
+static schedule::HostStatePolicy smallestHostStatePolicy() {
+  auto policies = schedule::hostStatePolicies();
+  return *llvm::min_element(policies, [](auto a, auto b) {
+    return schedule::bytesPerParam(a) < schedule::bytesPerParam(b);
+  });
+}
+
 /// The host bytes the smallest host-state policy and a bf16 EMA would free
 /// on a node (its share of a job's sharded state).
 struct Savings {
@@ -122,7 +131,7 @@ static Savings savings(ModuleOp module, const RecipeBytes &b,
                        schedule::HostStatePolicy policy,
                        schedule::EmaPolicy ema) {
   using schedule::bytesPerParam;
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   uint64_t byPolicy =
       (bytesPerParam(policy) -
        std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
@@ -141,7 +150,7 @@ static std::string emaAdvice(ModuleOp module, uint64_t shortfall,
                              const RecipeBytes &b,
                              schedule::HostStatePolicy policy,
                              schedule::EmaPolicy ema) {
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string advice = "to keep the EMA even with streaming updates, " +
                        formatBytes(shortfall) + " more: ";
@@ -324,7 +333,7 @@ std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
                                    const RecipeBytes &b,
                                    schedule::HostStatePolicy policy,
                                    schedule::EmaPolicy ema) {
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string policyFlag =
       ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();
