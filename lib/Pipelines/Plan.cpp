@@ -357,6 +357,12 @@ llvm::Expected<PlanResult> planOnce(MLIRContext &context, llvm::StringRef model,
                                     const PlanOptions &options, bool compare) {
   if (llvm::Error err = checkHyperParameters(training))
     return std::move(err);
+  // check-budget reads it last, after memory is planned; refuse it here
+  // as the input error it is rather than as a budget violation.
+  if (options.nvmeDrives < 0)
+    return llvm::createStringError("option 'nvme-drives' is " +
+                                   std::to_string(options.nvmeDrives) +
+                                   "; it must be 0 (no NVMe tier) or more");
   TrainingOptions step = training;
   if (!options.precision.empty()) {
     llvm::Expected<ComputeType> computeType =

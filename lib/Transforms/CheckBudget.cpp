@@ -171,9 +171,9 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     }
 
     if (nvmeDrives < 0) {
-      module.emitError() << "option 'nvme-drives' must be 0 (no NVMe tier) "
-                            "or more, got "
-                         << nvmeDrives;
+      module.emitError() << "option 'nvme-drives' is "
+                         << static_cast<int64_t>(nvmeDrives)
+                         << "; it must be 0 (no NVMe tier) or more";
       return signalPassFailure();
     }
     // Host: persistent state plus every host or pinned resource, less
