@@ -113,6 +113,15 @@ void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
 
 } // namespace
 
+/// The host-state policy with the fewest bytes per parameter, of every
+/// policy the schedule dialect declares.
+static schedule::HostStatePolicy smallestHostStatePolicy() {
+  auto policies = schedule::hostStatePolicies();
+  return *llvm::min_element(policies, [](auto a, auto b) {
+    return schedule::bytesPerParam(a) < schedule::bytesPerParam(b);
+  });
+}
+
 /// The host bytes the smallest host-state policy and a bf16 EMA would free
 /// on a node (its share of a job's sharded state).
 struct Savings {
@@ -122,7 +131,7 @@ static Savings savings(ModuleOp module, const RecipeBytes &b,
                        schedule::HostStatePolicy policy,
                        schedule::EmaPolicy ema) {
   using schedule::bytesPerParam;
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   uint64_t byPolicy =
       (bytesPerParam(policy) -
        std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
@@ -141,7 +150,7 @@ static std::string emaAdvice(ModuleOp module, uint64_t shortfall,
                              const RecipeBytes &b,
                              schedule::HostStatePolicy policy,
                              schedule::EmaPolicy ema) {
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string advice = "to keep the EMA even with streaming updates, " +
                        formatBytes(shortfall) + " more: ";
@@ -235,6 +244,20 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   double emaPerParam = schedule::bytesPerParam(ema);
   if (emaPerParam > 0)
     recipe.emaSeconds = shard * (4 + 2 * emaPerParam) / hw.hostMemoryBandwidth;
+  // A tiered EMA of streaming updates is read and written in that pass,
+  // through the window, which the drives bound (the deferred update moves
+  // it with each AdamW, in the replay).
+  if (std::optional<HostTier> tier = hostTierOf(module);
+      tier && !deferred && llvm::is_contained(tier->roles, "ema")) {
+    double bytes = double(tierRoleBytesPerRank(module, "ema"));
+    double drives = double(std::max<int64_t>(1, hw.nvmeDrives));
+    double io = bytes / (drives * hw.nvmeReadBandwidth) +
+                bytes / (drives * hw.nvmeWriteBandwidth);
+    r.tier.bytesPerStep += uint64_t(bytes);
+    r.tier.ioSeconds += io;
+    r.tier.stepGrowthSeconds += std::max(0.0, io - recipe.emaSeconds);
+    recipe.emaSeconds = std::max(recipe.emaSeconds, io);
+  }
   recipe.optimizerStepSeconds = double(recipe.gradAccum) * r.predictedSeconds +
                                 recipe.accumulateSeconds + recipe.emaSeconds;
 
@@ -310,7 +333,7 @@ std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
                                    const RecipeBytes &b,
                                    schedule::HostStatePolicy policy,
                                    schedule::EmaPolicy ema) {
-  auto smallest = schedule::HostStatePolicy::bf16_moments;
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string policyFlag =
       ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();
@@ -337,14 +360,102 @@ std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
                   "non-finite gradient rather than skipping the step";
 }
 
+std::optional<HostTier> megaslide::hostTierOf(ModuleOp module) {
+  auto tier = module->getAttrOfType<DictionaryAttr>(kHostTierAttr);
+  auto roles = tier ? tier.getAs<ArrayAttr>("roles") : ArrayAttr();
+  auto window = tier ? tier.getAs<IntegerAttr>("window_bytes") : IntegerAttr();
+  if (!roles || !window)
+    return std::nullopt;
+  HostTier t;
+  for (Attribute role : roles)
+    t.roles.push_back(cast<StringAttr>(role).str());
+  t.windowBytes = window.getInt();
+  return t;
+}
+
+/// The tierable role (exec::kTierRoles) of a parameter's state, "" if none.
+static StringRef tierRoleOf(graph::ParamOp param) {
+  return param.getRole() == graph::ParamRole::moment ? "moment" : "";
+}
+static bool isTiered(const std::optional<HostTier> &tier, StringRef role) {
+  return tier && !role.empty() && llvm::is_contained(tier->roles, role);
+}
+
+/// One rank's EMA bytes of the master `param` (0 without an EMA).
+static uint64_t emaShardBytes(ModuleOp module, graph::ParamOp param) {
+  auto ema = module->getAttrOfType<StringAttr>(kEmaAttr);
+  std::optional<schedule::EmaPolicy> policy =
+      ema ? schedule::symbolizeEmaPolicy(ema.getValue()) : std::nullopt;
+  if (!policy || !module.lookupSymbol<schedule::ResourceOp>(kEmaResource))
+    return 0;
+  int64_t ranks = jobSizeOf(module).ranks();
+  uint64_t bytes = param.getNumElements() * schedule::bytesPerParam(*policy);
+  return (bytes + ranks - 1) / ranks;
+}
+
+uint64_t megaslide::tierRoleBytesPerRank(ModuleOp module, StringRef role) {
+  int64_t ranks = jobSizeOf(module).ranks();
+  uint64_t bytes = 0;
+  if (role == "ema") {
+    auto ema = module.lookupSymbol<schedule::ResourceOp>(kEmaResource);
+    return ema ? (ema.getSize() + ranks - 1) / ranks : 0;
+  }
+  for (auto param : module.getOps<graph::ParamOp>())
+    if (tierRoleOf(param) == role)
+      bytes += shardBytes(param.getType(), ranks);
+  return bytes;
+}
+
+uint64_t megaslide::largestTierParamBytes(ModuleOp module,
+                                          ArrayRef<std::string> roles) {
+  int64_t ranks = jobSizeOf(module).ranks();
+  std::map<StringRef, uint64_t> byParam;
+  bool moments = llvm::is_contained(roles, "moment");
+  bool ema = llvm::is_contained(roles, "ema");
+  for (auto param : module.getOps<graph::ParamOp>()) {
+    if (moments && param.getRole() == graph::ParamRole::moment &&
+        param.getOfAttr())
+      byParam[param.getOfAttr().getValue()] +=
+          shardBytes(param.getType(), ranks);
+    if (ema && param.getRole() == graph::ParamRole::master)
+      byParam[param.getSymName()] += emaShardBytes(module, param);
+  }
+  uint64_t largest = 0;
+  for (const auto &entry : byParam)
+    largest = std::max(largest, entry.second);
+  return largest;
+}
+
+std::vector<std::pair<std::string, uint64_t>>
+megaslide::nvmeBytesByCategory(ModuleOp module) {
+  std::optional<HostTier> tier = hostTierOf(module);
+  if (!tier)
+    return {};
+  std::map<std::string, uint64_t> byCategory;
+  int64_t models = 1 + otherExperts(module);
+  int64_t gpusPerNode = jobSizeOf(module).gpusPerNode;
+  for (const std::string &role : tier->roles) {
+    std::string category = role == "ema" ? "EMA weights" : "AdamW moments";
+    if (auto ema = module.lookupSymbol<schedule::ResourceOp>(kEmaResource);
+        ema && role == "ema")
+      category = ema.getCategory().str();
+    byCategory[category] +=
+        gpusPerNode * models * tierRoleBytesPerRank(module, role);
+  }
+  return sorted(byCategory);
+}
+
 std::vector<std::pair<std::string, uint64_t>>
 megaslide::hostMemoryPerRank(ModuleOp module) {
   int64_t ranks = jobSizeOf(module).ranks();
+  std::optional<HostTier> tier = hostTierOf(module);
   std::map<std::string, uint64_t> byCategory;
   // What each expert of a two-expert run holds for itself: every
-  // parameter's state and the EMA (kExpertsAttr).
+  // parameter's state and the EMA (kExpertsAttr), less what is on NVMe.
   uint64_t perExpert = 0;
   for (auto param : module.getOps<graph::ParamOp>()) {
+    if (isTiered(tier, tierRoleOf(param)))
+      continue;
     uint64_t bytes = shardBytes(param.getType(), ranks);
     byCategory[roleCategory(param.getRole())] += bytes;
     perExpert += bytes;
@@ -352,6 +463,8 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
   for (auto resource : module.getOps<schedule::ResourceOp>()) {
     if (resource.getResidency() == schedule::Residency::device ||
         resource.getSymName() == kOsAllowanceResource)
+      continue;
+    if (resource.getSymName() == kEmaResource && isTiered(tier, "ema"))
       continue;
     uint64_t bytes = resource.getSize();
     if (isShardedResource(resource))
@@ -363,6 +476,8 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
   }
   if (int64_t others = otherExperts(module))
     byCategory["second expert's state"] += others * perExpert;
+  if (tier)
+    byCategory["NVMe tier window"] += tier->windowBytes;
   return sorted(byCategory);
 }
 
@@ -533,6 +648,17 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
   });
   for (int s = 0; s < exec::kNumStreams; ++s)
     r.busySeconds[s] = timeline.busy[s];
+  if (std::optional<HostTier> tier = hostTierOf(module)) {
+    r.tier.roles = tier->roles;
+    r.tier.drives = hw.nvmeDrives;
+    r.tier.windowBytes = tier->windowBytes;
+    r.tier.onNvme = nvmeBytesByCategory(module);
+    r.tier.bytesPerStep = tasks->tierBytes;
+    r.tier.ioSeconds = timeline.ioBusy;
+    r.tier.stepGrowthSeconds =
+        timeline.makespan -
+        sim::withoutTierIo(*tasks, rank.hostMemoryBandwidth);
+  }
 
   // Per-instruction figures; events (record, wait) do no work.
   DenseMap<Operation *, int64_t> instructionOf;

@@ -447,6 +447,23 @@ void renderHeader(raw_ostream &os, const json::Object *plan) {
       os << "<li>" << escapedOr(violation.getAsString()) << "</li>\n";
     os << "</ul>\n";
   }
+  // Each change planned again (docs/PlanSchema.md, fit_options).
+  if (const json::Array *options = arrayAt(plan, "fit_options");
+      options && !options->empty()) {
+    os << "<p>To fit (each change planned again; smallest change "
+          "first):</p>\n<ul>\n";
+    for (const json::Value &value : *options) {
+      const json::Object *option = value.getAsObject();
+      bool fits = option && option->getBoolean("fits").value_or(false);
+      os << "<li><code>" << escapedOr(stringAt(option, "change"))
+         << "</code>: " << escapedOr(stringAt(option, "what")) << "; "
+         << (fits ? "fits" : "not enough") << ": needs "
+         << formatGB(numberAt(option, "host_bytes")) << " of "
+         << formatGB(numberAt(option, "host_budget_bytes")) << "; "
+         << escapedOr(stringAt(option, "note")) << "</li>\n";
+    }
+    os << "</ul>\n";
+  }
   os << "<p class=\"meta\">GB = 10^9 bytes.</p>\n</header>\n";
 }
 
@@ -514,6 +531,15 @@ void renderSummary(raw_ostream &os, const json::Object *plan) {
                 formatSeconds(numberAt(step, "lower_bound_seconds")) +
                 " (bound by " + escapedOr(stringAt(step, "bound_by")) + ")");
   renderRow(os, "Busy time per stream", busyText);
+  if (const json::Object *tier = objectAt(plan, "nvme_tier"))
+    renderRow(os, "NVMe tier (estimate)",
+              formatGB(numberAt(tier, "bytes_read_per_step")) +
+                  " read and written per step on " +
+                  formatCount(tier, "drives") + " drive(s), I/O busy " +
+                  formatSeconds(numberAt(tier, "io_busy_seconds")) +
+                  ", adding " +
+                  formatSeconds(numberAt(tier, "step_growth_seconds")) +
+                  " to the step");
   renderRow(os, "Transfers",
             "host to device " + formatGB(numberAt(transfers, "h2d_bytes")) +
                 ", device to host " +

@@ -130,7 +130,8 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
   out["budgets"] = llvm::json::Object{{"gpu_bytes", r.gpuBudget},
                                       {"gpu_reserve_bytes", r.gpuReserve},
                                       {"host_bytes", r.hostBudget}};
-  out["hardware"] = toJson(r.hardware, /*links=*/job);
+  out["hardware"] =
+      toJson(r.hardware, /*links=*/job, /*nvme=*/!r.tier.roles.empty());
   out["policies"] = llvm::json::Object{{"host_state", r.hostStatePolicy},
                                        {"activation", std::move(activation)}};
   out["host"] =
@@ -184,4 +185,26 @@ void megaslide::addToJson(const PlanReport &r, llvm::json::Object &out) {
     out["recipe"] = recipeToJson(r.recipe);
   if (job)
     out["job"] = jobToJson(r.job);
+  if (const PlanReport::Tier &tier = r.tier; !tier.roles.empty())
+    out["nvme_tier"] =
+        llvm::json::Object{{"roles", tier.roles},
+                           {"drives", tier.drives},
+                           {"window_bytes", tier.windowBytes},
+                           {"on_nvme_by_category", categories(tier.onNvme)},
+                           {"bytes_read_per_step", tier.bytesPerStep},
+                           {"bytes_written_per_step", tier.bytesPerStep},
+                           {"io_busy_seconds", tier.ioSeconds},
+                           {"step_growth_seconds", tier.stepGrowthSeconds}};
+  if (!r.fitOptions.empty()) {
+    llvm::json::Array options;
+    for (const PlanReport::FitOption &o : r.fitOptions)
+      options.push_back(llvm::json::Object{{"change", o.change},
+                                           {"what", o.what},
+                                           {"fits", o.fits},
+                                           {"host_bytes", o.hostBytes},
+                                           {"host_budget_bytes", o.hostBudget},
+                                           {"step_seconds", o.stepSeconds},
+                                           {"note", o.note}});
+    out["fit_options"] = std::move(options);
+  }
 }

@@ -10,6 +10,7 @@
 #include "megaslide/Support/Units.h"
 #include "megaslide/runtime/sim/HardwareModel.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <map>
@@ -140,6 +141,9 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
                       r.hostBytesPerParam);
   for (const auto &[name, bytes] : r.hostByCategory)
     os << llvm::formatv("  {0,-28} {1}\n", name, formatBytes(bytes));
+  for (const auto &[name, bytes] : r.tier.onNvme)
+    os << llvm::formatv("  {0,-28} {1} on NVMe, not in host memory\n", name,
+                        formatBytes(bytes));
   os << "\nDevice memory: peak " << formatBytes(r.devicePeak) << " of "
      << formatBytes(r.arenaBudget) << " (GPU budget "
      << formatBytes(r.gpuBudget) << " less a runtime "
@@ -173,6 +177,21 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
     os << llvm::formatv(", collectives {0:F3} s",
                         r.busySeconds[static_cast<int>(exec::Stream::Comm)]);
   os << "\n";
+  if (const PlanReport::Tier &tier = r.tier; !tier.roles.empty())
+    os << llvm::formatv(
+        "  NVMe tier ({0}) on {1} drive(s) at {2:F1} GB/s read, {3:F1} GB/s "
+        "write each: {4} read and {4} written per step through a window of "
+        "{5}; I/O busy {6:F3} s, {7} (estimate: the drives' sequential "
+        "rates)\n",
+        llvm::join(tier.roles, ", "), tier.drives,
+        r.hardware.nvmeReadBandwidth / 1e9, r.hardware.nvmeWriteBandwidth / 1e9,
+        formatBytes(tier.bytesPerStep), formatBytes(tier.windowBytes),
+        tier.ioSeconds,
+        llvm::formatv("{0}: the step takes {1:F3} s more than without it",
+                      tier.hidden(r.predictedSeconds)
+                          ? "hidden behind compute"
+                          : "not hidden behind compute",
+                      tier.stepGrowthSeconds));
   if (r.gradientRingSlots > 0)
     os << llvm::formatv(
         "  gradient ring: {0} pinned buffers of {1}; {2} of {3} gradient "
@@ -231,5 +250,12 @@ void megaslide::printText(const PlanReport &r, llvm::raw_ostream &os) {
     os << "\nDOES NOT FIT:\n";
     for (const std::string &v : r.violations)
       os << "  " << v << "\n";
+    if (!r.fitOptions.empty())
+      os << "\nTo fit (each change planned again; smallest change first):\n";
+    for (const PlanReport::FitOption &o : r.fitOptions)
+      os << llvm::formatv("  {0}: {1}; {2}: needs {3} of {4}{5}\n", o.change,
+                          o.what, o.fits ? "fits" : "not enough",
+                          formatBytes(o.hostBytes), formatBytes(o.hostBudget),
+                          o.note.empty() ? "" : ", " + o.note);
   }
 }

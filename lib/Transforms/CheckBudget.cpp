@@ -89,6 +89,57 @@ void explainDevicePeak(func::FuncOp step, ModuleOp module, int64_t arena,
   diag.attachNote() << "to fit: " << advice;
 }
 
+uint64_t hostTotalOf(ModuleOp module) {
+  uint64_t total = 0;
+  for (const auto &entry : hostMemoryByCategory(module))
+    total += entry.second;
+  return total;
+}
+
+/// Spills host state to the NVMe tier when it does not fit `host`: of the
+/// sets of tierable roles (exec::kTierRoles), the one that fits moving the
+/// fewest bytes per step (each tiered byte is read and written once per
+/// optimizer step), recorded as kHostTierAttr. The window holds at least
+/// two parameters' tiered state: one read ahead while one is written
+/// back. Returns whether one fits; none is recorded when none does.
+bool chooseHostTier(ModuleOp module, uint64_t host, uint64_t minWindow) {
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> sets;
+  size_t numRoles = std::size(exec::kTierRoles);
+  for (size_t mask = 1; mask < (size_t(1) << numRoles); ++mask) {
+    std::vector<std::string> roles;
+    uint64_t moved = 0;
+    bool empty = false;
+    for (size_t i = 0; i < numRoles; ++i)
+      if (mask & (size_t(1) << i)) {
+        uint64_t bytes = tierRoleBytesPerRank(module, exec::kTierRoles[i]);
+        empty |= bytes == 0;
+        roles.push_back(exec::kTierRoles[i]);
+        moved += bytes;
+      }
+    if (!empty)
+      sets.push_back({moved, std::move(roles)});
+  }
+  llvm::stable_sort(sets, [](auto &a, auto &b) { return a.first < b.first; });
+  Builder b(module.getContext());
+  for (const auto &[moved, roles] : sets) {
+    uint64_t window =
+        std::max(minWindow, 2 * largestTierParamBytes(module, roles));
+    SmallVector<Attribute> names;
+    for (const std::string &role : roles)
+      names.push_back(b.getStringAttr(role));
+    module->setAttr(
+        kHostTierAttr,
+        b.getDictionaryAttr(
+            {b.getNamedAttr("roles", b.getArrayAttr(names)),
+             b.getNamedAttr("window_bytes",
+                            b.getI64IntegerAttr(int64_t(window)))}));
+    if (hostTotalOf(module) <= host)
+      return true;
+  }
+  module->removeAttr(kHostTierAttr);
+  return false;
+}
+
 struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
   CheckBudgetPass() = default;
   CheckBudgetPass(const CheckBudgetPass &other) : CheckBudgetPassBase(other) {}
@@ -96,6 +147,8 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
   PipelineOption<&PlanningOptions::gpuMemory> gpuMemory{*this};
   PipelineOption<&PlanningOptions::gpuReserve> gpuReserve{*this};
   PipelineOption<&PlanningOptions::hostMemory> hostMemory{*this};
+  PipelineOption<&PlanningOptions::nvmeDrives> nvmeDrives{*this};
+  PipelineOption<&PlanningOptions::nvmeWindow> nvmeWindow{*this};
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -117,13 +170,24 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       fits = false;
     }
 
-    // Host: persistent state plus every host or pinned resource.
+    if (nvmeDrives < 0) {
+      module.emitError() << "option 'nvme-drives' is "
+                         << static_cast<int64_t>(nvmeDrives)
+                         << "; it must be 0 (no NVMe tier) or more";
+      return signalPassFailure();
+    }
+    // Host: persistent state plus every host or pinned resource, less
+    // what the NVMe tier holds when the rest does not fit otherwise.
+    module->removeAttr(kHostTierAttr);
+    uint64_t untiered = hostTotalOf(module);
+    bool tiered = untiered > host && nvmeDrives > 0 &&
+                  chooseHostTier(module, host, nvmeWindow.bytes());
     std::vector<std::pair<std::string, uint64_t>> hostByCategory =
         hostMemoryByCategory(module);
     uint64_t hostTotal = 0;
     for (const auto &entry : hostByCategory)
       hostTotal += entry.second;
-    if (hostTotal > host) {
+    if (!tiered && hostTotal > host) {
       InFlightDiagnostic diag = module.emitError() << "host memory plan needs "
                                                    << formatBytes(hostTotal)
                                                    << " but the host budget is "
@@ -133,45 +197,14 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
              << " ranks' shares and the OS allowance)";
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
-      // The training recipe's buffers (megaslide-defer-updates) are
-      // choices too.
-      auto resourceBytes = [&](StringRef name) -> uint64_t {
-        auto r = module.lookupSymbol<schedule::ResourceOp>(name);
-        return r ? r.getSize() : 0;
-      };
-      uint64_t retained = resourceBytes(kRetainedGradientsResource);
-      uint64_t ema = resourceBytes(kEmaResource);
-      auto emaPolicy = module->getAttrOfType<StringAttr>(kEmaAttr);
-      if (retained && jobSizeOf(module).ranks() == 1)
-        diag.attachNote() << "to fit: --update streaming frees the "
-                          << formatBytes(retained)
-                          << " of retained gradients (it clips with the "
-                             "previous step's global norm, an approximation, "
-                             "and stops at a non-finite gradient)";
-      if (ema && emaPolicy && emaPolicy.getValue() == "f32")
-        diag.attachNote() << "to fit: --ema-dtype bf16 frees "
-                          << formatBytes(ema / 2) << " of the EMA";
-      // A job shards the state over its ranks: more nodes hold less each.
-      JobSize job = jobSizeOf(module);
-      if (job.ranks() > 1) {
-        int64_t nodes = nodesToFitHost(module, host);
-        if (nodes > job.nodes)
-          diag.attachNote()
-              << "to fit: --nodes " << nodes << " (of " << job.gpusPerNode
-              << " GPUs each) shards the host state so that "
-                 "each node's host-mem holds its share";
-      }
-      auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
-      schedule::HostStatePolicy smallest = schedule::HostStatePolicy::bf16_moments;
-      if (policy && policy.getValue() == schedule::stringifyEnum(smallest))
-        diag.attachNote() << "to fit: use a host with more memory or a "
-                             "smaller model";
-      else
-        diag.attachNote() << "to fit: keep AdamW moments in bf16 "
-                             "(--host-state-policy "
-                          << schedule::stringifyEnum(smallest) << ", "
-                          << schedule::bytesPerParam(smallest)
-                          << " B/param), or use a host with more memory";
+      if (nvmeDrives > 0)
+        diag.attachNote() << "the NVMe tier (" << nvmeDrives
+                          << " drives) cannot make up the difference: "
+                             "even with every tierable role on it the host "
+                             "plan exceeds host-mem";
+      // No change is suggested unchecked: planModel plans each again.
+      diag.attachNote() << "megaslide-plan's report lists what would fit, "
+                           "each change planned again (\"To fit\")";
       fits = false;
     }
     if (!fits)

@@ -91,6 +91,7 @@ struct PlanResidencyPass
 
   PipelineOption<&PlanningOptions::hostStatePolicy> hostStatePolicy{*this};
   PipelineOption<&PlanningOptions::osAllowance> osAllowance{*this};
+  PipelineOption<&PlanningOptions::hostMemory> hostMemory{*this};
   PipelineOption<&PlanningOptions::experts> experts{*this};
 
   void runOnOperation() override {
@@ -140,7 +141,8 @@ struct PlanResidencyPass
     declareResource(module, "data_batch", schedule::Residency::pinned, batchBytes,
                     "data batch");
     declareResource(module, kOsAllowanceResource, schedule::Residency::host,
-                    osAllowance.bytes(), "OS and runtime allowance");
+                    osAllowance.bytesOr(osAllowanceFor(hostMemory.bytes())),
+                    "OS and runtime allowance");
   }
 };
 

@@ -41,6 +41,8 @@ struct Field {
   /// A link between the GPUs of a job: only a job of several ranks uses
   /// it, and only its report echoes it.
   bool link = false;
+  /// A drive of the NVMe tier: only a plan with one uses it.
+  bool nvme = false;
 };
 
 const Field kFields[] = {
@@ -76,6 +78,10 @@ const Field kFields[] = {
     {"network_bandwidth", &HardwareModel::networkBandwidth, "B/s", kByteRate,
      true},
     {"network_latency", &HardwareModel::networkLatency, "s", kLatency, true},
+    {"nvme_read_bandwidth", &HardwareModel::nvmeReadBandwidth, "B/s", kByteRate,
+     false, true},
+    {"nvme_write_bandwidth", &HardwareModel::nvmeWriteBandwidth, "B/s",
+     kByteRate, false, true},
 };
 
 /// Fields of earlier descriptions and what replaced them: refused with a
@@ -176,10 +182,10 @@ llvm::Expected<HardwareModel> sim::loadHardwareModel(llvm::StringRef path) {
   return parseHardwareModel(*text, path);
 }
 
-llvm::json::Value sim::toJson(const HardwareModel &hw, bool links) {
+llvm::json::Value sim::toJson(const HardwareModel &hw, bool links, bool nvme) {
   llvm::json::Object obj{{"name", hw.name}};
   for (const Field &f : kFields)
-    if (links || !f.link)
+    if ((links || !f.link) && (nvme || !f.nvme))
       obj[f.key] = hw.*(f.member);
   return obj;
 }
@@ -207,6 +213,8 @@ HardwareModel sim::rankShare(const exec::ExecPlan &plan, HardwareModel hw) {
         static_cast<double>(inst.cost.ranks / inst.cost.nodes);
     hw.hostMemoryBandwidth /= ranksPerNode;
     hw.hostAdamWParamsPerSecond /= ranksPerNode;
+    hw.nvmeReadBandwidth /= ranksPerNode;
+    hw.nvmeWriteBandwidth /= ranksPerNode;
     break;
   }
   return hw;

@@ -173,6 +173,125 @@ void insertDeferredUpdates(const exec::ExecPlan &plan, const HardwareModel &hw,
   step.tasks = std::move(tasks);
 }
 
+/// The NVMe tier's transfers (plan.tierRoles) in the replay. Each update
+/// of a parameter with tiered state (its host_adamw, or in a plan with
+/// deferred updates the task that applies it), in the order the host
+/// stream runs them, reads that state before it, and the update depends
+/// on the read; a write of it follows the update (write-behind). A read
+/// is issued as soon as the window has room (read-ahead): after the write
+/// of the last earlier parameter whose state does not fit in the window
+/// with its own and those in between. Reads and writes share one I/O lane
+/// at drives x the drives' sequential rates (a drive reads or writes, not
+/// both at full rate); a plan replayed without a drive count is priced at
+/// one. With deferred updates the EMA's tiered bytes move with its
+/// parameter's update; the streaming update's EMA pass is the report's.
+void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
+                  StepTasks &step) {
+  if (plan.tierRoles.empty())
+    return;
+  bool moments = llvm::is_contained(plan.tierRoles, "moment");
+  bool ema = llvm::is_contained(plan.tierRoles, "ema");
+  // The streaming update's EMA is one pass after the step
+  // (HostOptimizer::endStreamingStep), outside the replay; the deferred
+  // one updates each parameter's EMA with its AdamW.
+  bool deferred = plan.defersUpdates();
+  int64_t ranks = std::max<int64_t>(1, plan.jobRanks());
+  int64_t emaBytes = plan.emaDtype == "f32"    ? 4
+                     : plan.emaDtype == "bf16" ? 2
+                                               : 0;
+  llvm::StringMap<uint64_t> bytesOf; // parameter -> one rank's tier bytes
+  for (const exec::Param &p : plan.params) {
+    if (moments && p.role == "moment")
+      bytesOf[p.of] += (p.type.bytes() + ranks - 1) / ranks;
+    if (ema && deferred && p.role == "master")
+      bytesOf[p.name] += (p.type.numElements() * emaBytes + ranks - 1) / ranks;
+  }
+  // The updates in task order: (task, bytes).
+  size_t n = step.tasks.size();
+  auto taskOfInstruction = [&](size_t i) {
+    return step.taskOf.empty() ? int64_t(i) : step.taskOf[i];
+  };
+  std::vector<std::pair<int64_t, uint64_t>> updates;
+  for (const StepTasks::Update &u : step.updates)
+    updates.push_back(
+        {u.task, bytesOf.lookup(plan.instructions[u.hostAdamW].param)});
+  for (auto [i, inst] : llvm::enumerate(plan.instructions))
+    if (inst.op == exec::OpCode::HostAdamW &&
+        !inst.hasAttr(exec::kDeferredAttr))
+      updates.push_back({taskOfInstruction(i), bytesOf.lookup(inst.param)});
+  llvm::erase_if(updates, [](const auto &u) { return u.second == 0; });
+  llvm::sort(updates);
+  // The update whose write lets each read start: -1 for none.
+  size_t k = updates.size();
+  std::vector<int64_t> gate(k, -1);
+  uint64_t window =
+      static_cast<uint64_t>(std::max<int64_t>(plan.tierWindowBytes, 0));
+  uint64_t held = 0;
+  for (size_t first = 0, j = 0; j < k; ++j) {
+    held += updates[j].second;
+    while (held > window && first < j)
+      held -= updates[first++].second;
+    gate[j] = int64_t(first) - 1;
+  }
+  std::vector<std::vector<size_t>> readsAfter(k + 1); // [0]: at the start
+  for (size_t j = 0; j < k; ++j)
+    readsAfter[gate[j] + 1].push_back(j);
+  double drives = double(std::max<int64_t>(1, hw.nvmeDrives));
+  auto transfer = [&](uint64_t bytes, double rate, int64_t after) {
+    Task t;
+    t.stream = exec::Stream::Host;
+    t.io = true;
+    t.seconds = double(bytes) / (drives * rate);
+    if (after >= 0)
+      t.deps.push_back(after);
+    return t;
+  };
+
+  std::vector<Task> tasks;
+  tasks.reserve(n + 2 * k);
+  std::vector<int64_t> newIndex(n), readIndex(k), writeIndex(k);
+  auto emitReads = [&](size_t slot, int64_t after) {
+    for (size_t j : readsAfter[slot]) {
+      readIndex[j] = tasks.size();
+      tasks.push_back(transfer(updates[j].second, hw.nvmeReadBandwidth, after));
+      step.tierBytes += updates[j].second;
+    }
+  };
+  emitReads(0, -1);
+  size_t next = 0; // the next update in task order
+  for (size_t i = 0; i < n; ++i) {
+    Task task = std::move(step.tasks[i]);
+    // Deps and releases name this or earlier tasks, mapped by now.
+    newIndex[i] = tasks.size();
+    for (int64_t &dep : task.deps)
+      dep = newIndex[dep];
+    for (int64_t &blocker : task.issueAfter)
+      blocker = newIndex[blocker];
+    for (Release &r : task.frees)
+      for (int64_t &user : r.users)
+        user = newIndex[user];
+    bool isUpdate = next < k && updates[next].first == int64_t(i);
+    if (isUpdate)
+      task.deps.push_back(readIndex[next]);
+    tasks.push_back(std::move(task));
+    if (isUpdate) {
+      writeIndex[next] = tasks.size();
+      tasks.push_back(
+          transfer(updates[next].second, hw.nvmeWriteBandwidth, newIndex[i]));
+      emitReads(next + 1, writeIndex[next]);
+      ++next;
+    }
+  }
+  step.tasks = std::move(tasks);
+  if (step.taskOf.empty())
+    step.taskOf.assign(newIndex.begin(), newIndex.end());
+  else
+    for (int64_t &t : step.taskOf)
+      t = newIndex[t];
+  for (StepTasks::Update &u : step.updates)
+    u.task = newIndex[u.task];
+}
+
 llvm::Expected<Built> build(const exec::ExecPlan &plan, const HardwareModel &hw,
                             int64_t hostPoolNoReuseBytes) {
   if (llvm::Error err = checkIds(plan))
@@ -265,6 +384,7 @@ llvm::Expected<Built> build(const exec::ExecPlan &plan, const HardwareModel &hw,
                         pool.ringSlotBytes},
               std::move(*buffers)};
   insertDeferredUpdates(plan, hw, built.step);
+  insertTierIo(plan, hw, built.step);
   return built;
 }
 
@@ -320,6 +440,14 @@ IssueWaits sim::issueWaits(const StepTasks &step, double hostBandwidth,
   if (w.instructions)
     w.seconds = makespan - replay(free, hostBandwidth).makespan;
   return w;
+}
+
+double sim::withoutTierIo(const StepTasks &step, double hostBandwidth) {
+  std::vector<Task> tasks = step.tasks;
+  for (Task &task : tasks)
+    if (task.io)
+      task.seconds = 0;
+  return replay(tasks, hostBandwidth).makespan;
 }
 
 Timeline sim::perInstruction(const Timeline &timeline, const StepTasks &step) {
@@ -389,6 +517,11 @@ llvm::Expected<SimResult> sim::simulateStep(const exec::ExecPlan &plan,
         {u.fetch, u.hostAdamW, replayed.start[u.task], replayed.end[u.task]});
   r.issueWaits =
       issueWaits(built->step, hw.hostMemoryBandwidth, replayed.makespan);
+  r.tierBytes = built->step.tierBytes;
+  r.ioBusy = replayed.ioBusy;
+  if (r.tierBytes)
+    r.tierGrowth =
+        replayed.makespan - withoutTierIo(built->step, hw.hostMemoryBandwidth);
 
   if (trace) {
     for (const exec::TraceSpan &span : traceSpans(plan, r))

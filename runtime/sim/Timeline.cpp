@@ -11,7 +11,7 @@
 using namespace megaslide::sim;
 
 double Timeline::lowerBound() const {
-  return *std::max_element(std::begin(busy), std::end(busy));
+  return std::max(ioBusy, *std::max_element(std::begin(busy), std::end(busy)));
 }
 
 namespace {
@@ -120,6 +120,7 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks,
   t.start.resize(tasks.size());
   t.end.resize(tasks.size());
   double streamFree[exec::kNumStreams] = {};
+  double ioFree = 0;
   ReleaseTimes released;
   HostUsage host(hostBandwidth);
   bool shareHost = std::isfinite(hostBandwidth);
@@ -129,7 +130,7 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks,
     int s = static_cast<int>(task.stream);
     for (int64_t blocker : task.issueAfter)
       issued = std::max(issued, t.end[blocker]);
-    double start = std::max(streamFree[s], issued);
+    double start = std::max(task.io ? ioFree : streamFree[s], issued);
     for (int64_t dep : task.deps)
       start = std::max(start, t.end[dep]);
     for (ByteRange r : task.writes)
@@ -145,8 +146,13 @@ Timeline megaslide::sim::replay(const std::vector<Task> &tasks,
         seconds = through - start;
       }
     }
-    streamFree[s] = t.end[i];
-    t.busy[s] += seconds;
+    if (task.io) {
+      ioFree = t.end[i];
+      t.ioBusy += seconds;
+    } else {
+      streamFree[s] = t.end[i];
+      t.busy[s] += seconds;
+    }
     t.makespan = std::max(t.makespan, t.end[i]);
     for (const Release &r : task.frees) {
       double time = t.end[i];

@@ -71,6 +71,24 @@ llvm::Expected<ByteBudget> ByteBudget::parse(llvm::StringRef text) {
   return ByteBudget(std::move(*size));
 }
 
+AutoByteSize::AutoByteSize(const char *text)
+    : AutoByteSize(llvm::cantFail(parse(text))) {}
+
+llvm::Expected<AutoByteSize> AutoByteSize::parse(llvm::StringRef text) {
+  if (text == "auto") {
+    // Zero bytes under the text "auto", which printing gives back.
+    ByteSize none;
+    none.spelling = "auto";
+    return AutoByteSize(std::move(none), true);
+  }
+  llvm::Expected<ByteSize> size = ByteSize::parse(text);
+  if (!size)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   llvm::toString(size.takeError()) +
+                                       " (or 'auto')");
+  return AutoByteSize(std::move(*size), false);
+}
+
 std::string megaslide::formatBytes(uint64_t bytes) {
   // The largest unit that keeps the number at least 1, decimal and binary
   // of the same rank, so small plans do not read "0.00 GB".

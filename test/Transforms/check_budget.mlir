@@ -72,7 +72,7 @@ module @over_device_offloaded attributes {msched.activation_policy = ["offload"]
 // expected-note @below {{data batch: 67.11 MB (64.00 MiB)}}
 // expected-note @below {{fp32 master weights: 2.15 GB (2.00 GiB)}}
 // expected-note @below {{AdamW moments: 134.22 MB (128.00 MiB)}}
-// expected-note @below {{to fit: keep AdamW moments in bf16 (--host-state-policy bf16-moments, 8 B/param), or use a host with more memory}}
+// expected-note @below {{megaslide-plan's report lists what would fit, each change planned again ("To fit")}}
 module @over_host {
   msched.resource @device_arena device size(4096) category("device arena")
   msched.resource @data_batch pinned size(67108864) category("data batch")

@@ -20,6 +20,7 @@
 #include "llvm/Support/Error.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -199,6 +200,42 @@ struct PlanReport {
   };
   Job job;
 
+  /// The NVMe tier (megaslide-check-budget: kHostTierAttr): the roles of
+  /// host state one node keeps on its drives instead of in host memory,
+  /// and what moving them costs in the replay (docs/CostModel.md, "The
+  /// NVMe tier"). Empty `roles`: no tier.
+  struct Tier {
+    std::vector<std::string> roles;
+    int64_t drives = 0;
+    uint64_t windowBytes = 0; ///< of one rank, counted in hostByCategory
+    /// What one node keeps on the drives, by category (as hostByCategory).
+    std::vector<std::pair<std::string, uint64_t>> onNvme;
+    /// One rank's tier bytes, each read once and written once per step.
+    uint64_t bytesPerStep = 0;
+    /// Busy time of the replay's I/O lane (reads and writes), and what it
+    /// adds to the replayed step: the replay less the one without the I/O.
+    double ioSeconds = 0, stepGrowthSeconds = 0;
+    /// Whether the I/O hides behind the step: it adds at most 1% of
+    /// `stepSeconds`.
+    bool hidden(double stepSeconds) const {
+      return stepGrowthSeconds <= 0.01 * stepSeconds;
+    }
+  };
+  Tier tier;
+
+  /// When the plan does not fit: each change that could make it fit,
+  /// planned again with that change (planModel), smallest change first.
+  struct FitOption {
+    std::string change;      ///< the flags, "--host-state-policy bf16-moments"
+    std::string what;        ///< in words
+    bool fits = false;       ///< the re-plan fits every budget
+    uint64_t hostBytes = 0;  ///< the re-plan's host memory of one node
+    uint64_t hostBudget = 0; ///< the re-plan's host-mem
+    double stepSeconds = 0;  ///< the re-plan's optimizer step
+    std::string note;        ///< what it costs or why it is not enough
+  };
+  std::vector<FitOption> fitOptions;
+
   /// Live device bytes over predicted time, downsampled: (seconds, bytes).
   std::vector<std::pair<double, uint64_t>> memoryTimeline;
   /// Busy intervals per stream, merged per block: (stream, start, end, label).
@@ -238,6 +275,25 @@ hostMemoryByCategory(mlir::ModuleOp module);
 /// checkpoints and the batch are every rank's own.
 std::vector<std::pair<std::string, uint64_t>>
 hostMemoryPerRank(mlir::ModuleOp module);
+
+/// The NVMe tier a module's budget check chose (kHostTierAttr): the roles
+/// (exec::kTierRoles) and one rank's RAM window.
+struct HostTier {
+  std::vector<std::string> roles;
+  uint64_t windowBytes = 0;
+};
+std::optional<HostTier> hostTierOf(mlir::ModuleOp module);
+/// One rank's host bytes of the tierable role `role` ("moment", "ema") of
+/// one model (a second expert holds as much again).
+uint64_t tierRoleBytesPerRank(mlir::ModuleOp module, llvm::StringRef role);
+/// One rank's bytes of the largest parameter's state in `roles`: the unit
+/// the host optimizer reads and writes back at once.
+uint64_t largestTierParamBytes(mlir::ModuleOp module,
+                               llvm::ArrayRef<std::string> roles);
+/// What one node keeps on its NVMe drives, by category: its ranks' tiered
+/// state (hostMemoryByCategory counts their windows instead).
+std::vector<std::pair<std::string, uint64_t>>
+nvmeBytesByCategory(mlir::ModuleOp module);
 
 /// What one node holds of host buffers of `bytes` that a job shards over
 /// its ranks (the recipe's): its gpus-per-node ranks' shares, 1/N each,

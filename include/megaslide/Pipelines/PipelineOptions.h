@@ -366,6 +366,16 @@ inline uint64_t arenaBudget(const ByteSize &gpuMemory,
   return gpuMemory.bytes() - std::min(gpuMemory.bytes(), gpuReserve.bytes());
 }
 
+/// The OS and runtime allowance of `os-allowance auto` on a host of
+/// `hostMemory` bytes: 1/16 of it, at least 4 GB (a minimal OS, the CUDA
+/// driver and the runtime's heap) and at most 64 GB (a large host's page
+/// cache and daemons need no more), so a 64 GB host keeps 4 GB, a 512 GB
+/// one 32 GB and one of 1 TB or more 64 GB (docs/MemoryAccounting.md).
+inline uint64_t osAllowanceFor(uint64_t hostMemory) {
+  constexpr uint64_t kMin = 4'000'000'000, kMax = 64'000'000'000;
+  return std::clamp<uint64_t>(hostMemory / 16, kMin, kMax);
+}
+
 } // namespace megaslide
 
 #endif // MEGASLIDE_PIPELINES_PIPELINEOPTIONS_H

@@ -39,6 +39,7 @@ public:
   const std::string &text() const { return spelling; }
 
 private:
+  friend class AutoByteSize; // spells "auto"
   std::string spelling = "0";
   uint64_t count = 0;
 };
@@ -56,6 +57,29 @@ public:
 
 private:
   explicit ByteBudget(ByteSize size) : ByteSize(std::move(size)) {}
+};
+
+/// A size that may be left to the planner ("auto"): `os-allowance`, whose
+/// automatic value follows the host (osAllowanceFor in PipelineOptions.h).
+class AutoByteSize : public ByteSize {
+public:
+  /// "auto": what llvm::cl parses into.
+  AutoByteSize() : AutoByteSize("auto") {}
+  /// A size or "auto" written in the source; it must parse.
+  AutoByteSize(const char *text);
+  /// "auto", or `text` as a size (ByteSize::parse).
+  static llvm::Expected<AutoByteSize> parse(llvm::StringRef text);
+
+  bool isAuto() const { return automatic; }
+  /// The size given, or `automatic` when the planner is to choose.
+  uint64_t bytesOr(uint64_t automatic) const {
+    return isAuto() ? automatic : bytes();
+  }
+
+private:
+  explicit AutoByteSize(ByteSize size, bool automatic)
+      : ByteSize(std::move(size)), automatic(automatic) {}
+  bool automatic = false;
 };
 
 /// The llvm::cl parser of a size option (T is ByteSize or ByteBudget): the
@@ -113,6 +137,12 @@ public:
 template <>
 class parser<megaslide::ByteBudget>
     : public megaslide::ByteSizeParser<megaslide::ByteBudget> {
+public:
+  using ByteSizeParser::ByteSizeParser;
+};
+template <>
+class parser<megaslide::AutoByteSize>
+    : public megaslide::ByteSizeParser<megaslide::AutoByteSize> {
 public:
   using ByteSizeParser::ByteSizeParser;
 };

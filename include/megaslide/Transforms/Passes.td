@@ -164,7 +164,11 @@ def CheckBudgetPass : Pass<"megaslide-check-budget", "mlir::ModuleOp"> {
     Compares the arena (device) and the host total (persistent state,
     staging, offloaded checkpoints, batch, allowance) to the budgets. Over
     budget: an error on the largest consumer with notes naming the largest
-    live buffers and what would make it fit. Within budget: inserts an
+    live buffers and what would make it fit. With `nvme-drives` > 0 and
+    the host over budget, first spills the set of tierable roles (AdamW
+    moments, EMA) that fits moving the fewest bytes per step to the NVMe
+    tier, recorded as `msched.host_tier` (roles and the RAM window) for the
+    exporter's `host_tier`. Within budget: inserts an
     `msched.budget_check` of the arena, whose budget the exporter carries
     into the execution plan for the cuda backend's device guard.
 

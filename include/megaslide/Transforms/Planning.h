@@ -45,6 +45,11 @@ inline constexpr llvm::StringLiteral kUpdateAttr = "msched.update";
 inline constexpr llvm::StringLiteral kUpdateAutoAttr = "msched.update_auto";
 inline constexpr llvm::StringLiteral kGradAccumAttr = "msched.grad_accum";
 inline constexpr llvm::StringLiteral kEmaAttr = "msched.ema";
+/// What megaslide-check-budget spilled to the NVMe tier when the host
+/// state did not fit host-mem: a dictionary {roles = ["moment", ...]
+/// (exec::kTierRoles), window_bytes = i64 (per rank)}, which the exporter
+/// writes as the plan's host_tier.
+inline constexpr llvm::StringLiteral kHostTierAttr = "msched.host_tier";
 /// The models trained over the plan in one run when more than one (Wan
 /// 2.2's two experts): each holds a host state and an EMA of its own.
 inline constexpr llvm::StringLiteral kExpertsAttr = "msched.experts";

@@ -330,6 +330,16 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
     plan.gradAccum = accum.getInt();
   if (auto ema = module->getAttrOfType<StringAttr>(kEmaAttr))
     plan.emaDtype = ema.getValue().str();
+  if (auto tier = module->getAttrOfType<DictionaryAttr>(kHostTierAttr)) {
+    auto roles = tier.getAs<ArrayAttr>("roles");
+    auto window = tier.getAs<IntegerAttr>("window_bytes");
+    if (!roles || !window)
+      return llvm::createStringError("cannot export " + kHostTierAttr.str() +
+                                     " without roles and window_bytes");
+    for (Attribute role : roles)
+      plan.tierRoles.push_back(cast<StringAttr>(role).str());
+    plan.tierWindowBytes = window.getInt();
+  }
 
   // About one instruction and one value per op (a wait of a join makes
   // more, bookkeeping ops none).

@@ -59,6 +59,14 @@ struct HardwareModel {
   double nvlinkLatency = 3e-6;    ///< s per ring step (estimate)
   double networkBandwidth = 50e9; ///< B/s per direction per GPU
   double networkLatency = 6e-6;   ///< s per ring step (estimate)
+  /// One NVMe drive of the host's tier, sequential, B/s (docs/CostModel.md
+  /// gives the datasheet; benchmarks/ measures a drive's own).
+  double nvmeReadBandwidth = 14e9;
+  double nvmeWriteBandwidth = 10e9;
+  /// Drives the tier stripes over: not a field of the description but the
+  /// run's (megaslide-plan --nvme-drives, megaslide-run --nvme); the
+  /// replay prices a tier without a count at one drive.
+  int64_t nvmeDrives = 0;
 };
 
 /// Parses a hardware description; absent fields keep the built-in
@@ -73,8 +81,10 @@ llvm::Expected<HardwareModel> parseHardwareModel(llvm::StringRef json,
 llvm::Expected<HardwareModel> loadHardwareModel(llvm::StringRef path);
 /// Every field, in the order of the file format; without `links` the
 /// fields of the links between GPUs are left out (a one-GPU plan's report,
-/// which does not use them).
-llvm::json::Value toJson(const HardwareModel &hw, bool links = true);
+/// which does not use them), without `nvme` the NVMe tier's (a plan
+/// without one).
+llvm::json::Value toJson(const HardwareModel &hw, bool links = true,
+                         bool nvme = true);
 
 /// Seconds of a ring all-gather or reduce-scatter of a tensor of `bytes`
 /// (the whole tensor) over `ranks` ranks on `nodes` nodes:

@@ -43,7 +43,9 @@ namespace megaslide::sim {
 /// host_adamw retains its gradient (secondsFor), and one more task, on the
 /// host stream and timed as that host_adamw, precedes the fetch that
 /// applies its update; the fetch depends on it. The step's replay stands
-/// for a step in a run: the updates are those of the step before.
+/// for a step in a run: the updates are those of the step before. A plan
+/// with an NVMe tier (host_tier) adds the tier's reads and writes around
+/// those updates on an I/O lane (StepTasks::tierBytes).
 /// Errors name the instruction when ids, views or events are out of range;
 /// everything else is for exec::validate to check.
 struct StepTasks {
@@ -61,6 +63,11 @@ struct StepTasks {
   /// slots: host values have bytes of their own), whose waits the tasks
   /// carry.
   int64_t ringSlots = 0, ringSlotBytes = 0;
+  /// The NVMe tier's bytes the step reads (and writes again) on its I/O
+  /// lane (Task::io): in a plan with a host_tier, each update of a
+  /// parameter with tiered state reads it before and writes it after
+  /// (insertTierIo in SimBackend.cpp).
+  uint64_t tierBytes = 0;
 };
 /// `hostPoolNoReuseBytes` is the cuda backend's (CudaOptions): host values
 /// laid out as it lays them out (exec::layoutHostPool).
@@ -72,6 +79,10 @@ buildTasks(const exec::ExecPlan &plan, const HardwareModel &hw,
 /// `makespan`: the replay of `step` as it is (already made by the caller).
 IssueWaits issueWaits(const StepTasks &step, double hostBandwidth,
                       double makespan);
+
+/// The makespan of `step` replayed with the NVMe tier's transfers taking
+/// no time: what the step would take were the tier's I/O free.
+double withoutTierIo(const StepTasks &step, double hostBandwidth);
 
 /// The replay of `step`'s tasks per instruction: each instruction's start
 /// and end are its task's; busy times and the makespan are all tasks'.
@@ -99,6 +110,11 @@ struct SimResult {
   };
   std::vector<Update> updates;
   IssueWaits issueWaits;
+  /// The NVMe tier (StepTasks::tierBytes): bytes read and again written,
+  /// the I/O lane's busy time, and the step time it adds (the makespan
+  /// less withoutTierIo's).
+  uint64_t tierBytes = 0;
+  double ioBusy = 0, tierGrowth = 0;
 };
 
 /// Replays one step of `plan` on `hw`. With `trace`, adds a complete event

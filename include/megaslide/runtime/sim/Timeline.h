@@ -44,14 +44,19 @@ struct Task {
   /// `seconds` when the task has the host to itself. 0: no host traffic.
   double hostBytes = 0;
   double hostRate = 0;
+  /// A read or write of the NVMe tier: it runs on the replay's I/O lane,
+  /// one transfer at a time in issue order, not on `stream`.
+  bool io = false;
 };
 
 struct Timeline {
   std::vector<double> start, end; ///< per task, seconds
   /// Summed task time (end - start) per stream, host sharing included.
   double busy[exec::kNumStreams] = {};
+  double ioBusy = 0; ///< summed time of the I/O lane's tasks (Task::io)
   double makespan = 0;
-  /// max over streams of busy time: no schedule can be faster.
+  /// max over streams (and the I/O lane) of busy time: no schedule can be
+  /// faster.
   double lowerBound() const;
 };
 

@@ -97,9 +97,9 @@ TEST(PlanningOptions, PipelinesSetTheOptionsEachPassDeclares) {
         "megaslide-plan-activations{buffers=3 gpu-mem=24GB gpu-reserve={1 "
         "GiB} policy=offload prefetch-distance=1}",
         "megaslide-check-budget{gpu-mem=24GB gpu-reserve={1 GiB} "
-        "host-mem=1.5TB}",
-        "megaslide-plan-residency{experts=1 "
-        "host-state-policy=\"master-moments\" os-allowance=64GB}"})
+        "host-mem=1.5TB nvme-drives=0 nvme-window=1GiB}",
+        "megaslide-plan-residency{experts=1 host-mem=1.5TB "
+        "host-state-policy=\"master-moments\" os-allowance=auto}"})
     EXPECT_NE(text.find(pass), std::string::npos) << pass << "\nin " << text;
 }
 

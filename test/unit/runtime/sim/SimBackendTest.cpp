@@ -427,6 +427,95 @@ TEST(SimBackend, DeferredUpdateRunsBeforeTheFetchThatAppliesIt) {
   EXPECT_TRUE(streaming.updates.empty());
 }
 
+// Tests the NVMe tier's I/O lane: w1's moments (2 x 1000 B) are read
+// before its host_adamw and written after it, at 2 drives x 100 B/s read
+// (10 s) and 2 x 50 B/s write (20 s). The read starts with the step (the
+// window holds them), so the update waits until 10 instead of starting at
+// 8, and the write runs 20..40: the tier adds 22 s to the 18 s step.
+TEST(SimBackend, TieredStateIsReadBeforeItsUpdateAndWrittenAfter) {
+  Block block;
+  exec::ExecPlan &plan = block.b.plan;
+  exec::Param master;
+  master.name = "w1";
+  master.role = "master";
+  master.type.shape = {250};
+  plan.params.push_back(master);
+  for (const char *name : {"w1.exp_avg", "w1.exp_avg_sq"}) {
+    exec::Param m = master;
+    m.name = name;
+    m.role = "moment";
+    m.of = "w1";
+    plan.params.push_back(m);
+  }
+  plan.tierRoles = {"moment"};
+  plan.tierWindowBytes = 4000;
+  HardwareModel hw = roundHardware();
+  hw.nvmeDrives = 2;
+  hw.nvmeReadBandwidth = 100;
+  hw.nvmeWriteBandwidth = 50;
+
+  StepTasks step = llvm::cantFail(buildTasks(plan, hw));
+  EXPECT_EQ(step.tierBytes, 2000u);
+  SimResult r = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(r.start[13], 10);
+  EXPECT_DOUBLE_EQ(r.end[13], 20);
+  EXPECT_DOUBLE_EQ(r.makespan, 40);
+  EXPECT_DOUBLE_EQ(r.ioBusy, 30);
+  EXPECT_DOUBLE_EQ(r.tierGrowth, 22);
+  EXPECT_EQ(r.tierBytes, 2000u);
+  EXPECT_DOUBLE_EQ(withoutTierIo(step, hw.hostMemoryBandwidth), 18);
+}
+
+// Tests read-ahead through the window: a second host_adamw (w0's, after
+// w1's) with 2000 B of moments too. A window of 4000 B holds both, so
+// both reads run from the start (0..10, 10..20) and the second update
+// runs 20..30 right after the first (10..20); the writes follow their
+// updates on the lane (20..40, 40..60). A window of 2000 B holds one, so
+// w0's read waits for w1's write (40..50), and its update for that read
+// (50..60), its write 60..80.
+TEST(SimBackend, ReadsRunAheadAsFarAsTheWindowHolds) {
+  Block block;
+  exec::ExecPlan &plan = block.b.plan;
+  exec::CostInputs adamw;
+  adamw.otherFlops = kHostAdamWFlopsPerParam * 1000;
+  int64_t second = block.b.add("host_adamw", Stream::Host,
+                               {block.v4, block.step}, {}, adamw);
+  plan.instructions[second].param = "w0";
+  for (const char *name : {"w1", "w0"}) {
+    exec::Param master;
+    master.name = name;
+    master.role = "master";
+    master.type.shape = {250};
+    plan.params.push_back(master);
+    for (const char *moment : {".exp_avg", ".exp_avg_sq"}) {
+      exec::Param m = master;
+      m.name = std::string(name) + moment;
+      m.role = "moment";
+      m.of = name;
+      plan.params.push_back(m);
+    }
+  }
+  plan.tierRoles = {"moment"};
+  HardwareModel hw = roundHardware();
+  hw.nvmeDrives = 2;
+  hw.nvmeReadBandwidth = 100;
+  hw.nvmeWriteBandwidth = 50;
+
+  plan.tierWindowBytes = 4000;
+  SimResult wide = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(wide.start[13], 10);
+  EXPECT_DOUBLE_EQ(wide.start[second], 20);
+  EXPECT_DOUBLE_EQ(wide.makespan, 60);
+  EXPECT_EQ(wide.tierBytes, 4000u);
+  EXPECT_DOUBLE_EQ(wide.ioBusy, 60);
+
+  plan.tierWindowBytes = 2000;
+  SimResult narrow = llvm::cantFail(simulateStep(plan, hw));
+  EXPECT_DOUBLE_EQ(narrow.start[13], 10);
+  EXPECT_DOUBLE_EQ(narrow.start[second], 50);
+  EXPECT_DOUBLE_EQ(narrow.makespan, 80);
+}
+
 TEST(SimBackend, TasksFollowThePlannersRules) {
   Block block;
   std::vector<Task> tasks =
