@@ -250,7 +250,7 @@ llvm::Error megaslide::planRecipe(ModuleOp module,
   if (std::optional<HostTier> tier = hostTierOf(module);
       tier && !deferred && llvm::is_contained(tier->roles, "ema")) {
     double bytes = double(tierRoleBytesPerRank(module, "ema"));
-    double drives = double(std::max<int64_t>(1, hw.nvmeDrives));
+    double drives = double(std::max<int64_t>(1, tier->drives));
     double io = bytes / (drives * hw.nvmeReadBandwidth) +
                 bytes / (drives * hw.nvmeWriteBandwidth);
     r.tier.bytesPerStep += uint64_t(bytes);
@@ -364,9 +364,11 @@ std::optional<HostTier> megaslide::hostTierOf(ModuleOp module) {
   auto tier = module->getAttrOfType<DictionaryAttr>(kHostTierAttr);
   auto roles = tier ? tier.getAs<ArrayAttr>("roles") : ArrayAttr();
   auto window = tier ? tier.getAs<IntegerAttr>("window_bytes") : IntegerAttr();
-  if (!roles || !window)
+  auto drives = tier ? tier.getAs<IntegerAttr>("drives") : IntegerAttr();
+  if (!roles || !window || !drives)
     return std::nullopt;
   HostTier t;
+  t.drives = drives.getInt();
   for (Attribute role : roles)
     t.roles.push_back(cast<StringAttr>(role).str());
   t.windowBytes = window.getInt();
@@ -650,7 +652,7 @@ llvm::Expected<PlanReport> megaslide::buildPlanReport(
     r.busySeconds[s] = timeline.busy[s];
   if (std::optional<HostTier> tier = hostTierOf(module)) {
     r.tier.roles = tier->roles;
-    r.tier.drives = hw.nvmeDrives;
+    r.tier.drives = tier->drives;
     r.tier.windowBytes = tier->windowBytes;
     r.tier.onNvme = nvmeBytesByCategory(module);
     r.tier.bytesPerStep = tasks->tierBytes;

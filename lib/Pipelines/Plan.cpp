@@ -379,7 +379,6 @@ llvm::Expected<PlanResult> planOnce(MLIRContext &context, llvm::StringRef model,
       return loaded.takeError();
     hw = *loaded;
   }
-  hw.nvmeDrives = options.nvmeDrives;
 
   PlanResult result;
   llvm::Expected<ModelInfo> info =

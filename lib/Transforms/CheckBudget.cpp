@@ -2,6 +2,7 @@
 
 #include "megaslide/Transforms/Passes.h"
 #include "megaslide/Transforms/Planning.h"
+#include "megaslide/runtime/host/NvmeTier.h"
 
 #include "megaslide/Pipelines/PipelineOptions.h"
 
@@ -102,7 +103,8 @@ uint64_t hostTotalOf(ModuleOp module) {
 /// optimizer step), recorded as kHostTierAttr. The window holds at least
 /// two parameters' tiered state: one read ahead while one is written
 /// back. Returns whether one fits; none is recorded when none does.
-bool chooseHostTier(ModuleOp module, uint64_t host, uint64_t minWindow) {
+bool chooseHostTier(ModuleOp module, uint64_t host, uint64_t minWindow,
+                    int64_t drives) {
   std::vector<std::pair<uint64_t, std::vector<std::string>>> sets;
   size_t numRoles = std::size(exec::kTierRoles);
   for (size_t mask = 1; mask < (size_t(1) << numRoles); ++mask) {
@@ -122,8 +124,10 @@ bool chooseHostTier(ModuleOp module, uint64_t host, uint64_t minWindow) {
   llvm::stable_sort(sets, [](auto &a, auto &b) { return a.first < b.first; });
   Builder b(module.getContext());
   for (const auto &[moved, roles] : sets) {
+    // The runtime's tier takes no window below its smallest.
     uint64_t window =
-        std::max(minWindow, 2 * largestTierParamBytes(module, roles));
+        std::max({minWindow, 2 * largestTierParamBytes(module, roles),
+                  host::kMinTierWindowBytes});
     SmallVector<Attribute> names;
     for (const std::string &role : roles)
       names.push_back(b.getStringAttr(role));
@@ -131,6 +135,7 @@ bool chooseHostTier(ModuleOp module, uint64_t host, uint64_t minWindow) {
         kHostTierAttr,
         b.getDictionaryAttr(
             {b.getNamedAttr("roles", b.getArrayAttr(names)),
+             b.getNamedAttr("drives", b.getI64IntegerAttr(drives)),
              b.getNamedAttr("window_bytes",
                             b.getI64IntegerAttr(int64_t(window)))}));
     if (hostTotalOf(module) <= host)
@@ -181,7 +186,7 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
     module->removeAttr(kHostTierAttr);
     uint64_t untiered = hostTotalOf(module);
     bool tiered = untiered > host && nvmeDrives > 0 &&
-                  chooseHostTier(module, host, nvmeWindow.bytes());
+                  chooseHostTier(module, host, nvmeWindow.bytes(), nvmeDrives);
     std::vector<std::pair<std::string, uint64_t>> hostByCategory =
         hostMemoryByCategory(module);
     uint64_t hostTotal = 0;
@@ -198,7 +203,8 @@ struct CheckBudgetPass : megaslide::impl::CheckBudgetPassBase<CheckBudgetPass> {
       for (const auto &[name, bytes] : hostByCategory)
         diag.attachNote() << name << ": " << formatBytes(bytes);
       if (nvmeDrives > 0)
-        diag.attachNote() << "the NVMe tier (" << nvmeDrives
+        diag.attachNote() << "the NVMe tier ("
+                          << static_cast<int64_t>(nvmeDrives)
                           << " drives) cannot make up the difference: "
                              "even with every tierable role on it the host "
                              "plan exceeds host-mem";

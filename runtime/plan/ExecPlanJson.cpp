@@ -272,7 +272,8 @@ std::string exec::serialize(const ExecPlan &plan) {
     root["arena_budget_bytes"] = *plan.arenaBudgetBytes;
   if (!plan.tierRoles.empty())
     root["host_tier"] = Object{{"roles", plan.tierRoles},
-                               {"window_bytes", plan.tierWindowBytes}};
+                               {"window_bytes", plan.tierWindowBytes},
+                               {"drives", plan.tierDrives}};
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(root));
@@ -346,7 +347,8 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
     llvm::json::Path planPath(rootPath);
     llvm::json::ObjectMapper t(*tier, planPath.field("host_tier"));
     if (!(t && t.map("roles", plan.tierRoles) &&
-          t.map("window_bytes", plan.tierWindowBytes)))
+          t.map("window_bytes", plan.tierWindowBytes) &&
+          t.map("drives", plan.tierDrives)))
       return llvm::createStringError(llvm::Twine(source) + ": " +
                                      llvm::toString(rootPath.getError()));
   }

@@ -377,6 +377,9 @@ static bool checkPlanFields(Checker &c, const ExecPlan &plan) {
       (plan.tierWindowBytes <= 0 || plan.tierWindowBytes > kMaxTensorBytes))
     return c.fail("host_tier window_bytes " +
                   llvm::Twine(plan.tierWindowBytes) + " is out of range");
+  if (!plan.tierRoles.empty() && (plan.tierDrives < 1 || plan.tierDrives > 64))
+    return c.fail("host_tier drives " + llvm::Twine(plan.tierDrives) +
+                  " is not in [1, 64]");
   if (plan.gradientBuffers < 1 || plan.gradientBuffers > 64)
     return c.fail("gradient_buffers " + llvm::Twine(plan.gradientBuffers) +
                   " is not in [1, 64]");

@@ -236,7 +236,7 @@ void insertTierIo(const exec::ExecPlan &plan, const HardwareModel &hw,
   std::vector<std::vector<size_t>> readsAfter(k + 1); // [0]: at the start
   for (size_t j = 0; j < k; ++j)
     readsAfter[gate[j] + 1].push_back(j);
-  double drives = double(std::max<int64_t>(1, hw.nvmeDrives));
+  double drives = double(std::max<int64_t>(1, plan.tierDrives));
   auto transfer = [&](uint64_t bytes, double rate, int64_t after) {
     Task t;
     t.stream = exec::Stream::Host;

@@ -38,7 +38,7 @@ def plans(tmp_path, flags):
     plan = json.loads(ram.read_text())
     plan["version"] = 6
     plan["host_tier"] = {"roles": ["moment", "ema"],
-                         "window_bytes": 64 << 20}
+                         "window_bytes": 64 << 20, "drives": 1}
     tier = tmp_path / "tier.json"
     tier.write_text(json.dumps(plan))
     return ram, tier
@@ -198,3 +198,53 @@ def test_refusals_before_anything_is_written(tmp_path):
     assert r.returncode == 1
     assert "cannot use it as an NVMe tier: No such file or directory" \
         in r.stderr, r.stderr
+
+
+MID = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "wan-mid.json"
+
+
+def test_the_tier_is_required_and_bounded_by_its_window(tmp_path):
+    """megaslide-run plans the tier itself: on a host too small for the
+    state (--host-mem), the run without drives is refused, with --nvme it
+    keeps the moments there and trains as the RAM run does, bit for bit;
+    and what the tier keeps resident is at most its planned window (the
+    tier run's peak RSS less the RAM run's without its moments)."""
+    run_tool = tool_path("megaslide-run")
+    common = ["--model", str(MID), "--frames", "5", "--height", "64",
+              "--width", "64", "--os-allowance", "0", "--update", "deferred",
+              "--steps", "3", "--no-progress"]
+    small = ["--host-mem", "250MB", "--nvme-window", "64MiB"]
+    r = run([run_tool, *common, *small], cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "host memory plan needs" in r.stderr
+    drive = tmp_path / "nvme"
+    drive.mkdir()
+    r = run([run_tool, *common, *small, "--nvme", str(drive), "--save-plan",
+             str(tmp_path / "tier.json"), "--metrics",
+             str(tmp_path / "tier.jsonl")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "tier.json").read_text())
+    assert plan["host_tier"] == {"roles": ["moment"], "drives": 1,
+                                 "window_bytes": 64 << 20}
+    r = run([run_tool, *common, "--host-mem", "1GB", "--metrics",
+             str(tmp_path / "ram.jsonl")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    tier = [json.loads(line) for line in
+            (tmp_path / "tier.jsonl").read_text().splitlines()]
+    ram = [json.loads(line) for line in
+           (tmp_path / "ram.jsonl").read_text().splitlines()]
+    assert [t["loss"] for t in tier] == [t["loss"] for t in ram]
+    moments = sum(4 * _numel(p["shape"]) for p in plan["params"]
+                  if p["role"] == "moment")
+    assert moments > 2 * plan["host_tier"]["window_bytes"]
+    resident = tier[-1]["host_rss_bytes"] - (ram[-1]["host_rss_bytes"]
+                                             - moments)
+    assert resident <= plan["host_tier"]["window_bytes"], (
+        resident, tier[-1]["host_rss_bytes"], ram[-1]["host_rss_bytes"])
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

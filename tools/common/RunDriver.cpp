@@ -697,6 +697,14 @@ std::string resolveBackend() {
 /// The session of the run: the flags' recipe with what the plan was
 /// compiled for, and the learning-rate horizon a fresh run derives from
 /// its steps (a resumed one keeps its checkpoint's, `stored`).
+} // namespace
+
+std::vector<std::string> tools::nvmeDirectories() {
+  return {nvmeDirs.begin(), nvmeDirs.end()};
+}
+
+namespace {
+
 Expected<train::SessionOptions>
 sessionOptionsOf(train::Recipe recipe, const exec::ExecPlan &compiled,
                  const train::Settings *stored) {

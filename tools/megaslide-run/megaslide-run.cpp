@@ -128,6 +128,16 @@ int main(int argc, char **argv) {
             ": megaslide-run takes its job's size from its launcher "
             "(mpirun -np N, srun; docs/Distributed.md) and plans each rank's "
             "step; --gpus-per-node and --nodes are for megaslide-plan");
+    // The plan counts the drives --nvme gives.
+    if (int64_t drives = int64_t(tools::nvmeDirectories().size())) {
+      if (tools::flagGiven("nvme-drives") && flags.options.nvmeDrives != drives)
+        return createStringError(
+            "--nvme-drives " + std::to_string(flags.options.nvmeDrives) +
+            " but --nvme gives " + std::to_string(drives) +
+            " directories: the tier stripes over one drive per directory; "
+            "leave out --nvme-drives");
+      flags.options.nvmeDrives = drives;
+    }
     if (flags.model.empty() && !planGiven)
       return createStringError(
           "--model is required (a preset name or a .json config), unless "

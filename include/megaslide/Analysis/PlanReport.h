@@ -281,6 +281,7 @@ hostMemoryPerRank(mlir::ModuleOp module);
 struct HostTier {
   std::vector<std::string> roles;
   uint64_t windowBytes = 0;
+  int64_t drives = 0;
 };
 std::optional<HostTier> hostTierOf(mlir::ModuleOp module);
 /// One rank's host bytes of the tierable role `role` ("moment", "ema") of

@@ -58,6 +58,9 @@ int runMain(int argc, char **argv, const RunTool &tool);
 /// Whether the option `name` was given on the command line.
 bool flagGiven(llvm::StringRef name);
 
+/// The NVMe tier's directories (--nvme), one per drive.
+std::vector<std::string> nvmeDirectories();
+
 } // namespace megaslide::tools
 
 #endif // MEGASLIDE_TOOLS_COMMON_RUNDRIVER_H

@@ -333,12 +333,15 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
   if (auto tier = module->getAttrOfType<DictionaryAttr>(kHostTierAttr)) {
     auto roles = tier.getAs<ArrayAttr>("roles");
     auto window = tier.getAs<IntegerAttr>("window_bytes");
-    if (!roles || !window)
+    auto drives = tier.getAs<IntegerAttr>("drives");
+    if (!roles || !window || !drives)
       return llvm::createStringError("cannot export " + kHostTierAttr.str() +
-                                     " without roles and window_bytes");
+                                     " without roles, window_bytes and "
+                                     "drives");
     for (Attribute role : roles)
       plan.tierRoles.push_back(cast<StringAttr>(role).str());
     plan.tierWindowBytes = window.getInt();
+    plan.tierDrives = drives.getInt();
   }
 
   // About one instruction and one value per op (a wait of a join makes

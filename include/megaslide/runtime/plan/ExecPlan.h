@@ -193,10 +193,12 @@ struct ExecPlan {
   std::string emaDtype = "none";
   /// The NVMe tier (docs/Runtime.md, "NVMe tier"): the roles of the
   /// persistent tensors the host keeps in files on NVMe instead of RAM
-  /// (kTierRoles), and the RAM window they stream through, which the
-  /// plan counts as host memory. No roles: everything in RAM.
+  /// (kTierRoles), the RAM window they stream through, which the plan
+  /// counts as host memory, and the drives its I/O was priced for. No
+  /// roles: everything in RAM.
   std::vector<std::string> tierRoles;
   int64_t tierWindowBytes = 0;
+  int64_t tierDrives = 0;
 
   std::vector<Param> params;
   std::vector<Value> values;

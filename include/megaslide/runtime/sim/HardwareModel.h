@@ -63,10 +63,7 @@ struct HardwareModel {
   /// gives the datasheet; benchmarks/ measures a drive's own).
   double nvmeReadBandwidth = 14e9;
   double nvmeWriteBandwidth = 10e9;
-  /// Drives the tier stripes over: not a field of the description but the
-  /// run's (megaslide-plan --nvme-drives, megaslide-run --nvme); the
-  /// replay prices a tier without a count at one drive.
-  int64_t nvmeDrives = 0;
+  // The drives a tier stripes over are the plan's (host_tier.drives).
 };
 
 /// Parses a hardware description; absent fields keep the built-in

@@ -1261,6 +1261,7 @@ TEST(ExecPlanNvmeTier, NeedsVersion6) {
   EXPECT_EQ(plan.oldestVersion(), kOldestPlanFormatVersion);
   plan.tierRoles = {"moment", "ema"};
   plan.tierWindowBytes = 1 << 20;
+  plan.tierDrives = 2;
   EXPECT_EQ(plan.oldestVersion(), kNvmeTierFormatVersion);
   plan.version = kNvmeTierFormatVersion;
   EXPECT_EQ(validationError(plan), "");
@@ -1268,6 +1269,7 @@ TEST(ExecPlanNvmeTier, NeedsVersion6) {
   ASSERT_TRUE(static_cast<bool>(back)) << llvm::toString(back.takeError());
   EXPECT_EQ(back->tierRoles, plan.tierRoles);
   EXPECT_EQ(back->tierWindowBytes, plan.tierWindowBytes);
+  EXPECT_EQ(back->tierDrives, plan.tierDrives);
   plan.version = kWeightedLossFormatVersion;
   EXPECT_EQ(validationError(plan),
             "invalid execution plan: host_tier, which format version 6 "
@@ -1278,6 +1280,10 @@ TEST(ExecPlanNvmeTier, NeedsVersion6) {
             "invalid execution plan: host_tier role 'master' is not one the "
             "NVMe tier holds (moment, ema)");
   plan.tierRoles = {"moment"};
+  plan.tierDrives = 0;
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: host_tier drives 0 is not in [1, 64]");
+  plan.tierDrives = 2;
   plan.tierWindowBytes = 0;
   EXPECT_EQ(validationError(plan), "invalid execution plan: host_tier "
                                    "window_bytes 0 is out of range");

@@ -448,9 +448,9 @@ TEST(SimBackend, TieredStateIsReadBeforeItsUpdateAndWrittenAfter) {
     plan.params.push_back(m);
   }
   plan.tierRoles = {"moment"};
+  plan.tierDrives = 2;
   plan.tierWindowBytes = 4000;
   HardwareModel hw = roundHardware();
-  hw.nvmeDrives = 2;
   hw.nvmeReadBandwidth = 100;
   hw.nvmeWriteBandwidth = 50;
 
@@ -496,8 +496,8 @@ TEST(SimBackend, ReadsRunAheadAsFarAsTheWindowHolds) {
     }
   }
   plan.tierRoles = {"moment"};
+  plan.tierDrives = 2;
   HardwareModel hw = roundHardware();
-  hw.nvmeDrives = 2;
   hw.nvmeReadBandwidth = 100;
   hw.nvmeWriteBandwidth = 50;
 
