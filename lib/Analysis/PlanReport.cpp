@@ -68,7 +68,7 @@ void accountHost(ModuleOp module, PlanReport &r) {
       params += param.getNumElements();
     if (IntegerAttr l = param.getLayerAttr()) {
       PlanReport::Layer &layer = r.layers[l.getInt()];
-      layer.hostBytes += tensorBytes(param.getType());
+      layer.hostBytes += hostParamBytes(param);
       if (param.getRole() == graph::ParamRole::master)
         layer.params += param.getNumElements();
     }
@@ -345,7 +345,7 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
   // parameter's state and the EMA (kExpertsAttr).
   uint64_t perExpert = 0;
   for (auto param : module.getOps<graph::ParamOp>()) {
-    uint64_t bytes = shardBytes(param.getType(), ranks);
+    uint64_t bytes = hostParamBytes(param, ranks);
     byCategory[roleCategory(param.getRole())] += bytes;
     perExpert += bytes;
   }
@@ -374,7 +374,7 @@ uint64_t megaslide::nodeShare(ModuleOp module, uint64_t bytes) {
 int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {
   uint64_t sharded = 0, own = 0, allowance = 0, perExpert = 0;
   for (auto param : module.getOps<graph::ParamOp>())
-    perExpert += tensorBytes(param.getType());
+    perExpert += hostParamBytes(param);
   for (auto resource : module.getOps<schedule::ResourceOp>()) {
     if (resource.getResidency() == schedule::Residency::device)
       continue;

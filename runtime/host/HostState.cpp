@@ -3,6 +3,7 @@
 #include "megaslide/runtime/host/HostState.h"
 
 #include "megaslide/runtime/cpu/Convert.h"
+#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/runtime/train/Random.h"
@@ -175,7 +176,10 @@ llvm::Expected<uint64_t> host::usableHostMemoryBytes() {
 uint64_t HostState::bytes() const {
   uint64_t total = 0;
   for (const HostTensor &t : tensors)
-    total += t.data.size() * sizeof(float) + t.bf16.size() * sizeof(uint16_t);
+    total += (t.data.size() + t.absmax.size() + t.rowStat.size() +
+              t.colStat.size()) *
+                 sizeof(float) +
+             t.bf16.size() * sizeof(uint16_t) + t.codes.size();
   return total;
 }
 
@@ -211,17 +215,68 @@ static dist::ShardRange heldRange(const exec::Param &p, int rank, int ranks) {
                                     : dist::ShardRange{0, count};
 }
 
+/// Whether `p` is an exp_avg_sq (else an exp_avg), of role moment.
+static bool secondMoment(const exec::Param &p) {
+  return llvm::StringRef(p.name).ends_with(".exp_avg_sq");
+}
+
+/// factored-moments' view of a parameter: [shape[0], rest] when rank >= 2.
+static std::optional<cpu::FactoredShape> factoredShape(const exec::Param &p) {
+  if (p.type.shape.size() < 2 || p.type.shape[0] == 0)
+    return std::nullopt;
+  return cpu::FactoredShape{p.type.shape[0],
+                            p.type.numElements() / p.type.shape[0]};
+}
+
+uint64_t host::momentBytes(const exec::ExecPlan &plan,
+                           const exec::Param &moment) {
+  uint64_t n = moment.type.numElements();
+  if (plan.hostState == exec::kInt8Moments)
+    return n + sizeof(float) * cpu::quantBlocks(n);
+  if (plan.hostState == exec::kFactoredMoments)
+    if (std::optional<cpu::FactoredShape> f = factoredShape(moment))
+      return secondMoment(moment) ? sizeof(float) * (f->rows + f->cols)
+                                  : sizeof(uint16_t) * n;
+  return sizeof(float) * n;
+}
+
 uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
   uint64_t bytes = 0;
   for (const exec::Param &p : plan.params)
-    if (inHostState(p))
+    if (p.role == "moment" && plan.hasLeanMoments())
+      bytes += momentBytes(plan, p); // such plans are of one rank
+    else if (inHostState(p))
       bytes += heldRange(p, 0, ranks).size() * sizeof(float);
   return bytes;
+}
+
+/// Keeps moment `t` as `hostState` says (zeros): int8 codes and absmax, or
+/// a factored matrix's bf16 m and row/column statistics. False for a
+/// vector under factored-moments, whose moments stay fp32.
+static bool keepLean(HostTensor &t, llvm::StringRef hostState) {
+  const exec::Param &p = *t.param;
+  int64_t n = p.type.numElements();
+  if (hostState == exec::kInt8Moments) {
+    bool isSigned = !secondMoment(p);
+    t.codes.assign(n, cpu::quantizeCode(cpu::dynamicMap(isSigned), 0.0f));
+    t.absmax.assign(cpu::quantBlocks(n), 0.0f);
+  } else if (std::optional<cpu::FactoredShape> f = factoredShape(p)) {
+    if (secondMoment(p)) {
+      t.rowStat.assign(f->rows, 0.0f);
+      t.colStat.assign(f->cols, 0.0f);
+    } else {
+      t.bf16.assign(n, 0);
+    }
+  } else {
+    return false;
+  }
+  return true;
 }
 
 HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
                               int rank, int ranks) {
   HostState state;
+  state.hostState = plan.hostState;
   state.tensors.reserve(plan.params.size());
   for (const exec::Param &p : plan.params) {
     if (!inHostState(p))
@@ -235,9 +290,15 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
     }
     // Drawn whole, one tensor at a time: a shard's values do not depend on
     // the job's size.
-    std::vector<float> whole(p.type.numElements(), 0.0f);
-    initTensor(p, seed, whole);
-    t.keep(whole);
+    if (p.role == "moment" && plan.hasLeanMoments() && ranks == 1) {
+      // Zeros, kept as the plan says.
+      if (!keepLean(t, plan.hostState))
+        t.data.assign(p.type.numElements(), 0.0f);
+    } else {
+      std::vector<float> whole(p.type.numElements(), 0.0f);
+      initTensor(p, seed, whole);
+      t.keep(whole);
+    }
     state.index[p.name] = state.tensors.size();
     state.tensors.push_back(std::move(t));
   }

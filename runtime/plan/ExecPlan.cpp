@@ -117,6 +117,8 @@ bool ExecPlan::hasWeightedLoss() const {
 }
 
 int64_t ExecPlan::oldestVersion() const {
+  if (hasLeanMoments())
+    return kHostStateFormatVersion;
   if (hasWeightedLoss())
     return kWeightedLossFormatVersion;
   if (hasExactGelu())

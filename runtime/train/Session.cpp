@@ -302,6 +302,15 @@ Session::create(std::vector<BucketPlan> bucketPlans,
   session->deferred = updates->deferred;
   session->baseLr = updates->baseLr;
   const exec::ExecPlan &p = session->plan();
+  if (dist::Collectives *c = options.collectives;
+      c && c->size() > 1 && p.hasLeanMoments())
+    return llvm::createStringError(
+        "this plan keeps the AdamW moments as " + p.hostState +
+        ", which is for a job of one rank (their block scales and row/column "
+        "statistics are not sharded); this job has " +
+        std::to_string(c->size()) +
+        " ranks: plan with --host-state-policy master-moments or "
+        "bf16-moments");
   // Only backends that compute hold the model state (sim needs none): the
   // 105B state is 1.27 TB, so check that everything fits, summed, before
   // the backend or the state touches a byte.

@@ -34,6 +34,18 @@ struct HostTensor {
   /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
   /// --ema-dtype bf16); `data` is then empty.
   std::vector<uint16_t> bf16;
+  /// An AdamW moment kept as ExecPlan::hostState says (docs/Training.md,
+  /// "Leaner optimizer states"); `data` is then empty.
+  /// int8-moments: block-wise 8-bit codes (cpu::adamw8bitStep; exp_avg with
+  /// the signed map, exp_avg_sq the unsigned) and one fp32 absmax per
+  /// cpu::kQuantBlock elements.
+  std::vector<uint8_t> codes;
+  std::vector<float> absmax;
+  /// factored-moments, exp_avg_sq of a matrix: fp32 row and column
+  /// statistics (cpu::factoredStatsStep). Its exp_avg is then in `bf16`.
+  std::vector<float> rowStat, colStat;
+  /// Whether the values are kept in one of the forms above.
+  bool lean() const { return !codes.empty() || !rowStat.empty(); }
   /// Whether the tensor is sharded over a job's ranks (the masters, AdamW
   /// moments and EMA of a job of several; docs/Distributed.md, "Memory"):
   /// `data` (or `bf16`) then holds this rank's elements [shardBegin,
@@ -57,6 +69,9 @@ struct HostState {
   llvm::StringMap<size_t> index;
   /// The parameters of added tensors (stable addresses).
   std::deque<exec::Param> ownParams;
+  /// How the moments are kept: the plan's ExecPlan::hostState (empty: as
+  /// their params' dtype says, fp32 on the host).
+  std::string hostState;
   /// Completed optimizer steps (the next step passes step + 1 to AdamW).
   int64_t step = 0;
   /// Set by a backend before it applies a step's first update and cleared
@@ -104,7 +119,8 @@ llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
 llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
-/// moments and frozen buffers.
+/// moments (as ExecPlan::hostState keeps them: momentBytes) and frozen
+/// buffers.
 /// With `ranks` > 1, a rank's: the masters and moments are sharded, rank
 /// 0's shard the largest.
 uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
@@ -112,6 +128,10 @@ uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
 /// trainable state (masters, moments, EMA); frozen buffers are whole on
 /// every rank.
 bool shardedRole(llvm::StringRef role, int ranks);
+/// Host bytes of AdamW moment `moment` of `plan` as the plan's hostState
+/// keeps it: the runtime's side of the planner's schedule::momentBytes
+/// (the same formulas).
+uint64_t momentBytes(const exec::ExecPlan &plan, const exec::Param &moment);
 /// The whole of sharded tensor `t` in `dtype` (F32, BF16 or F16) at `dst`,
 /// which has room for all of it: this rank's shard cast, then all-gathered
 /// from the job's ranks in that dtype (what a fetch of it reads). Every

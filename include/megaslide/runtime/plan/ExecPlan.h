@@ -35,14 +35,23 @@ namespace megaslide::exec {
 /// added the exact GELU (kExactAttr on gelu and gelu_grad), which a reader
 /// of version 3 would run as the tanh form. Version 5 added the weighted
 /// loss (kLossWeightsInput), which a reader of version 4 would reject
-/// operand by operand or train unweighted. A plan without them is written
+/// operand by operand or train unweighted. Version 6 added the host state
+/// (ExecPlan::hostState: int8 or factored AdamW moments), which a reader of
+/// version 5 would ignore and train with fp32 moments. A plan without them
+/// is written
 /// as version 2, which such readers still run as before (the exporter
 /// writes the oldest version that describes a plan: oldestVersion()).
-inline constexpr int64_t kPlanFormatVersion = 5;
+inline constexpr int64_t kPlanFormatVersion = 6;
 inline constexpr int64_t kOldestPlanFormatVersion = 2;
 inline constexpr int64_t kDeferredUpdateFormatVersion = 3;
 inline constexpr int64_t kExactGeluFormatVersion = 4;
 inline constexpr int64_t kWeightedLossFormatVersion = 5;
+inline constexpr int64_t kHostStateFormatVersion = 6;
+/// ExecPlan::hostState's values: how the host keeps the AdamW moments
+/// when not as their params' dtype says (docs/Training.md, "Leaner
+/// optimizer states"); the --host-state-policy names.
+inline constexpr llvm::StringLiteral kInt8Moments = "int8-moments";
+inline constexpr llvm::StringLiteral kFactoredMoments = "factored-moments";
 /// Unit attribute of gelu and gelu_grad: the erf form, not tanh's.
 inline constexpr llvm::StringLiteral kExactAttr = "exact";
 /// The step input of a weighted loss: one fp32 weight per sample, the
@@ -182,6 +191,12 @@ struct ExecPlan {
   /// or "bf16"), whose host bytes the plan counts.
   int64_t gradAccum = 1;
   std::string emaDtype = "none";
+  /// How the host keeps the AdamW moments: empty for as their params'
+  /// dtype, kInt8Moments (block-wise 8-bit codes and absmax) or
+  /// kFactoredMoments (bf16 m, row/column statistics of v for matrices).
+  /// The moment params then stay fp32-typed: the element count and role
+  /// they describe.
+  std::string hostState;
 
   std::vector<Param> params;
   std::vector<Value> values;
@@ -203,6 +218,8 @@ struct ExecPlan {
   bool hasExactGelu() const;
   /// Whether the loss is weighted per sample (kLossWeightsInput).
   bool hasWeightedLoss() const;
+  /// Whether the moments are int8 or factored (hostState).
+  bool hasLeanMoments() const { return !hostState.empty(); }
   /// The oldest format version that describes the plan.
   int64_t oldestVersion() const;
   /// The ranks of the job the plan was compiled for (megaslide-plan
