@@ -647,7 +647,8 @@ public:
       py::dict moments;
       for (auto [key, tensor] : {std::pair{"exp_avg", m}, {"exp_avg_sq", v}}) {
         FloatArray a(t.param->type.shape);
-        std::copy(tensor->data.begin(), tensor->data.end(), a.mutable_data());
+        std::vector<float> values = host::momentValues(*tensor);
+        std::copy(values.begin(), values.end(), a.mutable_data());
         moments[key] = a;
       }
       out[py::str(t.param->name)] = moments;

@@ -117,6 +117,10 @@ inline uint64_t bytesPerParam(HostStatePolicy policy) {
 /// Elements per block of int8-moments' quantization (bitsandbytes'
 /// optimizer blocksize; the runtime's cpu::kQuantBlock).
 inline constexpr uint64_t kInt8MomentBlock = 256;
+/// Parameters with fewer elements keep fp32 moments under int8-moments
+/// (bitsandbytes' min_8bit_size: biases and norms, whose few moments cost
+/// nothing and are the most sensitive; the runtime's cpu::kQuantMinSize).
+inline constexpr uint64_t kInt8MinSize = 4096;
 
 /// Whether the moments of a parameter of `shape` are factored under
 /// factored-moments: a matrix (rank >= 2) viewed as [shape[0], rest].
@@ -136,6 +140,8 @@ inline uint64_t momentBytes(HostStatePolicy policy,
   case HostStatePolicy::bf16_moments:
     return 2 * n;
   case HostStatePolicy::int8_moments: // codes + an fp32 absmax per block
+    if (n < kInt8MinSize)
+      return 4 * n;
     return n + 4 * ((n + kInt8MomentBlock - 1) / kInt8MomentBlock);
   case HostStatePolicy::factored_moments:
     if (!factoredShape(shape))

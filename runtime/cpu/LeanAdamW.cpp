@@ -22,14 +22,15 @@ namespace {
 /// saves (as AdamW.cpp's).
 constexpr int64_t kMinChunk = 1 << 15;
 
-/// torch.linspace(start, end, steps) in float32, element i (ATen's CPU
-/// kernel: the step in float, the first half counted from start and the
-/// second from end).
+/// torch.linspace(start, end, steps) in float32, element i, as ATen's CPU
+/// kernel computes it (a vectorised fused multiply-add): the step in float,
+/// the first half start + step i and the second end - step (steps - 1 - i),
+/// each rounded once.
 float linspaceAt(float start, float end, int64_t steps, int64_t i) {
   float step = (end - start) / static_cast<float>(steps - 1);
   if (i < steps / 2)
-    return start + step * static_cast<float>(i);
-  return end - step * static_cast<float>(steps - i - 1);
+    return std::fma(step, static_cast<float>(i), start);
+  return std::fma(-step, static_cast<float>(steps - i - 1), end);
 }
 
 std::array<float, 256> makeDynamicMap(bool isSigned) {

@@ -231,7 +231,7 @@ static std::optional<cpu::FactoredShape> factoredShape(const exec::Param &p) {
 uint64_t host::momentBytes(const exec::ExecPlan &plan,
                            const exec::Param &moment) {
   uint64_t n = moment.type.numElements();
-  if (plan.hostState == exec::kInt8Moments)
+  if (plan.hostState == exec::kInt8Moments && n >= cpu::kQuantMinSize)
     return n + sizeof(float) * cpu::quantBlocks(n);
   if (plan.hostState == exec::kFactoredMoments)
     if (std::optional<cpu::FactoredShape> f = factoredShape(moment))
@@ -251,12 +251,15 @@ uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
 }
 
 /// Keeps moment `t` as `hostState` says (zeros): int8 codes and absmax, or
-/// a factored matrix's bf16 m and row/column statistics. False for a
-/// vector under factored-moments, whose moments stay fp32.
+/// a factored matrix's bf16 m and row/column statistics. False for the
+/// moments that stay fp32: of a vector under factored-moments, of fewer
+/// than cpu::kQuantMinSize elements under int8-moments.
 static bool keepLean(HostTensor &t, llvm::StringRef hostState) {
   const exec::Param &p = *t.param;
   int64_t n = p.type.numElements();
   if (hostState == exec::kInt8Moments) {
+    if (n < cpu::kQuantMinSize)
+      return false;
     bool isSigned = !secondMoment(p);
     t.codes.assign(n, cpu::quantizeCode(cpu::dynamicMap(isSigned), 0.0f));
     t.absmax.assign(cpu::quantBlocks(n), 0.0f);
@@ -271,6 +274,27 @@ static bool keepLean(HostTensor &t, llvm::StringRef hostState) {
     return false;
   }
   return true;
+}
+
+std::vector<float> host::momentValues(const HostTensor &t) {
+  std::vector<float> values(t.held());
+  int64_t n = t.held();
+  if (!t.codes.empty()) {
+    cpu::dequantizeBlockwise(t.codes.data(), t.absmax.data(), n,
+                             !secondMoment(*t.param), values.data());
+  } else if (!t.rowStat.empty()) {
+    cpu::FactoredShape f = *factoredShape(*t.param);
+    double total = cpu::factoredRowTotal(f, t.rowStat.data());
+    for (int64_t e = 0; e < n; ++e)
+      values[e] = static_cast<float>(double(t.rowStat[e / f.cols]) *
+                                     double(t.colStat[e % f.cols]) / total);
+  } else if (!t.bf16.empty()) {
+    for (int64_t e = 0; e < n; ++e)
+      values[e] = cpu::bf16ToFloat(t.bf16[e]);
+  } else {
+    values = t.data;
+  }
+  return values;
 }
 
 HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,

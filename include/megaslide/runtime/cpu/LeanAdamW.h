@@ -34,6 +34,11 @@ namespace megaslide::cpu {
 /// states).
 inline constexpr int64_t kQuantBlock = 256;
 
+/// int8-moments quantizes the moments of parameters of at least this many
+/// elements; smaller ones (biases, norms) keep fp32 moments, as
+/// bitsandbytes' min_8bit_size.
+inline constexpr int64_t kQuantMinSize = 4096;
+
 /// Blocks of a tensor of `n` elements (the last may be partial).
 inline int64_t quantBlocks(int64_t n) {
   return (n + kQuantBlock - 1) / kQuantBlock;
@@ -41,7 +46,8 @@ inline int64_t quantBlocks(int64_t n) {
 
 /// bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7,
 /// total_bits=8), sorted ascending: for each decade i = 0..6 the midpoints
-/// of linspace(0.1, 1, k + 1) (float32, torch's formula) times 10^(i-6), k
+/// of linspace(0.1, 1, k + 1) (float32, as torch's CPU kernel rounds it:
+/// one fused multiply-add per value) times 10^(i-6), k
 /// = 2^i signed (with their negatives) or 2^(i+1) unsigned, plus 0 and 1.
 const std::array<float, 256> &dynamicMap(bool isSigned);
 

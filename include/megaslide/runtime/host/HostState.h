@@ -139,6 +139,11 @@ uint64_t momentBytes(const exec::ExecPlan &plan, const exec::Param &moment);
 llvm::Error gatherWhole(const HostTensor &t, exec::DType dtype, void *dst,
                         dist::Collectives &job);
 
+/// The values of AdamW moment `t` in fp32, however it is kept: int8 codes
+/// dequantized (map value times block absmax), a factored exp_avg_sq as
+/// R_i C_j / sum(R), a bf16 exp_avg widened.
+std::vector<float> momentValues(const HostTensor &t);
+
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch
 /// layers ~ N(0, 0.02), biases and moments zero, norm weights one,

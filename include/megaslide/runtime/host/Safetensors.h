@@ -152,6 +152,9 @@ struct StTensorToWrite {
   /// Instead of `data`: values already in bf16 (dtype BF16), written as
   /// they are.
   const uint16_t *bf16 = nullptr;
+  /// Instead of `data`: bytes (dtype U8, e.g. 8-bit optimizer codes),
+  /// written as they are.
+  const uint8_t *u8 = nullptr;
 };
 
 struct SafetensorsWriteOptions {
