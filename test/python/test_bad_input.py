@@ -621,9 +621,9 @@ PLAN_CASES = [
      "}", "{plan}: not an execution plan"),
     ("a model config", lambda art: json.dumps(art.config),
      '{plan}: not an execution plan (no "format": "megaslide-exec-plan")'),
-    ("newer version", plan_edit(set_key("version", 6)),
-     "{plan}: execution plan format version 6 is not supported (this runtime "
-     "reads 2 to 5; recompile the plan)"),
+    ("newer version", plan_edit(set_key("version", 7)),
+     "{plan}: execution plan format version 7 is not supported (this runtime "
+     "reads 2 to 6; recompile the plan)"),
     ("version not an integer", plan_edit(set_key("version", "2")),
      "{plan}: expected integer at plan.version"),
     ("another release", plan_edit(set_key("runtime_version", "0.0.1")),

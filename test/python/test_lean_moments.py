@@ -12,7 +12,9 @@ one policy is refused by another; --adam-beta2 against torch.optim.AdamW.
 
 Tolerances:
   dynamic map         bitwise equal to torch's float32 create_dynamic_map
-  int8 update         the reference does AdamW in float32 with the same
+  int8 update         (parameters of >= 4096 elements; smaller ones keep
+                      fp32 moments, as bitsandbytes' min_8bit_size)
+                      the reference does AdamW in float32 with the same
                       operations and coefficients (each formed in double,
                       rounded to float32 once), so masters, codes and absmax
                       are bitwise equal over 5 steps; a tie between two codes
@@ -20,10 +22,13 @@ Tolerances:
                       to the lower code on both sides
   factored update     float64 statistics: rel 1e-6; masters rel 1e-5 + abs
                       1e-6 after 4 steps (m is rounded to bf16 on both sides)
-  quality             on tiny, 300 steps, seed 0: the mean loss of the last
-                      50 steps within QUALITY_MARGIN of fp32 AdamW's
-  --adam-beta2        torch.optim.AdamW(betas=(0.9, 0.99)) from the
-                      Trainer's gradients: rel 1e-5 + abs 1e-7 after 3 steps
+  quality             on tiny, 300 steps, seed 0, lr 2e-3: the mean loss of
+                      the last 50 steps within 5 % of fp32 AdamW's (which
+                      itself moves by 2.4 % for a 5 % change of lr)
+  --adam-beta2        torch.optim.AdamW(betas=(0.9, 0.99), eps=1e-6) from
+                      the Trainer's gradients, lr 1e-2: abs 2e-6 after 5
+                      steps (measured 3e-8 at lr 1e-3); torch's default
+                      beta2 differs by more than 50 times that
 """
 
 import json
@@ -43,7 +48,10 @@ except ImportError:  # a benchmark dependency, not a test one
     torch = None
 
 BLOCK = 256
-QUALITY_MARGIN = 0.05  # of fp32 AdamW's final mean loss (its own lr +-5 %: 2.4 %)
+# Of fp32 AdamW's final mean loss; fp32 AdamW itself moves by up to 2.4 %
+# when its lr moves by 5 % (measured, docs/Training.md).
+QUALITY_MARGIN = 0.05
+ADAMW_ATOL = 2e-6
 
 
 # ---------------------------------------------------------------------------
@@ -300,37 +308,47 @@ def test_plan_reports_the_bytes_of_each_policy():
 # --adam-beta1, --adam-beta2, --adam-eps
 # ---------------------------------------------------------------------------
 
-@pytest.mark.skipif(torch is None, reason="needs torch")
-def test_adam_beta2_matches_torch_adamw():
-    tr = megaslide.Trainer("tiny", frames=5, height=32, width=32, lr=1e-3,
-                           adam_beta2=0.99, adam_eps=1e-6)
-    shapes = tr.input_shapes()
-    rng = np.random.default_rng(0)
-    start = {n: a for n, a in tr.parameters().items()}
-    grads_seen = []
-    for _ in range(3):
-        batch = {k: rng.standard_normal(shapes[k]).astype(np.float32)
-                 for k in ("latents", "noise", "condition")}
-        t = rng.uniform(0.1, 0.9, shapes["timesteps"]).astype(np.float32)
-        _, g = tr.gradients(batch["latents"], batch["noise"], t,
-                            batch["condition"])
-        grads_seen.append(g)
-        tr.step(timesteps=t, **batch)
-    names = sorted(grads_seen[0])
+def torch_adamw(start, grads, names, betas, eps, lr):
     params = [torch.tensor(start[n], dtype=torch.float32, requires_grad=True)
               for n in names]
-    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.99), eps=1e-6,
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps,
                             weight_decay=0.0)
-    for g in grads_seen:
+    for g in grads:
         for p, n in zip(params, names):
             p.grad = torch.tensor(g[n], dtype=torch.float32)
         opt.step()
+    return {n: p.detach().numpy() for p, n in zip(params, names)}
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_adam_beta2_matches_torch_adamw():
+    lr, steps = 1e-2, 5
+    tr = megaslide.Trainer("tiny", frames=5, height=32, width=32, lr=lr,
+                           adam_beta2=0.99, adam_eps=1e-6)
+    shapes = tr.input_shapes()
+    rng = np.random.default_rng(0)
+    start = tr.parameters()
+    grads = []
+    for _ in range(steps):
+        batch = {k: rng.standard_normal(shapes[k]).astype(np.float32)
+                 for k in ("latents", "noise", "condition")}
+        t = rng.uniform(0.1, 0.9, shapes["timesteps"]).astype(np.float32)
+        # parameters() applies the previous step's deferred update, which
+        # gradients() would not see otherwise.
+        tr.parameters()
+        grads.append(tr.gradients(batch["latents"], batch["noise"], t,
+                                  batch["condition"])[1])
+        tr.step(timesteps=t, **batch)
+    names = sorted(grads[0])
     got = tr.parameters()
-    for p, n in zip(params, names):
-        np.testing.assert_allclose(got[n], p.detach().numpy(), rtol=1e-5,
-                                   atol=1e-7, err_msg=n)
-    # The default beta2 differs by far more than the tolerance.
-    assert not all(np.allclose(got[n], start[n], rtol=1e-5) for n in names)
+    want = torch_adamw(start, grads, names, (0.9, 0.99), 1e-6, lr)
+    default = torch_adamw(start, grads, names, (0.9, 0.999), 1e-6, lr)
+    for n in names:
+        np.testing.assert_allclose(got[n], want[n], rtol=0, atol=ADAMW_ATOL,
+                                   err_msg=n)
+    # torch's default beta2 is far outside the tolerance: the flag matters.
+    assert max(np.max(np.abs(got[n] - default[n])) for n in names) > \
+        50 * ADAMW_ATOL
 
 
 @pytest.mark.parametrize("flag,value,message", [
@@ -351,7 +369,8 @@ def test_diffusers_spellings_point_at_the_flags():
 
 
 def test_python_adam_keywords_are_checked():
-    with pytest.raises(ValueError, match=r"adam_beta2.: must be in \\[0, 1\\)"):
+    with pytest.raises(ValueError,
+                       match=r"adam_beta2.: must be in \[0, 1\)"):
         megaslide.exec_plan("tiny", 5, 32, 32, adam_beta2=1.5)
     with pytest.raises(ValueError, match="adam_eps must be a finite number"):
         megaslide.exec_plan("tiny", 5, 32, 32, adam_eps=float("nan"))

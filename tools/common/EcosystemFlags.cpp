@@ -73,7 +73,9 @@ const tools::EcosystemFlag kTable[] = {
     {"flash-attn", "musubi-tuner", "attention", ""},
     {"use-8bit-adam", "diffusers", "host-state-policy",
      "int8-moments (block-wise 8-bit AdamW moments, as bitsandbytes')"},
-    {"optimizer-type", "musubi-tuner", "", "the optimizer is AdamW in fp32"},
+    {"optimizer-type", "musubi-tuner", "",
+     "the optimizer is AdamW (--host-state-policy int8-moments or "
+     "factored-moments for 8-bit or factored moments)"},
     {"rank", "diffusers", "", kLoRA},
     {"lora-rank", "diffusers", "", kLoRA},
     {"network-module", "musubi-tuner", "", kLoRA},

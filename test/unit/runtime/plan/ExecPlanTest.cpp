@@ -392,12 +392,12 @@ const std::vector<Corruption> &corruptions() {
        viaJson([](llvm::json::Object &o) { o["format"] = "some-other-plan"; }),
        "not an execution plan (no \"format\": \"megaslide-exec-plan\")"},
       {"unsupported version",
-       viaJson([](llvm::json::Object &o) { o["version"] = 6; }),
-       "format version 6 is not supported (this runtime reads 2 to 5; "
+       viaJson([](llvm::json::Object &o) { o["version"] = 7; }),
+       "format version 7 is not supported (this runtime reads 2 to 6; "
        "recompile the plan)"},
       {"version before runtime_version",
        viaJson([](llvm::json::Object &o) { o["version"] = 1; }),
-       "format version 1 is not supported (this runtime reads 2 to 5; "
+       "format version 1 is not supported (this runtime reads 2 to 6; "
        "recompile the plan)"},
       {"version of the wrong type",
        viaJson([](llvm::json::Object &o) { o["version"] = "2"; }),
