@@ -8,13 +8,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/CAPI/MegaSlide.h"
 #include "megaslide/runtime/cpu/AdamW.h"
-#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/host/Weights.h"
-#include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -402,9 +402,9 @@ void defineAdamW(py::module_ &m) {
         py::arg("weight_decay"),
         "int8-moments' AdamW step in place (cpu::adamw8bitStep); for tests.");
   m.def("_adamw_factored_step", &adamwFactoredStep, py::arg("master"),
-        py::arg("m"), py::arg("row_stat"), py::arg("col_stat"),
-        py::arg("grad"), py::arg("step"), py::arg("lr"), py::arg("beta1"),
-        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+        py::arg("m"), py::arg("row_stat"), py::arg("col_stat"), py::arg("grad"),
+        py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("weight_decay"),
         "factored-moments' AdamW step of a matrix in place; for tests.");
   m.def("adamw_step", &adamwStep, py::arg("master"), py::arg("exp_avg"),
         py::arg("exp_avg_sq"), py::arg("grad"), py::arg("working"),

@@ -33,10 +33,11 @@ JobSize megaslide::jobSizeOf(ModuleOp module) {
 }
 
 /// The module's host-state policy (megaslide-plan-residency), if planned.
-static std::optional<schedule::HostStatePolicy> hostStatePolicyOf(Operation *op) {
+static std::optional<schedule::HostStatePolicy>
+hostStatePolicyOf(Operation *op) {
   auto module = op->getParentOfType<ModuleOp>();
-  auto name =
-      module ? module->getAttrOfType<StringAttr>(kHostStatePolicyAttr) : nullptr;
+  auto name = module ? module->getAttrOfType<StringAttr>(kHostStatePolicyAttr)
+                     : nullptr;
   if (!name)
     return std::nullopt;
   return schedule::symbolizeHostStatePolicy(name.getValue());
@@ -139,13 +140,12 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
     // A policy that stores its moments its own way moves their bytes: the
     // master and moments read and written, the gradient read (the others
     // are priced at sim::kHostAdamWBytesPerParam).
-    if (std::optional<schedule::HostStatePolicy> policy =
-            hostStatePolicyOf(op);
+    if (std::optional<schedule::HostStatePolicy> policy = hostStatePolicyOf(op);
         policy && storesMomentsOwnWay(*policy))
-      in.bytes = 2 * schedule::trainableStateBytes(
-                         *policy, cast<RankedTensorType>(grad.getType())
-                                      .getShape()) +
-                 tensorBytes(grad.getType());
+      in.bytes =
+          2 * schedule::trainableStateBytes(
+                  *policy, cast<RankedTensorType>(grad.getType()).getShape()) +
+          tensorBytes(grad.getType());
     break;
   }
   case sim::CostKind::Device:

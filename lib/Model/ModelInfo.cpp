@@ -27,8 +27,8 @@ ModelInfo megaslide::analyzeTrainingStep(ModuleOp module) {
       info.hostStateBytes[static_cast<unsigned>(p)] +=
           param.getRole() == ParamRole::frozen
               ? 4 * n
-              : schedule::trainableStateBytes(
-                    p, param.getTensorType().getShape());
+              : schedule::trainableStateBytes(p,
+                                              param.getTensorType().getShape());
     info.totalParams += n;
     (param.getRole() == ParamRole::frozen ? info.frozenParams
                                           : info.trainableParams) += n;
@@ -277,9 +277,10 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       formatBytes(8 * info.trainableParams));
   for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
-    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n",
-                        schedule::bytesPerParam(p), schedule::describe(p),
-                        formatBytes(info.hostStateBytes[static_cast<unsigned>(p)]));
+    os << llvm::formatv(
+        "  {0,2} B/param: {1,-40} {2}\n", schedule::bytesPerParam(p),
+        schedule::describe(p),
+        formatBytes(info.hostStateBytes[static_cast<unsigned>(p)]));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);
 }

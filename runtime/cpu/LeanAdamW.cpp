@@ -38,10 +38,9 @@ std::array<float, 256> makeDynamicMap(bool isSigned) {
   constexpr int nonSignBits = totalBits - 1;
   std::vector<float> data;
   for (int i = 0; i < maxExponentBits; ++i) {
-    int64_t items = isSigned ? (int64_t(1) << (i + nonSignBits -
-                                               maxExponentBits)) + 1
-                             : (int64_t(1) << (i + nonSignBits -
-                                               maxExponentBits + 1)) + 1;
+    int64_t items =
+        isSigned ? (int64_t(1) << (i + nonSignBits - maxExponentBits)) + 1
+                 : (int64_t(1) << (i + nonSignBits - maxExponentBits + 1)) + 1;
     // 10 ** (i - 6) is a Python number; torch multiplies the float32
     // means by it rounded to float32.
     float scale = static_cast<float>(std::pow(10.0, i - (maxExponentBits - 1)));
@@ -169,34 +168,31 @@ void statsImpl(const AdamWHyper &hyper, FactoredShape s, const Grad *grad,
 
 template <typename Grad>
 void factoredImpl(const AdamWHyper &hyper, FactoredShape s, int64_t begin,
-                  int64_t end, float *master, uint16_t *m,
-                  const float *rowStat, const float *colStat, float rowTotal,
-                  const Grad *grad) {
+                  int64_t end, float *master, uint16_t *m, const float *rowStat,
+                  const float *colStat, float rowTotal, const Grad *grad) {
   if (end <= begin)
     return;
   Coefficients c = makeCoefficients(hyper);
-  int64_t threads = std::clamp<int64_t>((end - begin) / kMinChunk, 1,
-                                        cpuThreads());
-  parallelChunks(end - begin, threads, kAdamWChunkAlign,
-                 [&](int64_t lo, int64_t hi) {
-                   for (int64_t i = lo; i < hi; ++i) {
-                     int64_t e = begin + i;
-                     float g = loadGrad(grad, i) * c.gradScale;
-                     float mi = c.beta1 * bf16ToFloat(m[i]) +
-                                c.oneMinusBeta1 * g;
-                     // In double: R_i C_j may exceed fp32's range.
-                     float vi = static_cast<float>(
-                         double(rowStat[e / s.cols]) *
-                         double(colStat[e % s.cols]) / double(rowTotal));
-                     float p = master[i];
-                     float mHat = mi * c.invBiasCorrection1;
-                     float vHat = vi * c.invBiasCorrection2;
-                     p -= c.lr * (c.weightDecay * p +
-                                  mHat / (std::sqrt(vHat) + c.eps));
-                     m[i] = floatToBf16(mi);
-                     master[i] = p;
-                   }
-                 });
+  int64_t threads =
+      std::clamp<int64_t>((end - begin) / kMinChunk, 1, cpuThreads());
+  parallelChunks(
+      end - begin, threads, kAdamWChunkAlign, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          int64_t e = begin + i;
+          float g = loadGrad(grad, i) * c.gradScale;
+          float mi = c.beta1 * bf16ToFloat(m[i]) + c.oneMinusBeta1 * g;
+          // In double: R_i C_j may exceed fp32's range.
+          float vi = static_cast<float>(double(rowStat[e / s.cols]) *
+                                        double(colStat[e % s.cols]) /
+                                        double(rowTotal));
+          float p = master[i];
+          float mHat = mi * c.invBiasCorrection1;
+          float vHat = vi * c.invBiasCorrection2;
+          p -= c.lr * (c.weightDecay * p + mHat / (std::sqrt(vHat) + c.eps));
+          m[i] = floatToBf16(mi);
+          master[i] = p;
+        }
+      });
 }
 
 } // namespace
@@ -219,9 +215,8 @@ uint8_t megaslide::cpu::quantizeCode(const std::array<float, 256> &map,
   return static_cast<uint8_t>((x - *lo <= *hi - x ? lo : hi) - map.begin());
 }
 
-void megaslide::cpu::quantizeBlockwise(const float *x, int64_t n,
-                                       bool isSigned, uint8_t *codes,
-                                       float *absmax) {
+void megaslide::cpu::quantizeBlockwise(const float *x, int64_t n, bool isSigned,
+                                       uint8_t *codes, float *absmax) {
   const std::array<float, 256> &map = dynamicMap(isSigned);
   uint8_t zero = quantizeCode(map, 0.0f);
   for (int64_t b = 0; b < n; b += kQuantBlock) {
@@ -265,8 +260,8 @@ void megaslide::cpu::factoredStatsStep(const AdamWHyper &hyper,
 
 void megaslide::cpu::factoredStatsStep(const AdamWHyper &hyper,
                                        FactoredShape shape,
-                                       const uint16_t *gradBf16,
-                                       float *rowStat, float *colStat) {
+                                       const uint16_t *gradBf16, float *rowStat,
+                                       float *colStat) {
   statsImpl(hyper, shape, gradBf16, rowStat, colStat);
 }
 
@@ -284,8 +279,8 @@ void megaslide::cpu::adamwFactoredStep(const AdamWHyper &hyper,
                                        const float *rowStat,
                                        const float *colStat, float rowTotal,
                                        const float *grad) {
-  factoredImpl(hyper, shape, begin, end, master, m, rowStat, colStat,
-               rowTotal, grad);
+  factoredImpl(hyper, shape, begin, end, master, m, rowStat, colStat, rowTotal,
+               grad);
 }
 
 void megaslide::cpu::adamwFactoredStep(const AdamWHyper &hyper,
@@ -294,6 +289,6 @@ void megaslide::cpu::adamwFactoredStep(const AdamWHyper &hyper,
                                        const float *rowStat,
                                        const float *colStat, float rowTotal,
                                        const uint16_t *gradBf16) {
-  factoredImpl(hyper, shape, begin, end, master, m, rowStat, colStat,
-               rowTotal, gradBf16);
+  factoredImpl(hyper, shape, begin, end, master, m, rowStat, colStat, rowTotal,
+               gradBf16);
 }

@@ -232,11 +232,11 @@ uint64_t host::checkpointBytes(const HostState &state) {
   uint64_t bytes = 0;
   for (const HostTensor &t : state.tensors)
     if (t.param && isCheckpointParam(*t.param))
-      bytes += t.lean() || !t.bf16.empty()
-                   ? (t.codes.size() + 4 * t.absmax.size() +
-                      4 * t.rowStat.size() + 4 * t.colStat.size() +
-                      2 * t.bf16.size())
-                   : t.held() * sizeof(float); // this rank's, in a job
+      bytes +=
+          t.lean() || !t.bf16.empty()
+              ? (t.codes.size() + 4 * t.absmax.size() + 4 * t.rowStat.size() +
+                 4 * t.colStat.size() + 2 * t.bf16.size())
+              : t.held() * sizeof(float); // this rank's, in a job
   // Headers, trainer state and manifest: names and offsets per tensor.
   return bytes + 256 * state.tensors.size() + (1u << 20);
 }
@@ -313,10 +313,12 @@ Error writeStateFile(StringRef path, const HostState &state, int rank,
                   cpu::firstNonFinite(part.f32->data(), part.count))
             return error(llvm::formatv("cannot save checkpoint of step {0}: "
                                        "tensor '{1}' holds {2} at element {3}",
-                                       state.step, part.name,
-                                       (*part.f32)[*bad], *bad));
-        StTensorToWrite w{part.name, {part.count},
-                          part.f32 ? part.f32->data() : nullptr, part.dtype};
+                                       state.step, part.name, (*part.f32)[*bad],
+                                       *bad));
+        StTensorToWrite w{part.name,
+                          {part.count},
+                          part.f32 ? part.f32->data() : nullptr,
+                          part.dtype};
         w.u8 = part.u8;
         tensors.push_back(std::move(w));
       }
@@ -817,10 +819,10 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
       const LeanPart &part = entry.second.second;
       if (!info || info->dtype != part.dtype ||
           info->shape != std::vector<int64_t>{part.count})
-        return error(llvm::formatv(
-            "'{0}' does not match the model: {1} {2} [{3}] {4}", path,
-            part.name, stDTypeName(part.dtype), part.count,
-            info ? "is stored otherwise" : "is missing"));
+        return error(
+            llvm::formatv("'{0}' does not match the model: {1} {2} [{3}] {4}",
+                          path, part.name, stDTypeName(part.dtype), part.count,
+                          info ? "is stored otherwise" : "is missing"));
     }
   }
   for (const StTensorInfo &info : file.tensors()) {
@@ -862,8 +864,8 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
         if (Error e = file.readRaw(begin, info.end - info.begin,
                                    [&](llvm::ArrayRef<uint8_t> bytes) {
                                      onRaw(bytes);
-                                     dst = std::copy(bytes.begin(),
-                                                     bytes.end(), dst);
+                                     dst = std::copy(bytes.begin(), bytes.end(),
+                                                     dst);
                                    }))
           return e;
       } else if (Error e = file.readF32(info, *part.f32, onRaw)) {

@@ -582,8 +582,7 @@ safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
     int64_t bytes;
     if (!checkedMul(elements, stDTypeBytes(t.dtype), bytes))
       return bad("invalid shape " + shapeString(t.shape));
-    if (elements && !t.data && !(t.bf16 && t.dtype == StDType::BF16) &&
-        !t.u8)
+    if (elements && !t.data && !(t.bf16 && t.dtype == StDType::BF16) && !t.u8)
       return bad("no data");
     sizes.push_back(static_cast<uint64_t>(bytes));
   }

@@ -259,6 +259,30 @@ def test_resume_is_bit_exact_and_thread_count_free(tmp_path, policy):
         assert "blocks.0.ffn.net.0.proj.weight" + suffix in meta
 
 
+@pytest.mark.parametrize("policy", ["int8-moments", "factored-moments"])
+def test_streaming_updates_are_thread_count_free(tmp_path, policy):
+    flags = (*SMALL, "--update", "streaming", "--max-grad-norm", "1.0",
+             "--ema-decay", 0.9, "--host-state-policy", policy, "--steps", 4)
+    got = []
+    for threads in ("1", "2"):
+        metrics = tmp_path / f"{threads}.jsonl"
+        run(*flags, "--metrics", metrics,
+            env=dict(os.environ, MEGASLIDE_NUM_THREADS=threads))
+        got.append(losses(metrics))
+    assert got[0] == got[1] and all(np.isfinite(got[0]))
+
+
+def test_a_job_of_several_ranks_is_refused():
+    r = subprocess.run([tool_path("megaslide-plan"), "--model", "tiny",
+                        "--frames", "5", "--height", "32", "--width", "32",
+                        "--gpus-per-node", "2", "--host-state-policy",
+                        "int8-moments"], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert ("'int8-moments' is for a job of one rank" in r.stderr and
+            "this job has 2; use master-moments or bf16-moments" in r.stderr), \
+        r.stderr
+
+
 def test_checkpoint_of_another_policy_is_refused(tmp_path):
     ck = tmp_path / "ck"
     run(*SMALL, "--steps", 1, "--checkpoint-dir", ck, "--host-state-policy",

@@ -57,8 +57,8 @@ uint8_t quantizeCode(const std::array<float, 256> &map, float x);
 
 /// Quantizes `n` values to `codes` with one absmax per block in `absmax`
 /// (x / absmax coded; a block of zeros has absmax 0 and the code of 0).
-void quantizeBlockwise(const float *x, int64_t n, bool isSigned,
-                       uint8_t *codes, float *absmax);
+void quantizeBlockwise(const float *x, int64_t n, bool isSigned, uint8_t *codes,
+                       float *absmax);
 /// map[code] * absmax of its block.
 void dequantizeBlockwise(const uint8_t *codes, const float *absmax, int64_t n,
                          bool isSigned, float *x);

@@ -27,7 +27,8 @@ class Collectives;
 
 namespace megaslide::host {
 
-/// One persistent tensor, always fp32 on the host.
+/// One persistent tensor on the host: fp32 in `data`, or as one of the forms
+/// below.
 struct HostTensor {
   const exec::Param *param = nullptr; ///< in the plan the state was made for
   std::vector<float> data;

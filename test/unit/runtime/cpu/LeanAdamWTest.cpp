@@ -104,7 +104,8 @@ void reference8bit(const AdamWHyper &h, int64_t n, std::vector<float> &p,
   std::vector<float> m(n), v(n);
   dequantizeBlockwise(mc.data(), ma.data(), n, true, m.data());
   dequantizeBlockwise(vc.data(), va.data(), n, false, v.data());
-  double bc1 = 1 - std::pow(h.beta1, h.step), bc2 = 1 - std::pow(h.beta2, h.step);
+  double bc1 = 1 - std::pow(h.beta1, h.step),
+         bc2 = 1 - std::pow(h.beta2, h.step);
   for (int64_t i = 0; i < n; ++i) {
     double mi = h.beta1 * m[i] + (1 - h.beta1) * g[i];
     double vi = h.beta2 * v[i] + (1 - h.beta2) * double(g[i]) * g[i];
@@ -187,9 +188,8 @@ TEST(Adamw8bitStep, ThreadsAndRangesBitwiseEqual) {
       // Ranges [a, b) with a, b multiples of the block (the last to n).
       for (int64_t a = 0; a < n; a += range) {
         int64_t k = a / kQuantBlock, len = std::min(range, n - a);
-        adamw8bitStep(h, len, s.p.data() + a, s.mc.data() + a,
-                      s.ma.data() + k, s.vc.data() + a, s.va.data() + k,
-                      g.data() + a);
+        adamw8bitStep(h, len, s.p.data() + a, s.mc.data() + a, s.ma.data() + k,
+                      s.vc.data() + a, s.va.data() + k, g.data() + a);
       }
     }
     return s;
@@ -248,7 +248,8 @@ TEST(AdamwFactoredStep, MatchesReference) {
     for (int64_t e = 0; e < n; ++e) {
       double mi = h.beta1 * m32[e] + (1 - h.beta1) * g[e];
       double v = rRef[e / shape.cols] * cRef[e % shape.cols] / total;
-      pRef[e] = float(pRef[e] - h.lr * (mi / bc1) / (std::sqrt(v / bc2) + h.eps));
+      pRef[e] =
+          float(pRef[e] - h.lr * (mi / bc1) / (std::sqrt(v / bc2) + h.eps));
       m32[e] = bf16ToFloat(floatToBf16(float(mi))); // m is kept in bf16
     }
   }

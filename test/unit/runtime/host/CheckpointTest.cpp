@@ -4,8 +4,8 @@
 // and checksums; corruption, truncation and `latest` handling, each error
 // naming the checkpoint to fall back to; retention; the guards (symlinks,
 // non-finite state, one owner per folder); int8 and factored moments saved
-// as kept and refused by a state of another policy; failed saves leaving earlier
-// checkpoints intact; and small files read within a bound.
+// as kept and refused by a state of another policy; failed saves leaving
+// earlier checkpoints intact; and small files read within a bound.
 //
 //===----------------------------------------------------------------------===//
 
