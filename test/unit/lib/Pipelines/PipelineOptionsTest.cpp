@@ -98,8 +98,8 @@ TEST(PlanningOptions, PipelinesSetTheOptionsEachPassDeclares) {
         "GiB} policy=offload prefetch-distance=1}",
         "megaslide-check-budget{gpu-mem=24GB gpu-reserve={1 GiB} "
         "host-mem=1.5TB}",
-        "megaslide-plan-residency{experts=1 "
-        "host-state-policy=\"master-moments\" os-allowance=64GB}"})
+        "megaslide-plan-residency{experts=1 gpus-per-node=1 "
+        "host-state-policy=\"master-moments\" nodes=1 os-allowance=64GB}"})
     EXPECT_NE(text.find(pass), std::string::npos) << pass << "\nin " << text;
 }
 
