@@ -8,12 +8,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "megaslide/CAPI/MegaSlide.h"
 #include "megaslide/runtime/cpu/AdamW.h"
 #include "megaslide/runtime/cpu/Dsa3d.h"
 #include "megaslide/runtime/cpu/Gemm.h"
 #include "megaslide/runtime/cpu/Isa.h"
+#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/host/Weights.h"
-#include "megaslide/CAPI/MegaSlide.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -307,8 +308,104 @@ void adamwStep(py::array master, py::array expAvg, py::array expAvgSq,
                               static_cast<const float *>(grad.data()), w);
 }
 
+/// Writeable, C-contiguous array of T and `shape`, as a pointer.
+template <typename T>
+T *mutableData(py::array &a, const char *name,
+               const std::vector<int64_t> &shape) {
+  checkArray<T>(a, name, shape);
+  if (!a.writeable())
+    throw py::value_error(std::string(name) + " must be writeable");
+  return static_cast<T *>(a.mutable_data());
+}
+
+megaslide::cpu::AdamWHyper leanHyper(int64_t step, double lr, double beta1,
+                                     double beta2, double eps,
+                                     double weightDecay) {
+  if (step < 1)
+    throw py::value_error("step must be >= 1 (1-based)");
+  megaslide::cpu::AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weightDecay = weightDecay;
+  h.step = step;
+  return h;
+}
+
+/// cpu::adamw8bitStep in place over 1-D arrays (float32 master and grad,
+/// uint8 codes, float32 absmax per cpu::kQuantBlock): the int8-moments
+/// update, for tests against a reference written from its definition.
+void adamw8bitStep(py::array master, py::array mCodes, py::array mAbsmax,
+                   py::array vCodes, py::array vAbsmax, const py::array &grad,
+                   int64_t step, double lr, double beta1, double beta2,
+                   double eps, double weightDecay) {
+  std::vector<int64_t> shape = {static_cast<int64_t>(master.size())},
+                       blocks = {megaslide::cpu::quantBlocks(shape[0])};
+  float *p = mutableData<float>(master, "master", shape);
+  uint8_t *mc = mutableData<uint8_t>(mCodes, "m_codes", shape);
+  float *ma = mutableData<float>(mAbsmax, "m_absmax", blocks);
+  uint8_t *vc = mutableData<uint8_t>(vCodes, "v_codes", shape);
+  float *va = mutableData<float>(vAbsmax, "v_absmax", blocks);
+  checkArray<float>(grad, "grad", shape);
+  megaslide::cpu::AdamWHyper h =
+      leanHyper(step, lr, beta1, beta2, eps, weightDecay);
+  py::gil_scoped_release release;
+  megaslide::cpu::adamw8bitStep(h, shape[0], p, mc, ma, vc, va,
+                                static_cast<const float *>(grad.data()));
+}
+
+/// cpu::factoredStatsStep then cpu::adamwFactoredStep in place over a 2-D
+/// float32 master and grad, bf16 bits (uint16) m, float32 row and column
+/// statistics: the factored-moments update of a matrix, for tests.
+void adamwFactoredStep(py::array master, py::array m, py::array rowStat,
+                       py::array colStat, const py::array &grad, int64_t step,
+                       double lr, double beta1, double beta2, double eps,
+                       double weightDecay) {
+  std::vector<int64_t> shape = shapeOf(master);
+  if (shape.size() != 2)
+    throw py::value_error("master must be 2-D");
+  float *p = mutableData<float>(master, "master", shape);
+  uint16_t *mb = mutableData<uint16_t>(m, "m", shape);
+  float *r = mutableData<float>(rowStat, "row_stat", {shape[0]});
+  float *c = mutableData<float>(colStat, "col_stat", {shape[1]});
+  checkArray<float>(grad, "grad", shape);
+  megaslide::cpu::AdamWHyper h =
+      leanHyper(step, lr, beta1, beta2, eps, weightDecay);
+  megaslide::cpu::FactoredShape f{shape[0], shape[1]};
+  const float *g = static_cast<const float *>(grad.data());
+  py::gil_scoped_release release;
+  megaslide::cpu::factoredStatsStep(h, f, g, r, c);
+  megaslide::cpu::adamwFactoredStep(h, f, 0, shape[0] * shape[1], p, mb, r, c,
+                                    megaslide::cpu::factoredRowTotal(f, r), g);
+}
+
 /// Registers the host AdamW binding (kept apart from the other bindings).
 void defineAdamW(py::module_ &m) {
+  m.def(
+      "_dynamic_map",
+      [](bool isSigned) {
+        const std::array<float, 256> &map =
+            megaslide::cpu::dynamicMap(isSigned);
+        // Bytes, not an array: pybind11 2.10 builds numpy 2 arrays with
+        // wrong strides (see NamedBuffer).
+        return py::bytes(reinterpret_cast<const char *>(map.data()),
+                         sizeof(map));
+      },
+      py::arg("signed"),
+      "bitsandbytes' create_dynamic_map(signed) as int8-moments codes it "
+      "(runtime/cpu/LeanAdamW.h), 256 float32 as bytes; for tests.");
+  m.def("_adamw8bit_step", &adamw8bitStep, py::arg("master"),
+        py::arg("m_codes"), py::arg("m_absmax"), py::arg("v_codes"),
+        py::arg("v_absmax"), py::arg("grad"), py::arg("step"), py::arg("lr"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+        py::arg("weight_decay"),
+        "int8-moments' AdamW step in place (cpu::adamw8bitStep); for tests.");
+  m.def("_adamw_factored_step", &adamwFactoredStep, py::arg("master"),
+        py::arg("m"), py::arg("row_stat"), py::arg("col_stat"), py::arg("grad"),
+        py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+        py::arg("eps"), py::arg("weight_decay"),
+        "factored-moments' AdamW step of a matrix in place; for tests.");
   m.def("adamw_step", &adamwStep, py::arg("master"), py::arg("exp_avg"),
         py::arg("exp_avg_sq"), py::arg("grad"), py::arg("working"),
         py::arg("step"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),

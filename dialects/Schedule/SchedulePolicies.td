@@ -26,7 +26,9 @@ def Schedule_HostStatePolicy : I32EnumAttr<"HostStatePolicy",
     "what persistent state the host keeps", [
     I32EnumAttrCase<"master_moments", 0, "master-moments">,
     I32EnumAttrCase<"persistent_bf16", 1, "persistent-bf16">,
-    I32EnumAttrCase<"bf16_moments", 2, "bf16-moments">]> {
+    I32EnumAttrCase<"bf16_moments", 2, "bf16-moments">,
+    I32EnumAttrCase<"int8_moments", 3, "int8-moments">,
+    I32EnumAttrCase<"factored_moments", 4, "factored-moments">]> {
   let cppNamespace = "::megaslide::schedule";
   let genSpecializedAttr = 0;
 }

@@ -4,6 +4,8 @@
 
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Schedule/ScheduleOps.h"
+#include "dialects/Schedule/SchedulePolicies.h"
+#include "megaslide/Transforms/Planning.h"
 
 #include "megaslide/runtime/dist/Collectives.h"
 
@@ -28,6 +30,34 @@ JobSize megaslide::jobSizeOf(ModuleOp module) {
   if (auto nodes = module->getAttrOfType<IntegerAttr>(kNodesAttr))
     job.nodes = nodes.getInt();
   return job;
+}
+
+/// The module's host-state policy (megaslide-plan-residency), if planned.
+static std::optional<schedule::HostStatePolicy>
+hostStatePolicyOf(Operation *op) {
+  auto module = op->getParentOfType<ModuleOp>();
+  auto name = module ? module->getAttrOfType<StringAttr>(kHostStatePolicyAttr)
+                     : nullptr;
+  if (!name)
+    return std::nullopt;
+  return schedule::symbolizeHostStatePolicy(name.getValue());
+}
+
+/// Whether `policy` stores moments other than as their declared type.
+static bool storesMomentsOwnWay(schedule::HostStatePolicy policy) {
+  return policy == schedule::HostStatePolicy::int8_moments ||
+         policy == schedule::HostStatePolicy::factored_moments;
+}
+
+uint64_t megaslide::hostParamBytes(Operation *op, int64_t ranks) {
+  auto param = cast<graph::ParamOp>(op);
+  std::optional<schedule::HostStatePolicy> policy = hostStatePolicyOf(op);
+  if (param.getRole() == graph::ParamRole::moment && policy &&
+      storesMomentsOwnWay(*policy))
+    return schedule::momentBytes(
+        *policy, param.getTensorType().getShape(),
+        StringRef(param.getSymName()).ends_with(".exp_avg_sq"));
+  return shardBytes(param.getType(), ranks);
 }
 
 uint64_t megaslide::shardBytes(Type type, int64_t ranks) {
@@ -107,6 +137,15 @@ exec::CostInputs megaslide::costInputsOf(Operation *op,
       params =
           dist::shardRange(params, 0, static_cast<int>(*out.getRanks())).size();
     in.otherFlops = sim::kHostAdamWFlopsPerParam * params;
+    // A policy that stores its moments its own way moves their bytes: the
+    // master and moments read and written, the gradient read (the others
+    // are priced at sim::kHostAdamWBytesPerParam).
+    if (std::optional<schedule::HostStatePolicy> policy = hostStatePolicyOf(op);
+        policy && storesMomentsOwnWay(*policy))
+      in.bytes =
+          2 * schedule::trainableStateBytes(
+                  *policy, cast<RankedTensorType>(grad.getType()).getShape()) +
+          tensorBytes(grad.getType());
     break;
   }
   case sim::CostKind::Device:

@@ -68,7 +68,7 @@ void accountHost(ModuleOp module, PlanReport &r) {
       params += param.getNumElements();
     if (IntegerAttr l = param.getLayerAttr()) {
       PlanReport::Layer &layer = r.layers[l.getInt()];
-      layer.hostBytes += tensorBytes(param.getType());
+      layer.hostBytes += hostParamBytes(param);
       if (param.getRole() == graph::ParamRole::master)
         layer.params += param.getNumElements();
     }
@@ -402,6 +402,12 @@ uint64_t megaslide::tierRoleBytesPerRank(ModuleOp module, StringRef role) {
     auto ema = module.lookupSymbol<schedule::ResourceOp>(kEmaResource);
     return ema ? (ema.getSize() + ranks - 1) / ranks : 0;
   }
+  // The tier holds fp32 and bf16 tensors, not int8 or factored moments.
+  if (auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
+      role == "moment" && policy &&
+      (policy.getValue() == exec::kInt8Moments ||
+       policy.getValue() == exec::kFactoredMoments))
+    return 0;
   for (auto param : module.getOps<graph::ParamOp>())
     if (tierRoleOf(param) == role)
       bytes += shardBytes(param.getType(), ranks);
@@ -458,7 +464,7 @@ megaslide::hostMemoryPerRank(ModuleOp module) {
   for (auto param : module.getOps<graph::ParamOp>()) {
     if (isTiered(tier, tierRoleOf(param)))
       continue;
-    uint64_t bytes = shardBytes(param.getType(), ranks);
+    uint64_t bytes = hostParamBytes(param, ranks);
     byCategory[roleCategory(param.getRole())] += bytes;
     perExpert += bytes;
   }
@@ -491,7 +497,7 @@ uint64_t megaslide::nodeShare(ModuleOp module, uint64_t bytes) {
 int64_t megaslide::nodesToFitHost(ModuleOp module, uint64_t hostBudget) {
   uint64_t sharded = 0, own = 0, allowance = 0, perExpert = 0;
   for (auto param : module.getOps<graph::ParamOp>())
-    perExpert += tensorBytes(param.getType());
+    perExpert += hostParamBytes(param);
   for (auto resource : module.getOps<schedule::ResourceOp>()) {
     if (resource.getResidency() == schedule::Residency::device)
       continue;

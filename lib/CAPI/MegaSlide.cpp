@@ -149,7 +149,8 @@ const OtherOption kOtherPlanOptions[] = {
 } // namespace
 
 /// Reads the plan options object; unknown keys are errors naming the key.
-/// `training` receives the training keys (lr, weight_decay, weighted_loss)
+/// `training` receives the training keys (lr, weight_decay, adam_beta1,
+/// adam_beta2, adam_eps, weighted_loss)
 /// when given.
 static llvm::Expected<PlanOptions>
 parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
@@ -197,10 +198,19 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
       continue;
     }
     double *real = nullptr;
+    // The key, and the plan's name of the hyper-parameter it sets.
+    llvm::StringRef hyper = llvm::StringSwitch<llvm::StringRef>(key)
+                                .Case("adam_beta1", "beta1")
+                                .Case("adam_beta2", "beta2")
+                                .Case("adam_eps", "eps")
+                                .Default(key);
     if (training)
       real = llvm::StringSwitch<double *>(key)
                  .Case("lr", &training->learningRate)
                  .Case("weight_decay", &training->weightDecay)
+                 .Case("adam_beta1", &training->beta1)
+                 .Case("adam_beta2", &training->beta2)
+                 .Case("adam_eps", &training->adamEps)
                  .Default(nullptr);
     if (!real)
       return planOptionError(key, "unknown option");
@@ -209,7 +219,7 @@ parsePlanOptions(const char *text, TrainingOptions *training = nullptr) {
       return planOptionError(key, "expected a number");
     // The rule of the command line and of loaded plans.
     if (std::optional<std::string> problem =
-            exec::checkAdamWHyperParameter(llvm::StringRef(key), *number))
+            exec::checkAdamWHyperParameter(hyper, *number))
       return planOptionError(key, *problem);
     *real = *number;
   }

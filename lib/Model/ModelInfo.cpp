@@ -17,11 +17,18 @@ using namespace megaslide::graph;
 
 ModelInfo megaslide::analyzeTrainingStep(ModuleOp module) {
   ModelInfo info;
+  info.hostStateBytes.assign(schedule::hostStatePolicies().size(), 0);
   for (auto param : module.getOps<ParamOp>()) {
     if (param.getRole() != ParamRole::master &&
         param.getRole() != ParamRole::frozen)
       continue;
     uint64_t n = param.getNumElements();
+    for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
+      info.hostStateBytes[static_cast<unsigned>(p)] +=
+          param.getRole() == ParamRole::frozen
+              ? 4 * n
+              : schedule::trainableStateBytes(p,
+                                              param.getTensorType().getShape());
     info.totalParams += n;
     (param.getRole() == ParamRole::frozen ? info.frozenParams
                                           : info.trainableParams) += n;
@@ -148,8 +155,7 @@ llvm::json::Value megaslide::toJson(const ModelInfo &info) {
         {"name", schedule::stringifyEnum(p)},
         {"description", schedule::describe(p)},
         {"bytes_per_param", schedule::bytesPerParam(p)},
-        {"bytes", schedule::bytesPerParam(p) * info.trainableParams +
-                      4 * info.frozenParams}});
+        {"bytes", info.hostStateBytes[static_cast<unsigned>(p)]}});
   FlopCount total = info.forward;
   total += info.backward;
   return llvm::json::Object{
@@ -271,11 +277,10 @@ void megaslide::printText(const ModelInfo &info, llvm::raw_ostream &os) {
   os << llvm::formatv("  AdamW m + v (fp32)   {0}\n",
                       formatBytes(8 * info.trainableParams));
   for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
-    os << llvm::formatv("  {0,2} B/param: {1,-40} {2}\n",
-                        schedule::bytesPerParam(p), schedule::describe(p),
-                        formatBytes(schedule::bytesPerParam(p) *
-                                        info.trainableParams +
-                                    4 * info.frozenParams));
+    os << llvm::formatv(
+        "  {0,2} B/param: {1,-40} {2}\n", schedule::bytesPerParam(p),
+        schedule::describe(p),
+        formatBytes(info.hostStateBytes[static_cast<unsigned>(p)]));
   os << llvm::formatv("\nBuilt and analysed {0} ops in {1:F2} s.\n",
                       grouped(info.numOps), info.buildSeconds);
 }

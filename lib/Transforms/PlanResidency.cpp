@@ -93,6 +93,8 @@ struct PlanResidencyPass
   PipelineOption<&PlanningOptions::osAllowance> osAllowance{*this};
   PipelineOption<&PlanningOptions::hostMemory> hostMemory{*this};
   PipelineOption<&PlanningOptions::experts> experts{*this};
+  PipelineOption<&PlanningOptions::gpusPerNode> gpusPerNode{*this};
+  PipelineOption<&PlanningOptions::nodes> nodes{*this};
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -117,6 +119,21 @@ struct PlanResidencyPass
         return signalPassFailure();
       }
       addPersistentCopies(module);
+      break;
+    case schedule::HostStatePolicy::int8_moments:
+    case schedule::HostStatePolicy::factored_moments:
+      // The declarations keep their fp32 type: the runtime stores the
+      // moments as the policy says (schedule::momentBytes), and the host
+      // accounting counts those bytes (hostParamBytes).
+      if (int64_t ranks = gpusPerNode * nodes; ranks > 1) {
+        module.emitError()
+            << "option 'host-state-policy': '"
+            << schedule::stringifyEnum(hostStatePolicy.getValue())
+            << "' is for a job of one rank (its block scales and "
+               "row/column statistics are not sharded); this job has "
+            << ranks << "; use master-moments or bf16-moments";
+        return signalPassFailure();
+      }
       break;
     case schedule::HostStatePolicy::master_moments:
       break;

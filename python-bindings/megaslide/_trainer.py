@@ -28,6 +28,9 @@ def exec_plan(
     latent: bool = False,
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
+    adam_beta1: Optional[float] = None,
+    adam_beta2: Optional[float] = None,
+    adam_eps: Optional[float] = None,
     weighted_loss: bool = False,
     **options: Any,
 ) -> str:
@@ -36,7 +39,9 @@ def exec_plan(
     This is what ``megaslide-run --save-plan`` writes (docs/ExecutionPlan.md).
     Options are those of :func:`plan`; ``lr`` overrides the config's
     learning rate, ``weight_decay`` is AdamW's decoupled weight decay
-    (default 0, as ``--weight-decay``). ``weighted_loss``: the loss takes
+    (default 0, as ``--weight-decay``); ``adam_beta1``, ``adam_beta2`` and
+    ``adam_eps`` are AdamW's (0.9, 0.999, 1e-8 by default, as
+    ``--adam-beta1``, ``--adam-beta2``, ``--adam-eps``). ``weighted_loss``: the loss takes
     per-sample weights, as a run with a ``weighting_scheme`` needs (a
     :class:`Trainer` with one compiles so). Raises ValueError for bad
     input or a plan over budget.
@@ -54,12 +59,22 @@ def exec_plan(
             not math.isfinite(weight_decay) or weight_decay < 0):
         raise ValueError(f"weight_decay must be a non-negative number, got "
                          f"{weight_decay!r}")
+    adam = {"adam_beta1": adam_beta1, "adam_beta2": adam_beta2,
+            "adam_eps": adam_eps}
+    for name, value in adam.items():
+        # The C API checks the range, with the command line's words.
+        if value is not None and (isinstance(value, bool) or
+                                  not isinstance(value, numbers.Real) or
+                                  not math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number, got "
+                             f"{value!r}")
     if not isinstance(weighted_loss, bool):
         raise TypeError(f"weighted_loss must be a bool, got "
                         f"{weighted_loss!r}")
     payload = _options_payload(
         "exec_plan", options, lr=None if lr is None else float(lr),
         weight_decay=None if weight_decay is None else float(weight_decay),
+        **{k: None if v is None else float(v) for k, v in adam.items()},
         weighted_loss=weighted_loss or None)
     return _megaslide.exec_plan_json(*args, payload)
 

@@ -193,11 +193,52 @@ void host::removeStaleTemporaries(StringRef dir) {
   }
 }
 
+namespace {
+/// One tensor of a state file that holds part of a moment kept as
+/// HostState::hostState says: "<moment>.codes" (U8) and "<moment>.absmax"
+/// under int8-moments, "<moment>.row_stat" and "<moment>.col_stat" for a
+/// factored exp_avg_sq.
+struct LeanPart {
+  std::string name;
+  StDType dtype;
+  uint8_t *u8 = nullptr;
+  std::vector<float> *f32 = nullptr;
+  int64_t count = 0;
+  /// Elements of the moment it accounts for when loaded (codes and
+  /// row_stat: all of them; absmax and col_stat: none).
+  int64_t covers = 0;
+};
+
+std::vector<LeanPart> leanParts(HostTensor &t) {
+  const std::string &name = t.param->name;
+  if (!t.codes.empty())
+    return {{name + ".codes", StDType::U8, t.codes.data(), nullptr,
+             static_cast<int64_t>(t.codes.size()), t.held()},
+            {name + ".absmax", StDType::F32, nullptr, &t.absmax,
+             static_cast<int64_t>(t.absmax.size()), 0}};
+  if (!t.rowStat.empty())
+    return {{name + ".row_stat", StDType::F32, nullptr, &t.rowStat,
+             static_cast<int64_t>(t.rowStat.size()), t.held()},
+            {name + ".col_stat", StDType::F32, nullptr, &t.colStat,
+             static_cast<int64_t>(t.colStat.size()), 0}};
+  return {};
+}
+
+/// The state's name of how it keeps its moments, as checkpoints record it.
+std::string hostStateName(llvm::StringRef hostState) {
+  return hostState.empty() ? "fp32 (or bf16) moments" : hostState.str();
+}
+} // namespace
+
 uint64_t host::checkpointBytes(const HostState &state) {
   uint64_t bytes = 0;
   for (const HostTensor &t : state.tensors)
     if (t.param && isCheckpointParam(*t.param))
-      bytes += t.held() * sizeof(float); // this rank's, in a job
+      bytes +=
+          t.lean() || !t.bf16.empty()
+              ? (t.codes.size() + 4 * t.absmax.size() + 4 * t.rowStat.size() +
+                 4 * t.colStat.size() + 2 * t.bf16.size())
+              : t.held() * sizeof(float); // this rank's, in a job
   // Headers, trainer state and manifest: names and offsets per tensor.
   return bytes + 256 * state.tensors.size() + (1u << 20);
 }
@@ -290,7 +331,25 @@ Error writeStateFile(StringRef path, const HostState &state, int rank,
       tensors.push_back(std::move(out));
       continue;
     }
-    if (!t.bf16.empty()) { // a bf16 EMA: saved as it is kept
+    if (t.lean()) { // a moment in parts, saved as they are kept
+      for (const LeanPart &part : leanParts(const_cast<HostTensor &>(t))) {
+        if (part.f32)
+          if (std::optional<int64_t> bad =
+                  cpu::firstNonFinite(part.f32->data(), part.count))
+            return error(llvm::formatv("cannot save checkpoint of step {0}: "
+                                       "tensor '{1}' holds {2} at element {3}",
+                                       state.step, part.name, (*part.f32)[*bad],
+                                       *bad));
+        StTensorToWrite w{part.name,
+                          {part.count},
+                          part.f32 ? part.f32->data() : nullptr,
+                          part.dtype};
+        w.u8 = part.u8;
+        tensors.push_back(std::move(w));
+      }
+      continue;
+    }
+    if (!t.bf16.empty()) { // a bf16 EMA or m: saved as it is kept
       if (std::optional<int64_t> bad =
               cpu::firstNonFiniteBf16(t.bf16.data(), t.bf16.size()))
         return error(llvm::formatv("cannot save checkpoint of step {0}: "
@@ -317,6 +376,9 @@ Error writeStateFile(StringRef path, const HostState &state, int rank,
   }
   SafetensorsWriteOptions options;
   options.metadata = std::move(metadata);
+  // Only with int8 or factored moments: other checkpoints stay as they were.
+  if (!state.hostState.empty())
+    options.metadata["host_state"] = state.hostState;
   options.metadata["format"] = kFormat.str();
   options.metadata["step"] = std::to_string(state.step);
   options.sync = true;
@@ -751,14 +813,46 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
     return error(why);
   }
   const SafetensorsReader &file = **reader;
+  // A checkpoint's moments load only into a state that keeps them alike.
+  auto saved = file.metadata().find("host_state");
+  std::string savedState =
+      saved == file.metadata().end() ? std::string() : saved->second;
+  if (savedState != state.hostState)
+    return error("'" + path + "' keeps the AdamW moments as " +
+                 hostStateName(savedState) + ", this run's plan as " +
+                 hostStateName(state.hostState) +
+                 ": resume with the --host-state-policy it was saved with");
+  // The parts of moments kept in parts, by name.
+  llvm::StringMap<std::pair<HostTensor *, LeanPart>> parts;
+  for (HostTensor &t : state.tensors)
+    if (t.param && t.lean())
+      for (LeanPart &part : leanParts(t))
+        parts[part.name] = {&t, part};
+  auto isWhole = [&](const exec::Param &p) {
+    const HostTensor *t = state.find(p.name);
+    return isCheckpointParam(p) && !(t && t->lean());
+  };
   if (ranks == 1) { // one process's file: every tensor, whole
     llvm::StringMap<FoundTensor> found;
     for (const StTensorInfo &info : file.tensors())
-      found[info.name] = {&file, &info};
-    if (Error e = checkTensorSet(path, found, state, isCheckpointParam))
+      if (!parts.count(info.name))
+        found[info.name] = {&file, &info};
+    if (Error e = checkTensorSet(path, found, state, isWhole))
       return e;
+    for (const auto &entry : parts) {
+      const StTensorInfo *info = file.find(entry.first());
+      const LeanPart &part = entry.second.second;
+      if (!info || info->dtype != part.dtype ||
+          info->shape != std::vector<int64_t>{part.count})
+        return error(
+            llvm::formatv("'{0}' does not match the model: {1} {2} [{3}] {4}",
+                          path, part.name, stDTypeName(part.dtype), part.count,
+                          info ? "is stored otherwise" : "is missing"));
+    }
   }
   for (const StTensorInfo &info : file.tensors()) {
+    if (parts.count(info.name))
+      continue;
     HostTensor *t = state.find(info.name);
     if (!t || !t->param || !isCheckpointParam(*t->param))
       return error("'" + path + "' holds tensor '" + info.name +
@@ -787,6 +881,25 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
     if (begin > pos)
       if (Error e = file.readRaw(pos, begin - pos, onRaw))
         return e;
+    if (auto it = parts.find(info.name); it != parts.end()) {
+      // As kept: codes byte for byte, statistics in fp32.
+      auto &[t, part] = it->second;
+      if (part.u8) {
+        uint8_t *dst = part.u8;
+        if (Error e = file.readRaw(begin, info.end - info.begin,
+                                   [&](llvm::ArrayRef<uint8_t> bytes) {
+                                     onRaw(bytes);
+                                     dst = std::copy(bytes.begin(), bytes.end(),
+                                                     dst);
+                                   }))
+          return e;
+      } else if (Error e = file.readF32(info, *part.f32, onRaw)) {
+        return e;
+      }
+      copied[t->param->name] += part.covers;
+      pos = file.dataStart() + info.end;
+      continue;
+    }
     HostTensor &t = *state.find(info.name);
     dist::ShardRange in = heldInFile(*t.param, r, ranks);
     values.resize(static_cast<size_t>(info.numElements()));
@@ -810,7 +923,7 @@ Error readStateFile(StringRef path, uint32_t expectedCrc, int64_t r,
           return e;
         }
       }
-    } else if (t.param->type.dtype == exec::DType::BF16) {
+    } else if (t.param->type.dtype == exec::DType::BF16 || !t.bf16.empty()) {
       // Widened exactly, then rounded back to the same bits.
       t.bf16.resize(t.held());
       for (int64_t k = lo; k < hi; ++k)

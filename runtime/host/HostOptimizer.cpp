@@ -8,6 +8,7 @@
 
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/Finite.h"
+#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 #include "megaslide/runtime/support/FaultInjection.h"
 
@@ -60,6 +61,28 @@ llvm::Expected<AdamWTensors> host::adamwTensors(HostState &state,
   return t;
 }
 
+/// The update of moments kept as ExecPlan::hostState says, with gradient
+/// `grad` (fp32 or bf16): cpu::adamw8bitStep over int8 codes, or
+/// cpu::factoredStatsStep then cpu::adamwFactoredStep over a matrix's bf16 m
+/// and row/column statistics.
+template <typename Grad>
+static void leanUpdate(const cpu::AdamWHyper &hyper, const AdamWTensors &t,
+                       int64_t n, const Grad *grad) {
+  float *p = t.master->data.data();
+  if (!t.m->codes.empty()) {
+    cpu::adamw8bitStep(hyper, n, p, t.m->codes.data(), t.m->absmax.data(),
+                       t.v->codes.data(), t.v->absmax.data(), grad);
+    return;
+  }
+  const std::vector<int64_t> &shape = t.master->param->type.shape;
+  cpu::FactoredShape f{shape[0], n / shape[0]};
+  cpu::factoredStatsStep(hyper, f, grad, t.v->rowStat.data(),
+                         t.v->colStat.data());
+  cpu::adamwFactoredStep(hyper, f, 0, n, p, t.m->bf16.data(),
+                         t.v->rowStat.data(), t.v->colStat.data(),
+                         cpu::factoredRowTotal(f, t.v->rowStat.data()), grad);
+}
+
 /// AdamW over `n` elements with the gradient in its dtype (bf16 and f32
 /// read as they are, f16 widened first: the same values).
 static void adamwElements(const cpu::AdamWHyper &hyper, int64_t n, float *p,
@@ -78,6 +101,18 @@ static void adamwElements(const cpu::AdamWHyper &hyper, int64_t n, float *p,
 
 llvm::Error host::adamwUpdate(const cpu::AdamWHyper &hyper,
                               const AdamWTensors &t, const HostGradient &g) {
+  if (t.m->lean() || t.v->lean()) {
+    if (g.dtype == DType::BF16) {
+      leanUpdate(hyper, t, g.count, static_cast<const uint16_t *>(g.data));
+    } else if (g.dtype == DType::F32) {
+      leanUpdate(hyper, t, g.count, static_cast<const float *>(g.data));
+    } else {
+      std::vector<float> wide(g.count);
+      cpu::widen(g.data, g.dtype, g.count, wide.data());
+      leanUpdate(hyper, t, g.count, wide.data());
+    }
+    return llvm::Error::success();
+  }
   float *p = t.master->data.data();
   if (!t.m->tier) {
     adamwElements(hyper, g.count, p, t.m->data.data(), t.v->data.data(), g.data,

@@ -6,6 +6,7 @@
 
 #include "megaslide/runtime/cpu/Convert.h"
 #include "megaslide/runtime/cpu/HalfFloat.h"
+#include "megaslide/runtime/cpu/LeanAdamW.h"
 #include "megaslide/runtime/dist/Collectives.h"
 
 #include "megaslide/runtime/train/Random.h"
@@ -181,6 +182,8 @@ bool host::tieredRole(const exec::ExecPlan &plan, llvm::StringRef role) {
 }
 
 llvm::Expected<std::vector<float>> host::heldValues(const HostTensor &t) {
+  if (t.lean())
+    return momentValues(t);
   std::vector<float> values(t.held());
   if (t.tier) {
     if (t.param->type.dtype != exec::DType::BF16) {
@@ -209,9 +212,16 @@ llvm::Error host::attachTier(HostState &state, const exec::ExecPlan &plan,
     return llvm::Error::success();
   std::vector<NvmeTier::TensorSpec> specs;
   std::vector<HostTensor *> tiered;
+  if (plan.hasLeanMoments() && tieredRole(plan, "moment"))
+    return llvm::createStringError(
+        "the NVMe tier holds fp32 and bf16 tensors, not " + plan.hostState +
+        " moments: plan them in RAM (megaslide-plan does)");
   for (HostTensor &t : state.tensors)
     if (tieredRole(plan, t.param->role) && t.held() > 0) {
-      bool bf16 = t.param->type.dtype == exec::DType::BF16;
+      // Moments are fp32 on the host whatever their dtype (HostTensor); a
+      // bf16 EMA is kept in bf16.
+      bool bf16 = t.param->role == "ema" &&
+                  t.param->type.dtype == exec::DType::BF16;
       specs.push_back({t.param->name, t.held(), bf16 ? 2 : 4});
       tiered.push_back(&t);
     }
@@ -238,7 +248,10 @@ llvm::Error host::attachTier(HostState &state, const exec::ExecPlan &plan,
 uint64_t HostState::bytes() const {
   uint64_t total = 0;
   for (const HostTensor &t : tensors)
-    total += t.data.size() * sizeof(float) + t.bf16.size() * sizeof(uint16_t);
+    total += (t.data.size() + t.absmax.size() + t.rowStat.size() +
+              t.colStat.size()) *
+                 sizeof(float) +
+             t.bf16.size() * sizeof(uint16_t) + t.codes.size();
   return total;
 }
 
@@ -274,17 +287,92 @@ static dist::ShardRange heldRange(const exec::Param &p, int rank, int ranks) {
                                     : dist::ShardRange{0, count};
 }
 
+/// Whether `p` is an exp_avg_sq (else an exp_avg), of role moment.
+static bool secondMoment(const exec::Param &p) {
+  return llvm::StringRef(p.name).ends_with(".exp_avg_sq");
+}
+
+/// factored-moments' view of a parameter: [shape[0], rest] when rank >= 2.
+static std::optional<cpu::FactoredShape> factoredShape(const exec::Param &p) {
+  if (p.type.shape.size() < 2 || p.type.shape[0] == 0)
+    return std::nullopt;
+  return cpu::FactoredShape{p.type.shape[0],
+                            p.type.numElements() / p.type.shape[0]};
+}
+
+uint64_t host::momentBytes(const exec::ExecPlan &plan,
+                           const exec::Param &moment) {
+  uint64_t n = moment.type.numElements();
+  if (plan.hostState == exec::kInt8Moments && n >= cpu::kQuantMinSize)
+    return n + sizeof(float) * cpu::quantBlocks(n);
+  if (plan.hostState == exec::kFactoredMoments)
+    if (std::optional<cpu::FactoredShape> f = factoredShape(moment))
+      return secondMoment(moment) ? sizeof(float) * (f->rows + f->cols)
+                                  : sizeof(uint16_t) * n;
+  return sizeof(float) * n;
+}
+
 uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
   uint64_t bytes = 0;
   for (const exec::Param &p : plan.params)
-    if (inHostState(p) && !tieredRole(plan, p.role))
+    if (p.role == "moment" && plan.hasLeanMoments())
+      bytes += momentBytes(plan, p); // such plans are of one rank
+    else if (inHostState(p) && !tieredRole(plan, p.role))
       bytes += heldRange(p, 0, ranks).size() * sizeof(float);
   return bytes;
+}
+
+/// Keeps moment `t` as `hostState` says (zeros): int8 codes and absmax, or
+/// a factored matrix's bf16 m and row/column statistics. False for the
+/// moments that stay fp32: of a vector under factored-moments, of fewer
+/// than cpu::kQuantMinSize elements under int8-moments.
+static bool keepLean(HostTensor &t, llvm::StringRef hostState) {
+  const exec::Param &p = *t.param;
+  int64_t n = p.type.numElements();
+  if (hostState == exec::kInt8Moments) {
+    if (n < cpu::kQuantMinSize)
+      return false;
+    bool isSigned = !secondMoment(p);
+    t.codes.assign(n, cpu::quantizeCode(cpu::dynamicMap(isSigned), 0.0f));
+    t.absmax.assign(cpu::quantBlocks(n), 0.0f);
+  } else if (std::optional<cpu::FactoredShape> f = factoredShape(p)) {
+    if (secondMoment(p)) {
+      t.rowStat.assign(f->rows, 0.0f);
+      t.colStat.assign(f->cols, 0.0f);
+    } else {
+      t.bf16.assign(n, 0);
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<float> host::momentValues(const HostTensor &t) {
+  std::vector<float> values(t.held());
+  int64_t n = t.held();
+  if (!t.codes.empty()) {
+    cpu::dequantizeBlockwise(t.codes.data(), t.absmax.data(), n,
+                             !secondMoment(*t.param), values.data());
+  } else if (!t.rowStat.empty()) {
+    cpu::FactoredShape f = *factoredShape(*t.param);
+    double total = cpu::factoredRowTotal(f, t.rowStat.data());
+    for (int64_t e = 0; e < n; ++e)
+      values[e] = static_cast<float>(double(t.rowStat[e / f.cols]) *
+                                     double(t.colStat[e % f.cols]) / total);
+  } else if (!t.bf16.empty()) {
+    for (int64_t e = 0; e < n; ++e)
+      values[e] = cpu::bf16ToFloat(t.bf16[e]);
+  } else {
+    values = t.data;
+  }
+  return values;
 }
 
 HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
                               int rank, int ranks) {
   HostState state;
+  state.hostState = plan.hostState;
   state.tensors.reserve(plan.params.size());
   for (const exec::Param &p : plan.params) {
     if (!inHostState(p))
@@ -298,7 +386,11 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
     }
     // Drawn whole, one tensor at a time: a shard's values do not depend on
     // the job's size. The tier's zeros are its files'.
-    if (!(p.role == "moment" && tieredRole(plan, p.role))) {
+    if (p.role == "moment" && plan.hasLeanMoments() && ranks == 1) {
+      // Zeros, kept as the plan says.
+      if (!keepLean(t, plan.hostState))
+        t.data.assign(p.type.numElements(), 0.0f);
+    } else if (!(p.role == "moment" && tieredRole(plan, p.role))) {
       std::vector<float> whole(p.type.numElements(), 0.0f);
       initTensor(p, seed, whole);
       t.keep(whole);

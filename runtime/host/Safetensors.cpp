@@ -571,9 +571,10 @@ safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
       return bad("invalid name");
     if (!names.insert(t.name).second)
       return bad("duplicate name");
-    if (t.dtype != StDType::F32 && t.dtype != StDType::BF16)
+    if (t.dtype != StDType::F32 && t.dtype != StDType::BF16 &&
+        !(t.dtype == StDType::U8 && t.u8))
       return bad(llvm::Twine("dtype ") + stDTypeName(t.dtype) +
-                 " cannot be written (F32 or BF16)");
+                 " cannot be written (F32, BF16, or U8 from bytes)");
     int64_t elements = 1;
     for (int64_t d : t.shape)
       if (d < 0 || !checkedMul(elements, d, elements))
@@ -581,7 +582,7 @@ safetensorsHeader(StringRef path, llvm::ArrayRef<StTensorToWrite> tensors,
     int64_t bytes;
     if (!checkedMul(elements, stDTypeBytes(t.dtype), bytes))
       return bad("invalid shape " + shapeString(t.shape));
-    if (elements && !t.data && !t.source &&
+    if (elements && !t.data && !t.source && !t.u8 &&
         !(t.bf16 && t.dtype == StDType::BF16))
       return bad("no data");
     sizes.push_back(static_cast<uint64_t>(bytes));
@@ -672,6 +673,7 @@ Error writeSafetensorsData(AtomicFile &out, StringRef header,
     if (const void *raw = t.dtype == StDType::F32
                               ? static_cast<const void *>(t.data)
                           : t.bf16 ? static_cast<const void *>(t.bf16)
+                          : t.u8   ? static_cast<const void *>(t.u8)
                                    : nullptr) {
       const auto *bytes = static_cast<const uint8_t *>(raw);
       for (uint64_t done = 0; done < sizes[i];) {

@@ -119,6 +119,8 @@ bool ExecPlan::hasWeightedLoss() const {
 int64_t ExecPlan::oldestVersion() const {
   if (!tierRoles.empty())
     return kNvmeTierFormatVersion;
+  if (hasLeanMoments())
+    return kHostStateFormatVersion;
   if (hasWeightedLoss())
     return kWeightedLossFormatVersion;
   if (hasExactGelu())

@@ -274,6 +274,8 @@ std::string exec::serialize(const ExecPlan &plan) {
     root["host_tier"] = Object{{"roles", plan.tierRoles},
                                {"window_bytes", plan.tierWindowBytes},
                                {"drives", plan.tierDrives}};
+  if (plan.hasLeanMoments())
+    root["host_state"] = plan.hostState;
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(root));
@@ -336,6 +338,7 @@ llvm::Expected<ExecPlan> exec::parseExecPlan(llvm::StringRef text,
         o.mapOptional("gradient_buffers", plan.gradientBuffers) &&
         o.mapOptional("grad_accum", plan.gradAccum) &&
         o.mapOptional("ema_dtype", plan.emaDtype) &&
+        o.mapOptional("host_state", plan.hostState) &&
         o.map("num_events", plan.numEvents) && o.map("params", plan.params) &&
         o.map("values", plan.values) && o.map("inputs", plan.inputs) &&
         o.map("outputs", plan.outputs) &&

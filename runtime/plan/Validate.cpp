@@ -361,6 +361,15 @@ static bool checkPlanFields(Checker &c, const ExecPlan &plan) {
   if (plan.gradAccum < 1 || plan.gradAccum > kMaxGradAccum)
     return c.fail("grad_accum " + llvm::Twine(plan.gradAccum) +
                   " is not in [1, " + llvm::Twine(kMaxGradAccum) + "]");
+  if (plan.hasLeanMoments() && plan.hostState != kInt8Moments &&
+      plan.hostState != kFactoredMoments)
+    return c.fail(llvm::Twine("host_state '") + plan.hostState + "' is not " +
+                  kInt8Moments + " or " + kFactoredMoments);
+  if (plan.hasLeanMoments() && plan.version < kHostStateFormatVersion)
+    return c.fail(
+        llvm::Twine("host_state '") + plan.hostState +
+        "', which format version " + llvm::Twine(kHostStateFormatVersion) +
+        " introduced, but the plan says version " + llvm::Twine(plan.version));
   if (plan.emaDtype != "none" && plan.emaDtype != "f32" &&
       plan.emaDtype != "bf16")
     return c.fail("ema_dtype '" + plan.emaDtype + "' is not none, f32 or bf16");

@@ -301,8 +301,10 @@ double sim::hostMemoryBytes(CostKind kind, const exec::CostInputs &in) {
   if (kind == CostKind::Fetch)
     return static_cast<double>(in.sourceBytes) + static_cast<double>(in.bytes);
   if (kind == CostKind::HostAdamW)
-    return static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam) *
-           kHostAdamWBytesPerParam;
+    return in.bytes
+               ? static_cast<double>(in.bytes)
+               : static_cast<double>(in.otherFlops / kHostAdamWFlopsPerParam) *
+                     kHostAdamWBytesPerParam;
   return 0;
 }
 

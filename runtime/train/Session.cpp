@@ -318,6 +318,15 @@ Session::create(std::vector<BucketPlan> bucketPlans,
         "the plan keeps the " + llvm::join(p.tierRoles, " and ") +
         " tensors on NVMe (host_tier): give their drives' directories with "
         "--nvme DIR[,DIR...]");
+  if (dist::Collectives *c = options.collectives;
+      c && c->size() > 1 && p.hasLeanMoments())
+    return llvm::createStringError(
+        "this plan keeps the AdamW moments as " + p.hostState +
+        ", which is for a job of one rank (their block scales and row/column "
+        "statistics are not sharded); this job has " +
+        std::to_string(c->size()) +
+        " ranks: plan with --host-state-policy master-moments or "
+        "bf16-moments");
   // Only backends that compute hold the model state (sim needs none): the
   // 105B state is 1.27 TB, so check that everything fits, summed, before
   // the backend or the state touches a byte.

@@ -1379,7 +1379,8 @@ CLI_CASES = [
     ("plan: unknown host-state policy", "megaslide-plan",
      ["--model", "tiny", *SMALL, "--host-state-policy", "foo"], 1,
      "option 'host-state-policy': unknown value 'foo'; use one of "
-     "master-moments, persistent-bf16, bf16-moments"),
+     "master-moments, persistent-bf16, bf16-moments, int8-moments, "
+     "factored-moments"),
     ("plan: unknown attention", "megaslide-plan",
      ["--model", "tiny", *SMALL, "--attention", "foo"], 1,
      "option 'attention': unknown value 'foo'; use one of dsa, global"),

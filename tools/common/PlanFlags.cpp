@@ -48,6 +48,16 @@ cl::opt<double> learningRate(
 cl::opt<double> weightDecay("weight-decay", cl::init(0.0),
                             cl::cat(planCategory),
                             cl::desc("AdamW decoupled weight decay"));
+cl::opt<double> adamBeta1("adam-beta1", cl::init(exec::kDefaultBeta1),
+                          cl::cat(planCategory),
+                          cl::desc("AdamW first-moment decay, in [0, 1)"));
+cl::opt<double> adamBeta2("adam-beta2", cl::init(exec::kDefaultBeta2),
+                          cl::cat(planCategory),
+                          cl::desc("AdamW second-moment decay, in [0, 1)"));
+cl::opt<double> adamEps("adam-eps", cl::init(exec::kDefaultEps),
+                        cl::cat(planCategory),
+                        cl::desc("AdamW epsilon (added to the root of the "
+                                 "second moment), > 0"));
 cl::opt<std::string>
     precision("precision", cl::init("bf16"), cl::cat(planCategory),
               cl::desc("Compute precision of activations, working weights "
@@ -171,8 +181,18 @@ Expected<tools::PlanFlags> tools::readPlanFlags() {
   if (std::optional<std::string> problem =
           exec::checkAdamWHyperParameter("weight_decay", weightDecay))
     return createStringError("--weight-decay " + *problem);
+  for (auto [flag, name, value] :
+       {std::tuple{"--adam-beta1", "beta1", double(adamBeta1)},
+        std::tuple{"--adam-beta2", "beta2", double(adamBeta2)},
+        std::tuple{"--adam-eps", "eps", double(adamEps)}})
+    if (std::optional<std::string> problem =
+            exec::checkAdamWHyperParameter(name, value))
+      return createStringError(Twine(flag) + " " + *problem);
   f.training.learningRate = learningRate;
   f.training.weightDecay = weightDecay;
+  f.training.beta1 = adamBeta1;
+  f.training.beta2 = adamBeta2;
+  f.training.adamEps = adamEps;
   Expected<ComputeType> computeType = parseComputeType(precision);
   if (!computeType)
     return computeType.takeError();

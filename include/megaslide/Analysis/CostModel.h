@@ -43,6 +43,11 @@ JobSize jobSizeOf(mlir::ModuleOp module);
 /// Bytes of the largest rank's shard (rank 0's, dist::shardRange: balanced,
 /// 16-element aligned) of a tensor of `type` over `ranks` ranks.
 uint64_t shardBytes(mlir::Type type, int64_t ranks);
+/// Host bytes of persistent state `param` (a graph.param) on the largest
+/// rank of a job of `ranks`: its type's, except an AdamW moment of a
+/// policy that does not store it as its type says (int8-moments,
+/// factored-moments: schedule::momentBytes; planned for one rank only).
+uint64_t hostParamBytes(mlir::Operation *param, int64_t ranks = 1);
 /// Bytes a fetch, h2d or d2h copies: its rank's shard when it is marked
 /// with `ranks` (a job of several ranks), else its whole result.
 uint64_t transferBytes(mlir::Operation *op);

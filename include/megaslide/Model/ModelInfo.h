@@ -29,6 +29,10 @@ struct ModelInfo {
   uint64_t totalParams = 0;     ///< trainable + frozen elements
   uint64_t trainableParams = 0; ///< elements with an fp32 master
   uint64_t frozenParams = 0;
+  /// Host bytes of the model state under each host-state policy (indexed
+  /// by it): schedule::trainableStateBytes of every trainable parameter
+  /// plus 4 B per frozen one.
+  std::vector<uint64_t> hostStateBytes;
   uint64_t embeddingParams = 0, blockParams = 0, headParams = 0;
   std::vector<uint64_t> perBlock;
   /// Parameters of block 0 by submodule ("attn1", "ffn", ...), in order.

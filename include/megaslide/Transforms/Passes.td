@@ -41,7 +41,11 @@ def PlanResidencyPass : Pass<"megaslide-plan-residency", "mlir::ModuleOp"> {
     Applies the host-state policy: persistent state stays on the host
     (`master-moments`: fp32 master + AdamW m + v, 12 B/param;
     `persistent-bf16`: plus a bf16 working copy, 14 B/param;
-    `bf16-moments`: moments in bf16, 8 B/param). Records the policy on the
+    `bf16-moments`: moments in bf16, 8 B/param; `int8-moments`: block-wise
+    8-bit moments, 6 B/param + 8 B per 256; `factored-moments`: bf16 m and
+    a factored v of every matrix, ~6 B/param; the last two for a job of one
+    rank, their moment declarations kept fp32 and their host bytes counted
+    by schedule::momentBytes). Records the policy on the
     module and declares the host resources that are not tensors of the
     model (data batch, OS and runtime allowance).
 

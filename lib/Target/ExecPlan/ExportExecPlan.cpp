@@ -343,6 +343,10 @@ llvm::Expected<exec::ExecPlan> Exporter::run() {
     plan.tierWindowBytes = window.getInt();
     plan.tierDrives = drives.getInt();
   }
+  if (auto policy = module->getAttrOfType<StringAttr>(kHostStatePolicyAttr);
+      policy && (policy.getValue() == exec::kInt8Moments ||
+                 policy.getValue() == exec::kFactoredMoments))
+    plan.hostState = policy.getValue().str();
 
   // About one instruction and one value per op (a wait of a join makes
   // more, bookkeeping ops none).

@@ -31,13 +31,26 @@ namespace megaslide::host {
 class NvmeTier;
 struct NvmeTierOptions;
 
-/// One persistent tensor, always fp32 on the host.
+/// One persistent tensor on the host: fp32 in `data`, or as one of the forms
+/// below.
 struct HostTensor {
   const exec::Param *param = nullptr; ///< in the plan the state was made for
   std::vector<float> data;
   /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
   /// --ema-dtype bf16); `data` is then empty.
   std::vector<uint16_t> bf16;
+  /// An AdamW moment kept as ExecPlan::hostState says (docs/Training.md,
+  /// "Leaner optimizer states"); `data` is then empty.
+  /// int8-moments: block-wise 8-bit codes (cpu::adamw8bitStep; exp_avg with
+  /// the signed map, exp_avg_sq the unsigned) and one fp32 absmax per
+  /// cpu::kQuantBlock elements.
+  std::vector<uint8_t> codes;
+  std::vector<float> absmax;
+  /// factored-moments, exp_avg_sq of a matrix: fp32 row and column
+  /// statistics (cpu::factoredStatsStep). Its exp_avg is then in `bf16`.
+  std::vector<float> rowStat, colStat;
+  /// Whether the values are kept in one of the forms above.
+  bool lean() const { return !codes.empty() || !rowStat.empty(); }
   /// Whether the tensor is sharded over a job's ranks (the masters, AdamW
   /// moments and EMA of a job of several; docs/Distributed.md, "Memory"):
   /// `data` (or `bf16`) then holds this rank's elements [shardBegin,
@@ -72,6 +85,9 @@ struct HostState {
   /// The NVMe tier of the tensors of the plan's tier roles
   /// (ExecPlan::tierRoles), if any; they point at it.
   std::shared_ptr<NvmeTier> tier;
+  /// How the moments are kept: the plan's ExecPlan::hostState (empty: as
+  /// their params' dtype says, fp32 on the host).
+  std::string hostState;
   /// Completed optimizer steps (the next step passes step + 1 to AdamW).
   int64_t step = 0;
   /// Set by a backend before it applies a step's first update and cleared
@@ -121,7 +137,8 @@ llvm::Expected<uint64_t> usableHostMemoryBytes(const HostMemoryReadings &r);
 llvm::Expected<uint64_t> usableHostMemoryBytes();
 
 /// The bytes initHostState allocates for `plan`: its fp32 masters, AdamW
-/// moments and frozen buffers, but those of the NVMe tier's roles.
+/// moments (as ExecPlan::hostState keeps them: momentBytes) and frozen
+/// buffers, but those of the NVMe tier's roles.
 /// With `ranks` > 1, a rank's: the masters and moments are sharded, rank
 /// 0's shard the largest.
 uint64_t stateBytes(const exec::ExecPlan &plan, int ranks = 1);
@@ -131,12 +148,21 @@ bool tieredRole(const exec::ExecPlan &plan, llvm::StringRef role);
 /// trainable state (masters, moments, EMA); frozen buffers are whole on
 /// every rank.
 bool shardedRole(llvm::StringRef role, int ranks);
+/// Host bytes of AdamW moment `moment` of `plan` as the plan's hostState
+/// keeps it: the runtime's side of the planner's schedule::momentBytes
+/// (the same formulas).
+uint64_t momentBytes(const exec::ExecPlan &plan, const exec::Param &moment);
 /// The whole of sharded tensor `t` in `dtype` (F32, BF16 or F16) at `dst`,
 /// which has room for all of it: this rank's shard cast, then all-gathered
 /// from the job's ranks in that dtype (what a fetch of it reads). Every
 /// rank calls it for the same tensors in the same order.
 llvm::Error gatherWhole(const HostTensor &t, exec::DType dtype, void *dst,
                         dist::Collectives &job);
+
+/// The values of AdamW moment `t` in fp32, however it is kept: int8 codes
+/// dequantized (map value times block absmax), a factored exp_avg_sq as
+/// R_i C_j / sum(R), a bf16 exp_avg widened.
+std::vector<float> momentValues(const HostTensor &t);
 
 /// Allocates the state of `plan` and initialises it deterministically from
 /// `seed` (docs/Runtime.md, "Initialisation"): weights of linear and patch

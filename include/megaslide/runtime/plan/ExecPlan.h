@@ -37,7 +37,10 @@ namespace megaslide::exec {
 /// loss (kLossWeightsInput), which a reader of version 4 would reject
 /// operand by operand or train unweighted. Version 6 added the NVMe tier
 /// (`host_tier`), which a reader of version 5 would ignore and so hold the
-/// tier's state in RAM the plan did not count. A plan without them is written
+/// tier's state in RAM the plan did not count, and the host state
+/// (ExecPlan::hostState: int8 or factored AdamW moments), which a reader of
+/// version 5 would ignore and train with fp32 moments. A plan without them
+/// is written
 /// as version 2, which such readers still run as before (the exporter
 /// writes the oldest version that describes a plan: oldestVersion()).
 inline constexpr int64_t kPlanFormatVersion = 6;
@@ -52,6 +55,12 @@ inline constexpr int64_t kNvmeTierFormatVersion = 6;
 /// AdamW moments and the EMA, each read and written once per optimizer
 /// step. The masters stay in RAM: every fetch reads them.
 inline constexpr const char *kTierRoles[] = {"moment", "ema"};
+inline constexpr int64_t kHostStateFormatVersion = 6;
+/// ExecPlan::hostState's values: how the host keeps the AdamW moments
+/// when not as their params' dtype says (docs/Training.md, "Leaner
+/// optimizer states"); the --host-state-policy names.
+inline constexpr llvm::StringLiteral kInt8Moments = "int8-moments";
+inline constexpr llvm::StringLiteral kFactoredMoments = "factored-moments";
 /// Unit attribute of gelu and gelu_grad: the erf form, not tanh's.
 inline constexpr llvm::StringLiteral kExactAttr = "exact";
 /// The step input of a weighted loss: one fp32 weight per sample, the
@@ -199,6 +208,12 @@ struct ExecPlan {
   std::vector<std::string> tierRoles;
   int64_t tierWindowBytes = 0;
   int64_t tierDrives = 0;
+  /// How the host keeps the AdamW moments: empty for as their params'
+  /// dtype, kInt8Moments (block-wise 8-bit codes and absmax) or
+  /// kFactoredMoments (bf16 m, row/column statistics of v for matrices).
+  /// The moment params then stay fp32-typed: the element count and role
+  /// they describe.
+  std::string hostState;
 
   std::vector<Param> params;
   std::vector<Value> values;
@@ -220,6 +235,8 @@ struct ExecPlan {
   bool hasExactGelu() const;
   /// Whether the loss is weighted per sample (kLossWeightsInput).
   bool hasWeightedLoss() const;
+  /// Whether the moments are int8 or factored (hostState).
+  bool hasLeanMoments() const { return !hostState.empty(); }
   /// The oldest format version that describes the plan.
   int64_t oldestVersion() const;
   /// The ranks of the job the plan was compiled for (megaslide-plan

@@ -155,7 +155,9 @@ double HardwareModel::*efficiencyMember(KernelFamily family);
 inline constexpr uint64_t kHostAdamWFlopsPerParam = 14;
 /// Host memory traffic of the host AdamW per parameter: it reads the fp32
 /// master and both moments (12 B) and the bf16 gradient (2 B) and writes
-/// the master and the moments (12 B). The replay shares
+/// the master and the moments (12 B). A host_adamw whose moments are kept
+/// in fewer bytes (int8-moments, factored-moments) carries the bytes it
+/// moves in CostInputs::bytes instead. The replay shares
 /// host_memory_bandwidth between it and the fetches' staging casts.
 inline constexpr uint64_t kHostAdamWBytesPerParam = 26;
 
@@ -171,8 +173,8 @@ double hostMemoryBytes(CostKind kind, const exec::CostInputs &in);
 ///                / host_memory_bandwidth)
 ///   HostToDevice transfer_latency + bytes / h2d
 ///   DeviceToHost transfer_latency + bytes / d2h
-///   HostAdamW    params / min(params_per_second, host_memory_bandwidth /
-///                kHostAdamWBytesPerParam), params = otherFlops /
+///   HostAdamW    max(params / params_per_second, hostMemoryBytes /
+///                host_memory_bandwidth), params = otherFlops /
 ///                kHostAdamWFlopsPerParam
 ///   Collective   ringCollectiveSeconds(bytes, ranks, nodes)
 ///   Device       launch_latency + max(matmul / (dense * gemm_eff) +

@@ -98,8 +98,8 @@ TEST(PlanningOptions, PipelinesSetTheOptionsEachPassDeclares) {
         "GiB} policy=offload prefetch-distance=1}",
         "megaslide-check-budget{gpu-mem=24GB gpu-reserve={1 GiB} "
         "host-mem=1.5TB nvme-drives=0 nvme-window=1GiB}",
-        "megaslide-plan-residency{experts=1 host-mem=1.5TB "
-        "host-state-policy=\"master-moments\" os-allowance=auto}"})
+        "megaslide-plan-residency{experts=1 gpus-per-node=1 host-mem=1.5TB "
+        "host-state-policy=\"master-moments\" nodes=1 os-allowance=auto}"})
     EXPECT_NE(text.find(pass), std::string::npos) << pass << "\nin " << text;
 }
 

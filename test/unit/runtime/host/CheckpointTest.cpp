@@ -3,14 +3,16 @@
 // host/Checkpoint (runtime): checkpoints bit-exact, with their manifest
 // and checksums; corruption, truncation and `latest` handling, each error
 // naming the checkpoint to fall back to; retention; the guards (symlinks,
-// non-finite state, one owner per folder); failed saves leaving earlier
-// checkpoints intact; and small files read within a bound.
+// non-finite state, one owner per folder); int8 and factored moments saved
+// as kept and refused by a state of another policy; failed saves leaving
+// earlier checkpoints intact; and small files read within a bound.
 //
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/Testing/HostTestSupport.h"
 
 #include "megaslide/runtime/host/Checkpoint.h"
+#include "megaslide/runtime/host/HostOptimizer.h"
 #include "megaslide/runtime/host/Safetensors.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -20,6 +22,7 @@
 #include "gtest/gtest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <limits>
@@ -431,6 +434,72 @@ TEST_F(CheckpointTest, SmallFilesAreBounded) {
             std::string::npos)
       << e;
   EXPECT_FALSE(watch.openedByReader()) << "a reader opened the manifest";
+}
+
+} // namespace
+
+namespace {
+
+/// A state of `hostState` (int8-moments or factored-moments) for a plan of
+/// a matrix, a vector and a small matrix, after three AdamW updates with
+/// fixed gradients, so that codes, absmax and statistics are not zero.
+HostState leanState(const exec::ExecPlan &plan) {
+  HostState s = initHostState(plan, 5);
+  for (int64_t step = 1; step <= 3; ++step)
+    for (const exec::Param &p : plan.params) {
+      if (p.role != "master")
+        continue;
+      auto t = adamwTensors(s, p.name);
+      EXPECT_TRUE(!!t) << llvm::toString(t.takeError());
+      std::vector<float> g(p.type.numElements());
+      for (size_t i = 0; i < g.size(); ++i)
+        g[i] = std::sin(float(i * step)) * 1e-2f;
+      cpu::AdamWHyper h;
+      h.step = step;
+      EXPECT_FALSE(static_cast<bool>(
+          adamwUpdate(h, *t, {g.data(), exec::DType::F32, int64_t(g.size())})));
+    }
+  s.step = 3;
+  return s;
+}
+
+// Tests that int8 and factored moments are saved as kept (codes, absmax,
+// row and column statistics, a bf16 m) and load bit-exactly, and that a
+// checkpoint of one host state is refused by a state of another.
+TEST_F(CheckpointTest, LeanMomentsRoundTripAndOtherPoliciesAreRefused) {
+  for (llvm::StringRef policy : {exec::kInt8Moments, exec::kFactoredMoments}) {
+    exec::ExecPlan plan =
+        makePlan({{"w", {64, 80}}, {"b", {80}}, {"small", {8, 8}}});
+    plan.hostState = policy.str();
+    HostState saved = leanState(plan);
+    const HostTensor &v = get(saved, "w.exp_avg_sq");
+    ASSERT_TRUE(v.lean()) << policy.str();
+    EXPECT_EQ(saved.bytes(), stateBytes(plan)) << policy.str();
+    std::string sub = (dir + "/" + policy).str();
+    auto stepDir = saveCheckpoint(sub, saved, "{}");
+    ASSERT_TRUE(!!stepDir) << llvm::toString(stepDir.takeError());
+    HostState loaded = initHostState(plan, 9);
+    std::string trainer;
+    ASSERT_EQ(errorText(loadLatestCheckpoint(sub, loaded, trainer)), "");
+    for (const HostTensor &t : saved.tensors) {
+      const HostTensor &l = get(loaded, t.param->name);
+      EXPECT_TRUE(bitEqual(l.data, t.data)) << t.param->name;
+      EXPECT_EQ(l.codes, t.codes) << t.param->name;
+      EXPECT_TRUE(bitEqual(l.absmax, t.absmax)) << t.param->name;
+      EXPECT_TRUE(bitEqual(l.rowStat, t.rowStat)) << t.param->name;
+      EXPECT_TRUE(bitEqual(l.colStat, t.colStat)) << t.param->name;
+      EXPECT_EQ(l.bf16, t.bf16) << t.param->name;
+    }
+    // A state that keeps its moments in fp32 refuses the checkpoint.
+    plan.hostState.clear();
+    HostState fp32 = initHostState(plan, 9);
+    std::string e = errorText(loadLatestCheckpoint(sub, fp32, trainer));
+    EXPECT_NE(e.find("keeps the AdamW moments as " + policy.str() +
+                     ", this run's plan as fp32 (or bf16) moments: resume "
+                     "with the --host-state-policy it was saved with"),
+              std::string::npos)
+        << e;
+  }
 }
 
 } // namespace

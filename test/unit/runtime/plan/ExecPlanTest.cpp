@@ -1289,6 +1289,26 @@ TEST(ExecPlanNvmeTier, NeedsVersion6) {
                                    "window_bytes 0 is out of range");
 }
 
+// Tests that int8 or factored moments (host_state) make a plan version 6,
+// that an older plan with them is refused and an unknown one named.
+TEST(ExecPlanHostState, NeedsVersion6) {
+  ExecPlan plan = validPlan();
+  EXPECT_EQ(plan.oldestVersion(), kOldestPlanFormatVersion);
+  plan.hostState = std::string(kInt8Moments);
+  EXPECT_EQ(plan.oldestVersion(), kHostStateFormatVersion);
+  plan.version = kHostStateFormatVersion;
+  EXPECT_EQ(validationError(plan), "");
+  plan.version = kWeightedLossFormatVersion;
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: host_state 'int8-moments', which format "
+            "version 6 introduced, but the plan says version 5");
+  plan.version = kHostStateFormatVersion;
+  plan.hostState = "int4-moments";
+  EXPECT_EQ(validationError(plan),
+            "invalid execution plan: host_state 'int4-moments' is not "
+            "int8-moments or factored-moments");
+}
+
 // Tests that a persistent bf16 copy's fetch applies its master's update.
 TEST(ExecPlanDeferredUpdates, CopyFetchAppliesItsMastersUpdate) {
   ExecPlan plan = validPlan();
