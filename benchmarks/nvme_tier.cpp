@@ -209,9 +209,22 @@ double median(std::vector<double> v) {
 
 } // namespace
 
+constexpr const char *kUsage =
+    "usage: megaslide-tier-bench DIR[,DIR...] [--mib M] [--window W] "
+    "[--rounds R]\n"
+    "  DIR       where the files go (one per drive), on the drive to measure\n"
+    "  --mib     MiB moved per measurement (default 2048)\n"
+    "  --window  the tier's RAM window in MiB (default 256), at most half of "
+    "--mib\n"
+    "  --rounds  rounds of raw and tier, alternating (default 5)\n";
+
 int main(int argc, char **argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--help") {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   if (argc < 2)
-    die("usage: megaslide-tier-bench DIR[,DIR...] [--mib M] [--rounds R]");
+    die(kUsage);
   std::vector<std::string> dirs;
   for (llvm::StringRef d : llvm::split(argv[1], ','))
     dirs.push_back(d.str());

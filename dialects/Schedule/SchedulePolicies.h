@@ -128,6 +128,13 @@ inline bool factoredShape(llvm::ArrayRef<int64_t> shape) {
   return shape.size() >= 2;
 }
 
+/// Whether `policy` is for a job of one rank only: int8 and factored
+/// moments' block scales and row/column statistics are not sharded.
+inline bool oneRankOnly(HostStatePolicy policy) {
+  return policy == HostStatePolicy::int8_moments ||
+         policy == HostStatePolicy::factored_moments;
+}
+
 /// Host bytes of one AdamW moment (`second`: exp_avg_sq) of a trainable
 /// parameter of `shape` under `policy`: the one home of their sizes, which
 /// the planner's host accounting and the runtime's state follow.

@@ -114,12 +114,16 @@ void deferredFigures(const exec::ExecPlan &plan, const sim::SimResult &sim,
 } // namespace
 
 /// The host-state policy with the fewest bytes per parameter, of every
-/// policy the schedule dialect declares.
-static schedule::HostStatePolicy smallestHostStatePolicy() {
-  auto policies = schedule::hostStatePolicies();
-  return *llvm::min_element(policies, [](auto a, auto b) {
-    return schedule::bytesPerParam(a) < schedule::bytesPerParam(b);
-  });
+/// policy the schedule dialect declares that `module`'s job can use.
+static schedule::HostStatePolicy smallestHostStatePolicy(ModuleOp module) {
+  bool job = jobSizeOf(module).ranks() > 1;
+  std::optional<schedule::HostStatePolicy> smallest;
+  for (schedule::HostStatePolicy p : schedule::hostStatePolicies())
+    if (!(job && schedule::oneRankOnly(p)) &&
+        (!smallest ||
+         schedule::bytesPerParam(p) < schedule::bytesPerParam(*smallest)))
+      smallest = p;
+  return *smallest;
 }
 
 /// The host bytes the smallest host-state policy and a bf16 EMA would free
@@ -131,7 +135,7 @@ static Savings savings(ModuleOp module, const RecipeBytes &b,
                        schedule::HostStatePolicy policy,
                        schedule::EmaPolicy ema) {
   using schedule::bytesPerParam;
-  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy(module);
   uint64_t byPolicy =
       (bytesPerParam(policy) -
        std::min(bytesPerParam(policy), bytesPerParam(smallest))) *
@@ -150,7 +154,7 @@ static std::string emaAdvice(ModuleOp module, uint64_t shortfall,
                              const RecipeBytes &b,
                              schedule::HostStatePolicy policy,
                              schedule::EmaPolicy ema) {
-  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy(module);
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string advice = "to keep the EMA even with streaming updates, " +
                        formatBytes(shortfall) + " more: ";
@@ -333,7 +337,7 @@ std::string megaslide::deferAdvice(ModuleOp module, uint64_t shortfall,
                                    const RecipeBytes &b,
                                    schedule::HostStatePolicy policy,
                                    schedule::EmaPolicy ema) {
-  schedule::HostStatePolicy smallest = smallestHostStatePolicy();
+  schedule::HostStatePolicy smallest = smallestHostStatePolicy(module);
   auto [byPolicy, byEma] = savings(module, b, policy, ema);
   std::string policyFlag =
       ("--host-state-policy " + schedule::stringifyEnum(smallest)).str();

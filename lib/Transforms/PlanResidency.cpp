@@ -125,7 +125,8 @@ struct PlanResidencyPass
       // The declarations keep their fp32 type: the runtime stores the
       // moments as the policy says (schedule::momentBytes), and the host
       // accounting counts those bytes (hostParamBytes).
-      if (int64_t ranks = gpusPerNode * nodes; ranks > 1) {
+      if (int64_t ranks = gpusPerNode * nodes;
+          ranks > 1 && schedule::oneRankOnly(hostStatePolicy.getValue())) {
         module.emitError()
             << "option 'host-state-policy': '"
             << schedule::stringifyEnum(hostStatePolicy.getValue())

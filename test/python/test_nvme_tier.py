@@ -239,7 +239,12 @@ def test_the_tier_is_required_and_bounded_by_its_window(tmp_path):
     assert moments > 2 * plan["host_tier"]["window_bytes"]
     resident = tier[-1]["host_rss_bytes"] - (ram[-1]["host_rss_bytes"]
                                              - moments)
-    assert resident <= plan["host_tier"]["window_bytes"], (
+    # The window's slots are all touched (a deferred run measures about 62
+    # MB of its 67 MB); two processes' peak RSS differ by a few MB besides
+    # (the allocator, shared libraries' pages), hence 16 MiB of slack.
+    # Moments kept in RAM as well would show 150 MB more.
+    window = plan["host_tier"]["window_bytes"]
+    assert resident <= window + (16 << 20), (
         resident, tier[-1]["host_rss_bytes"], ram[-1]["host_rss_bytes"])
 
 
