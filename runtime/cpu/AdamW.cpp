@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <vector>
 
 using namespace megaslide::cpu;
 
@@ -184,4 +185,40 @@ void megaslide::cpu::adamwStep(const AdamWHyper &hyper, int64_t n,
                                const float *grad, uint16_t *workingBf16,
                                CpuIsa isa) {
   adamwStepImpl(hyper, n, master, m, v, grad, workingBf16, isa);
+}
+
+namespace {
+/// Blocks of fp32 moments widened from bf16: 2 x 4 MiB at a time.
+template <typename Grad>
+void bf16MomentsImpl(const AdamWHyper &hyper, int64_t n, float *master,
+                     uint16_t *m, uint16_t *v, const Grad *grad) {
+  constexpr int64_t kBlock = int64_t(1) << 20;
+  std::vector<float> wideM(std::min(n, kBlock)), wideV(wideM.size());
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    int64_t count = std::min(kBlock, n - begin);
+    for (int64_t i = 0; i < count; ++i) {
+      wideM[i] = bf16ToFloat(m[begin + i]);
+      wideV[i] = bf16ToFloat(v[begin + i]);
+    }
+    adamwStepImpl(hyper, count, master + begin, wideM.data(), wideV.data(),
+                  grad + begin, nullptr, cpuIsa());
+    for (int64_t i = 0; i < count; ++i) {
+      m[begin + i] = floatToBf16(wideM[i]);
+      v[begin + i] = floatToBf16(wideV[i]);
+    }
+  }
+}
+} // namespace
+
+void megaslide::cpu::adamwStepBf16Moments(const AdamWHyper &hyper, int64_t n,
+                                          float *master, uint16_t *m,
+                                          uint16_t *v,
+                                          const uint16_t *gradBf16) {
+  bf16MomentsImpl(hyper, n, master, m, v, gradBf16);
+}
+
+void megaslide::cpu::adamwStepBf16Moments(const AdamWHyper &hyper, int64_t n,
+                                          float *master, uint16_t *m,
+                                          uint16_t *v, const float *grad) {
+  bf16MomentsImpl(hyper, n, master, m, v, grad);
 }

@@ -83,6 +83,23 @@ static void leanUpdate(const cpu::AdamWHyper &hyper, const AdamWTensors &t,
                          cpu::factoredRowTotal(f, t.v->rowStat.data()), grad);
 }
 
+/// AdamW over `n` elements with moments kept in bf16 (bf16-moments) and
+/// the gradient in its dtype, as adamwElements.
+static void adamwElementsBf16(const cpu::AdamWHyper &hyper, int64_t n, float *p,
+                              uint16_t *m, uint16_t *v, const void *g,
+                              DType dtype) {
+  if (dtype == DType::BF16) {
+    cpu::adamwStepBf16Moments(hyper, n, p, m, v,
+                              static_cast<const uint16_t *>(g));
+  } else if (dtype == DType::F32) {
+    cpu::adamwStepBf16Moments(hyper, n, p, m, v, static_cast<const float *>(g));
+  } else {
+    std::vector<float> wide(n);
+    cpu::widen(g, dtype, n, wide.data());
+    cpu::adamwStepBf16Moments(hyper, n, p, m, v, wide.data());
+  }
+}
+
 /// AdamW over `n` elements with the gradient in its dtype (bf16 and f32
 /// read as they are, f16 widened first: the same values).
 static void adamwElements(const cpu::AdamWHyper &hyper, int64_t n, float *p,
@@ -114,9 +131,15 @@ llvm::Error host::adamwUpdate(const cpu::AdamWHyper &hyper,
     return llvm::Error::success();
   }
   float *p = t.master->data.data();
+  // bf16-moments keeps m and v in bf16.
+  bool bf16 = t.m->param->type.dtype == DType::BF16;
   if (!t.m->tier) {
-    adamwElements(hyper, g.count, p, t.m->data.data(), t.v->data.data(), g.data,
-                  g.dtype);
+    if (bf16)
+      adamwElementsBf16(hyper, g.count, p, t.m->bf16.data(), t.v->bf16.data(),
+                        g.data, g.dtype);
+    else
+      adamwElements(hyper, g.count, p, t.m->data.data(), t.v->data.data(),
+                    g.data, g.dtype);
     return llvm::Error::success();
   }
   // Moments in the NVMe tier: chunk by chunk as they arrive; AdamW is
@@ -133,10 +156,13 @@ llvm::Error host::adamwUpdate(const cpu::AdamWHyper &hyper,
       llvm::consumeError(tier.release(t.m->tierId, c, false));
       return v.takeError();
     }
-    adamwElements(hyper, n, p + begin, reinterpret_cast<float *>(*m),
-                  reinterpret_cast<float *>(*v),
-                  static_cast<const uint8_t *>(g.data) + begin * gBytes,
-                  g.dtype);
+    const void *grad = static_cast<const uint8_t *>(g.data) + begin * gBytes;
+    if (bf16)
+      adamwElementsBf16(hyper, n, p + begin, reinterpret_cast<uint16_t *>(*m),
+                        reinterpret_cast<uint16_t *>(*v), grad, g.dtype);
+    else
+      adamwElements(hyper, n, p + begin, reinterpret_cast<float *>(*m),
+                    reinterpret_cast<float *>(*v), grad, g.dtype);
     llvm::Error released = tier.release(t.m->tierId, c, /*dirty=*/true);
     if (llvm::Error e = tier.release(t.v->tierId, c, /*dirty=*/true))
       return llvm::joinErrors(std::move(released), std::move(e));
@@ -513,11 +539,13 @@ llvm::Error HostOptimizer::applySharded() {
     // update gives them. The next fetch gathers the shards
     // (host::gatherWhole).
     int64_t held = u.tensors.master->held();
-    for (const HostTensor *t : {u.tensors.master, u.tensors.m, u.tensors.v})
-      if (!t->tier && static_cast<int64_t>(t->data.size()) != held)
+    for (const HostTensor *t : {u.tensors.master, u.tensors.m, u.tensors.v}) {
+      size_t values = t->bf16.empty() ? t->data.size() : t->bf16.size();
+      if (!t->tier && static_cast<int64_t>(values) != held)
         return llvm::createStringError(
             llvm::formatv("'{0}' holds {1} values, this rank's shard {2}",
-                          t->param->name, t->data.size(), held));
+                          t->param->name, values, held));
+    }
     llvm::Error e =
         u.accum.empty() // one micro-batch, summed on the device
             ? adamwUpdate(hyper, u.tensors, {u.retained.data(), u.dtype, held})

@@ -124,6 +124,20 @@ static std::optional<uint64_t> memoryBlockBytes() {
 }
 
 uint64_t host::residentBytes() {
+  // VmHWM is this program's own peak: getrusage's maxrss also takes in the
+  // peak of the process that forked it (the kernel keeps it across exec),
+  // so a run launched by a large parent (Python, an IDE) would report the
+  // parent's.
+  if (FILE *status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof(line), status))
+      found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
+    std::fclose(status);
+    if (found)
+      return static_cast<uint64_t>(kib) * 1024;
+  }
   struct rusage usage = {};
   if (getrusage(RUSAGE_SELF, &usage))
     return 0;
@@ -218,10 +232,9 @@ llvm::Error host::attachTier(HostState &state, const exec::ExecPlan &plan,
         " moments: plan them in RAM (megaslide-plan does)");
   for (HostTensor &t : state.tensors)
     if (tieredRole(plan, t.param->role) && t.held() > 0) {
-      // Moments are fp32 on the host whatever their dtype (HostTensor); a
-      // bf16 EMA is kept in bf16.
-      bool bf16 = t.param->role == "ema" &&
-                  t.param->type.dtype == exec::DType::BF16;
+      // Kept in the tier as in RAM: bf16 moments (bf16-moments) and a bf16
+      // EMA in bf16.
+      bool bf16 = t.param->type.dtype == exec::DType::BF16;
       specs.push_back({t.param->name, t.held(), bf16 ? 2 : 4});
       tiered.push_back(&t);
     }
@@ -275,6 +288,12 @@ static void initTensor(const exec::Param &p, uint64_t seed,
     x = stddev * rng.normal();
 }
 
+/// Bytes per element the host keeps of `p`: fp32, but moments of
+/// bf16-moments, which stay bf16.
+static uint64_t hostElementBytes(const exec::Param &p) {
+  return p.role == "moment" && p.type.dtype == exec::DType::BF16 ? 2 : 4;
+}
+
 /// Whether the host state holds parameter `p` (initHostState).
 static bool inHostState(const exec::Param &p) {
   return p.role == "master" || p.role == "moment" || p.role == "frozen";
@@ -318,7 +337,7 @@ uint64_t host::stateBytes(const exec::ExecPlan &plan, int ranks) {
     if (p.role == "moment" && plan.hasLeanMoments())
       bytes += momentBytes(plan, p); // such plans are of one rank
     else if (inHostState(p) && !tieredRole(plan, p.role))
-      bytes += heldRange(p, 0, ranks).size() * sizeof(float);
+      bytes += heldRange(p, 0, ranks).size() * hostElementBytes(p);
   return bytes;
 }
 
@@ -385,12 +404,15 @@ HostState host::initHostState(const exec::ExecPlan &plan, uint64_t seed,
       t.shardEnd = held.end;
     }
     // Drawn whole, one tensor at a time: a shard's values do not depend on
-    // the job's size. The tier's zeros are its files'.
+    // the job's size. The tier's zeros are its fresh files.
+    bool inTier = p.role == "moment" && tieredRole(plan, p.role);
     if (p.role == "moment" && plan.hasLeanMoments() && ranks == 1) {
       // Zeros, kept as the plan says.
       if (!keepLean(t, plan.hostState))
         t.data.assign(p.type.numElements(), 0.0f);
-    } else if (!(p.role == "moment" && tieredRole(plan, p.role))) {
+    } else if (!inTier && hostElementBytes(p) == 2) {
+      t.bf16.assign(t.held(), 0); // bf16 moments start at zero
+    } else if (!inTier) {
       std::vector<float> whole(p.type.numElements(), 0.0f);
       initTensor(p, seed, whole);
       t.keep(whole);

@@ -12,7 +12,9 @@ import json
 import os
 import pathlib
 import random
+import re
 import signal
+import struct
 import subprocess
 import time
 
@@ -71,6 +73,7 @@ RECIPES = {
                                 "--ema-dtype", "bf16", "--max-grad-norm",
                                 "0.5"],
     "accum-2-clip": ["--grad-accum", "2", "--max-grad-norm", "1"],
+    "bf16-moments": ["--host-state-policy", "bf16-moments"],
 }
 # What megaslide-exec must be told again (the plan carries the rest).
 RUN_ONLY = {"--max-grad-norm", "--ema-decay"}
@@ -253,3 +256,39 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
+
+
+def test_bf16_moments_are_kept_in_bf16(tmp_path):
+    """bf16-moments keeps m and v in bf16 on the host, as the plan counts
+    them (8 B/param): its checkpoint holds them as BF16 and its host state
+    is the masters' 4 B/param and the moments' 4 (the run's memory check
+    lists it)."""
+    r = run([tool_path("megaslide-run"), "--model", "tiny", "--steps", "2",
+             "--no-progress", "--host-state-policy", "bf16-moments",
+             "--checkpoint-dir", str(tmp_path / "ck")], cwd=tmp_path,
+            env=dict(os.environ, MEGASLIDE_HOST_MEMORY="1MB"))
+    assert r.returncode == 1
+    state = re.search(r"([\d.]+) (kB|KB|MB) \([\d.]+ [KM]iB\)  host state",
+                      r.stderr)
+    assert state, r.stderr
+    r = run([tool_path("megaslide-run"), "--model", "tiny", "--steps", "2",
+             "--no-progress", "--host-state-policy", "bf16-moments",
+             "--checkpoint-dir", str(tmp_path / "ck")], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ck = tmp_path / "ck"
+    data = (ck / (ck / "latest").read_text().strip() /
+            "state.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    moments = [v["dtype"] for k, v in header.items()
+               if k.endswith((".exp_avg", ".exp_avg_sq"))]
+    masters = [v["dtype"] for k, v in header.items()
+               if k != "__metadata__" and not k.endswith(
+                   (".exp_avg", ".exp_avg_sq"))]
+    assert moments and set(moments) == {"BF16"}
+    assert set(masters) == {"F32"}
+    params = sum(_numel(v["shape"]) for k, v in header.items()
+                 if k != "__metadata__" and not k.endswith(
+                     (".exp_avg", ".exp_avg_sq")))
+    unit = {"kB": 1e3, "KB": 1e3, "MB": 1e6}[state[2]]
+    assert float(state[1]) * unit == pytest.approx(8 * params, rel=2e-3)

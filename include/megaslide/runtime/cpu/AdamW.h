@@ -62,6 +62,16 @@ void adamwStep(const AdamWHyper &hyper, int64_t n, float *master, float *m,
                float *v, const float *grad, uint16_t *workingBf16,
                CpuIsa isa = cpuIsa());
 
+/// adamwStep with the moments kept in bf16 (--host-state-policy
+/// bf16-moments): m and v widened exactly to fp32, updated as adamwStep
+/// updates them, and rounded back to nearest even; the master stays fp32.
+/// Elementwise, so the result depends on neither the blocks it works in
+/// nor the threads.
+void adamwStepBf16Moments(const AdamWHyper &hyper, int64_t n, float *master,
+                          uint16_t *m, uint16_t *v, const uint16_t *gradBf16);
+void adamwStepBf16Moments(const AdamWHyper &hyper, int64_t n, float *master,
+                          uint16_t *m, uint16_t *v, const float *grad);
+
 } // namespace megaslide::cpu
 
 #endif // MEGASLIDE_RUNTIME_CPU_ADAMW_H

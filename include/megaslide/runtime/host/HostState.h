@@ -37,7 +37,7 @@ struct HostTensor {
   const exec::Param *param = nullptr; ///< in the plan the state was made for
   std::vector<float> data;
   /// The values of a tensor kept in bf16 (param's dtype BF16: an EMA with
-  /// --ema-dtype bf16); `data` is then empty.
+  /// --ema-dtype bf16, the moments of bf16-moments); `data` is then empty.
   std::vector<uint16_t> bf16;
   /// An AdamW moment kept as ExecPlan::hostState says (docs/Training.md,
   /// "Leaner optimizer states"); `data` is then empty.
@@ -123,8 +123,9 @@ struct HostMemoryReadings {
 };
 HostMemoryReadings readHostMemory();
 
-/// The peak resident set of this process so far (getrusage's maxrss), in
-/// bytes: what the metrics report as host memory.
+/// The peak resident set of this program so far (VmHWM; getrusage's
+/// maxrss where /proc is missing), in bytes: what the metrics report as
+/// host memory.
 uint64_t residentBytes();
 
 /// Bytes of memory a run may use, what its host memory is checked against

@@ -155,7 +155,8 @@ struct StTensorToWrite {
   const uint16_t *bf16 = nullptr;
   /// Instead of either: fp32 values produced a range of elements at a time
   /// (a tensor in the NVMe tier), in `dtype`; an error stops the write.
-  std::function<llvm::Error(int64_t begin, int64_t end, float *dst)> source;
+  std::function<llvm::Error(int64_t begin, int64_t end, float *dst)> source =
+      nullptr;
   /// Instead of `data`: bytes (dtype U8, e.g. 8-bit optimizer codes),
   /// written as they are.
   const uint8_t *u8 = nullptr;

@@ -420,3 +420,53 @@ TEST(AdamWStep, BestIsaIsNamed) {
 }
 
 } // namespace
+
+namespace {
+
+// Tests adamwStepBf16Moments (bf16-moments) over five steps, each against
+// the double reference of one step from the kernel's own state before it
+// (its bf16 m and v widened, its master), with m and v rounded to bf16 by
+// the independent rounding above: m and v within one bf16 ulp plus 1e-7
+// (the kernel rounds fp32 values, the reference doubles, which may fall
+// either side of a rounding boundary, and an m whose two terms nearly
+// cancel keeps their fp32 error, about 1e-8 here), the master within
+// 1e-7 + 1e-6 |ref|; over more than a million elements (two of the
+// kernel's blocks).
+TEST(AdamWStep, Bf16MomentsMatchReferenceEachStep) {
+  int64_t n = (int64_t(1) << 20) + 1234;
+  std::mt19937 rng(11);
+  State s(n, rng);
+  std::vector<uint16_t> m16(n, 0), v16(n, 0);
+  std::uniform_real_distribution<float> gradDist(-2.0f, 2.0f);
+  AdamWHyper h;
+  h.lr = 1e-2;
+  h.weightDecay = 0.01;
+  auto ulp = [](double x) { return std::ldexp(std::fabs(x), -7) + 1e-7; };
+  for (int64_t t = 1; t <= 5; ++t) {
+    h.step = t;
+    std::vector<float> grad(n);
+    for (float &g : grad)
+      g = gradDist(rng);
+    for (int64_t i = 0; i < n; ++i) {
+      s.refM[i] = bf16ToFloat(m16[i]);
+      s.refV[i] = bf16ToFloat(v16[i]);
+      s.refMaster[i] = s.master[i];
+    }
+    referenceStep(h, s, grad);
+    adamwStepBf16Moments(h, n, s.master.data(), m16.data(), v16.data(),
+                         grad.data());
+    for (int64_t i = 0; i < n; ++i) {
+      double m = bf16ToFloat(referenceBf16(float(s.refM[i])));
+      double v = bf16ToFloat(referenceBf16(float(s.refV[i])));
+      ASSERT_LE(std::fabs(bf16ToFloat(m16[i]) - m), ulp(m))
+          << "m[" << i << "] at step " << t;
+      ASSERT_LE(std::fabs(bf16ToFloat(v16[i]) - v), ulp(v))
+          << "v[" << i << "] at step " << t;
+      double tol = 1e-7 + 1e-6 * std::fabs(s.refMaster[i]);
+      ASSERT_LE(std::fabs(s.master[i] - s.refMaster[i]), tol)
+          << "master[" << i << "] at step " << t;
+    }
+  }
+}
+
+} // namespace
