@@ -28,6 +28,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/AdamW.h"
+#include "AdamWMath.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>
@@ -43,29 +44,9 @@ namespace {
 /// costs more than it saves.
 constexpr int64_t kMinChunk = 1 << 15;
 
-/// Per-call scalars of the update.
-struct Coefficients {
-  float beta1, oneMinusBeta1, beta2, oneMinusBeta2;
-  float invBiasCorrection1, invBiasCorrection2;
-  float lr, eps, weightDecay;
-  float gradScale;
-};
-
-Coefficients makeCoefficients(const AdamWHyper &h) {
-  assert(h.step >= 1 && "AdamW step is 1-based");
-  double t = static_cast<double>(h.step);
-  double bc1 = 1.0 - std::pow(h.beta1, t);
-  double bc2 = 1.0 - std::pow(h.beta2, t);
-  auto f = [](double x) { return static_cast<float>(x); };
-  return {f(h.beta1),       f(1.0 - h.beta1), f(h.beta2), f(1.0 - h.beta2),
-          f(1.0 / bc1),     f(1.0 / bc2),     f(h.lr),    f(h.eps),
-          f(h.weightDecay), h.gradScale};
-}
-
-inline float loadGrad(const float *g, int64_t i) { return g[i]; }
-inline float loadGrad(const uint16_t *g, int64_t i) {
-  return bf16ToFloat(g[i]);
-}
+using detail::Coefficients;
+using detail::loadGrad;
+using detail::makeCoefficients;
 
 /// The update of elements [begin, end). `WriteWorking` lifts the null test
 /// on the working copy out of the loop, `Scale` the multiply by a gradient
@@ -80,12 +61,9 @@ updateLoop(const Coefficients &c, int64_t begin, int64_t end,
     float g = loadGrad(grad, i);
     if constexpr (Scale)
       g *= c.gradScale;
-    float mi = c.beta1 * m[i] + c.oneMinusBeta1 * g;
-    float vi = c.beta2 * v[i] + c.oneMinusBeta2 * (g * g);
-    float p = master[i];
-    float mHat = mi * c.invBiasCorrection1;
-    float vHat = vi * c.invBiasCorrection2;
-    p -= c.lr * (c.weightDecay * p + mHat / (std::sqrt(vHat) + c.eps));
+    float mi = detail::firstMoment(c, m[i], g);
+    float vi = detail::secondMoment(c, v[i], g);
+    float p = detail::updatedMaster(c, master[i], mi, vi);
     m[i] = mi;
     v[i] = vi;
     master[i] = p;

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/LeanAdamW.h"
+#include "AdamWMath.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>
@@ -63,33 +64,9 @@ std::array<float, 256> makeDynamicMap(bool isSigned) {
   return map;
 }
 
-inline float loadGrad(const float *g, int64_t i) { return g[i]; }
-inline float loadGrad(const uint16_t *g, int64_t i) {
-  return bf16ToFloat(g[i]);
-}
-
-/// cpu::adamwStep's per-call scalars (AdamW.cpp's Coefficients).
-struct Coefficients {
-  float beta1, oneMinusBeta1, beta2, oneMinusBeta2;
-  float invBiasCorrection1, invBiasCorrection2;
-  float lr, eps, weightDecay, gradScale;
-};
-
-Coefficients makeCoefficients(const AdamWHyper &h) {
-  assert(h.step >= 1 && "AdamW step is 1-based");
-  double t = static_cast<double>(h.step);
-  auto f = [](double x) { return static_cast<float>(x); };
-  return {f(h.beta1),
-          f(1.0 - h.beta1),
-          f(h.beta2),
-          f(1.0 - h.beta2),
-          f(1.0 / (1.0 - std::pow(h.beta1, t))),
-          f(1.0 / (1.0 - std::pow(h.beta2, t))),
-          f(h.lr),
-          f(h.eps),
-          f(h.weightDecay),
-          h.gradScale};
-}
+using detail::Coefficients;
+using detail::loadGrad;
+using detail::makeCoefficients;
 
 /// One block: dequantize, AdamW in fp32, requantize.
 template <typename Grad>
@@ -104,15 +81,11 @@ void updateBlock(const Coefficients &c, int64_t n, float *master,
   }
   for (int64_t i = 0; i < n; ++i) {
     float g = loadGrad(grad, i) * c.gradScale;
-    float mi = c.beta1 * m[i] + c.oneMinusBeta1 * g;
-    float vi = c.beta2 * v[i] + c.oneMinusBeta2 * (g * g);
-    float p = master[i];
-    float mHat = mi * c.invBiasCorrection1;
-    float vHat = vi * c.invBiasCorrection2;
-    p -= c.lr * (c.weightDecay * p + mHat / (std::sqrt(vHat) + c.eps));
+    float mi = detail::firstMoment(c, m[i], g);
+    float vi = detail::secondMoment(c, v[i], g);
+    master[i] = detail::updatedMaster(c, master[i], mi, vi);
     m[i] = mi;
     v[i] = vi;
-    master[i] = p;
   }
   quantizeBlockwise(m, n, /*isSigned=*/true, mCodes, mAbsmax);
   quantizeBlockwise(v, n, /*isSigned=*/false, vCodes, vAbsmax);
@@ -180,17 +153,13 @@ void factoredImpl(const AdamWHyper &hyper, FactoredShape s, int64_t begin,
         for (int64_t i = lo; i < hi; ++i) {
           int64_t e = begin + i;
           float g = loadGrad(grad, i) * c.gradScale;
-          float mi = c.beta1 * bf16ToFloat(m[i]) + c.oneMinusBeta1 * g;
+          float mi = detail::firstMoment(c, bf16ToFloat(m[i]), g);
           // In double: R_i C_j may exceed fp32's range.
           float vi = static_cast<float>(double(rowStat[e / s.cols]) *
                                         double(colStat[e % s.cols]) /
                                         double(rowTotal));
-          float p = master[i];
-          float mHat = mi * c.invBiasCorrection1;
-          float vHat = vi * c.invBiasCorrection2;
-          p -= c.lr * (c.weightDecay * p + mHat / (std::sqrt(vHat) + c.eps));
+          master[i] = detail::updatedMaster(c, master[i], mi, vi);
           m[i] = floatToBf16(mi);
-          master[i] = p;
         }
       });
 }
