@@ -28,7 +28,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/AdamW.h"
-#include "AdamWMath.h"
+#include "megaslide/runtime/cpu/AdamWMath.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "megaslide/runtime/cpu/LeanAdamW.h"
-#include "AdamWMath.h"
+#include "megaslide/runtime/cpu/AdamWMath.h"
 #include "megaslide/runtime/cpu/ParallelFor.h"
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // by the fp32 kernel (AdamW.cpp) and the int8 and factored ones
 // (LeanAdamW.cpp). Both files are compiled without FMA contraction
 // (runtime/CMakeLists.txt), so every caller performs the same IEEE
-// operations in the same order. Private to runtime/cpu.
+// operations in the same order. For runtime/cpu alone.
 //
 //===----------------------------------------------------------------------===//
 
